@@ -1,0 +1,88 @@
+"""Endpoint values: identity, labels and the latest load metrics with their timestamp."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NewType
+
+EndpointId = NewType("EndpointId", str)
+"""``ip:port`` of a model server; the value epp writes into ``x-gateway-destination-endpoint``."""
+
+ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(slots=True, frozen=True)
+class Metrics:
+    """One scrape of a model server's ``/metrics``. ``scraped_at_s`` is on the monotonic clock.
+
+    ``scraped_at_s == 0`` means the endpoint was never scraped: scorers treat its load as
+    unknown (neutral) and the saturation detector treats it as stale.
+    """
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    running_adapters: frozenset[str] = frozenset()
+    waiting_adapters: frozenset[str] = frozenset()
+    max_adapters: int = 0
+    block_size_tokens: int = 0
+    num_gpu_blocks: int = 0
+    scraped_at_s: float = 0.0
+
+    @property
+    def known(self) -> bool:
+        return self.scraped_at_s > 0.0
+
+    def kv_capacity_tokens(self) -> int:
+        """Tokens of KV cache the server holds, or 0 when it did not report its cache config."""
+        return self.block_size_tokens * self.num_gpu_blocks
+
+
+@dataclass(slots=True, frozen=True)
+class Endpoint:
+    """A model server as the scheduler sees it at one instant.
+
+    ``in_flight`` counts requests epp routed there that have not finished yet. ``pending``
+    counts those routed since the last scrape, which ``metrics`` cannot see yet: it covers a
+    burst between two scrapes so that it does not pile onto one endpoint.
+    """
+
+    id: EndpointId
+    address: str
+    port: int
+    labels: Mapping[str, str] = field(default=_EMPTY)
+    metrics: Metrics = field(default_factory=Metrics)
+    in_flight: int = 0
+    pending: int = 0
+    metrics_port: int = 0
+    stale: bool = False
+
+    @property
+    def engine(self) -> str:
+        return self.labels.get(ENGINE_LABEL, "vllm")
+
+    @property
+    def queue(self) -> int:
+        """Waiting requests, plus those epp sent since the last scrape could see them."""
+        return self.metrics.waiting + self.pending
+
+
+def endpoint_id(address: str, port: int) -> EndpointId:
+    if ":" in address and not address.startswith("["):
+        return EndpointId(f"[{address}]:{port}")
+    return EndpointId(f"{address}:{port}")
+
+
+def parse_endpoint_id(text: str) -> tuple[str, int]:
+    """Split ``ip:port`` (or ``[v6]:port``); raises ValueError naming the bad value."""
+    host, sep, port_s = text.strip().rpartition(":")
+    if not sep or not host or not port_s.isdigit():
+        raise ValueError(f"endpoint {text!r} is not of the form ip:port")
+    port = int(port_s)
+    if not 0 < port < 65536:
+        raise ValueError(f"endpoint {text!r} has port outside 1..65535")
+    return host.strip("[]"), port

@@ -1,0 +1,138 @@
+"""The datastore: the pool's endpoints and their latest metrics.
+
+Sources (a static list, Kubernetes discovery) call ``upsert``/``remove``/``replace_all``; the
+metrics scraper calls ``update_metrics``; the request path calls ``snapshot`` and the
+in-flight counters. Listeners hear about endpoints leaving (the prefix index drops them) and
+about cache configs (the index sizes the endpoint's LRU).
+
+Single-threaded by design: everything runs on the serving event loop. ``snapshot`` returns a
+cached tuple that is rebuilt only after a change, so a scheduling decision costs no copying.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+
+RemovalListener = Callable[[EndpointId], None]
+MetricsListener = Callable[[Endpoint], None]
+
+
+@dataclass(slots=True)
+class _Entry:
+    endpoint: Endpoint
+    in_flight: int = 0
+    pending: int = 0
+
+
+@dataclass(slots=True)
+class Datastore:
+    stale_after_s: float = 2.0
+    _entries: dict[EndpointId, _Entry] = field(default_factory=dict)
+    _snapshot: tuple[Endpoint, ...] | None = None
+    _removal_listeners: list[RemovalListener] = field(default_factory=list)
+    _metrics_listeners: list[MetricsListener] = field(default_factory=list)
+    synced: bool = False
+    """True once a source has delivered its first full list (health reports SERVING then)."""
+
+    def on_removed(self, listener: RemovalListener) -> None:
+        self._removal_listeners.append(listener)
+
+    def on_metrics(self, listener: MetricsListener) -> None:
+        self._metrics_listeners.append(listener)
+
+    # --- sources -------------------------------------------------------------------------
+
+    def upsert(self, endpoint: Endpoint) -> None:
+        """Add an endpoint or update its address data and labels, keeping its metrics."""
+        entry = self._entries.get(endpoint.id)
+        if entry is None:
+            self._entries[endpoint.id] = _Entry(endpoint)
+        else:
+            entry.endpoint = dataclasses.replace(
+                endpoint, metrics=entry.endpoint.metrics, stale=entry.endpoint.stale
+            )
+        self._snapshot = None
+
+    def remove(self, endpoint_id: EndpointId) -> None:
+        if self._entries.pop(endpoint_id, None) is None:
+            return
+        self._snapshot = None
+        for listener in self._removal_listeners:
+            listener(endpoint_id)
+
+    def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
+        """Make the pool exactly ``endpoints`` (a full re-list from a source)."""
+        wanted = {e.id: e for e in endpoints}
+        for gone in [eid for eid in self._entries if eid not in wanted]:
+            self.remove(gone)
+        for endpoint in wanted.values():
+            self.upsert(endpoint)
+        self.synced = True
+
+    # --- metrics -------------------------------------------------------------------------
+
+    def update_metrics(self, endpoint_id: EndpointId, metrics: Metrics) -> None:
+        entry = self._entries.get(endpoint_id)
+        if entry is None:  # vanished while its scrape was in flight
+            return
+        entry.pending = 0
+        entry.endpoint = dataclasses.replace(
+            entry.endpoint, metrics=metrics, stale=False, pending=0, in_flight=entry.in_flight
+        )
+        self._snapshot = None
+        for listener in self._metrics_listeners:
+            listener(entry.endpoint)
+
+    def mark_stale(self, now_s: float) -> list[EndpointId]:
+        """Flag endpoints whose last good scrape is older than ``stale_after_s``."""
+        newly: list[EndpointId] = []
+        for eid, entry in self._entries.items():
+            m = entry.endpoint.metrics
+            stale = not m.known or now_s - m.scraped_at_s > self.stale_after_s
+            if stale != entry.endpoint.stale:
+                entry.endpoint = dataclasses.replace(entry.endpoint, stale=stale)
+                self._snapshot = None
+                if stale:
+                    newly.append(eid)
+        return newly
+
+    # --- request path --------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[Endpoint, ...]:
+        snap = self._snapshot
+        if snap is None:
+            snap = self._snapshot = tuple(e.endpoint for e in self._entries.values())
+        return snap
+
+    def get(self, endpoint_id: EndpointId) -> Endpoint | None:
+        entry = self._entries.get(endpoint_id)
+        return None if entry is None else entry.endpoint
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def request_started(self, endpoint_id: EndpointId) -> None:
+        entry = self._entries.get(endpoint_id)
+        if entry is None:
+            return
+        entry.in_flight += 1
+        entry.pending += 1
+        entry.endpoint = dataclasses.replace(
+            entry.endpoint, in_flight=entry.in_flight, pending=entry.pending
+        )
+        self._snapshot = None
+
+    def request_finished(self, endpoint_id: EndpointId) -> None:
+        entry = self._entries.get(endpoint_id)
+        if entry is None or entry.in_flight == 0:
+            return
+        entry.in_flight -= 1
+        entry.endpoint = dataclasses.replace(entry.endpoint, in_flight=entry.in_flight)
+        self._snapshot = None
+
+    def in_flight(self) -> Mapping[EndpointId, int]:
+        return {eid: e.in_flight for eid, e in self._entries.items()}

@@ -1,0 +1,44 @@
+"""Domain errors. Each maps to one HTTP status in ``epp.extproc.errors`` (the only table)."""
+
+from __future__ import annotations
+
+
+class EppError(Exception):
+    """Base of every error epp reports to a client. ``message`` is safe to show to the client."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(EppError):
+    """The request body or headers cannot be understood (HTTP 400)."""
+
+
+class NotFound(EppError):
+    """Unknown API path, or a model no endpoint serves (HTTP 404)."""
+
+
+class PayloadTooLarge(EppError):
+    """The request body exceeds the configured cap (HTTP 413)."""
+
+
+class Overloaded(EppError):
+    """The request was shed because the pool is saturated (HTTP 429)."""
+
+
+class Unavailable(EppError):
+    """No ready endpoint can take the request (HTTP 503)."""
+
+
+class Internal(EppError):
+    """A bug or an unexpected failure inside epp (HTTP 500)."""
+
+
+class ConfigError(ValueError):
+    """Bad configuration, raised at start-up. The message names the offending field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"config field {field!r}: {problem}")
+        self.field = field
+        self.problem = problem

@@ -1,0 +1,1 @@
+"""Parsing OpenAI-style request bodies into one ``InferenceRequest`` value."""

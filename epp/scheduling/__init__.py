@@ -1,0 +1,1 @@
+"""Filter / score / pick: protocols, profiles and the scheduler that runs them."""

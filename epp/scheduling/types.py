@@ -1,0 +1,81 @@
+"""Values passed through one scheduling cycle."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.request.types import InferenceRequest
+
+_NO_MATCH: Mapping[EndpointId, int] = MappingProxyType({})
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixMatch:
+    """The request's chunk hashes and, per endpoint, how many leading chunks it holds."""
+
+    hashes: Sequence[int]
+    matched: Mapping[EndpointId, int] = field(default=_NO_MATCH)
+    block_chars: int = 64
+
+    @property
+    def total(self) -> int:
+        return len(self.hashes)
+
+    def ratio(self, endpoint_id: EndpointId) -> float:
+        total = len(self.hashes)
+        return self.matched.get(endpoint_id, 0) / total if total else 0.0
+
+
+_EMPTY_PREFIX = PrefixMatch(hashes=())
+
+
+@dataclass(slots=True)
+class CycleState:
+    """What one scheduling cycle knows: the request, the clock, and shared precomputation.
+
+    Mutable so that the scheduler can attach the prefix match once and every plugin reads it.
+    """
+
+    request: InferenceRequest
+    now_s: float
+    rng: random.Random
+    prefix: PrefixMatch = _EMPTY_PREFIX
+
+
+@dataclass(slots=True, frozen=True)
+class ScoredEndpoint:
+    endpoint: Endpoint
+    score: float
+
+
+@dataclass(slots=True, frozen=True)
+class PickResult:
+    """The outcome of a cycle: ``targets[0]`` is the pick, the rest are fallbacks in order."""
+
+    targets: tuple[Endpoint, ...]
+    state: CycleState
+    scores: tuple[ScoredEndpoint, ...] = ()
+    candidates: int = 0
+
+    @property
+    def target(self) -> Endpoint:
+        return self.targets[0]
+
+    @property
+    def target_ids(self) -> tuple[EndpointId, ...]:
+        return tuple(e.id for e in self.targets)
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseInfo:
+    """What epp learned from the model server's response (all optional)."""
+
+    status: int = 200
+    prompt_tokens: int = 0
+    cached_tokens: int | None = None
+    completion_tokens: int = 0
+    generated_text: str = ""
