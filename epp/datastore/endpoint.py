@@ -54,7 +54,7 @@ class Endpoint:
     id: EndpointId
     address: str
     port: int
-    labels: Mapping[str, str] = field(default=_EMPTY)
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     metrics: Metrics = field(default_factory=Metrics)
     in_flight: int = 0
     pending: int = 0

@@ -18,7 +18,7 @@ class PrefixMatch:
     """The request's chunk hashes and, per endpoint, how many leading chunks it holds."""
 
     hashes: Sequence[int]
-    matched: Mapping[EndpointId, int] = field(default=_NO_MATCH)
+    matched: Mapping[EndpointId, int] = field(default_factory=lambda: _NO_MATCH)
     block_chars: int = 64
 
     @property
@@ -44,6 +44,8 @@ class CycleState:
     now_s: float
     rng: random.Random
     prefix: PrefixMatch = _EMPTY_PREFIX
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent in each plugin (and in ``prefix``) during this cycle."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,12 +56,16 @@ class ScoredEndpoint:
 
 @dataclass(slots=True, frozen=True)
 class PickResult:
-    """The outcome of a cycle: ``targets[0]`` is the pick, the rest are fallbacks in order."""
+    """The outcome of a cycle: ``targets[0]`` is the pick, the rest are fallbacks in order.
+
+    ``candidates`` are the endpoints that survived the filters and ``totals`` their weighted
+    scores, aligned; ``scored()`` pairs them for logs and tests.
+    """
 
     targets: tuple[Endpoint, ...]
     state: CycleState
-    scores: tuple[ScoredEndpoint, ...] = ()
-    candidates: int = 0
+    candidates: Sequence[Endpoint] = ()
+    totals: Sequence[float] = ()
 
     @property
     def target(self) -> Endpoint:
@@ -68,6 +74,9 @@ class PickResult:
     @property
     def target_ids(self) -> tuple[EndpointId, ...]:
         return tuple(e.id for e in self.targets)
+
+    def scored(self) -> list[ScoredEndpoint]:
+        return [ScoredEndpoint(e, s) for e, s in zip(self.candidates, self.totals)]
 
 
 @dataclass(slots=True, frozen=True)

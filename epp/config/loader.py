@@ -1,0 +1,269 @@
+"""Load and validate the scheduling config (YAML).
+
+Format (an ``EndpointPickerConfig``, as the Gateway API Inference Extension uses)::
+
+    apiVersion: inference.networking.x-k8s.io/v1alpha1
+    kind: EndpointPickerConfig
+    plugins:                      # instances: a type, an optional name, parameters
+    - type: prefix-cache-scorer
+      parameters: {minMatchChunks: 1}
+    - type: max-score-picker
+    schedulingProfiles:           # exactly one profile, referring to instances by name
+    - name: default
+      plugins:
+      - pluginRef: prefix-cache-scorer
+        weight: 3
+      - pluginRef: max-score-picker
+    prefixIndex: {...}            # optional, see PrefixIndexConfig
+    saturation: {...}             # optional, see SaturationConfig
+
+Filters run in the order the profile lists them; scorers need a ``weight``; exactly one
+picker. Parameter names are camelCase in YAML (snake_case is accepted too). Every error names
+the field, e.g. ``config field 'plugins[2].parameters.minMatchChunks': expected an integer``.
+Other top-level sections are kept in ``EppConfig.raw`` for the layers that own them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epp.errors import ConfigError
+from epp.plugins.registry import PLUGIN_TYPES
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixIndexConfig:
+    block_chars: int = 64
+    """Characters per hashed chunk (about 16 tokens at 4 characters a token)."""
+    max_chunks: int = 0
+    """Hash at most this many leading chunks of a prompt; 0 hashes the whole prompt."""
+    capacity_per_endpoint_chunks: int = 31_250
+    """LRU size per endpoint when its KV-cache size is unknown."""
+    max_entries: int = 4_000_000
+    """Global cap on (chunk, endpoint) entries."""
+    ttl_seconds: float = 600.0
+    """Entries unused for this long are treated as gone."""
+    sweep_interval_seconds: float = 5.0
+    """How often the background sweeper removes expired entries."""
+    chars_per_token: float = 4.0
+    """Used to size an endpoint's LRU from its KV cache and to read ``cached_tokens``."""
+    learn_from_responses: bool = True
+    """Record the reply's chunks after the prompt's, and shrink an endpoint's LRU when the
+    server reports far fewer cached tokens than the index predicted."""
+
+
+@dataclass(slots=True, frozen=True)
+class SaturationConfig:
+    queue_threshold: int = 5
+    kv_cache_threshold: float = 0.8
+    metrics_staleness_seconds: float = 2.0
+
+
+@dataclass(slots=True, frozen=True)
+class PluginSpec:
+    name: str
+    type: str
+    kind: str
+    params: Any
+
+
+@dataclass(slots=True, frozen=True)
+class ProfileSpec:
+    name: str
+    filters: tuple[str, ...]
+    scorers: tuple[tuple[str, float], ...]
+    picker: str
+
+
+@dataclass(slots=True, frozen=True)
+class EppConfig:
+    plugins: Mapping[str, PluginSpec]
+    profile: ProfileSpec
+    prefix: PrefixIndexConfig = PrefixIndexConfig()
+    saturation: SaturationConfig = SaturationConfig()
+    raw: Mapping[str, Any] = field(default_factory=dict)
+    source: str = "<default>"
+
+
+_KNOWN_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "prefixIndex", "saturation"}
+
+SHIPPED = ("default", "filter-chain")
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    if typ in ("int", int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(where, f"expected an integer, got {value!r}")
+        return value
+    if typ in ("float", float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(where, f"expected a number, got {value!r}")
+        return float(value)
+    if typ in ("bool", bool):
+        if not isinstance(value, bool):
+            raise ConfigError(where, f"expected true or false, got {value!r}")
+        return value
+    if typ in ("str", str):
+        if not isinstance(value, str):
+            raise ConfigError(where, f"expected a string, got {value!r}")
+        return value
+    return value
+
+
+def build_params(cls: type, raw: Any, where: str) -> Any:
+    """Build a frozen parameter dataclass from a YAML mapping, naming any bad field."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(where, "expected a mapping of parameters")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        fname = _snake(str(key))
+        f = fields.get(fname)
+        if f is None:
+            known = ", ".join(_camel(n) for n in fields) or "none"
+            raise ConfigError(f"{where}.{key}", f"unknown parameter (known: {known})")
+        values[fname] = _coerce(value, f.type, f"{where}.{key}")
+    params = cls(**values)
+    for f in dataclasses.fields(cls):
+        v = getattr(params, f.name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+            raise ConfigError(f"{where}.{_camel(f.name)}", f"must not be negative, got {v}")
+    return params
+
+
+def parse_config(data: Any, source: str = "<config>") -> EppConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("<root>", "expected a mapping at the top level")
+    kind = data.get("kind", "EndpointPickerConfig")
+    if kind != "EndpointPickerConfig":
+        raise ConfigError("kind", f"expected EndpointPickerConfig, got {kind!r}")
+
+    plugins: dict[str, PluginSpec] = {}
+    raw_plugins = data.get("plugins", [])
+    if not isinstance(raw_plugins, list) or not raw_plugins:
+        raise ConfigError("plugins", "expected a non-empty list of plugins")
+    for i, item in enumerate(raw_plugins):
+        where = f"plugins[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(where, "expected a mapping with 'type'")
+        ptype = item.get("type")
+        if ptype not in PLUGIN_TYPES:
+            known = ", ".join(sorted(PLUGIN_TYPES))
+            raise ConfigError(f"{where}.type", f"unknown plugin type {ptype!r} (known: {known})")
+        extra = set(item) - {"type", "name", "parameters"}
+        if extra:
+            raise ConfigError(f"{where}.{sorted(extra)[0]}", "unknown key (use type, name, parameters)")
+        name = item.get("name", ptype)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name", "expected a non-empty string")
+        if name in plugins:
+            raise ConfigError(f"{where}.name", f"duplicate plugin name {name!r}")
+        pt = PLUGIN_TYPES[ptype]
+        params = build_params(pt.params, item.get("parameters"), f"{where}.parameters")
+        plugins[name] = PluginSpec(name, ptype, pt.kind, params)
+
+    profiles = data.get("schedulingProfiles")
+    if not isinstance(profiles, list) or len(profiles) != 1:
+        raise ConfigError("schedulingProfiles", "expected a list with exactly one profile")
+    prof = profiles[0]
+    if not isinstance(prof, Mapping):
+        raise ConfigError("schedulingProfiles[0]", "expected a mapping")
+    pname = prof.get("name", "default")
+    refs = prof.get("plugins")
+    if not isinstance(refs, list) or not refs:
+        raise ConfigError("schedulingProfiles[0].plugins", "expected a non-empty list")
+    filters: list[str] = []
+    scorers: list[tuple[str, float]] = []
+    picker: str | None = None
+    for j, ref in enumerate(refs):
+        where = f"schedulingProfiles[0].plugins[{j}]"
+        if not isinstance(ref, Mapping) or "pluginRef" not in ref:
+            raise ConfigError(where, "expected a mapping with 'pluginRef'")
+        name = ref["pluginRef"]
+        spec = plugins.get(name)
+        if spec is None:
+            raise ConfigError(f"{where}.pluginRef", f"no plugin named {name!r} in 'plugins'")
+        if spec.kind == "scorer":
+            weight = _coerce(ref.get("weight", 1), float, f"{where}.weight")
+            if weight < 0:
+                raise ConfigError(f"{where}.weight", f"must not be negative, got {weight}")
+            scorers.append((name, weight))
+        elif "weight" in ref:
+            raise ConfigError(f"{where}.weight", f"{spec.type} is a {spec.kind}; only scorers take a weight")
+        elif spec.kind == "filter":
+            filters.append(name)
+        else:
+            if picker is not None:
+                raise ConfigError(f"{where}.pluginRef", f"a second picker {name!r}; a profile has one")
+            picker = name
+    if picker is None:
+        raise ConfigError("schedulingProfiles[0].plugins", "no picker (add e.g. max-score-picker)")
+
+    prefix = build_params(PrefixIndexConfig, data.get("prefixIndex"), "prefixIndex")
+    if prefix.block_chars < 1:
+        raise ConfigError("prefixIndex.blockChars", "must be at least 1")
+    for fname in ("capacity_per_endpoint_chunks", "max_entries", "ttl_seconds", "chars_per_token"):
+        if getattr(prefix, fname) <= 0:
+            raise ConfigError(f"prefixIndex.{_camel(fname)}", "must be positive")
+    saturation = build_params(SaturationConfig, data.get("saturation"), "saturation")
+
+    return EppConfig(
+        plugins=plugins,
+        profile=ProfileSpec(str(pname), tuple(filters), tuple(scorers), picker),
+        prefix=prefix,
+        saturation=saturation,
+        raw=dict(data),
+        source=source,
+    )
+
+
+def load_config(path: str | Path) -> EppConfig:
+    """Read a config file; a shipped profile name (``default``, ``filter-chain``) works too."""
+    text_path = Path(path)
+    if not text_path.exists() and str(path) in SHIPPED:
+        return shipped_config(str(path))
+    try:
+        text = text_path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+    return loads_config(text, str(path))
+
+
+def loads_config(text: str, source: str = "<config>") -> EppConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("<yaml>", f"{source} is not valid YAML: {exc}") from None
+    return parse_config(data, source)
+
+
+def shipped_config(name: str) -> EppConfig:
+    if name not in SHIPPED:
+        raise ConfigError("--config", f"no shipped config {name!r} (shipped: {', '.join(SHIPPED)})")
+    text = resources.files("epp.config").joinpath(f"profiles/{name}.yaml").read_text("utf-8")
+    return loads_config(text, f"shipped:{name}")
+
+
+def default_config() -> EppConfig:
+    return shipped_config("default")

@@ -1,0 +1,70 @@
+"""The error table: domain error -> HTTP status and the ImmediateResponse Envoy returns.
+
+This is the only place a domain error becomes a status code. The body is OpenAI-shaped JSON:
+``{"error": {"message": ..., "type": ..., "code": <status>}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+
+from epp import errors
+
+
+@dataclass(slots=True, frozen=True)
+class ErrorKind:
+    status: int
+    type: str
+
+
+ERROR_TABLE: dict[type[errors.EppError], ErrorKind] = {
+    errors.BadRequest: ErrorKind(400, "invalid_request_error"),
+    errors.NotFound: ErrorKind(404, "not_found_error"),
+    errors.PayloadTooLarge: ErrorKind(413, "request_too_large"),
+    errors.Overloaded: ErrorKind(429, "rate_limit_exceeded"),
+    errors.Unavailable: ErrorKind(503, "service_unavailable"),
+    errors.Internal: ErrorKind(500, "internal_error"),
+}
+_INTERNAL = ERROR_TABLE[errors.Internal]
+
+
+def error_kind(error: BaseException) -> ErrorKind:
+    """Status and type for ``error``; anything outside the hierarchy is an internal error."""
+    for cls in type(error).__mro__:
+        kind = ERROR_TABLE.get(cls)  # type: ignore[arg-type]
+        if kind is not None:
+            return kind
+    return _INTERNAL
+
+
+def error_body(error: BaseException) -> bytes:
+    kind = error_kind(error)
+    message = error.message if isinstance(error, errors.EppError) else "internal error in epp"
+    return json.dumps(
+        {"error": {"message": message, "type": kind.type, "code": kind.status}}
+    ).encode()
+
+
+def immediate_response(error: BaseException) -> pb.ProcessingResponse:
+    kind = error_kind(error)
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=kind.status),  # type: ignore[arg-type]
+            headers=pb.HeaderMutation(
+                set_headers=[
+                    base_pb2.HeaderValueOption(
+                        header=base_pb2.HeaderValue(
+                            key="content-type", raw_value=b"application/json"
+                        )
+                    )
+                ]
+            ),
+            body=error_body(error),
+            details=f"epp_{kind.type}",
+        )
+    )

@@ -1,0 +1,179 @@
+"""Prometheus metrics of epp. Names are an interface: the Grafana dashboard queries them.
+
+Every metric lives in the ``CollectorRegistry`` passed in, so tests build a fresh one and two
+servers in one process never collide. Hot-path children are bound once and cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from epp.datastore.endpoint import Endpoint
+
+_LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+
+
+class EppMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self.requests = Counter(
+            "epp_requests",
+            "Requests by client model and final status (HTTP code, 'cancelled' or 'routed').",
+            ["model", "status"],
+            registry=r,
+        )
+        self.scheduling_duration = Histogram(
+            "epp_scheduling_duration_seconds",
+            "Time to pick an endpoint (parse excluded).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.plugin_duration = Histogram(
+            "epp_plugin_duration_seconds",
+            "Time spent in each scheduling plugin per request.",
+            ["plugin"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.index_entries = Gauge(
+            "epp_prefix_index_entries", "Chunk entries held by the prefix index.", registry=r
+        )
+        self.index_hit_ratio = Gauge(
+            "epp_prefix_index_hit_ratio",
+            "Share of looked-up prompt chunks found in the index since the previous refresh.",
+            registry=r,
+        )
+        self.index_evictions = Gauge(
+            "epp_prefix_index_evictions", "Entries evicted by LRU so far.", registry=r
+        )
+        self.pool_queue = Gauge(
+            "epp_pool_average_queue_size", "Mean waiting requests over ready endpoints.", registry=r
+        )
+        self.pool_kv = Gauge(
+            "epp_pool_average_kv_cache_utilization",
+            "Mean KV-cache use (0..1) over ready endpoints.",
+            registry=r,
+        )
+        self.pool_ready = Gauge(
+            "epp_pool_ready_endpoints", "Endpoints with fresh metrics.", registry=r
+        )
+        self.pool_endpoints = Gauge("epp_pool_endpoints", "Endpoints known.", registry=r)
+        self.endpoint_in_flight = Gauge(
+            "epp_endpoint_in_flight_requests",
+            "Requests epp routed to the endpoint that have not finished.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.endpoint_queue = Gauge(
+            "epp_endpoint_queue_size", "Waiting requests reported by the endpoint.", ["endpoint"],
+            registry=r,
+        )
+        self.endpoint_kv = Gauge(
+            "epp_endpoint_kv_cache_utilization", "KV-cache use (0..1) reported by the endpoint.",
+            ["endpoint"], registry=r,
+        )
+        self.endpoint_stale = Gauge(
+            "epp_endpoint_metrics_stale", "1 when the endpoint's metrics are stale.", ["endpoint"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "epp_usage_prompt_tokens", "Prompt tokens reported by model servers.", ["model"],
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "epp_usage_cached_tokens", "Prompt tokens the server reported as served from cache.",
+            ["model"], registry=r,
+        )
+        self.completion_tokens = Counter(
+            "epp_usage_completion_tokens", "Completion tokens reported by model servers.",
+            ["model"], registry=r,
+        )
+        self.scrape_errors = Counter(
+            "epp_scrape_errors", "Failed metrics scrapes.", ["endpoint", "reason"], registry=r
+        )
+        self.scrapes = Counter("epp_scrapes", "Successful metrics scrapes.", registry=r)
+        self._request_children: dict[tuple[str, str], Any] = {}
+        self._plugin_children: dict[str, Any] = {}
+        self._usage_children: dict[str, tuple[Any, Any, Any]] = {}
+        self._endpoint_labels: set[str] = set()
+        self._last_lookup_chunks = 0
+        self._last_hit_chunks = 0
+        self.observe_scheduling: Callable[[float], None] = self.scheduling_duration.observe
+
+    # --- request path ------------------------------------------------------------------
+
+    def request_done(self, model: str, status: str) -> None:
+        key = (model, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(model, status)
+        child.inc()
+
+    def plugin_timings(self, timings: Mapping[str, float]) -> None:
+        children = self._plugin_children
+        for name, seconds in timings.items():
+            child = children.get(name)
+            if child is None:
+                child = children[name] = self.plugin_duration.labels(name)
+            child.observe(seconds)
+
+    def usage(self, model: str, prompt: int, cached: int | None, completion: int) -> None:
+        c = self._usage_children.get(model)
+        if c is None:
+            c = self._usage_children[model] = (
+                self.prompt_tokens.labels(model),
+                self.cached_tokens.labels(model),
+                self.completion_tokens.labels(model),
+            )
+        c[0].inc(prompt)
+        if cached:
+            c[1].inc(cached)
+        c[2].inc(completion)
+
+    # --- periodic refresh --------------------------------------------------------------
+
+    def refresh_pool(self, endpoints: Iterable[Endpoint], index_stats: Any = None) -> None:
+        """Recompute pool and per-endpoint gauges (called by a background task, not per request)."""
+        seen: set[str] = set()
+        ready = total = 0
+        queue_sum = 0
+        kv_sum = 0.0
+        for e in endpoints:
+            total += 1
+            seen.add(e.id)
+            self.endpoint_in_flight.labels(e.id).set(e.in_flight)
+            self.endpoint_queue.labels(e.id).set(e.metrics.waiting)
+            self.endpoint_kv.labels(e.id).set(e.metrics.kv_usage)
+            self.endpoint_stale.labels(e.id).set(1 if e.stale else 0)
+            if not e.stale and e.metrics.known:
+                ready += 1
+                queue_sum += e.metrics.waiting
+                kv_sum += e.metrics.kv_usage
+        for gone in self._endpoint_labels - seen:
+            for g in (self.endpoint_in_flight, self.endpoint_queue, self.endpoint_kv,
+                      self.endpoint_stale):
+                try:
+                    g.remove(gone)
+                except KeyError:
+                    pass
+        self._endpoint_labels = seen
+        self.pool_endpoints.set(total)
+        self.pool_ready.set(ready)
+        self.pool_queue.set(queue_sum / ready if ready else 0.0)
+        self.pool_kv.set(kv_sum / ready if ready else 0.0)
+        if index_stats is not None:
+            self.index_entries.set(getattr(index_stats, "entries", 0))
+            self.index_evictions.set(getattr(index_stats, "evictions", 0))
+            lookups = getattr(index_stats, "lookup_chunks", 0)
+            hits = getattr(index_stats, "hit_chunks", 0)
+            d_lookups = lookups - self._last_lookup_chunks
+            if d_lookups > 0:
+                self.index_hit_ratio.set((hits - self._last_hit_chunks) / d_lookups)
+            self._last_lookup_chunks = lookups
+            self._last_hit_chunks = hits

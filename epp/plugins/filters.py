@@ -1,0 +1,112 @@
+"""Filters: each keeps a subset of the candidates. None of them ever empties a non-empty pool
+by accident: where no endpoint qualifies, a filter documents what it keeps instead."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from epp.datastore.endpoint import Endpoint
+from epp.plugins.scorers import lora_tier
+from epp.scheduling.types import CycleState
+
+
+@dataclass(slots=True, frozen=True)
+class LoadThresholdParams:
+    queue_threshold: int = 5
+    kv_cache_threshold: float = 0.8
+
+
+class LoadThresholdFilter:
+    """Keep endpoints with queue <= ``queue_threshold`` and KV use <= ``kv_cache_threshold``;
+    keep all when none qualify. Endpoints with unknown metrics qualify."""
+
+    def __init__(self, name: str, params: LoadThresholdParams) -> None:
+        self.name = name
+        self.params = params
+
+    def filter(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+        q, kv = self.params.queue_threshold, self.params.kv_cache_threshold
+        kept = [
+            e
+            for e in endpoints
+            if not e.metrics.known or (e.queue <= q and e.metrics.kv_usage <= kv)
+        ]
+        return kept or endpoints
+
+
+@dataclass(slots=True, frozen=True)
+class NoParams:
+    pass
+
+
+def _lowest_band(endpoints: Sequence[Endpoint], values: Sequence[float]) -> list[Endpoint]:
+    lo, hi = min(values), max(values)
+    limit = lo + (hi - lo) / len(values)
+    return [e for e, v in zip(endpoints, values) if v <= limit]
+
+
+class LeastQueueFilter:
+    """Keep endpoints whose queue is within ``min + (max - min) / n`` of the shortest."""
+
+    def __init__(self, name: str, params: NoParams) -> None:
+        self.name = name
+
+    def filter(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+        if len(endpoints) < 2:
+            return endpoints
+        return _lowest_band(endpoints, [e.queue for e in endpoints])
+
+
+class LeastKvCacheFilter:
+    """Keep endpoints whose KV use is within ``min + (max - min) / n`` of the lowest."""
+
+    def __init__(self, name: str, params: NoParams) -> None:
+        self.name = name
+
+    def filter(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+        if len(endpoints) < 2:
+            return endpoints
+        return _lowest_band(endpoints, [e.metrics.kv_usage for e in endpoints])
+
+
+class LoraAffinityFilter:
+    """Keep the best non-empty tier: adapter running, else a free adapter slot, else adapter
+    waiting; keep all when none of them applies (the server will load or reject it)."""
+
+    def __init__(self, name: str, params: NoParams) -> None:
+        self.name = name
+
+    def filter(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+        adapter = state.request.adapter
+        if not adapter or not endpoints:
+            return endpoints
+        tiers = [lora_tier(e, adapter) for e in endpoints]
+        best = min(tiers)
+        if best == 3:
+            return endpoints
+        return [e for e, t in zip(endpoints, tiers) if t == best]
+
+
+@dataclass(slots=True, frozen=True)
+class LongestPrefixParams:
+    min_match_chunks: int = 1
+
+
+class LongestPrefixFilter:
+    """Keep the endpoints holding the longest leading run of the request's chunks; keep all
+    when no endpoint holds ``min_match_chunks``."""
+
+    def __init__(self, name: str, params: LongestPrefixParams) -> None:
+        self.name = name
+        self.params = params
+
+    def filter(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+        matched = state.prefix.matched
+        if not matched or not endpoints:
+            return endpoints
+        counts = [matched.get(e.id, 0) for e in endpoints]
+        best = max(counts)
+        if best < self.params.min_match_chunks:
+            return endpoints
+        return [e for e, c in zip(endpoints, counts) if c == best]

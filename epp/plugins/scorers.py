@@ -1,0 +1,128 @@
+"""Scorers: each returns one score in [0, 1] per endpoint, neutral (0.5) where data is missing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from epp.datastore.endpoint import Endpoint
+from epp.scheduling.types import CycleState
+
+NEUTRAL = 0.5
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixCacheScorerParams:
+    min_match_chunks: int = 1
+    """Fewer matched leading chunks than this score 0 (a lone shared chunk is noise)."""
+    min_match_ratio: float = 0.0
+    """A matched fraction of the prompt below this scores 0."""
+
+
+class PrefixCacheScorer:
+    """Fraction of the request's chunks the endpoint holds as a leading run (index estimate)."""
+
+    def __init__(self, name: str, params: PrefixCacheScorerParams) -> None:
+        self.name = name
+        self.params = params
+
+    def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
+        prefix = state.prefix
+        total = prefix.total
+        if total == 0 or not prefix.matched:
+            return [0.0] * len(endpoints)
+        matched = prefix.matched
+        floor = max(self.params.min_match_chunks, self.params.min_match_ratio * total)
+        out = []
+        for e in endpoints:
+            m = matched.get(e.id, 0)
+            out.append(m / total if m >= floor else 0.0)
+        return out
+
+
+@dataclass(slots=True, frozen=True)
+class QueueScorerParams:
+    pass
+
+
+class QueueScorer:
+    """Shorter queue scores higher, min-max normalised over the candidates.
+
+    The queue is the server's waiting requests plus those epp sent since its last scrape, so
+    a burst between two scrapes spreads out. Unknown metrics score neutral.
+    """
+
+    def __init__(self, name: str, params: QueueScorerParams) -> None:
+        self.name = name
+
+    def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
+        queues = [e.queue if e.metrics.known else -1 for e in endpoints]
+        known = [q for q in queues if q >= 0]
+        if not known:
+            return [NEUTRAL] * len(endpoints)
+        lo, hi = min(known), max(known)
+        if hi == lo:
+            return [1.0 if q >= 0 else NEUTRAL for q in queues]
+        span = hi - lo
+        return [1.0 - (q - lo) / span if q >= 0 else NEUTRAL for q in queues]
+
+
+@dataclass(slots=True, frozen=True)
+class KvCacheScorerParams:
+    pass
+
+
+class KvCacheUtilizationScorer:
+    """Free KV cache scores higher: ``1 - kv_usage``. Unknown metrics score neutral."""
+
+    def __init__(self, name: str, params: KvCacheScorerParams) -> None:
+        self.name = name
+
+    def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
+        return [
+            min(1.0, max(0.0, 1.0 - e.metrics.kv_usage)) if e.metrics.known else NEUTRAL
+            for e in endpoints
+        ]
+
+
+@dataclass(slots=True, frozen=True)
+class LoraAffinityScorerParams:
+    running: float = 1.0
+    free_slot: float = 0.8
+    waiting: float = 0.6
+    none: float = 0.0
+
+
+class LoraAffinityScorer:
+    """Adapter already running > a free adapter slot > adapter waiting > neither.
+
+    Requests for the base model (no adapter) score 1 everywhere.
+    """
+
+    def __init__(self, name: str, params: LoraAffinityScorerParams) -> None:
+        self.name = name
+        self.params = params
+
+    def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
+        adapter = state.request.adapter
+        if not adapter:
+            return [1.0] * len(endpoints)
+        p = self.params
+        values = (p.running, p.free_slot, p.waiting, p.none)
+        return [
+            values[lora_tier(e, adapter)] if e.metrics.known else NEUTRAL for e in endpoints
+        ]
+
+
+def lora_tier(endpoint: Endpoint, adapter: str) -> int:
+    """0 running, 1 free slot, 2 waiting, 3 none: lower is better."""
+    m = endpoint.metrics
+    if adapter in m.running_adapters:
+        return 0
+    if m.max_adapters > 0 and len(m.running_adapters | m.waiting_adapters) < m.max_adapters:
+        return 1
+    if adapter in m.waiting_adapters:
+        return 2
+    if m.max_adapters == 0 and not m.running_adapters and not m.waiting_adapters:
+        return 1  # server reports no LoRA state: treat as able to load it
+    return 3

@@ -1,0 +1,69 @@
+"""Chained hashing of fixed-size character chunks.
+
+``h_1 = H(chunk_1, seed=H(model, adapter, cache_salt))`` and ``h_i = H(chunk_i, seed=h_(i-1))``
+with ``H = xxh3_64`` over the chunk's UTF-8 bytes. Equal ``h_i`` therefore implies (up to 64-bit
+collisions) an equal prompt up to the end of chunk ``i`` under the same model, adapter and salt.
+A trailing partial chunk is not hashed: a prompt of 100 characters with 64-character chunks
+yields one hash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NewType
+
+import xxhash
+
+BlockHash = NewType("BlockHash", int)
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+def chain_seed(model: str, adapter: str = "", cache_salt: str = "") -> int:
+    """The seed of a request's first chunk: requests only share chunks within one seed."""
+    return _xxh3(f"{model}\x00{adapter}\x00{cache_salt}".encode())
+
+
+@dataclass(slots=True, frozen=True)
+class ChunkHasher:
+    """Cuts text into ``block_chars``-character chunks and hashes them as a chain.
+
+    ``max_chunks`` caps how many leading chunks are hashed (0: the whole prompt). Unlike a
+    fixed 16 KB window, the default looks at every chunk, so long prompts that differ late
+    (multi-turn conversations, RAG over a shared preamble) still separate.
+    """
+
+    block_chars: int = 64
+    max_chunks: int = 0
+
+    def hashes(self, text: str, seed: int) -> list[int]:
+        return self.extend(text, seed, 0)
+
+    def extend(self, text: str, seed: int, start_char: int) -> list[int]:
+        """Hashes of the full chunks of ``text[start_char:]``, chained from ``seed``.
+
+        ``start_char`` must be a multiple of ``block_chars``; with ``seed`` the last hash of the
+        chunks before it, the result continues that chain (used to extend a prompt's chain
+        with the generated reply without hashing the prompt again).
+        """
+        size = self.block_chars
+        n = (len(text) - start_char) // size
+        if self.max_chunks:
+            n = min(n, max(0, self.max_chunks - start_char // size))
+        if n <= 0:
+            return []
+        out: list[int] = [0] * n
+        h = seed
+        f = _xxh3
+        if text.isascii():
+            data = text.encode("ascii")
+            off = start_char
+            for i in range(n):
+                h = out[i] = f(data[off : off + size], h)
+                off += size
+        else:
+            off = start_char
+            for i in range(n):
+                h = out[i] = f(text[off : off + size].encode(), h)
+                off += size
+        return out

@@ -1,0 +1,98 @@
+"""The prefix producer: hashes a request, reads the index before scheduling, records after.
+
+It is the only component that writes to the index. Scorers and filters only read the
+``PrefixMatch`` it attaches to the cycle state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.prefix.hasher import ChunkHasher, chain_seed
+from epp.prefix.index import PrefixIndex
+from epp.request.types import ApiKind
+from epp.scheduling.types import CycleState, PickResult, PrefixMatch, ResponseInfo
+
+# A server reporting fewer than this share of the cached tokens the index predicted (and at
+# least two chunks fewer) holds less than we think: its LRU shrinks by ``_SHRINK``.
+_DISTRUST_RATIO = 0.5
+_SHRINK = 0.8
+_GROW = 1.02
+
+
+@dataclass(slots=True)
+class PrefixProducer:
+    hasher: ChunkHasher
+    index: PrefixIndex
+    chars_per_token: float = 4.0
+    learn_from_responses: bool = True
+    name: str = "prefix-producer"
+    _base_capacity: dict[EndpointId, int] = field(default_factory=dict)
+
+    def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
+        request = state.request
+        if not request.prompt:
+            return
+        seed = chain_seed(request.model, request.adapter, request.cache_salt)
+        hashes = self.hasher.hashes(request.prompt, seed)
+        if not hashes:
+            return
+        matched = self.index.match(hashes, [e.id for e in endpoints], state.now_s)
+        state.prefix = PrefixMatch(hashes, matched, self.hasher.block_chars)
+
+    def post_pick(self, state: CycleState, result: PickResult) -> None:
+        hashes = state.prefix.hashes
+        if hashes:
+            self.index.record(result.target.id, hashes, state.now_s)
+
+    def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
+        if not self.learn_from_responses or info.status >= 400:
+            return
+        target = result.target.id
+        prefix = state.prefix
+        if info.cached_tokens is not None and prefix.hashes:
+            self._adjust_trust(target, prefix.matched.get(target, 0), info.cached_tokens)
+        if info.generated_text and prefix.hashes:
+            self._record_reply(state, target, info.generated_text)
+
+    def _adjust_trust(self, target: EndpointId, predicted_chunks: int, cached_tokens: int) -> None:
+        if predicted_chunks == 0:
+            return
+        chunk_tokens = self.hasher.block_chars / self.chars_per_token
+        predicted_tokens = predicted_chunks * chunk_tokens
+        base = self._base_capacity.get(target, self.index.default_capacity)
+        current = self.index.capacity(target)
+        if (
+            cached_tokens < _DISTRUST_RATIO * predicted_tokens
+            and predicted_tokens - cached_tokens >= 2 * chunk_tokens
+        ):
+            self.index.set_capacity(target, max(64, int(current * _SHRINK)))
+        elif current < base:
+            self.index.set_capacity(target, min(base, int(current * _GROW) + 1))
+
+    def _record_reply(self, state: CycleState, target: EndpointId, reply: str) -> None:
+        request = state.request
+        hashes = state.prefix.hashes
+        marker = "<|assistant|>" if request.api in (ApiKind.CHAT, ApiKind.RESPONSES) else ""
+        start = len(hashes) * self.hasher.block_chars
+        text = request.prompt + marker + reply
+        more = self.hasher.extend(text, hashes[-1], start)
+        if more:
+            # Re-record the whole chain so the prompt's chunks stay younger than the reply's.
+            self.index.record(target, list(hashes) + more, state.now_s)
+
+    def observe_endpoint(self, endpoint: Endpoint) -> None:
+        """Size the endpoint's LRU from its KV cache (``vllm:cache_config_info``)."""
+        tokens = endpoint.metrics.kv_capacity_tokens()
+        if tokens <= 0:
+            return
+        chunks = int(tokens * self.chars_per_token / self.hasher.block_chars)
+        if self._base_capacity.get(endpoint.id) != chunks:
+            self._base_capacity[endpoint.id] = chunks
+            self.index.set_capacity(endpoint.id, chunks)
+
+    def remove_endpoint(self, endpoint_id: EndpointId) -> None:
+        self._base_capacity.pop(endpoint_id, None)
+        self.index.remove_endpoint(endpoint_id)

@@ -1,0 +1,206 @@
+"""Parse an HTTP request (path, headers, body bytes) into one ``InferenceRequest``.
+
+The parser owns everything that turns client input into the value the scheduler works on:
+API path, JSON decoding, the prompt text (via ``epp.request.flatten``), the model rewrite
+(header ``x-gateway-model-name-rewrite`` first, then the configured table) with the body
+re-serialized so the model server sees the served name, and the request's priority (header
+``x-gateway-inference-objective`` resolved by a lookup callable, then per-model config).
+
+Errors are domain errors whose message tells the client what is wrong; the message never
+quotes prompt text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from epp.config.request_control import ModelTarget, RequestControlConfig
+from epp.errors import BadRequest, NotFound, PayloadTooLarge
+from epp.request import flatten
+from epp.request.types import API_PATHS, ApiKind, InferenceRequest
+
+log = logging.getLogger(__name__)
+
+MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+REQUEST_ID_HEADER = "x-request-id"
+
+ObjectiveLookup = Callable[[str], "int | None"]
+"""Objective name -> priority, or None when the objective is unknown."""
+
+
+@dataclass(slots=True, frozen=True)
+class ParsedRequest:
+    """The request value plus the body to forward (``body`` is the original bytes unless the
+    model was rewritten, in which case it is the re-serialized JSON)."""
+
+    request: InferenceRequest
+    body: bytes
+    body_rewritten: bool = False
+
+
+def api_for_path(path: str) -> ApiKind | None:
+    """The API a ``:path`` names (query string and trailing slash ignored), or None."""
+    path = path.partition("?")[0]
+    if len(path) > 1:
+        path = path.rstrip("/")
+    return API_PATHS.get(path)
+
+
+class RequestParser:
+    def __init__(
+        self,
+        config: RequestControlConfig,
+        objective_lookup: ObjectiveLookup | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._config = config
+        self.max_body_bytes = config.max_body_bytes
+        self._rng = rng or random.Random()
+        static = dict(config.objective_priorities)
+        self._objective_lookup: ObjectiveLookup = objective_lookup or static.get
+
+    def set_objective_lookup(self, lookup: ObjectiveLookup) -> None:
+        """Plug in a dynamic source (e.g. Kubernetes InferenceObjectives)."""
+        self._objective_lookup = lookup
+
+    # --- before the body ---------------------------------------------------------------
+
+    def check_headers(self, path: str, headers: Mapping[str, str]) -> ApiKind:
+        """Validate what can be validated before the body arrives (the request has a body)."""
+        api = api_for_path(path)
+        if api is None:
+            raise NotFound(
+                f"unknown API path {path.partition('?')[0]!r}; epp serves "
+                + ", ".join(sorted(API_PATHS))
+            )
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            raise PayloadTooLarge(self.too_large_message(int(length)))
+        return api
+
+    def too_large_message(self, size: int) -> str:
+        return f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes"
+
+    def headers_only(self, path: str, headers: Mapping[str, str]) -> InferenceRequest:
+        """A request without a body: routed by load alone."""
+        return InferenceRequest(
+            request_id=_request_id(headers),
+            model=headers.get(MODEL_REWRITE_HEADER, ""),
+            prompt="",
+            api=ApiKind.NONE,
+            priority=self._priority(headers, ""),
+        )
+
+    # --- the body ----------------------------------------------------------------------
+
+    def parse(self, path: str, headers: Mapping[str, str], body: bytes) -> ParsedRequest:
+        api = self.check_headers(path, headers)
+        if len(body) > self.max_body_bytes:
+            raise PayloadTooLarge(self.too_large_message(len(body)))
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRequest(f"request body is not valid UTF-8 (bad byte at offset {exc.start})") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BadRequest(
+                f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from None
+        if not isinstance(doc, dict):
+            raise BadRequest("request body must be a JSON object")
+
+        model = doc.get("model")
+        if model is None:
+            raise BadRequest("missing 'model' in request body")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("'model' must be a non-empty string")
+        prompt = _prompt(api, doc)
+        salt = doc.get("cache_salt", "")
+        if salt is None:
+            salt = ""
+        if not isinstance(salt, str):
+            raise BadRequest("'cache_salt' must be a string")
+
+        target = self._rewrite(model, headers)
+        out_body = body
+        rewritten = target != model
+        if rewritten:
+            doc["model"] = target
+            out_body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+        request = InferenceRequest(
+            request_id=_request_id(headers),
+            model=target,
+            prompt=prompt,
+            api=api,
+            adapter="" if target in self._config.base_models else target,
+            cache_salt=salt,
+            priority=self._priority(headers, model, target),
+            stream=doc.get("stream") is True,
+            original_model=model if rewritten else "",
+        )
+        return ParsedRequest(request, out_body, rewritten)
+
+    def _rewrite(self, model: str, headers: Mapping[str, str]) -> str:
+        forced = headers.get(MODEL_REWRITE_HEADER)
+        if forced:
+            return forced
+        targets = self._config.model_rewrites.get(model)
+        if not targets:
+            return model
+        if len(targets) == 1:
+            return targets[0].model
+        return _weighted(targets, self._rng)
+
+    def _priority(self, headers: Mapping[str, str], *models: str) -> int:
+        objective = headers.get(OBJECTIVE_HEADER)
+        if objective:
+            prio = self._objective_lookup(objective)
+            if prio is not None:
+                return prio
+            log.debug("unknown inference objective %r; using model priority", objective)
+        for model in models:
+            prio = self._config.model_priorities.get(model)
+            if prio is not None:
+                return prio
+        return 0
+
+
+def _weighted(targets: tuple[ModelTarget, ...], rng: random.Random) -> str:
+    draw = rng.random() * sum(t.weight for t in targets)
+    for t in targets:
+        draw -= t.weight
+        if draw < 0:
+            return t.model
+    return targets[-1].model
+
+
+def _request_id(headers: Mapping[str, str]) -> str:
+    return headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+
+
+def _require(doc: dict[str, Any], key: str) -> Any:
+    value = doc.get(key)
+    if value is None:
+        raise BadRequest(f"missing '{key}' in request body")
+    return value
+
+
+def _prompt(api: ApiKind, doc: dict[str, Any]) -> str:
+    if api is ApiKind.COMPLETIONS:
+        return flatten.completion_prompt(_require(doc, "prompt"))
+    if api is ApiKind.CHAT:
+        return flatten.chat_prompt(_require(doc, "messages"))
+    if api is ApiKind.RESPONSES:
+        return flatten.responses_prompt(_require(doc, "input"), doc.get("instructions"))
+    if api is ApiKind.EMBEDDINGS:
+        return flatten.embeddings_prompt(_require(doc, "input"))
+    raise NotFound(f"API {api.value} takes no body")

@@ -1,0 +1,184 @@
+"""What epp reads from (and rewrites in) a model server's response.
+
+``ResponseReader`` is fed the response body chunk by chunk. It
+
+- finds ``usage`` (prompt, ``prompt_tokens_details.cached_tokens``, completion tokens) in a
+  plain JSON body or in an SSE stream (the chunk with ``stream_options.include_usage``),
+- keeps the generated text (capped) so the scheduler can record the next conversation turn,
+- maps a rewritten ``model`` back to the name the client sent, returning the bytes to forward.
+
+Without a rewrite every chunk is forwarded unchanged as soon as it arrives; with one, a JSON
+body is held until its end and an SSE stream is forwarded line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from epp.scheduling.types import ResponseInfo
+
+log = logging.getLogger(__name__)
+
+MAX_GENERATED_CHARS = 64 * 1024
+"""Generated text kept for the index; longer answers are truncated (their head is what the
+next turn's prompt shares anyway)."""
+MAX_JSON_BYTES = 4 * 1024 * 1024
+"""Plain JSON bodies larger than this are forwarded without usage parsing."""
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int | None = None
+    completion_tokens: int = 0
+    seen: bool = False
+
+
+class ResponseReader:
+    __slots__ = (
+        "sse",
+        "_from",
+        "_to",
+        "_buf",
+        "_held",
+        "_text",
+        "_text_len",
+        "usage",
+        "status",
+        "_too_big",
+    )
+
+    def __init__(self, status: int, sse: bool, served_model: str = "", client_model: str = ""):
+        self.status = status
+        self.sse = sse
+        rewrite = bool(client_model) and client_model != served_model
+        self._from = json.dumps(served_model).encode() if rewrite else b""
+        self._to = json.dumps(client_model).encode() if rewrite else b""
+        self._buf = bytearray()  # JSON: the whole body; SSE: the unfinished last line
+        self._held = rewrite and not sse
+        self._text: list[str] = []
+        self._text_len = 0
+        self.usage = Usage()
+        self._too_big = False
+
+    @property
+    def rewriting(self) -> bool:
+        return bool(self._from)
+
+    def feed(self, chunk: bytes, end: bool) -> bytes:
+        """Consume one body chunk; return the bytes to forward now."""
+        if self.sse:
+            return self._feed_sse(chunk, end)
+        if not self._too_big:
+            self._buf += chunk
+            if len(self._buf) > MAX_JSON_BYTES and not self._held:
+                self._too_big = True
+                self._buf.clear()
+        if not end:
+            return b"" if self._held else chunk
+        if self._too_big:
+            return chunk
+        body = bytes(self._buf)
+        self._buf.clear()
+        doc = self._read_json(body)
+        if not self._held:
+            return chunk
+        if isinstance(doc, dict) and doc.get("model") == json.loads(self._from):
+            doc["model"] = json.loads(self._to)
+            return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+        return body
+
+    def info(self) -> ResponseInfo:
+        u = self.usage
+        return ResponseInfo(
+            status=self.status,
+            prompt_tokens=u.prompt_tokens,
+            cached_tokens=u.cached_tokens,
+            completion_tokens=u.completion_tokens,
+            generated_text="".join(self._text),
+        )
+
+    # --- JSON --------------------------------------------------------------------------
+
+    def _read_json(self, body: bytes) -> Any:
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            log.debug("response body is not JSON; no usage read")
+            return None
+        if isinstance(doc, dict):
+            self._take_usage(doc.get("usage"))
+            self._take_text(doc)
+        return doc
+
+    # --- SSE ---------------------------------------------------------------------------
+
+    def _feed_sse(self, chunk: bytes, end: bool) -> bytes:
+        buf = self._buf
+        buf += chunk
+        cut = buf.rfind(b"\n") + 1
+        if end:
+            cut = len(buf)
+        if cut == 0:
+            return b"" if self.rewriting else chunk
+        complete = bytes(buf[:cut])
+        del buf[:cut]
+        for line in complete.split(b"\n"):
+            if line.startswith(b"data:"):
+                self._sse_data(line[5:].strip())
+        if self.rewriting:
+            return complete.replace(b'"model":' + self._from, b'"model":' + self._to).replace(
+                b'"model": ' + self._from, b'"model": ' + self._to
+            )
+        return chunk
+
+    def _sse_data(self, data: bytes) -> None:
+        if not data or data == b"[DONE]":
+            return
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return
+        if isinstance(doc, dict):
+            usage = doc.get("usage")
+            if usage:
+                self._take_usage(usage)
+            self._take_text(doc)
+
+    # --- shared ------------------------------------------------------------------------
+
+    def _take_usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        u = self.usage
+        u.seen = True
+        u.prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+        u.completion_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+        if isinstance(details, dict) and "cached_tokens" in details:
+            u.cached_tokens = _int(details.get("cached_tokens"))
+
+    def _take_text(self, doc: dict[str, Any]) -> None:
+        if self._text_len >= MAX_GENERATED_CHARS:
+            return
+        choices = doc.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return
+        first = choices[0]
+        if not isinstance(first, dict):
+            return
+        text = first.get("text")
+        if not isinstance(text, str):
+            part = first.get("delta") or first.get("message")
+            text = part.get("content") if isinstance(part, dict) else None
+        if isinstance(text, str) and text:
+            text = text[: MAX_GENERATED_CHARS - self._text_len]
+            self._text.append(text)
+            self._text_len += len(text)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,0 +1,20 @@
+"""Saturation: is every endpoint of the pool too busy (or unknown) to take more work?"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from epp.config.loader import SaturationConfig
+from epp.datastore.endpoint import Endpoint
+
+
+def endpoint_saturated(endpoint: Endpoint, cfg: SaturationConfig, now_s: float) -> bool:
+    m = endpoint.metrics
+    if not m.known or endpoint.stale or now_s - m.scraped_at_s > cfg.metrics_staleness_seconds:
+        return True
+    return endpoint.queue > cfg.queue_threshold or m.kv_usage > cfg.kv_cache_threshold
+
+
+def pool_saturated(endpoints: Sequence[Endpoint], cfg: SaturationConfig, now_s: float) -> bool:
+    """True when no endpoint has room: every one is over a threshold or has stale metrics."""
+    return all(endpoint_saturated(e, cfg, now_s) for e in endpoints)
