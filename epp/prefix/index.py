@@ -25,13 +25,13 @@ from __future__ import annotations
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, repeat
 
 from epp.datastore.endpoint import EndpointId
 
-_consume = deque(maxlen=0).extend
+_consume: Callable[[Iterable[object]], None] = deque(maxlen=0).extend
 
 
 @dataclass(slots=True, frozen=True)

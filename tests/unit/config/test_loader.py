@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+
+from epp.config.loader import default_config, loads_config, shipped_config
+from epp.errors import ConfigError
+
+BASE = """
+plugins:
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: p
+  plugins:
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: max-score-picker
+"""
+
+
+def test_shipped_configs_load() -> None:
+    d = default_config()
+    assert d.profile.scorers == (
+        ("prefix-cache-scorer", 3.0), ("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0),
+    )
+    assert d.profile.picker == "max-score-picker"
+    fc = shipped_config("filter-chain")
+    assert fc.profile.filters == ("lora-affinity-filter", "load-threshold-filter", "longest-prefix-filter")
+
+
+def test_defaults_and_camel_case_parameters() -> None:
+    cfg = loads_config(BASE + "prefixIndex: {blockChars: 32, ttlSeconds: 60}\n")
+    assert cfg.prefix.block_chars == 32 and cfg.prefix.ttl_seconds == 60.0
+    assert cfg.prefix.capacity_per_endpoint_chunks == 31_250
+    assert cfg.saturation.queue_threshold == 5 and cfg.saturation.kv_cache_threshold == 0.8
+
+
+@pytest.mark.parametrize(
+    "text,field",
+    [
+        ("plugins: []", "plugins"),
+        (BASE.replace("prefix-cache-scorer\n-", "prefix-cache-scorr\n-"), "plugins[0].type"),
+        (BASE.replace("- type: max-score-picker", "- type: max-score-picker\n  parameters: {x: 1}"),
+         "plugins[1].parameters.x"),
+        (BASE.replace("weight: 3", "weight: heavy"), "schedulingProfiles[0].plugins[0].weight"),
+        (BASE.replace("- pluginRef: max-score-picker", "- pluginRef: nope"),
+         "schedulingProfiles[0].plugins[1].pluginRef"),
+        (BASE.replace("  - pluginRef: max-score-picker\n", ""), "schedulingProfiles[0].plugins"),
+        (BASE + "prefixIndex: {blockChars: 0}\n", "prefixIndex.blockChars"),
+        (BASE + "prefixIndex: {ttlSeconds: -1}\n", "prefixIndex.ttlSeconds"),
+        (BASE + "saturation: {queueThreshold: 2.5}\n", "saturation.queueThreshold"),
+        (BASE.replace("- type: prefix-cache-scorer",
+                      "- type: prefix-cache-scorer\n  parameters: {minMatchChunks: true}"),
+         "plugins[0].parameters.minMatchChunks"),
+        ("kind: Other\n" + BASE, "kind"),
+        ("plugins: [", "<yaml>"),
+    ],
+)
+def test_bad_config_names_the_field(text: str, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        loads_config(text)
+    assert err.value.field == field
+    assert field in str(err.value)

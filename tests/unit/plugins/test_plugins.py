@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+from epp.plugins import filters, pickers, scorers
+from epp.request.types import InferenceRequest
+from epp.scheduling.types import CycleState, PrefixMatch
+
+
+def ep(
+    n: int,
+    *,
+    waiting: int = 0,
+    kv: float = 0.0,
+    running: tuple[str, ...] = (),
+    waiting_adapters: tuple[str, ...] = (),
+    max_adapters: int = 0,
+    pending: int = 0,
+    known: bool = True,
+) -> Endpoint:
+    m = Metrics(
+        waiting=waiting,
+        kv_usage=kv,
+        running_adapters=frozenset(running),
+        waiting_adapters=frozenset(waiting_adapters),
+        max_adapters=max_adapters,
+        scraped_at_s=1.0 if known else 0.0,
+    )
+    return Endpoint(EndpointId(f"10.0.0.{n}:8000"), f"10.0.0.{n}", 8000, metrics=m, pending=pending)
+
+
+def state(adapter: str = "", matched: dict[int, int] | None = None, total: int = 10) -> CycleState:
+    req = InferenceRequest("r", adapter or "base", "p" * 100, adapter=adapter)
+    s = CycleState(req, 1.0, random.Random(7))
+    if matched is not None:
+        s.prefix = PrefixMatch(
+            list(range(total)), {EndpointId(f"10.0.0.{k}:8000"): v for k, v in matched.items()}
+        )
+    return s
+
+
+def test_prefix_scorer_ratio_and_min_match_threshold() -> None:
+    eps = [ep(0), ep(1), ep(2)]
+    sc = scorers.PrefixCacheScorer("p", scorers.PrefixCacheScorerParams(min_match_chunks=3))
+    assert sc.score(state(matched={0: 10, 1: 2}), eps) == [1.0, 0.0, 0.0]
+    sc2 = scorers.PrefixCacheScorer("p", scorers.PrefixCacheScorerParams(min_match_ratio=0.5))
+    assert sc2.score(state(matched={0: 6, 1: 4}), eps) == [0.6, 0.0, 0.0]
+    assert sc.score(state(), eps) == [0.0, 0.0, 0.0]
+
+
+def test_queue_scorer_min_max_with_pending_and_unknown_neutral() -> None:
+    eps = [ep(0, waiting=0), ep(1, waiting=2, pending=2), ep(2, waiting=2), ep(3, known=False)]
+    got = scorers.QueueScorer("q", scorers.QueueScorerParams()).score(state(), eps)
+    assert got == [1.0, 0.0, 0.5, 0.5]
+    same = scorers.QueueScorer("q", scorers.QueueScorerParams()).score(state(), [ep(0), ep(1)])
+    assert same == [1.0, 1.0]
+
+
+def test_kv_scorer() -> None:
+    got = scorers.KvCacheUtilizationScorer("k", scorers.KvCacheScorerParams()).score(
+        state(), [ep(0, kv=0.25), ep(1, kv=1.0), ep(2, known=False)]
+    )
+    assert got == [0.75, 0.0, 0.5]
+
+
+def test_lora_affinity_tiers() -> None:
+    eps = [
+        ep(0, running=("a",), max_adapters=2),
+        ep(1, running=("b",), max_adapters=2),  # free slot
+        ep(2, running=("b", "c"), waiting_adapters=("a",), max_adapters=2),  # waiting
+        ep(3, running=("b", "c"), max_adapters=2),  # none
+    ]
+    sc = scorers.LoraAffinityScorer("l", scorers.LoraAffinityScorerParams())
+    assert sc.score(state(adapter="a"), eps) == [1.0, 0.8, 0.6, 0.0]
+    assert sc.score(state(), eps) == [1.0, 1.0, 1.0, 1.0]
+    f = filters.LoraAffinityFilter("lf", filters.NoParams())
+    assert f.filter(state(adapter="a"), eps) == [eps[0]]
+    assert f.filter(state(adapter="a"), eps[1:]) == [eps[1]]
+    assert f.filter(state(adapter="a"), eps[2:]) == [eps[2]]
+    assert f.filter(state(adapter="a"), eps[3:]) == [eps[3]]  # none qualifies: keep all
+
+
+def test_load_threshold_filter_keeps_all_when_none_qualify() -> None:
+    f = filters.LoadThresholdFilter("t", filters.LoadThresholdParams())
+    eps = [ep(0, waiting=6), ep(1, kv=0.9), ep(2, waiting=5, kv=0.8), ep(3, waiting=3, pending=3)]
+    assert f.filter(state(), eps) == [eps[2]]
+    assert f.filter(state(), [eps[0], eps[1]]) == [eps[0], eps[1]]
+
+
+@pytest.mark.parametrize(
+    "factory,values,kept",
+    [
+        (filters.LeastQueueFilter, [0, 1, 8, 9], [0, 1]),
+        (filters.LeastKvCacheFilter, [0.1, 0.2, 0.9, 0.95], [0, 1]),
+    ],
+)
+def test_least_filters_keep_the_lowest_band(factory, values, kept) -> None:  # type: ignore[no-untyped-def]
+    if factory is filters.LeastQueueFilter:
+        eps = [ep(i, waiting=v) for i, v in enumerate(values)]
+    else:
+        eps = [ep(i, kv=v) for i, v in enumerate(values)]
+    assert factory("f", filters.NoParams()).filter(state(), eps) == [eps[i] for i in kept]
+
+
+def test_longest_prefix_filter() -> None:
+    f = filters.LongestPrefixFilter("lp", filters.LongestPrefixParams())
+    eps = [ep(0), ep(1), ep(2)]
+    assert f.filter(state(matched={0: 3, 1: 7, 2: 7}), eps) == [eps[1], eps[2]]
+    assert f.filter(state(matched={}), eps) == eps
+
+
+def test_max_score_picker_breaks_ties_at_random_and_orders_fallbacks() -> None:
+    p = pickers.MaxScorePicker("m", pickers.PickerParams())
+    eps = [ep(0), ep(1), ep(2)]
+    s = state()
+    picks = Counter(p.pick(s, eps, [1.0, 1.0, 0.2], 1)[0].id for _ in range(400))
+    assert set(picks) == {eps[0].id, eps[1].id} and min(picks.values()) > 120
+    assert p.pick(s, eps, [0.1, 0.9, 0.5], 3) == [eps[1], eps[2], eps[0]]
+
+
+def test_weighted_random_picker_follows_scores() -> None:
+    p = pickers.WeightedRandomPicker("w", pickers.PickerParams())
+    eps = [ep(0), ep(1)]
+    s = state()
+    picks = Counter(p.pick(s, eps, [0.9, 0.1], 1)[0].id for _ in range(2000))
+    assert 0.85 < picks[eps[0].id] / 2000 < 0.95
+    assert len(p.pick(s, eps, [0.0, 0.0], 2)) == 2
+
+
+def test_random_and_round_robin_pickers() -> None:
+    eps = [ep(2), ep(0), ep(1)]
+    rr = pickers.RoundRobinPicker("rr", pickers.PickerParams())
+    s = state()
+    assert [rr.pick(s, eps, [0, 0, 0], 1)[0].address for _ in range(4)] == [
+        "10.0.0.0", "10.0.0.1", "10.0.0.2", "10.0.0.0",
+    ]
+    rp = pickers.RandomPicker("r", pickers.PickerParams())
+    seen = {rp.pick(s, eps, [0, 0, 0], 1)[0].id for _ in range(100)}
+    assert seen == {e.id for e in eps}

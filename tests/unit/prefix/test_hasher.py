@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from epp.prefix.hasher import ChunkHasher, chain_seed
+
+H = ChunkHasher(block_chars=8)
+SEED = chain_seed("m")
+
+text_st = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=200)
+
+
+def test_trailing_partial_chunk_is_not_hashed() -> None:
+    assert len(H.hashes("a" * 7, SEED)) == 0
+    assert len(H.hashes("a" * 8, SEED)) == 1
+    assert len(H.hashes("a" * 23, SEED)) == 2
+
+
+@given(text_st, text_st)
+def test_chain_property_equal_hash_iff_equal_prefix(a: str, b: str) -> None:
+    ha, hb = H.hashes(a, SEED), H.hashes(b, SEED)
+    for i in range(min(len(ha), len(hb))):
+        same_prefix = a[: 8 * (i + 1)] == b[: 8 * (i + 1)]
+        assert (ha[i] == hb[i]) == same_prefix
+
+
+@given(text_st, st.text(max_size=50))
+def test_shared_prefix_shares_exactly_its_full_chunks(prefix: str, tail: str) -> None:
+    full = len(prefix) // 8
+    a = H.hashes(prefix + tail, SEED)
+    b = H.hashes(prefix, SEED)
+    assert a[:full] == b[:full]
+
+
+def test_same_chunk_text_at_other_position_hashes_differently() -> None:
+    hs = H.hashes("abcdefgh" * 3, SEED)
+    assert len(set(hs)) == 3
+
+
+def test_model_adapter_and_salt_isolate_chains() -> None:
+    text = "x" * 64
+    seeds = {
+        chain_seed("m"),
+        chain_seed("m2"),
+        chain_seed("m", "lora-a"),
+        chain_seed("m", "", "tenant-1"),
+        chain_seed("m", "lora-a", "tenant-1"),
+    }
+    assert len(seeds) == 5
+    firsts = {H.hashes(text, s)[0] for s in seeds}
+    assert len(firsts) == 5
+
+
+@given(text_st, st.integers(min_value=0, max_value=10))
+def test_extend_continues_the_chain(text: str, k: int) -> None:
+    whole = H.hashes(text, SEED)
+    k = min(k, len(whole))
+    start_seed = whole[k - 1] if k else SEED
+    assert whole[:k] + H.extend(text, start_seed, 8 * k) == whole
+
+
+def test_non_ascii_chunks_are_characters_not_bytes() -> None:
+    # 8 characters of 3 UTF-8 bytes each: one chunk of 8 characters.
+    assert len(H.hashes("日本語のテキスト", SEED)) == 1
+
+
+def test_max_chunks_caps_the_hashed_prefix() -> None:
+    capped = ChunkHasher(block_chars=8, max_chunks=3)
+    assert capped.hashes("y" * 800, SEED) == H.hashes("y" * 800, SEED)[:3]
+    assert ChunkHasher(8).hashes("y" * 800, SEED)[:3] == capped.hashes("y" * 800, SEED)

@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.datastore.endpoint import EndpointId
+from epp.prefix.index import PrefixIndex
+
+A, B, C = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000"), EndpointId("10.0.0.3:8000")
+
+
+def chain(tag: int, n: int) -> list[int]:
+    """A fake chain: equal tags and positions share hashes (tags model prompts)."""
+    return [tag * 1_000_003 + i for i in range(n)]
+
+
+def test_match_counts_leading_chunks_per_endpoint() -> None:
+    idx = PrefixIndex()
+    idx.record(A, chain(1, 10), now_s=1.0)
+    idx.record(B, chain(1, 4), now_s=1.0)
+    assert idx.match(chain(1, 10), [A, B, C], now_s=2.0) == {A: 10, B: 4}
+    assert idx.match(chain(1, 6), [A, B, C], now_s=2.0) == {A: 6, B: 4}
+    assert idx.match(chain(2, 6), [A, B, C], now_s=2.0) == {}
+
+
+def test_partial_prefix_match_stops_at_divergence() -> None:
+    idx = PrefixIndex()
+    idx.record(A, chain(1, 8), now_s=1.0)
+    request = chain(1, 5) + chain(9, 5)[5:] + [77, 78, 79]
+    assert idx.match(request, [A], now_s=1.0) == {A: 5}
+
+
+def test_lru_capacity_evicts_least_recently_used_and_deepest_first() -> None:
+    idx = PrefixIndex(capacity_chunks=10)
+    idx.record(A, chain(1, 6), now_s=1.0)
+    idx.record(A, chain(2, 6), now_s=2.0)  # 12 > 10: the two deepest chunks of chain 1 go
+    assert len(idx) == 10
+    assert idx.match(chain(1, 6), [A], now_s=3.0) == {A: 4}
+    assert idx.match(chain(2, 6), [A], now_s=3.0) == {A: 6}
+    idx.record(A, chain(1, 4), now_s=4.0)  # touch chain 1: chain 2 is now the oldest
+    idx.record(A, chain(3, 3), now_s=5.0)
+    assert idx.match(chain(1, 6), [A], now_s=6.0) == {A: 4}
+    assert idx.match(chain(2, 6), [A], now_s=6.0) == {A: 3}
+    assert idx.stats().evictions == 5
+
+
+def test_ttl_expiry_lazy_on_read_and_by_sweep() -> None:
+    idx = PrefixIndex(ttl_s=10.0)
+    idx.record(A, chain(1, 5), now_s=0.0)
+    idx.record(A, chain(1, 2), now_s=8.0)
+    assert idx.match(chain(1, 5), [A], now_s=9.0) == {A: 5}
+    assert idx.match(chain(1, 5), [A], now_s=11.0) == {A: 2}  # lazy: still stored
+    assert len(idx) == 5
+    assert idx.sweep(now_s=11.0) == 3
+    assert len(idx) == 2
+    assert idx.sweep(now_s=30.0) == 2
+    assert len(idx) == 0 and idx.stats().expirations == 5
+
+
+def test_remove_endpoint_drops_all_its_entries() -> None:
+    idx = PrefixIndex()
+    idx.record(A, chain(1, 5), now_s=1.0)
+    idx.record(B, chain(1, 5), now_s=1.0)
+    assert idx.remove_endpoint(A) == 5
+    assert idx.match(chain(1, 5), [A, B], now_s=1.0) == {B: 5}
+    assert len(idx) == 5
+
+
+def test_global_cap_evicts_the_oldest_entries_across_endpoints() -> None:
+    idx = PrefixIndex(capacity_chunks=1000, max_entries=2000)
+    idx.record(A, chain(1, 1000), now_s=1.0)
+    idx.record(B, chain(2, 1000), now_s=2.0)
+    idx.record(C, chain(3, 500), now_s=3.0)
+    assert len(idx) <= 2000
+    held = idx.match(chain(1, 1000), [A], now_s=4.0).get(A, 0)
+    assert held < 1000  # the oldest endpoint's deepest chunks went
+    assert idx.match(chain(3, 500), [C], now_s=4.0) == {C: 500}
+    assert idx.match(chain(2, 1000), [B], now_s=4.0) == {B: 1000}
+
+
+def test_set_capacity_shrinks_an_endpoint() -> None:
+    idx = PrefixIndex(capacity_chunks=100)
+    idx.record(A, chain(1, 100), now_s=1.0)
+    idx.set_capacity(A, 30)
+    assert idx.match(chain(1, 100), [A], now_s=1.0) == {A: 30}
+    assert idx.capacity(A) == 30
+
+
+def test_stats_count_lookups_and_hits() -> None:
+    idx = PrefixIndex()
+    idx.record(A, chain(1, 4), now_s=1.0)
+    idx.match(chain(1, 8), [A], now_s=1.0)
+    s = idx.stats()
+    assert (s.lookups, s.lookup_chunks, s.hit_chunks) == (1, 8, 4)
+    assert s.hit_ratio == 0.5 and s.entries == 4 and s.endpoints == 1 and s.approx_bytes > 0
+
+
+def test_rejects_nonsense_bounds() -> None:
+    with pytest.raises(ValueError):
+        PrefixIndex(capacity_chunks=0)
+
+
+# --- model-based property test: binary search equals the "stop at first miss" scan -------
+
+op_st = st.lists(
+    st.tuples(
+        st.sampled_from(["record", "sweep", "remove", "cap"]),
+        st.sampled_from([A, B]),
+        st.integers(0, 3),  # prompt tag
+        st.integers(1, 12),  # chain length
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(op_st)
+def test_match_equals_linear_scan_of_a_reference_lru(ops: list[tuple[str, EndpointId, int, int]]) -> None:
+    cap, ttl = 16, 5.0
+    idx = PrefixIndex(capacity_chunks=cap, ttl_s=ttl)
+    model: dict[EndpointId, dict[int, float]] = {A: {}, B: {}}
+    caps = {A: cap, B: cap}
+    now = 0.0
+    for kind, ep, tag, n in ops:
+        now += 1.0
+        hashes = chain(tag, n)
+        if kind == "record":
+            idx.record(ep, hashes, now)
+            d = model[ep]
+            for h in reversed(hashes):
+                d.pop(h, None)
+                d[h] = now
+            while len(d) > caps[ep]:
+                del d[next(iter(d))]
+        elif kind == "sweep":
+            idx.sweep(now)
+            for d in model.values():
+                for h in [h for h, t in d.items() if t < now - ttl]:
+                    del d[h]
+        elif kind == "remove":
+            idx.remove_endpoint(ep)
+            model[ep] = {}
+            caps[ep] = cap
+        else:
+            caps[ep] = max(1, n)
+            idx.set_capacity(ep, caps[ep])
+            d = model[ep]
+            while len(d) > caps[ep]:
+                del d[next(iter(d))]
+        for probe_tag in range(4):
+            probe = chain(probe_tag, 12)
+            got = idx.match(probe, [A, B], now)
+            for e in (A, B):
+                k = 0
+                while k < len(probe) and model[e].get(probe[k], -1e9) >= now - ttl:
+                    k += 1
+                assert got.get(e, 0) == k
+    assert len(idx) == sum(len(d) for d in model.values())
+
+
+def test_safe_under_a_concurrent_sweeper_thread() -> None:
+    idx = PrefixIndex(capacity_chunks=500, max_entries=3000, ttl_s=50.0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    clock = {"now": 0.0}
+
+    def sweeper() -> None:
+        try:
+            while not stop.is_set():
+                idx.sweep(clock["now"])
+                idx.stats()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=sweeper)
+    t.start()
+    try:
+        for i in range(3000):
+            clock["now"] = float(i) / 10
+            ep = (A, B, C)[i % 3]
+            idx.record(ep, chain(i % 40, 30), clock["now"])
+            idx.match(chain((i + 1) % 40, 30), [A, B, C], clock["now"])
+            if i % 500 == 0:
+                idx.remove_endpoint(B)
+    finally:
+        stop.set()
+        t.join()
+    assert not errors
+    stats = idx.stats()
+    assert stats.entries == sum(len(idx.chunks_of(e)) for e in (A, B, C))
+    assert stats.entries <= 3000
