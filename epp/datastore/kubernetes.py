@@ -25,6 +25,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -235,10 +236,16 @@ class _Reflector:
             w.stop()  # shuts the socket down, which unblocks the read
 
     def join(self, timeout_s: float) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            return not self._thread.is_alive()
-        return True
+        thread = self._thread
+        if thread is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while thread.is_alive() and time.monotonic() < deadline:
+            # A watch that was still connecting when stop() ran had no socket to shut
+            # down yet (and Watch.stream clears its stop flag when it starts): try again.
+            self.stop()
+            thread.join(0.05)
+        return not thread.is_alive()
 
     def _selectors(self) -> dict[str, str]:
         kwargs = {}
@@ -259,7 +266,7 @@ class _Reflector:
             except _Expired:
                 log.info("%s: watch expired (410 Gone), listing again", self.name)
                 continue
-            except Exception as exc:  # every failure ends in a backoff and a fresh list
+            except Exception as exc:  # noqa: BLE001 - any failure: back off, list afresh
                 if self._stopped.is_set():
                     break
                 text = describe_error(exc)
