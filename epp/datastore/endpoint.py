@@ -33,6 +33,10 @@ class Metrics:
     num_gpu_blocks: int = 0
     scraped_at_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.kv_usage <= 1.0:  # servers report odd values; scorers rely on [0, 1]
+            object.__setattr__(self, "kv_usage", min(1.0, max(0.0, self.kv_usage or 0.0)))
+
     @property
     def known(self) -> bool:
         return self.scraped_at_s > 0.0

@@ -56,11 +56,12 @@ class QueueScorer:
         self.name = name
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
-        queues = [e.queue if e.metrics.known else -1 for e in endpoints]
-        known = [q for q in queues if q >= 0]
-        if not known:
+        # -1 marks unknown metrics; written out inline: this runs for every endpoint per request
+        queues = [e.metrics.waiting + e.pending if e.metrics.scraped_at_s else -1 for e in endpoints]
+        hi = max(queues)
+        if hi < 0:
             return [NEUTRAL] * len(endpoints)
-        lo, hi = min(known), max(known)
+        lo = min(q for q in queues if q >= 0)
         if hi == lo:
             return [1.0 if q >= 0 else NEUTRAL for q in queues]
         span = hi - lo
@@ -79,9 +80,9 @@ class KvCacheUtilizationScorer:
         self.name = name
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
+        # kv_usage is clamped to [0, 1] when scraped
         return [
-            min(1.0, max(0.0, 1.0 - e.metrics.kv_usage)) if e.metrics.known else NEUTRAL
-            for e in endpoints
+            1.0 - m.kv_usage if m.scraped_at_s else NEUTRAL for m in [e.metrics for e in endpoints]
         ]
 
 

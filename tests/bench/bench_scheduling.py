@@ -1,0 +1,142 @@
+"""Scheduling-core benchmark: microseconds per decision and index bytes per entry.
+
+One decision = take the datastore snapshot + hash the prompt + look it up in the index + run
+the default profile's scorers + pick + record the pick + count the request in flight. The workload is what prefix-aware routing is for: 32
+"system prompts" of half the prompt length, each followed by a unique tail, so the index
+holds real matches on several endpoints. The index is warmed with 400 decisions first.
+
+Run: ./run python tests/bench/bench_scheduling.py [--quick]
+Targets (issue 2): p50 <= 50 us at 16 KB / 64 endpoints; <= 2 ms at 220 KB; <= 120 bytes
+per (chunk, endpoint) entry at 1M entries. Timings vary with machine load: read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import time
+import tracemalloc
+
+from epp.config.loader import default_config
+from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+from epp.datastore.store import Datastore
+from epp.prefix.hasher import ChunkHasher, chain_seed
+from epp.prefix.index import PrefixIndex
+from epp.request.types import InferenceRequest
+from epp.scheduling.scheduler import Scheduler
+
+SIZES = {"1KB": 1024, "16KB": 16 * 1024, "220KB": 220 * 1024}
+POOLS = (8, 64, 256)
+
+
+def make_pool(n: int, rng: random.Random) -> list[Endpoint]:
+    return [
+        Endpoint(
+            EndpointId(f"10.1.{i // 250}.{i % 250}:8000"),
+            f"10.1.{i // 250}.{i % 250}",
+            8000,
+            metrics=Metrics(waiting=rng.randint(0, 4), kv_usage=rng.random() * 0.8, scraped_at_s=1.0),
+        )
+        for i in range(n)
+    ]
+
+
+def text_of(seed: int, chars: int) -> str:
+    r = random.Random(seed)
+    words = [r.choice("abcdefghijklmnopqrstuvwxyz") * r.randint(1, 9) for _ in range(chars // 4)]
+    return " ".join(words)[:chars]
+
+
+def bench_decisions(size: int, pool_n: int, decisions: int) -> tuple[float, float, float]:
+    rng = random.Random(size * 1000 + pool_n)
+    sched = Scheduler.from_config(default_config(), random.Random(1))
+    pool = make_pool(pool_n, rng)
+    systems = [text_of(s, size // 2) for s in range(32)]
+    tails = [text_of(10_000 + t, size - size // 2) for t in range(64)]
+
+    def request(i: int) -> InferenceRequest:
+        return InferenceRequest(str(i), "m", systems[rng.randrange(32)] + tails[i % 64][i % 7 :] + str(i))
+
+    # A datastore as in production: each pick counts as pending on its endpoint until the
+    # request finishes (here: 2 x pool-size decisions later), so load spreads between scrapes.
+    store = Datastore()
+    for e in pool:
+        store.upsert(e)
+    in_flight: list[EndpointId] = []
+    now = 1.0
+
+    def decide(r: InferenceRequest) -> None:
+        target = sched.schedule(r, store.snapshot(), now).target.id
+        store.request_started(target)
+        in_flight.append(target)
+        if len(in_flight) > 2 * pool_n:
+            store.request_finished(in_flight.pop(0))
+
+    for i in range(400):
+        now += 0.001
+        decide(request(i))
+    samples = []
+    clock = time.perf_counter_ns
+    reqs = [request(i) for i in range(decisions)]
+    for r in reqs:
+        now += 0.001
+        t0 = clock()
+        decide(r)
+        samples.append((clock() - t0) / 1000)
+    samples.sort()
+    hit = sched.index.stats().hit_ratio
+    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1], hit
+
+
+def bench_hash_only(size: int, reps: int) -> float:
+    h = ChunkHasher()
+    text = text_of(1, size)
+    seed = chain_seed("m")
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        h.hashes(text, seed)
+    return (time.perf_counter() - t0) / reps * 1e6
+
+
+def bytes_per_entry(target_entries: int) -> tuple[int, float]:
+    """Fill an index with ``target_entries`` (chunk, endpoint) entries; measure its heap."""
+    endpoints = 64
+    chain_len = 256
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    idx = PrefixIndex(capacity_chunks=target_entries, max_entries=target_entries * 2)
+    hasher = ChunkHasher()
+    prompts = target_entries // chain_len
+    for p in range(prompts):
+        # realistic keys: real 64-bit chained hashes of distinct prompts
+        hashes = hasher.hashes(f"prompt {p} " + "z" * (chain_len * 64), chain_seed("m"))[:chain_len]
+        idx.record(EndpointId(f"10.2.0.{p % endpoints}:8000"), hashes, float(p))
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return len(idx), used / len(idx)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer decisions and a 200k-entry index")
+    args = ap.parse_args()
+    n = 300 if args.quick else 2000
+    print("scheduling decision (hash + lookup + score + pick + record), default profile")
+    print(f"{'prompt':>7} {'pool':>5} {'p50 us':>9} {'p99 us':>9} {'hash-only us':>13} {'index hit':>9}")
+    for label, size in SIZES.items():
+        decisions = max(50, n // 8) if size > 100_000 else n
+        hash_us = bench_hash_only(size, 20 if size > 100_000 else 200)
+        for pool_n in POOLS:
+            p50, p99, hit = bench_decisions(size, pool_n, decisions)
+            print(f"{label:>7} {pool_n:>5} {p50:>9.1f} {p99:>9.1f} {hash_us:>13.1f} {hit:>9.2f}")
+    entries = 200_000 if args.quick else 1_000_000
+    count, per = bytes_per_entry(entries)
+    print(f"index memory: {count:,} entries, {per:.1f} bytes per (chunk, endpoint) entry")
+    print("targets: p50 <= 50 us at 16KB/64; p50 <= 2000 us at 220KB; <= 120 bytes/entry")
+
+
+if __name__ == "__main__":
+    main()
