@@ -1,0 +1,365 @@
+"""One replica's engine: continuous batching over a :class:`PrefixCache` and a :class:`CostModel`.
+
+The engine has no clock of its own. The caller passes ``now`` (seconds, any origin) and asks
+:meth:`Engine.next_event_time` when something observable will next happen; the live
+emulator sleeps until then in real time, the offline replayer jumps its simulated clock
+there. Both then call :meth:`Engine.advance`.
+
+Scheduling, simplified from vLLM:
+
+* Waiting requests are admitted FIFO at step boundaries while the batch has fewer than
+  ``max_num_seqs`` requests, the KV cache can hold them, and the step's prefill budget
+  (``max_batched_tokens`` uncached prompt tokens) is not spent; the first request of a
+  step is always admitted whatever its size (no chunked prefill). A request whose LoRA
+  adapter would exceed ``max_loras`` distinct adapters in the batch is skipped, the
+  others behind it may go (as vLLM does).
+* Admission reserves KV blocks for the prompt and the full ``max_output_tokens``, so a
+  running request never has to be preempted.
+* A step that admits requests lasts ``sum(prefill) + decode_step(batch)`` and gives the new
+  requests their first token; otherwise the batch decodes, ``decode_step(batch)`` per token.
+
+Time advances in *segments* rather than single steps: while the batch does not change,
+``k`` identical decode steps are one segment ending when the next request finishes
+(``k`` read off a heap of finishing step numbers). A request arriving mid-segment cuts it
+at the next step boundary so that it joins the batch there. The cost is per event, not
+per token, which keeps the offline replay of thousands of long requests fast.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from simulator.model.cache import PrefixCache
+from simulator.model.cost import CostModel
+
+
+class RequestTooLarge(ValueError):
+    """The request needs more KV blocks than the whole cache holds: it could never run."""
+
+
+@dataclass(slots=True, frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 32
+    """Most requests decoding together (vLLM ``--max-num-seqs``)."""
+    max_batched_tokens: int = 8192
+    """Uncached prompt tokens admitted per step; the first admission ignores it."""
+    max_loras: int = 4
+    """Most distinct LoRA adapters in one batch (vLLM ``--max-loras``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_batched_tokens", "max_loras"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"engine config field {name!r} must be > 0")
+
+
+@dataclass(slots=True, frozen=True)
+class EngineRequest:
+    """A request as the engine sees it: sizes and block hashes, no text."""
+
+    request_id: str
+    num_prompt_tokens: int
+    block_hashes: Sequence[int]
+    """Hashes of the prompt's full blocks (see ``simulator.model.cache``)."""
+    max_output_tokens: int
+    final_block_hashes: Sequence[int] | None = None
+    """Hashes of the full blocks of prompt + output, cached when the request finishes.
+    ``None``: only the prompt's blocks stay cached."""
+    adapter: str = ""
+    """LoRA adapter name, empty for the base model."""
+
+
+@dataclass(slots=True, frozen=True)
+class FirstToken:
+    request_id: str
+    time_s: float
+    cached_tokens: int
+    """Prompt tokens served from the prefix cache (``usage.prompt_tokens_details``)."""
+    admitted_s: float
+    """When the request left the waiting queue."""
+
+
+@dataclass(slots=True, frozen=True)
+class Finished:
+    request_id: str
+    time_s: float
+    arrival_s: float
+    first_token_s: float
+    output_tokens: int
+    cached_tokens: int
+
+
+@dataclass(slots=True, frozen=True)
+class StepResult:
+    """What happened between the previous :meth:`Engine.advance` and this one."""
+
+    first_tokens: list[FirstToken] = field(default_factory=list)
+    finished: list[Finished] = field(default_factory=list)
+    next_event_s: float | None = None
+
+
+@dataclass(slots=True)
+class _Seq:
+    req: EngineRequest
+    order: int
+    arrival_s: float
+    admitted_s: float = -1.0
+    first_token_s: float = -1.0
+    g0: int = 0
+    """Engine step counter when the request joined the batch."""
+    cached_tokens: int = 0
+
+
+class Engine:
+    """Continuous-batching replica driven by an external clock."""
+
+    def __init__(
+        self,
+        cache: PrefixCache,
+        cost: CostModel | None = None,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.cache = cache
+        self.cost = cost or CostModel()
+        self.config = config or EngineConfig()
+        self._waiting: deque[_Seq] = deque()
+        self._waiting_ids: set[str] = set()
+        self._running: dict[str, _Seq] = {}
+        self._finish_heap: list[tuple[int, int, str]] = []
+        self._steps = 0
+        self._order = 0
+        self._now = -math.inf
+        self._adapters_running: dict[str, int] = {}
+        # Current segment: [start, end), `steps` decode steps of `step_s` each, the first
+        # one longer by the prefill of `admitted`. `end is None`: idle.
+        self._seg_start = 0.0
+        self._seg_end: float | None = None
+        self._seg_prefill_s = 0.0
+        self._seg_step_s = 0.0
+        self._seg_steps = 0
+        self._seg_admitted: list[_Seq] = []
+        self._first: list[FirstToken] = []
+        self._finished: list[Finished] = []
+        self.completed = 0
+
+    # -- driving ---------------------------------------------------------------------------
+
+    def submit(self, request: EngineRequest, now: float) -> None:
+        """Queue ``request`` at time ``now``. Raises :class:`RequestTooLarge` or ``ValueError``."""
+        if request.max_output_tokens < 1:
+            raise ValueError("max_output_tokens must be >= 1")
+        if request.num_prompt_tokens < 1:
+            raise ValueError("a prompt needs at least one token")
+        rid = request.request_id
+        if rid in self._running or rid in self._waiting_ids:
+            raise ValueError(f"request id {rid!r} is already in the engine")
+        need = self.cache.blocks_for(request.num_prompt_tokens + request.max_output_tokens)
+        if need > self.cache.num_blocks:
+            raise RequestTooLarge(
+                f"request needs {need} KV blocks, the cache holds {self.cache.num_blocks}"
+            )
+        self._advance_to(now)
+        self._order += 1
+        self._waiting.append(_Seq(request, self._order, now))
+        self._waiting_ids.add(rid)
+        if self._seg_end is None:
+            self._start_segment(now)
+        elif len(self._waiting) == 1 and len(self._running) < self.config.max_num_seqs:
+            self._cut_segment(now)
+
+    def abort(self, request_id: str, now: float) -> bool:
+        """Drop a waiting or running request (client went away). Returns whether it was found."""
+        self._advance_to(now)
+        seq = self._running.pop(request_id, None)
+        if seq is not None:
+            self.cache.free(request_id)
+            self._release_adapter(seq.req.adapter)
+            return True
+        if request_id in self._waiting_ids:
+            self._waiting_ids.discard(request_id)
+            for s in self._waiting:
+                if s.req.request_id == request_id:
+                    self._waiting.remove(s)
+                    break
+            return True
+        return False
+
+    def next_event_time(self) -> float | None:
+        """When the current segment ends (a first token, a finish or an admission), or None."""
+        return self._seg_end
+
+    def advance(self, now: float) -> StepResult:
+        """Run every segment that ends at or before ``now`` and report what happened."""
+        self._advance_to(now)
+        result = StepResult(self._first, self._finished, self._seg_end)
+        self._first = []
+        self._finished = []
+        return result
+
+    # -- state for metrics and policies ----------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.cache.usage
+
+    @property
+    def prefix_cache_queries_tokens(self) -> int:
+        return self.cache.queries_tokens
+
+    @property
+    def prefix_cache_hits_tokens(self) -> int:
+        return self.cache.hits_tokens
+
+    def running_adapters(self) -> list[str]:
+        return sorted(self._adapters_running)
+
+    def waiting_adapters(self) -> list[str]:
+        return sorted({s.req.adapter for s in self._waiting if s.req.adapter})
+
+    def is_running(self, request_id: str) -> bool:
+        return request_id in self._running
+
+    def tokens_generated(self, request_id: str, now: float) -> int | None:
+        """Output tokens a running or waiting request has produced by ``now``; None if unknown.
+
+        Reads the position inside the current segment without advancing the engine.
+        """
+        seq = self._running.get(request_id)
+        if seq is None:
+            return 0 if request_id in self._waiting_ids else None
+        done = self._steps - seq.g0
+        end = self._seg_end
+        if end is not None:
+            if now >= end:
+                done += self._seg_steps
+            elif not self._seg_admitted and self._seg_step_s > 0:
+                done += min(self._seg_steps, int((now - self._seg_start) / self._seg_step_s))
+        return min(done, seq.req.max_output_tokens)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _advance_to(self, now: float) -> None:
+        while self._seg_end is not None and self._seg_end <= now:
+            t = self._seg_end
+            self._finish_segment(t)
+            self._start_segment(t)
+        if now > self._now:
+            self._now = now
+
+    def _start_segment(self, t: float) -> None:
+        admitted = self._admit(t) if self._waiting else []
+        n = len(self._running)
+        self._seg_start = t
+        self._seg_admitted = admitted
+        if admitted:
+            cost = self.cost
+            self._seg_prefill_s = sum(
+                cost.prefill_s(s.req.num_prompt_tokens - s.cached_tokens, s.cached_tokens)
+                for s in admitted
+            )
+            self._seg_step_s = cost.decode_step_s(n)
+            self._seg_steps = 1
+        elif n:
+            heap = self._finish_heap
+            while heap:
+                _, order, rid = heap[0]
+                live = self._running.get(rid)
+                if live is not None and live.order == order:
+                    break
+                heapq.heappop(heap)
+            self._seg_prefill_s = 0.0
+            self._seg_step_s = self.cost.decode_step_s(n)
+            self._seg_steps = max(1, heap[0][0] - self._steps)
+        else:
+            self._seg_end = None
+            return
+        self._seg_end = t + self._seg_prefill_s + self._seg_steps * self._seg_step_s
+
+    def _cut_segment(self, now: float) -> None:
+        """End a decode segment at the first step boundary at or after ``now``."""
+        if self._seg_admitted or self._seg_steps <= 1 or self._seg_step_s <= 0:
+            return
+        steps = max(1, math.ceil((now - self._seg_start) / self._seg_step_s))
+        if steps < self._seg_steps:
+            self._seg_steps = steps
+            self._seg_end = max(now, self._seg_start + steps * self._seg_step_s)
+
+    def _admit(self, t: float) -> list[_Seq]:
+        cfg = self.config
+        cache = self.cache
+        waiting = self._waiting
+        running = self._running
+        adapters = self._adapters_running
+        budget = cfg.max_batched_tokens
+        admitted: list[_Seq] = []
+        skipped: list[_Seq] = []
+        while waiting and len(running) < cfg.max_num_seqs and budget > 0:
+            seq = waiting[0]
+            req = seq.req
+            if req.adapter and req.adapter not in adapters and len(adapters) >= cfg.max_loras:
+                skipped.append(waiting.popleft())
+                continue
+            alloc = cache.allocate(
+                req.request_id, req.block_hashes, req.num_prompt_tokens, req.max_output_tokens
+            )
+            if alloc is None:
+                break
+            waiting.popleft()
+            self._waiting_ids.discard(req.request_id)
+            seq.admitted_s = t
+            seq.g0 = self._steps
+            seq.cached_tokens = alloc.hit_tokens
+            running[req.request_id] = seq
+            heapq.heappush(
+                self._finish_heap, (self._steps + req.max_output_tokens, seq.order, req.request_id)
+            )
+            if req.adapter:
+                adapters[req.adapter] = adapters.get(req.adapter, 0) + 1
+            admitted.append(seq)
+            budget -= req.num_prompt_tokens - alloc.hit_tokens
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+        return admitted
+
+    def _finish_segment(self, t: float) -> None:
+        self._steps += self._seg_steps
+        for seq in self._seg_admitted:
+            seq.first_token_s = t
+            self._first.append(FirstToken(seq.req.request_id, t, seq.cached_tokens, seq.admitted_s))
+        self._seg_admitted = []
+        heap = self._finish_heap
+        running = self._running
+        while heap and heap[0][0] <= self._steps:
+            _, order, rid = heapq.heappop(heap)
+            seq = running.get(rid)
+            if seq is None or seq.order != order:
+                continue
+            del running[rid]
+            req = seq.req
+            self.cache.free(rid, req.final_block_hashes)
+            self._release_adapter(req.adapter)
+            self.completed += 1
+            self._finished.append(
+                Finished(rid, t, seq.arrival_s, seq.first_token_s, req.max_output_tokens,
+                         seq.cached_tokens)
+            )
+
+    def _release_adapter(self, adapter: str) -> None:
+        if not adapter:
+            return
+        n = self._adapters_running[adapter] - 1
+        if n:
+            self._adapters_running[adapter] = n
+        else:
+            del self._adapters_running[adapter]
