@@ -1,0 +1,203 @@
+"""Composition root: ``epp serve``. Flags, config, endpoint sources, then ``start_server``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from epp.config.loader import EppConfig, default_config, load_config
+from epp.config.request_control import DEFAULT_MAX_BODY_BYTES, parse_request_control
+from epp.datastore.static import endpoints_from_config, parse_endpoint_list
+from epp.datastore.store import Datastore
+from epp.errors import ConfigError
+from epp.extproc import convert
+from epp.observability.logging import setup_logging
+from epp.server.runner import ServerOptions, SourceStarter, start_server
+
+log = logging.getLogger("epp.cli")
+
+# Kubernetes discovery is optional: epp serves a static pool without it.
+try:
+    from epp.datastore import kubernetes as _k8s
+except Exception:  # pragma: no cover - module absent or kubernetes client not installed
+    _k8s = None  # type: ignore[assignment]
+
+_MODES = {"full-duplex": convert.FULL_DUPLEX_STREAMED, "buffered": convert.BUFFERED}
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 1000**2,
+          "mb": 1000**2, "mi": 1024**2, "mib": 1024**2, "g": 1000**3, "gi": 1024**3, "gib": 1024**3}  # fmt: skip
+
+
+def byte_size(text: str) -> int:
+    """``8MiB``, ``512k``, ``1048576`` -> bytes."""
+    t = text.strip().lower()
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num) :]
+    if not num or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 8MiB, 512KiB or 1048576")
+    try:
+        value = float(num)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size") from None
+    return int(value * _UNITS[unit])
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not -1 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"{text} is not a port (0 = any free port)")
+    return value
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, "", False) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epp", description="Prefix-cache-aware endpoint picker")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="run the Envoy ext_proc endpoint picker",
+        description="Serve envoy.service.ext_proc.v3.ExternalProcessor: pick a model server "
+        "for each request and tell Envoy through x-gateway-destination-endpoint.",
+        formatter_class=_HelpFormatter,
+    )
+    g = serve.add_argument_group("ports")
+    g.add_argument("--grpc-port", type=_port, default=9002, help="ext_proc gRPC port (0 = any)")
+    g.add_argument("--health-port", type=_port, default=9003,
+                   help="gRPC health port (grpc.health.v1; -1 = off, health is also on --grpc-port)")
+    g.add_argument("--metrics-port", type=_port, default=9090,
+                   help="Prometheus /metrics HTTP port (-1 = off)")
+    g.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    g.add_argument("--cert", default="", help="TLS certificate (PEM) for the gRPC port")
+    g.add_argument("--key", default="", help="TLS private key (PEM) for the gRPC port")
+
+    g = serve.add_argument_group("scheduling and requests")
+    g.add_argument("--config", default="",
+                   help="YAML config file, or a shipped profile name (default, filter-chain); "
+                   "default: the shipped 'default' profile")
+    g.add_argument("--processing-mode", choices=sorted(_MODES), default="full-duplex",
+                   help="request/response body mode assumed when Envoy sends no protocol_config "
+                   "(Envoy >= 1.33 sends it; it then wins)")
+    g.add_argument("--fallbacks", type=int, default=None,
+                   help="fallback endpoints appended to x-gateway-destination-endpoint "
+                   "(default: config requestControl.fallbacks, else 0)")
+    g.add_argument("--max-body-bytes", type=byte_size, default=None,
+                   help=f"request body cap, 413 above it (default: config, else "
+                   f"{DEFAULT_MAX_BODY_BYTES // (1 << 20)}MiB)")
+
+    g = serve.add_argument_group("endpoints and metrics scraping")
+    g.add_argument("--endpoints", default="",
+                   help="static pool: comma-separated ip:port (also: config staticEndpoints)")
+    g.add_argument("--engine", default="", choices=["", "vllm", "sglang"],
+                   help="engine of the --endpoints servers (chooses metric names; default vllm)")
+    g.add_argument("--scrape-interval-s", type=float, default=0.05,
+                   help="seconds between /metrics scrapes of each endpoint")
+    g.add_argument("--scrape-timeout-s", type=float, default=1.0, help="timeout of one scrape")
+    g.add_argument("--metrics-path", default="/metrics", help="path scraped on each endpoint")
+    g.add_argument("--no-scrape", action="store_true",
+                   help="do not scrape endpoints (load then comes only from in-flight counts)")
+
+    g = serve.add_argument_group("lifecycle and logging")
+    g.add_argument("--grace-s", type=float, default=30.0,
+                   help="on SIGTERM, how long open ext_proc streams may take to finish")
+    g.add_argument("--shutdown-delay-s", type=float, default=0.0,
+                   help="on SIGTERM, keep serving this long after reporting NOT_SERVING")
+    g.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"],
+                   help="log level (prompt text is only ever logged at debug)")
+    g.add_argument("--log-format", default="json", choices=["json", "text"],
+                   help="JSON lines (production) or plain text")
+
+    # --- Kubernetes discovery flags plug in here (epp.datastore.kubernetes) ---------------
+    if _k8s is not None:
+        _k8s.add_kubernetes_flags(serve)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> EppConfig:
+    return load_config(args.config) if args.config else default_config()
+
+
+async def serve(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    rc = parse_request_control(cfg.raw)  # validate early: errors name the field
+    static = endpoints_from_config(cfg.raw)
+    if args.endpoints:
+        static = parse_endpoint_list(args.endpoints, engine=args.engine)
+
+    sources: list[SourceStarter] = []
+    objective_lookup = None
+    if _k8s is not None:
+        objectives = _k8s.ObjectivePriorities(rc.objective_priorities)
+        objective_lookup = objectives.priority_of
+        probe = Datastore()
+        if _k8s.source_from_args(args, probe, objectives=objectives) is not None:
+            if static:
+                raise ConfigError("--endpoints", "give a static pool or Kubernetes discovery, not both")
+
+            async def start_k8s(ds: Datastore) -> Any:
+                src = _k8s.source_from_args(args, ds, objectives=objectives)
+                assert src is not None
+                log.info("discovering endpoints from %s", src.describe())
+                await src.start()
+                return src
+
+            sources.append(start_k8s)
+    if not static and not sources:
+        raise ConfigError("--endpoints", "no endpoints: give --endpoints, config staticEndpoints "
+                          "or Kubernetes discovery flags")
+
+    options = ServerOptions(
+        host=args.host,
+        grpc_port=args.grpc_port,
+        health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        cert_file=args.cert,
+        key_file=args.key,
+        processing_mode=_MODES[args.processing_mode],
+        scrape=not args.no_scrape,
+        scrape_interval_s=args.scrape_interval_s,
+        scrape_timeout_s=args.scrape_timeout_s,
+        metrics_path=args.metrics_path,
+        fallbacks=args.fallbacks,
+        max_body_bytes=args.max_body_bytes,
+        grace_s=args.grace_s,
+        shutdown_delay_s=args.shutdown_delay_s,
+    )
+    handle = await start_server(
+        cfg, static, options, sources=sources, objective_lookup=objective_lookup
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("signal received")
+    await handle.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, json_lines=args.log_format == "json")
+    if args.command == "serve":
+        try:
+            return asyncio.run(serve(args))
+        except ConfigError as exc:
+            log.error("bad configuration: %s", exc)
+            print(f"epp: {exc}", file=sys.stderr)
+            return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""A fixed pool: ``--endpoints 10.0.0.1:8000,10.0.0.2:8000`` or the config's ``staticEndpoints``.
+
+    staticEndpoints:
+      - 10.0.0.1:8000
+      - {address: 10.0.0.2, port: 8000, metricsPort: 9000, engine: sglang, labels: {zone: a}}
+
+An entry may carry ``engine`` (``vllm`` by default, or ``sglang``): it picks the metric names
+the scraper reads. ``metricsPort`` defaults to the serving port.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from epp.datastore.endpoint import ENGINE_LABEL, Endpoint, endpoint_id, parse_endpoint_id
+from epp.datastore.store import Datastore
+from epp.errors import ConfigError
+
+CONFIG_SECTION = "staticEndpoints"
+
+
+def parse_endpoint_list(text: str, engine: str = "", where: str = "--endpoints") -> list[Endpoint]:
+    """``ip:port,ip:port`` -> endpoints; raises ConfigError naming the bad entry."""
+    out: list[Endpoint] = []
+    for i, item in enumerate(p for p in text.split(",") if p.strip()):
+        try:
+            host, port = parse_endpoint_id(item)
+        except ValueError as exc:
+            raise ConfigError(f"{where}[{i}]", str(exc)) from None
+        out.append(_endpoint(host, port, 0, engine, {}))
+    return _unique(out, where)
+
+
+def endpoints_from_config(raw: Mapping[str, Any] | None) -> list[Endpoint]:
+    section = (raw or {}).get(CONFIG_SECTION)
+    if section is None:
+        return []
+    if not isinstance(section, list):
+        raise ConfigError(CONFIG_SECTION, "must be a list of 'ip:port' strings or mappings")
+    out: list[Endpoint] = []
+    for i, item in enumerate(section):
+        where = f"{CONFIG_SECTION}[{i}]"
+        if isinstance(item, str):
+            out.extend(parse_endpoint_list(item, where=where))
+            continue
+        if not isinstance(item, Mapping):
+            raise ConfigError(where, "must be 'ip:port' or a mapping with address and port")
+        address = item.get("address")
+        port = item.get("port")
+        if not isinstance(address, str) or not address:
+            raise ConfigError(f"{where}.address", "must be a non-empty string")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ConfigError(f"{where}.port", f"must be an integer in 1..65535, got {port!r}")
+        mport = item.get("metricsPort", 0)
+        if isinstance(mport, bool) or not isinstance(mport, int) or not 0 <= mport < 65536:
+            raise ConfigError(f"{where}.metricsPort", f"must be an integer in 1..65535, got {mport!r}")
+        engine = item.get("engine", "")
+        if not isinstance(engine, str):
+            raise ConfigError(f"{where}.engine", "must be a string (vllm, sglang)")
+        labels = item.get("labels", {})
+        if not isinstance(labels, Mapping):
+            raise ConfigError(f"{where}.labels", "must be a mapping of strings")
+        out.append(_endpoint(address, port, mport, engine, {str(k): str(v) for k, v in labels.items()}))
+    return _unique(out, CONFIG_SECTION)
+
+
+def _endpoint(host: str, port: int, metrics_port: int, engine: str, labels: dict[str, str]) -> Endpoint:
+    if engine:
+        labels[ENGINE_LABEL] = engine
+    return Endpoint(
+        id=endpoint_id(host, port),
+        address=host,
+        port=port,
+        labels=MappingProxyType(labels),
+        metrics_port=metrics_port,
+    )
+
+
+def _unique(endpoints: list[Endpoint], where: str) -> list[Endpoint]:
+    seen: set[str] = set()
+    for e in endpoints:
+        if e.id in seen:
+            raise ConfigError(where, f"endpoint {e.id} listed twice")
+        seen.add(e.id)
+    return endpoints
+
+
+class StaticSource:
+    """Loads a fixed list into the datastore once (the datastore is then ``synced``)."""
+
+    def __init__(self, endpoints: Sequence[Endpoint]) -> None:
+        self.endpoints = tuple(endpoints)
+
+    def start(self, datastore: Datastore) -> None:
+        datastore.replace_all(self.endpoints)

@@ -1,0 +1,45 @@
+"""The gRPC face of ext_proc: ``envoy.service.ext_proc.v3.ExternalProcessor/Process``.
+
+One call per HTTP request. Messages go to a ``RequestStream``; its replies go back in order.
+A client that cancels raises ``CancelledError`` into the generator; ``finally`` still closes
+the request so nothing stays counted in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from epp.extproc.stream import RequestStream
+from epp.request.parse import RequestParser
+from epp.requestcontrol.director import Director
+
+
+class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, parser: RequestParser, director: Director, default_mode: int) -> None:
+        self._parser = parser
+        self._director = director
+        self._default_mode = default_mode
+        self.open_streams = 0
+
+    async def Process(  # noqa: N802 (gRPC method name)
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        stream = RequestStream(self._parser, self._director, self._default_mode)
+        self.open_streams += 1
+        cancelled = True
+        try:
+            async for msg in request_iterator:
+                for reply in stream.handle(msg):
+                    yield reply
+            cancelled = False
+        finally:
+            self.open_streams -= 1
+            stream.close(cancelled)
+
+
+def add_to_server(service: ExtProcService, server: Any) -> None:
+    pb_grpc.add_ExternalProcessorServicer_to_server(service, server)

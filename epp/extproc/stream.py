@@ -1,0 +1,281 @@
+"""The ext_proc state machine for one HTTP request (Envoy opens one gRPC stream per request).
+
+    request headers --(end_of_stream | body mode NONE)--> route by load -> reply headers
+          |                                                              |
+          v  FULL_DUPLEX_STREAMED: no reply yet; BUFFERED: reply CONTINUE |
+    request body chunks ... end_of_stream (or request trailers)          |
+          |  parse -> route                                              |
+          |  FULL_DUPLEX_STREAMED: reply headers (routing) + streamed body|
+          |  BUFFERED: reply body (routing in its header mutation)       |
+          v                                                              v
+    response headers -> response body chunks (JSON / SSE) -> [trailers] -> done
+
+Any domain error becomes an ImmediateResponse (see ``epp.extproc.errors``) and the stream then
+ignores whatever Envoy had already sent for that request. ``close`` releases the in-flight
+count when the stream ends without a complete response, so a cancelled client leaves nothing.
+
+``handle`` is synchronous and returns the replies to send: the gRPC layer only moves bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from epp.errors import EppError, Internal, PayloadTooLarge
+from epp.extproc import convert
+from epp.extproc.errors import error_kind, immediate_response
+from epp.request.parse import RequestParser
+from epp.requestcontrol.director import Director, Routing
+from epp.requestcontrol.response import ResponseReader
+
+log = logging.getLogger(__name__)
+
+STREAMED_CHUNK_BYTES = 1 << 20
+"""A rewritten request body goes back to Envoy in pieces of at most this size."""
+
+_NO_REPLY: list[pb.ProcessingResponse] = []
+
+
+class Phase(enum.Enum):
+    REQUEST_HEADERS = 1
+    REQUEST_BODY = 2
+    ROUTED = 3
+    RESPONSE_BODY = 4
+    DONE = 5
+    ANSWERED = 6
+    """epp answered with an ImmediateResponse; Envoy sends nothing more that needs a reply."""
+
+
+class RequestStream:
+    __slots__ = (
+        "_parser",
+        "_director",
+        "_request_mode",
+        "_response_mode",
+        "_phase",
+        "_first",
+        "_path",
+        "_headers",
+        "_subset",
+        "_body",
+        "_routing",
+        "_reader",
+        "_status",
+    )
+
+    def __init__(self, parser: RequestParser, director: Director, default_mode: int) -> None:
+        self._parser = parser
+        self._director = director
+        self._request_mode = default_mode
+        self._response_mode = default_mode
+        self._phase = Phase.REQUEST_HEADERS
+        self._first = True
+        self._path = "/"
+        self._headers: dict[str, str] = {}
+        self._subset: list[str] | None = None
+        self._body = bytearray()
+        self._routing: Routing | None = None
+        self._reader: ResponseReader | None = None
+        self._status = 0
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def routing(self) -> Routing | None:
+        return self._routing
+
+    # --- entry points ------------------------------------------------------------------
+
+    def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        if self._first:
+            self._first = False
+            if msg.HasField("protocol_config"):
+                self._request_mode = msg.protocol_config.request_body_mode
+                self._response_mode = msg.protocol_config.response_body_mode
+        if self._phase is Phase.ANSWERED:
+            return _NO_REPLY
+        kind = msg.WhichOneof("request")
+        try:
+            if kind == "request_headers":
+                out = self._request_headers(msg)
+            elif kind == "request_body":
+                out = self._request_body(msg.request_body)
+            elif kind == "response_headers":
+                out = self._response_headers(msg.response_headers)
+            elif kind == "response_body":
+                out = self._response_body(msg.response_body)
+            elif kind == "request_trailers":
+                out = self._request_trailers()
+            elif kind == "response_trailers":
+                out = self._response_trailers()
+            else:
+                raise Internal(f"unexpected ext_proc message {kind!r}")
+        except EppError as exc:
+            out = self._answer(exc)
+        except Exception as exc:  # a bug: answer 500, keep the server alive
+            log.exception("ext_proc stream failed on %s", kind)
+            out = self._answer(exc)
+        return _NO_REPLY if msg.observability_mode else out
+
+    def close(self, cancelled: bool) -> None:
+        """The gRPC stream ended; release whatever the request still holds."""
+        routing = self._routing
+        if routing is not None and not routing.released:
+            if cancelled:
+                status = "cancelled"
+            else:
+                status = str(self._status) if self._status else "routed"
+            self._director.abandon(routing, status)
+        self._body = bytearray()
+        self._reader = None
+
+    # --- request path ------------------------------------------------------------------
+
+    def _request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        h = msg.request_headers
+        headers = self._headers = convert.headers_to_dict(h.headers)
+        self._path = headers.get(":path", "/")
+        self._subset = convert.subset_hint(msg.metadata_context)
+        mode = self._request_mode
+        if h.end_of_stream or mode == convert.NONE:
+            request = self._parser.headers_only(self._path, headers)
+            routing = self._routing = self._director.route(request, self._subset)
+            self._phase = Phase.ROUTED
+            return [convert.routed_headers_response(routing.destination)]
+        self._parser.check_headers(self._path, headers)
+        self._phase = Phase.REQUEST_BODY
+        if mode == convert.FULL_DUPLEX_STREAMED:
+            return _NO_REPLY  # reply to the headers once the body is complete
+        if mode in (convert.BUFFERED, convert.BUFFERED_PARTIAL):
+            return [convert.REQUEST_HEADERS_CONTINUE]
+        raise Internal(
+            "epp needs request_body_mode FULL_DUPLEX_STREAMED or BUFFERED, got "
+            + convert.BodySendMode.Name(mode)
+        )
+
+    def _request_body(self, b: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        if self._phase is not Phase.REQUEST_BODY:
+            log.debug("request body chunk in phase %s ignored", self._phase.name)
+            return _NO_REPLY
+        body = self._body
+        body += b.body
+        if len(body) > self._parser.max_body_bytes:
+            raise PayloadTooLarge(self._parser.too_large_message(len(body)))
+        if b.end_of_stream:
+            return self._route_body(trailers_follow=False)
+        if self._request_mode != convert.FULL_DUPLEX_STREAMED:
+            raise PayloadTooLarge(
+                "request body is larger than the proxy's buffer (BUFFERED_PARTIAL sent a part)"
+            )
+        return _NO_REPLY
+
+    def _request_trailers(self) -> list[pb.ProcessingResponse]:
+        if self._phase is Phase.REQUEST_BODY and self._request_mode == convert.FULL_DUPLEX_STREAMED:
+            out = self._route_body(trailers_follow=True)
+            out.append(convert.REQUEST_TRAILERS_CONTINUE)
+            return out
+        return [convert.REQUEST_TRAILERS_CONTINUE]
+
+    def _route_body(self, trailers_follow: bool) -> list[pb.ProcessingResponse]:
+        raw = bytes(self._body)
+        self._body = bytearray()
+        parsed = self._parser.parse(self._path, self._headers, raw)
+        routing = self._routing = self._director.route(parsed.request, self._subset)
+        self._phase = Phase.ROUTED
+        body = parsed.body
+        if self._request_mode != convert.FULL_DUPLEX_STREAMED:
+            return [
+                convert.routed_buffered_body_response(
+                    routing.destination, body if parsed.body_rewritten else None
+                )
+            ]
+        out = [convert.routed_headers_response(routing.destination, len(body))]
+        if len(body) <= STREAMED_CHUNK_BYTES:
+            out.append(convert.streamed_request_body(body, not trailers_follow))
+            return out
+        view = memoryview(body)
+        for start in range(0, len(body), STREAMED_CHUNK_BYTES):
+            piece = bytes(view[start : start + STREAMED_CHUNK_BYTES])
+            last = start + STREAMED_CHUNK_BYTES >= len(body)
+            out.append(convert.streamed_request_body(piece, last and not trailers_follow))
+        return out
+
+    # --- response path -----------------------------------------------------------------
+
+    def _response_headers(self, h: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        headers = convert.headers_to_dict(h.headers)
+        status_text = headers.get(":status", "200")
+        self._status = int(status_text) if status_text.isdigit() else 0
+        routing = self._routing
+        if routing is not None:
+            sse = "text/event-stream" in headers.get("content-type", "")
+            req = routing.request
+            self._reader = ResponseReader(self._status, sse, req.model, req.original_model)
+        self._phase = Phase.RESPONSE_BODY
+        if h.end_of_stream:
+            self._finish()
+        return [convert.RESPONSE_HEADERS_CONTINUE]
+
+    def _response_body(self, b: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        reader = self._reader
+        mode = self._response_mode
+        chunk = b.body
+        end = b.end_of_stream
+        data = chunk if reader is None else reader.feed(chunk, end)
+        if end:
+            self._finish()
+        if mode == convert.FULL_DUPLEX_STREAMED:
+            if data or end:
+                return [convert.streamed_response_body(data, end)]
+            return _NO_REPLY
+        if reader is not None and reader.rewriting:
+            return [convert.replaced_response_body(data, buffered=mode == convert.BUFFERED)]
+        return [convert.RESPONSE_BODY_CONTINUE]
+
+    def _response_trailers(self) -> list[pb.ProcessingResponse]:
+        out: list[pb.ProcessingResponse] = []
+        reader = self._reader
+        if self._phase is Phase.RESPONSE_BODY:
+            if reader is not None:
+                rest = reader.feed(b"", True)
+                if rest and self._response_mode == convert.FULL_DUPLEX_STREAMED:
+                    out.append(convert.streamed_response_body(rest, False))
+            self._finish()
+        out.append(convert.RESPONSE_TRAILERS_CONTINUE)
+        return out
+
+    def _finish(self) -> None:
+        self._phase = Phase.DONE
+        routing = self._routing
+        if routing is None:
+            return
+        reader = self._reader
+        if reader is not None:
+            self._director.finish(routing, reader.info())
+        else:
+            self._director.abandon(routing, str(self._status))
+
+    # --- errors ------------------------------------------------------------------------
+
+    def _answer(self, exc: BaseException) -> list[pb.ProcessingResponse]:
+        kind = error_kind(exc)
+        routing = self._routing
+        if routing is not None and not routing.released:
+            self._director.abandon(routing, str(kind.status))
+            model = routing.client_model
+        else:
+            self._director.rejected("", kind.status)
+            model = ""
+        log.info(
+            "request answered by epp: status=%d type=%s path=%s model=%s reason=%s",
+            kind.status, kind.type, self._path.partition("?")[0], model,
+            exc.message if isinstance(exc, EppError) else type(exc).__name__,
+        )
+        self._phase = Phase.ANSWERED
+        self._body = bytearray()
+        return [immediate_response(exc)]

@@ -1,0 +1,132 @@
+"""The request-control layer: between the ext_proc state machine and the scheduler.
+
+For each request the ``Director``
+1. narrows the pool to the proxy's subset hint, if any (an empty hint -> 503),
+2. sheds it (429) when its priority is negative and the pool is saturated,
+3. asks the scheduler for a target (plus fallbacks) and counts it in flight,
+4. when the response ends, reports usage to the scheduler and to metrics, and releases the
+   in-flight count; a cancelled request is only released.
+
+It knows nothing about protobuf: the ext_proc layer hands it domain values.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from epp.config.loader import SaturationConfig
+from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.datastore.store import Datastore
+from epp.errors import Overloaded, Unavailable
+from epp.observability.metrics import EppMetrics
+from epp.request.types import InferenceRequest
+from epp.scheduling.saturation import pool_saturated
+from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.types import PickResult, ResponseInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Routing:
+    """One routed request, alive until its response ends or the client goes away."""
+
+    request: InferenceRequest
+    result: PickResult
+    destination: str
+    """``ip:port[,fallback...]``: the header value and the ``envoy.lb`` metadata value."""
+    started_s: float
+    released: bool = False
+
+    @property
+    def target_id(self) -> EndpointId:
+        return self.result.targets[0].id
+
+    @property
+    def client_model(self) -> str:
+        return self.request.original_model or self.request.model
+
+
+class Director:
+    def __init__(
+        self,
+        datastore: Datastore,
+        scheduler: Scheduler,
+        saturation: SaturationConfig,
+        metrics: EppMetrics,
+        fallbacks: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._datastore = datastore
+        self._scheduler = scheduler
+        self._saturation = saturation
+        self._metrics = metrics
+        self._fallbacks = fallbacks
+        self._clock = clock
+
+    def route(self, request: InferenceRequest, subset: Sequence[str] | None) -> Routing:
+        """Pick targets for ``request``; raises Unavailable (503) or Overloaded (429)."""
+        now_s = self._clock()
+        endpoints: Sequence[Endpoint] = self._datastore.snapshot()
+        if subset is not None:
+            allowed = set(subset)
+            endpoints = [e for e in endpoints if e.id in allowed]
+            if not endpoints:
+                raise Unavailable(
+                    "no endpoint in the proxy's subset hint"
+                    if allowed
+                    else "the proxy's subset hint is empty"
+                )
+        if not endpoints:
+            raise Unavailable("no ready endpoint in the pool")
+        if request.priority < 0 and pool_saturated(endpoints, self._saturation, now_s):
+            raise Overloaded(
+                f"request shed: priority {request.priority} is sheddable and every endpoint is "
+                "saturated"
+            )
+        t0 = time.perf_counter()
+        result = self._scheduler.schedule(request, endpoints, now_s, fallbacks=self._fallbacks)
+        self._metrics.observe_scheduling(time.perf_counter() - t0)
+        self._metrics.plugin_timings(result.state.timings)
+        targets = result.targets
+        destination = targets[0].id if len(targets) == 1 else ",".join(e.id for e in targets)
+        self._datastore.request_started(targets[0].id)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "routed request %s model=%s api=%s prompt_chars=%d -> %s",
+                request.request_id, request.model, request.api.value, len(request.prompt),
+                destination,
+            )
+        return Routing(request, result, destination, now_s)
+
+    def finish(self, routing: Routing, info: ResponseInfo) -> None:
+        """The response ended: learn from it and release the in-flight count."""
+        if routing.released:
+            return
+        self._release(routing, str(info.status))
+        if info.prompt_tokens or info.completion_tokens:
+            self._metrics.usage(
+                routing.client_model, info.prompt_tokens, info.cached_tokens,
+                info.completion_tokens,
+            )
+        try:
+            self._scheduler.on_response(routing.result, info)
+        except Exception:  # learning is best effort; never fail the stream for it
+            log.exception("scheduler.on_response failed for request %s", routing.request.request_id)
+
+    def abandon(self, routing: Routing, status: str) -> None:
+        """The stream ended without a complete response (client cancel or no response phase)."""
+        if not routing.released:
+            self._release(routing, status)
+
+    def _release(self, routing: Routing, status: str) -> None:
+        routing.released = True
+        self._datastore.request_finished(routing.target_id)
+        self._metrics.request_done(routing.client_model, status)
+
+    def rejected(self, model: str, status: int) -> None:
+        """A request answered by epp itself with an error status."""
+        self._metrics.request_done(model, str(status))

@@ -1,0 +1,291 @@
+"""Process lifecycle: build the request path, serve gRPC, health and metrics, drain on stop.
+
+``start_server`` is the programmatic entry point (the CLI, the dev gateway and e2e tests use
+it). Ports may be 0; the handle reports the bound ones. ``stop`` reports NOT_SERVING, lets
+open ext_proc streams finish within the grace period, then closes everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from epp.config.loader import EppConfig, default_config
+from epp.config.request_control import RequestControlConfig, parse_request_control
+from epp.datastore.endpoint import Endpoint
+from epp.datastore.scraper import MetricsScraper
+from epp.datastore.store import Datastore
+from epp.extproc import convert
+from epp.extproc.service import ExtProcService, add_to_server
+from epp.observability.metrics import EppMetrics
+from epp.request.parse import ObjectiveLookup, RequestParser
+from epp.requestcontrol.director import Director
+from epp.scheduling.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+SourceStarter = Callable[[Datastore], Any]
+"""Starts an endpoint source (static list, Kubernetes) feeding the datastore. May return an
+object with an async or sync ``stop()``."""
+
+
+@dataclass(slots=True)
+class ServerOptions:
+    host: str = "0.0.0.0"
+    grpc_port: int = 9002
+    health_port: int = 9003
+    metrics_port: int = 9090
+    """-1 disables the metrics HTTP server."""
+    cert_file: str = ""
+    key_file: str = ""
+    processing_mode: int = convert.FULL_DUPLEX_STREAMED
+    """Body mode assumed when Envoy sends no ``protocol_config``."""
+    scrape: bool = True
+    scrape_interval_s: float = 0.05
+    scrape_timeout_s: float = 1.0
+    metrics_path: str = "/metrics"
+    fallbacks: int | None = None
+    max_body_bytes: int | None = None
+    grace_s: float = 30.0
+    shutdown_delay_s: float = 0.0
+    """Keep serving this long after reporting NOT_SERVING (lets load balancers notice)."""
+    housekeeping_interval_s: float = 1.0
+    max_message_bytes: int = 0
+    """gRPC message cap; 0 derives it from the body cap."""
+
+
+@dataclass
+class ServerHandle:
+    grpc_port: int
+    health_port: int
+    metrics_port: int
+    datastore: Datastore
+    scheduler: Scheduler
+    parser: RequestParser
+    director: Director
+    metrics: EppMetrics
+    registry: CollectorRegistry
+    service: ExtProcService
+    health: Any
+    _servers: list[Any] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _scraper: MetricsScraper | None = None
+    _web: web.AppRunner | None = None
+    _sources: list[Any] = field(default_factory=list)
+    _options: ServerOptions = field(default_factory=ServerOptions)
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def update_health(self) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.datastore.synced
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            await self.health.set(service, status)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        if self.stopped.is_set():
+            return
+        grace = self._options.grace_s if grace_s is None else grace_s
+        await self.health.enter_graceful_shutdown()
+        log.info(
+            "shutting down: NOT_SERVING, draining %d open streams (grace %.1fs)",
+            self.service.open_streams, grace,
+        )
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._options.shutdown_delay_s > 0:
+            await asyncio.sleep(self._options.shutdown_delay_s)
+        ext_proc_server, *others = self._servers
+        await ext_proc_server.stop(grace)
+        for server in others:
+            await server.stop(0)
+        if self._scraper is not None:
+            await self._scraper.stop()
+        for source in self._sources:
+            stop = getattr(source, "stop", None)
+            if stop is not None:
+                res = stop()
+                if asyncio.iscoroutine(res):
+                    await res
+        if self._web is not None:
+            await self._web.cleanup()
+        self.stopped.set()
+        log.info("stopped")
+
+
+def _bind(server: Any, address: str, options: ServerOptions) -> int:
+    if options.cert_file or options.key_file:
+        if not (options.cert_file and options.key_file):
+            raise ValueError("TLS needs both --cert and --key")
+        with open(options.key_file, "rb") as f:
+            key = f.read()
+        with open(options.cert_file, "rb") as f:
+            cert = f.read()
+        creds = grpc.ssl_server_credentials([(key, cert)])
+        port: int = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot bind gRPC port at {address}")
+    return port
+
+
+async def start_server(
+    config: EppConfig | None = None,
+    endpoints: Sequence[Endpoint] = (),
+    options: ServerOptions | None = None,
+    *,
+    registry: CollectorRegistry | None = None,
+    datastore: Datastore | None = None,
+    scheduler: Scheduler | None = None,
+    sources: Sequence[SourceStarter] = (),
+    objective_lookup: ObjectiveLookup | None = None,
+    rng: random.Random | None = None,
+) -> ServerHandle:
+    """Build and start epp. ``endpoints`` is a static pool; ``sources`` start other sources."""
+    cfg = config or default_config()
+    opts = options or ServerOptions()
+    rc: RequestControlConfig = parse_request_control(cfg.raw)
+    if opts.fallbacks is not None:
+        rc = dataclasses.replace(rc, fallbacks=opts.fallbacks)
+    if opts.max_body_bytes is not None:
+        rc = dataclasses.replace(rc, max_body_bytes=opts.max_body_bytes)
+
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = EppMetrics(registry)
+    ds = datastore or Datastore(stale_after_s=cfg.saturation.metrics_staleness_seconds)
+    sched = scheduler or Scheduler.from_config(cfg, rng=rng or random.Random())
+    ds.on_removed(sched.remove_endpoint)
+    ds.on_metrics(sched.observe_endpoint)
+    parser = RequestParser(rc, objective_lookup)
+    director = Director(ds, sched, cfg.saturation, metrics, fallbacks=rc.fallbacks)
+    service = ExtProcService(parser, director, opts.processing_mode)
+    health_service = health.aio.HealthServicer()
+
+    msg_cap = opts.max_message_bytes or max(16 << 20, 2 * rc.max_body_bytes + (1 << 20))
+    grpc_options = [
+        ("grpc.max_receive_message_length", msg_cap),
+        ("grpc.max_send_message_length", msg_cap),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.aio.server(options=grpc_options)
+    add_to_server(service, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
+    grpc_port = _bind(server, f"{opts.host}:{opts.grpc_port}", opts)
+    servers: list[Any] = [server]
+    health_port = -1
+    if opts.health_port >= 0:
+        hserver = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(health_service, hserver)
+        health_port = hserver.add_insecure_port(f"{opts.host}:{opts.health_port}")
+        servers.append(hserver)
+
+    handle = ServerHandle(
+        grpc_port=grpc_port,
+        health_port=health_port,
+        metrics_port=-1,
+        datastore=ds,
+        scheduler=sched,
+        parser=parser,
+        director=director,
+        metrics=metrics,
+        registry=registry,
+        service=service,
+        health=health_service,
+        _servers=servers,
+        _options=opts,
+    )
+    await handle.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    for s in servers:
+        await s.start()
+
+    if opts.metrics_port >= 0:
+        handle._web, handle.metrics_port = await _start_metrics_http(
+            registry, opts.host, opts.metrics_port
+        )
+
+    if endpoints:
+        ds.replace_all(endpoints)
+    for start in sources:
+        result = start(ds)
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result is not None:
+            handle._sources.append(result)
+
+    if opts.scrape:
+        handle._scraper = MetricsScraper(
+            ds, metrics, opts.scrape_interval_s, opts.scrape_timeout_s, opts.metrics_path
+        )
+        await handle._scraper.start()
+    await handle.update_health()
+    handle._tasks.append(asyncio.create_task(_housekeeping(handle, opts), name="epp-housekeeping"))
+    handle._tasks.append(
+        asyncio.create_task(_sweeper(sched, cfg.prefix.sweep_interval_seconds), name="epp-sweep")
+    )
+    log.info(
+        "epp serving: grpc=%d health=%d metrics=%d endpoints=%d mode=%s",
+        grpc_port, health_port, handle.metrics_port, len(ds),
+        convert.BodySendMode.Name(opts.processing_mode),
+    )
+    return handle
+
+
+async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
+    while True:
+        try:
+            await handle.update_health()
+            stats = None
+            with contextlib.suppress(Exception):
+                stats = handle.scheduler.index.stats()
+            handle.metrics.refresh_pool(handle.datastore.snapshot(), stats)
+        except Exception:
+            log.exception("housekeeping failed")
+        await asyncio.sleep(opts.housekeeping_interval_s)
+
+
+async def _sweeper(scheduler: Scheduler, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            removed = scheduler.sweep(time.monotonic())
+            if removed:
+                log.debug("prefix index sweep removed %d expired entries", removed)
+        except Exception:
+            log.exception("prefix index sweep failed")
+
+
+async def _start_metrics_http(
+    registry: CollectorRegistry, host: str, port: int
+) -> tuple[web.AppRunner, int]:
+    async def metrics_view(_: web.Request) -> web.Response:
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_view)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = port
+    server = site._server
+    if server is not None and getattr(server, "sockets", None):
+        bound = server.sockets[0].getsockname()[1]
+    return runner, bound
