@@ -5,8 +5,8 @@ Two linear laws, fitted by eye to published vLLM figures for Llama-3-8B on an A1
 * **prefill** of one request: ``prefill_base_s + prefill_per_token_s * uncached_tokens +
   prefill_per_cached_token_s * cached_tokens``. Computing KV for new tokens dominates
   (~11k tokens/s); cached tokens cost only the attention reads over them. Defaults give
-  ~185 ms for an uncached 2k-token prompt and ~15 ms for a fully cached one, i.e. a TTFT of
-  ~200 ms and ~30 ms once the decode step that emits the first token is added.
+  ~190 ms for an uncached 2k-token prompt and ~13 ms for a fully cached one, i.e. a TTFT of
+  ~205 ms and ~28 ms once the decode step that emits the first token is added.
 * **decode step** (every running request advances one token): ``decode_base_s +
   decode_per_seq_s * batch_size``: ~15 ms of weight reads plus ~0.3 ms per sequence, so a
   lone request streams ~65 tokens/s and a batch of 32 ~1,300 tokens/s.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 class CostModel:
     prefill_base_s: float = 0.005
     prefill_per_token_s: float = 0.00009
-    prefill_per_cached_token_s: float = 0.000005
+    prefill_per_cached_token_s: float = 0.000004
     decode_base_s: float = 0.015
     decode_per_seq_s: float = 0.0003
     speedup: float = 1.0

@@ -161,12 +161,14 @@ class Engine:
             raise RequestTooLarge(
                 f"request needs {need} KV blocks, the cache holds {self.cache.num_blocks}"
             )
-        self._advance_to(now)
+        # Segments ending exactly at `now` stay pending: a request arriving at a step
+        # boundary joins the batch there, with any other request arriving at that instant.
+        self._advance_to(now, inclusive=False)
         self._order += 1
         self._waiting.append(_Seq(request, self._order, now))
         self._waiting_ids.add(rid)
         if self._seg_end is None:
-            self._start_segment(now)
+            self._idle_boundary(now)
         elif len(self._waiting) == 1 and len(self._running) < self.config.max_num_seqs:
             self._cut_segment(now)
 
@@ -177,6 +179,7 @@ class Engine:
         if seq is not None:
             self.cache.free(request_id)
             self._release_adapter(seq.req.adapter)
+            self._cut_segment(now)  # the batch changed: re-plan from the next step
             return True
         if request_id in self._waiting_ids:
             self._waiting_ids.discard(request_id)
@@ -249,8 +252,10 @@ class Engine:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _advance_to(self, now: float) -> None:
-        while self._seg_end is not None and self._seg_end <= now:
+    def _advance_to(self, now: float, inclusive: bool = True) -> None:
+        while self._seg_end is not None and (
+            self._seg_end <= now if inclusive else self._seg_end < now
+        ):
             t = self._seg_end
             self._finish_segment(t)
             self._start_segment(t)
@@ -286,11 +291,21 @@ class Engine:
             return
         self._seg_end = t + self._seg_prefill_s + self._seg_steps * self._seg_step_s
 
+    def _idle_boundary(self, now: float) -> None:
+        """An idle engine got work: schedule an empty segment ending at ``now``, whose end
+        admits everything that arrived by then."""
+        self._seg_start = now
+        self._seg_end = now
+        self._seg_prefill_s = 0.0
+        self._seg_step_s = 0.0
+        self._seg_steps = 0
+        self._seg_admitted = []
+
     def _cut_segment(self, now: float) -> None:
         """End a decode segment at the first step boundary at or after ``now``."""
         if self._seg_admitted or self._seg_steps <= 1 or self._seg_step_s <= 0:
             return
-        steps = max(1, math.ceil((now - self._seg_start) / self._seg_step_s))
+        steps = max(0, math.ceil((now - self._seg_start) / self._seg_step_s))
         if steps < self._seg_steps:
             self._seg_steps = steps
             self._seg_end = max(now, self._seg_start + steps * self._seg_step_s)
