@@ -1,0 +1,57 @@
+{{- define "epp.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "epp.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "epp.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "epp.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "epp.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "epp.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "epp.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "epp.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The InferencePool epp watches: by default the one this chart creates. */}}
+{{- define "epp.poolName" -}}
+{{- default (include "epp.fullname" .) .Values.discovery.pool.name -}}
+{{- end -}}
+
+{{- define "epp.poolNamespace" -}}
+{{- default .Release.Namespace .Values.discovery.pool.namespace -}}
+{{- end -}}
+
+{{- define "epp.validate" -}}
+{{- if not (has .Values.discovery.mode (list "pool" "static")) -}}
+{{- fail (printf "discovery.mode must be pool or static, not %q" .Values.discovery.mode) -}}
+{{- end -}}
+{{- if and (eq .Values.discovery.mode "static") (not .Values.discovery.static.endpoints) -}}
+{{- fail "discovery.static.endpoints must list at least one ip:port in static mode" -}}
+{{- end -}}
+{{- if and .Values.inferencePool.create (not .Values.inferencePool.modelServers.matchLabels) -}}
+{{- fail "inferencePool.modelServers.matchLabels must not be empty" -}}
+{{- end -}}
+{{- end -}}

