@@ -56,16 +56,24 @@ class QueueScorer:
         self.name = name
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
-        # -1 marks unknown metrics; written out inline: this runs for every endpoint per request
-        queues = [e.metrics.waiting + e.pending if e.metrics.scraped_at_s else -1 for e in endpoints]
-        hi = max(queues)
-        if hi < 0:
+        # Written out inline: this runs over every endpoint on every request.
+        metrics = [e.metrics for e in endpoints]
+        queues = [m.waiting + e.pending for m, e in zip(metrics, endpoints)]
+        if all(m.scraped_at_s for m in metrics):
+            lo, hi = min(queues), max(queues)
+            if hi == lo:
+                return [1.0] * len(queues)
+            inv = 1.0 / (hi - lo)
+            return [(hi - q) * inv for q in queues]
+        known = [q for q, m in zip(queues, metrics) if m.scraped_at_s]
+        if not known:
             return [NEUTRAL] * len(endpoints)
-        lo = min(q for q in queues if q >= 0)
-        if hi == lo:
-            return [1.0 if q >= 0 else NEUTRAL for q in queues]
-        span = hi - lo
-        return [1.0 - (q - lo) / span if q >= 0 else NEUTRAL for q in queues]
+        lo, hi = min(known), max(known)
+        inv = 1.0 / (hi - lo) if hi > lo else 0.0
+        return [
+            (1.0 - (q - lo) * inv if inv else 1.0) if m.scraped_at_s else NEUTRAL
+            for q, m in zip(queues, metrics)
+        ]
 
 
 @dataclass(slots=True, frozen=True)

@@ -31,14 +31,12 @@ class Profile:
         filters: Sequence[Filter],
         scorers: Sequence[WeightedScorer],
         picker: Picker,
-        *,
-        timed: bool = True,
     ) -> None:
         self.name = name
         self.filters = tuple(filters)
         self.scorers = tuple(s for s in scorers if s.weight != 0)
+        self._weights = tuple(s.weight for s in self.scorers)
         self.picker = picker
-        self.timed = timed
 
     def run(self, state: CycleState, endpoints: Sequence[Endpoint], count: int) -> ProfileResult:
         clock = time.perf_counter
@@ -50,15 +48,27 @@ class Profile:
             timings[f.name] = clock() - t0
             if not candidates:
                 return ProfileResult([], (), ())
-        n = len(candidates)
-        total = [0.0] * n
+        columns = []
         for ws in self.scorers:
             t0 = clock()
-            scores = ws.scorer.score(state, candidates)
+            columns.append(ws.scorer.score(state, candidates))
             timings[ws.scorer.name] = clock() - t0
-            w = ws.weight
-            total = [t + w * s for t, s in zip(total, scores)]
+        total = self._combine(columns, len(candidates))
         t0 = clock()
         targets = self.picker.pick(state, candidates, total, count)
         timings[self.picker.name] = clock() - t0
         return ProfileResult(targets, candidates, total)
+
+    def _combine(self, columns: list[Sequence[float]], n: int) -> list[float]:
+        """Weighted sum of the scorers' columns, one pass for the common shapes."""
+        w = self._weights
+        if len(columns) == 3:
+            w0, w1, w2 = w
+            return [w0 * a + w1 * b + w2 * c for a, b, c in zip(*columns)]
+        if len(columns) == 2:
+            w0, w1 = w
+            return [w0 * a + w1 * b for a, b in zip(*columns)]
+        total = [0.0] * n
+        for weight, column in zip(w, columns):
+            total = [t + weight * s for t, s in zip(total, column)]
+        return total
