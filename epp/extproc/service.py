@@ -1,8 +1,9 @@
 """The gRPC face of ext_proc: ``envoy.service.ext_proc.v3.ExternalProcessor/Process``.
 
 One call per HTTP request. Messages go to a ``RequestStream``; its replies go back in order.
-A client that cancels raises ``CancelledError`` into the generator; ``finally`` still closes
-the request so nothing stays counted in flight.
+A client that cancels either raises ``CancelledError`` into the generator or (grpc.aio does
+this) simply ends the request iterator; either way ``finally`` closes the request so nothing
+stays counted in flight.
 """
 
 from __future__ import annotations
@@ -30,15 +31,13 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.ProcessingResponse]:
         stream = RequestStream(self._parser, self._director, self._default_mode)
         self.open_streams += 1
-        cancelled = True
         try:
             async for msg in request_iterator:
                 for reply in stream.handle(msg):
                     yield reply
-            cancelled = False
         finally:
             self.open_streams -= 1
-            stream.close(cancelled)
+            stream.close()
 
 
 def add_to_server(service: ExtProcService, server: Any) -> None:

@@ -122,15 +122,15 @@ class RequestStream:
             out = self._answer(exc)
         return _NO_REPLY if msg.observability_mode else out
 
-    def close(self, cancelled: bool) -> None:
-        """The gRPC stream ended; release whatever the request still holds."""
+    def close(self) -> None:
+        """The gRPC stream ended; release whatever the request still holds.
+
+        A stream that ends before the response is complete counts as ``cancelled``: gRPC does
+        not tell a client cancel from an early half-close, and both mean nobody is waiting.
+        """
         routing = self._routing
         if routing is not None and not routing.released:
-            if cancelled:
-                status = "cancelled"
-            else:
-                status = str(self._status) if self._status else "routed"
-            self._director.abandon(routing, status)
+            self._director.abandon(routing, "cancelled")
         self._body = bytearray()
         self._reader = None
 

@@ -24,7 +24,8 @@ class EppMetrics:
         r = registry
         self.requests = Counter(
             "epp_requests",
-            "Requests by client model and final status (HTTP code, 'cancelled' or 'routed').",
+            "Requests by client model and final status (HTTP code, or 'cancelled' when the stream "
+            "ended before the response completed).",
             ["model", "status"],
             registry=r,
         )
