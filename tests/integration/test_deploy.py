@@ -1,0 +1,409 @@
+"""deploy/: the Helm chart and kustomize overlays render to valid, consistent manifests; the
+Envoy bootstrap parses into Envoy's own protos; the examples and the dashboard hold together.
+
+helm and kubectl come from ``deploy/tools/fetch-tools.sh`` (``.tools/bin``) or PATH; without
+them, or without ``kubernetes-validate``, the tests that need them skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CHART = DEPLOY / "charts" / "epp"
+OVERLAYS = sorted(
+    p.parent for p in (DEPLOY / "kustomize" / "overlays").glob("*/kustomization.yaml")
+)
+KUBE_VERSION = "1.30.0"
+
+Doc = dict[str, Any]
+
+# Kinds without an upstream JSON schema in kubernetes-validate: checked structurally here.
+CRD_KINDS = {
+    "InferencePool",
+    "HTTPRoute",
+    "Gateway",
+    "GatewayClass",
+    "ServiceMonitor",
+    "PodMonitor",
+}
+
+EXPECTED_PLUGINS = [
+    "prefix-cache-scorer",
+    "queue-scorer",
+    "kv-cache-utilization-scorer",
+    "max-score-picker",
+]
+
+
+def tool(name: str) -> str:
+    local = ROOT / ".tools" / "bin" / name
+    found = str(local) if os.access(local, os.X_OK) else shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} not installed (run deploy/tools/fetch-tools.sh)")
+    return found
+
+
+def run(*argv: str) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stderr}{done.stdout}"
+    return done.stdout
+
+
+def docs_of(text: str) -> list[Doc]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def by_kind(docs: Iterable[Doc], kind: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: Iterable[Doc], kind: str) -> Doc:
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+# --- validation --------------------------------------------------------------------------
+
+
+def validate_schema(docs: list[Doc]) -> None:
+    kv = pytest.importorskip("kubernetes_validate")
+    for doc in docs:
+        if doc["kind"] in CRD_KINDS:
+            validate_crd_structure(doc)
+        else:
+            kv.validate(doc, KUBE_VERSION, strict=True)
+
+
+def _is_port(value: Any) -> bool:
+    return isinstance(value, int) and 0 < value < 65536
+
+
+def validate_crd_structure(doc: Doc) -> None:
+    kind, spec, name = doc["kind"], doc.get("spec") or {}, doc["metadata"]["name"]
+    where = f"{kind}/{name}"
+    if kind == "InferencePool":
+        assert doc["apiVersion"] == "inference.networking.k8s.io/v1", where
+        labels = spec["selector"]["matchLabels"]
+        assert labels and all(isinstance(v, str) for v in labels.values()), where
+        ports = spec["targetPorts"]
+        assert len(ports) == 1 and _is_port(ports[0]["number"]), where
+        ref = spec["endpointPickerRef"]
+        assert ref["name"] and _is_port(ref["port"]["number"]), where
+        assert ref.get("kind", "Service") == "Service", where
+        assert ref.get("failureMode", "FailClose") in ("FailOpen", "FailClose"), where
+    elif kind == "HTTPRoute":
+        assert doc["apiVersion"] == "gateway.networking.k8s.io/v1", where
+        assert spec["parentRefs"], where
+        for rule in spec["rules"]:
+            for ref in rule["backendRefs"]:
+                assert ref["group"] == "inference.networking.k8s.io", where
+                assert ref["kind"] == "InferencePool", where
+    elif kind == "Gateway":
+        assert spec["gatewayClassName"] and spec["listeners"], where
+    elif kind == "GatewayClass":
+        assert "/" in spec["controllerName"], where
+    elif kind in ("ServiceMonitor", "PodMonitor"):
+        assert doc["apiVersion"] == "monitoring.coreos.com/v1", where
+        endpoints = spec.get("endpoints") or spec.get("podMetricsEndpoints")
+        assert endpoints and all(e["port"] for e in endpoints), where
+        assert spec["selector"]["matchLabels"], where
+
+
+def check_epp_manifests(docs: list[Doc], *, pool: bool) -> None:
+    """What a cluster needs from epp's manifests, whichever tool rendered them."""
+    validate_schema(docs)
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert args[0] == "serve"
+    for flag in ("--grpc-port=9002", "--health-port=9003", "--metrics-port=9090"):
+        assert flag in args
+    assert "--config=/etc/epp/config.yaml" in args
+
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    config_volume = next(v for v in pod["volumes"] if v["name"] == "config")
+    assert mounts["config"] == "/etc/epp"
+    config_map = one(docs, "ConfigMap")
+    assert config_volume["configMap"]["name"] == config_map["metadata"]["name"]
+    scheduling = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert scheduling["kind"] == "EndpointPickerConfig"
+    assert [p["type"] for p in scheduling["plugins"]] == EXPECTED_PLUGINS
+    (profile,) = scheduling["schedulingProfiles"]
+    assert {p["pluginRef"]: p.get("weight") for p in profile["plugins"]} == {
+        "prefix-cache-scorer": 3,
+        "queue-scorer": 2,
+        "kv-cache-utilization-scorer": 2,
+        "max-score-picker": None,
+    }
+
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc.get("runAsNonRoot") or pod["securityContext"].get("runAsNonRoot")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == 9003
+    assert container["resources"]["requests"]
+
+    service = one(docs, "Service")
+    assert {p["port"] for p in service["spec"]["ports"]} == {9002, 9003, 9090}
+    selector = service["spec"]["selector"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items(), "the Service selects no epp pod"
+    account = one(docs, "ServiceAccount")
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+    flags = dict(a.split("=", 1) for a in args[1:] if "=" in a)
+    if pool:
+        assert "--endpoints" not in flags
+        assert pod["automountServiceAccountToken"] is True
+        role = one(docs, "Role")
+        granted = {
+            (group, resource): sorted(rule["verbs"])
+            for rule in role["rules"]
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+        }
+        assert granted == {
+            ("", "pods"): ["get", "list", "watch"],
+            ("inference.networking.k8s.io", "inferencepools"): ["get", "list", "watch"],
+            ("inference.networking.x-k8s.io", "inferenceobjectives"): ["get", "list", "watch"],
+        }
+        binding = one(docs, "RoleBinding")
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"][0]["name"] == account["metadata"]["name"]
+        for pool_doc in by_kind(docs, "InferencePool"):
+            assert flags["--pool-name"] == pool_doc["metadata"]["name"]
+            ref = pool_doc["spec"]["endpointPickerRef"]
+            assert ref["name"] == service["metadata"]["name"]
+            assert ref["port"]["number"] == 9002
+    else:
+        assert "--pool-name" not in flags
+        assert re.fullmatch(r"[\d.]+:\d+(,[\d.]+:\d+)*", flags["--endpoints"])
+        assert not by_kind(docs, "Role") and not by_kind(docs, "InferencePool")
+        assert pod["automountServiceAccountToken"] is False
+
+
+# --- Helm --------------------------------------------------------------------------------
+
+
+VALUES = {
+    "default": [],
+    "pool": ["-f", str(CHART / "ci" / "pool-values.yaml")],
+    "static": ["-f", str(CHART / "ci" / "static-values.yaml")],
+}
+
+
+@pytest.mark.parametrize("values", sorted(VALUES))
+def test_helm_lint(values: str) -> None:
+    out = run(tool("helm"), "lint", "--strict", str(CHART), *VALUES[values])
+    assert "0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize("values", sorted(VALUES))
+def test_helm_template_renders_valid_manifests(values: str) -> None:
+    docs = docs_of(run(tool("helm"), "template", "llama", str(CHART), *VALUES[values]))
+    check_epp_manifests(docs, pool=values != "static")
+
+
+def test_helm_default_creates_the_pool_epp_watches() -> None:
+    docs = docs_of(run(tool("helm"), "template", "llama", str(CHART), "-n", "models"))
+    pool = one(docs, "InferencePool")
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--pool-name={pool['metadata']['name']}" in args
+    assert "--pool-namespace=models" in args
+    assert pool["metadata"]["namespace"] == "models"
+
+
+def test_helm_pool_values_add_pdb_and_service_monitor() -> None:
+    docs = docs_of(run(tool("helm"), "template", "llama", str(CHART), *VALUES["pool"]))
+    assert not by_kind(docs, "InferencePool")  # the pool exists already
+    assert one(docs, "Role")["metadata"]["namespace"] == "models"
+    pdb = one(docs, "PodDisruptionBudget")
+    labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    monitor = one(docs, "ServiceMonitor")
+    port_names = {p["name"] for p in one(docs, "Service")["spec"]["ports"]}
+    assert monitor["spec"]["endpoints"][0]["port"] in port_names
+
+
+def test_helm_rejects_static_mode_without_endpoints() -> None:
+    done = subprocess.run(
+        [tool("helm"), "template", "x", str(CHART), "--set", "discovery.mode=static"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "discovery.static.endpoints" in done.stderr
+
+
+# --- kustomize ---------------------------------------------------------------------------
+
+
+def test_there_are_two_overlays() -> None:
+    assert {p.name for p in OVERLAYS} == {"pool-discovery", "static-endpoints"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_kustomize_overlay_renders_valid_manifests(overlay: Path) -> None:
+    docs = docs_of(run(tool("kubectl"), "kustomize", str(overlay)))
+    check_epp_manifests(docs, pool=overlay.name == "pool-discovery")
+
+
+# --- static examples ---------------------------------------------------------------------
+
+
+STATIC_MANIFESTS = sorted(
+    [*(DEPLOY / "gateways").glob("*/*.yaml"), *(DEPLOY / "examples").glob("*.yaml")]
+)
+
+
+@pytest.mark.parametrize("path", STATIC_MANIFESTS, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_example_manifests_are_valid(path: Path) -> None:
+    validate_schema(docs_of(path.read_text()))
+
+
+def test_every_gateway_routes_to_the_pool_the_overlay_creates() -> None:
+    pool = docs_of((DEPLOY / "kustomize/overlays/pool-discovery/inferencepool.yaml").read_text())
+    pool_name = pool[0]["metadata"]["name"]
+    gateways = sorted((DEPLOY / "gateways").glob("*/*.yaml"))
+    assert {p.parent.name for p in gateways} == {"istio", "envoy-gateway", "kgateway"}
+    for path in gateways:
+        docs = docs_of(path.read_text())
+        gateway = one(docs, "Gateway")
+        route = one(docs, "HTTPRoute")
+        assert route["spec"]["parentRefs"][0]["name"] == gateway["metadata"]["name"]
+        assert route["spec"]["rules"][0]["backendRefs"][0]["name"] == pool_name, path
+
+
+def test_vllm_example_matches_the_pool_and_caches_prefixes() -> None:
+    docs = docs_of((DEPLOY / "examples" / "vllm-deployment.yaml").read_text())
+    pod = one(docs, "Deployment")["spec"]["template"]
+    pool = docs_of((DEPLOY / "kustomize/overlays/pool-discovery/inferencepool.yaml").read_text())[0]
+    labels = pod["metadata"]["labels"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert labels["inference.networking.k8s.io/engine-type"] == "vllm"
+    (container,) = pod["spec"]["containers"]
+    assert "--enable-prefix-caching" in container["args"]
+    ports = {p["containerPort"] for p in container["ports"]}
+    assert pool["spec"]["targetPorts"][0]["number"] in ports
+    assert container["readinessProbe"]
+
+
+# --- Envoy -------------------------------------------------------------------------------
+
+
+def test_envoy_bootstrap_parses_into_envoy_protos() -> None:
+    from envoy.config.bootstrap.v3 import bootstrap_pb2
+    from envoy.config.cluster.v3 import cluster_pb2
+    from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
+    from envoy.extensions.filters.http.router.v3 import router_pb2
+    from envoy.extensions.filters.network.http_connection_manager.v3 import (
+        http_connection_manager_pb2 as hcm_pb2,
+    )
+    from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+    from google.protobuf import json_format
+
+    raw = yaml.safe_load((DEPLOY / "envoy" / "envoy.yaml").read_text())
+    # ParseDict resolves every typed_config Any against the imported types, and rejects
+    # unknown fields anywhere in the tree.
+    bootstrap = json_format.ParseDict(raw, bootstrap_pb2.Bootstrap())
+
+    (listener,) = bootstrap.static_resources.listeners
+    (network_filter,) = listener.filter_chains[0].filters
+    hcm = hcm_pb2.HttpConnectionManager()
+    assert network_filter.typed_config.Unpack(hcm)
+    ext_proc_filter, router_filter = hcm.http_filters
+    assert router_filter.typed_config.Unpack(router_pb2.Router())
+
+    ext_proc = ext_proc_pb2.ExternalProcessor()
+    assert ext_proc_filter.typed_config.Unpack(ext_proc)
+    mode = ext_proc.processing_mode
+    pm = processing_mode_pb2.ProcessingMode
+    assert (mode.request_header_mode, mode.response_header_mode) == (pm.SEND, pm.SEND)
+    assert (mode.request_trailer_mode, mode.response_trailer_mode) == (pm.SEND, pm.SEND)
+    assert mode.request_body_mode == pm.FULL_DUPLEX_STREAMED
+    assert mode.response_body_mode == pm.FULL_DUPLEX_STREAMED
+    assert ext_proc.failure_mode_allow and ext_proc.allow_mode_override
+    assert ext_proc.message_timeout.ToMilliseconds() > 0
+    epp_cluster_name = ext_proc.grpc_service.envoy_grpc.cluster_name
+
+    route = hcm.route_config.virtual_hosts[0].routes[0].route
+    clusters = {c.name: c for c in bootstrap.static_resources.clusters}
+    dst = clusters[route.cluster]
+    assert dst.type == cluster_pb2.Cluster.ORIGINAL_DST
+    assert dst.lb_policy == cluster_pb2.Cluster.CLUSTER_PROVIDED
+    assert dst.original_dst_lb_config.use_http_header
+    assert dst.original_dst_lb_config.http_header_name == "x-gateway-destination-endpoint"
+
+    epp = clusters[epp_cluster_name]
+    options = http_protocol_options_pb2.HttpProtocolOptions()
+    assert epp.typed_extension_protocol_options[
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ].Unpack(options)
+    assert options.explicit_http_config.HasField("http2_protocol_options")
+    address = epp.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address
+    assert address.port_value == 9002
+
+
+# --- Grafana -----------------------------------------------------------------------------
+
+
+EPP_METRICS = {
+    "epp_requests_total",
+    "epp_scheduling_duration_seconds",
+    "epp_plugin_duration_seconds",
+    "epp_prefix_index_entries",
+    "epp_prefix_index_hit_ratio",
+    "epp_pool_average_queue_size",
+    "epp_pool_average_kv_cache_utilization",
+    "epp_pool_ready_endpoints",
+    "epp_endpoint_in_flight_requests",
+    "epp_endpoint_queue_size",
+    "epp_endpoint_kv_cache_utilization",
+}
+VLLM_METRICS = {
+    "vllm:time_to_first_token_seconds",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+}
+HISTOGRAMS = {
+    "epp_scheduling_duration_seconds",
+    "epp_plugin_duration_seconds",
+    "vllm:time_to_first_token_seconds",
+}
+
+
+def test_grafana_dashboard_covers_every_metric_and_no_unknown_one() -> None:
+    dashboard = json.loads((DEPLOY / "monitoring" / "grafana-dashboard.json").read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    used = set()
+    for expr in exprs:
+        for name in re.findall(r"\b((?:epp_|vllm:)[a-z_:]+)", expr):
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            assert base in EPP_METRICS | VLLM_METRICS, f"unknown metric {name} in {expr}"
+            if base in HISTOGRAMS:
+                assert name.endswith("_bucket") and "histogram_quantile" in expr, expr
+            used.add(base)
+    assert used == EPP_METRICS | VLLM_METRICS
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in panels:
+        assert panel["datasource"]["uid"] == "${datasource}"
