@@ -1,0 +1,47 @@
+"""``epp-sim``: the simulator's command line. One subcommand per tool.
+
+Each subcommand lives next to the code it runs and exposes ``register(subparsers)``, which
+adds its parser and sets ``run=<function(args) -> exit code>``. Add a new one to
+:data:`SUBCOMMANDS` (``gateway``, ``stack`` and ``replay`` go here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def _emulate(subparsers: Any) -> None:
+    from simulator.emulator.cli import register
+
+    register(subparsers)
+
+
+SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
+    "emulate": _emulate,
+    # "gateway": ..., "stack": ..., "replay": ...
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="epp-sim", description="Emulated model servers, dev gateway and trace replay for epp."
+    )
+    parser.add_argument("--log-level", default="WARNING", help="logging level")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS.values():
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,46 @@
+"""Emulator settings: one vLLM replica's flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.model.cost import CostModel
+
+
+@dataclass(slots=True, frozen=True)
+class EmulatorConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free port; the bound URL is on :attr:`RunningEmulator.url`."""
+    model: str = "meta-llama/Llama-3.1-8B-Instruct"
+    num_gpu_blocks: int = 10240
+    """KV blocks the replica holds (vLLM derives it from GPU memory; here it is given).
+    10,240 blocks of 16 tokens = 164k tokens, about what Llama-3-8B leaves on a 40 GB GPU."""
+    block_size: int = 16
+    """Tokens per KV block (vLLM ``--block-size``)."""
+    max_num_seqs: int = 32
+    max_batched_tokens: int = 8192
+    speedup: float = 1.0
+    """Divides every modelled duration; latency metrics are reported in modelled seconds."""
+    lora_adapters: tuple[str, ...] = ()
+    max_loras: int = 4
+    max_model_len: int = 32768
+    cost: CostModel = CostModel()
+    """Step costs at speedup 1 (``speedup`` above is applied on top)."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "num_gpu_blocks": self.num_gpu_blocks > 0,
+            "block_size": self.block_size > 0,
+            "max_num_seqs": self.max_num_seqs > 0,
+            "max_batched_tokens": self.max_batched_tokens > 0,
+            "speedup": self.speedup > 0,
+            "max_loras": self.max_loras > 0,
+            "max_model_len": self.max_model_len > 0,
+            "port": 0 <= self.port <= 65535,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"emulator config field {name!r}: bad value {getattr(self, name)!r}")
+        if self.model in self.lora_adapters:
+            raise ValueError("emulator config field 'lora_adapters': must not repeat the base model")

@@ -1,0 +1,377 @@
+"""The emulator server: one :class:`~simulator.model.engine.Engine` behind vLLM's HTTP API.
+
+An asyncio task drives the engine in real time: it sleeps until the engine's next event
+(the model's durations are divided by ``speedup``), advances the engine and resolves the
+futures of the requests that got their first token or finished. Handlers submit requests
+and wake the task. While streams are open the task also wakes every few milliseconds so
+that tokens flow as they are generated, not in one burst at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from simulator.emulator import openai
+from simulator.emulator.config import EmulatorConfig
+from simulator.emulator.metrics import VllmMetrics
+from simulator.emulator.openai import Api, ApiError
+from simulator.model.cache import PrefixCache, model_seed, text_block_hashes
+from simulator.model.engine import (
+    Engine,
+    EngineConfig,
+    EngineRequest,
+    Finished,
+    FirstToken,
+    RequestTooLarge,
+    StepResult,
+)
+from simulator.model.tokens import CHARS_PER_TOKEN, count_tokens, generate_text
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_ID_PREFIX = {Api.COMPLETIONS: "cmpl-", Api.CHAT: "chatcmpl-", Api.RESPONSES: "resp_",
+              Api.EMBEDDINGS: "embd-"}
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    rid: str
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    text: str
+    stream: bool
+    first: asyncio.Future[FirstToken]
+    done: asyncio.Future[Finished]
+    progress: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Emulator:
+    """One emulated vLLM replica. Use :func:`start_emulator` to serve it."""
+
+    def __init__(self, config: EmulatorConfig) -> None:
+        self.config = config
+        cost = replace(config.cost, speedup=config.cost.speedup * config.speedup)
+        self.engine = Engine(
+            PrefixCache(config.num_gpu_blocks, config.block_size),
+            cost,
+            EngineConfig(config.max_num_seqs, config.max_batched_tokens, config.max_loras),
+        )
+        self.registry = CollectorRegistry()
+        self.metrics = VllmMetrics(self.registry, self.engine, config.model, config.max_loras)
+        self._adapters = frozenset(config.lora_adapters)
+        self._pending: dict[str, _Pending] = {}
+        self._streams: set[_Pending] = set()
+        self._ids = itertools.count(1)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stream_tick_s = max(0.002, min(0.02, cost.decode_step_s(1)))
+        self._created = int(time.time())
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="emulator-engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for p in list(self._pending.values()):
+            for fut in (p.first, p.done):
+                if not fut.done():
+                    fut.set_exception(ApiError(503, "the server is shutting down"))
+            p.progress.set()
+        self._pending.clear()
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_errors])
+        app.router.add_post("/v1/completions", self._api(Api.COMPLETIONS))
+        app.router.add_post("/v1/chat/completions", self._api(Api.CHAT))
+        app.router.add_post("/v1/responses", self._api(Api.RESPONSES))
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    # -- engine driving --------------------------------------------------------------------
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            target = self.engine.next_event_time()
+            timeout: float | None = None
+            if target is not None:
+                timeout = max(0.0, target - self._now())
+            if self._streams:
+                timeout = self._stream_tick_s if timeout is None else min(timeout, self._stream_tick_s)
+            woken = False
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+                    woken = True
+            except TimeoutError:
+                pass
+            now = self._now()
+            if not woken and target is not None and target - now < 0.001:
+                now = max(now, target)  # timers may fire a hair early
+            self._dispatch(self.engine.advance(now))
+            for p in self._streams:
+                p.progress.set()
+
+    def _sync(self) -> None:
+        """Bring the engine up to now (before reading its state)."""
+        self._dispatch(self.engine.advance(self._now()))
+
+    def _dispatch(self, result: StepResult) -> None:
+        speedup = self.config.speedup
+        for f in result.first_tokens:
+            p = self._pending.get(f.request_id)
+            if p is None:
+                continue
+            if not p.first.done():
+                p.first.set_result(f)
+            if not p.stream:
+                self.metrics.ttft_s.observe((f.time_s - p.arrival_s) * speedup)
+        for d in result.finished:
+            p = self._pending.pop(d.request_id, None)
+            self.metrics.e2e_s.observe((d.time_s - d.arrival_s) * speedup)
+            self.metrics.success_length.inc()
+            self.metrics.generation_tokens.inc(d.output_tokens)
+            if p is None:
+                continue
+            self.metrics.prompt_tokens.inc(p.prompt_tokens)
+            if not p.done.done():
+                p.done.set_result(d)
+            p.progress.set()
+
+    def _submit(
+        self, model: str, prompt: str, max_tokens: int, stream: bool, id_prefix: str = "cmpl-"
+    ) -> _Pending:
+        cfg = self.config
+        prompt_tokens = count_tokens(prompt)
+        if prompt_tokens + max_tokens > cfg.max_model_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
+                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                f"prompt, {max_tokens} for the completion).",
+            )
+        rid = f"{id_prefix}{next(self._ids):08x}"
+        text = generate_text(prompt, max_tokens)
+        final = text_block_hashes(prompt + text, cfg.block_size, model_seed(model))
+        n_prompt_blocks = len(prompt) // (cfg.block_size * CHARS_PER_TOKEN)
+        request = EngineRequest(
+            rid, prompt_tokens, final[:n_prompt_blocks], max_tokens, final,
+            adapter=model if model in self._adapters else "",
+        )
+        now = self._now()
+        try:
+            self.engine.submit(request, now)
+        except RequestTooLarge as exc:
+            raise ApiError(400, f"prompt too long for this server's KV cache: {exc}") from None
+        loop = asyncio.get_running_loop()
+        pending = _Pending(rid, now, prompt_tokens, max_tokens, text, stream,
+                           loop.create_future(), loop.create_future())
+        self._pending[rid] = pending
+        self._wake.set()
+        return pending
+
+    def _abandon(self, pending: _Pending) -> None:
+        """The client went away before the end: drop the request from the engine."""
+        if pending.done.done():
+            return
+        self._pending.pop(pending.rid, None)
+        self._streams.discard(pending)
+        self.engine.abort(pending.rid, self._now())
+        self._wake.set()
+
+    def _check_model(self, model: str) -> None:
+        if model != self.config.model and model not in self._adapters:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+    # -- handlers --------------------------------------------------------------------------
+
+    def _api(self, api: Api) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            body = openai.load_json(await request.read())
+            gen = openai.parse_generation(api, body, self.config.model)
+            self._check_model(gen.model)
+            pending = self._submit(
+                gen.model, gen.prompt, gen.max_tokens, gen.stream, _ID_PREFIX[api]
+            )
+            try:
+                if gen.stream:
+                    return await self._stream(request, gen, pending)
+                await pending.done
+                first = pending.first.result()
+                use = self._usage(gen.api, pending, first.cached_tokens)
+                body_out = openai.completion_body(
+                    gen.api, pending.rid, int(time.time()), gen.model, pending.text, use
+                )
+                return web.json_response(body_out)
+            finally:
+                self._abandon(pending)
+
+        return handle
+
+    def _usage(self, api: Api, p: _Pending, cached: int) -> dict[str, Any]:
+        if api is Api.RESPONSES:
+            return openai.responses_usage(p.prompt_tokens, p.max_tokens, cached)
+        return openai.usage(p.prompt_tokens, p.max_tokens, cached)
+
+    async def _stream(
+        self, request: web.Request, gen: openai.Generation, p: _Pending
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        created = int(time.time())
+        responses = gen.api is Api.RESPONSES
+        if responses:
+            head = openai.responses_body(p.rid, created, gen.model, "", "in_progress", None)
+            await resp.write(openai.sse({"type": "response.created", "response": head},
+                                        "response.created"))
+        self._streams.add(p)
+        sent = 0
+        try:
+            while True:
+                await p.progress.wait()
+                p.progress.clear()
+                finished = p.done.done()
+                if finished:
+                    p.done.result()  # re-raise a shutdown error
+                    n = p.max_tokens
+                else:
+                    n = self.engine.tokens_generated(p.rid, self._now()) or 0
+                if n > sent:
+                    piece = p.text[sent * CHARS_PER_TOKEN : n * CHARS_PER_TOKEN]
+                    if sent == 0:
+                        self.metrics.ttft_s.observe((self._now() - p.arrival_s) * self.config.speedup)
+                    if responses:
+                        delta = {"type": "response.output_text.delta", "item_id": f"msg_{p.rid}",
+                                 "output_index": 0, "content_index": 0, "delta": piece}
+                        await resp.write(openai.sse(delta, "response.output_text.delta"))
+                    else:
+                        chunk = openai.stream_chunk(gen.api, p.rid, created, gen.model, piece,
+                                                    None, sent == 0)
+                        await resp.write(openai.sse(chunk))
+                    sent = n
+                if finished:
+                    break
+        finally:
+            self._streams.discard(p)
+        use = self._usage(gen.api, p, p.first.result().cached_tokens)
+        if responses:
+            body = openai.responses_body(p.rid, created, gen.model, p.text, "completed", use)
+            await resp.write(openai.sse({"type": "response.completed", "response": body},
+                                        "response.completed"))
+        else:
+            last = openai.stream_chunk(gen.api, p.rid, created, gen.model, "", "length", False)
+            await resp.write(openai.sse(last))
+            if gen.include_usage:
+                await resp.write(openai.sse(openai.usage_chunk(gen.api, p.rid, created, gen.model, use)))
+            await resp.write(openai.SSE_DONE)
+        await resp.write_eof()
+        return resp
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        job = openai.parse_embeddings(openai.load_json(await request.read()), self.config.model)
+        self._check_model(job.model)
+        pendings = [self._submit(job.model, text, 1, False, "embd-") for text in job.inputs]
+        try:
+            await asyncio.gather(*(p.done for p in pendings))
+        finally:
+            for p in pendings:
+                self._abandon(p)
+        prompt_tokens = sum(p.prompt_tokens for p in pendings)
+        data = [
+            {"object": "embedding", "index": i, "embedding": openai.embedding_vector(text)}
+            for i, text in enumerate(job.inputs)
+        ]
+        return web.json_response({
+            "id": pendings[0].rid, "object": "list", "created": int(time.time()),
+            "model": job.model, "data": data,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        })
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        cfg = self.config
+        base = {"id": cfg.model, "object": "model", "created": self._created, "owned_by": "vllm",
+                "root": cfg.model, "parent": None, "max_model_len": cfg.max_model_len}
+        loras = [
+            {"id": name, "object": "model", "created": self._created, "owned_by": "vllm",
+             "root": name, "parent": cfg.model}
+            for name in cfg.lora_adapters
+        ]
+        return web.json_response({"object": "list", "data": [base, *loras]})
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200)
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        self._sync()
+        return web.Response(body=generate_latest(self.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        body = ApiError(exc.status, exc.reason).body()
+        return web.json_response(body, status=exc.status)
+
+
+@dataclass(slots=True)
+class RunningEmulator:
+    """A started emulator: ``url`` is ``http://host:port`` with the bound port."""
+
+    url: str
+    host: str
+    port: int
+    emulator: Emulator
+    _runner: web.AppRunner
+
+    async def close(self) -> None:
+        await self.emulator.stop()
+        await self._runner.cleanup()
+
+
+async def start_emulator(config: EmulatorConfig) -> RunningEmulator:
+    """Serve one emulated replica on ``config.host:config.port`` (0 = any free port)."""
+    emulator = Emulator(config)
+    runner = web.AppRunner(emulator.app(), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    emulator.start()
+    url_host = f"[{host}]" if ":" in host else host
+    log.info("emulator for %s listening on %s:%d", config.model, host, port)
+    return RunningEmulator(f"http://{url_host}:{port}", host, port, emulator, runner)
