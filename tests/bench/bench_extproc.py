@@ -1,0 +1,229 @@
+"""ext_proc throughput and added latency: `epp serve` vs a no-op ext_proc server.
+
+Both servers run in their own subprocess (one at a time) and are driven by the same grpc.aio
+client, which talks to them exactly as Envoy does in FULL_DUPLEX_STREAMED mode: request
+headers, the body in two chunks, then response headers and a JSON body with ``usage``.
+The no-op server answers the same messages with no parsing and no scheduling (headers reply
+with a fixed destination, body echoed back), so the difference is what epp adds.
+
+epp runs with 32 static endpoints whose metrics are injected (no scraping) and 16 KB prompts
+drawn from 64 shared prefixes (realistic prefix-index work).
+
+Latency = time from sending the request headers to receiving the routing reply, i.e. what
+Envoy waits before it can forward the request. Throughput = whole streams per second.
+
+    python tests/bench/bench_extproc.py [--requests 1000] [--concurrency 1,16] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+PROMPT_BYTES = 16 * 1024
+ENDPOINTS = 32
+
+
+# --- servers (run in a subprocess) -------------------------------------------------------
+
+
+async def serve_noop() -> None:
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+    from epp.extproc import convert
+
+    class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+        async def Process(self, it, context):  # type: ignore[no-untyped-def]  # noqa: N802
+            body = bytearray()
+            async for msg in it:
+                kind = msg.WhichOneof("request")
+                if kind == "request_body":
+                    body += msg.request_body.body
+                    if msg.request_body.end_of_stream:
+                        yield convert.routed_headers_response("10.0.0.1:8000", len(body))
+                        yield convert.streamed_request_body(bytes(body), True)
+                elif kind == "response_headers":
+                    yield convert.RESPONSE_HEADERS_CONTINUE
+                elif kind == "response_body":
+                    yield convert.streamed_response_body(msg.response_body.body, msg.response_body.end_of_stream)
+                elif kind != "request_headers":
+                    yield pb.ProcessingResponse()
+
+    server = grpc.aio.server()
+    pb_grpc.add_ExternalProcessorServicer_to_server(Noop(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
+
+
+async def serve_epp() -> None:
+    from epp.datastore.endpoint import Endpoint, Metrics, endpoint_id
+    from epp.server.runner import ServerOptions, start_server
+
+    eps = [Endpoint(endpoint_id(f"10.0.{i // 250}.{i % 250 + 1}", 8000), f"10.0.{i // 250}.{i % 250 + 1}", 8000) for i in range(ENDPOINTS)]
+    handle = await start_server(
+        None, eps,
+        ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=-1, scrape=False),
+        rng=random.Random(1),
+    )
+    rng = random.Random(2)
+
+    async def refresh() -> None:  # fake scrapes: fresh metrics every 50 ms, like the scraper
+        while True:
+            now = time.monotonic()
+            for e in handle.datastore.snapshot():
+                handle.datastore.update_metrics(
+                    e.id,
+                    Metrics(waiting=rng.randint(0, 3), running=rng.randint(1, 8),
+                            kv_usage=rng.uniform(0.1, 0.7), block_size_tokens=16,
+                            num_gpu_blocks=8192, scraped_at_s=now),
+                )
+            await asyncio.sleep(0.05)
+
+    task = asyncio.create_task(refresh())
+    print(handle.grpc_port, flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        task.cancel()
+
+
+# --- client ------------------------------------------------------------------------------
+
+
+def make_bodies(n: int) -> list[bytes]:
+    rng = random.Random(3)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda", "théta", "日本"]
+    prefixes = [" ".join(rng.choice(words) for _ in range(PROMPT_BYTES // 8)) for _ in range(64)]
+    bodies = []
+    for i in range(n):
+        prefix = prefixes[i % 64][: PROMPT_BYTES - 2048]
+        suffix = " ".join(rng.choice(words) for _ in range(400))
+        prompt = (prefix + " " + suffix)[:PROMPT_BYTES]
+        bodies.append(json.dumps({"model": "m", "prompt": prompt, "max_tokens": 16}, ensure_ascii=False).encode())
+    return bodies
+
+
+async def drive(port: int, bodies: list[bytes], concurrency: int) -> tuple[float, list[float]]:
+    import grpc
+
+    from tests.integration import envoy_client as ec
+
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    await channel.channel_ready()
+    answer = json.dumps({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 4000, "completion_tokens": 16,
+                         "prompt_tokens_details": {"cached_tokens": 3000}}}).encode()
+    latencies: list[float] = []
+    queue = list(reversed(bodies))
+
+    async def one(body: bytes) -> None:
+        s = ec.Stream(channel)
+        half = len(body) // 2
+        t0 = time.perf_counter()
+        await s.send(ec.request_headers(), ec.request_body(body[:half], False), ec.request_body(body[half:], True))
+        await s.recv()
+        latencies.append(time.perf_counter() - t0)
+        await s.recv()
+        await s.send(ec.response_headers(), ec.response_body(answer, True))
+        await s.recv_n(2)
+        await s.call.done_writing()
+        await s.call.code()
+
+    async def worker() -> None:
+        while queue:
+            await one(queue.pop())
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - t0
+    await channel.close()
+    return len(bodies) / elapsed, latencies
+
+
+def start(kind: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", kind], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p * len(s)))]
+
+
+async def bench(requests: int, concurrencies: list[int], rounds: int) -> None:
+    """Both servers up at once; rounds alternate noop/epp so machine noise hits both alike."""
+    bodies = make_bodies(requests)
+    warm = bodies[: min(200, requests)]
+    runs: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
+    procs = {kind: start(kind) for kind in ("noop", "epp")}
+    try:
+        for _, port in procs.values():
+            await drive(port, warm, 4)
+        for _ in range(rounds):
+            for c in concurrencies:
+                for kind, (_, port) in procs.items():
+                    runs.setdefault((kind, c), []).append(await drive(port, bodies, c))
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait()
+
+    def summary(kind: str, c: int) -> tuple[float, float, float]:
+        rs = runs[(kind, c)]
+        return (
+            statistics.median(r[0] for r in rs),
+            statistics.median(pct(r[1], 0.5) for r in rs),
+            statistics.median(pct(r[1], 0.99) for r in rs),
+        )
+
+    print(f"ext_proc bench: {ENDPOINTS} endpoints, {PROMPT_BYTES // 1024} KB prompts, "
+          f"{requests} requests x {rounds} rounds per cell (medians), "
+          f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")
+    print(f"{'server':6} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    for c in concurrencies:
+        for kind in ("noop", "epp"):
+            rps, p50, p99 = summary(kind, c)
+            print(f"{kind:6} {c:>4} {rps:>8.0f} {p50 * 1e3:>8.3f} {p99 * 1e3:>8.3f}")
+    for c in concurrencies:
+        n_rps, n_p50, n_p99 = summary("noop", c)
+        e_rps, e_p50, e_p99 = summary("epp", c)
+        print(f"concurrency {c:>2}: epp/noop throughput {e_rps / n_rps:.2f} (target >= 0.80), "
+              f"added p50 {(e_p50 - n_p50) * 1e3:.3f} ms, added p99 {(e_p99 - n_p99) * 1e3:.3f} ms"
+              + (" (target p50 <= 0.3 ms)" if c == 1 else ""))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--serve", choices=["noop", "epp"])
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--concurrency", default="1,16")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if args.serve == "noop":
+        asyncio.run(serve_noop())
+    elif args.serve == "epp":
+        asyncio.run(serve_epp())
+    else:
+        asyncio.run(bench(args.requests, [int(c) for c in args.concurrency.split(",")], args.rounds))
+
+
+if __name__ == "__main__":
+    main()
