@@ -1,0 +1,419 @@
+"""The development gateway: an HTTP front proxy that plays Envoy's part for epp.
+
+For each client request (policy ``epp``) it opens one ext_proc stream and walks it as
+Envoy's ext_proc filter does:
+
+    request headers --BUFFERED: wait for reply, send whole body, wait--> header/body mutations
+                    --FULL_DUPLEX_STREAMED: send body chunks as they arrive; read the header
+                      reply and the streamed body replies--> mutated headers + body
+    destination: dynamic metadata envoy.lb / x-gateway-destination-endpoint (ip:port list)
+    upstream (falling back down the list on connect failure)
+    response headers -> reply -> response body (NONE | STREAMED | BUFFERED | FULL_DUPLEX)
+    ImmediateResponse at any point before the client response started -> sent as is
+
+Policies ``random`` and ``round-robin`` skip ext_proc and pick from a static list (the
+baseline). docs/local-stack.md lists which Envoy behaviours this reproduces and which not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+import grpc
+from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from multidict import CIMultiDict
+
+from simulator.gateway import extproc as xp
+from simulator.gateway.extproc import ExtProcError, ExtProcStream, Immediate
+from simulator.gateway.headers import HOP_BY_HOP, HeaderList
+from simulator.gateway.upstream import GatewayStats, NoUpstream, Upstream, Upstreams
+
+log = logging.getLogger(__name__)
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+LB_NAMESPACE = "envoy.lb"
+UPSTREAM_HOST_HEADER = "x-upstream-host"
+"""Added to every proxied response, like Envoy's ``response_headers_to_add`` with
+``%UPSTREAM_HOST%``: which replica served the request."""
+
+POLICIES = ("epp", "random", "round-robin")
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayOptions:
+    host: str = "127.0.0.1"
+    port: int = 0
+    policy: str = "epp"
+    extproc: str = ""
+    """epp's gRPC address (host:port); policy ``epp`` only."""
+    endpoints: tuple[str, ...] = ()
+    """Model servers (ip:port) for the baseline policies."""
+    request_mode: int = xp.FULL_DUPLEX_STREAMED
+    response_mode: int = xp.FULL_DUPLEX_STREAMED
+    message_timeout_s: float = 10.0
+    """Envoy's ext_proc ``message_timeout`` (Envoy's default is 0.2 s; generous here because
+    the whole stack shares a laptop's cores)."""
+    route_timeout_s: float = 600.0
+    connect_timeout_s: float = 2.0
+    seed: int | None = None
+
+
+class Exchange(Protocol):
+    async def serve(self, request: web.Request) -> web.StreamResponse: ...
+
+
+@dataclass(slots=True)
+class _Forward:
+    headers: HeaderList
+    body: bytes
+
+
+def client_headers(request: web.Request) -> HeaderList:
+    """The request as Envoy's HTTP connection manager presents it to filters."""
+    headers = HeaderList.from_mapping(
+        {
+            ":authority": request.host,
+            ":path": request.raw_path,
+            ":method": request.method,
+            ":scheme": request.scheme,
+        },
+        request.headers.items(),
+    )
+    if headers.get("x-request-id") is None:
+        headers.add("x-request-id", str(uuid.uuid4()))
+    headers.set("x-forwarded-proto", request.scheme)
+    return headers
+
+
+def upstream_headers(up: aiohttp.ClientResponse) -> HeaderList:
+    headers = HeaderList([(":status", str(up.status))])
+    for k, v in up.raw_headers:
+        key = k.decode("latin-1").lower()
+        if key not in HOP_BY_HOP:
+            headers.add(key, v.decode("latin-1"))
+    return headers
+
+
+def _has_body(method: str, up: aiohttp.ClientResponse) -> bool:
+    if method == "HEAD" or up.status in (204, 304) or 100 <= up.status < 200:
+        return False
+    return up.content_length != 0
+
+
+def _response(
+    status: int, headers: HeaderList, upstream: str | None, body: bytes | None = None
+) -> web.StreamResponse:
+    out: CIMultiDict[str] = CIMultiDict(headers.regular())
+    if upstream:
+        out[UPSTREAM_HOST_HEADER] = upstream
+    if body is not None:
+        out.popall("content-length", None)
+        return web.Response(status=status, headers=out, body=body)
+    return web.StreamResponse(status=status, headers=out)
+
+
+def _immediate(imm: Immediate) -> web.StreamResponse:
+    return _response(imm.status, imm.headers, None, imm.body)
+
+
+def local_reply(status: int, message: str) -> web.Response:
+    """A reply the gateway generates itself (Envoy's local reply: plain text)."""
+    return web.Response(status=status, text=message, content_type="text/plain")
+
+
+def _mutated(mutation: pb.BodyMutation, body: bytes) -> bytes:
+    kind = mutation.WhichOneof("mutation")
+    if kind == "body":
+        return mutation.body
+    if kind == "clear_body":
+        return b"" if mutation.clear_body else body
+    if kind == "streamed_response":
+        raise ExtProcError("ext_proc protocol error: streamed_response outside FULL_DUPLEX_STREAMED")
+    return body
+
+
+def _check_length(headers: HeaderList, body: bytes, where: str) -> None:
+    length = headers.get("content-length")
+    if length is not None and length.strip() != str(len(body)):
+        raise ExtProcError(
+            f"{where}: content-length {length} does not match the {len(body)}-byte body "
+            "(Envoy rejects such a mutation)"
+        )
+
+
+async def _pump(
+    stream: ExtProcStream,
+    content: aiohttp.StreamReader,
+    message: Callable[[bytes, bool], pb.ProcessingRequest],
+) -> None:
+    """Send body chunks as they arrive (no waiting), ``end_of_stream`` on the last one."""
+    ended = False
+    async for chunk in content.iter_any():
+        ended = content.at_eof()
+        await stream.write(message(chunk, ended))
+    if not ended:
+        await stream.write(message(b"", True))
+
+
+async def _finish_task(task: asyncio.Task[None] | None) -> None:
+    if task is None:
+        return
+    if not task.done():
+        task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+
+class EppExchange:
+    """Policy ``epp``: every request through one ext_proc stream."""
+
+    def __init__(
+        self, channel: grpc.aio.Channel, upstreams: Upstreams, opts: GatewayOptions,
+        stats: GatewayStats,
+    ) -> None:
+        self._stub = pb_grpc.ExternalProcessorStub(channel)
+        self._upstreams = upstreams
+        self._opts = opts
+        self._stats = stats
+        if opts.request_mode not in (xp.NONE, xp.BUFFERED, xp.FULL_DUPLEX_STREAMED):
+            raise ValueError("request body mode must be none, buffered or full-duplex")
+
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        opts = self._opts
+        stream = ExtProcStream(self._stub, opts.request_mode, opts.response_mode,
+                               opts.message_timeout_s)
+        closed = False
+        try:
+            outcome = await self._request_path(stream, request, client_headers(request))
+            if isinstance(outcome, Immediate):
+                self._stats.immediate[outcome.status] += 1
+                await stream.close()
+                closed = True
+                return _immediate(outcome)
+            destinations = self._destinations(stream, outcome.headers)
+            has_body = request.body_exists or bool(outcome.body)
+            upstream = await self._upstreams.open(
+                request.method, destinations, outcome.headers, outcome.body if has_body else None
+            )
+            async with upstream.response:
+                out = await self._response_path(stream, request, upstream)
+            await stream.close()
+            closed = True
+            return out
+        except ExtProcError as exc:
+            self._stats.extproc_errors += 1
+            log.warning("%s %s: %s", request.method, request.path, exc)
+            return local_reply(500, f"ext_proc error: {exc}")
+        except NoUpstream as exc:
+            return local_reply(503, str(exc))
+        finally:
+            if not closed:
+                stream.cancel()
+
+    # --- request path ------------------------------------------------------------------
+
+    async def _request_path(
+        self, stream: ExtProcStream, request: web.Request, headers: HeaderList
+    ) -> _Forward | Immediate:
+        if stream.request_mode == xp.FULL_DUPLEX_STREAMED:
+            return await self._request_full_duplex(stream, request, headers)
+        has_body = request.body_exists
+        await stream.write(xp.request_headers(headers, not has_body))
+        common = xp.expect(await stream.read(), "request_headers")
+        if isinstance(common, Immediate):
+            return common
+        headers.apply(common.header_mutation)
+        body = await request.read() if has_body else b""
+        if has_body and stream.request_mode == xp.BUFFERED:
+            await stream.write(xp.request_body(body, True))
+            common = xp.expect(await stream.read(), "request_body")
+            if isinstance(common, Immediate):
+                return common
+            headers.apply(common.header_mutation)
+            body = _mutated(common.body_mutation, body)
+            _check_length(headers, body, "request body reply")
+        return _Forward(headers, body)
+
+    async def _request_full_duplex(
+        self, stream: ExtProcStream, request: web.Request, headers: HeaderList
+    ) -> _Forward | Immediate:
+        has_body = request.body_exists
+        await stream.write(xp.request_headers(headers, not has_body))
+        sender = (
+            asyncio.create_task(_pump(stream, request.content, xp.request_body))
+            if has_body else None
+        )
+        try:
+            body = bytearray()
+            headers_done, body_done, length_set = False, not has_body, False
+            while not (headers_done and body_done):
+                reply = await stream.read(self._opts.route_timeout_s)
+                kind = reply.WhichOneof("response")
+                if kind == "immediate_response":
+                    return xp.immediate_from(reply.immediate_response)
+                if kind == "request_headers" and not headers_done:
+                    touched = headers.apply(reply.request_headers.response.header_mutation)
+                    length_set = "content-length" in touched
+                    headers_done = True
+                elif kind == "request_body" and headers_done and not body_done:
+                    mutation = reply.request_body.response.body_mutation
+                    if mutation.WhichOneof("mutation") != "streamed_response":
+                        raise ExtProcError("ext_proc protocol error: FULL_DUPLEX_STREAMED body "
+                                           "reply without streamed_response")
+                    body += mutation.streamed_response.body
+                    body_done = mutation.streamed_response.end_of_stream
+                else:
+                    raise ExtProcError(f"ext_proc protocol error: unexpected {kind} reply "
+                                       f"(headers replied: {headers_done})")
+            if sender is not None:
+                await sender
+        finally:
+            await _finish_task(sender)
+        if not length_set:
+            headers.remove("content-length")  # Envoy drops it: the body may have changed
+        result = bytes(body)
+        _check_length(headers, result, "request headers reply")
+        return _Forward(headers, result)
+
+    def _destinations(self, stream: ExtProcStream, headers: HeaderList) -> list[str]:
+        value = stream.metadata.get(LB_NAMESPACE, DESTINATION_HEADER)
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        if not value:
+            value = headers.get(DESTINATION_HEADER) or ""
+        out = [v.strip() for v in str(value).split(",") if v.strip()]
+        if not out:
+            raise ExtProcError(f"ext_proc named no destination (metadata {LB_NAMESPACE} or "
+                               f"header {DESTINATION_HEADER})")
+        return out
+
+    # --- response path -----------------------------------------------------------------
+
+    async def _response_path(
+        self, stream: ExtProcStream, request: web.Request, upstream: Upstream
+    ) -> web.StreamResponse:
+        up = upstream.response
+        headers = upstream_headers(up)
+        has_body = _has_body(request.method, up)
+        mode = stream.response_mode if has_body else xp.NONE
+        await stream.write(xp.response_headers(headers, not has_body))
+        sender = (
+            asyncio.create_task(_pump(stream, up.content, xp.response_body))
+            if mode == xp.FULL_DUPLEX_STREAMED else None
+        )
+        try:
+            common = xp.expect(await stream.read(), "response_headers")
+            if isinstance(common, Immediate):
+                self._stats.immediate[common.status] += 1
+                return _immediate(common)
+            touched = headers.apply(common.header_mutation)
+            status = up.status
+            if mode == xp.BUFFERED:
+                body = await up.read()
+                await stream.write(xp.response_body(body, True))
+                common = xp.expect(await stream.read(), "response_body")
+                if isinstance(common, Immediate):
+                    self._stats.immediate[common.status] += 1
+                    return _immediate(common)
+                headers.apply(common.header_mutation)
+                body = _mutated(common.body_mutation, body)
+                return _response(status, headers, upstream.address, body)
+            if mode != xp.NONE and "content-length" not in touched:
+                headers.remove("content-length")  # streamed bodies may change length
+            out = _response(status, headers, upstream.address)
+            await out.prepare(request)
+            if mode == xp.NONE:
+                async for chunk in up.content.iter_any():
+                    await out.write(chunk)
+            elif mode == xp.STREAMED:
+                await self._streamed_body(stream, up, out)
+            else:
+                await self._full_duplex_body(stream, out)
+                if sender is not None:
+                    await sender
+            await out.write_eof()
+            return out
+        finally:
+            await _finish_task(sender)
+
+    async def _streamed_body(
+        self, stream: ExtProcStream, up: aiohttp.ClientResponse, out: web.StreamResponse
+    ) -> None:
+        ended = False
+        while not ended:
+            chunk = await up.content.readany()
+            ended = not chunk or up.content.at_eof()
+            await stream.write(xp.response_body(chunk, ended))
+            common = xp.expect(await stream.read(), "response_body")
+            if isinstance(common, Immediate):
+                raise ExtProcError("ImmediateResponse after the response started; resetting")
+            data = _mutated(common.body_mutation, chunk)
+            if data:
+                await out.write(data)
+
+    async def _full_duplex_body(self, stream: ExtProcStream, out: web.StreamResponse) -> None:
+        while True:
+            reply = await stream.read(self._opts.route_timeout_s)
+            kind = reply.WhichOneof("response")
+            if kind != "response_body":
+                raise ExtProcError(f"ext_proc protocol error: {kind} while streaming the "
+                                   "response body; resetting")
+            mutation = reply.response_body.response.body_mutation
+            if mutation.WhichOneof("mutation") != "streamed_response":
+                raise ExtProcError("ext_proc protocol error: FULL_DUPLEX_STREAMED body reply "
+                                   "without streamed_response")
+            if mutation.streamed_response.body:
+                await out.write(mutation.streamed_response.body)
+            if mutation.streamed_response.end_of_stream:
+                return
+
+
+class BaselineExchange:
+    """Policies ``random`` and ``round-robin``: no ext_proc, a plain load balancer."""
+
+    def __init__(
+        self, pick: Callable[[], int], endpoints: Sequence[str], upstreams: Upstreams
+    ) -> None:
+        if not endpoints:
+            raise ValueError("baseline policies need --endpoints")
+        self._pick = pick
+        self._endpoints = list(endpoints)
+        self._upstreams = upstreams
+
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        first = self._pick()
+        n = len(self._endpoints)
+        order = [self._endpoints[(first + i) % n] for i in range(n)]
+        headers = client_headers(request)
+        body = await request.read() if request.body_exists else None
+        try:
+            upstream = await self._upstreams.open(request.method, order, headers, body)
+        except NoUpstream as exc:
+            return local_reply(503, str(exc))
+        async with upstream.response as up:
+            out = _response(up.status, upstream_headers(up), upstream.address)
+            await out.prepare(request)
+            async for chunk in up.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+
+def baseline_picker(policy: str, n: int, seed: int | None) -> Callable[[], int]:
+    if policy == "random":
+        rng = random.Random(seed)
+        return lambda: rng.randrange(n)
+    counter = itertools.count()
+    return lambda: next(counter) % n

@@ -1,0 +1,83 @@
+"""Gateway lifecycle: ``start_gateway`` binds (port 0 allowed) and returns a handle."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+from aiohttp import web
+
+from simulator.gateway.extproc import MODE_NAMES
+from simulator.gateway.proxy import (
+    BaselineExchange,
+    EppExchange,
+    Exchange,
+    GatewayOptions,
+    baseline_picker,
+)
+from simulator.gateway.upstream import GatewayStats, Upstreams
+
+log = logging.getLogger(__name__)
+
+_GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]
+
+
+@dataclass
+class GatewayHandle:
+    host: str
+    port: int
+    options: GatewayOptions
+    stats: GatewayStats
+    _runner: web.AppRunner
+    _upstreams: Upstreams
+    _channel: grpc.aio.Channel | None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+        await self._upstreams.close()
+        if self._channel is not None:
+            await self._channel.close()
+
+
+async def start_gateway(options: GatewayOptions) -> GatewayHandle:
+    if options.policy not in ("epp", "random", "round-robin"):
+        raise ValueError(f"unknown policy {options.policy!r}")
+    stats = GatewayStats()
+    upstreams = Upstreams(stats, options.connect_timeout_s, options.route_timeout_s)
+    channel: grpc.aio.Channel | None = None
+    exchange: Exchange
+    if options.policy == "epp":
+        if not options.extproc:
+            raise ValueError("policy epp needs the ext_proc address (--extproc host:port)")
+        channel = grpc.aio.insecure_channel(options.extproc, options=_GRPC_OPTIONS)
+        exchange = EppExchange(channel, upstreams, options, stats)
+    else:
+        pick = baseline_picker(options.policy, max(1, len(options.endpoints)), options.seed)
+        exchange = BaselineExchange(pick, options.endpoints, upstreams)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        stats.requests += 1
+        return await exchange.serve(request)
+
+    app = web.Application(client_max_size=0)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, options.host, options.port)
+    await site.start()
+    port = options.port
+    server = site._server
+    if server is not None and getattr(server, "sockets", None):
+        port = server.sockets[0].getsockname()[1]
+    names = {v: k for k, v in MODE_NAMES.items()}
+    log.info("gateway on %s:%d policy=%s request=%s response=%s", options.host, port,
+             options.policy, names.get(options.request_mode), names.get(options.response_mode))
+    return GatewayHandle(options.host, port, options, stats, runner, upstreams, channel)
