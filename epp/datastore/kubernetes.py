@@ -144,33 +144,37 @@ def pod_endpoints(pod: RawObject, spec: PoolSpec) -> list[Endpoint]:
 class ObjectivePriorities:
     """InferenceObjective name -> priority, readable from any thread.
 
-    An objective without ``spec.priority`` has priority 0, as upstream defines; an unknown
-    name has none (the caller applies its default).
+    ``initial`` holds priorities from configuration; discovered objectives override them by
+    name and never erase them. An objective without ``spec.priority`` has priority 0, as
+    upstream defines; an unknown name has none (the caller applies its default).
     """
 
     def __init__(self, initial: Mapping[str, int] | None = None) -> None:
         self._lock = threading.Lock()
-        self._by_name: dict[str, int] = dict(initial or {})
+        self._configured: dict[str, int] = dict(initial or {})
+        self._discovered: dict[str, int] = {}
 
     def priority_of(self, name: str) -> int | None:
         with self._lock:
-            return self._by_name.get(name)
+            found = self._discovered.get(name)
+            return self._configured.get(name) if found is None else found
 
     def snapshot(self) -> Mapping[str, int]:
         with self._lock:
-            return dict(self._by_name)
+            return {**self._configured, **self._discovered}
 
     def set(self, name: str, priority: int) -> None:
         with self._lock:
-            self._by_name[name] = priority
+            self._discovered[name] = priority
 
     def discard(self, name: str) -> None:
         with self._lock:
-            self._by_name.pop(name, None)
+            self._discovered.pop(name, None)
 
-    def replace(self, by_name: Mapping[str, int]) -> None:
+    def replace(self, discovered: Mapping[str, int]) -> None:
+        """Make the discovered objectives exactly ``discovered`` (a full re-list)."""
         with self._lock:
-            self._by_name = dict(by_name)
+            self._discovered = dict(discovered)
 
 
 def objective_priority(objective: RawObject) -> int:
@@ -223,6 +227,7 @@ class _Reflector:
     field_selector: str = ""
     _stopped: threading.Event = field(default_factory=threading.Event)
     _watch: watch.Watch | None = None
+    _last_error: str = ""
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -261,6 +266,7 @@ class _Reflector:
             try:
                 version = self._list()
                 delay = self.timing.backoff_initial_s
+                self._last_error = ""
                 while not self._stopped.is_set():
                     version = self._watch_from(version)
             except _Expired:
@@ -271,7 +277,10 @@ class _Reflector:
                     break
                 text = describe_error(exc)
                 self.report_error(text)
-                log.warning("%s: %s; retrying in %.2fs", self.name, text, delay)
+                # The same failure again (say, a CRD that is not installed) goes to debug.
+                level = logging.DEBUG if text == self._last_error else logging.WARNING
+                self._last_error = text
+                log.log(level, "%s: %s; retrying in %.2fs", self.name, text, delay)
                 self._stopped.wait(delay * random.uniform(0.8, 1.0))
                 delay = min(delay * 2, self.timing.backoff_max_s)
 

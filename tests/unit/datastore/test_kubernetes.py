@@ -81,9 +81,17 @@ def test_objective_priorities_map() -> None:
     prios = ObjectivePriorities({"a": 1})
     prios.set("b", -3)
     assert (prios.priority_of("a"), prios.priority_of("b"), prios.priority_of("c")) == (1, -3, None)
-    prios.discard("a")
+    prios.discard("b")
     prios.replace({"z": 9})
-    assert prios.snapshot() == {"z": 9}
+    assert prios.snapshot() == {"a": 1, "z": 9}
+
+
+def test_discovered_objectives_override_but_never_erase_configured_ones() -> None:
+    prios = ObjectivePriorities({"chat": 1})
+    prios.replace({"chat": 5})
+    assert prios.priority_of("chat") == 5
+    prios.replace({})  # the objective was deleted from the cluster
+    assert prios.priority_of("chat") == 1
 
 
 def parse(*argv: str) -> argparse.Namespace:
