@@ -9,6 +9,8 @@ yields one hash.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NewType
 
@@ -17,6 +19,17 @@ import xxhash
 BlockHash = NewType("BlockHash", int)
 
 _xxh3 = xxhash.xxh3_64_intdigest
+
+_native: Callable[[str, int, int, int, int], list[int]] | None
+try:  # the optional C loop (setup.py); same hashes as the Python loop below
+    from epp.prefix._chainhash import chain_hashes as _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+if os.environ.get("EPP_PURE_PYTHON"):
+    _native = None
+
+NATIVE = _native is not None
+"""Whether the native hashing loop is in use (``EPP_PURE_PYTHON=1`` turns it off)."""
 
 
 def chain_seed(model: str, adapter: str = "", cache_salt: str = "") -> int:
@@ -35,6 +48,7 @@ class ChunkHasher:
 
     block_chars: int = 64
     max_chunks: int = 0
+    native: bool = NATIVE
 
     def hashes(self, text: str, seed: int) -> list[int]:
         return self.extend(text, seed, 0)
@@ -46,6 +60,12 @@ class ChunkHasher:
         chunks before it, the result continues that chain (used to extend a prompt's chain
         with the generated reply without hashing the prompt again).
         """
+        if self.native and _native is not None:
+            return _native(text, self.block_chars, seed, start_char, self.max_chunks)
+        return self.extend_python(text, seed, start_char)
+
+    def extend_python(self, text: str, seed: int, start_char: int) -> list[int]:
+        """The reference loop (also the fallback when the native module is not built)."""
         size = self.block_chars
         n = (len(text) - start_char) // size
         if self.max_chunks:

@@ -22,7 +22,7 @@ import tracemalloc
 from epp.config.loader import default_config
 from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.datastore.store import Datastore
-from epp.prefix.hasher import ChunkHasher, chain_seed
+from epp.prefix.hasher import NATIVE, ChunkHasher, chain_seed
 from epp.prefix.index import PrefixIndex
 from epp.request.types import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
@@ -90,8 +90,8 @@ def bench_decisions(size: int, pool_n: int, decisions: int) -> tuple[float, floa
     return statistics.median(samples), samples[int(len(samples) * 0.99) - 1], hit
 
 
-def bench_hash_only(size: int, reps: int) -> float:
-    h = ChunkHasher()
+def bench_hash_only(size: int, reps: int, native: bool) -> float:
+    h = ChunkHasher(native=native)
     text = text_of(1, size)
     seed = chain_seed("m")
     t0 = time.perf_counter()
@@ -124,14 +124,23 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer decisions and a 200k-entry index")
     args = ap.parse_args()
     n = 300 if args.quick else 2000
-    print("scheduling decision (hash + lookup + score + pick + record), default profile")
-    print(f"{'prompt':>7} {'pool':>5} {'p50 us':>9} {'p99 us':>9} {'hash-only us':>13} {'index hit':>9}")
+    print("scheduling decision (snapshot + hash + lookup + score + pick + record), default profile")
+    print(f"native hashing loop: {'yes' if NATIVE else 'no (pure Python)'}")
+    print(
+        f"{'prompt':>7} {'pool':>5} {'p50 us':>9} {'p99 us':>9} {'hash us':>9}"
+        f" {'py-hash us':>10} {'index hit':>9}"
+    )
     for label, size in SIZES.items():
         decisions = max(50, n // 8) if size > 100_000 else n
-        hash_us = bench_hash_only(size, 20 if size > 100_000 else 200)
+        reps = 20 if size > 100_000 else 200
+        hash_us = bench_hash_only(size, reps, native=True)
+        py_hash_us = bench_hash_only(size, reps, native=False)
         for pool_n in POOLS:
             p50, p99, hit = bench_decisions(size, pool_n, decisions)
-            print(f"{label:>7} {pool_n:>5} {p50:>9.1f} {p99:>9.1f} {hash_us:>13.1f} {hit:>9.2f}")
+            print(
+                f"{label:>7} {pool_n:>5} {p50:>9.1f} {p99:>9.1f} {hash_us:>9.1f}"
+                f" {py_hash_us:>10.1f} {hit:>9.2f}"
+            )
     entries = 200_000 if args.quick else 1_000_000
     count, per = bytes_per_entry(entries)
     print(f"index memory: {count:,} entries, {per:.1f} bytes per (chunk, endpoint) entry")

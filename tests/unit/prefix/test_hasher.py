@@ -3,7 +3,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.prefix.hasher import ChunkHasher, chain_seed
+import pytest
+
+from epp.prefix.hasher import NATIVE, ChunkHasher, chain_seed
 
 H = ChunkHasher(block_chars=8)
 SEED = chain_seed("m")
@@ -69,3 +71,13 @@ def test_max_chunks_caps_the_hashed_prefix() -> None:
     capped = ChunkHasher(block_chars=8, max_chunks=3)
     assert capped.hashes("y" * 800, SEED) == H.hashes("y" * 800, SEED)[:3]
     assert ChunkHasher(8).hashes("y" * 800, SEED)[:3] == capped.hashes("y" * 800, SEED)
+
+
+@pytest.mark.skipif(not NATIVE, reason="native hashing extension not built on this machine")
+@given(text_st, st.integers(1, 16), st.integers(0, 2**64 - 1), st.integers(0, 5), st.integers(0, 30))
+def test_native_loop_equals_the_python_loop(
+    text: str, block: int, seed: int, start_blocks: int, max_chunks: int
+) -> None:
+    native = ChunkHasher(block_chars=block, max_chunks=max_chunks, native=True)
+    start = start_blocks * block
+    assert native.extend(text, seed, start) == native.extend_python(text, seed, start)

@@ -1,0 +1,3 @@
+def chain_hashes(
+    text: str, block_chars: int, seed: int, start_char: int, max_chunks: int
+) -> list[int]: ...
