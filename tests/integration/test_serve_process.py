@@ -1,0 +1,84 @@
+"""`epp serve` as a process and `start_server` with scraping and the metrics port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import grpc
+from aiohttp import web
+
+from epp.datastore.endpoint import Endpoint, endpoint_id
+from epp.server.runner import ServerOptions, start_server
+from tests.integration import envoy_client as ec
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PAGE = "vllm:num_requests_waiting 0\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.2\n"
+
+
+async def test_sigterm_reports_not_serving_and_exits_cleanly() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "epp.cli", "serve", "--endpoints", "127.0.0.1:1", "--grpc-port", "0",
+        "--health-port", "0", "--metrics-port", "0", "--host", "127.0.0.1", "--no-scrape",
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stderr is not None
+    ports: dict[str, object] = {}
+    while not ports:
+        line = await asyncio.wait_for(proc.stderr.readline(), 30)
+        assert line, "epp exited before serving"
+        record = json.loads(line)
+        assert {"ts", "level", "logger", "msg"} <= set(record)
+        if record["msg"].startswith("epp serving"):
+            ports = dict(kv.split("=") for kv in record["msg"].split(": ", 1)[1].split() if "=" in kv)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{ports['grpc']}") as ch:
+        s = ec.Stream(ch)
+        await s.send(ec.request_headers(), ec.request_body(b'{"model":"m","prompt":"p"}', True))
+        assert ec.destination((await s.recv_n(2))[0]) == "127.0.0.1:1"
+        proc.send_signal(signal.SIGTERM)
+        # the open stream still completes during the drain
+        await s.send(ec.response_headers(), ec.response_body(b"{}", True))
+        assert len(await s.recv_n(2)) == 2
+        assert await s.close() == grpc.StatusCode.OK
+    rest = await asyncio.wait_for(proc.stderr.read(), 30)
+    assert await proc.wait() == 0
+    assert b"stopped" in rest
+
+
+async def test_scraped_metrics_feed_the_pool_and_metrics_port() -> None:
+    async def page(_: web.Request) -> web.Response:
+        return web.Response(text=VLLM_PAGE)
+
+    app = web.Application()
+    app.router.add_get("/metrics", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    ep = Endpoint(endpoint_id("127.0.0.1", port), "127.0.0.1", port)
+    updated = asyncio.Event()
+    handle = await start_server(
+        None, [ep],
+        ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=0, scrape_interval_s=0.05),
+    )
+    handle.datastore.on_metrics(lambda e: updated.set())
+    try:
+        await asyncio.wait_for(updated.wait(), 10)
+        got = handle.datastore.get(ep.id)
+        assert got is not None and got.metrics.kv_usage == 0.2 and not got.stale
+        handle.metrics.refresh_pool(handle.datastore.snapshot(), handle.scheduler.index.stats())
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{handle.metrics_port}/metrics") as resp:
+                text = await resp.text()
+        for name in ("epp_pool_ready_endpoints 1.0", "epp_pool_average_kv_cache_utilization 0.2",
+                     "epp_endpoint_in_flight_requests{", "epp_prefix_index_entries", "epp_scrapes_total"):
+            assert name in text, name
+    finally:
+        await handle.stop(0)
+        await runner.cleanup()

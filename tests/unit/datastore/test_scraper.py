@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from epp.datastore.endpoint import ENGINE_LABEL, Endpoint, endpoint_id
+from epp.datastore.scraper import SGLANG, VLLM, MetricsScraper, ScrapeError, parse_metrics
+from epp.datastore.store import Datastore
+from epp.observability.metrics import EppMetrics
+
+VLLM_TEXT = """# HELP vllm:num_requests_waiting Number of requests waiting.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
+vllm:num_requests_waiting_by_reason{reason="x"} 99.0
+vllm:num_requests_running{engine="0",model_name="m"} 4.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="a1,a2",waiting_lora_adapters=""} 1.7e9
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="old",waiting_lora_adapters="w"} 1.6e9
+vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="8192"} 1.0
+vllm:time_to_first_token_seconds_bucket{le="0.1"} 5.0
+"""
+
+
+def test_parse_vllm() -> None:
+    m = parse_metrics(VLLM_TEXT, VLLM, now_s=12.0)
+    assert (m.waiting, m.running, m.kv_usage) == (5, 4, 0.5)  # ranks add up; KV takes the max
+    assert m.running_adapters == {"a1", "a2"} and m.waiting_adapters == frozenset()  # newest series
+    assert (m.max_adapters, m.block_size_tokens, m.num_gpu_blocks, m.scraped_at_s) == (4, 16, 8192, 12.0)
+
+
+def test_parse_old_vllm_kv_name_and_sglang() -> None:
+    m = parse_metrics("vllm:gpu_cache_usage_perc 0.7\nvllm:num_requests_waiting 1\n", VLLM, 1.0)
+    assert (m.kv_usage, m.waiting) == (0.7, 1)
+    text = 'sglang:num_queue_reqs{name="m"} 6\nsglang:num_running_reqs{name="m"} 2\nsglang:token_usage{name="m"} 0.9\nsglang:max_total_num_tokens{name="m"} 161721\n'
+    m = parse_metrics(text, SGLANG, 1.0)
+    assert (m.waiting, m.running, m.kv_usage, m.kv_capacity_tokens()) == (6, 2, 0.9, 161721)
+
+
+def test_page_without_load_metrics_is_an_error() -> None:
+    with pytest.raises(ScrapeError) as info:
+        parse_metrics("# nothing\nprocess_cpu_seconds_total 1\n", VLLM, 1.0)
+    assert info.value.reason == "missing_metrics"
+
+
+class FakeServer:
+    def __init__(self) -> None:
+        self.status = 200
+        self.text = VLLM_TEXT
+
+    async def handle(self, _: web.Request) -> web.Response:
+        return web.Response(status=self.status, text=self.text)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeServer, int]]:
+    srv = FakeServer()
+    app = web.Application()
+    app.router.add_get("/metrics", srv.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield srv, port
+    await runner.cleanup()
+
+
+async def test_scrape_updates_datastore_and_failures_are_visible(
+    fake: tuple[FakeServer, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    srv, port = fake
+    clock = [100.0]
+    ds = Datastore(stale_after_s=2.0)
+    ep = Endpoint(endpoint_id("127.0.0.1", port), "127.0.0.1", port)
+    ds.replace_all([ep])
+    reg = CollectorRegistry()
+    scraper = MetricsScraper(ds, EppMetrics(reg), interval_s=0.05, timeout_s=2.0, clock=lambda: clock[0])
+    await scraper.start()
+    try:
+        assert await scraper.scrape_once(ep)
+        got = ds.get(ep.id)
+        assert got is not None and got.metrics.waiting == 5 and got.metrics.scraped_at_s == 100.0
+        srv.status = 500
+        with caplog.at_level(logging.WARNING):
+            assert not await scraper.scrape_once(ep)
+            assert not await scraper.scrape_once(ep)
+        assert reg.get_sample_value("epp_scrape_errors_total", {"endpoint": ep.id, "reason": "http_status"}) == 2
+        assert sum("scrape failed" in r.getMessage() for r in caplog.records) == 1  # once per streak
+        clock[0] = 103.0
+        with caplog.at_level(logging.WARNING):
+            scraper.reconcile()  # also starts the poll task for the endpoint
+        assert ds.get(ep.id).stale  # type: ignore[union-attr]
+        assert any("stale" in r.getMessage() for r in caplog.records)
+        srv.status = 200
+        assert await scraper.scrape_once(ep)
+        assert not ds.get(ep.id).stale  # type: ignore[union-attr]
+    finally:
+        await scraper.stop()
+
+
+async def test_unreachable_endpoint_is_a_connection_error() -> None:
+    ds = Datastore()
+    ep = Endpoint(endpoint_id("127.0.0.1", 1), "127.0.0.1", 1, labels={ENGINE_LABEL: "sglang"})
+    ds.replace_all([ep])
+    reg = CollectorRegistry()
+    scraper = MetricsScraper(ds, EppMetrics(reg), timeout_s=2.0)
+    await scraper.start()
+    try:
+        assert not await scraper.scrape_once(ep)
+        assert reg.get_sample_value("epp_scrape_errors_total", {"endpoint": ep.id, "reason": "connection"}) == 1
+    finally:
+        await scraper.stop()

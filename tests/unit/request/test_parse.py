@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from epp.config.request_control import ModelTarget, RequestControlConfig
+from epp.errors import BadRequest, NotFound, PayloadTooLarge
+from epp.request.parse import RequestParser, api_for_path
+from epp.request.types import ApiKind
+
+H = {"x-request-id": "r1"}
+
+
+def parser(**kw: object) -> RequestParser:
+    return RequestParser(RequestControlConfig(**kw), rng=random.Random(1))  # type: ignore[arg-type]
+
+
+def body(**doc: object) -> bytes:
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "doc", "api", "prompt_has"),
+    [
+        ("/v1/completions", {"model": "m", "prompt": "hello"}, ApiKind.COMPLETIONS, "hello"),
+        ("/v1/completions?x=1", {"model": "m", "prompt": ["a", "b"]}, ApiKind.COMPLETIONS, "b"),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, ApiKind.CHAT, "hi"),
+        ("/v1/responses", {"model": "m", "input": "q", "instructions": "sys"}, ApiKind.RESPONSES, "q"),
+        ("/v1/embeddings", {"model": "m", "input": ["e1", "e2"]}, ApiKind.EMBEDDINGS, "e2"),
+    ],
+)
+def test_each_api_parses(path: str, doc: dict[str, object], api: ApiKind, prompt_has: str) -> None:
+    parsed = parser().parse(path, H, json.dumps(doc).encode())
+    r = parsed.request
+    assert (r.api, r.model, r.request_id, r.adapter) == (api, "m", "r1", "m")
+    assert prompt_has in r.prompt
+    assert not parsed.body_rewritten
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "words"),
+    [
+        (b"{", BadRequest, "not valid JSON"),
+        (b"[]", BadRequest, "JSON object"),
+        (body(prompt="x"), BadRequest, "missing 'model'"),
+        (body(model="", prompt="x"), BadRequest, "'model' must be"),
+        (body(model=3, prompt="x"), BadRequest, "'model' must be"),
+        (body(model="m"), BadRequest, "missing 'prompt'"),
+        (body(model="m", prompt={"a": 1}), BadRequest, "'prompt' must be"),
+        (body(model="m", prompt="x", cache_salt=5), BadRequest, "cache_salt"),
+        (b'{"model":"m","prompt":"\xe2\x82"}', BadRequest, "UTF-8"),
+    ],
+)
+def test_bad_bodies_say_what_is_wrong(raw: bytes, error: type[Exception], words: str) -> None:
+    with pytest.raises(error, match=words):
+        parser().parse("/v1/completions", H, raw)
+
+
+def test_unknown_path_is_not_found_and_size_cap_applies() -> None:
+    p = parser(max_body_bytes=10)
+    with pytest.raises(NotFound, match="/v9/x"):
+        p.check_headers("/v9/x?secret=1", {})
+    with pytest.raises(PayloadTooLarge, match="10 bytes"):
+        p.check_headers("/v1/completions", {"content-length": "11"})
+    with pytest.raises(PayloadTooLarge):
+        p.parse("/v1/completions", H, body(model="m", prompt="way too long"))
+    assert api_for_path("/v1/chat/completions/") is ApiKind.CHAT
+
+
+def test_rewrite_header_wins_over_table_and_body_is_reserialized() -> None:
+    p = parser(model_rewrites={"m": (ModelTarget("table"),)})
+    parsed = p.parse("/v1/completions", {"x-gateway-model-name-rewrite": "hdr"}, body(model="m", prompt="ü"))
+    assert parsed.request.model == "hdr" and parsed.request.original_model == "m"
+    assert json.loads(parsed.body) == {"model": "hdr", "prompt": "ü"}
+    parsed = p.parse("/v1/completions", {}, body(model="m", prompt="x"))
+    assert parsed.request.model == "table" and parsed.body_rewritten
+
+
+def test_weighted_rewrite_split_follows_weights() -> None:
+    p = parser(model_rewrites={"m": (ModelTarget("a", 90), ModelTarget("b", 10))})
+    picks = [p.parse("/v1/completions", {}, body(model="m", prompt="x")).request.model for _ in range(2000)]
+    assert 0.85 < picks.count("a") / len(picks) < 0.95
+
+
+def test_priority_from_objective_header_then_model_config() -> None:
+    p = RequestParser(
+        RequestControlConfig(model_priorities={"batch": -1}, objective_priorities={"gold": 7})
+    )
+    get = lambda hdrs, model: p.parse("/v1/completions", hdrs, body(model=model, prompt="x")).request.priority  # noqa: E731
+    assert get({"x-gateway-inference-objective": "gold"}, "batch") == 7
+    assert get({"x-gateway-inference-objective": "unknown"}, "batch") == -1
+    assert get({}, "other") == 0
+    p.set_objective_lookup(lambda name: -5 if name == "dyn" else None)
+    assert get({"x-gateway-inference-objective": "dyn"}, "other") == -5
+
+
+def test_base_model_is_not_an_adapter_and_stream_salt_are_read() -> None:
+    p = parser(base_models=frozenset({"base"}))
+    r = p.parse("/v1/completions", {}, body(model="base", prompt="x", stream=True, cache_salt="s")).request
+    assert (r.adapter, r.stream, r.cache_salt) == ("", True, "s")
+
+
+def test_headers_only_request() -> None:
+    r = parser().headers_only("/v1/models", {"x-request-id": "q"})
+    assert (r.api, r.prompt, r.request_id) == (ApiKind.NONE, "", "q")

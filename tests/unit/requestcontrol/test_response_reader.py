@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from epp.requestcontrol.response import ResponseReader
+
+USAGE = {"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 6}}
+EVENTS = [
+    {"model": "served", "choices": [{"delta": {"content": "Héllo"}}]},
+    {"model": "served", "choices": [{"delta": {"content": " 世界"}}]},
+    {"model": "served", "choices": [], "usage": USAGE},
+]
+SSE = b"".join(b"data: " + json.dumps(e, ensure_ascii=False).encode() + b"\n\n" for e in EVENTS) + b"data: [DONE]\n\n"
+
+
+def feed_all(reader: ResponseReader, data: bytes, size: int) -> bytes:
+    parts = [data[i : i + size] for i in range(0, len(data), size)]
+    return b"".join(reader.feed(p, i == len(parts) - 1) for i, p in enumerate(parts))
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 13, 64, len(SSE)])
+def test_sse_usage_and_text_whatever_the_chunking(size: int) -> None:
+    r = ResponseReader(200, sse=True)
+    assert feed_all(r, SSE, size) == SSE
+    info = r.info()
+    assert (info.prompt_tokens, info.cached_tokens, info.completion_tokens) == (10, 6, 3)
+    assert info.generated_text == "Héllo 世界"
+
+
+@pytest.mark.parametrize("size", [1, 7, len(SSE)])
+def test_sse_model_mapped_back(size: int) -> None:
+    r = ResponseReader(200, sse=True, served_model="served", client_model="alias")
+    out = feed_all(r, SSE, size)
+    assert out == SSE.replace(b'"model": "served"', b'"model": "alias"')
+    assert r.info().prompt_tokens == 10
+
+
+def test_json_usage_passthrough_and_rewrite() -> None:
+    doc = {"model": "served", "choices": [{"message": {"content": "ok"}}], "usage": USAGE}
+    raw = json.dumps(doc).encode()
+    r = ResponseReader(200, sse=False)
+    assert feed_all(r, raw, 10) == raw
+    assert r.info().cached_tokens == 6 and r.info().generated_text == "ok"
+    r = ResponseReader(200, sse=False, served_model="served", client_model="alias")
+    out = feed_all(r, raw, 10)
+    assert json.loads(out)["model"] == "alias" and json.loads(out)["usage"] == USAGE
+
+
+def test_non_json_and_missing_usage_are_harmless() -> None:
+    r = ResponseReader(500, sse=False)
+    assert r.feed(b"upstream exploded", True) == b"upstream exploded"
+    info = r.info()
+    assert (info.status, info.prompt_tokens, info.cached_tokens) == (500, 0, None)
