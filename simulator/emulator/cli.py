@@ -30,33 +30,64 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default=d.host, help="address to listen on")
     p.add_argument("--port", type=int, default=d.port, help="port to listen on; 0 picks a free one")
     p.add_argument("--model", default=d.model, help="served model name (the base model)")
-    p.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks,
-                   help="KV cache size in blocks (capacity = blocks x block size tokens)")
+    p.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        default=d.num_gpu_blocks,
+        help="KV cache size in blocks (capacity = blocks x block size tokens)",
+    )
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
-                   help="most requests decoding together; the rest wait (FIFO)")
-    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens,
-                   help="uncached prompt tokens admitted per engine step")
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len,
-                   help="longest prompt + completion accepted, in tokens")
-    p.add_argument("--speedup", type=float, default=d.speedup,
-                   help="run the modelled GPU this many times faster than real time; "
-                        "latency metrics stay in modelled seconds")
-    p.add_argument("--lora-adapters", default="",
-                   help="comma-separated LoRA adapter names served besides the base model "
-                        "(a request names one as its model)")
-    p.add_argument("--max-loras", type=int, default=d.max_loras,
-                   help="most distinct adapters in one batch")
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=d.max_num_seqs,
+        help="most requests decoding together; the rest wait (FIFO)",
+    )
+    p.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        default=d.max_batched_tokens,
+        help="uncached prompt tokens admitted per engine step",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=d.max_model_len,
+        help="longest prompt + completion accepted, in tokens",
+    )
+    p.add_argument(
+        "--speedup",
+        type=float,
+        default=d.speedup,
+        help="run the modelled GPU this many times faster than real time; "
+        "latency metrics stay in modelled seconds",
+    )
+    p.add_argument(
+        "--lora-adapters",
+        default="",
+        help="comma-separated LoRA adapter names served besides the base model "
+        "(a request names one as its model)",
+    )
+    p.add_argument(
+        "--max-loras", type=int, default=d.max_loras, help="most distinct adapters in one batch"
+    )
     p.set_defaults(run=run)
 
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     adapters = tuple(a.strip() for a in args.lora_adapters.split(",") if a.strip())
     return EmulatorConfig(
-        host=args.host, port=args.port, model=args.model, num_gpu_blocks=args.num_gpu_blocks,
-        block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-        max_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
-        speedup=args.speedup, lora_adapters=adapters, max_loras=args.max_loras,
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_batched_tokens=args.max_batched_tokens,
+        max_model_len=args.max_model_len,
+        speedup=args.speedup,
+        lora_adapters=adapters,
+        max_loras=args.max_loras,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from simulator.model.cost import CostModel
 
@@ -25,7 +25,7 @@ class EmulatorConfig:
     lora_adapters: tuple[str, ...] = ()
     max_loras: int = 4
     max_model_len: int = 32768
-    cost: CostModel = CostModel()
+    cost: CostModel = field(default_factory=CostModel)
     """Step costs at speedup 1 (``speedup`` above is applied on top)."""
 
     def __post_init__(self) -> None:
@@ -41,6 +41,10 @@ class EmulatorConfig:
         }
         for name, ok in checks.items():
             if not ok:
-                raise ValueError(f"emulator config field {name!r}: bad value {getattr(self, name)!r}")
+                raise ValueError(
+                    f"emulator config field {name!r}: bad value {getattr(self, name)!r}"
+                )
         if self.model in self.lora_adapters:
-            raise ValueError("emulator config field 'lora_adapters': must not repeat the base model")
+            raise ValueError(
+                "emulator config field 'lora_adapters': must not repeat the base model"
+            )

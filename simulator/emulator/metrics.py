@@ -19,12 +19,51 @@ from simulator.model.engine import Engine
 
 # vLLM's own bucket boundaries.
 TTFT_BUCKETS_S = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
 )
 E2E_BUCKETS_S = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
 )
 
 
@@ -38,44 +77,69 @@ class _EngineState(Collector):
         e = self._engine
         m = [self._model]
         for name, doc, value in (
-            ("vllm:num_requests_running", "Number of requests in model execution batches.",
-             e.num_running),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-             e.num_waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-             e.kv_usage),
-            ("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
-             e.kv_usage),
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                e.num_running,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                e.num_waiting,
+            ),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv_usage),
+            (
+                "vllm:gpu_cache_usage_perc",
+                "GPU KV-cache usage. 1 means 100 percent usage.",
+                e.kv_usage,
+            ),
         ):
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric(m, value)
             yield g
         for name, doc, count in (
-            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-             e.prefix_cache_queries_tokens),
-            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-             e.prefix_cache_hits_tokens),
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                e.prefix_cache_queries_tokens,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                e.prefix_cache_hits_tokens,
+            ),
         ):
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric(m, count)
             yield c
         cache = e.cache
         info = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            labels=["model_name", "block_size", "num_gpu_blocks", "enable_prefix_caching",
-                    "cache_dtype"],
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=[
+                "model_name",
+                "block_size",
+                "num_gpu_blocks",
+                "enable_prefix_caching",
+                "cache_dtype",
+            ],
         )
         info.add_metric(
             [self._model, str(cache.block_size_tokens), str(cache.num_blocks), "True", "auto"], 1.0
         )
         yield info
         lora = GaugeMetricFamily(
-            "vllm:lora_requests_info", "Running stats on lora requests.",
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
             labels=["model_name", "running_lora_adapters", "waiting_lora_adapters", "max_lora"],
         )
         lora.add_metric(
-            [self._model, ",".join(e.running_adapters()), ",".join(e.waiting_adapters()),
-             self._max_loras],
+            [
+                self._model,
+                ",".join(e.running_adapters()),
+                ",".join(e.waiting_adapters()),
+                self._max_loras,
+            ],
             time.time(),
         )
         yield lora
@@ -84,26 +148,40 @@ class _EngineState(Collector):
 class VllmMetrics:
     """The emulator's metrics. Label children are bound once; hot paths only observe/inc."""
 
-    def __init__(self, registry: CollectorRegistry, engine: Engine, model: str, max_loras: int) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, engine: Engine, model: str, max_loras: int
+    ) -> None:
         self.registry = registry
         registry.register(_EngineState(engine, model, max_loras))
         self.ttft_s = Histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            ["model_name"], registry=registry, buckets=TTFT_BUCKETS_S,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            ["model_name"],
+            registry=registry,
+            buckets=TTFT_BUCKETS_S,
         ).labels(model)
         self.e2e_s = Histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
-            ["model_name"], registry=registry, buckets=E2E_BUCKETS_S,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            ["model_name"],
+            registry=registry,
+            buckets=E2E_BUCKETS_S,
         ).labels(model)
         self.success_length = Counter(
-            "vllm:request_success", "Count of successfully processed requests.",
-            ["model_name", "finished_reason"], registry=registry,
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            ["model_name", "finished_reason"],
+            registry=registry,
         ).labels(model, "length")
         self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", ["model_name"],
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            ["model_name"],
             registry=registry,
         ).labels(model)
         self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", ["model_name"],
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            ["model_name"],
             registry=registry,
         ).labels(model)

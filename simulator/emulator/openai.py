@@ -40,8 +40,17 @@ class ApiError(Exception):
         self.param = param
 
     def body(self) -> dict[str, Any]:
-        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(self.status, "InternalServerError")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(
+            self.status, "InternalServerError"
+        )
+        return {
+            "error": {
+                "message": self.message,
+                "type": kind,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
 
 
 @dataclass(slots=True, frozen=True)
@@ -102,8 +111,10 @@ def parse_embeddings(body: Mapping[str, Any], default_model: str) -> EmbeddingJo
         inputs = tuple(raw)
     elif isinstance(raw, list) and raw and all(_is_int(x) for x in raw):
         inputs = (token_ids_text(raw),)
-    elif isinstance(raw, list) and raw and all(
-        isinstance(x, list) and x and all(_is_int(i) for i in x) for x in raw
+    elif (
+        isinstance(raw, list)
+        and raw
+        and all(isinstance(x, list) and x and all(_is_int(i) for i in x) for x in raw)
     ):
         inputs = tuple(token_ids_text(x) for x in raw)
     else:
@@ -209,7 +220,9 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def responses_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+def responses_usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int
+) -> dict[str, Any]:
     return {
         "input_tokens": prompt_tokens,
         "input_tokens_details": {"cached_tokens": cached_tokens},
@@ -229,13 +242,25 @@ def completion_body(
             "logprobs": None,
             "finish_reason": "length",
         }
-        return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-                "choices": [choice], "usage": use}
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": use,
+        }
     if api is Api.RESPONSES:
         return responses_body(rid, created, model, text, "completed", use)
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [choice], "usage": use}
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": use,
+    }
 
 
 def responses_body(
@@ -243,15 +268,24 @@ def responses_body(
 ) -> dict[str, Any]:
     output = []
     if status == "completed":
-        output = [{
-            "type": "message",
-            "id": f"msg_{rid}",
-            "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }]
-    return {"id": rid, "object": "response", "created_at": created, "model": model,
-            "status": status, "output": output, "usage": use}
+        output = [
+            {
+                "type": "message",
+                "id": f"msg_{rid}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ]
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "model": model,
+        "status": status,
+        "output": output,
+        "usage": use,
+    }
 
 
 def stream_chunk(
@@ -261,8 +295,12 @@ def stream_chunk(
         delta: dict[str, Any] = {"content": text}
         if first:
             delta["role"] = "assistant"
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
-                                  "finish_reason": finish}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish,
+        }
         obj = "chat.completion.chunk"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -270,10 +308,18 @@ def stream_chunk(
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
 
 
-def usage_chunk(api: Api, rid: str, created: int, model: str, use: dict[str, Any]) -> dict[str, Any]:
+def usage_chunk(
+    api: Api, rid: str, created: int, model: str, use: dict[str, Any]
+) -> dict[str, Any]:
     obj = "chat.completion.chunk" if api is Api.CHAT else "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": use}
+    return {
+        "id": rid,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": use,
+    }
 
 
 def sse(data: Mapping[str, Any], event: str | None = None) -> bytes:
@@ -287,5 +333,7 @@ SSE_DONE = b"data: [DONE]\n\n"
 def embedding_vector(text: str) -> list[float]:
     """A deterministic unit-free vector of :data:`EMBEDDING_DIM` numbers in [-1, 1)."""
     seed = xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
-    return [((xxhash.xxh3_64_intdigest(b"%d" % i, seed=seed) >> 11) / 2**52) - 1.0
-            for i in range(EMBEDDING_DIM)]
+    return [
+        ((xxhash.xxh3_64_intdigest(b"%d" % i, seed=seed) >> 11) / 2**52) - 1.0
+        for i in range(EMBEDDING_DIM)
+    ]

@@ -41,8 +41,12 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-_ID_PREFIX = {Api.COMPLETIONS: "cmpl-", Api.CHAT: "chatcmpl-", Api.RESPONSES: "resp_",
-              Api.EMBEDDINGS: "embd-"}
+_ID_PREFIX = {
+    Api.COMPLETIONS: "cmpl-",
+    Api.CHAT: "chatcmpl-",
+    Api.RESPONSES: "resp_",
+    Api.EMBEDDINGS: "embd-",
+}
 
 
 @dataclass(slots=True, eq=False)
@@ -123,7 +127,9 @@ class Emulator:
             if target is not None:
                 timeout = max(0.0, target - self._now())
             if self._streams:
-                timeout = self._stream_tick_s if timeout is None else min(timeout, self._stream_tick_s)
+                timeout = (
+                    self._stream_tick_s if timeout is None else min(timeout, self._stream_tick_s)
+                )
             woken = False
             try:
                 async with asyncio.timeout(timeout):
@@ -181,7 +187,11 @@ class Emulator:
         final = text_block_hashes(prompt + text, cfg.block_size, model_seed(model))
         n_prompt_blocks = len(prompt) // (cfg.block_size * CHARS_PER_TOKEN)
         request = EngineRequest(
-            rid, prompt_tokens, final[:n_prompt_blocks], max_tokens, final,
+            rid,
+            prompt_tokens,
+            final[:n_prompt_blocks],
+            max_tokens,
+            final,
             adapter=model if model in self._adapters else "",
         )
         now = self._now()
@@ -190,8 +200,16 @@ class Emulator:
         except RequestTooLarge as exc:
             raise ApiError(400, f"prompt too long for this server's KV cache: {exc}") from None
         loop = asyncio.get_running_loop()
-        pending = _Pending(rid, now, prompt_tokens, max_tokens, text, stream,
-                           loop.create_future(), loop.create_future())
+        pending = _Pending(
+            rid,
+            now,
+            prompt_tokens,
+            max_tokens,
+            text,
+            stream,
+            loop.create_future(),
+            loop.create_future(),
+        )
         self._pending[rid] = pending
         self._wake.set()
         return pending
@@ -250,8 +268,9 @@ class Emulator:
         responses = gen.api is Api.RESPONSES
         if responses:
             head = openai.responses_body(p.rid, created, gen.model, "", "in_progress", None)
-            await resp.write(openai.sse({"type": "response.created", "response": head},
-                                        "response.created"))
+            await resp.write(
+                openai.sse({"type": "response.created", "response": head}, "response.created")
+            )
         self._streams.add(p)
         sent = 0
         try:
@@ -267,14 +286,22 @@ class Emulator:
                 if n > sent:
                     piece = p.text[sent * CHARS_PER_TOKEN : n * CHARS_PER_TOKEN]
                     if sent == 0:
-                        self.metrics.ttft_s.observe((self._now() - p.arrival_s) * self.config.speedup)
+                        self.metrics.ttft_s.observe(
+                            (self._now() - p.arrival_s) * self.config.speedup
+                        )
                     if responses:
-                        delta = {"type": "response.output_text.delta", "item_id": f"msg_{p.rid}",
-                                 "output_index": 0, "content_index": 0, "delta": piece}
+                        delta = {
+                            "type": "response.output_text.delta",
+                            "item_id": f"msg_{p.rid}",
+                            "output_index": 0,
+                            "content_index": 0,
+                            "delta": piece,
+                        }
                         await resp.write(openai.sse(delta, "response.output_text.delta"))
                     else:
-                        chunk = openai.stream_chunk(gen.api, p.rid, created, gen.model, piece,
-                                                    None, sent == 0)
+                        chunk = openai.stream_chunk(
+                            gen.api, p.rid, created, gen.model, piece, None, sent == 0
+                        )
                         await resp.write(openai.sse(chunk))
                     sent = n
                 if finished:
@@ -284,13 +311,16 @@ class Emulator:
         use = self._usage(gen.api, p, p.first.result().cached_tokens)
         if responses:
             body = openai.responses_body(p.rid, created, gen.model, p.text, "completed", use)
-            await resp.write(openai.sse({"type": "response.completed", "response": body},
-                                        "response.completed"))
+            await resp.write(
+                openai.sse({"type": "response.completed", "response": body}, "response.completed")
+            )
         else:
             last = openai.stream_chunk(gen.api, p.rid, created, gen.model, "", "length", False)
             await resp.write(openai.sse(last))
             if gen.include_usage:
-                await resp.write(openai.sse(openai.usage_chunk(gen.api, p.rid, created, gen.model, use)))
+                await resp.write(
+                    openai.sse(openai.usage_chunk(gen.api, p.rid, created, gen.model, use))
+                )
             await resp.write(openai.SSE_DONE)
         await resp.write_eof()
         return resp
@@ -309,19 +339,37 @@ class Emulator:
             {"object": "embedding", "index": i, "embedding": openai.embedding_vector(text)}
             for i, text in enumerate(job.inputs)
         ]
-        return web.json_response({
-            "id": pendings[0].rid, "object": "list", "created": int(time.time()),
-            "model": job.model, "data": data,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-        })
+        return web.json_response(
+            {
+                "id": pendings[0].rid,
+                "object": "list",
+                "created": int(time.time()),
+                "model": job.model,
+                "data": data,
+                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            }
+        )
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         cfg = self.config
-        base = {"id": cfg.model, "object": "model", "created": self._created, "owned_by": "vllm",
-                "root": cfg.model, "parent": None, "max_model_len": cfg.max_model_len}
+        base = {
+            "id": cfg.model,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "vllm",
+            "root": cfg.model,
+            "parent": None,
+            "max_model_len": cfg.max_model_len,
+        }
         loras = [
-            {"id": name, "object": "model", "created": self._created, "owned_by": "vllm",
-             "root": name, "parent": cfg.model}
+            {
+                "id": name,
+                "object": "model",
+                "created": self._created,
+                "owned_by": "vllm",
+                "root": name,
+                "parent": cfg.model,
+            }
             for name in cfg.lora_adapters
         ]
         return web.json_response({"object": "list", "data": [base, *loras]})
@@ -331,8 +379,9 @@ class Emulator:
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self._sync()
-        return web.Response(body=generate_latest(self.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(
+            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
 
 @web.middleware

@@ -28,10 +28,10 @@ sequence is evicted before its shared beginning.
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import compress
-from operator import not_, or_
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import not_, or_
 from typing import NewType
 
 import xxhash
@@ -211,9 +211,7 @@ class PrefixCache:
         except ValueError:
             hit = limit
         if len(set(block_hashes)) != len(block_hashes):
-            return self._allocate_with_duplicates(
-                request_key, block_hashes, num_tokens, anon, hit
-            )
+            return self._allocate_with_duplicates(request_key, block_hashes, num_tokens, anon, hit)
         # Blocks not present need a free or evicted block; blocks present but cached are
         # about to be pinned, so they cannot be evicted to make room.
         need = anon + present.count(False)
@@ -297,7 +295,9 @@ class PrefixCache:
         self._held[request_key] = _Held(list(block_hashes), anon)
         self.queries_tokens += num_tokens
         self.hits_tokens += hit * bs
-        return Allocation(hit_blocks=hit, hit_tokens=hit * bs, new_blocks=need, evicted_blocks=evicted)
+        return Allocation(
+            hit_blocks=hit, hit_tokens=hit * bs, new_blocks=need, evicted_blocks=evicted
+        )
 
     def extend(self, request_key: Hashable, total_tokens: int) -> bool:
         """Grow a running request's allocation to cover ``total_tokens`` (decode growth).

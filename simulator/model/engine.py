@@ -23,6 +23,19 @@ Time advances in *segments* rather than single steps: while the batch does not c
 (``k`` read off a heap of finishing step numbers). A request arriving mid-segment cuts it
 at the next step boundary so that it joins the batch there. The cost is per event, not
 per token, which keeps the offline replay of thousands of long requests fast.
+
+Driving it from a discrete-event loop::
+
+    engine = Engine(PrefixCache(num_blocks=10240, block_size_tokens=16))
+    for arrival_s, request in arrivals:                    # in time order
+        while (t := engine.next_event_time()) is not None and t <= arrival_s:
+            handle(engine.advance(t))                      # first tokens, finishes
+        engine.submit(request, arrival_s)
+    while (t := engine.next_event_time()) is not None:
+        handle(engine.advance(t))
+
+Requests submitted at the same instant are admitted together, at the boundary that
+:meth:`Engine.next_event_time` then reports.
 """
 
 from __future__ import annotations
@@ -131,7 +144,6 @@ class Engine:
         self._finish_heap: list[tuple[int, int, str]] = []
         self._steps = 0
         self._order = 0
-        self._now = -math.inf
         self._adapters_running: dict[str, int] = {}
         # Current segment: [start, end), `steps` decode steps of `step_s` each, the first
         # one longer by the prefill of `admitted`. `end is None`: idle.
@@ -259,8 +271,6 @@ class Engine:
             t = self._seg_end
             self._finish_segment(t)
             self._start_segment(t)
-        if now > self._now:
-            self._now = now
 
     def _start_segment(self, t: float) -> None:
         admitted = self._admit(t) if self._waiting else []
@@ -357,17 +367,23 @@ class Engine:
         running = self._running
         while heap and heap[0][0] <= self._steps:
             _, order, rid = heapq.heappop(heap)
-            seq = running.get(rid)
-            if seq is None or seq.order != order:
-                continue
+            done = running.get(rid)
+            if done is None or done.order != order:
+                continue  # aborted
             del running[rid]
-            req = seq.req
+            req = done.req
             self.cache.free(rid, req.final_block_hashes)
             self._release_adapter(req.adapter)
             self.completed += 1
             self._finished.append(
-                Finished(rid, t, seq.arrival_s, seq.first_token_s, req.max_output_tokens,
-                         seq.cached_tokens)
+                Finished(
+                    rid,
+                    t,
+                    done.arrival_s,
+                    done.first_token_s,
+                    req.max_output_tokens,
+                    done.cached_tokens,
+                )
             )
 
     def _release_adapter(self, adapter: str) -> None:

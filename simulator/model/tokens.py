@@ -19,10 +19,54 @@ import xxhash
 CHARS_PER_TOKEN = 4
 
 _WORDS = (
-    "the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her",
-    "was", "one", "our", "out", "day", "get", "has", "him", "his", "how", "man", "new",
-    "now", "old", "see", "two", "way", "who", "boy", "did", "its", "let", "put", "say",
-    "she", "too", "use", "map", "key", "set", "row", "bit", "log", "run", "sum", "top",
+    "the",
+    "and",
+    "for",
+    "are",
+    "but",
+    "not",
+    "you",
+    "all",
+    "any",
+    "can",
+    "had",
+    "her",
+    "was",
+    "one",
+    "our",
+    "out",
+    "day",
+    "get",
+    "has",
+    "him",
+    "his",
+    "how",
+    "man",
+    "new",
+    "now",
+    "old",
+    "see",
+    "two",
+    "way",
+    "who",
+    "boy",
+    "did",
+    "its",
+    "let",
+    "put",
+    "say",
+    "she",
+    "too",
+    "use",
+    "map",
+    "key",
+    "set",
+    "row",
+    "bit",
+    "log",
+    "run",
+    "sum",
+    "top",
 )
 
 
@@ -57,5 +101,7 @@ def token_ids_text(token_ids: list[int]) -> str:
     out = []
     for tid in token_ids:
         v = tid % 36**4
-        out.append(digits[v // 46656] + digits[v // 1296 % 36] + digits[v // 36 % 36] + digits[v % 36])
+        out.append(
+            digits[v // 46656] + digits[v // 1296 % 36] + digits[v // 36 % 36] + digits[v % 36]
+        )
     return "".join(out)

@@ -36,8 +36,12 @@ VLLM_METRICS = {
 @pytest.fixture
 async def emulator() -> AsyncIterator[RunningEmulator]:
     config = EmulatorConfig(
-        model=MODEL, speedup=100.0, num_gpu_blocks=2048, max_num_seqs=1,
-        lora_adapters=("sql", "chat"), max_loras=2,
+        model=MODEL,
+        speedup=100.0,
+        num_gpu_blocks=2048,
+        max_num_seqs=1,
+        lora_adapters=("sql", "chat"),
+        max_loras=2,
     )
     server = await start_emulator(config)
     try:
@@ -62,7 +66,7 @@ async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
     async for raw in resp.content:
         line = raw.decode().strip()
         if line.startswith("data: "):
-            yield line[len("data: "):]
+            yield line[len("data: ") :]
 
 
 async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
@@ -98,7 +102,9 @@ async def test_completion_reports_usage_and_deterministic_text(
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
-async def test_chat_completion_shape(emulator: RunningEmulator, http: aiohttp.ClientSession) -> None:
+async def test_chat_completion_shape(
+    emulator: RunningEmulator, http: aiohttp.ClientSession
+) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     status, out = await post(http, emulator.url + "/v1/chat/completions", body)
     assert status == 200
@@ -115,19 +121,31 @@ async def test_next_chat_turn_hits_the_cached_answer(
     turn1 = [{"role": "user", "content": PROMPT}]
     _, out1 = await post(http, url, {"model": MODEL, "messages": turn1, "max_tokens": 64})
     answer = out1["choices"][0]["message"]["content"]
-    turn2 = turn1 + [{"role": "assistant", "content": answer},
-                     {"role": "user", "content": "And then? " * 20}]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And then? " * 20},
+    ]
     _, out2 = await post(http, url, {"model": MODEL, "messages": turn2, "max_tokens": 4})
     cached = out2["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached > out1["usage"]["prompt_tokens"]  # beyond turn 1's prompt: the answer too
 
 
-async def test_streaming_chat_with_usage(emulator: RunningEmulator, http: aiohttp.ClientSession) -> None:
+async def test_streaming_chat_with_usage(
+    emulator: RunningEmulator, http: aiohttp.ClientSession
+) -> None:
     messages = [{"role": "user", "content": PROMPT}]
-    _, plain = await post(http, emulator.url + "/v1/chat/completions",
-                          {"model": MODEL, "messages": messages, "max_tokens": 20})
-    body = {"model": MODEL, "messages": messages, "max_tokens": 20, "stream": True,
-            "stream_options": {"include_usage": True}}
+    _, plain = await post(
+        http,
+        emulator.url + "/v1/chat/completions",
+        {"model": MODEL, "messages": messages, "max_tokens": 20},
+    )
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": 20,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with http.post(emulator.url + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/event-stream")
@@ -156,7 +174,9 @@ async def test_streaming_completion_without_usage_option(
     assert len("".join(c["choices"][0]["text"] for c in chunks)) == 20
 
 
-async def test_metrics_expose_vllm_names(emulator: RunningEmulator, http: aiohttp.ClientSession) -> None:
+async def test_metrics_expose_vllm_names(
+    emulator: RunningEmulator, http: aiohttp.ClientSession
+) -> None:
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
     for _ in range(2):
         await post(http, emulator.url + "/v1/completions", body)
@@ -221,8 +241,9 @@ async def test_running_adapter_and_queue_show_in_metrics_until_client_leaves(
 async def test_errors_are_openai_shaped(
     emulator: RunningEmulator, http: aiohttp.ClientSession, path: str, raw: bytes, status: int
 ) -> None:
-    async with http.post(emulator.url + path, data=raw,
-                         headers={"Content-Type": "application/json"}) as resp:
+    async with http.post(
+        emulator.url + path, data=raw, headers={"Content-Type": "application/json"}
+    ) as resp:
         assert resp.status == status
         body = await resp.json()
     assert body["error"]["code"] == status and body["error"]["message"]
@@ -231,8 +252,9 @@ async def test_errors_are_openai_shaped(
 async def test_prompt_beyond_kv_capacity_is_rejected(
     emulator: RunningEmulator, http: aiohttp.ClientSession
 ) -> None:
-    status, body = await post(http, emulator.url + "/v1/completions",
-                              {"prompt": "x" * 4 * 2048 * 17, "max_tokens": 1})
+    status, body = await post(
+        http, emulator.url + "/v1/completions", {"prompt": "x" * 4 * 2048 * 17, "max_tokens": 1}
+    )
     assert status == 400 and "error" in body
 
 
@@ -244,12 +266,16 @@ async def test_models_health_embeddings_responses(
     async with http.get(emulator.url + "/v1/models") as resp:
         ids = [m["id"] for m in (await resp.json())["data"]]
     assert ids == [MODEL, "sql", "chat"]
-    status, emb = await post(http, emulator.url + "/v1/embeddings",
-                             {"model": MODEL, "input": ["one two", "three"]})
+    status, emb = await post(
+        http, emulator.url + "/v1/embeddings", {"model": MODEL, "input": ["one two", "three"]}
+    )
     assert status == 200 and len(emb["data"]) == 2
     assert emb["usage"]["prompt_tokens"] == 2 + 2
-    status, out = await post(http, emulator.url + "/v1/responses",
-                             {"model": MODEL, "input": "hello", "max_output_tokens": 3})
+    status, out = await post(
+        http,
+        emulator.url + "/v1/responses",
+        {"model": MODEL, "input": "hello", "max_output_tokens": 3},
+    )
     assert status == 200 and out["status"] == "completed"
     assert len(out["output"][0]["content"][0]["text"]) == 12
     assert out["usage"]["output_tokens"] == 3
@@ -258,7 +284,8 @@ async def test_models_health_embeddings_responses(
 def test_cli_prints_bound_url_and_serves() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "simulator.cli", "emulate", "--port", "0", "--model", "m"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None

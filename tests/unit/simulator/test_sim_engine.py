@@ -23,8 +23,12 @@ def make_engine(
     )
 
 
-def req(rid: str, tokens: int = 160, out: int = 10, family: int = 0, adapter: str = "") -> EngineRequest:
-    return EngineRequest(rid, tokens, chain_block_ids(range(tokens // 16), family), out, adapter=adapter)
+def req(
+    rid: str, tokens: int = 160, out: int = 10, family: int = 0, adapter: str = ""
+) -> EngineRequest:
+    return EngineRequest(
+        rid, tokens, chain_block_ids(range(tokens // 16), family), out, adapter=adapter
+    )
 
 
 def drain(engine: Engine) -> tuple[dict[str, float], dict[str, float], list[str]]:
