@@ -264,6 +264,16 @@ class Emulator:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
+        try:
+            await self._stream_events(resp, gen, p)
+        except (ConnectionResetError, ApiError) as exc:
+            # The client left (the caller then aborts the request) or the server stops.
+            log.debug("stream %s ended early: %s", p.rid, exc)
+        return resp
+
+    async def _stream_events(
+        self, resp: web.StreamResponse, gen: openai.Generation, p: _Pending
+    ) -> None:
         created = int(time.time())
         responses = gen.api is Api.RESPONSES
         if responses:
@@ -323,7 +333,6 @@ class Emulator:
                 )
             await resp.write(openai.SSE_DONE)
         await resp.write_eof()
-        return resp
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         job = openai.parse_embeddings(openai.load_json(await request.read()), self.config.model)
