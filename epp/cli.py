@@ -24,7 +24,7 @@ log = logging.getLogger("epp.cli")
 # Kubernetes discovery is optional: epp serves a static pool without it.
 try:
     from epp.datastore import kubernetes as _k8s
-except Exception:  # pragma: no cover - module absent or kubernetes client not installed
+except ImportError:  # pragma: no cover - module absent or kubernetes client not installed
     _k8s = None  # type: ignore[assignment]
 
 _MODES = {"full-duplex": convert.FULL_DUPLEX_STREAMED, "buffered": convert.BUFFERED}

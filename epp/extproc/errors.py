@@ -36,7 +36,7 @@ _INTERNAL = ERROR_TABLE[errors.Internal]
 def error_kind(error: BaseException) -> ErrorKind:
     """Status and type for ``error``; anything outside the hierarchy is an internal error."""
     for cls in type(error).__mro__:
-        kind = ERROR_TABLE.get(cls)  # type: ignore[arg-type]
+        kind = ERROR_TABLE.get(cls)
         if kind is not None:
             return kind
     return _INTERNAL
@@ -54,7 +54,7 @@ def immediate_response(error: BaseException) -> pb.ProcessingResponse:
     kind = error_kind(error)
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=kind.status),  # type: ignore[arg-type]
+            status=http_status_pb2.HttpStatus(code=kind.status),
             headers=pb.HeaderMutation(
                 set_headers=[
                     base_pb2.HeaderValueOption(

@@ -26,7 +26,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._default_mode = default_mode
         self.open_streams = 0
 
-    async def Process(  # noqa: N802 (gRPC method name)
+    async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any
     ) -> AsyncIterator[pb.ProcessingResponse]:
         stream = RequestStream(self._parser, self._director, self._default_mode)

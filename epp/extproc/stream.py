@@ -51,19 +51,19 @@ class Phase(enum.Enum):
 
 class RequestStream:
     __slots__ = (
-        "_parser",
+        "_body",
         "_director",
+        "_first",
+        "_headers",
+        "_parser",
+        "_path",
+        "_phase",
+        "_reader",
         "_request_mode",
         "_response_mode",
-        "_phase",
-        "_first",
-        "_path",
-        "_headers",
-        "_subset",
-        "_body",
         "_routing",
-        "_reader",
         "_status",
+        "_subset",
     )
 
     def __init__(self, parser: RequestParser, director: Director, default_mode: int) -> None:

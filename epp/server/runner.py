@@ -285,7 +285,7 @@ async def _start_metrics_http(
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = port
-    server = site._server
-    if server is not None and getattr(server, "sockets", None):
-        bound = server.sockets[0].getsockname()[1]
+    sockets = getattr(site._server, "sockets", None)
+    if sockets:
+        bound = int(sockets[0].getsockname()[1])
     return runner, bound

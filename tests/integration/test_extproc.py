@@ -133,7 +133,7 @@ async def test_buffered_routes_in_body_reply(epp: Epp) -> None:
     assert_routed(reply, {e.id for e in epp.handle.datastore.snapshot()})
     assert not reply.request_body.response.HasField("body_mutation")  # body unchanged
     await s.send(ec.response_headers(), ec.response_body(b'{"usage":{"prompt_tokens":3}}', True))
-    rh, rb = await s.recv_n(2)
+    _, rb = await s.recv_n(2)
     assert rb.WhichOneof("response") == "response_body"
     assert not rb.response_body.response.HasField("body_mutation")
     assert await s.close() == grpc.StatusCode.OK
@@ -324,7 +324,7 @@ async def test_body_over_cap_is_413() -> None:
 async def test_no_endpoint_is_503() -> None:
     e = await start_epp(endpoints=[])
     try:
-        status, body = await immediate(e, ec.request_headers(), ec.request_body(BODY, True))
+        status, _ = await immediate(e, ec.request_headers(), ec.request_body(BODY, True))
         assert status == 503
         status, _ = await immediate(e, ec.request_headers("/v1/models", method="GET", end_of_stream=True))
         assert status == 503

@@ -73,9 +73,9 @@ async def test_scraped_metrics_feed_the_pool_and_metrics_port() -> None:
         got = handle.datastore.get(ep.id)
         assert got is not None and got.metrics.kv_usage == 0.2 and not got.stale
         handle.metrics.refresh_pool(handle.datastore.snapshot(), handle.scheduler.index.stats())
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{handle.metrics_port}/metrics") as resp:
-                text = await resp.text()
+        url = f"http://127.0.0.1:{handle.metrics_port}/metrics"
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            text = await resp.text()
         for name in ("epp_pool_ready_endpoints 1.0", "epp_pool_average_kv_cache_utilization 0.2",
                      "epp_endpoint_in_flight_requests{", "epp_prefix_index_entries", "epp_scrapes_total"):
             assert name in text, name

@@ -33,8 +33,9 @@ def test_no_endpoints_is_a_startup_error(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_bad_config_names_the_field(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
-    from epp.config.loader import default_config
     import yaml
+
+    from epp.config.loader import default_config
 
     raw = dict(default_config().raw)
     raw["requestControl"] = {"fallbacks": "two"}
