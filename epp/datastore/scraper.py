@@ -264,7 +264,7 @@ class MetricsScraper:
                     if resp.status != 200:
                         raise ScrapeError("http_status", str(resp.status))
                     text = await resp.text()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise ScrapeError("timeout") from None
             except aiohttp.ClientError as exc:
                 raise ScrapeError("connection", type(exc).__name__) from None

@@ -39,16 +39,16 @@ class Usage:
 
 class ResponseReader:
     __slots__ = (
-        "sse",
-        "_from",
-        "_to",
         "_buf",
+        "_from",
         "_held",
         "_text",
         "_text_len",
-        "usage",
-        "status",
+        "_to",
         "_too_big",
+        "sse",
+        "status",
+        "usage",
     )
 
     def __init__(self, status: int, sse: bool, served_model: str = "", client_model: str = ""):

@@ -46,7 +46,7 @@ async def serve_noop() -> None:
     from epp.extproc import convert
 
     class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-        async def Process(self, it, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        async def Process(self, it, context):  # type: ignore[no-untyped-def]
             body = bytearray()
             async for msg in it:
                 kind = msg.WhichOneof("request")

@@ -88,7 +88,7 @@ def test_priority_from_objective_header_then_model_config() -> None:
     p = RequestParser(
         RequestControlConfig(model_priorities={"batch": -1}, objective_priorities={"gold": 7})
     )
-    get = lambda hdrs, model: p.parse("/v1/completions", hdrs, body(model=model, prompt="x")).request.priority  # noqa: E731
+    get = lambda hdrs, model: p.parse("/v1/completions", hdrs, body(model=model, prompt="x")).request.priority
     assert get({"x-gateway-inference-objective": "gold"}, "batch") == 7
     assert get({"x-gateway-inference-objective": "unknown"}, "batch") == -1
     assert get({}, "other") == 0
