@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -121,6 +121,7 @@ class PrefixIndex:
                 if ep is None:
                     continue
                 gens = ep.gens
+                get: Callable[[int], float | None]
                 if len(gens) == 1:
                     get = gens[0].chunks.get
                 elif not gens:
