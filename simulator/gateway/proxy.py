@@ -218,6 +218,10 @@ class EppExchange:
             return local_reply(500, f"ext_proc error: {exc}")
         except NoUpstream as exc:
             return local_reply(503, str(exc))
+        except ConnectionResetError:
+            # The client went away mid-response: reset the ext_proc stream, as Envoy does.
+            log.debug("%s %s: client disconnected", request.method, request.path)
+            raise asyncio.CancelledError from None
         finally:
             if not closed:
                 stream.cancel()
@@ -405,9 +409,12 @@ class BaselineExchange:
         async with upstream.response as up:
             out = _response(up.status, upstream_headers(up), upstream.address)
             await out.prepare(request)
-            async for chunk in up.content.iter_any():
-                await out.write(chunk)
-            await out.write_eof()
+            try:
+                async for chunk in up.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+            except ConnectionResetError:
+                raise asyncio.CancelledError from None
             return out
 
 

@@ -1,0 +1,84 @@
+"""``epp-sim gateway``: run the development gateway until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from typing import Any
+
+from simulator.gateway.extproc import MODE_NAMES
+from simulator.gateway.proxy import POLICIES, GatewayOptions
+from simulator.gateway.server import start_gateway
+
+
+def add_mode_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=["buffered", "full-duplex"], default="full-duplex",
+                   help="ext_proc request_body_mode (Envoy's processing_mode)")
+    p.add_argument("--response-mode", choices=sorted(MODE_NAMES), default=None,
+                   help="ext_proc response_body_mode (default: full-duplex with --mode "
+                        "full-duplex, streamed with --mode buffered so SSE still streams)")
+
+
+def modes_from_args(args: argparse.Namespace) -> tuple[int, int]:
+    request = MODE_NAMES[args.mode]
+    response = args.response_mode or ("full-duplex" if args.mode == "full-duplex" else "streamed")
+    return request, MODE_NAMES[response]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "gateway",
+        help="HTTP front proxy that plays Envoy's ext_proc part for epp",
+        description=(
+            "Proxy HTTP requests to model servers the way Envoy with the ext_proc filter does: "
+            "one ext_proc stream per request to epp, header/body mutations applied, the "
+            "request sent to the endpoint epp named (x-gateway-destination-endpoint or "
+            "envoy.lb metadata; later entries are fallbacks) and the response streamed back "
+            "through ext_proc. --policy random|round-robin bypasses epp (the baseline). "
+            'Prints one JSON line {"gateway_url": ...} once listening.'
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (0 = any free port)")
+    p.add_argument("--policy", choices=POLICIES, default="epp", help="who picks the endpoint")
+    p.add_argument("--extproc", default="127.0.0.1:9002", help="epp's ext_proc gRPC address")
+    p.add_argument("--endpoints", default="",
+                   help="comma-separated ip:port of model servers (random / round-robin)")
+    add_mode_flags(p)
+    p.add_argument("--message-timeout-s", type=float, default=10.0,
+                   help="how long to wait for each ext_proc reply (Envoy's message_timeout)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the random policy")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    request, response = modes_from_args(args)
+    endpoints = tuple(e.strip() for e in args.endpoints.split(",") if e.strip())
+    try:
+        options = GatewayOptions(
+            host=args.host, port=args.port, policy=args.policy, extproc=args.extproc,
+            endpoints=endpoints, request_mode=request, response_mode=response,
+            message_timeout_s=args.message_timeout_s, seed=args.seed,
+        )
+        asyncio.run(_serve(options))
+    except ValueError as exc:
+        print(f"epp-sim gateway: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _serve(options: GatewayOptions) -> None:
+    handle = await start_gateway(options)
+    print(json.dumps({"gateway_url": handle.url, "policy": options.policy}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await handle.stop()

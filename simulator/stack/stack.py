@@ -1,0 +1,260 @@
+"""Start the local stack: N emulated replicas, epp scraping them, and the dev gateway.
+
+``start_stack(StackOptions(...))`` returns a handle with the three addresses. Everything
+binds port 0 on loopback; readiness is polled (replica ``/health``, epp's gRPC health,
+then one ``GET /v1/models`` through the gateway), never slept on.
+
+``isolation="process"`` (the CLI's choice) runs the replicas in one child process and epp
+in another, so measurements are not taken through one shared event loop;
+``isolation="inline"`` runs everything in the caller's loop (fast to start; tests use it).
+The gateway always runs in the caller's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from simulator.emulator import EmulatorConfig
+from simulator.gateway import MODE_NAMES, GatewayHandle, GatewayOptions, start_gateway
+from simulator.stack import child
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = EmulatorConfig().model
+
+
+class StackError(RuntimeError):
+    """A part of the stack did not start or did not become ready."""
+
+
+@dataclass(slots=True, frozen=True)
+class StackOptions:
+    replicas: int = 4
+    policy: str = "epp"
+    config: str = ""
+    """epp scheduling config: a YAML path or a shipped profile name ('' = default)."""
+    speedup: float = 4.0
+    kv_blocks: int | None = None
+    """KV cache blocks per replica (None = the emulator's default)."""
+    max_num_seqs: int | None = None
+    model: str = DEFAULT_MODEL
+    request_mode: str = "full-duplex"
+    response_mode: str | None = None
+    isolation: str = "process"
+    gateway_port: int = 0
+    seed: int | None = None
+    log_dir: Path | None = None
+    """Where child processes write stderr (default: a temp dir)."""
+    ready_timeout_s: float = 60.0
+
+    def modes(self) -> tuple[int, int]:
+        response = self.response_mode or (
+            "full-duplex" if self.request_mode == "full-duplex" else "streamed"
+        )
+        return MODE_NAMES[self.request_mode], MODE_NAMES[response]
+
+
+@dataclass(slots=True)
+class _Child:
+    name: str
+    proc: asyncio.subprocess.Process
+    log_path: Path
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        if self.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.terminate()
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+
+
+@dataclass
+class Stack:
+    options: StackOptions
+    gateway: GatewayHandle
+    replica_urls: list[str]
+    epp_grpc: str | None
+    epp_metrics: str | None = None
+    log_dir: Path | None = None
+    _children: list[_Child] = field(default_factory=list)
+    _inline: list[Any] = field(default_factory=list)
+
+    @property
+    def gateway_url(self) -> str:
+        return self.gateway.url
+
+    def endpoints(self) -> list[str]:
+        return [u.removeprefix("http://") for u in self.replica_urls]
+
+    def describe(self) -> dict[str, Any]:
+        return {"gateway_url": self.gateway_url, "epp_grpc": self.epp_grpc,
+                "replica_urls": self.replica_urls}
+
+    async def stop(self) -> None:
+        await self.gateway.stop()
+        for item in reversed(self._inline):
+            if hasattr(item, "grpc_port"):
+                await item.stop(0.5)
+            else:
+                await item.close()
+        await asyncio.gather(*(c.stop() for c in reversed(self._children)))
+
+
+async def _spawn(name: str, argv: list[str], log_dir: Path, timeout_s: float) -> tuple[_Child, dict[str, Any]]:
+    log_path = log_dir / f"{name}.log"
+    err = open(log_path, "wb")  # noqa: SIM115 - the child owns it; closed with our copy below
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "simulator.stack.child", *argv,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+            start_new_session=True,  # Ctrl-C reaches us only; we stop the children in order
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    finally:
+        err.close()
+    ch = _Child(name, proc, log_path)
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout_s)
+    except TimeoutError:
+        await ch.stop()
+        raise StackError(f"{name} did not start within {timeout_s:.0f}s; see {log_path}") from None
+    if not line:
+        await ch.stop()
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+        raise StackError(f"{name} exited during start-up: {' | '.join(tail)} (log: {log_path})")
+    return ch, json.loads(line)
+
+
+async def _wait_replicas(urls: list[str], deadline: float) -> None:
+    async with aiohttp.ClientSession() as session:
+        for url in urls:
+            await _poll(lambda u=url: _http_ok(session, f"{u}/health"), deadline, f"replica {url}")
+
+
+async def _wait_epp(target: str, deadline: float) -> None:
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+
+        async def serving() -> bool:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+            except grpc.aio.AioRpcError:
+                return False
+            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+        await _poll(serving, deadline, f"epp at {target}")
+
+
+async def _wait_gateway(url: str, deadline: float) -> None:
+    async with aiohttp.ClientSession() as session:
+        await _poll(lambda: _http_ok(session, f"{url}/v1/models"), deadline, "gateway")
+
+
+async def _http_ok(session: aiohttp.ClientSession, url: str) -> bool:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+            await r.read()
+            return r.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def _poll(check: Any, deadline: float, what: str) -> None:
+    delay = 0.01
+    while not await check():
+        if time.monotonic() > deadline:
+            raise StackError(f"{what} not ready before the deadline")
+        await asyncio.sleep(delay)  # back-off between readiness probes
+        delay = min(delay * 2, 0.2)
+
+
+async def start_stack(options: StackOptions) -> Stack:
+    deadline = time.monotonic() + options.ready_timeout_s
+    children: list[_Child] = []
+    inline: list[Any] = []
+    epp_grpc: str | None = None
+    epp_metrics: str | None = None
+    log_dir = options.log_dir
+    try:
+        if options.isolation == "process":
+            if log_dir is None:
+                import tempfile
+
+                log_dir = Path(tempfile.mkdtemp(prefix="epp-stack-"))
+            log_dir.mkdir(parents=True, exist_ok=True)
+            argv = ["replicas", "--count", str(options.replicas), "--speedup",
+                    str(options.speedup), "--model", options.model]
+            if options.kv_blocks:
+                argv += ["--kv-blocks", str(options.kv_blocks)]
+            if options.max_num_seqs:
+                argv += ["--max-num-seqs", str(options.max_num_seqs)]
+            ch, info = await _spawn("replicas", argv, log_dir, options.ready_timeout_s)
+            children.append(ch)
+            replica_urls: list[str] = info["replica_urls"]
+        elif options.isolation == "inline":
+            reps = await child.start_replicas(options.replicas, options.speedup, options.model,
+                                              options.kv_blocks, options.max_num_seqs)
+            inline.extend(reps)
+            replica_urls = [r.url for r in reps]
+        else:
+            raise ValueError(f"isolation must be 'process' or 'inline', not {options.isolation!r}")
+        await _wait_replicas(replica_urls, deadline)
+        endpoints = [u.removeprefix("http://") for u in replica_urls]
+
+        if options.policy == "epp":
+            if options.isolation == "process":
+                assert log_dir is not None
+                argv = ["epp", "--endpoints", ",".join(endpoints)]
+                if options.config:
+                    argv += ["--config", options.config]
+                ch, info = await _spawn("epp", argv, log_dir, options.ready_timeout_s)
+                children.append(ch)
+                epp_grpc, epp_metrics = info["epp_grpc"], info["epp_metrics"]
+            else:
+                handle = await child.start_epp(endpoints, options.config)
+                inline.append(handle)
+                epp_grpc = f"127.0.0.1:{handle.grpc_port}"
+                epp_metrics = f"http://127.0.0.1:{handle.metrics_port}/metrics"
+            await _wait_epp(epp_grpc, deadline)
+
+        request_mode, response_mode = options.modes()
+        gateway = await start_gateway(GatewayOptions(
+            port=options.gateway_port, policy=options.policy, extproc=epp_grpc or "",
+            endpoints=tuple(endpoints), request_mode=request_mode, response_mode=response_mode,
+            seed=options.seed,
+        ))
+        stack = Stack(options, gateway, replica_urls, epp_grpc, epp_metrics, log_dir,
+                      children, inline)
+        try:
+            await _wait_gateway(gateway.url, deadline)
+        except BaseException:
+            await gateway.stop()
+            raise
+        return stack
+    except BaseException:
+        for item in reversed(inline):
+            with contextlib.suppress(Exception):
+                await (item.stop(0) if hasattr(item, "grpc_port") else item.close())
+        await asyncio.gather(*(c.stop() for c in children), return_exceptions=True)
+        raise
