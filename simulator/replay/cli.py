@@ -1,0 +1,182 @@
+"""``epp-sim replay``: replay a trace or a generated workload against every routing policy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from epp.config.loader import default_config, load_config
+from epp.errors import ConfigError
+from simulator.replay.policies import POLICY_NAMES, policy_factory
+from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
+from simulator.replay.report import PolicyStats, print_table, summarize
+from simulator.replay.sweep import parse_sweep, sweep_points
+from simulator.replay.workload import DEFAULT_TRACE, GENERATORS, MooncakeTrace, Workload, build_generator
+
+DEFAULT_POLICIES = ",".join(POLICY_NAMES)
+
+
+def register(subparsers: Any) -> None:
+    d = ReplayConfig()
+    p = subparsers.add_parser(
+        "replay",
+        help="replay a trace against routing policies (offline, simulated time)",
+        description=(
+            "Discrete-event replay of a Mooncake-format trace or a generated workload against "
+            "N emulated replicas (prefix KV cache + cost model), once per routing policy; epp "
+            "runs its real scheduler with the given config. Prints one table row per policy."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", help=f"Mooncake JSONL trace (default: {DEFAULT_TRACE} if present)")
+    src.add_argument("--workload", choices=sorted(GENERATORS), help="generated workload instead of a trace")
+    p.add_argument(
+        "--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
+        help="generator parameter, e.g. --set num_groups=8 --set rate=4 (repeatable)",
+    )
+    p.add_argument(
+        "--workload-file",
+        help="YAML generator parameters (flat, or an inference-perf config with data.shared_prefix)",
+    )
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast)")
+    p.add_argument("--limit", type=int, default=0, help="replay only the first N trace requests")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated; epp:FILE / precise:FILE name a config")
+    p.add_argument("--config", help="epp scheduling config (file or shipped name) for epp and precise")
+    p.add_argument("--replicas", type=int, default=d.replicas)
+    p.add_argument("--kv-blocks", type=int, default=d.kv_blocks, help="KV blocks per replica")
+    p.add_argument("--block-size", type=int, default=d.block_size_tokens, help="tokens per KV block")
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
+    p.add_argument("--scrape-interval", type=float, default=d.scrape_interval_s, help="seconds between metric scrapes")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--sweep", help="param=v1,v2,... (rate, time_scale, replicas, kv_blocks, block_size, scrape_interval, weight.<scorer>)")
+    p.add_argument("--out", help="write the report as JSON (a list, one object per policy and sweep point)")
+    p.add_argument("--plot-dir", help="write PNG plots there")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def build_workload(args: argparse.Namespace) -> Workload:
+    if args.workload:
+        params: dict[str, Any] = {}
+        if args.workload_file:
+            loaded = yaml.safe_load(Path(args.workload_file).read_text(encoding="utf-8")) or {}
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{args.workload_file}: expected a mapping")
+            params.update(loaded)
+        for item in args.params:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+            params[key.strip()] = _parse_value(value)
+        return build_generator(args.workload, params)
+    path = Path(args.trace) if args.trace else DEFAULT_TRACE
+    if not path.exists():
+        raise ValueError(f"trace {path} not found (pass --trace or --workload)")
+    return MooncakeTrace.load(path, args.time_scale, args.limit)
+
+
+def _run_policies(
+    workload: Workload, config: ReplayConfig, specs: list[str], epp_cfg: Any, console: Console, progress: bool
+) -> tuple[list[ReplayResult], list[PolicyStats]]:
+    results: list[ReplayResult] = []
+    stats: list[PolicyStats] = []
+    total = len(workload)
+    with Progress(
+        TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True, disable=not progress,
+    ) as bar:
+        for spec in specs:
+            name, factory = policy_factory(spec, epp_cfg)
+            task = bar.add_task(name, total=total)
+            result = Replayer(config).run(
+                workload, factory, name, progress=lambda n, t=task: bar.update(t, completed=n)
+            )
+            bar.remove_task(task)
+            results.append(result)
+            stats.append(summarize(result))
+    return results, stats
+
+
+def run(args: argparse.Namespace) -> int:
+    # Piped output gets a wide table rather than rich's 80-column default.
+    console = Console() if sys.stdout.isatty() else Console(width=170)
+    err = Console(stderr=True)
+    try:
+        workload = build_workload(args)
+        epp_cfg = load_config(args.config) if args.config else default_config()
+        specs = [s.strip() for s in args.policies.split(",") if s.strip()]
+        for spec in specs:
+            policy_factory(spec, epp_cfg)  # fail fast on a bad name or config
+        config = ReplayConfig(
+            replicas=args.replicas,
+            kv_blocks=args.kv_blocks,
+            block_size_tokens=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            max_batched_tokens=args.max_batched_tokens,
+            scrape_interval_s=args.scrape_interval,
+            seed=args.seed,
+        )
+        sweep = parse_sweep(args.sweep) if args.sweep else None
+    except (ValueError, OSError, ConfigError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
+    progress = not args.no_progress and sys.stderr.isatty()
+    rows: list[dict[str, Any]] = []
+    if sweep is None:
+        results, stats = _run_policies(workload, config, specs, epp_cfg, console, progress)
+        print_table(stats, console, title=_title(workload, config))
+        rows = [s.to_json() for s in stats]
+        if args.plot_dir:
+            from simulator.replay.plots import write_plots
+
+            for path in write_plots(args.plot_dir, results, stats):
+                console.print(f"wrote {path}")
+    else:
+        try:
+            points = sweep_points(sweep, workload, config, epp_cfg)
+        except ValueError as exc:
+            err.print(f"[red]error:[/red] {exc}")
+            return 2
+        console.print(
+            f"{'point':<26} {'policy':<18} {'hit':>6} {'ttft p50':>9} {'p90':>8} {'p99':>8} "
+            f"{'e2e p99':>8} {'tok/s':>8} {'queue':>6} {'imb':>5}"
+        )
+        for point in points:
+            _, stats = _run_policies(point.workload, point.config, specs, point.epp_config, console, progress)
+            for s in stats:
+                console.print(
+                    f"{point.label:<26} {s.policy:<18} {s.hit_rate:>6.1%} {s.ttft_p50_s:>8.2f}s "
+                    f"{s.ttft_p90_s:>7.2f}s {s.ttft_p99_s:>7.2f}s {s.e2e_p99_s:>7.2f}s "
+                    f"{s.throughput_tok_s:>8,.0f} {s.queue_share:>6.0%} {s.load_imbalance:>5.2f}",
+                    highlight=False,
+                )
+                rows.append({**s.to_json(), "sweep": point.label})
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {args.out}")
+    return 0
+
+
+def _title(workload: Workload, config: ReplayConfig) -> str:
+    extra = f", time scale {workload.time_scale:g}" if isinstance(workload, MooncakeTrace) else ""
+    kv = config.kv_blocks * config.block_size_tokens
+    return (
+        f"{workload.name}: {len(workload)} requests{extra}, {config.replicas} replicas x "
+        f"{kv:,} KV tokens"
+    )

@@ -1,0 +1,254 @@
+"""Discrete-event replay of a workload against N emulated replicas and one routing policy.
+
+Clock: simulated seconds from 0, jumped from event to event. Events are arrivals (in trace
+order), the replicas' own events (``Engine.next_event_time``: admissions, first tokens,
+finishes) and metric scrapes every ``scrape_interval_s`` (50 ms by default, as a production
+scraper polls ``/metrics``).
+
+For each arrival at ``t``:
+
+1. every replica runs up to just before ``t``; responses that ended are fed back to the
+   policy in time order (epp: ``request_finished`` then ``on_response`` with the server's
+   ``cached_tokens`` and, when the workload has text, the generated text);
+2. policies that read metrics see the last scrape at or before ``t``: the replicas are run
+   to that tick and their running/waiting counts, KV usage and cache config are read there.
+   Only the last tick before an arrival is materialised: nothing reads the metrics of the
+   ticks in between, and the datastore's per-scrape state (``pending``) depends only on the
+   last one. This is what makes a 17-minute trace cheap;
+3. the policy picks a replica, the router counts the request in flight, and the request is
+   submitted to that replica's engine. A request larger than the replica's whole KV cache
+   is rejected (as vLLM rejects a prompt over its context) and reported as such.
+
+Requests that arrive at the same instant share an engine step (the engine's own rule), so
+replicas are advanced to the float just before ``t``, never to ``t`` itself.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from epp.datastore.endpoint import EndpointId, Metrics
+from epp.request.types import ApiKind
+from epp.scheduling.types import ResponseInfo
+from simulator.model.cache import PrefixCache, model_seed, text_block_hashes
+from simulator.model.cost import CostModel
+from simulator.model.engine import Engine, EngineConfig, EngineRequest, RequestTooLarge
+from simulator.replay.policies import Arrival, Cluster, Policy, PolicyFactory
+from simulator.replay.workload import Workload, engine_block_hashes, reply_text
+
+
+@dataclass(slots=True, frozen=True)
+class ReplayConfig:
+    replicas: int = 8
+    kv_blocks: int = 4096
+    """KV blocks per replica (4,096 x 16 tokens = 65,536 tokens)."""
+    block_size_tokens: int = 16
+    scrape_interval_s: float = 0.05
+    max_num_seqs: int = 32
+    max_batched_tokens: int = 8192
+    seed: int = 0
+    model: str = "sim-model"
+    sample_interval_s: float = 1.0
+    """Per-replica load (running + waiting) is recorded at this period for the plots."""
+    cost: CostModel = field(default_factory=CostModel)
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "kv_blocks", "block_size_tokens", "max_num_seqs"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"replay setting {name!r} must be > 0")
+        if self.scrape_interval_s <= 0 or self.sample_interval_s <= 0:
+            raise ValueError("scrape and sample intervals must be > 0")
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One request's fate (mutable: filled in as its events happen)."""
+
+    request_id: str
+    replica: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    admitted_s: float = math.nan
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    cached_tokens: int = 0
+    rejected: bool = False
+    finished_count: int = 0
+    """How many times a finish was reported (1 for a served request; tests check it)."""
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    policy: str
+    config: ReplayConfig
+    outcomes: list[Outcome]
+    sample_times_s: list[float]
+    replica_load: list[list[int]]
+    """Per replica, running + waiting requests at each sample time."""
+    peak_blocks: list[int]
+    """Per replica, the most blocks ever held (used + cached) at a sample or scrape."""
+    wall_s: float
+
+
+@dataclass(slots=True)
+class _Live:
+    arrival: Arrival
+    outcome: Outcome
+    reply: str
+
+
+ProgressFn = Callable[[int], None]
+
+
+class Replayer:
+    def __init__(self, config: ReplayConfig | None = None) -> None:
+        self.config = config or ReplayConfig()
+        self.engines: list[Engine] = []
+
+    def run(
+        self,
+        workload: Workload,
+        factory: PolicyFactory,
+        name: str = "",
+        progress: ProgressFn | None = None,
+    ) -> ReplayResult:
+        cfg = self.config
+        wall0 = time.perf_counter()
+        n = cfg.replicas
+        engine_cfg = EngineConfig(max_num_seqs=cfg.max_num_seqs, max_batched_tokens=cfg.max_batched_tokens)
+        engines = self.engines = [
+            Engine(PrefixCache(cfg.kv_blocks, cfg.block_size_tokens), cfg.cost, engine_cfg)
+            for _ in range(n)
+        ]
+        ids = [EndpointId(f"10.0.{i // 250}.{i % 250 + 1}:8000") for i in range(n)]
+        in_flight = [0] * n
+        policy: Policy = factory(Cluster(engines, ids, in_flight, cfg.block_size_tokens, cfg.model, cfg.seed))
+        name = name or policy.name
+        seed = model_seed(cfg.model)
+        bs = cfg.block_size_tokens
+        live: dict[str, _Live] = {}
+        outcomes: list[Outcome] = []
+        sample_times: list[float] = []
+        loads: list[list[int]] = [[] for _ in range(n)]
+        peak = [0] * n
+        interval = cfg.scrape_interval_s
+        last_scrape = -math.inf
+        next_sample = 0.0
+        max_loras = engine_cfg.max_loras
+
+        def run_to(x: float) -> None:
+            done = []
+            for i, eng in enumerate(engines):
+                ne = eng.next_event_time()
+                if ne is None or ne > x:
+                    continue
+                res = eng.advance(x)
+                for f in res.first_tokens:
+                    o = live[f.request_id].outcome
+                    o.admitted_s = f.admitted_s
+                    o.first_token_s = f.time_s
+                for d in res.finished:
+                    done.append((d.time_s, i, d))
+            if not done:
+                return
+            if len(done) > 1:
+                done.sort(key=lambda e: (e[0], e[1]))
+            for t_done, i, d in done:
+                entry = live.pop(d.request_id)
+                o = entry.outcome
+                o.finish_s = t_done
+                o.cached_tokens = d.cached_tokens
+                o.finished_count += 1
+                in_flight[i] -= 1
+                info = ResponseInfo(
+                    200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply
+                )
+                policy.finished(entry.arrival, i, info, t_done)
+
+        def note_blocks() -> None:
+            for i, eng in enumerate(engines):
+                c = eng.cache
+                held = c.used_blocks + c.cached_blocks
+                if held > peak[i]:
+                    peak[i] = held
+
+        def sample() -> None:
+            sample_times.append(next_sample)
+            for i, eng in enumerate(engines):
+                loads[i].append(eng.num_running + eng.num_waiting)
+            note_blocks()
+
+        def scrape(ts: float) -> None:
+            stamp = max(ts, 1e-9)  # epp reads scraped_at_s == 0 as "never scraped"
+            policy.observe(
+                [
+                    Metrics(
+                        waiting=eng.num_waiting,
+                        running=eng.num_running,
+                        kv_usage=eng.kv_usage,
+                        max_adapters=max_loras,
+                        block_size_tokens=bs,
+                        num_gpu_blocks=cfg.kv_blocks,
+                        scraped_at_s=stamp,
+                    )
+                    for eng in engines
+                ],
+                ts,
+            )
+
+        needs_metrics = policy.needs_metrics
+        for count, req in enumerate(workload.requests(), 1):
+            t = req.arrival_s
+            before = math.nextafter(t, -math.inf)
+            while next_sample <= before:
+                run_to(next_sample)
+                sample()
+                next_sample += cfg.sample_interval_s
+            if needs_metrics:
+                ts = math.floor(t / interval) * interval
+                if ts > last_scrape:
+                    run_to(min(ts, before))
+                    scrape(ts)
+                    last_scrape = ts
+            run_to(before)
+
+            hashes = engine_block_hashes(req, bs, seed)
+            arrival = Arrival(req, hashes)
+            replica = policy.pick(arrival, t)
+            in_flight[replica] += 1
+            outcome = Outcome(req.request_id, replica, t, req.prompt_tokens, req.output_tokens)
+            outcomes.append(outcome)
+            reply = reply_text(req)
+            final = None
+            if req.api is ApiKind.CHAT and reply:
+                final = text_block_hashes(req.prompt + "<|assistant|>" + reply, bs, seed)
+            ereq = EngineRequest(req.request_id, req.prompt_tokens, hashes, req.output_tokens, final)
+            live[req.request_id] = _Live(arrival, outcome, reply)
+            try:
+                engines[replica].submit(ereq, t)
+            except RequestTooLarge:
+                del live[req.request_id]
+                outcome.rejected = True
+                outcome.finished_count += 1
+                in_flight[replica] -= 1
+                policy.finished(arrival, replica, ResponseInfo(status=400), t)
+            if progress is not None and count % 64 == 0:
+                progress(count)
+
+        # Drain: keep sampling while replicas work, then run everything to the end.
+        while any(e.next_event_time() is not None for e in engines):
+            run_to(next_sample)
+            sample()
+            next_sample += cfg.sample_interval_s
+        run_to(math.inf)
+        note_blocks()
+        assert not live, f"{len(live)} requests never finished"
+        if progress is not None:
+            progress(len(outcomes))
+        return ReplayResult(
+            name, cfg, outcomes, sample_times, loads, peak, time.perf_counter() - wall0
+        )

@@ -1,0 +1,416 @@
+"""Workloads: the Mooncake trace format and three generators, as one request type.
+
+Every workload yields :class:`TraceRequest` values in arrival order. A request carries its
+prompt as text (``prompt``), because epp hashes characters as it does in production; the
+engine's KV blocks are named either from the trace's own block ids (Mooncake) or from the
+text (generators), see :func:`engine_block_hashes`.
+
+Text is deterministic and cheap: :func:`random_text` draws bytes from a ``random.Random``
+seeded with a key and base64-encodes them (4 characters per 3 bytes, all ASCII). A Mooncake
+block id becomes 2,048 characters (512 tokens at 4 characters a token) derived only from the
+id, cached, so two requests that share their first k block ids share their first
+``2048 * k`` characters, and the last block is cut to the prompt's length.
+
+Generators (Poisson arrivals at ``rate`` requests/s, lengths in tokens):
+
+* ``shared-prefix``: inference-perf's ``shared_prefix`` data: ``num_groups`` system prompts
+  of ``system_prompt_len`` tokens, ``num_prompts_per_group`` questions of ``question_len``
+  tokens per group, ``output_len`` output tokens; the prompts are sent in random order.
+* ``chat``: ``num_sessions`` concurrent conversations over ``num_system_prompts`` shared
+  system prompts; each arrival is the next turn of a session drawn at random, whose prompt
+  is the whole conversation so far (flattened as epp flattens chat messages) plus a new
+  question. Arrivals are open-loop: a turn may arrive before the previous answer ends.
+* ``rag``: a pool of ``num_docs`` document chunks of ``doc_len`` tokens with Zipf
+  popularity (exponent ``zipf_s``); a query is an instruction preamble, ``docs_per_query``
+  chunks drawn by popularity, then a question.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+from epp.request.types import ApiKind
+from simulator.model.cache import text_block_hashes
+from simulator.model.tokens import CHARS_PER_TOKEN, generate_text
+
+MOONCAKE_BLOCK_TOKENS = 512
+MOONCAKE_BLOCK_CHARS = MOONCAKE_BLOCK_TOKENS * CHARS_PER_TOKEN
+DEFAULT_TRACE = Path("..") / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+"""The Mooncake synthetic trace, relative to the repository root (never copied into it)."""
+
+
+@dataclass(slots=True, frozen=True)
+class TraceRequest:
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prompt: str
+    hash_ids: tuple[int, ...] = ()
+    """Mooncake block ids (512 tokens each); empty for generated workloads."""
+    session_id: str = ""
+    api: ApiKind = ApiKind.COMPLETIONS
+    has_text: bool = True
+    """Whether the workload has real text, so a reply can be generated and fed back."""
+
+
+class Workload(Protocol):
+    name: str
+
+    def requests(self) -> Iterator[TraceRequest]:
+        """A fresh pass over the requests, in arrival order."""
+        ...
+
+    def __len__(self) -> int: ...
+
+
+def random_text(key: int, chars: int) -> str:
+    """``chars`` deterministic ASCII characters derived only from ``key``."""
+    raw = random.Random(key).randbytes(-(-chars * 3 // 4))
+    return base64.b64encode(raw).decode("ascii")[:chars]
+
+
+@lru_cache(maxsize=16_384)
+def mooncake_block_text(block_id: int) -> str:
+    """The 2,048 characters of one Mooncake block (cached: blocks recur across requests)."""
+    return random_text(0x6D6F6F6E << 32 | block_id, MOONCAKE_BLOCK_CHARS)
+
+
+def engine_block_hashes(request: TraceRequest, block_size_tokens: int, seed: int) -> list[int]:
+    """Names of the prompt's full KV blocks of ``block_size_tokens`` tokens.
+
+    Mooncake ids are prefix-unique (the trace chains them), so sub-block ``j`` of block id
+    ``b`` is named ``b * per + j`` and passed to the cache as is; generated text is hashed
+    with the emulator's :func:`text_block_hashes`, as the live emulator does.
+    """
+    if request.hash_ids:
+        per = MOONCAKE_BLOCK_TOKENS // block_size_tokens
+        n_full = request.prompt_tokens // block_size_tokens
+        out: list[int] = []
+        for b in request.hash_ids:
+            out.extend(range(b * per, b * per + per))
+            if len(out) >= n_full:
+                break
+        del out[n_full:]
+        return out
+    return text_block_hashes(request.prompt, block_size_tokens, seed)
+
+
+def reply_text(request: TraceRequest) -> str:
+    """The deterministic answer the emulated server gives (empty for text-less traces)."""
+    if not request.has_text:
+        return ""
+    return generate_text(request.prompt, request.output_tokens)
+
+
+# --- Mooncake ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class _MooncakeRow:
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+class MooncakeTrace:
+    """A Mooncake-format JSONL trace; ``time_scale`` multiplies every arrival time
+    (0.5 replays it twice as fast)."""
+
+    def __init__(self, rows: Sequence[_MooncakeRow], time_scale: float = 1.0, name: str = "mooncake"):
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.rows = list(rows)
+        self.time_scale = time_scale
+        self.name = name
+
+    @classmethod
+    def load(cls, path: str | Path, time_scale: float = 1.0, limit: int = 0) -> MooncakeTrace:
+        rows: list[_MooncakeRow] = []
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    row = _MooncakeRow(
+                        float(obj["timestamp"]),
+                        int(obj["input_length"]),
+                        int(obj["output_length"]),
+                        tuple(int(h) for h in obj["hash_ids"]),
+                    )
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ValueError(f"{path}:{lineno}: not a Mooncake trace row ({exc})") from None
+                rows.append(row)
+                if limit and len(rows) >= limit:
+                    break
+        rows.sort(key=lambda r: r.timestamp_ms)
+        return cls(rows, time_scale, name=Path(path).stem)
+
+    def with_time_scale(self, time_scale: float) -> MooncakeTrace:
+        return MooncakeTrace(self.rows, time_scale, self.name)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.rows[-1].timestamp_ms / 1000.0) * self.time_scale if self.rows else 0.0
+
+    def natural_rate(self) -> float:
+        """Requests per second at ``time_scale`` 1."""
+        span = self.rows[-1].timestamp_ms / 1000.0 if self.rows else 0.0
+        return len(self.rows) / span if span > 0 else float(len(self.rows))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def requests(self) -> Iterator[TraceRequest]:
+        scale = self.time_scale / 1000.0
+        text = mooncake_block_text
+        for i, r in enumerate(self.rows):
+            chars = r.input_length * CHARS_PER_TOKEN
+            need = -(-chars // MOONCAKE_BLOCK_CHARS)
+            prompt = "".join([text(b) for b in r.hash_ids[:need]])[:chars]
+            yield TraceRequest(
+                request_id=f"r{i}",
+                arrival_s=r.timestamp_ms * scale,
+                prompt_tokens=max(1, r.input_length),
+                output_tokens=max(1, r.output_length),
+                prompt=prompt,
+                hash_ids=r.hash_ids,
+                has_text=False,
+            )
+
+
+# --- generators -------------------------------------------------------------------------
+
+
+def _poisson_times(rng: random.Random, rate: float, n: int) -> list[float]:
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0, got {rate}")
+    t = 0.0
+    out = []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def _chars(tokens: int) -> int:
+    return tokens * CHARS_PER_TOKEN
+
+
+@dataclass(slots=True, frozen=True)
+class SharedPrefixParams:
+    num_groups: int = 16
+    num_prompts_per_group: int = 32
+    system_prompt_len: int = 2048
+    question_len: int = 256
+    output_len: int = 128
+    rate: float = 8.0
+    seed: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class ChatParams:
+    num_sessions: int = 64
+    turns_per_session: int = 6
+    num_system_prompts: int = 8
+    system_prompt_len: int = 1024
+    question_len: int = 128
+    output_len: int = 192
+    rate: float = 8.0
+    seed: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class RagParams:
+    num_requests: int = 512
+    num_docs: int = 256
+    doc_len: int = 1024
+    docs_per_query: int = 3
+    zipf_s: float = 1.1
+    preamble_len: int = 128
+    question_len: int = 64
+    output_len: int = 128
+    rate: float = 8.0
+    seed: int = 0
+
+
+class SharedPrefixWorkload:
+    name = "shared-prefix"
+
+    def __init__(self, p: SharedPrefixParams):
+        self.p = p
+
+    def __len__(self) -> int:
+        return self.p.num_groups * self.p.num_prompts_per_group
+
+    def requests(self) -> Iterator[TraceRequest]:
+        p = self.p
+        rng = random.Random(p.seed)
+        pairs = [(g, q) for g in range(p.num_groups) for q in range(p.num_prompts_per_group)]
+        rng.shuffle(pairs)
+        times = _poisson_times(rng, p.rate, len(pairs))
+        systems: dict[int, str] = {}
+        for i, ((g, q), t) in enumerate(zip(pairs, times)):
+            system = systems.get(g)
+            if system is None:
+                system = systems[g] = random_text(p.seed << 40 | 1 << 32 | g, _chars(p.system_prompt_len))
+            question = random_text(p.seed << 40 | 2 << 32 | g << 16 | q, _chars(p.question_len))
+            yield TraceRequest(
+                request_id=f"r{i}",
+                arrival_s=t,
+                prompt_tokens=p.system_prompt_len + p.question_len,
+                output_tokens=p.output_len,
+                prompt=system + question,
+                session_id=f"g{g}",
+            )
+
+
+class ChatWorkload:
+    name = "chat"
+
+    def __init__(self, p: ChatParams):
+        self.p = p
+
+    def __len__(self) -> int:
+        return self.p.num_sessions * self.p.turns_per_session
+
+    def requests(self) -> Iterator[TraceRequest]:
+        p = self.p
+        rng = random.Random(p.seed)
+        systems = [
+            "<|system|>" + random_text(p.seed << 40 | 3 << 32 | k, _chars(p.system_prompt_len))
+            for k in range(p.num_system_prompts)
+        ]
+        history = [systems[s % p.num_system_prompts] for s in range(p.num_sessions)]
+        turns_left = [p.turns_per_session] * p.num_sessions
+        live = list(range(p.num_sessions))
+        times = _poisson_times(rng, p.rate, len(self))
+        for i, t in enumerate(times):
+            s = live[rng.randrange(len(live))]
+            turn = p.turns_per_session - turns_left[s]
+            question = random_text(p.seed << 40 | 4 << 32 | s << 16 | turn, _chars(p.question_len))
+            prompt = history[s] + "<|user|>" + question
+            request = TraceRequest(
+                request_id=f"r{i}",
+                arrival_s=t,
+                prompt_tokens=-(-len(prompt) // CHARS_PER_TOKEN),
+                output_tokens=p.output_len,
+                prompt=prompt,
+                session_id=f"s{s}",
+                api=ApiKind.CHAT,
+            )
+            yield request
+            history[s] = prompt + "<|assistant|>" + reply_text(request)
+            turns_left[s] -= 1
+            if not turns_left[s]:
+                live.remove(s)
+
+
+class RagWorkload:
+    name = "rag"
+
+    def __init__(self, p: RagParams):
+        self.p = p
+
+    def __len__(self) -> int:
+        return self.p.num_requests
+
+    def requests(self) -> Iterator[TraceRequest]:
+        p = self.p
+        rng = random.Random(p.seed)
+        weights = [1.0 / (k + 1) ** p.zipf_s for k in range(p.num_docs)]
+        preamble = random_text(p.seed << 40 | 5 << 32, _chars(p.preamble_len))
+        docs: dict[int, str] = {}
+        times = _poisson_times(rng, p.rate, p.num_requests)
+        k = min(p.docs_per_query, p.num_docs)
+        for i, t in enumerate(times):
+            chosen: list[int] = []
+            while len(chosen) < k:
+                d = rng.choices(range(p.num_docs), weights)[0]
+                if d not in chosen:
+                    chosen.append(d)
+            parts = [preamble]
+            for d in chosen:
+                text = docs.get(d)
+                if text is None:
+                    text = docs[d] = random_text(p.seed << 40 | 6 << 32 | d, _chars(p.doc_len))
+                parts.append(text)
+            parts.append(random_text(p.seed << 40 | 7 << 32 | i, _chars(p.question_len)))
+            yield TraceRequest(
+                request_id=f"r{i}",
+                arrival_s=t,
+                prompt_tokens=p.preamble_len + k * p.doc_len + p.question_len,
+                output_tokens=p.output_len,
+                prompt="".join(parts),
+            )
+
+
+GENERATORS: dict[str, tuple[type, Any]] = {
+    "shared-prefix": (SharedPrefixParams, SharedPrefixWorkload),
+    "chat": (ChatParams, ChatWorkload),
+    "rag": (RagParams, RagWorkload),
+}
+
+
+def build_generator(name: str, params: dict[str, Any]) -> Workload:
+    """A generator by name with parameters (unknown names raise ``ValueError`` naming them).
+
+    ``params`` may also be an inference-perf config mapping: its ``data.shared_prefix``
+    section and the first ``load.stages[].rate`` are read.
+    """
+    if name not in GENERATORS:
+        raise ValueError(f"unknown workload {name!r} (known: {', '.join(GENERATORS)})")
+    ptype, wtype = GENERATORS[name]
+    flat = dict(params)
+    data = flat.pop("data", None)
+    load = flat.pop("load", None)
+    if isinstance(data, dict):
+        flat = {**(data.get(name.replace("-", "_")) or {}), **flat}
+    if isinstance(load, dict) and load.get("stages") and "rate" not in flat:
+        flat["rate"] = load["stages"][0].get("rate", ptype().rate)
+    known = {f.name: f for f in fields(ptype)}
+    values: dict[str, Any] = {}
+    for key, value in flat.items():
+        f = known.get(key)
+        if f is None:
+            raise ValueError(
+                f"workload {name!r} has no parameter {key!r} (known: {', '.join(known)})"
+            )
+        values[key] = float(value) if f.type in ("float", float) else int(value)
+    return wtype(ptype(**values))  # type: ignore[no-any-return]
+
+
+def scaled_rate(workload: Workload, rate: float) -> Workload:
+    """The same workload at another arrival rate (a time scale for traces)."""
+    if isinstance(workload, MooncakeTrace):
+        return workload.with_time_scale(workload.natural_rate() / rate)
+    p = workload.p  # type: ignore[attr-defined]
+    return type(workload)(dataclasses.replace(p, rate=rate))  # type: ignore[call-arg]
+
+
+__all__ = [
+    "ChatParams",
+    "ChatWorkload",
+    "DEFAULT_TRACE",
+    "MooncakeTrace",
+    "RagParams",
+    "RagWorkload",
+    "SharedPrefixParams",
+    "SharedPrefixWorkload",
+    "TraceRequest",
+    "Workload",
+    "build_generator",
+    "engine_block_hashes",
+    "reply_text",
+    "scaled_rate",
+]
