@@ -82,3 +82,33 @@ async def test_scraped_metrics_feed_the_pool_and_metrics_port() -> None:
     finally:
         await handle.stop(0)
         await runner.cleanup()
+
+
+async def test_tls_on_the_grpc_port(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+        check=True, capture_output=True,
+    )
+    handle = await start_server(
+        None, [Endpoint(endpoint_id("10.0.0.1", 8000), "10.0.0.1", 8000)],
+        ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=-1, scrape=False,
+                      cert_file=str(cert), key_file=str(key)),
+    )
+    try:
+        creds = grpc.ssl_channel_credentials(cert.read_bytes())
+        async with grpc.aio.secure_channel(f"localhost:{handle.grpc_port}", creds) as ch:
+            s = ec.Stream(ch)
+            await s.send(ec.request_headers(), ec.request_body(b'{"model":"m","prompt":"x"}', True))
+            assert ec.destination((await s.recv_n(2))[0]) == "10.0.0.1:8000"
+            s.call.cancel()
+    finally:
+        await handle.stop(0)
