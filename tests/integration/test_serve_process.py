@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import aiohttp
 import grpc
+import pytest
 from aiohttp import web
 
 from epp.datastore.endpoint import Endpoint, endpoint_id
@@ -84,12 +87,8 @@ async def test_scraped_metrics_feed_the_pool_and_metrics_port() -> None:
         await runner.cleanup()
 
 
-async def test_tls_on_the_grpc_port(tmp_path: Path) -> None:
-    import shutil
-    import subprocess
-
-    import pytest
-
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[Path, Path]:
     if shutil.which("openssl") is None:
         pytest.skip("openssl not installed")
     key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
@@ -98,6 +97,11 @@ async def test_tls_on_the_grpc_port(tmp_path: Path) -> None:
          "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
         check=True, capture_output=True,
     )
+    return key, cert
+
+
+async def test_tls_on_the_grpc_port(tls_files: tuple[Path, Path]) -> None:
+    key, cert = tls_files
     handle = await start_server(
         None, [Endpoint(endpoint_id("10.0.0.1", 8000), "10.0.0.1", 8000)],
         ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=-1, scrape=False,
