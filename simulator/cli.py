@@ -19,8 +19,22 @@ def _emulate(subparsers: Any) -> None:
     register(subparsers)
 
 
+def _gateway(subparsers: Any) -> None:
+    from simulator.gateway.cli import register
+
+    register(subparsers)
+
+
+def _stack(subparsers: Any) -> None:
+    from simulator.stack.cli import register
+
+    register(subparsers)
+
+
 SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "emulate": _emulate,
+    "gateway": _gateway,
+    "stack": _stack,
     # "gateway": ..., "stack": ..., "replay": ...
 }
 

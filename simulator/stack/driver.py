@@ -1,0 +1,200 @@
+"""Drive a ``SharedPrefixWorkload`` through the gateway and time every request.
+
+Every request streams (SSE, ``stream_options.include_usage``); the client measures TTFT as
+the time to the first chunk carrying text, and checks that the stream is intact (every
+``data:`` line is JSON, the stream ends with ``[DONE]``). Turn ``t`` of a user is sent after
+turn ``t-1`` finished, with the answer it received in its history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from simulator.gateway import UPSTREAM_HOST_HEADER
+from simulator.stack.workload import SharedPrefixWorkload, Texts, group_of, make_texts
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    user: int
+    turn: int
+    group: int
+    start_s: float
+    """Seconds from the start of the run."""
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    status: int = 0
+    upstream: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+
+@dataclass(slots=True)
+class RunRecords:
+    records: list[RequestRecord] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Conversation:
+    user: int
+    history: list[tuple[str, str]] = field(default_factory=list)
+    """(question, answer) of finished turns."""
+    turn_done: list[asyncio.Event] = field(default_factory=list)
+
+
+def request_body(
+    w: SharedPrefixWorkload, texts: Texts, conv: _Conversation, turn: int, model: str
+) -> tuple[str, dict[str, object]]:
+    system = texts.system_prompts[group_of(w, conv.user)]
+    question = texts.questions[conv.user][turn if w.multi_turn else 0]
+    history = conv.history if w.multi_turn else []
+    common: dict[str, object] = {
+        "model": model, "max_tokens": w.output_len, "stream": True,
+        "stream_options": {"include_usage": True}, "ignore_eos": True,
+    }
+    if w.api == "chat":
+        messages = [{"role": "system", "content": system}]
+        for q, a in history:
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        messages.append({"role": "user", "content": question})
+        return "/v1/chat/completions", {**common, "messages": messages}
+    prompt = " ".join([system, *(f"{q} {a}" for q, a in history), question])
+    return "/v1/completions", {**common, "prompt": prompt}
+
+
+async def _one(
+    session: aiohttp.ClientSession, url: str, body: dict[str, object], rec: RequestRecord,
+    chat: bool,
+) -> str:
+    """Send one streaming request; fill ``rec``; return the generated text."""
+    t0 = time.perf_counter()
+    text: list[str] = []
+    try:
+        async with session.post(url, json=body) as resp:
+            rec.status = resp.status
+            rec.upstream = resp.headers.get(UPSTREAM_HOST_HEADER, "")
+            if resp.status != 200:
+                rec.error = (await resp.text())[:200]
+                return ""
+            done = False
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    continue
+                chunk = json.loads(payload)
+                for choice in chunk.get("choices") or ():
+                    piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                    if piece:
+                        if rec.ttft_s is None:
+                            rec.ttft_s = time.perf_counter() - t0
+                        text.append(piece)
+                usage = chunk.get("usage")
+                if usage:
+                    rec.prompt_tokens = usage.get("prompt_tokens", 0)
+                    rec.completion_tokens = usage.get("completion_tokens", 0)
+                    details = usage.get("prompt_tokens_details") or {}
+                    rec.cached_tokens = details.get("cached_tokens") or 0
+            if not done:
+                rec.error = "stream ended without [DONE]"
+    except (aiohttp.ClientError, json.JSONDecodeError, TimeoutError) as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        rec.e2e_s = time.perf_counter() - t0
+    return "".join(text)
+
+
+async def run_workload(
+    gateway_url: str,
+    w: SharedPrefixWorkload,
+    model: str,
+    on_done: Callable[[RequestRecord], None] | None = None,
+) -> RunRecords:
+    texts = make_texts(w, w.num_turns)
+    convs = [_Conversation(u, turn_done=[asyncio.Event() for _ in range(w.num_turns)])
+             for u in range(w.users)]
+    out = RunRecords()
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
+    t_start = time.perf_counter()
+
+    async def turn(session: aiohttp.ClientSession, conv: _Conversation, t: int) -> None:
+        path, body = request_body(w, texts, conv, t, model)
+        rec = RequestRecord(conv.user, t, group_of(w, conv.user), time.perf_counter() - t_start)
+        answer = await _one(session, gateway_url + path, body, rec, w.api == "chat")
+        conv.history.append((texts.questions[conv.user][t], answer))
+        out.records.append(rec)
+        if on_done is not None:
+            on_done(rec)
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        if w.stages:
+            await _open_loop(session, w, convs, turn, t_start)
+        else:
+            order = list(range(w.users))
+            random.Random(w.seed).shuffle(order)
+            queue: asyncio.Queue[int] = asyncio.Queue()
+            for u in order:
+                queue.put_nowait(u)
+
+            async def worker() -> None:
+                while not queue.empty():
+                    conv = convs[queue.get_nowait()]
+                    for t in range(w.num_turns):
+                        await turn(session, conv, t)
+
+            await asyncio.gather(*(worker() for _ in range(min(w.concurrency, w.users))))
+    out.wall_s = time.perf_counter() - t_start
+    return out
+
+
+async def _open_loop(
+    session: aiohttp.ClientSession, w: SharedPrefixWorkload, convs: list[_Conversation],
+    turn: Callable[..., object], t_start: float,
+) -> None:
+    rng = random.Random(w.seed)
+    users = len(convs)
+    tasks: list[asyncio.Task[None]] = []
+    at = 0.0
+    k = 0
+    for rate, duration in w.stages:
+        n = int(round(rate * duration))
+        stage_end = at + duration
+        for _ in range(n):
+            gap = rng.expovariate(rate) if w.poisson else 1.0 / rate
+            delay = t_start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)  # the arrival schedule itself
+            conv, t = convs[k % users], k // users
+            if not w.multi_turn:
+                t = 0
+
+            async def send(conv: _Conversation = conv, t: int = t) -> None:
+                if w.multi_turn and t > 0:
+                    await conv.turn_done[t - 1].wait()
+                await turn(session, conv, min(t, w.num_turns - 1))  # type: ignore[misc]
+                if w.multi_turn:
+                    conv.turn_done[t].set()
+
+            tasks.append(asyncio.create_task(send()))
+            at += gap
+            k += 1
+        at = max(at, stage_end) if not w.poisson else at
+    await asyncio.gather(*tasks)

@@ -1,0 +1,178 @@
+"""Summaries of demo runs: the replicas' own counters plus client-side timings; table, PNG.
+
+The prefix cache hit rate is vLLM's definition, read from each replica's ``/metrics``:
+``vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`` (tokens found in the
+cache over prompt tokens looked up), summed over replicas.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from simulator.stack.driver import RunRecords
+
+
+@dataclass(slots=True, frozen=True)
+class ReplicaCounters:
+    url: str
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    requests: float = 0.0
+
+
+async def scrape_replicas(urls: Sequence[str]) -> list[ReplicaCounters]:
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for url in urls:
+            async with session.get(f"{url}/metrics") as r:
+                text = await r.text()
+            values: dict[str, float] = {}
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    values[s.name] = values.get(s.name, 0.0) + s.value
+            out.append(ReplicaCounters(
+                url,
+                values.get("vllm:prefix_cache_queries_total", 0.0),
+                values.get("vllm:prefix_cache_hits_total", 0.0),
+                values.get("vllm:request_success_total", 0.0),
+            ))
+    return out
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    i = min(len(s) - 1, max(0, round(q * (len(s) - 1))))
+    return s[i]
+
+
+@dataclass(slots=True, frozen=True)
+class RunSummary:
+    policy: str
+    requests: int
+    errors: int
+    hit_rate: float
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    ttft_mean_ms: float
+    e2e_p50_ms: float
+    wall_s: float
+    req_per_s: float
+    output_tok_per_s: float
+    per_replica_requests: list[int]
+    per_replica_hit_rate: list[float]
+    ttfts_ms: list[float] = field(repr=False)
+    first_error: str = ""
+
+    @property
+    def imbalance(self) -> float:
+        """max / mean requests per replica (1.0 = perfectly even)."""
+        loads = self.per_replica_requests
+        mean = sum(loads) / len(loads) if loads else 0
+        return max(loads) / mean if mean else float("nan")
+
+
+def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters]) -> RunSummary:
+    ok = [r for r in run.records if r.ok]
+    ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
+    queries = sum(r.prefix_queries for r in replicas)
+    hits = sum(r.prefix_hits for r in replicas)
+    wall = max(run.wall_s, 1e-9)
+    errors = [r for r in run.records if not r.ok]
+    return RunSummary(
+        policy=policy,
+        requests=len(run.records),
+        errors=len(errors),
+        hit_rate=hits / queries if queries else 0.0,
+        ttft_p50_ms=_pct(ttfts, 0.5),
+        ttft_p90_ms=_pct(ttfts, 0.9),
+        ttft_mean_ms=statistics.fmean(ttfts) if ttfts else float("nan"),
+        e2e_p50_ms=_pct([r.e2e_s * 1000 for r in ok], 0.5),
+        wall_s=run.wall_s,
+        req_per_s=len(ok) / wall,
+        output_tok_per_s=sum(r.completion_tokens for r in ok) / wall,
+        per_replica_requests=[int(r.requests) for r in replicas],
+        per_replica_hit_rate=[r.prefix_hits / r.prefix_queries if r.prefix_queries else 0.0
+                              for r in replicas],
+        ttfts_ms=ttfts,
+        first_error=(f"HTTP {errors[0].status}: {errors[0].error}" if errors else ""),
+    )
+
+
+def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
+    def loads(s: RunSummary) -> str:
+        return " / ".join(str(n) for n in s.per_replica_requests) + f"  (max/mean {s.imbalance:.2f})"
+
+    return [
+        ("prefix cache hit rate", [f"{s.hit_rate:.1%}" for s in runs]),
+        ("TTFT p50", [f"{s.ttft_p50_ms:.0f} ms" for s in runs]),
+        ("TTFT p90", [f"{s.ttft_p90_ms:.0f} ms" for s in runs]),
+        ("throughput", [f"{s.req_per_s:.1f} req/s, {s.output_tok_per_s:.0f} tok/s" for s in runs]),
+        ("wall time", [f"{s.wall_s:.1f} s" for s in runs]),
+        ("requests per replica", [loads(s) for s in runs]),
+        ("errors", [f"{s.errors} of {s.requests}" for s in runs]),
+    ]
+
+
+def print_table(runs: Sequence[RunSummary], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("")
+    for s in runs:
+        table.add_column(f"via {s.policy}", justify="right")
+    for label, cells in table_rows(runs):
+        table.add_row(label, *cells)
+    Console().print(table)
+
+
+def write_plot(runs: Sequence[RunSummary], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_cdf, ax_hit) = plt.subplots(1, 2, figsize=(11, 4.2),
+                                         gridspec_kw={"width_ratios": [2.2, 1]})
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    for s, color in zip(runs, colors, strict=False):
+        xs = sorted(s.ttfts_ms)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax_cdf.step(xs, ys, where="post", color=color,
+                    label=f"{s.policy} (p50 {s.ttft_p50_ms:.0f} ms, p90 {s.ttft_p90_ms:.0f} ms)")
+    ax_cdf.set_xscale("log")
+    ax_cdf.set_xlabel("time to first token, ms (client-measured, log scale)")
+    ax_cdf.set_ylabel("fraction of requests")
+    ax_cdf.set_title("TTFT CDF")
+    ax_cdf.grid(True, which="both", alpha=0.3)
+    ax_cdf.legend(loc="lower right")
+    names = [s.policy for s in runs]
+    rates = [s.hit_rate * 100 for s in runs]
+    bars = ax_hit.bar(names, rates, color=colors[: len(runs)])
+    for bar, rate in zip(bars, rates, strict=True):
+        ax_hit.text(bar.get_x() + bar.get_width() / 2, rate + 1, f"{rate:.1f}%", ha="center")
+    ax_hit.set_ylim(0, 105)
+    ax_hit.set_ylabel("prefix cache hit rate, % of prompt tokens")
+    ax_hit.set_title("Prefix cache hit rate (replica counters)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_json(runs: Sequence[RunSummary], path: Path, extra: dict[str, object]) -> Path:
+    doc = {**extra, "runs": [{k: v for k, v in asdict(s).items() if k != "ttfts_ms"} for s in runs]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path
