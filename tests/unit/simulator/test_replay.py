@@ -1,0 +1,245 @@
+"""Trace replay: determinism, conservation, bounds, capacity, and each policy's behaviour."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from simulator.replay.policies import POLICY_NAMES, policy_factory
+from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
+from simulator.replay.report import summarize
+from simulator.replay.workload import (
+    ChatParams,
+    ChatWorkload,
+    MooncakeTrace,
+    SharedPrefixParams,
+    SharedPrefixWorkload,
+    TraceRequest,
+    engine_block_hashes,
+    random_text,
+)
+
+TRACE = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+
+
+class ListWorkload:
+    name = "hand-made"
+
+    def __init__(self, requests: list[TraceRequest]) -> None:
+        self.items = requests
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def requests(self) -> Iterator[TraceRequest]:
+        return iter(self.items)
+
+
+def req(i: int, t: float, prefix: int, tokens: int = 512, out: int = 16, session: str = "") -> TraceRequest:
+    """A prompt of ``tokens`` tokens: the first half is shared by every request with the same
+    ``prefix``, the second half is unique to request ``i``."""
+    half = tokens * 2
+    text = random_text(1000 + prefix, half) + random_text(10**6 + i, tokens * 4 - half)
+    return TraceRequest(f"r{i}", t, tokens, out, text, session_id=session)
+
+
+def small_shared_prefix(rate: float = 20.0) -> SharedPrefixWorkload:
+    return SharedPrefixWorkload(
+        SharedPrefixParams(
+            num_groups=6, num_prompts_per_group=12, system_prompt_len=768, question_len=64,
+            output_len=24, rate=rate, seed=3,
+        )
+    )
+
+
+SMALL = ReplayConfig(replicas=4, kv_blocks=400, seed=7)
+
+
+def replay(workload: object, policy: str, config: ReplayConfig = SMALL) -> ReplayResult:
+    name, factory = policy_factory(policy)
+    return Replayer(config).run(workload, factory, name)  # type: ignore[arg-type]
+
+
+def picks(result: ReplayResult) -> list[int]:
+    return [o.replica for o in result.outcomes]
+
+
+# --- engine-level properties ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["epp", "precise", "cache-aware", "random"])
+def test_replay_is_deterministic(policy: str) -> None:
+    a = replay(small_shared_prefix(), policy)
+    b = replay(small_shared_prefix(), policy)
+    key = [(o.replica, o.first_token_s, o.finish_s, o.cached_tokens) for o in a.outcomes]
+    assert key == [(o.replica, o.first_token_s, o.finish_s, o.cached_tokens) for o in b.outcomes]
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_request_finishes_exactly_once(policy: str) -> None:
+    workload = ChatWorkload(ChatParams(num_sessions=8, turns_per_session=4, num_system_prompts=2,
+                                       system_prompt_len=256, question_len=32, output_len=16, rate=30))
+    result = replay(workload, policy)
+    assert [o.request_id for o in result.outcomes] == [r.request_id for r in workload.requests()]
+    assert all(o.finished_count == 1 and not o.rejected for o in result.outcomes)
+    assert all(o.arrival_s <= o.admitted_s <= o.first_token_s <= o.finish_s for o in result.outcomes)
+
+
+def test_oversized_request_is_rejected_once_and_others_still_run() -> None:
+    huge = req(0, 0.0, prefix=1, tokens=16 * 500)  # more blocks than the cache holds
+    result = replay(ListWorkload([huge, req(1, 0.1, prefix=1)]), "epp")
+    assert [o.rejected for o in result.outcomes] == [True, False]
+    assert [o.finished_count for o in result.outcomes] == [1, 1]
+    assert summarize(result).rejected == 1
+
+
+@pytest.mark.parametrize("policy", ["epp", "random", "precise"])
+def test_cache_capacity_is_respected(policy: str) -> None:
+    config = ReplayConfig(replicas=2, kv_blocks=120, seed=1, sample_interval_s=0.05)
+    result = replay(small_shared_prefix(rate=40), policy, config)
+    assert max(result.peak_blocks) <= 120
+    assert max(result.peak_blocks) >= 100  # the workload does fill the cache
+    replayer = Replayer(config)
+    replayer.run(small_shared_prefix(rate=40), policy_factory(policy)[1])
+    for engine in replayer.engines:
+        c = engine.cache
+        assert c.used_blocks == 0
+        assert c.cached_blocks + c.free_blocks == c.num_blocks
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        small_shared_prefix(),
+        ChatWorkload(ChatParams(num_sessions=12, turns_per_session=4, num_system_prompts=3,
+                                system_prompt_len=384, question_len=48, output_len=32, rate=15, seed=2)),
+    ],
+    ids=["shared-prefix", "chat"],
+)
+def test_precise_hit_rate_bounds_every_other_policy(workload: object) -> None:
+    rates = {p: summarize(replay(workload, p)).hit_rate for p in POLICY_NAMES}
+    assert rates["precise"] > 0.3
+    for policy, rate in rates.items():
+        assert rate <= rates["precise"] + 1e-9, (policy, rates)
+
+
+def test_prefix_aware_policies_beat_random_on_shared_prefixes() -> None:
+    # 16 system prompts of 768 tokens (12k tokens) do not fit one replica's 6.4k-token cache:
+    # random thrashes every cache, epp partitions the groups.
+    w = SharedPrefixWorkload(SharedPrefixParams(num_groups=16, num_prompts_per_group=8,
+                                                system_prompt_len=768, question_len=64,
+                                                output_len=24, rate=20, seed=3))
+    rates = {p: summarize(replay(w, p)).hit_rate for p in ("epp", "random")}
+    assert rates["epp"] > rates["random"] + 0.2
+
+
+# --- each policy's characteristic behaviour on a tiny hand-made trace ------------------------
+
+
+def test_round_robin_cycles_through_replicas() -> None:
+    result = replay(ListWorkload([req(i, i * 0.01, prefix=i) for i in range(9)]), "round-robin")
+    assert picks(result) == [0, 1, 2, 3, 0, 1, 2, 3, 0]
+
+
+def test_random_spreads_and_depends_on_seed() -> None:
+    trace = ListWorkload([req(i, i * 0.01, prefix=0) for i in range(40)])
+    a = picks(replay(trace, "random"))
+    b = picks(replay(trace, "random", ReplayConfig(replicas=4, kv_blocks=400, seed=8)))
+    assert set(a) == {0, 1, 2, 3}
+    assert a != b
+
+
+def test_least_load_sends_concurrent_requests_to_distinct_replicas() -> None:
+    # Long outputs keep all four in flight; the fifth arrives after the first finishes.
+    trace = [req(i, i * 0.001, prefix=0, out=500) for i in range(4)] + [req(9, 60.0, prefix=0)]
+    result = replay(ListWorkload(trace), "least-load")
+    assert sorted(picks(result)[:4]) == [0, 1, 2, 3]
+
+
+def test_session_affinity_keeps_a_session_on_one_replica() -> None:
+    trace = [req(i, i * 0.05, prefix=i, session=f"s{i % 3}") for i in range(12)]
+    result = replay(ListWorkload(trace), "session-affinity")
+    by_session: dict[str, set[int]] = {}
+    for r, o in zip(trace, result.outcomes):
+        by_session.setdefault(r.session_id, set()).add(o.replica)
+    assert all(len(v) == 1 for v in by_session.values())
+    assert len({next(iter(v)) for v in by_session.values()}) == 3  # spread by load at first
+
+
+def test_chwbl_hashes_the_first_100_characters_within_the_load_bound() -> None:
+    # Same first 100 characters (same prefix): same replica while its load stays in bounds.
+    spaced = [req(i, i * 5.0, prefix=1) for i in range(5)]
+    assert len(set(picks(replay(ListWorkload(spaced), "chwbl")))) == 1
+    # A burst of 12 concurrent requests with one key: the bound (1.25 x mean) spills them over.
+    burst = [req(i, i * 0.0001, prefix=1, out=400) for i in range(12)]
+    spilled = picks(replay(ListWorkload(burst), "chwbl"))
+    assert len(set(spilled)) > 1
+    assert max(spilled.count(r) for r in set(spilled)) <= 4
+
+
+def test_cache_aware_follows_its_tree_then_balances_when_imbalanced() -> None:
+    # Balanced: a request matching a previous one (> 30% of characters) follows it; a new
+    # prefix goes to the replica with the smallest tree.
+    trace = [req(0, 0.0, prefix=1), req(1, 1.0, prefix=2), req(2, 2.0, prefix=1), req(3, 3.0, prefix=3)]
+    p = picks(replay(ListWorkload(trace), "cache-aware"))
+    assert p[2] == p[0]
+    assert len({p[0], p[1], p[3]}) == 3
+    # Imbalanced (max - min > 64 and max > 1.5 min): 100 concurrent requests with one prefix
+    # stop piling up on one replica once it holds 65 more than the others.
+    burst = [req(i, i * 0.0001, prefix=1, tokens=64, out=800) for i in range(100)]
+    p = picks(replay(ListWorkload(burst), "cache-aware", ReplayConfig(replicas=4, kv_blocks=8000)))
+    assert p[:65] == [p[0]] * 65  # 65 - 0 > 64 only after the 65th
+    assert p[65] != p[0]
+    assert set(p[65:]) == {0, 1, 2, 3}
+
+
+def test_epp_routes_a_shared_prefix_back_where_it_was_sent() -> None:
+    trace = [req(0, 0.0, prefix=1), req(1, 0.5, prefix=2), req(2, 1.0, prefix=1), req(3, 1.5, prefix=2)]
+    result = replay(ListWorkload(trace), "epp")
+    p = picks(result)
+    assert p[2] == p[0] and p[3] == p[1]
+    assert [o.cached_tokens > 0 for o in result.outcomes] == [False, False, True, True]
+
+
+def test_precise_reads_the_true_cache() -> None:
+    trace = [req(0, 0.0, prefix=1), req(1, 2.0, prefix=1), req(2, 4.0, prefix=5)]
+    result = replay(ListWorkload(trace), "precise")
+    assert picks(result)[1] == picks(result)[0]
+    assert result.outcomes[1].cached_tokens >= 240
+
+
+# --- workloads --------------------------------------------------------------------------------
+
+
+def test_mooncake_blocks_become_shared_text_and_engine_blocks(tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 9]},
+        {"timestamp": 2000, "input_length": 700, "output_length": 5, "hash_ids": [7, 10]},
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a, b = MooncakeTrace.load(path, time_scale=0.5).requests()
+    assert (len(a.prompt), len(b.prompt)) == (4400, 2800)
+    assert a.prompt[:2048] == b.prompt[:2048] and a.prompt[2048:2100] != b.prompt[2048:2100]
+    assert b.arrival_s == 1.0
+    ha, hb = engine_block_hashes(a, 16, 0), engine_block_hashes(b, 16, 0)
+    assert (len(ha), len(hb)) == (1100 // 16, 700 // 16)
+    assert ha[:32] == hb[:32] and ha[32] != hb[32]
+
+
+def test_chat_turns_extend_the_previous_turn_with_its_reply() -> None:
+    w = ChatWorkload(ChatParams(num_sessions=1, turns_per_session=3, rate=1.0))
+    first, second, _ = w.requests()
+    assert second.prompt.startswith(first.prompt + "<|assistant|>")
+    assert second.session_id == first.session_id
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="Mooncake trace not present")
+def test_mooncake_trace_head_replays() -> None:
+    trace = MooncakeTrace.load(TRACE, time_scale=1.0, limit=120)
+    result = replay(trace, "epp", ReplayConfig(replicas=4, kv_blocks=16384))
+    assert len(result.outcomes) == 120
+    assert all(o.finished_count == 1 for o in result.outcomes)
