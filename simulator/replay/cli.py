@@ -18,7 +18,13 @@ from simulator.replay.policies import POLICY_NAMES, policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
 from simulator.replay.report import PolicyStats, print_table, summarize
 from simulator.replay.sweep import parse_sweep, sweep_points
-from simulator.replay.workload import DEFAULT_TRACE, GENERATORS, MooncakeTrace, Workload, build_generator
+from simulator.replay.workload import (
+    DEFAULT_TRACE,
+    GENERATORS,
+    MooncakeTrace,
+    Workload,
+    build_generator,
+)
 
 DEFAULT_POLICIES = ",".join(POLICY_NAMES)
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from simulator.replay.replayer import ReplayResult  # noqa: E402
-from simulator.replay.report import PolicyStats  # noqa: E402
+from simulator.replay.replayer import ReplayResult
+from simulator.replay.report import PolicyStats
 
 
 def _slug(name: str) -> str:

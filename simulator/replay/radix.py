@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 
 class _Node:
-    __slots__ = ("label", "children", "tenants")
+    __slots__ = ("children", "label", "tenants")
 
     def __init__(self, label: str, tenants: dict[int, float] | None = None) -> None:
         self.label = label

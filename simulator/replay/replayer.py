@@ -173,8 +173,7 @@ class Replayer:
             for i, eng in enumerate(engines):
                 c = eng.cache
                 held = c.used_blocks + c.cached_blocks
-                if held > peak[i]:
-                    peak[i] = held
+                peak[i] = max(peak[i], held)
 
         def sample() -> None:
             sample_times.append(next_sample)

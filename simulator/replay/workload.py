@@ -413,9 +413,9 @@ def scaled_rate(workload: Workload, rate: float) -> Workload:
 
 
 __all__ = [
+    "DEFAULT_TRACE",
     "ChatParams",
     "ChatWorkload",
-    "DEFAULT_TRACE",
     "MooncakeTrace",
     "RagParams",
     "RagWorkload",
