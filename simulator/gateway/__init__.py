@@ -5,7 +5,12 @@ the command line one. See docs/local-stack.md for the Envoy behaviours it reprod
 """
 
 from simulator.gateway.extproc import BUFFERED, FULL_DUPLEX_STREAMED, MODE_NAMES, NONE, STREAMED
-from simulator.gateway.proxy import DESTINATION_HEADER, POLICIES, UPSTREAM_HOST_HEADER, GatewayOptions
+from simulator.gateway.proxy import (
+    DESTINATION_HEADER,
+    POLICIES,
+    UPSTREAM_HOST_HEADER,
+    GatewayOptions,
+)
 from simulator.gateway.server import GatewayHandle, start_gateway
 from simulator.gateway.upstream import GatewayStats
 

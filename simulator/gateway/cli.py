@@ -15,11 +15,19 @@ from simulator.gateway.server import start_gateway
 
 
 def add_mode_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=["buffered", "full-duplex"], default="full-duplex",
-                   help="ext_proc request_body_mode (Envoy's processing_mode)")
-    p.add_argument("--response-mode", choices=sorted(MODE_NAMES), default=None,
-                   help="ext_proc response_body_mode (default: full-duplex with --mode "
-                        "full-duplex, streamed with --mode buffered so SSE still streams)")
+    p.add_argument(
+        "--mode",
+        choices=["buffered", "full-duplex"],
+        default="full-duplex",
+        help="ext_proc request_body_mode (Envoy's processing_mode)",
+    )
+    p.add_argument(
+        "--response-mode",
+        choices=sorted(MODE_NAMES),
+        default=None,
+        help="ext_proc response_body_mode (default: full-duplex with --mode "
+        "full-duplex, streamed with --mode buffered so SSE still streams)",
+    )
 
 
 def modes_from_args(args: argparse.Namespace) -> tuple[int, int]:
@@ -46,11 +54,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=0, help="port to listen on (0 = any free port)")
     p.add_argument("--policy", choices=POLICIES, default="epp", help="who picks the endpoint")
     p.add_argument("--extproc", default="127.0.0.1:9002", help="epp's ext_proc gRPC address")
-    p.add_argument("--endpoints", default="",
-                   help="comma-separated ip:port of model servers (random / round-robin)")
+    p.add_argument(
+        "--endpoints",
+        default="",
+        help="comma-separated ip:port of model servers (random / round-robin)",
+    )
     add_mode_flags(p)
-    p.add_argument("--message-timeout-s", type=float, default=10.0,
-                   help="how long to wait for each ext_proc reply (Envoy's message_timeout)")
+    p.add_argument(
+        "--message-timeout-s",
+        type=float,
+        default=10.0,
+        help="how long to wait for each ext_proc reply (Envoy's message_timeout)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed of the random policy")
     p.set_defaults(run=run)
 
@@ -60,9 +75,15 @@ def run(args: argparse.Namespace) -> int:
     endpoints = tuple(e.strip() for e in args.endpoints.split(",") if e.strip())
     try:
         options = GatewayOptions(
-            host=args.host, port=args.port, policy=args.policy, extproc=args.extproc,
-            endpoints=endpoints, request_mode=request, response_mode=response,
-            message_timeout_s=args.message_timeout_s, seed=args.seed,
+            host=args.host,
+            port=args.port,
+            policy=args.policy,
+            extproc=args.extproc,
+            endpoints=endpoints,
+            request_mode=request,
+            response_mode=response,
+            message_timeout_s=args.message_timeout_s,
+            seed=args.seed,
         )
         asyncio.run(_serve(options))
     except ValueError as exc:

@@ -107,8 +107,8 @@ class ExtProcStream:
     async def write(self, msg: pb.ProcessingRequest) -> None:
         if self._first:
             self._first = False
-            msg.protocol_config.request_body_mode = self.request_mode  # type: ignore[assignment]
-            msg.protocol_config.response_body_mode = self.response_mode  # type: ignore[assignment]
+            msg.protocol_config.request_body_mode = self.request_mode
+            msg.protocol_config.response_body_mode = self.response_mode
         try:
             await self._call.write(msg)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
@@ -127,7 +127,7 @@ class ExtProcStream:
             raise ExtProcError("ext_proc server closed the stream while a reply was due")
         if reply.HasField("dynamic_metadata"):
             self.metadata.merge(reply.dynamic_metadata)
-        return reply  # type: ignore[no-any-return]
+        return reply
 
     async def close(self) -> None:
         """Half-close as Envoy does when the HTTP exchange is complete, then drain."""
@@ -168,9 +168,7 @@ def response_headers(headers: HeaderList, end_of_stream: bool) -> pb.ProcessingR
 
 
 def response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingRequest:
-    return pb.ProcessingRequest(
-        response_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream)
-    )
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
 
 
 def expect(reply: pb.ProcessingResponse, kind: str) -> pb.CommonResponse | Immediate:
@@ -180,4 +178,5 @@ def expect(reply: pb.ProcessingResponse, kind: str) -> pb.CommonResponse | Immed
         return immediate_from(reply.immediate_response)
     if got != kind:
         raise ExtProcError(f"ext_proc protocol error: expected a {kind} reply, got {got}")
-    return getattr(reply, kind).response  # type: ignore[no-any-return]
+    common: pb.CommonResponse = getattr(reply, kind).response
+    return common

@@ -38,6 +38,7 @@ MUTABLE_PSEUDO = frozenset({":path", ":authority"})
 others (``:method``, ``:scheme``, ``:status`` on requests)."""
 
 _Action = base_pb2.HeaderValueOption.HeaderAppendAction
+Names = set[str]
 
 
 class HeaderList:
@@ -85,16 +86,18 @@ class HeaderList:
             headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in self.items]
         )
 
-    def apply(self, mutation: pb.HeaderMutation) -> set[str]:
+    def apply(self, mutation: pb.HeaderMutation) -> Names:
         """Apply an ext_proc ``HeaderMutation`` the way Envoy does (set, then remove).
 
         Returns the names the mutation set, so callers can tell whether the server took
         responsibility for ``content-length``."""
-        touched: set[str] = set()
+        touched: Names = Names()
         for option in mutation.set_headers:
             header = option.header
             key = header.key.lower()
-            value = header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
+            value = (
+                header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
+            )
             if key.startswith(":") and key not in MUTABLE_PSEUDO:
                 log.warning("ext_proc tried to set %s; Envoy's default rules ignore it", key)
                 continue

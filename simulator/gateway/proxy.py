@@ -134,11 +134,13 @@ def local_reply(status: int, message: str) -> web.Response:
 def _mutated(mutation: pb.BodyMutation, body: bytes) -> bytes:
     kind = mutation.WhichOneof("mutation")
     if kind == "body":
-        return mutation.body
+        return bytes(mutation.body)
     if kind == "clear_body":
         return b"" if mutation.clear_body else body
     if kind == "streamed_response":
-        raise ExtProcError("ext_proc protocol error: streamed_response outside FULL_DUPLEX_STREAMED")
+        raise ExtProcError(
+            "ext_proc protocol error: streamed_response outside FULL_DUPLEX_STREAMED"
+        )
     return body
 
 
@@ -180,7 +182,10 @@ class EppExchange:
     """Policy ``epp``: every request through one ext_proc stream."""
 
     def __init__(
-        self, channel: grpc.aio.Channel, upstreams: Upstreams, opts: GatewayOptions,
+        self,
+        channel: grpc.aio.Channel,
+        upstreams: Upstreams,
+        opts: GatewayOptions,
         stats: GatewayStats,
     ) -> None:
         self._stub = pb_grpc.ExternalProcessorStub(channel)
@@ -192,8 +197,9 @@ class EppExchange:
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
         opts = self._opts
-        stream = ExtProcStream(self._stub, opts.request_mode, opts.response_mode,
-                               opts.message_timeout_s)
+        stream = ExtProcStream(
+            self._stub, opts.request_mode, opts.response_mode, opts.message_timeout_s
+        )
         closed = False
         try:
             outcome = await self._request_path(stream, request, client_headers(request))
@@ -257,7 +263,8 @@ class EppExchange:
         await stream.write(xp.request_headers(headers, not has_body))
         sender = (
             asyncio.create_task(_pump(stream, request.content, xp.request_body))
-            if has_body else None
+            if has_body
+            else None
         )
         try:
             body = bytearray()
@@ -274,13 +281,17 @@ class EppExchange:
                 elif kind == "request_body" and headers_done and not body_done:
                     mutation = reply.request_body.response.body_mutation
                     if mutation.WhichOneof("mutation") != "streamed_response":
-                        raise ExtProcError("ext_proc protocol error: FULL_DUPLEX_STREAMED body "
-                                           "reply without streamed_response")
+                        raise ExtProcError(
+                            "ext_proc protocol error: FULL_DUPLEX_STREAMED body "
+                            "reply without streamed_response"
+                        )
                     body += mutation.streamed_response.body
                     body_done = mutation.streamed_response.end_of_stream
                 else:
-                    raise ExtProcError(f"ext_proc protocol error: unexpected {kind} reply "
-                                       f"(headers replied: {headers_done})")
+                    raise ExtProcError(
+                        f"ext_proc protocol error: unexpected {kind} reply "
+                        f"(headers replied: {headers_done})"
+                    )
             if sender is not None:
                 await sender
         finally:
@@ -299,8 +310,10 @@ class EppExchange:
             value = headers.get(DESTINATION_HEADER) or ""
         out = [v.strip() for v in str(value).split(",") if v.strip()]
         if not out:
-            raise ExtProcError(f"ext_proc named no destination (metadata {LB_NAMESPACE} or "
-                               f"header {DESTINATION_HEADER})")
+            raise ExtProcError(
+                f"ext_proc named no destination (metadata {LB_NAMESPACE} or "
+                f"header {DESTINATION_HEADER})"
+            )
         return out
 
     # --- response path -----------------------------------------------------------------
@@ -315,7 +328,8 @@ class EppExchange:
         await stream.write(xp.response_headers(headers, not has_body))
         sender = (
             asyncio.create_task(_pump(stream, up.content, xp.response_body))
-            if mode == xp.FULL_DUPLEX_STREAMED else None
+            if mode == xp.FULL_DUPLEX_STREAMED
+            else None
         )
         try:
             common = xp.expect(await stream.read(), "response_headers")
@@ -372,12 +386,15 @@ class EppExchange:
             reply = await stream.read(self._opts.route_timeout_s)
             kind = reply.WhichOneof("response")
             if kind != "response_body":
-                raise ExtProcError(f"ext_proc protocol error: {kind} while streaming the "
-                                   "response body; resetting")
+                raise ExtProcError(
+                    f"ext_proc protocol error: {kind} while streaming the response body; resetting"
+                )
             mutation = reply.response_body.response.body_mutation
             if mutation.WhichOneof("mutation") != "streamed_response":
-                raise ExtProcError("ext_proc protocol error: FULL_DUPLEX_STREAMED body reply "
-                                   "without streamed_response")
+                raise ExtProcError(
+                    "ext_proc protocol error: FULL_DUPLEX_STREAMED body reply "
+                    "without streamed_response"
+                )
             if mutation.streamed_response.body:
                 await out.write(mutation.streamed_response.body)
             if mutation.streamed_response.end_of_stream:

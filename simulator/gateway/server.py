@@ -73,11 +73,14 @@ async def start_gateway(options: GatewayOptions) -> GatewayHandle:
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)
     await site.start()
-    port = options.port
-    server = site._server
-    if server is not None and getattr(server, "sockets", None):
-        port = server.sockets[0].getsockname()[1]
+    port = int(runner.addresses[0][1])
     names = {v: k for k, v in MODE_NAMES.items()}
-    log.info("gateway on %s:%d policy=%s request=%s response=%s", options.host, port,
-             options.policy, names.get(options.request_mode), names.get(options.response_mode))
+    log.info(
+        "gateway on %s:%d policy=%s request=%s response=%s",
+        options.host,
+        port,
+        options.policy,
+        names.get(options.request_mode),
+        names.get(options.response_mode),
+    )
     return GatewayHandle(options.host, port, options, stats, runner, upstreams, channel)

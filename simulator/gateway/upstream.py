@@ -60,13 +60,20 @@ class Upstreams:
             out["host"] = authority or dest
             try:
                 response = await self._session.request(
-                    method, f"http://{dest}{path}", headers=out, data=body,
+                    method,
+                    f"http://{dest}{path}",
+                    headers=out,
+                    data=body,
                     allow_redirects=False,
                 )
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
                 self._stats.connect_failures += 1
-                log.warning("upstream %s failed (%s); %d more to try",
-                            dest, type(exc).__name__, len(destinations) - i - 1)
+                log.warning(
+                    "upstream %s failed (%s); %d more to try",
+                    dest,
+                    type(exc).__name__,
+                    len(destinations) - i - 1,
+                )
                 continue
             if i:
                 self._stats.fallbacks += 1

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -21,7 +22,11 @@ from simulator.emulator import EmulatorConfig, RunningEmulator, start_emulator
 
 
 async def start_replicas(
-    count: int, speedup: float, model: str, kv_blocks: int | None, max_num_seqs: int | None,
+    count: int,
+    speedup: float,
+    model: str,
+    kv_blocks: int | None,
+    max_num_seqs: int | None,
     host: str = "127.0.0.1",
 ) -> list[RunningEmulator]:
     extra: dict[str, Any] = {}
@@ -51,7 +56,7 @@ async def _until_stopped() -> None:
         loop.add_signal_handler(sig, stop.set)
 
     def on_stdin() -> None:
-        if not sys.stdin.buffer.read1(4096):  # EOF: the parent is gone
+        if not os.read(sys.stdin.fileno(), 4096):  # EOF: the parent is gone
             loop.remove_reader(sys.stdin.fileno())
             stop.set()
 
@@ -61,8 +66,9 @@ async def _until_stopped() -> None:
 
 async def _main(args: argparse.Namespace) -> None:
     if args.role == "replicas":
-        reps = await start_replicas(args.count, args.speedup, args.model, args.kv_blocks,
-                                    args.max_num_seqs)
+        reps = await start_replicas(
+            args.count, args.speedup, args.model, args.kv_blocks, args.max_num_seqs
+        )
         print(json.dumps({"replica_urls": [r.url for r in reps]}), flush=True)
         try:
             await _until_stopped()
@@ -71,9 +77,15 @@ async def _main(args: argparse.Namespace) -> None:
                 await r.close()
     else:
         handle = await start_epp(args.endpoints.split(","), args.config)
-        print(json.dumps({"epp_grpc": f"127.0.0.1:{handle.grpc_port}",
-                          "epp_metrics": f"http://127.0.0.1:{handle.metrics_port}/metrics"}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "epp_grpc": f"127.0.0.1:{handle.grpc_port}",
+                    "epp_metrics": f"http://127.0.0.1:{handle.metrics_port}/metrics",
+                }
+            ),
+            flush=True,
+        )
         try:
             await _until_stopped()
         finally:
@@ -92,11 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     try:
         asyncio.run(_main(args))
-    except Exception as exc:  # report start-up failures on stderr with a clear line
+    except Exception as exc:  # noqa: BLE001 - report any start-up failure as one clear line
         print(f"simulator.stack.child {args.role}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0

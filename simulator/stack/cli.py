@@ -17,7 +17,9 @@ from simulator.stack.stack import DEFAULT_MODEL, Stack, StackError, StackOptions
 from simulator.stack.workload import SharedPrefixWorkload, WorkloadError, load_inference_perf
 
 DEMO = SharedPrefixWorkload()
-DEFAULT_SPEEDUP = 4.0
+"""16 system prompts of 2,000 tokens (32k tokens) against 4 replicas of 16k-token KV caches:
+random routing must keep every prompt everywhere and thrashes; epp partitions them."""
+DEFAULT_SPEEDUP = 1.0
 DEFAULT_KV_BLOCKS = 1024
 
 
@@ -36,51 +38,92 @@ def register(subparsers: Any) -> None:
     )
     g = p.add_argument_group("stack")
     g.add_argument("--replicas", type=int, default=4, help="emulated replicas (one process)")
-    g.add_argument("--policy", choices=["epp", "random", "round-robin"], default="epp",
-                   help="who picks the replica (random / round-robin bypass epp)")
-    g.add_argument("--config", default="", help="epp scheduling config (YAML path or shipped "
-                   "profile name), passed to epp as --config")
-    g.add_argument("--speedup", type=float, default=DEFAULT_SPEEDUP,
-                   help="emulated GPU runs this many times faster than real time")
-    g.add_argument("--kv-blocks", type=int, default=DEFAULT_KV_BLOCKS,
-                   help="KV cache blocks (16 tokens) per replica; small so that routing matters")
+    g.add_argument(
+        "--policy",
+        choices=["epp", "random", "round-robin"],
+        default="epp",
+        help="who picks the replica (random / round-robin bypass epp)",
+    )
+    g.add_argument(
+        "--config",
+        default="",
+        help="epp scheduling config (YAML path or shipped profile name), passed to epp as --config",
+    )
+    g.add_argument(
+        "--speedup",
+        type=float,
+        default=DEFAULT_SPEEDUP,
+        help="emulated GPU runs this many times faster than real time",
+    )
+    g.add_argument(
+        "--kv-blocks",
+        type=int,
+        default=DEFAULT_KV_BLOCKS,
+        help="KV cache blocks (16 tokens) per replica; small so that routing matters",
+    )
     g.add_argument("--max-num-seqs", type=int, default=None, help="batch size per replica")
     g.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
     g.add_argument("--port", type=int, default=0, help="gateway port (0 = any free port)")
     add_mode_flags(g)
-    g.add_argument("--inline", action="store_true",
-                   help="run replicas and epp in this process (default: two child processes)")
-    g.add_argument("--log-dir", type=Path, default=None,
-                   help="where child processes log (default: a temp dir)")
+    g.add_argument(
+        "--inline",
+        action="store_true",
+        help="run replicas and epp in this process (default: two child processes)",
+    )
+    g.add_argument(
+        "--log-dir", type=Path, default=None, help="where child processes log (default: a temp dir)"
+    )
 
     d = p.add_argument_group("demo")
-    d.add_argument("--demo", action="store_true",
-                   help="run the demo workload through --policy and --baseline, then exit")
-    d.add_argument("--baseline", choices=["random", "round-robin"], default="random",
-                   help="the policy epp is compared with")
-    d.add_argument("--workload", type=Path, default=None,
-                   help="inference-perf config (data.type: shared_prefix) to replay instead")
+    d.add_argument(
+        "--demo",
+        action="store_true",
+        help="run the demo workload through --policy and --baseline, then exit",
+    )
+    d.add_argument(
+        "--baseline",
+        choices=["random", "round-robin"],
+        default="random",
+        help="the policy epp is compared with",
+    )
+    d.add_argument(
+        "--workload",
+        type=Path,
+        default=None,
+        help="inference-perf config (data.type: shared_prefix) to replay instead",
+    )
     d.add_argument("--out-dir", type=Path, default=Path("out"), help="where demo.png/json go")
     d.add_argument("--groups", type=int, default=DEMO.num_groups, help="system prompts")
-    d.add_argument("--users-per-group", type=int, default=DEMO.num_prompts_per_group,
-                   help="users sharing each system prompt")
+    d.add_argument(
+        "--users-per-group",
+        type=int,
+        default=DEMO.num_prompts_per_group,
+        help="users sharing each system prompt",
+    )
     d.add_argument("--turns", type=int, default=DEMO.num_turns, help="turns per conversation")
-    d.add_argument("--system-prompt-len", type=int, default=DEMO.system_prompt_len,
-                   help="tokens")
+    d.add_argument("--system-prompt-len", type=int, default=DEMO.system_prompt_len, help="tokens")
     d.add_argument("--question-len", type=int, default=DEMO.question_len, help="tokens")
     d.add_argument("--output-len", type=int, default=DEMO.output_len, help="tokens")
-    d.add_argument("--concurrency", type=int, default=DEMO.concurrency,
-                   help="conversations in flight at once")
+    d.add_argument(
+        "--concurrency", type=int, default=DEMO.concurrency, help="conversations in flight at once"
+    )
     d.add_argument("--api", choices=["chat", "completion"], default=DEMO.api)
     p.set_defaults(run=run)
 
 
 def options_from_args(args: argparse.Namespace) -> StackOptions:
     return StackOptions(
-        replicas=args.replicas, policy=args.policy, config=args.config, speedup=args.speedup,
-        kv_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, model=args.model,
-        request_mode=args.mode, response_mode=args.response_mode,
-        isolation="inline" if args.inline else "process", gateway_port=args.port,
+        replicas=args.replicas,
+        policy=args.policy,
+        config=args.config,
+        speedup=args.speedup,
+        kv_blocks=args.kv_blocks,
+        max_num_seqs=args.max_num_seqs,
+        model=args.model,
+        request_mode=args.mode,
+        response_mode=args.response_mode,
+        isolation="inline" if args.inline else "process",
+        gateway_port=args.port,
         log_dir=args.log_dir,
     )
 
@@ -89,10 +132,15 @@ def workload_from_args(args: argparse.Namespace) -> SharedPrefixWorkload:
     if args.workload is not None:
         return load_inference_perf(args.workload)
     return dataclasses.replace(
-        DEMO, num_groups=args.groups, num_prompts_per_group=args.users_per_group,
-        num_turns=args.turns, system_prompt_len=args.system_prompt_len,
-        question_len=args.question_len, output_len=args.output_len,
-        concurrency=args.concurrency, api=args.api,
+        DEMO,
+        num_groups=args.groups,
+        num_prompts_per_group=args.users_per_group,
+        num_turns=args.turns,
+        system_prompt_len=args.system_prompt_len,
+        question_len=args.question_len,
+        output_len=args.output_len,
+        concurrency=args.concurrency,
+        api=args.api,
     )
 
 
@@ -150,8 +198,10 @@ async def _main(
 def _summary(stack: Stack) -> None:
     o = stack.options
     lines = [
-        f"local stack up: {len(stack.replica_urls)} emulated replicas of {o.model} "
-        f"(speedup {o.speedup:g}x, {o.kv_blocks or 'default'} KV blocks each)",
+        (
+            f"local stack up: {len(stack.replica_urls)} emulated replicas of {o.model} "
+            f"(speedup {o.speedup:g}x, {o.kv_blocks or 'default'} KV blocks each)"
+        ),
         f"  gateway   {stack.gateway_url}   policy {o.policy}, ext_proc mode {o.request_mode}",
     ]
     if stack.epp_grpc:
@@ -162,7 +212,7 @@ def _summary(stack: Stack) -> None:
         lines.append(f"  logs      {stack.log_dir}")
     lines.append(
         f"try: curl -s {stack.gateway_url}/v1/completions -H 'content-type: application/json' "
-        f"-d '{{\"model\": \"{o.model}\", \"prompt\": \"Hello\", \"max_tokens\": 8}}'"
+        f'-d \'{{"model": "{o.model}", "prompt": "Hello", "max_tokens": 8}}\''
     )
     lines.append("Ctrl-C stops everything.")
     print("\n".join(lines), file=sys.stderr, flush=True)

@@ -68,29 +68,41 @@ async def run_demo(
     )
     runs: list[RunSummary] = []
     with Progress(
-        TextColumn("{task.description:>12}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=console, transient=False,
+        TextColumn("{task.description:>12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
     ) as progress:
         for policy in policies:
-            runs.append(await run_policy(dataclasses.replace(base, policy=policy), workload,
-                                         progress))
-    title = (f"{base.replicas} replicas, speedup {base.speedup:g}x; {workload.describe()}")
+            runs.append(
+                await run_policy(dataclasses.replace(base, policy=policy), workload, progress)
+            )
+    title = f"{base.replicas} replicas, speedup {base.speedup:g}x; {workload.describe()}"
     print_table(runs, "epp vs " + ", ".join(policies[1:]) + " (same workload, cold caches)")
     for s in runs:
         if s.errors:
-            console.print(f"[yellow]{s.policy}: {s.errors} requests failed; first: "
-                          f"{s.first_error}[/]")
+            console.print(
+                f"[yellow]{s.policy}: {s.errors} requests failed; first: {s.first_error}[/]"
+            )
     console.print(
         "hit rate = vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total over all "
-        "replicas; TTFT measured by the client from the SSE stream (wall clock, emulated GPU "
-        f"running {base.speedup:g}x faster than real time)."
+        "replicas; TTFT measured by the client from the SSE stream (wall clock; the emulated "
+        f"GPU runs at {base.speedup:g}x real time)."
     )
     plot = json_path = None
     if out_dir is not None:
         plot = write_plot(runs, out_dir / "demo.png", title)
-        json_path = write_json(runs, out_dir / "demo.json", {
-            "workload": dataclasses.asdict(workload), "replicas": base.replicas,
-            "speedup": base.speedup, "mode": base.request_mode,
-        })
+        json_path = write_json(
+            runs,
+            out_dir / "demo.json",
+            {
+                "workload": dataclasses.asdict(workload),
+                "replicas": base.replicas,
+                "speedup": base.speedup,
+                "mode": base.request_mode,
+            },
+        )
         console.print(f"Plot: [bold]{plot}[/]   numbers: {json_path}")
     return DemoResult(runs, plot, json_path)

@@ -63,8 +63,11 @@ def request_body(
     question = texts.questions[conv.user][turn if w.multi_turn else 0]
     history = conv.history if w.multi_turn else []
     common: dict[str, object] = {
-        "model": model, "max_tokens": w.output_len, "stream": True,
-        "stream_options": {"include_usage": True}, "ignore_eos": True,
+        "model": model,
+        "max_tokens": w.output_len,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
     }
     if w.api == "chat":
         messages = [{"role": "system", "content": system}]
@@ -77,7 +80,10 @@ def request_body(
 
 
 async def _one(
-    session: aiohttp.ClientSession, url: str, body: dict[str, object], rec: RequestRecord,
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, object],
+    rec: RequestRecord,
     chat: bool,
 ) -> str:
     """Send one streaming request; fill ``rec``; return the generated text."""
@@ -101,7 +107,9 @@ async def _one(
                     continue
                 chunk = json.loads(payload)
                 for choice in chunk.get("choices") or ():
-                    piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                    piece = (
+                        (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                    )
                     if piece:
                         if rec.ttft_s is None:
                             rec.ttft_s = time.perf_counter() - t0
@@ -128,8 +136,10 @@ async def run_workload(
     on_done: Callable[[RequestRecord], None] | None = None,
 ) -> RunRecords:
     texts = make_texts(w, w.num_turns)
-    convs = [_Conversation(u, turn_done=[asyncio.Event() for _ in range(w.num_turns)])
-             for u in range(w.users)]
+    convs = [
+        _Conversation(u, turn_done=[asyncio.Event() for _ in range(w.num_turns)])
+        for u in range(w.users)
+    ]
     out = RunRecords()
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
@@ -166,8 +176,11 @@ async def run_workload(
 
 
 async def _open_loop(
-    session: aiohttp.ClientSession, w: SharedPrefixWorkload, convs: list[_Conversation],
-    turn: Callable[..., object], t_start: float,
+    session: aiohttp.ClientSession,
+    w: SharedPrefixWorkload,
+    convs: list[_Conversation],
+    turn: Callable[..., object],
+    t_start: float,
 ) -> None:
     rng = random.Random(w.seed)
     users = len(convs)
@@ -175,7 +188,7 @@ async def _open_loop(
     at = 0.0
     k = 0
     for rate, duration in w.stages:
-        n = int(round(rate * duration))
+        n = round(rate * duration)
         stage_end = at + duration
         for _ in range(n):
             gap = rng.expovariate(rate) if w.poisson else 1.0 / rate

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,12 +38,14 @@ async def scrape_replicas(urls: Sequence[str]) -> list[ReplicaCounters]:
             for family in text_string_to_metric_families(text):
                 for s in family.samples:
                     values[s.name] = values.get(s.name, 0.0) + s.value
-            out.append(ReplicaCounters(
-                url,
-                values.get("vllm:prefix_cache_queries_total", 0.0),
-                values.get("vllm:prefix_cache_hits_total", 0.0),
-                values.get("vllm:request_success_total", 0.0),
-            ))
+            out.append(
+                ReplicaCounters(
+                    url,
+                    values.get("vllm:prefix_cache_queries_total", 0.0),
+                    values.get("vllm:prefix_cache_hits_total", 0.0),
+                    values.get("vllm:request_success_total", 0.0),
+                )
+            )
     return out
 
 
@@ -100,8 +103,9 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
         req_per_s=len(ok) / wall,
         output_tok_per_s=sum(r.completion_tokens for r in ok) / wall,
         per_replica_requests=[int(r.requests) for r in replicas],
-        per_replica_hit_rate=[r.prefix_hits / r.prefix_queries if r.prefix_queries else 0.0
-                              for r in replicas],
+        per_replica_hit_rate=[
+            r.prefix_hits / r.prefix_queries if r.prefix_queries else 0.0 for r in replicas
+        ],
         ttfts_ms=ttfts,
         first_error=(f"HTTP {errors[0].status}: {errors[0].error}" if errors else ""),
     )
@@ -109,7 +113,9 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
 
 def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
     def loads(s: RunSummary) -> str:
-        return " / ".join(str(n) for n in s.per_replica_requests) + f"  (max/mean {s.imbalance:.2f})"
+        return (
+            " / ".join(str(n) for n in s.per_replica_requests) + f"  (max/mean {s.imbalance:.2f})"
+        )
 
     return [
         ("prefix cache hit rate", [f"{s.hit_rate:.1%}" for s in runs]),
@@ -141,14 +147,20 @@ def write_plot(runs: Sequence[RunSummary], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_cdf, ax_hit) = plt.subplots(1, 2, figsize=(11, 4.2),
-                                         gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (ax_cdf, ax_hit) = plt.subplots(
+        1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2.2, 1]}
+    )
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
     for s, color in zip(runs, colors, strict=False):
         xs = sorted(s.ttfts_ms)
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        ax_cdf.step(xs, ys, where="post", color=color,
-                    label=f"{s.policy} (p50 {s.ttft_p50_ms:.0f} ms, p90 {s.ttft_p90_ms:.0f} ms)")
+        ax_cdf.step(
+            xs,
+            ys,
+            where="post",
+            color=color,
+            label=f"{s.policy} (p50 {s.ttft_p50_ms:.0f} ms, p90 {s.ttft_p90_ms:.0f} ms)",
+        )
     ax_cdf.set_xscale("log")
     ax_cdf.set_xlabel("time to first token, ms (client-measured, log scale)")
     ax_cdf.set_ylabel("fraction of requests")
@@ -163,7 +175,7 @@ def write_plot(runs: Sequence[RunSummary], path: Path, title: str) -> Path:
     ax_hit.set_ylim(0, 105)
     ax_hit.set_ylabel("prefix cache hit rate, % of prompt tokens")
     ax_hit.set_title("Prefix cache hit rate (replica counters)")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 130), fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

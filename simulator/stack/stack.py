@@ -46,7 +46,7 @@ class StackOptions:
     policy: str = "epp"
     config: str = ""
     """epp scheduling config: a YAML path or a shipped profile name ('' = default)."""
-    speedup: float = 4.0
+    speedup: float = 1.0
     kv_blocks: int | None = None
     """KV cache blocks per replica (None = the emulator's default)."""
     max_num_seqs: int | None = None
@@ -107,8 +107,11 @@ class Stack:
         return [u.removeprefix("http://") for u in self.replica_urls]
 
     def describe(self) -> dict[str, Any]:
-        return {"gateway_url": self.gateway_url, "epp_grpc": self.epp_grpc,
-                "replica_urls": self.replica_urls}
+        return {
+            "gateway_url": self.gateway_url,
+            "epp_grpc": self.epp_grpc,
+            "replica_urls": self.replica_urls,
+        }
 
     async def stop(self) -> None:
         await self.gateway.stop()
@@ -120,13 +123,20 @@ class Stack:
         await asyncio.gather(*(c.stop() for c in reversed(self._children)))
 
 
-async def _spawn(name: str, argv: list[str], log_dir: Path, timeout_s: float) -> tuple[_Child, dict[str, Any]]:
+async def _spawn(
+    name: str, argv: list[str], log_dir: Path, timeout_s: float
+) -> tuple[_Child, dict[str, Any]]:
     log_path = log_dir / f"{name}.log"
-    err = open(log_path, "wb")  # noqa: SIM115 - the child owns it; closed with our copy below
+    err = open(log_path, "wb")  # noqa: SIM115, ASYNC230 - handed to the child, closed below
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "simulator.stack.child", *argv,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+            sys.executable,
+            "-m",
+            "simulator.stack.child",
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
             start_new_session=True,  # Ctrl-C reaches us only; we stop the children in order
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -203,8 +213,15 @@ async def start_stack(options: StackOptions) -> Stack:
 
                 log_dir = Path(tempfile.mkdtemp(prefix="epp-stack-"))
             log_dir.mkdir(parents=True, exist_ok=True)
-            argv = ["replicas", "--count", str(options.replicas), "--speedup",
-                    str(options.speedup), "--model", options.model]
+            argv = [
+                "replicas",
+                "--count",
+                str(options.replicas),
+                "--speedup",
+                str(options.speedup),
+                "--model",
+                options.model,
+            ]
             if options.kv_blocks:
                 argv += ["--kv-blocks", str(options.kv_blocks)]
             if options.max_num_seqs:
@@ -213,8 +230,13 @@ async def start_stack(options: StackOptions) -> Stack:
             children.append(ch)
             replica_urls: list[str] = info["replica_urls"]
         elif options.isolation == "inline":
-            reps = await child.start_replicas(options.replicas, options.speedup, options.model,
-                                              options.kv_blocks, options.max_num_seqs)
+            reps = await child.start_replicas(
+                options.replicas,
+                options.speedup,
+                options.model,
+                options.kv_blocks,
+                options.max_num_seqs,
+            )
             inline.extend(reps)
             replica_urls = [r.url for r in reps]
         else:
@@ -239,13 +261,20 @@ async def start_stack(options: StackOptions) -> Stack:
             await _wait_epp(epp_grpc, deadline)
 
         request_mode, response_mode = options.modes()
-        gateway = await start_gateway(GatewayOptions(
-            port=options.gateway_port, policy=options.policy, extproc=epp_grpc or "",
-            endpoints=tuple(endpoints), request_mode=request_mode, response_mode=response_mode,
-            seed=options.seed,
-        ))
-        stack = Stack(options, gateway, replica_urls, epp_grpc, epp_metrics, log_dir,
-                      children, inline)
+        gateway = await start_gateway(
+            GatewayOptions(
+                port=options.gateway_port,
+                policy=options.policy,
+                extproc=epp_grpc or "",
+                endpoints=tuple(endpoints),
+                request_mode=request_mode,
+                response_mode=response_mode,
+                seed=options.seed,
+            )
+        )
+        stack = Stack(
+            options, gateway, replica_urls, epp_grpc, epp_metrics, log_dir, children, inline
+        )
         try:
             await _wait_gateway(gateway.url, deadline)
         except BaseException:

@@ -28,11 +28,46 @@ import yaml
 
 from simulator.model.tokens import CHARS_PER_TOKEN
 
-_VOCAB = (
-    "cache token prefix route model server replica batch prompt reply user system query "
-    "answer metric gateway pool block index score load queue delay stream chunk event "
-    "vector layer weight input output sample policy random budget limit window session"
-).split()
+_VOCAB = [
+    "cache",
+    "token",
+    "prefix",
+    "route",
+    "model",
+    "server",
+    "replica",
+    "batch",
+    "prompt",
+    "reply",
+    "user",
+    "system",
+    "query",
+    "answer",
+    "metric",
+    "gateway",
+    "pool",
+    "block",
+    "index",
+    "score",
+    "load",
+    "queue",
+    "delay",
+    "stream",
+    "chunk",
+    "event",
+    "vector",
+    "layer",
+    "weight",
+    "input",
+    "output",
+    "sample",
+    "policy",
+    "random",
+    "budget",
+    "limit",
+    "window",
+    "session",
+]
 
 
 class WorkloadError(ValueError):
@@ -41,13 +76,13 @@ class WorkloadError(ValueError):
 
 @dataclass(slots=True, frozen=True)
 class SharedPrefixWorkload:
-    num_groups: int = 8
-    num_prompts_per_group: int = 8
+    num_groups: int = 16
+    num_prompts_per_group: int = 6
     """Users per system prompt."""
-    system_prompt_len: int = 1500
+    system_prompt_len: int = 2000
     question_len: int = 60
     output_len: int = 24
-    num_turns: int = 3
+    num_turns: int = 4
     multi_turn: bool = True
     """False: every request is system prompt + one question (inference-perf's default)."""
     api: str = "chat"
@@ -69,7 +104,9 @@ class SharedPrefixWorkload:
             if getattr(self, name) < 0:
                 raise WorkloadError(f"workload field {name!r} must be >= 0")
         if self.api not in ("chat", "completion"):
-            raise WorkloadError(f"workload field 'api' must be chat or completion, not {self.api!r}")
+            raise WorkloadError(
+                f"workload field 'api' must be chat or completion, not {self.api!r}"
+            )
 
     @property
     def users(self) -> int:
@@ -78,7 +115,7 @@ class SharedPrefixWorkload:
     @property
     def total_requests(self) -> int:
         if self.stages:
-            return sum(int(round(r * d)) for r, d in self.stages)
+            return sum(round(r * d) for r, d in self.stages)
         return self.users * self.num_turns
 
     def scaled(self, factor: float) -> SharedPrefixWorkload:
@@ -88,9 +125,9 @@ class SharedPrefixWorkload:
 
     def describe(self) -> str:
         load = (
-            f"open loop {self.total_requests} requests over "
-            f"{sum(d for _, d in self.stages):g}s"
-            if self.stages else f"{self.concurrency} conversations at a time"
+            f"open loop {self.total_requests} requests over {sum(d for _, d in self.stages):g}s"
+            if self.stages
+            else f"{self.concurrency} conversations at a time"
         )
         return (
             f"{self.num_groups} system prompts x {self.num_prompts_per_group} users, "
@@ -149,8 +186,9 @@ def parse_inference_perf(doc: Any, source: str = "<workload>") -> SharedPrefixWo
         raise WorkloadError(f"{source}: expected a mapping at the top level")
     data = doc.get("data") or {}
     if data.get("type") != "shared_prefix":
-        raise WorkloadError(f"{source}: field 'data.type' must be shared_prefix, "
-                            f"got {data.get('type')!r}")
+        raise WorkloadError(
+            f"{source}: field 'data.type' must be shared_prefix, got {data.get('type')!r}"
+        )
     sp = data.get("shared_prefix")
     if not isinstance(sp, dict):
         raise WorkloadError(f"{source}: field 'data.shared_prefix' is missing")
@@ -160,8 +198,10 @@ def parse_inference_perf(doc: Any, source: str = "<workload>") -> SharedPrefixWo
             if k in sp:
                 value = sp[k]
                 if not isinstance(value, int) or isinstance(value, bool):
-                    raise WorkloadError(f"{source}: field 'data.shared_prefix.{k}' must be an "
-                                        f"integer, got {value!r}")
+                    raise WorkloadError(
+                        f"{source}: field 'data.shared_prefix.{k}' must be an "
+                        f"integer, got {value!r}"
+                    )
                 return value
         if default is None:
             raise WorkloadError(f"{source}: field 'data.shared_prefix.{key}' is required")
@@ -180,12 +220,13 @@ def parse_inference_perf(doc: Any, source: str = "<workload>") -> SharedPrefixWo
         try:
             stages.append((float(st["rate"]), float(st["duration"])))
         except (KeyError, TypeError, ValueError):
-            raise WorkloadError(f"{source}: field 'load.stages[{i}]' needs numeric rate and "
-                                "duration") from None
+            raise WorkloadError(
+                f"{source}: field 'load.stages[{i}]' needs numeric rate and duration"
+            ) from None
     if not stages:
         raise WorkloadError(f"{source}: field 'load.stages' must list at least one stage")
     users = groups * per_group
-    total = sum(int(round(r * d)) for r, d in stages)
+    total = sum(round(r * d) for r, d in stages)
     turns = max(1, math.ceil(total / users)) if multi_turn else 1
     return SharedPrefixWorkload(
         num_groups=groups,

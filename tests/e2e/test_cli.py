@@ -1,0 +1,149 @@
+"""``epp-sim stack`` as a user runs it: child processes, one JSON line, clean shutdown; the demo
+replaying an inference-perf recipe."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_stack_prints_one_json_line_serves_and_stops_everything_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "simulator.cli",
+        "stack",
+        "--replicas",
+        "2",
+        "--speedup",
+        "20",
+        "--log-dir",
+        str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_env(),
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        info = json.loads(line)
+        assert set(info) == {"gateway_url", "epp_grpc", "replica_urls"}
+        assert len(info["replica_urls"]) == 2
+        async with aiohttp.ClientSession() as http:
+            body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hi", "max_tokens": 3}
+            async with http.post(info["gateway_url"] + "/v1/completions", json=body) as r:
+                assert r.status == 200
+                assert r.headers["x-upstream-host"] in [
+                    u.removeprefix("http://") for u in info["replica_urls"]
+                ]
+        children = [int(p) for p in (await _children(proc.pid))]
+        assert len(children) == 2  # replicas (one process) and epp
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 30)
+    assert code == 0
+    assert not [pid for pid in children if _alive(pid)]
+    summary = (await proc.stderr.read()).decode()
+    assert "gateway" in summary and "Ctrl-C" in summary
+
+
+async def _children(pid: int) -> list[str]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return path.read_text().split() if path.exists() else []
+
+
+RECIPE = """\
+load:
+  type: constant
+  stages:
+  - rate: 40
+    duration: 1
+api:
+  type: chat
+server:
+  type: vllm
+  model_name: meta-llama/Llama-3.1-8B-Instruct
+  base_url: http://0.0.0.0:8000
+data:
+  type: shared_prefix
+  shared_prefix:
+    num_groups: 4
+    num_prompts_per_group: 2
+    system_prompt_len: 600
+    question_len: 20
+    output_len: 4
+    enable_multi_turn_chat: true
+"""
+
+
+async def test_demo_replays_an_inference_perf_recipe_and_writes_table_and_plot(
+    tmp_path: Path,
+) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE)
+    out = tmp_path / "out"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "simulator.cli",
+        "stack",
+        "--demo",
+        "--workload",
+        str(recipe),
+        "--replicas",
+        "2",
+        "--speedup",
+        "20",
+        "--kv-blocks",
+        "96",
+        "--out-dir",
+        str(out),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=_env(),
+        cwd=ROOT,
+    )
+    stdout, _ = await asyncio.wait_for(proc.communicate(), 120)
+    text = stdout.decode()
+    assert proc.returncode == 0, text
+    assert "4 system prompts x 2 users, 5 turns" in text  # 40 requests over 8 users
+    for row in (
+        "prefix cache hit rate",
+        "TTFT p50",
+        "TTFT p90",
+        "throughput",
+        "requests per replica",
+    ):
+        assert row in text
+    assert (out / "demo.png").stat().st_size > 10_000
+    doc = json.loads((out / "demo.json").read_text())
+    runs = {r["policy"]: r for r in doc["runs"]}
+    assert set(runs) == {"epp", "random"}
+    assert runs["epp"]["requests"] == runs["random"]["requests"] == 40
+    assert runs["epp"]["errors"] == 0 and runs["random"]["errors"] == 0
