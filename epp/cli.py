@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ from epp.errors import ConfigError
 from epp.extproc import convert
 from epp.observability.logging import setup_logging
 from epp.server.runner import ServerOptions, SourceStarter, start_server
+from epp.sync.node import SyncOptions
+from epp.sync.peers import parse_host_port, parse_peers
 
 log = logging.getLogger("epp.cli")
 
@@ -106,6 +109,30 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-scrape", action="store_true",
                    help="do not scrape endpoints (load then comes only from in-flight counts)")
 
+    g = serve.add_argument_group(
+        "index sync between replicas",
+        "each replica streams the prefix-index writes it made to its peers and applies "
+        "theirs (docs/sync.md); on when --peers or --peer-dns is given",
+    )
+    g.add_argument("--peers", default="",
+                   help="static peers: comma-separated host:port of the other replicas' "
+                   "sync ports (naming this replica too is harmless)")
+    g.add_argument("--peer-dns", default="",
+                   help="NAME:PORT of a headless Service over the epp pods, resolved every "
+                   "--peer-dns-interval-s; every address but --pod-ip is a peer")
+    g.add_argument("--pod-ip", default=os.environ.get("POD_IP", ""),
+                   help="this pod's IP, skipped in --peer-dns answers (default: env POD_IP)")
+    g.add_argument("--sync-port", type=_port, default=9004,
+                   help="port of the IndexSync gRPC server peers subscribe to (0 = any)")
+    g.add_argument("--peer-dns-interval-s", type=float, default=5.0,
+                   help="seconds between lookups of --peer-dns")
+    g.add_argument("--sync-flush-ms", type=float, default=20.0,
+                   help="a peer receives this replica's writes at least this often")
+    g.add_argument("--sync-batch-records", type=int, default=256,
+                   help="records per message; a full batch is sent without waiting")
+    g.add_argument("--sync-buffer-records", type=int, default=8192,
+                   help="writes kept for slow peers; a peer further behind loses the oldest")
+
     g = serve.add_argument_group("lifecycle and logging")
     g.add_argument("--grace-s", type=float, default=30.0,
                    help="on SIGTERM, how long open ext_proc streams may take to finish")
@@ -125,6 +152,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(args: argparse.Namespace) -> EppConfig:
     return load_config(args.config) if args.config else default_config()
+
+
+def sync_options(args: argparse.Namespace) -> SyncOptions | None:
+    """Index sync from the flags; None when neither --peers nor --peer-dns is given."""
+    if not args.peers and not args.peer_dns:
+        return None
+    if args.sync_port < 0:
+        raise ConfigError("--sync-port", "sync needs a port (0 = any free port)")
+    if args.sync_flush_ms <= 0:
+        raise ConfigError("--sync-flush-ms", "must be > 0")
+    if args.sync_batch_records <= 0:
+        raise ConfigError("--sync-batch-records", "must be > 0")
+    if args.sync_buffer_records < args.sync_batch_records:
+        raise ConfigError("--sync-buffer-records", "must be at least --sync-batch-records")
+    if args.peer_dns_interval_s <= 0:
+        raise ConfigError("--peer-dns-interval-s", "must be > 0")
+    return SyncOptions(
+        port=args.sync_port,
+        peers=parse_peers(args.peers),
+        peer_dns=parse_host_port(args.peer_dns, "--peer-dns") if args.peer_dns else None,
+        own_ips=frozenset(ip.strip() for ip in args.pod_ip.split(",") if ip.strip()),
+        dns_interval_s=args.peer_dns_interval_s,
+        flush_interval_s=args.sync_flush_ms / 1000.0,
+        batch_records=args.sync_batch_records,
+        buffer_records=args.sync_buffer_records,
+    )
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -172,6 +225,7 @@ async def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         grace_s=args.grace_s,
         shutdown_delay_s=args.shutdown_delay_s,
+        sync=sync_options(args),
     )
     handle = await start_server(
         cfg, static, options, sources=sources, objective_lookup=objective_lookup

@@ -99,6 +99,37 @@ class EppMetrics:
             "epp_scrape_errors", "Failed metrics scrapes.", ["endpoint", "reason"], registry=r
         )
         self.scrapes = Counter("epp_scrapes", "Successful metrics scrapes.", registry=r)
+        # --- index sync between replicas (epp/sync, docs/sync.md) ---
+        self.sync_published = Counter(
+            "epp_sync_records_published",
+            "Index writes this replica made itself and offered to its peers.",
+            registry=r,
+        )
+        self.sync_sent = Counter(
+            "epp_sync_records_sent", "Records streamed to subscribed peers (summed over peers).",
+            registry=r,
+        )
+        self.sync_applied = Counter(
+            "epp_sync_records_applied", "Records received from peers and written to the index.",
+            registry=r,
+        )
+        self.sync_dropped = Counter(
+            "epp_sync_records_dropped",
+            "Records lost: 'slow_subscriber' (a peer read too slowly and the bounded buffer "
+            "overwrote them, counted by the publisher) or 'unknown_endpoint' (received for an "
+            "endpoint not in this replica's pool).",
+            ["reason"],
+            registry=r,
+        )
+        self.sync_peers = Gauge("epp_sync_peers", "Peers this replica subscribes to.", registry=r)
+        self.sync_peers_connected = Gauge(
+            "epp_sync_peers_connected", "Peers with an open subscription stream.", registry=r
+        )
+        self.sync_subscribers = Gauge(
+            "epp_sync_subscribers", "Peers currently subscribed to this replica.", registry=r
+        )
+        self.sync_dropped_slow = self.sync_dropped.labels("slow_subscriber")
+        self.sync_dropped_unknown = self.sync_dropped.labels("unknown_endpoint")
         self._request_children: dict[tuple[str, str], Any] = {}
         self._plugin_children: dict[str, Any] = {}
         self._usage_children: dict[str, tuple[Any, Any, Any]] = {}

@@ -2,11 +2,15 @@
 
 It is the only component that writes to the index. Scorers and filters only read the
 ``PrefixMatch`` it attaches to the cycle state.
+
+Index sync (``epp/sync``, docs/sync.md) plugs in through two seams that keep this module
+free of grpc: ``on_record`` sees every write this replica makes itself, and ``apply_remote``
+stores a peer's write without passing it to ``on_record`` (so nothing is echoed back).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from epp.datastore.endpoint import Endpoint, EndpointId
@@ -21,6 +25,11 @@ _DISTRUST_RATIO = 0.5
 _SHRINK = 0.8
 _GROW = 1.02
 
+RecordSink = Callable[[EndpointId, Sequence[int], float], None]
+"""Told of each index write this replica makes itself: endpoint, chain hashes, stamp (the
+monotonic ``now_s`` written into the index). Must be cheap: it runs on the request path.
+The hashes are shared with the index, so the sink must not modify them."""
+
 
 @dataclass(slots=True)
 class PrefixProducer:
@@ -29,6 +38,8 @@ class PrefixProducer:
     chars_per_token: float = 4.0
     learn_from_responses: bool = True
     name: str = "prefix-producer"
+    on_record: RecordSink | None = None
+    """Index sync's publisher (``epp.sync.outbox.Outbox.append``); None without sync."""
     _base_capacity: dict[EndpointId, int] = field(default_factory=dict)
 
     def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
@@ -45,7 +56,7 @@ class PrefixProducer:
     def post_pick(self, state: CycleState, result: PickResult) -> None:
         hashes = state.prefix.hashes
         if hashes:
-            self.index.record(result.target.id, hashes, state.now_s)
+            self._record(result.target.id, hashes, state.now_s)
 
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
         if not self.learn_from_responses or info.status >= 400:
@@ -81,7 +92,18 @@ class PrefixProducer:
         more = self.hasher.extend(text, hashes[-1], start)
         if more:
             # Re-record the whole chain so the prompt's chunks stay younger than the reply's.
-            self.index.record(target, list(hashes) + more, state.now_s)
+            self._record(target, list(hashes) + more, state.now_s)
+
+    def _record(self, endpoint_id: EndpointId, hashes: Sequence[int], now_s: float) -> None:
+        self.index.record(endpoint_id, hashes, now_s)
+        if self.on_record is not None:
+            self.on_record(endpoint_id, hashes, now_s)
+
+    def apply_remote(self, endpoint_id: EndpointId, hashes: Sequence[int], stamp_s: float) -> None:
+        """Store a write a peer replica made (``stamp_s`` on this process's clock). Unlike
+        the producer's own writes it is not passed to ``on_record``: peers publish only what
+        they decided themselves, so a write never loops between replicas."""
+        self.index.record(endpoint_id, hashes, stamp_s)
 
     def observe_endpoint(self, endpoint: Endpoint) -> None:
         """Size the endpoint's LRU from its KV cache (``vllm:cache_config_info``)."""

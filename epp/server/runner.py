@@ -34,6 +34,7 @@ from epp.observability.metrics import EppMetrics
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.requestcontrol.director import Director
 from epp.scheduling.scheduler import Scheduler
+from epp.sync.node import SyncNode, SyncOptions
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class ServerOptions:
     housekeeping_interval_s: float = 1.0
     max_message_bytes: int = 0
     """gRPC message cap; 0 derives it from the body cap."""
+    sync: SyncOptions | None = None
+    """Index sync with peer replicas (docs/sync.md); None: this replica learns alone."""
 
 
 @dataclass
@@ -86,6 +89,8 @@ class ServerHandle:
     _web: web.AppRunner | None = None
     _sources: list[Any] = field(default_factory=list)
     _options: ServerOptions = field(default_factory=ServerOptions)
+    sync: SyncNode | None = None
+    sync_port: int = -1
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def update_health(self) -> None:
@@ -113,6 +118,8 @@ class ServerHandle:
             await asyncio.sleep(self._options.shutdown_delay_s)
         ext_proc_server, *others = self._servers
         await ext_proc_server.stop(grace)
+        if self.sync is not None:  # after the drain: peers still learn the drained replies
+            await self.sync.stop()
         for server in others:
             await server.stop(0)
         if self._scraper is not None:
@@ -222,6 +229,9 @@ async def start_server(
 
     if endpoints:
         ds.replace_all(endpoints)
+    if opts.sync is not None:
+        handle.sync = SyncNode(opts.sync, sched.producer, ds, metrics)
+        handle.sync_port = await handle.sync.start(opts.host)
     for start in sources:
         result = start(ds)
         if asyncio.iscoroutine(result):
@@ -240,8 +250,8 @@ async def start_server(
         asyncio.create_task(_sweeper(sched, cfg.prefix.sweep_interval_seconds), name="epp-sweep")
     )
     log.info(
-        "epp serving: grpc=%d health=%d metrics=%d endpoints=%d mode=%s",
-        grpc_port, health_port, handle.metrics_port, len(ds),
+        "epp serving: grpc=%d health=%d metrics=%d sync=%d endpoints=%d mode=%s",
+        grpc_port, health_port, handle.metrics_port, handle.sync_port, len(ds),
         convert.BodySendMode.Name(opts.processing_mode),
     )
     return handle
@@ -255,6 +265,8 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
             with contextlib.suppress(Exception):
                 stats = handle.scheduler.index.stats()
             handle.metrics.refresh_pool(handle.datastore.snapshot(), stats)
+            if handle.sync is not None:
+                handle.sync.refresh_metrics()
         except Exception:
             log.exception("housekeeping failed")
         await asyncio.sleep(opts.housekeeping_interval_s)

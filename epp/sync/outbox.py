@@ -1,0 +1,94 @@
+"""The outbox: this replica's own index writes, waiting to be streamed to its peers.
+
+One bounded ring shared by every subscriber; each subscriber reads from its own cursor. The
+request path only stores a reference into the ring (``append``: no copy, no lock, no I/O).
+A subscriber that falls more than ``capacity`` writes behind loses the oldest ones: its next
+read skips to the oldest write still held and reports how many it missed. Nothing is
+replayed to a new subscriber: it starts at the newest write.
+
+Single-threaded: ``append`` and the readers run on the serving event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from epp.datastore.endpoint import EndpointId
+
+
+@dataclass(slots=True, frozen=True)
+class OwnWrite:
+    endpoint_id: EndpointId
+    hashes: Sequence[int]
+    stamp_s: float
+    """The ``now_s`` the write carried, on this process's monotonic clock."""
+
+
+@dataclass(slots=True, frozen=True)
+class OutboxRead:
+    writes: list[OwnWrite]
+    next_cursor: int
+    dropped: int
+    """Writes between the cursor and the oldest one still held: lost to this reader."""
+
+
+def _no_wakeup() -> None:
+    return None
+
+
+class Outbox:
+    def __init__(
+        self,
+        capacity_records: int = 8192,
+        batch_records: int = 256,
+        wakeup: Callable[[], None] = _no_wakeup,
+    ) -> None:
+        if capacity_records <= 0 or batch_records <= 0:
+            raise ValueError("capacity_records and batch_records must be positive")
+        self.capacity = capacity_records
+        self.batch_records = batch_records
+        self._ring: list[OwnWrite | None] = [None] * capacity_records
+        self._head = 0
+        """Sequence number of the next write; also the count of writes ever appended."""
+        self._wakeup = wakeup
+
+    @property
+    def head(self) -> int:
+        """Where a new reader starts (it sees only writes appended from now on)."""
+        return self._head
+
+    @property
+    def published(self) -> int:
+        return self._head
+
+    def append(self, endpoint_id: EndpointId, hashes: Sequence[int], now_s: float) -> None:
+        """The producer's ``on_record``: remember one write of this replica's own."""
+        seq = self._head
+        self._ring[seq % self.capacity] = OwnWrite(endpoint_id, hashes, now_s)
+        self._head = seq + 1
+        if (seq + 1) % self.batch_records == 0:
+            self._wakeup()  # a full batch is waiting: readers need not wait for the timer
+
+    def read(self, cursor: int, max_records: int, max_chunks: int = 1 << 62) -> OutboxRead:
+        """Writes from ``cursor`` on: at most ``max_records``, and no more chunks than
+        ``max_chunks`` (unless the first write alone exceeds it)."""
+        head = self._head
+        oldest = max(0, head - self.capacity)
+        dropped = 0
+        if cursor < oldest:
+            dropped, cursor = oldest - cursor, oldest
+        end = min(head, cursor + max_records)
+        ring, cap = self._ring, self.capacity
+        writes: list[OwnWrite] = []
+        chunks = 0
+        seq = cursor
+        while seq < end:
+            w = ring[seq % cap]
+            assert w is not None
+            chunks += len(w.hashes)
+            if writes and chunks > max_chunks:
+                break
+            writes.append(w)
+            seq += 1
+        return OutboxRead(writes, seq, dropped)
