@@ -29,7 +29,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from simulator.emulator import EmulatorConfig
 from simulator.gateway import MODE_NAMES, GatewayHandle, GatewayOptions, start_gateway
-from simulator.stack import child
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +229,8 @@ async def start_stack(options: StackOptions) -> Stack:
             children.append(ch)
             replica_urls: list[str] = info["replica_urls"]
         elif options.isolation == "inline":
+            from simulator.stack import child  # not at import: `python -m ...child` warns
+
             reps = await child.start_replicas(
                 options.replicas,
                 options.speedup,
@@ -254,6 +255,8 @@ async def start_stack(options: StackOptions) -> Stack:
                 children.append(ch)
                 epp_grpc, epp_metrics = info["epp_grpc"], info["epp_metrics"]
             else:
+                from simulator.stack import child
+
                 handle = await child.start_epp(endpoints, options.config)
                 inline.append(handle)
                 epp_grpc = f"127.0.0.1:{handle.grpc_port}"
