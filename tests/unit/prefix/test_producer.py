@@ -1,0 +1,54 @@
+"""The producer's sync seams: every write it makes itself reaches ``on_record`` with exactly
+what went into the index; ``apply_remote`` writes without publishing."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from epp.config.loader import default_config
+from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+from epp.request.types import ApiKind, InferenceRequest
+from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.types import ResponseInfo
+
+SYSTEM = "You are a helpful assistant. " * 20
+EPS = [Endpoint(EndpointId(f"10.0.0.{i}:8000"), f"10.0.0.{i}", 8000,
+                metrics=Metrics(scraped_at_s=1.0)) for i in range(3)]
+
+
+def scheduler_with_sink() -> tuple[Scheduler, list[tuple[EndpointId, list[int], float]]]:
+    s = Scheduler.from_config(default_config(), random.Random(0))
+    published: list[tuple[EndpointId, list[int], float]] = []
+
+    def sink(eid: EndpointId, hashes: Sequence[int], now_s: float) -> None:
+        published.append((eid, list(hashes), now_s))
+
+    s.producer.on_record = sink
+    return s, published
+
+
+def test_the_pick_and_the_reply_are_published_as_written() -> None:
+    s, published = scheduler_with_sink()
+    result = s.schedule(InferenceRequest("r", "m", SYSTEM, api=ApiKind.CHAT), EPS, 5.0)
+    target = result.target.id
+    assert published == [(target, list(result.state.prefix.hashes), 5.0)]
+    s.on_response(result, ResponseInfo(generated_text="Sure. " * 40))
+    assert len(published) == 2
+    eid, hashes, stamp = published[1]
+    assert (eid, stamp) == (target, 5.0)
+    assert hashes[: len(result.state.prefix.hashes)] == list(result.state.prefix.hashes)
+    assert set(s.index.chunks_of(target)) == set(hashes)
+
+
+def test_a_prompt_shorter_than_a_chunk_publishes_nothing() -> None:
+    s, published = scheduler_with_sink()
+    s.schedule(InferenceRequest("r", "m", "hi"), EPS, 1.0)
+    assert published == []
+
+
+def test_apply_remote_writes_the_index_but_does_not_publish() -> None:
+    s, published = scheduler_with_sink()
+    s.producer.apply_remote(EPS[1].id, [11, 12], 3.0)
+    assert s.index.match([11, 12], [EPS[1].id], 3.0) == {EPS[1].id: 2}
+    assert published == []
