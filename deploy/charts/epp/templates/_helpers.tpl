@@ -44,12 +44,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default .Release.Namespace .Values.discovery.pool.namespace -}}
 {{- end -}}
 
+{{/* "true" when index sync runs: sync.enabled, or by default when there are peers. */}}
+{{- define "epp.syncEnabled" -}}
+{{- if kindIs "bool" .Values.sync.enabled -}}
+{{- .Values.sync.enabled -}}
+{{- else -}}
+{{- gt (int .Values.replicaCount) 1 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The headless Service through which epp replicas find each other. */}}
+{{- define "epp.peersServiceName" -}}
+{{- printf "%s-peers" (include "epp.fullname" . | trunc 57 | trimSuffix "-") -}}
+{{- end -}}
+
 {{- define "epp.validate" -}}
 {{- if not (has .Values.discovery.mode (list "pool" "static")) -}}
 {{- fail (printf "discovery.mode must be pool or static, not %q" .Values.discovery.mode) -}}
 {{- end -}}
 {{- if and (eq .Values.discovery.mode "static") (not .Values.discovery.static.endpoints) -}}
 {{- fail "discovery.static.endpoints must list at least one ip:port in static mode" -}}
+{{- end -}}
+{{- if not (or (kindIs "bool" .Values.sync.enabled) (kindIs "invalid" .Values.sync.enabled)) -}}
+{{- fail (printf "sync.enabled must be true, false or unset, not %v" .Values.sync.enabled) -}}
 {{- end -}}
 {{- if and .Values.inferencePool.create (not .Values.inferencePool.modelServers.matchLabels) -}}
 {{- fail "inferencePool.modelServers.matchLabels must not be empty" -}}
