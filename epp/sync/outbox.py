@@ -48,7 +48,10 @@ class Outbox:
             raise ValueError("capacity_records and batch_records must be positive")
         self.capacity = capacity_records
         self.batch_records = batch_records
-        self._ring: list[OwnWrite | None] = [None] * capacity_records
+        # three parallel rings: appending stores three references and allocates nothing
+        self._eids: list[EndpointId] = [EndpointId("")] * capacity_records
+        self._hashes: list[Sequence[int]] = [()] * capacity_records
+        self._stamps: list[float] = [0.0] * capacity_records
         self._head = 0
         """Sequence number of the next write; also the count of writes ever appended."""
         self._wakeup = wakeup
@@ -65,7 +68,10 @@ class Outbox:
     def append(self, endpoint_id: EndpointId, hashes: Sequence[int], now_s: float) -> None:
         """The producer's ``on_record``: remember one write of this replica's own."""
         seq = self._head
-        self._ring[seq % self.capacity] = OwnWrite(endpoint_id, hashes, now_s)
+        i = seq % self.capacity
+        self._eids[i] = endpoint_id
+        self._hashes[i] = hashes
+        self._stamps[i] = now_s
         self._head = seq + 1
         if (seq + 1) % self.batch_records == 0:
             self._wakeup()  # a full batch is waiting: readers need not wait for the timer
@@ -79,16 +85,16 @@ class Outbox:
         if cursor < oldest:
             dropped, cursor = oldest - cursor, oldest
         end = min(head, cursor + max_records)
-        ring, cap = self._ring, self.capacity
+        cap = self.capacity
         writes: list[OwnWrite] = []
         chunks = 0
         seq = cursor
         while seq < end:
-            w = ring[seq % cap]
-            assert w is not None
-            chunks += len(w.hashes)
+            i = seq % cap
+            hashes = self._hashes[i]
+            chunks += len(hashes)
             if writes and chunks > max_chunks:
                 break
-            writes.append(w)
+            writes.append(OwnWrite(self._eids[i], hashes, self._stamps[i]))
             seq += 1
         return OutboxRead(writes, seq, dropped)
