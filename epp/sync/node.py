@@ -189,7 +189,7 @@ class SyncNode:
         if published > self._published_seen:
             self.metrics.sync_published.inc(published - self._published_seen)
             self._published_seen = published
-        self.metrics.sync_peers.set(len(self.peers.addresses))
+        self.metrics.sync_peers.set(self.peers.followed)
         self.metrics.sync_peers_connected.set(len(self.connected))
 
     async def stop(self) -> None:

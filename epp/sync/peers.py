@@ -52,6 +52,11 @@ class PeerSet:
     def addresses(self) -> frozenset[str]:
         return frozenset(self._tasks)
 
+    @property
+    def followed(self) -> int:
+        """Peers still followed (a follower that found this replica itself has ended)."""
+        return sum(not t.done() for t in self._tasks.values())
+
     def update(self, addresses: Iterable[str]) -> None:
         wanted = set(addresses)
         for gone in self._tasks.keys() - wanted:

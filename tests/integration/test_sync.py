@@ -138,6 +138,8 @@ async def test_a_replica_listed_as_its_own_peer_ignores_itself() -> None:
         await route(a, PROMPT)
         assert applied(a) == 0
         assert not sync.connected
+        sync.refresh_metrics()
+        assert a.handle.registry.get_sample_value("epp_sync_peers") == 0
     finally:
         await stop_epp(a)
 
