@@ -37,12 +37,32 @@ def test_capacity_keeps_the_most_recent_chains_and_drops_the_oldest() -> None:
     idx = PrefixIndex(capacity_chunks=400)
     for tag in range(100):  # 100 distinct prompts of 10 chunks into room for 40
         idx.record(A, chain(tag, 10), now_s=float(tag))
-    assert len(idx) <= 400
+    assert len(idx) == 400
     held = [tag for tag in range(100) if idx.match(chain(tag, 10), [A], now_s=100.0)]
-    # a segmented LRU keeps at least (G-1)/G of its capacity, always the most recent
-    assert held == list(range(100 - len(held), 100))
-    assert len(held) >= 30
-    assert idx.stats().evictions == 1000 - len(idx)
+    assert held == list(range(60, 100))  # exactly the 40 most recent
+    assert idx.stats().evictions == 600
+
+
+def test_lru_evicts_the_deepest_chunks_of_the_oldest_chain_first() -> None:
+    idx = PrefixIndex(capacity_chunks=10)
+    idx.record(A, chain(1, 6), now_s=1.0)
+    idx.record(A, chain(2, 6), now_s=2.0)  # 12 > 10: the two deepest chunks of chain 1 go
+    assert idx.match(chain(1, 6), [A], now_s=3.0) == {A: 4}
+    assert idx.match(chain(2, 6), [A], now_s=3.0) == {A: 6}
+    idx.record(A, chain(1, 4), now_s=4.0)  # touch chain 1: chain 2 is now the oldest
+    idx.record(A, chain(3, 3), now_s=5.0)
+    assert idx.match(chain(1, 6), [A], now_s=6.0) == {A: 4}
+    assert idx.match(chain(2, 6), [A], now_s=6.0) == {A: 3}
+
+
+def test_a_chain_used_again_moves_instead_of_being_stored_twice() -> None:
+    idx = PrefixIndex(capacity_chunks=400)
+    idx.record(A, chain(0, 50), now_s=0.0)
+    for tag in range(1, 30):
+        idx.record(A, chain(tag, 10), now_s=float(tag))
+        idx.record(A, chain(0, 50), now_s=float(tag))
+    assert len(idx) == len(idx.chunks_of(A)) <= 400
+    assert idx.match(chain(0, 50), [A], now_s=30.0) == {A: 50}
 
 
 def test_reused_chain_survives_while_unused_ones_are_evicted() -> None:
@@ -135,45 +155,51 @@ op_st = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(op_st, st.integers(8, 40))
-def test_match_equals_a_linear_scan_and_bounds_hold(
+def test_index_behaves_like_a_reference_lru_and_match_equals_a_linear_scan(
     ops: list[tuple[str, EndpointId, int, int]], cap: int
 ) -> None:
     ttl = 6.0
     idx = PrefixIndex(capacity_chunks=cap, ttl_s=ttl)
+    model: dict[EndpointId, dict[int, float]] = {A: {}, B: {}}  # insertion order = LRU order
     caps = {A: cap, B: cap}
-    last: dict[EndpointId, tuple[list[int], float]] = {}
     now = 0.0
     for kind, ep, tag, n in ops:
         now += 1.0
         hashes = chain(tag, n)
         if kind == "record":
             idx.record(ep, hashes, now)
-            last[ep] = (hashes[: caps[ep]], now)
+            d = model[ep]
+            for h in reversed(hashes[: caps[ep]]):
+                d.pop(h, None)
+                d[h] = now
         elif kind == "sweep":
             idx.sweep(now)
+            for d in model.values():
+                for h in [h for h, t in d.items() if t < now - ttl]:
+                    del d[h]
         elif kind == "remove":
             idx.remove_endpoint(ep)
+            model[ep] = {}
             caps[ep] = cap
-            last.pop(ep, None)
         else:
             caps[ep] = max(1, n)
             idx.set_capacity(ep, caps[ep])
-            last.pop(ep, None)
         for e in (A, B):
-            assert len(idx.chunks_of(e)) <= caps[e]
-            if e in last and last[e][1] >= now - ttl:  # the latest live record is fully held
-                assert idx.match(last[e][0], [e], now) == {e: len(last[e][0])}
+            d = model[e]
+            while len(d) > caps[e]:
+                del d[next(iter(d))]
+            assert idx.chunks_of(e) == d
         for probe_tag in range(6):
             probe = chain(probe_tag, 12)
             got = idx.match(probe, [A, B], now)
             for e in (A, B):
                 k = 0
-                while k < len(probe) and idx.holds(e, probe[k], now):
+                while k < len(probe) and model[e].get(probe[k], -1e9) >= now - ttl:
                     k += 1
                 assert got.get(e, 0) == k
                 # prefix-closed: nothing deeper is held past the first miss
                 assert not any(idx.holds(e, h, now) for h in probe[k:])
-    assert len(idx) >= sum(len(idx.chunks_of(e)) for e in (A, B))
+    assert len(idx) == sum(len(d) for d in model.values())
 
 
 def test_safe_under_a_concurrent_sweeper_thread() -> None:
@@ -205,5 +231,5 @@ def test_safe_under_a_concurrent_sweeper_thread() -> None:
         t.join()
     assert not errors
     stats = idx.stats()
-    assert stats.entries >= sum(len(idx.chunks_of(e)) for e in (A, B, C))
+    assert stats.entries == sum(len(idx.chunks_of(e)) for e in (A, B, C))
     assert stats.entries <= 3000
