@@ -38,7 +38,7 @@ from itertools import islice, repeat
 
 from epp.datastore.endpoint import EndpointId
 
-_consume: Callable[[Iterable[object]], None] = deque(maxlen=0).extend
+_consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 
 @dataclass(slots=True, frozen=True)
