@@ -35,6 +35,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             async for msg in request_iterator:
                 for reply in stream.handle(msg):
                     yield reply
+                # grpc.aio resumes the generator once the replies are written
+                stream.after_replies()
         finally:
             self.open_streams -= 1
             stream.close()

@@ -52,6 +52,7 @@ class Phase(enum.Enum):
 class RequestStream:
     __slots__ = (
         "_body",
+        "_deferred",
         "_director",
         "_first",
         "_headers",
@@ -80,6 +81,7 @@ class RequestStream:
         self._routing: Routing | None = None
         self._reader: ResponseReader | None = None
         self._status = 0
+        self._deferred: Routing | None = None
 
     @property
     def phase(self) -> Phase:
@@ -122,12 +124,27 @@ class RequestStream:
             out = self._answer(exc)
         return _NO_REPLY if msg.observability_mode else out
 
+    def after_replies(self) -> None:
+        """Work that must not delay a reply: call once the replies of ``handle`` are sent.
+
+        Records the pick in the prefix index and observes the scheduling metrics.
+        """
+        routing = self._deferred
+        if routing is None:
+            return
+        self._deferred = None
+        try:
+            self._director.settle(routing)
+        except Exception:  # a bug: the request is routed already; keep the stream alive
+            log.exception("settling request %s failed", routing.request.request_id)
+
     def close(self) -> None:
         """The gRPC stream ended; release whatever the request still holds.
 
         A stream that ends before the response is complete counts as ``cancelled``: gRPC does
         not tell a client cancel from an early half-close, and both mean nobody is waiting.
         """
+        self.after_replies()
         routing = self._routing
         if routing is not None and not routing.released:
             self._director.abandon(routing, "cancelled")
@@ -144,7 +161,7 @@ class RequestStream:
         mode = self._request_mode
         if h.end_of_stream or mode == convert.NONE:
             request = self._parser.headers_only(self._path, headers)
-            routing = self._routing = self._director.route(request, self._subset)
+            routing = self._routing = self._deferred = self._director.route(request, self._subset)
             self._phase = Phase.ROUTED
             return [convert.routed_headers_response(routing.destination)]
         self._parser.check_headers(self._path, headers)
@@ -185,7 +202,7 @@ class RequestStream:
         raw = bytes(self._body)
         self._body = bytearray()
         parsed = self._parser.parse(self._path, self._headers, raw)
-        routing = self._routing = self._director.route(parsed.request, self._subset)
+        routing = self._routing = self._deferred = self._director.route(parsed.request, self._subset)
         self._phase = Phase.ROUTED
         body = parsed.body
         if self._request_mode != convert.FULL_DUPLEX_STREAMED:

@@ -4,7 +4,9 @@ For each request the ``Director``
 1. narrows the pool to the proxy's subset hint, if any (an empty hint -> 503),
 2. sheds it (429) when its priority is negative and the pool is saturated,
 3. asks the scheduler for a target (plus fallbacks) and counts it in flight,
-4. when the response ends, reports usage to the scheduler and to metrics, and releases the
+4. once the routing reply is on the wire (``settle``), records the pick in the prefix index
+   and observes the scheduling metrics: work that need not delay the reply,
+5. when the response ends, reports usage to the scheduler and to metrics, and releases the
    in-flight count; a cancelled request is only released.
 
 It knows nothing about protobuf: the ext_proc layer hands it domain values.
@@ -39,7 +41,9 @@ class Routing:
     destination: str
     """``ip:port[,fallback...]``: the header value and the ``envoy.lb`` metadata value."""
     started_s: float
+    scheduling_s: float = 0.0
     released: bool = False
+    settled: bool = False
 
     @property
     def target_id(self) -> EndpointId:
@@ -88,9 +92,10 @@ class Director:
                 "saturated"
             )
         t0 = time.perf_counter()
-        result = self._scheduler.schedule(request, endpoints, now_s, fallbacks=self._fallbacks)
-        self._metrics.observe_scheduling(time.perf_counter() - t0)
-        self._metrics.plugin_timings(result.state.timings)
+        result = self._scheduler.schedule(
+            request, endpoints, now_s, fallbacks=self._fallbacks, commit=False
+        )
+        scheduling_s = time.perf_counter() - t0
         targets = result.targets
         destination = targets[0].id if len(targets) == 1 else ",".join(e.id for e in targets)
         self._datastore.request_started(targets[0].id)
@@ -100,12 +105,22 @@ class Director:
                 request.request_id, request.model, request.api.value, len(request.prompt),
                 destination,
             )
-        return Routing(request, result, destination, now_s)
+        return Routing(request, result, destination, now_s, scheduling_s)
+
+    def settle(self, routing: Routing) -> None:
+        """After the routing reply was sent: record the pick, observe scheduling metrics."""
+        if routing.settled:
+            return
+        routing.settled = True
+        self._scheduler.commit(routing.result)
+        self._metrics.observe_scheduling(routing.scheduling_s)
+        self._metrics.plugin_timings(routing.result.state.timings)
 
     def finish(self, routing: Routing, info: ResponseInfo) -> None:
         """The response ended: learn from it and release the in-flight count."""
         if routing.released:
             return
+        self.settle(routing)  # learning from the reply extends the recorded chain
         self._release(routing, str(info.status))
         if info.prompt_tokens or info.completion_tokens:
             self._metrics.usage(

@@ -68,9 +68,14 @@ class Scheduler:
         endpoints: Sequence[Endpoint],
         now_s: float,
         fallbacks: int = 0,
+        *,
+        commit: bool = True,
     ) -> PickResult:
         """Pick an endpoint (and up to ``fallbacks`` more) for ``request``.
 
+        With ``commit`` (the default) the post-pick hooks run at once (the pick is recorded in
+        the prefix index). A server may pass ``commit=False`` and call ``commit(result)``
+        once its reply is on the wire, taking that work off the request's critical path.
         Raises ``Unavailable`` when ``endpoints`` is empty or the filters leave none.
         """
         if not endpoints:
@@ -83,8 +88,13 @@ class Scheduler:
         if not outcome.targets:
             raise Unavailable("no endpoint passed the filters")
         result = PickResult(tuple(outcome.targets), state, outcome.candidates, outcome.totals)
-        self.producer.post_pick(state, result)
+        if commit:
+            self.producer.post_pick(state, result)
         return result
+
+    def commit(self, result: PickResult) -> None:
+        """Run the post-pick hooks of a ``schedule(..., commit=False)`` result."""
+        self.producer.post_pick(result.state, result)
 
     def on_response(self, result: PickResult, info: ResponseInfo) -> None:
         self.producer.post_response(result.state, result, info)

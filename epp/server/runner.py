@@ -273,10 +273,12 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
 
 
 async def _sweeper(scheduler: Scheduler, interval_s: float) -> None:
+    """Expire old index entries in a worker thread: a large sweep never stalls the loop (the
+    index takes its own lock; requests keep being served between its steps)."""
     while True:
         await asyncio.sleep(interval_s)
         try:
-            removed = scheduler.sweep(time.monotonic())
+            removed = await asyncio.to_thread(scheduler.sweep, time.monotonic())
             if removed:
                 log.debug("prefix index sweep removed %d expired entries", removed)
         except Exception:

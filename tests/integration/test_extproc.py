@@ -89,6 +89,21 @@ async def test_full_duplex_body_in_chunks_routes_and_forwards_body(epp: Epp, chu
     assert epp.handle.datastore.in_flight()[dest] == 0
 
 
+async def test_pick_is_recorded_in_the_index_after_the_reply_is_sent(epp: Epp) -> None:
+    index = epp.handle.scheduler.index
+    assert len(index) == 0
+    s = ec.Stream(epp.channel)
+    await s.send(ec.request_headers(), ec.request_body(BODY, True))
+    headers, _ = await s.recv_n(2)
+    dest = assert_routed(headers, {e.id for e in epp.handle.datastore.snapshot()})
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5.0
+    while not index.chunks_of(dest) and loop.time() < deadline:
+        await asyncio.sleep(0)  # yield to the server task; no fixed delay
+    assert len(index.chunks_of(dest)) > 0 and index.endpoint_ids() == [dest]
+    s.call.cancel()
+
+
 async def test_same_prompt_goes_to_same_endpoint(epp: Epp) -> None:
     first = await route_ok(epp)
     assert all([await route_ok(epp) == first for _ in range(5)])
