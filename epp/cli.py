@@ -46,14 +46,43 @@ def byte_size(text: str) -> int:
         value = float(num)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size") from None
-    return int(value * _UNITS[unit])
+    size = int(value * _UNITS[unit])
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least 1 byte")
+    return size
 
 
 def _port(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 = any free port)") from None
     if not -1 <= value < 65536:
-        raise argparse.ArgumentTypeError(f"{text} is not a port (0 = any free port)")
+        raise argparse.ArgumentTypeError(f"{text} is not a port (0 = any free port, -1 = off)")
     return value
+
+
+def _number(minimum: float, *, strict: bool, integer: bool = False) -> Any:
+    """An argparse type: a number >= ``minimum`` (> with ``strict``), named in the error."""
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            kind = "an integer" if integer else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+        if value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+
+    return parse
+
+
+def _metrics_path(text: str) -> str:
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL path (it must start with /)")
+    return text
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -90,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--processing-mode", choices=sorted(_MODES), default="full-duplex",
                    help="request/response body mode assumed when Envoy sends no protocol_config "
                    "(Envoy >= 1.33 sends it; it then wins)")
-    g.add_argument("--fallbacks", type=int, default=None,
+    g.add_argument("--fallbacks", type=_number(0, strict=False, integer=True), default=None,
                    help="fallback endpoints appended to x-gateway-destination-endpoint "
                    "(default: config requestControl.fallbacks, else 0)")
     g.add_argument("--max-body-bytes", type=byte_size, default=None,
@@ -100,12 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     g = serve.add_argument_group("endpoints and metrics scraping")
     g.add_argument("--endpoints", default="",
                    help="static pool: comma-separated ip:port (also: config staticEndpoints)")
-    g.add_argument("--engine", default="", choices=["", "vllm", "sglang"],
-                   help="engine of the --endpoints servers (chooses metric names; default vllm)")
-    g.add_argument("--scrape-interval-s", type=float, default=0.05,
+    g.add_argument("--engine", default="", choices=["vllm", "sglang"],
+                   help="engine of the --endpoints servers: vllm or sglang (chooses the metric "
+                   "names scraped; default vllm)")
+    g.add_argument("--scrape-interval-s", type=_number(0, strict=True), default=0.05,
                    help="seconds between /metrics scrapes of each endpoint")
-    g.add_argument("--scrape-timeout-s", type=float, default=1.0, help="timeout of one scrape")
-    g.add_argument("--metrics-path", default="/metrics", help="path scraped on each endpoint")
+    g.add_argument("--scrape-timeout-s", type=_number(0, strict=True), default=1.0,
+                   help="timeout of one scrape, in seconds")
+    g.add_argument("--metrics-path", type=_metrics_path, default="/metrics",
+                   help="path scraped on each endpoint")
     g.add_argument("--no-scrape", action="store_true",
                    help="do not scrape endpoints (load then comes only from in-flight counts)")
 
@@ -134,10 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="writes kept for slow peers; a peer further behind loses the oldest")
 
     g = serve.add_argument_group("lifecycle and logging")
-    g.add_argument("--grace-s", type=float, default=30.0,
-                   help="on SIGTERM, how long open ext_proc streams may take to finish")
-    g.add_argument("--shutdown-delay-s", type=float, default=0.0,
-                   help="on SIGTERM, keep serving this long after reporting NOT_SERVING")
+    g.add_argument("--grace-s", type=_number(0, strict=False), default=30.0,
+                   help="on SIGTERM, how long open ext_proc streams may take to finish, in seconds")
+    g.add_argument("--shutdown-delay-s", type=_number(0, strict=False), default=0.0,
+                   help="on SIGTERM, seconds to keep accepting streams after reporting "
+                   "NOT_SERVING (default: 0)")
     g.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"],
                    help="log level (prompt text is only ever logged at debug)")
@@ -209,6 +242,13 @@ async def serve(args: argparse.Namespace) -> int:
         raise ConfigError("--endpoints", "no endpoints: give --endpoints, config staticEndpoints "
                           "or Kubernetes discovery flags")
 
+    if args.cert or args.key:
+        if not (args.cert and args.key):
+            raise ConfigError("--cert" if not args.cert else "--key", "TLS needs both --cert and --key")
+        for flag, path in (("--cert", args.cert), ("--key", args.key)):
+            if not os.path.isfile(path) or not os.access(path, os.R_OK):
+                raise ConfigError(flag, f"cannot read {path}")
+
     options = ServerOptions(
         host=args.host,
         grpc_port=args.grpc_port,
@@ -227,9 +267,14 @@ async def serve(args: argparse.Namespace) -> int:
         shutdown_delay_s=args.shutdown_delay_s,
         sync=sync_options(args),
     )
-    handle = await start_server(
-        cfg, static, options, sources=sources, objective_lookup=objective_lookup
-    )
+    try:
+        handle = await start_server(
+            cfg, static, options, sources=sources, objective_lookup=objective_lookup
+        )
+    except OSError as exc:  # a port in use, an address not on this host
+        log.error("cannot start: %s", exc)
+        print(f"epp: cannot start: {exc}", file=sys.stderr)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

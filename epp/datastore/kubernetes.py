@@ -379,18 +379,18 @@ class KubernetesSource:
     ) -> None:
         ports = tuple(target_ports)
         if pool_name and endpoint_selector:
-            raise ConfigError("endpoint-selector", "give either a pool name or a selector")
+            raise ConfigError("--endpoint-selector", "give either a pool name or a selector")
         if not pool_name and not endpoint_selector:
-            raise ConfigError("pool-name", "give a pool name or an endpoint selector")
+            raise ConfigError("--pool-name", "give a pool name or an endpoint selector")
         if pool_name and ports:
             raise ConfigError(
-                "endpoint-target-ports", "only with an endpoint selector; a pool has its own"
+                "--endpoint-target-ports", "only with an endpoint selector; a pool has its own"
             )
         if endpoint_selector and not ports:
-            raise ConfigError("endpoint-target-ports", "required with an endpoint selector")
+            raise ConfigError("--endpoint-target-ports", "required with an endpoint selector")
         for port in ports:
             if not 0 < port < 65536:
-                raise ConfigError("endpoint-target-ports", f"{port} is not a port")
+                raise ConfigError("--endpoint-target-ports", f"{port} is not a port")
         self._datastore = datastore
         self._pool_name = pool_name
         self._namespace = pool_namespace
@@ -712,7 +712,7 @@ def source_from_args(
     """The source the flags ask for, or None when they ask for no Kubernetes discovery."""
     if not args.pool_name and not args.endpoint_selector:
         if args.endpoint_target_ports:
-            raise ConfigError("endpoint-target-ports", "only with --endpoint-selector")
+            raise ConfigError("--endpoint-target-ports", "only with --endpoint-selector")
         return None
     return KubernetesSource(
         datastore,

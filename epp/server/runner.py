@@ -145,11 +145,21 @@ def _bind(server: Any, address: str, options: ServerOptions) -> int:
         with open(options.cert_file, "rb") as f:
             cert = f.read()
         creds = grpc.ssl_server_credentials([(key, cert)])
-        port: int = server.add_secure_port(address, creds)
+        port: int = _listen(lambda: server.add_secure_port(address, creds), address, "--grpc-port")
     else:
-        port = server.add_insecure_port(address)
+        port = _listen(lambda: server.add_insecure_port(address), address, "--grpc-port")
+    return port
+
+
+def _listen(bind: Callable[[], int], address: str, flag: str) -> int:
+    """Run a grpc ``add_*_port`` call; a failure becomes an OSError naming the flag (grpc
+    raises a bare RuntimeError that only suggests GRPC_VERBOSITY)."""
+    try:
+        port = bind()
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise OSError(f"cannot bind gRPC port at {address}")
+        raise OSError(f"cannot listen on {address} ({flag}): port in use or address not local")
     return port
 
 
@@ -200,7 +210,8 @@ async def start_server(
     if opts.health_port >= 0:
         hserver = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(health_service, hserver)
-        health_port = hserver.add_insecure_port(f"{opts.host}:{opts.health_port}")
+        haddr = f"{opts.host}:{opts.health_port}"
+        health_port = _listen(lambda: hserver.add_insecure_port(haddr), haddr, "--health-port")
         servers.append(hserver)
 
     handle = ServerHandle(
@@ -221,17 +232,45 @@ async def start_server(
     await handle.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     for s in servers:
         await s.start()
+    try:
+        await _start_rest(handle, cfg, opts, endpoints, sources)
+    except BaseException:
+        await handle.stop(0)  # nothing keeps listening, no task outlives the failed start
+        raise
+    return handle
 
+
+async def _start_rest(
+    handle: ServerHandle,
+    cfg: EppConfig,
+    opts: ServerOptions,
+    endpoints: Sequence[Endpoint],
+    sources: Sequence[SourceStarter],
+) -> None:
+    ds, sched, metrics = handle.datastore, handle.scheduler, handle.metrics
     if opts.metrics_port >= 0:
-        handle._web, handle.metrics_port = await _start_metrics_http(
-            registry, opts.host, opts.metrics_port
-        )
+        try:
+            handle._web, handle.metrics_port = await _start_metrics_http(
+                handle.registry, opts.host, opts.metrics_port
+            )
+        except OSError as exc:
+            raise OSError(
+                f"cannot listen on {opts.host}:{opts.metrics_port} (--metrics-port): "
+                f"{exc.strerror or exc}"
+            ) from None
 
     if endpoints:
         ds.replace_all(endpoints)
     if opts.sync is not None:
         handle.sync = SyncNode(opts.sync, sched.producer, ds, metrics)
-        handle.sync_port = await handle.sync.start(opts.host)
+        try:
+            handle.sync_port = await handle.sync.start(opts.host)
+        except (RuntimeError, OSError):
+            handle.sync = None
+            raise OSError(
+                f"cannot listen on {opts.host}:{opts.sync.port} (--sync-port): port in use "
+                "or address not local"
+            ) from None
     for start in sources:
         result = start(ds)
         if asyncio.iscoroutine(result):
@@ -251,10 +290,9 @@ async def start_server(
     )
     log.info(
         "epp serving: grpc=%d health=%d metrics=%d sync=%d endpoints=%d mode=%s",
-        grpc_port, health_port, handle.metrics_port, handle.sync_port, len(ds),
+        handle.grpc_port, handle.health_port, handle.metrics_port, handle.sync_port, len(ds),
         convert.BodySendMode.Name(opts.processing_mode),
     )
-    return handle
 
 
 async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:

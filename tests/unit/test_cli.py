@@ -43,3 +43,58 @@ def test_bad_config_names_the_field(tmp_path, capsys: pytest.CaptureFixture[str]
     path.write_text(yaml.safe_dump(raw))
     assert main(["serve", "--config", str(path), "--endpoints", "10.0.0.1:8000"]) == 2
     assert "requestControl.fallbacks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--grpc-port", "abc", "'abc' is not a port number"),
+        ("--fallbacks", "-1", "must be >= 0"),
+        ("--scrape-interval-s", "0", "must be > 0"),
+        ("--scrape-timeout-s", "-1", "must be > 0"),
+        ("--grace-s", "-1", "must be >= 0"),
+        ("--shutdown-delay-s", "soon", "'soon' is not a number"),
+        ("--max-body-bytes", "-5", "at least 1 byte"),
+        ("--metrics-path", "metrics", "must start with /"),
+    ],
+)
+def test_bad_flag_values_are_usage_errors(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["serve", "--endpoints", "10.0.0.1:8000", flag, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: " in err and message in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--cert", __file__], "--key"),
+        (["--key", __file__], "--cert"),
+        (["--cert", "/nonexistent/cert.pem", "--key", __file__], "--cert"),
+    ],
+)
+def test_tls_files_are_checked_at_startup(
+    argv: list[str], field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ports = ["--grpc-port", "0", "--health-port", "-1", "--metrics-port", "-1"]
+    assert main(["serve", "--endpoints", "10.0.0.1:8000", *ports, *argv]) == 2
+    assert f"config field {field!r}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--grpc-port", "--health-port", "--metrics-port"])
+def test_port_in_use_is_a_clear_startup_error(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        ports = {"--grpc-port": "0", "--health-port": "0", "--metrics-port": "0", flag: str(port)}
+        argv = ["serve", "--host", "127.0.0.1", "--endpoints", "10.0.0.1:8000", "--no-scrape"]
+        assert main([*argv, *(x for kv in ports.items() for x in kv)]) == 1
+    err = capsys.readouterr().err
+    assert f"epp: cannot start: cannot listen on 127.0.0.1:{port} ({flag})" in err
+    assert "Traceback" not in err

@@ -119,13 +119,13 @@ def test_no_discovery_flags_means_no_source() -> None:
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
-        (["--pool-name", "p", "--endpoint-selector", "app=x"], "endpoint-selector"),
-        (["--endpoint-selector", "app=x"], "endpoint-target-ports"),
-        (["--pool-name", "p", "--endpoint-target-ports", "8000"], "endpoint-target-ports"),
-        (["--endpoint-target-ports", "8000"], "endpoint-target-ports"),
+        (["--pool-name", "p", "--endpoint-selector", "app=x"], "--endpoint-selector"),
+        (["--endpoint-selector", "app=x"], "--endpoint-target-ports"),
+        (["--pool-name", "p", "--endpoint-target-ports", "8000"], "--endpoint-target-ports"),
+        (["--endpoint-target-ports", "8000"], "--endpoint-target-ports"),
         (
             ["--endpoint-selector", "app=x", "--endpoint-target-ports", "70000"],
-            "endpoint-target-ports",
+            "--endpoint-target-ports",
         ),
     ],
 )
