@@ -26,6 +26,7 @@ Other top-level sections are kept in ``EppConfig.raw`` for the layers that own t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -93,7 +94,12 @@ class EppConfig:
     source: str = "<default>"
 
 
+log = logging.getLogger(__name__)
+
 _KNOWN_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "prefixIndex", "saturation"}
+_OTHER_LAYERS = {"requestControl", "staticEndpoints"}
+"""Top-level sections read by other layers (``epp.config.request_control``,
+``epp.datastore.static``) from ``EppConfig.raw``."""
 
 SHIPPED = ("default", "filter-chain")
 
@@ -159,7 +165,22 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
     if kind != "EndpointPickerConfig":
         raise ConfigError("kind", f"expected EndpointPickerConfig, got {kind!r}")
 
+    for key in data:
+        if key not in _KNOWN_TOP and key not in _OTHER_LAYERS:
+            # A warning, not an error: configs written for the Go EPP carry sections epp
+            # does not implement. A misspelt section is still visible at start-up.
+            log.warning(
+                "config %s: unknown top-level section %r ignored (known: %s)",
+                source, key, ", ".join(sorted(_KNOWN_TOP | _OTHER_LAYERS)),
+            )
+
     plugins: dict[str, PluginSpec] = {}
+    if "plugins" not in data:
+        raise ConfigError(
+            "plugins",
+            "missing: a config names its plugins and schedulingProfiles even when it only "
+            "adds other sections (start from epp/config/profiles/default.yaml)",
+        )
     raw_plugins = data.get("plugins", [])
     if not isinstance(raw_plugins, list) or not raw_plugins:
         raise ConfigError("plugins", "expected a non-empty list of plugins")

@@ -61,3 +61,17 @@ def test_bad_config_names_the_field(text: str, field: str) -> None:
         loads_config(text)
     assert err.value.field == field
     assert field in str(err.value)
+
+
+def test_a_config_without_plugins_says_where_to_start() -> None:
+    with pytest.raises(ConfigError) as info:
+        loads_config("requestControl: {fallbacks: 1}\n")
+    assert info.value.field == "plugins"
+    assert "default.yaml" in info.value.problem
+
+
+def test_unknown_top_level_section_is_named_in_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = loads_config(BASE + "prefixIndx: {blockChars: 32}\nrequestControl: {fallbacks: 1}\n", "my.yaml")
+    assert cfg.prefix.block_chars == 64  # the misspelt section is not applied...
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "'prefixIndx'" in warnings[0] and "my.yaml" in warnings[0]
