@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from epp.datastore.endpoint import Endpoint
+from epp.observability.hotpath import LightCounter, LightHistogram
 
 _LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -22,20 +23,21 @@ class EppMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         r = registry
-        self.requests = Counter(
+        # request-path metrics: light implementations (epp/observability/hotpath.py)
+        self.requests = LightCounter(
             "epp_requests",
             "Requests by client model and final status (HTTP code, or 'cancelled' when the stream "
             "ended before the response completed).",
             ["model", "status"],
             registry=r,
         )
-        self.scheduling_duration = Histogram(
+        self.scheduling_duration = LightHistogram(
             "epp_scheduling_duration_seconds",
             "Time to pick an endpoint (parse excluded).",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.plugin_duration = Histogram(
+        self.plugin_duration = LightHistogram(
             "epp_plugin_duration_seconds",
             "Time spent in each scheduling plugin per request.",
             ["plugin"],
@@ -83,15 +85,15 @@ class EppMetrics:
             "epp_endpoint_metrics_stale", "1 when the endpoint's metrics are stale.", ["endpoint"],
             registry=r,
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = LightCounter(
             "epp_usage_prompt_tokens", "Prompt tokens reported by model servers.", ["model"],
             registry=r,
         )
-        self.cached_tokens = Counter(
+        self.cached_tokens = LightCounter(
             "epp_usage_cached_tokens", "Prompt tokens the server reported as served from cache.",
             ["model"], registry=r,
         )
-        self.completion_tokens = Counter(
+        self.completion_tokens = LightCounter(
             "epp_usage_completion_tokens", "Completion tokens reported by model servers.",
             ["model"], registry=r,
         )

@@ -91,8 +91,14 @@ class PrefixProducer:
         hashes = state.prefix.hashes
         marker = "<|assistant|>" if request.api in (ApiKind.CHAT, ApiKind.RESPONSES) else ""
         start = len(hashes) * self.hasher.block_chars
-        text = request.prompt + marker + reply
-        more = self.hasher.extend(text, hashes[-1], start)
+        # only the prompt's unhashed tail and the reply: the prompt's chunks are hashed already
+        cap = self.hasher.max_chunks
+        if cap and len(hashes) >= cap:
+            return
+        tail = request.prompt[start:] + marker + reply
+        more = self.hasher.extend(tail, hashes[-1], 0)
+        if cap:
+            more = more[: cap - len(hashes)]
         if more:
             # Re-record the whole chain so the prompt's chunks stay younger than the reply's.
             self._record(target, list(hashes) + more, state.now_s)
