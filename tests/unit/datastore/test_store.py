@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import dataclasses
+
+from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+from epp.datastore.store import Datastore
+
+
+def test_in_flight_accounting_keeps_every_other_field() -> None:
+    e = Endpoint(
+        EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000, {"app": "vllm"},
+        Metrics(waiting=3, scraped_at_s=1.0), metrics_port=9000, stale=True,
+    )
+    store = Datastore()
+    store.upsert(e)
+    store.request_started(e.id)
+    store.request_started(e.id)
+    store.request_finished(e.id)
+    got = store.get(e.id)
+    assert got == dataclasses.replace(e, in_flight=1, pending=2)
+    assert got is not None and got.queue == 3 + 2
+    store.update_metrics(e.id, Metrics(waiting=1, scraped_at_s=2.0))  # a scrape resets pending
+    got = store.get(e.id)
+    assert got is not None and (got.in_flight, got.pending, got.queue) == (1, 0, 1)
+
+
+def test_removal_notifies_listeners_and_vanished_endpoints_are_ignored() -> None:
+    store = Datastore()
+    removed: list[str] = []
+    store.on_removed(removed.append)
+    e = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)
+    store.replace_all([e])
+    assert store.synced and len(store) == 1
+    store.replace_all([])
+    assert removed == [e.id] and store.snapshot() == ()
+    store.request_started(e.id)  # vanished: no error, nothing counted
+    store.update_metrics(e.id, Metrics(scraped_at_s=1.0))
+    assert store.get(e.id) is None
