@@ -53,7 +53,8 @@ def register(subparsers: Any) -> None:
         help="YAML generator parameters (flat, or an inference-perf config with data.shared_prefix)",
     )
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast)")
-    p.add_argument("--limit", type=int, default=0, help="replay only the first N trace requests")
+    p.add_argument("--limit", type=_non_negative_int, default=0,
+                   help="replay only the first N trace requests (0 = all)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated; epp:FILE / precise:FILE name a config")
     p.add_argument("--config", help="epp scheduling config (file or shipped name) for epp and precise")
     p.add_argument("--replicas", type=int, default=d.replicas)
@@ -70,6 +71,16 @@ def register(subparsers: Any) -> None:
     p.set_defaults(run=run)
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _parse_value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -78,6 +89,9 @@ def _parse_value(text: str) -> Any:
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
+    if (args.workload_file or args.params) and not args.workload:
+        flag = "--workload-file" if args.workload_file else "--set"
+        raise ValueError(f"{flag} configures a generator: add --workload {'|'.join(sorted(GENERATORS))}")
     if args.workload:
         params: dict[str, Any] = {}
         if args.workload_file:
@@ -125,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
         workload = build_workload(args)
+        if not len(workload):
+            raise ValueError(f"workload {workload.name} has no requests")
         epp_cfg = load_config(args.config) if args.config else default_config()
         specs = [s.strip() for s in args.policies.split(",") if s.strip()]
         for spec in specs:

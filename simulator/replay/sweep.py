@@ -67,16 +67,29 @@ def sweep_points(
         w, c, e = workload, config, epp_config
         value: Any
         if spec.param == "rate":
-            w = scaled_rate(workload, float(raw))
+            w = scaled_rate(workload, _sweep_value(spec.param, raw, float, positive=True))
         elif spec.param == "time_scale":
             if not isinstance(workload, MooncakeTrace):
                 raise ValueError("time_scale applies to traces; use rate for generators")
-            w = workload.with_time_scale(float(raw))
+            w = workload.with_time_scale(_sweep_value(spec.param, raw, float, positive=True))
         elif spec.param.startswith("weight."):
-            e = with_weight(epp_config, spec.param.removeprefix("weight."), float(raw))
+            e = with_weight(epp_config, spec.param.removeprefix("weight."), _sweep_value(spec.param, raw, float))
         else:
             field_name, typ = _CONFIG_FIELDS[spec.param]
-            value = typ(raw)
+            value = _sweep_value(spec.param, raw, typ)
             c = dataclasses.replace(config, **{field_name: value})
         points.append(SweepPoint(label, w, c, e))
     return points
+
+
+def _sweep_value(param: str, raw: str, typ: Any, positive: bool = False) -> Any:
+    try:
+        value = typ(raw)
+    except ValueError:
+        kind = "an integer" if typ is int else "a number"
+        raise ValueError(f"--sweep {param}: {raw!r} is not {kind}") from None
+    if positive and value <= 0:
+        raise ValueError(f"--sweep {param}: must be > 0, got {raw}")
+    if value < 0:
+        raise ValueError(f"--sweep {param}: must not be negative, got {raw}")
+    return value

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -376,6 +377,15 @@ GENERATORS: dict[str, tuple[type, Any]] = {
 }
 
 
+_INFERENCE_PERF_ALIASES = {
+    "num_unique_system_prompts": "num_groups",
+    "num_users_per_system_prompt": "num_prompts_per_group",
+}
+"""inference-perf's newer names for the shared_prefix counts."""
+_INFERENCE_PERF_SECTIONS = ("api", "server", "tokenizer", "metrics", "report", "storage")
+"""Sections of an inference-perf config the replay has no use for (it is the server)."""
+
+
 def build_generator(name: str, params: dict[str, Any]) -> Workload:
     """A generator by name with parameters (unknown names raise ``ValueError`` naming them).
 
@@ -388,11 +398,19 @@ def build_generator(name: str, params: dict[str, Any]) -> Workload:
     flat = dict(params)
     data = flat.pop("data", None)
     load = flat.pop("load", None)
+    known = {f.name: f for f in fields(ptype)}
     if isinstance(data, dict):
-        flat = {**(data.get(name.replace("-", "_")) or {}), **flat}
+        for section_name in _INFERENCE_PERF_SECTIONS:
+            flat.pop(section_name, None)
+        section = dict(data.get(name.replace("-", "_")) or {})
+        for alias, key in _INFERENCE_PERF_ALIASES.items():
+            if alias in section:
+                section.setdefault(key, section.pop(alias))
+        # inference-perf fields the generator does not model (length distributions,
+        # enable_multi_turn_chat: use --workload chat) are ignored, as the stack does
+        flat = {**{k: v for k, v in section.items() if k in known}, **flat}
     if isinstance(load, dict) and load.get("stages") and "rate" not in flat:
         flat["rate"] = load["stages"][0].get("rate", ptype().rate)
-    known = {f.name: f for f in fields(ptype)}
     values: dict[str, Any] = {}
     for key, value in flat.items():
         f = known.get(key)
@@ -400,8 +418,27 @@ def build_generator(name: str, params: dict[str, Any]) -> Workload:
             raise ValueError(
                 f"workload {name!r} has no parameter {key!r} (known: {', '.join(known)})"
             )
-        values[key] = float(value) if f.type in ("float", float) else int(value)
-    return wtype(ptype(**values))  # type: ignore[no-any-return]
+        values[key] = _number(name, key, value, integer=f.type not in ("float", float))
+    built = ptype(**values)
+    for f in fields(ptype):
+        v = getattr(built, f.name)
+        if f.name == "rate" and v <= 0:
+            raise ValueError(f"workload {name!r} parameter 'rate': must be > 0, got {v}")
+        if f.name != "seed" and v < 0:
+            raise ValueError(f"workload {name!r} parameter {f.name!r}: must be >= 0, got {v}")
+    return wtype(built)  # type: ignore[no-any-return]
+
+
+def _number(workload: str, key: str, value: Any, *, integer: bool) -> float | int:
+    """A generator parameter from YAML or ``--set``: a number (an integer where counted)."""
+    kind = "an integer" if integer else "a number"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or math.isnan(number) or (integer and not number.is_integer()):
+        raise ValueError(f"workload {workload!r} parameter {key!r}: expected {kind}, got {value!r}")
+    return int(number) if integer else number
 
 
 def scaled_rate(workload: Workload, rate: float) -> Workload:

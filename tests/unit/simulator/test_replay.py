@@ -243,3 +243,52 @@ def test_mooncake_trace_head_replays() -> None:
     result = replay(trace, "epp", ReplayConfig(replicas=4, kv_blocks=16384))
     assert len(result.outcomes) == 120
     assert all(o.finished_count == 1 for o in result.outcomes)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workload", "chat", "--set", "rate=-1"], "parameter 'rate': must be > 0"),
+        (["--workload", "chat", "--set", "rate=fast"], "parameter 'rate': expected a number"),
+        (["--workload", "rag", "--set", "num_docs=2.5"], "parameter 'num_docs': expected an integer"),
+        (["--workload", "shared-prefix", "--set", "question_len=-3"], "'question_len': must be >= 0"),
+        (["--workload", "shared-prefix", "--set", "num_groups=0"], "has no requests"),
+        (["--set", "rate=4"], "--set configures a generator: add --workload"),
+        (["--workload", "chat", "--sweep", "rate=0"], "--sweep rate: must be > 0"),
+        (["--workload", "chat", "--sweep", "replicas=two"], "--sweep replicas: 'two' is not an integer"),
+    ],
+)
+def test_bad_replay_input_is_one_error_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulator.cli import main
+
+    assert main(["replay", "--policies", "random", "--no-progress", *argv]) == 2
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert err.startswith("error:") and message in err
+
+
+def test_negative_limit_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulator.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["replay", "--limit", "-5"])
+    assert "argument --limit: must be >= 0" in capsys.readouterr().err
+
+
+def test_inference_perf_config_reads_its_shared_prefix_section() -> None:
+    from simulator.replay.workload import build_generator
+
+    config = {
+        "load": {"type": "constant", "stages": [{"rate": 20, "duration": 30}]},
+        "api": {"type": "chat"},
+        "server": {"type": "vllm"},
+        "data": {"type": "shared_prefix", "shared_prefix": {
+            "num_unique_system_prompts": 4, "num_users_per_system_prompt": 5,
+            "system_prompt_len": 100, "question_len": 50, "output_len": 50,
+            "question_len_std": 3, "enable_multi_turn_chat": True,
+        }},
+    }
+    workload = build_generator("shared-prefix", config)
+    assert isinstance(workload, SharedPrefixWorkload)
+    assert (workload.p.num_groups, workload.p.num_prompts_per_group, workload.p.rate) == (4, 5, 20.0)
