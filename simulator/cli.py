@@ -44,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="epp-sim", description="Emulated model servers, dev gateway and trace replay for epp."
     )
-    parser.add_argument("--log-level", default="WARNING", help="logging level")
+    parser.add_argument(
+        "--log-level", type=str.lower, choices=["debug", "info", "warning", "error"],
+        default="warning", help="log level of epp-sim itself (default: warning)",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS.values():
         add(subparsers)

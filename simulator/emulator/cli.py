@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Any
 
+from simulator.clihelp import HelpFormatter
 from simulator.emulator.config import EmulatorConfig
 from simulator.emulator.server import start_emulator
 
@@ -25,7 +26,7 @@ def register(subparsers: Any) -> None:
             "GPU with a prefix KV cache; text is 4 characters per token and deterministic. "
             'On start-up prints one JSON line {"url": ...} with the bound address.'
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--host", default=d.host, help="address to listen on")
     p.add_argument("--port", type=int, default=d.port, help="port to listen on; 0 picks a free one")

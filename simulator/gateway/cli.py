@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Any
 
+from simulator.clihelp import HelpFormatter
 from simulator.gateway.extproc import MODE_NAMES
 from simulator.gateway.proxy import POLICIES, GatewayOptions
 from simulator.gateway.server import start_gateway
@@ -48,7 +49,7 @@ def register(subparsers: Any) -> None:
             "through ext_proc. --policy random|round-robin bypasses epp (the baseline). "
             'Prints one JSON line {"gateway_url": ...} once listening.'
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=0, help="port to listen on (0 = any free port)")
@@ -66,7 +67,8 @@ def register(subparsers: Any) -> None:
         default=10.0,
         help="how long to wait for each ext_proc reply (Envoy's message_timeout)",
     )
-    p.add_argument("--seed", type=int, default=None, help="seed of the random policy")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the random policy (default: a new one each run)")
     p.set_defaults(run=run)
 
 

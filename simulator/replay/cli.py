@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from epp.config.loader import default_config, load_config
 from epp.errors import ConfigError
+from simulator.clihelp import HelpFormatter
 from simulator.replay.policies import POLICY_NAMES, policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
 from simulator.replay.report import PolicyStats, print_table, summarize
@@ -39,7 +40,7 @@ def register(subparsers: Any) -> None:
             "N emulated replicas (prefix KV cache + cost model), once per routing policy; epp "
             "runs its real scheduler with the given config. Prints one table row per policy."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", help=f"Mooncake JSONL trace (default: {DEFAULT_TRACE} if present)")
@@ -52,18 +53,22 @@ def register(subparsers: Any) -> None:
         "--workload-file",
         help="YAML generator parameters (flat, or an inference-perf config with data.shared_prefix)",
     )
-    p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast; generators: use --set rate=)")
     p.add_argument("--limit", type=_non_negative_int, default=0,
                    help="replay only the first N trace requests (0 = all)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated; epp:FILE / precise:FILE name a config")
-    p.add_argument("--config", help="epp scheduling config (file or shipped name) for epp and precise")
-    p.add_argument("--replicas", type=int, default=d.replicas)
+    p.add_argument("--config", help="epp scheduling config (file or shipped name) for epp and precise "
+                   "(default: the shipped 'default')")
+    p.add_argument("--replicas", type=int, default=d.replicas, help="emulated replicas")
     p.add_argument("--kv-blocks", type=int, default=d.kv_blocks, help="KV blocks per replica")
     p.add_argument("--block-size", type=int, default=d.block_size_tokens, help="tokens per KV block")
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
+                   help="most requests decoding together per replica; the rest wait")
+    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens,
+                   help="uncached prompt tokens admitted per engine step")
     p.add_argument("--scrape-interval", type=float, default=d.scrape_interval_s, help="seconds between metric scrapes")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="seed of the policies' random choices (random, tie-breaks)")
     p.add_argument("--sweep", help="param=v1,v2,... (rate, time_scale, replicas, kv_blocks, block_size, scrape_interval, weight.<scorer>)")
     p.add_argument("--out", help="write the report as JSON (a list, one object per policy and sweep point)")
     p.add_argument("--plot-dir", help="write PNG plots there")

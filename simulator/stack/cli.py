@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from simulator.clihelp import HelpFormatter
 from simulator.gateway.cli import add_mode_flags
 from simulator.stack.stack import DEFAULT_MODEL, Stack, StackError, StackOptions, start_stack
 from simulator.stack.workload import SharedPrefixWorkload, WorkloadError, load_inference_perf
@@ -34,7 +35,7 @@ def register(subparsers: Any) -> None:
             "drives a shared-prefix multi-turn chat workload through epp and through random "
             "routing instead (fresh replicas each time) and prints the comparison."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("stack")
     g.add_argument("--replicas", type=int, default=4, help="emulated replicas (one process)")
@@ -47,7 +48,8 @@ def register(subparsers: Any) -> None:
     g.add_argument(
         "--config",
         default="",
-        help="epp scheduling config (YAML path or shipped profile name), passed to epp as --config",
+        help="epp scheduling config (YAML path or shipped profile name), passed to epp as "
+        "--config (default: the shipped 'default')",
     )
     g.add_argument(
         "--speedup",
@@ -61,7 +63,7 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_KV_BLOCKS,
         help="KV cache blocks (16 tokens) per replica; small so that routing matters",
     )
-    g.add_argument("--max-num-seqs", type=int, default=None, help="batch size per replica")
+    g.add_argument("--max-num-seqs", type=int, default=None, help="batch size per replica (default: the emulator's, 32)")
     g.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
     g.add_argument("--port", type=int, default=0, help="gateway port (0 = any free port)")
     add_mode_flags(g)
@@ -101,13 +103,17 @@ def register(subparsers: Any) -> None:
         help="users sharing each system prompt",
     )
     d.add_argument("--turns", type=int, default=DEMO.num_turns, help="turns per conversation")
-    d.add_argument("--system-prompt-len", type=int, default=DEMO.system_prompt_len, help="tokens")
-    d.add_argument("--question-len", type=int, default=DEMO.question_len, help="tokens")
-    d.add_argument("--output-len", type=int, default=DEMO.output_len, help="tokens")
+    d.add_argument("--system-prompt-len", type=int, default=DEMO.system_prompt_len,
+                   help="system prompt length, tokens")
+    d.add_argument("--question-len", type=int, default=DEMO.question_len,
+                   help="question length, tokens")
+    d.add_argument("--output-len", type=int, default=DEMO.output_len,
+                   help="answer length, tokens")
     d.add_argument(
         "--concurrency", type=int, default=DEMO.concurrency, help="conversations in flight at once"
     )
-    d.add_argument("--api", choices=["chat", "completion"], default=DEMO.api)
+    d.add_argument("--api", choices=["chat", "completion"], default=DEMO.api,
+                   help="/v1/chat/completions or /v1/completions")
     p.set_defaults(run=run)
 
 
