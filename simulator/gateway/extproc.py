@@ -131,6 +131,10 @@ class ExtProcStream:
 
     async def close(self) -> None:
         """Half-close as Envoy does when the HTTP exchange is complete, then drain."""
+        if self._call.done():
+            # over already: e.g. a body write in flight was cancelled after an
+            # ImmediateResponse, which cancels the call (reading it would raise CancelledError)
+            return
         try:
             await self._call.done_writing()
             while await asyncio.wait_for(self._call.read(), self.timeout_s) is not grpc.aio.EOF:

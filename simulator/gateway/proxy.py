@@ -167,6 +167,22 @@ async def _pump(
         await stream.write(message(b"", True))
 
 
+_DISCARD_LIMIT_BYTES = 64 << 20
+
+
+async def _discard_body(request: web.Request) -> None:
+    """Read what is left of a request body that will not be forwarded (an ImmediateResponse,
+    e.g. epp's 413, came first). Closing the connection with unread bytes makes the kernel
+    send a reset, which discards the reply before the client reads it (curl: 'Connection
+    reset by peer' right after '100 Continue'). Bodies beyond the limit are still reset."""
+    content, seen = request.content, 0
+    while seen <= _DISCARD_LIMIT_BYTES and not content.at_eof():
+        chunk = await content.readany()
+        if not chunk:
+            break
+        seen += len(chunk)
+
+
 async def _finish_task(task: asyncio.Task[None] | None) -> None:
     if task is None:
         return
@@ -207,6 +223,7 @@ class EppExchange:
                 self._stats.immediate[outcome.status] += 1
                 await stream.close()
                 closed = True
+                await _discard_body(request)
                 return _immediate(outcome)
             destinations = self._destinations(stream, outcome.headers)
             has_body = request.body_exists or bool(outcome.body)
@@ -266,6 +283,7 @@ class EppExchange:
             if has_body
             else None
         )
+        answered = False
         try:
             body = bytearray()
             headers_done, body_done, length_set = False, not has_body, False
@@ -273,6 +291,7 @@ class EppExchange:
                 reply = await stream.read(self._opts.route_timeout_s)
                 kind = reply.WhichOneof("response")
                 if kind == "immediate_response":
+                    answered = True
                     return xp.immediate_from(reply.immediate_response)
                 if kind == "request_headers" and not headers_done:
                     touched = headers.apply(reply.request_headers.response.header_mutation)
@@ -295,7 +314,13 @@ class EppExchange:
             if sender is not None:
                 await sender
         finally:
-            await _finish_task(sender)
+            try:
+                await _finish_task(sender)
+            except ExtProcError:
+                # the picker ended the stream with its ImmediateResponse while body chunks
+                # were still being sent: the answer stands (Envoy drops those writes too)
+                if not answered:
+                    raise
         if not length_set:
             headers.remove("content-length")  # Envoy drops it: the body may have changed
         result = bytes(body)

@@ -276,6 +276,20 @@ async def test_immediate_response_is_returned_with_its_status_and_body(rig: Rig)
     assert rig.received == []
 
 
+@pytest.mark.parametrize("expect100", [False, True], ids=["plain", "expect-100-continue"])
+async def test_immediate_response_reaches_a_client_still_sending_a_large_body(
+    rig: Rig, expect100: bool
+) -> None:
+    # epp's 413 comes at the headers, before the body is read; the client must get it
+    # rather than a connection reset (curl sends Expect: 100-continue above 1 MiB)
+    rig.script.reject_status = 413
+    async with aiohttp.ClientSession() as s, s.post(
+        rig.url + "/v1/completions", data=b"x" * (8 << 20), expect100=expect100
+    ) as r:
+        assert (r.status, await r.read()) == (413, b'{"error": "no"}')
+    assert rig.received == []
+
+
 async def test_response_body_mutations_reach_the_client(rig: Rig) -> None:
     rig.script.upper_body = True
     status, _headers, body = await _call(rig.url)
