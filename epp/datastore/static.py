@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from epp.datastore.endpoint import ENGINE_LABEL, Endpoint, endpoint_id, parse_endpoint_id
+from epp.datastore.scraper import ENGINES
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 
@@ -55,10 +56,13 @@ def endpoints_from_config(raw: Mapping[str, Any] | None) -> list[Endpoint]:
             raise ConfigError(f"{where}.port", f"must be an integer in 1..65535, got {port!r}")
         mport = item.get("metricsPort", 0)
         if isinstance(mport, bool) or not isinstance(mport, int) or not 0 <= mport < 65536:
-            raise ConfigError(f"{where}.metricsPort", f"must be an integer in 1..65535, got {mport!r}")
+            raise ConfigError(
+                f"{where}.metricsPort", f"must be an integer in 0..65535 (0: the serving port), got {mport!r}"
+            )
         engine = item.get("engine", "")
-        if not isinstance(engine, str):
-            raise ConfigError(f"{where}.engine", "must be a string (vllm, sglang)")
+        if not isinstance(engine, str) or (engine and engine not in ENGINES):
+            # an unknown engine would be scraped for vLLM's metric names, never matching
+            raise ConfigError(f"{where}.engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
         labels = item.get("labels", {})
         if not isinstance(labels, Mapping):
             raise ConfigError(f"{where}.labels", "must be a mapping of strings")

@@ -145,7 +145,10 @@ def _bind(server: Any, address: str, options: ServerOptions) -> int:
         with open(options.cert_file, "rb") as f:
             cert = f.read()
         creds = grpc.ssl_server_credentials([(key, cert)])
-        port: int = _listen(lambda: server.add_secure_port(address, creds), address, "--grpc-port")
+        port: int = _listen(
+            lambda: server.add_secure_port(address, creds), address,
+            "--grpc-port; or --cert/--key are not a PEM certificate and its key",
+        )
     else:
         port = _listen(lambda: server.add_insecure_port(address), address, "--grpc-port")
     return port

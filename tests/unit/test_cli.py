@@ -98,3 +98,12 @@ def test_port_in_use_is_a_clear_startup_error(flag: str, capsys: pytest.CaptureF
     err = capsys.readouterr().err
     assert f"epp: cannot start: cannot listen on 127.0.0.1:{port} ({flag})" in err
     assert "Traceback" not in err
+
+
+def test_a_cert_that_is_not_pem_is_named(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    pem = tmp_path / "bad.pem"
+    pem.write_text("not a certificate\n")
+    ports = ["--grpc-port", "0", "--health-port", "-1", "--metrics-port", "-1", "--no-scrape"]
+    argv = ["serve", "--host", "127.0.0.1", "--endpoints", "10.0.0.1:8000", *ports]
+    assert main([*argv, "--cert", str(pem), "--key", str(pem)]) == 1
+    assert "--cert/--key are not a PEM certificate" in capsys.readouterr().err

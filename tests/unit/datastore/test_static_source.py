@@ -32,3 +32,10 @@ def test_config_section() -> None:
     with pytest.raises(ConfigError) as info:
         endpoints_from_config({"staticEndpoints": [{"address": "x", "port": 0}]})
     assert info.value.field == "staticEndpoints[0].port"
+
+
+def test_unknown_engine_names_the_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        endpoints_from_config({"staticEndpoints": [{"address": "10.0.0.2", "port": 8000, "engine": "tgi"}]})
+    assert info.value.field == "staticEndpoints[0].engine"
+    assert "vllm, sglang" in info.value.problem
