@@ -87,7 +87,8 @@ def _metrics_path(text: str) -> str:
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, "", False) or action.default is argparse.SUPPRESS:
+        default = action.default
+        if default is None or default is False or default == "" or default is argparse.SUPPRESS:
             return action.help or ""
         return super()._get_help_string(action) or ""
 

@@ -175,12 +175,14 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
             )
 
     plugins: dict[str, PluginSpec] = {}
-    if "plugins" not in data:
-        raise ConfigError(
-            "plugins",
-            "missing: a config names its plugins and schedulingProfiles even when it only "
-            "adds other sections (start from epp/config/profiles/default.yaml)",
-        )
+    if "plugins" not in data and "schedulingProfiles" not in data:
+        # A config that only sets other sections (prefixIndex, requestControl, ...) keeps the
+        # shipped default scheduling profile.
+        default = yaml.safe_load(_shipped_text("default"))
+        data = {**data, "plugins": default["plugins"],
+                "schedulingProfiles": default["schedulingProfiles"]}
+    elif "plugins" not in data:
+        raise ConfigError("plugins", "missing: schedulingProfiles refers to plugins listed here")
     raw_plugins = data.get("plugins", [])
     if not isinstance(raw_plugins, list) or not raw_plugins:
         raise ConfigError("plugins", "expected a non-empty list of plugins")
@@ -194,7 +196,7 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
             raise ConfigError(f"{where}.type", f"unknown plugin type {ptype!r} (known: {known})")
         extra = set(item) - {"type", "name", "parameters"}
         if extra:
-            raise ConfigError(f"{where}.{sorted(extra)[0]}", "unknown key (use type, name, parameters)")
+            raise ConfigError(f"{where}.{min(extra)}", "unknown key (use type, name, parameters)")
         name = item.get("name", ptype)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{where}.name", "expected a non-empty string")
@@ -275,15 +277,19 @@ def loads_config(text: str, source: str = "<config>") -> EppConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError("<yaml>", f"{source} is not valid YAML: {exc}") from None
+        detail = str(exc).replace('"<unicode string>"', source)
+        raise ConfigError("<yaml>", f"{source} is not valid YAML: {detail}") from None
     return parse_config(data, source)
 
 
 def shipped_config(name: str) -> EppConfig:
     if name not in SHIPPED:
         raise ConfigError("--config", f"no shipped config {name!r} (shipped: {', '.join(SHIPPED)})")
-    text = resources.files("epp.config").joinpath(f"profiles/{name}.yaml").read_text("utf-8")
-    return loads_config(text, f"shipped:{name}")
+    return loads_config(_shipped_text(name), f"shipped:{name}")
+
+
+def _shipped_text(name: str) -> str:
+    return resources.files("epp.config").joinpath(f"profiles/{name}.yaml").read_text("utf-8")
 
 
 def default_config() -> EppConfig:

@@ -63,11 +63,19 @@ def test_bad_config_names_the_field(text: str, field: str) -> None:
     assert field in str(err.value)
 
 
-def test_a_config_without_plugins_says_where_to_start() -> None:
+def test_a_config_with_other_sections_only_keeps_the_default_profile() -> None:
+    cfg = loads_config("requestControl: {fallbacks: 1}\nprefixIndex: {ttlSeconds: 30}\n")
+    assert cfg.profile == default_config().profile
+    assert cfg.prefix.ttl_seconds == 30.0 and cfg.raw["requestControl"] == {"fallbacks": 1}
     with pytest.raises(ConfigError) as info:
-        loads_config("requestControl: {fallbacks: 1}\n")
+        loads_config(BASE.split("schedulingProfiles:")[0].replace("plugins:", "x:") + "schedulingProfiles: []\n")
     assert info.value.field == "plugins"
-    assert "default.yaml" in info.value.problem
+
+
+def test_yaml_errors_name_the_file() -> None:
+    with pytest.raises(ConfigError) as info:
+        loads_config("plugins: [\n", "my-epp.yaml")
+    assert "my-epp.yaml" in str(info.value) and "<unicode string>" not in str(info.value)
 
 
 def test_unknown_top_level_section_is_named_in_a_warning(caplog: pytest.LogCaptureFixture) -> None:
