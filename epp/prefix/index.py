@@ -143,8 +143,7 @@ class PrefixIndex:
                     else:
                         hi = mid
                 result[eid] = lo
-                if lo > best:
-                    best = lo
+                best = max(best, lo)
             self._hit_chunks += best
         return result
 

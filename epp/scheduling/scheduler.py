@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from epp.config.loader import EppConfig, PluginSpec
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.errors import Unavailable
+from epp.plugins.registry import PLUGIN_TYPES
 from epp.prefix.hasher import ChunkHasher
 from epp.prefix.index import PrefixIndex
 from epp.prefix.producer import PrefixProducer
-from epp.plugins.registry import PLUGIN_TYPES
 from epp.request.types import InferenceRequest
 from epp.scheduling.profile import Profile, WeightedScorer
 from epp.scheduling.types import CycleState, PickResult, ResponseInfo

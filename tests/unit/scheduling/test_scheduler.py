@@ -56,7 +56,7 @@ def test_fallbacks_are_distinct_and_ordered() -> None:
     eps = pool(5)
     result = s.schedule(req(SYSTEM), eps, 1.0, fallbacks=2)
     assert len(result.targets) == 3 and len(set(result.target_ids)) == 3
-    scores = dict((se.endpoint.id, se.score) for se in result.scored())
+    scores = {se.endpoint.id: se.score for se in result.scored()}
     assert scores[result.targets[0].id] >= scores[result.targets[1].id] >= scores[result.targets[2].id]
 
 
