@@ -16,7 +16,7 @@ class BadRequest(EppError):
 
 
 class NotFound(EppError):
-    """Unknown API path, or a model no endpoint serves (HTTP 404)."""
+    """Unknown API path (HTTP 404)."""
 
 
 class PayloadTooLarge(EppError):

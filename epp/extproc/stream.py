@@ -160,7 +160,7 @@ class RequestStream:
         self._subset = convert.subset_hint(msg.metadata_context)
         mode = self._request_mode
         if h.end_of_stream or mode == convert.NONE:
-            request = self._parser.headers_only(self._path, headers)
+            request = self._parser.headers_only(self._path, headers, body_seen=h.end_of_stream)
             routing = self._routing = self._deferred = self._director.route(request, self._subset)
             self._phase = Phase.ROUTED
             return [convert.routed_headers_response(routing.destination)]

@@ -88,8 +88,21 @@ class RequestParser:
     def too_large_message(self, size: int) -> str:
         return f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes"
 
-    def headers_only(self, path: str, headers: Mapping[str, str]) -> InferenceRequest:
-        """A request without a body: routed by load alone."""
+    def headers_only(
+        self, path: str, headers: Mapping[str, str], *, body_seen: bool = True
+    ) -> InferenceRequest:
+        """A request without a body: routed by load alone.
+
+        ``body_seen``: epp knows the request has no body (Envoy ended the stream on the
+        headers), as opposed to a body mode that does not send it. A POST to an inference API
+        without a body is then a client error, not something to route.
+        """
+        if body_seen and headers.get(":method", "").upper() == "POST":
+            api = api_for_path(path)
+            if api is not None:
+                raise BadRequest(
+                    f"request body is empty: POST {path.partition('?')[0]} needs a JSON body"
+                )
         return InferenceRequest(
             request_id=_request_id(headers),
             model=headers.get(MODEL_REWRITE_HEADER, ""),

@@ -266,6 +266,14 @@ async def test_header_only_request_routed_by_load(epp: Epp) -> None:
     assert sum(epp.handle.datastore.in_flight().values()) == 0
 
 
+async def test_post_without_a_body_to_an_inference_api_is_400(epp: Epp) -> None:
+    status, body = await immediate(
+        epp, ec.request_headers("/v1/chat/completions", end_of_stream=True)
+    )
+    assert status == 400 and "request body is empty" in str(body)
+    assert await route_ok(epp)  # and the server keeps serving
+
+
 async def test_subset_hint_limits_candidates(epp: Epp) -> None:
     allowed = [epp.handle.datastore.snapshot()[2].id]
     for _ in range(3):
