@@ -1,8 +1,10 @@
-"""``--help`` formatting shared by the ``epp-sim`` subcommands."""
+"""``--help`` formatting and signal handling shared by the ``epp-sim`` subcommands."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -17,3 +19,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if "default:" in text or "%(default)" in text:
             return text
         return super()._get_help_string(action) or ""
+
+
+def stop_event() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM: what a long-running ``epp-sim`` command waits on."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 from typing import Any
 
-from simulator.clihelp import HelpFormatter
+from simulator.clihelp import HelpFormatter, stop_event
 from simulator.emulator.config import EmulatorConfig
 from simulator.emulator.server import start_emulator
 
@@ -105,10 +104,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(config: EmulatorConfig) -> None:
     server = await start_emulator(config)
     print(json.dumps({"url": server.url, "model": config.model}), flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     try:
         await stop.wait()
     finally:

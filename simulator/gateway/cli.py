@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 from typing import Any
 
-from simulator.clihelp import HelpFormatter
+from simulator.clihelp import HelpFormatter, stop_event
 from simulator.gateway.extproc import MODE_NAMES
 from simulator.gateway.proxy import POLICIES, GatewayOptions
 from simulator.gateway.server import start_gateway
@@ -97,10 +96,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(options: GatewayOptions) -> None:
     handle = await start_gateway(options)
     print(json.dumps({"gateway_url": handle.url, "policy": options.policy}), flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     try:
         await stop.wait()
     finally:

@@ -14,10 +14,10 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
+from simulator.clihelp import stop_event
 from simulator.emulator import EmulatorConfig, RunningEmulator, start_emulator
 
 
@@ -50,10 +50,8 @@ async def start_epp(endpoints: list[str], config: str, host: str = "127.0.0.1") 
 
 
 async def _until_stopped() -> None:
-    stop = asyncio.Event()
+    stop = stop_event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
 
     def on_stdin() -> None:
         if not os.read(sys.stdin.fileno(), 4096):  # EOF: the parent is gone
