@@ -10,7 +10,14 @@ from typing import Any
 
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from epp.config.loader import default_config, load_config
 from epp.errors import ConfigError
@@ -129,9 +136,11 @@ def _run_policies(
         for spec in specs:
             name, factory = policy_factory(spec, epp_cfg)
             task = bar.add_task(name, total=total)
-            result = Replayer(config).run(
-                workload, factory, name, progress=lambda n, t=task: bar.update(t, completed=n)
-            )
+
+            def advance(n: int, t: TaskID = task) -> None:
+                bar.update(t, completed=n)
+
+            result = Replayer(config).run(workload, factory, name, progress=advance)
             bar.remove_task(task)
             results.append(result)
             stats.append(summarize(result))
