@@ -263,14 +263,33 @@ def test_helm_rejects_static_mode_without_endpoints() -> None:
 # --- kustomize ---------------------------------------------------------------------------
 
 
-def test_there_are_two_overlays() -> None:
-    assert {p.name for p in OVERLAYS} == {"pool-discovery", "static-endpoints"}
+def test_there_are_three_overlays() -> None:
+    assert {p.name for p in OVERLAYS} == {"pool-discovery", "static-endpoints", "ha"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
 def test_kustomize_overlay_renders_valid_manifests(overlay: Path) -> None:
     docs = docs_of(run(tool("kubectl"), "kustomize", str(overlay)))
-    check_epp_manifests(docs, pool=overlay.name == "pool-discovery")
+    check_epp_manifests(docs, pool=overlay.name in ("pool-discovery", "ha"))
+
+
+def test_ha_overlay_wires_index_sync_between_replicas() -> None:
+    docs = docs_of(run(tool("kubectl"), "kustomize", str(DEPLOY / "kustomize/overlays/ha")))
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--peer-dns=epp-peers.$(POD_NAMESPACE).svc:9004" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["POD_NAMESPACE"]  # expanded into --peer-dns by the kubelet
+    assert {"name": "grpc-sync", "containerPort": 9004} in container["ports"]
+    peers = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "epp-peers")
+    assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"]
+    assert peers["spec"]["ports"][0]["targetPort"] == "grpc-sync"
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert peers["spec"]["selector"].items() <= pod_labels.items()
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
 
 # --- static examples ---------------------------------------------------------------------
