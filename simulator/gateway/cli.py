@@ -53,7 +53,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=0, help="port to listen on (0 = any free port)")
     p.add_argument("--policy", choices=POLICIES, default="epp", help="who picks the endpoint")
-    p.add_argument("--extproc", default="127.0.0.1:9002", help="epp's ext_proc gRPC address")
+    p.add_argument(
+        "--extproc",
+        default="127.0.0.1:9002",
+        help="epp's ext_proc gRPC address; several comma-separated (epp replicas): one stream "
+        "per request, round-robin over them, as Envoy's ext_proc cluster does",
+    )
     p.add_argument(
         "--endpoints",
         default="",

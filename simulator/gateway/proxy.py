@@ -55,7 +55,8 @@ class GatewayOptions:
     port: int = 0
     policy: str = "epp"
     extproc: str = ""
-    """epp's gRPC address (host:port); policy ``epp`` only."""
+    """epp's gRPC address (host:port), or several comma-separated (``a:1,b:2``): the
+    ext_proc cluster's endpoints, one stream per request, round-robin. Policy ``epp`` only."""
     endpoints: tuple[str, ...] = ()
     """Model servers (ip:port) for the baseline policies."""
     request_mode: int = xp.FULL_DUPLEX_STREAMED
@@ -66,6 +67,10 @@ class GatewayOptions:
     route_timeout_s: float = 600.0
     connect_timeout_s: float = 2.0
     seed: int | None = None
+
+    @property
+    def extproc_targets(self) -> tuple[str, ...]:
+        return tuple(t.strip() for t in self.extproc.split(",") if t.strip())
 
 
 class Exchange(Protocol):
@@ -195,16 +200,24 @@ async def _finish_task(task: asyncio.Task[None] | None) -> None:
 
 
 class EppExchange:
-    """Policy ``epp``: every request through one ext_proc stream."""
+    """Policy ``epp``: every request through one ext_proc stream.
+
+    With several ext_proc targets (epp replicas), each stream goes to the next one in turn,
+    as Envoy's ext_proc cluster with the default ROUND_ROBIN load balancer picks a host per
+    stream (the gRPC async client opens each ``Process`` call as a new cluster request)."""
 
     def __init__(
         self,
-        channel: grpc.aio.Channel,
+        channels: Sequence[tuple[str, grpc.aio.Channel]],
         upstreams: Upstreams,
         opts: GatewayOptions,
         stats: GatewayStats,
     ) -> None:
-        self._stub = pb_grpc.ExternalProcessorStub(channel)
+        if not channels:
+            raise ValueError("policy epp needs at least one ext_proc target")
+        self._stubs = itertools.cycle(
+            [(target, pb_grpc.ExternalProcessorStub(ch)) for target, ch in channels]
+        )
         self._upstreams = upstreams
         self._opts = opts
         self._stats = stats
@@ -213,9 +226,9 @@ class EppExchange:
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
         opts = self._opts
-        stream = ExtProcStream(
-            self._stub, opts.request_mode, opts.response_mode, opts.message_timeout_s
-        )
+        target, stub = next(self._stubs)
+        self._stats.by_extproc[target] += 1
+        stream = ExtProcStream(stub, opts.request_mode, opts.response_mode, opts.message_timeout_s)
         closed = False
         try:
             outcome = await self._request_path(stream, request, client_headers(request))

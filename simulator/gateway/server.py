@@ -34,7 +34,7 @@ class GatewayHandle:
     stats: GatewayStats
     _runner: web.AppRunner
     _upstreams: Upstreams
-    _channel: grpc.aio.Channel | None
+    _channels: list[grpc.aio.Channel]
 
     @property
     def url(self) -> str:
@@ -43,8 +43,8 @@ class GatewayHandle:
     async def stop(self) -> None:
         await self._runner.cleanup()
         await self._upstreams.close()
-        if self._channel is not None:
-            await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
 
 async def start_gateway(options: GatewayOptions) -> GatewayHandle:
@@ -52,13 +52,14 @@ async def start_gateway(options: GatewayOptions) -> GatewayHandle:
         raise ValueError(f"unknown policy {options.policy!r}")
     stats = GatewayStats()
     upstreams = Upstreams(stats, options.connect_timeout_s, options.route_timeout_s)
-    channel: grpc.aio.Channel | None = None
+    channels: list[grpc.aio.Channel] = []
     exchange: Exchange
     if options.policy == "epp":
-        if not options.extproc:
+        targets = options.extproc_targets
+        if not targets:
             raise ValueError("policy epp needs the ext_proc address (--extproc host:port)")
-        channel = grpc.aio.insecure_channel(options.extproc, options=_GRPC_OPTIONS)
-        exchange = EppExchange(channel, upstreams, options, stats)
+        channels = [grpc.aio.insecure_channel(t, options=_GRPC_OPTIONS) for t in targets]
+        exchange = EppExchange(list(zip(targets, channels, strict=True)), upstreams, options, stats)
     else:
         pick = baseline_picker(options.policy, max(1, len(options.endpoints)), options.seed)
         exchange = BaselineExchange(pick, options.endpoints, upstreams)
@@ -76,11 +77,12 @@ async def start_gateway(options: GatewayOptions) -> GatewayHandle:
     port = int(runner.addresses[0][1])
     names = {v: k for k, v in MODE_NAMES.items()}
     log.info(
-        "gateway on %s:%d policy=%s request=%s response=%s",
+        "gateway on %s:%d policy=%s ext_proc=%s request=%s response=%s",
         options.host,
         port,
         options.policy,
+        options.extproc or "-",
         names.get(options.request_mode),
         names.get(options.response_mode),
     )
-    return GatewayHandle(options.host, port, options, stats, runner, upstreams, channel)
+    return GatewayHandle(options.host, port, options, stats, runner, upstreams, channels)

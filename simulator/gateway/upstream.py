@@ -22,6 +22,8 @@ class NoUpstream(Exception):
 class GatewayStats:
     requests: int = 0
     by_upstream: Counter[str] = field(default_factory=Counter)
+    by_extproc: Counter[str] = field(default_factory=Counter)
+    """ext_proc streams opened per target (epp replica)."""
     immediate: Counter[int] = field(default_factory=Counter)
     fallbacks: int = 0
     connect_failures: int = 0

@@ -4,7 +4,8 @@ Each child starts its servers on port 0 through the programmatic starters, print
 line with the bound addresses, then serves until SIGTERM/SIGINT or until its stdin closes
 (the parent died), so a killed ``epp-sim stack`` leaves no orphans. The replicas share one
 process and one event loop; epp gets its own, so its latency is not measured through the
-emulators' work.
+emulators' work. Several epp replicas share that process too (one event loop serves them
+all: on a 2-core machine a process each would only add contention).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 from simulator.clihelp import stop_event
@@ -38,15 +40,70 @@ async def start_replicas(
     return [await start_emulator(config) for _ in range(count)]
 
 
-async def start_epp(endpoints: list[str], config: str, host: str = "127.0.0.1") -> Any:
-    """epp's own ``start_server`` on free ports, scraping ``endpoints``' /metrics."""
+async def start_epps(
+    count: int,
+    endpoints: list[str],
+    config: str,
+    sync: bool = True,
+    host: str = "127.0.0.1",
+    mesh_timeout_s: float = 30.0,
+) -> list[Any]:
+    """``count`` epp servers (epp's own ``start_server``) on free ports, scraping ``endpoints``.
+
+    With ``count > 1`` and ``sync``, every replica shares its index writes with the others
+    (docs/sync.md). Ports are 0 and the peer set can change after start, so each server
+    starts with sync on and no peers; once all are listening, each is given the others' bound
+    sync ports (``handle.sync.peers.update``), as ``--peer-dns`` does when pods appear.
+    Choosing free ports first and passing ``--peers`` up front would race with any other
+    process binding them in between. Returns once every replica follows every other."""
     from epp.config.loader import default_config, load_config
     from epp.datastore.static import parse_endpoint_list
     from epp.server.runner import ServerOptions, start_server
+    from epp.sync.node import SyncOptions
 
     cfg = load_config(config) if config else default_config()
-    options = ServerOptions(host=host, grpc_port=0, health_port=-1, metrics_port=0)
-    return await start_server(cfg, parse_endpoint_list(",".join(endpoints)), options)
+    pool = parse_endpoint_list(",".join(endpoints))
+    share = sync and count > 1
+    handles: list[Any] = []
+    try:
+        for _ in range(count):
+            options = ServerOptions(
+                host=host,
+                grpc_port=0,
+                health_port=-1,
+                metrics_port=0,
+                sync=SyncOptions(port=0) if share else None,
+            )
+            handles.append(await start_server(cfg, pool, options))
+        if share:
+            addresses = [f"{host}:{h.sync_port}" for h in handles]
+            for h, own in zip(handles, addresses, strict=True):
+                h.sync.peers.update(a for a in addresses if a != own)
+            await _wait_mesh(handles, mesh_timeout_s)
+    except BaseException:
+        for h in handles:
+            await h.stop(0)
+        raise
+    return handles
+
+
+async def _wait_mesh(handles: list[Any], timeout_s: float) -> None:
+    """Until every replica has an open ``Subscribe`` stream to every other."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while any(len(h.sync.connected) < len(handles) - 1 for h in handles):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"epp replicas did not connect their index sync in {timeout_s}s")
+        await asyncio.sleep(delay)  # back-off between readiness probes
+        delay = min(delay * 2, 0.1)
+
+
+def describe_epp(handle: Any, host: str = "127.0.0.1") -> dict[str, Any]:
+    return {
+        "grpc": f"{host}:{handle.grpc_port}",
+        "metrics": f"http://{host}:{handle.metrics_port}/metrics",
+        "sync": f"{host}:{handle.sync_port}" if handle.sync is not None else None,
+    }
 
 
 async def _until_stopped() -> None:
@@ -74,20 +131,14 @@ async def _main(args: argparse.Namespace) -> None:
             for r in reps:
                 await r.close()
     else:
-        handle = await start_epp(args.endpoints.split(","), args.config)
-        print(
-            json.dumps(
-                {
-                    "epp_grpc": f"127.0.0.1:{handle.grpc_port}",
-                    "epp_metrics": f"http://127.0.0.1:{handle.metrics_port}/metrics",
-                }
-            ),
-            flush=True,
+        handles = await start_epps(
+            args.count, args.endpoints.split(","), args.config, sync=not args.no_sync
         )
+        print(json.dumps({"epps": [describe_epp(h) for h in handles]}), flush=True)
         try:
             await _until_stopped()
         finally:
-            await handle.stop(1.0)
+            await asyncio.gather(*(h.stop(1.0) for h in handles))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--endpoints", default="")
     p.add_argument("--config", default="")
+    p.add_argument("--no-sync", action="store_true", help="epp: replicas do not share their index")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
     logging.basicConfig(

@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
         description=(
             "Start N emulated vLLM replicas, epp scraping them and the dev gateway, all on free "
             "loopback ports. Prints one JSON line {gateway_url, epp_grpc, replica_urls} on "
-            "stdout (a summary goes to stderr) and serves until Ctrl-C / SIGTERM. With --demo, "
+            "stdout (plus epp_grpcs, all of them, with --epp-replicas > 1; a summary goes to "
+            "stderr) and serves until Ctrl-C / SIGTERM. With --demo, "
             "drives a shared-prefix multi-turn chat workload through epp and through random "
             "routing instead (fresh replicas each time) and prints the comparison."
         ),
@@ -44,6 +45,19 @@ def register(subparsers: Any) -> None:
         choices=["epp", "random", "round-robin"],
         default="epp",
         help="who picks the replica (random / round-robin bypass epp)",
+    )
+    g.add_argument(
+        "--epp-replicas",
+        type=int,
+        default=1,
+        help="epp servers behind the gateway (one process); the gateway spreads ext_proc "
+        "streams over them round-robin, as Envoy's ext_proc cluster does",
+    )
+    g.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="with --epp-replicas > 1: replicas do not share their prefix index (each "
+        "learns only from the requests it routed)",
     )
     g.add_argument(
         "--config",
@@ -80,7 +94,8 @@ def register(subparsers: Any) -> None:
     d.add_argument(
         "--demo",
         action="store_true",
-        help="run the demo workload through --policy and --baseline, then exit",
+        help="run the demo workload through --policy and --baseline, then exit; with "
+        "--epp-replicas N > 1, through N epp replicas with sync, without sync, and --baseline",
     )
     d.add_argument(
         "--baseline",
@@ -131,6 +146,8 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         isolation="inline" if args.inline else "process",
         gateway_port=args.port,
         log_dir=args.log_dir,
+        epp_replicas=args.epp_replicas,
+        sync=not args.no_sync,
     )
 
 
@@ -152,6 +169,8 @@ def workload_from_args(args: argparse.Namespace) -> SharedPrefixWorkload:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.epp_replicas < 1:
+            raise ValueError(f"--epp-replicas must be at least 1, not {args.epp_replicas}")
         options = options_from_args(args)
         workload = workload_from_args(args) if args.demo else None
         if args.demo and args.policy == args.baseline:
@@ -210,8 +229,14 @@ def _summary(stack: Stack) -> None:
         ),
         f"  gateway   {stack.gateway_url}   policy {o.policy}, ext_proc mode {o.request_mode}",
     ]
-    if stack.epp_grpc:
-        lines.append(f"  epp       grpc {stack.epp_grpc}   metrics {stack.epp_metrics}")
+    for epp in stack.epps:
+        sync = f"   sync {epp.sync}" if epp.sync else ""
+        lines.append(f"  epp       grpc {epp.grpc}   metrics {epp.metrics}{sync}")
+    if len(stack.epps) > 1:
+        lines.append(
+            f"            {len(stack.epps)} epp replicas, ext_proc streams round-robin, index "
+            + ("shared (sync)" if o.sync else "NOT shared (--no-sync)")
+        )
     for url in stack.replica_urls:
         lines.append(f"  replica   {url}   (/v1/..., /metrics)")
     if stack.log_dir:

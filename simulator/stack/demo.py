@@ -2,6 +2,8 @@
 
 Each policy gets its own freshly started replicas, so both start with cold caches. The
 comparison is printed as a table and drawn as a PNG (TTFT CDF and hit rate per policy).
+With several epp replicas the epp policy runs twice, with and without index sync, so the
+table has three columns.
 """
 
 from __future__ import annotations
@@ -33,14 +35,37 @@ class DemoResult:
     summary_json: Path | None
 
 
+def label_of(options: StackOptions) -> str:
+    """A run's column name: the policy, and for several epp replicas their count and sync."""
+    if options.policy != "epp" or options.epp_replicas == 1:
+        return options.policy
+    return f"epp x{options.epp_replicas} " + ("sync" if options.sync else "no sync")
+
+
+def variants(base: StackOptions, policies: tuple[str, ...]) -> list[StackOptions]:
+    """One stack per policy; epp with several replicas twice: with and without sync."""
+    out = []
+    for policy in policies:
+        options = dataclasses.replace(base, policy=policy)
+        if policy == "epp" and base.epp_replicas > 1:
+            out += [
+                dataclasses.replace(options, sync=True),
+                dataclasses.replace(options, sync=False),
+            ]
+        else:
+            out.append(options)
+    return out
+
+
 async def run_policy(
     options: StackOptions, workload: SharedPrefixWorkload, progress: Progress | None = None
 ) -> RunSummary:
+    label = label_of(options)
     stack = await start_stack(options)
     try:
         task = None
         if progress is not None:
-            task = progress.add_task(f"via {options.policy}", total=workload.total_requests)
+            task = progress.add_task(f"via {label}", total=workload.total_requests)
 
         def advance(_: object) -> None:
             if progress is not None and task is not None:
@@ -50,7 +75,7 @@ async def run_policy(
         counters = await scrape_replicas(stack.replica_urls)
     finally:
         await stack.stop()
-    return summarize(options.policy, records, counters)
+    return summarize(label, records, counters)
 
 
 async def run_demo(
@@ -62,25 +87,37 @@ async def run_demo(
 ) -> DemoResult:
     console = console or Console()
     console.print(f"[bold]Workload[/]: {workload.describe()}")
+    epps = ""
+    if base.epp_replicas > 1:
+        epps = (
+            f"{base.epp_replicas} epp replicas (ext_proc streams round-robin), with and "
+            "without index sync; "
+        )
     console.print(
         f"[bold]Stack[/]: {base.replicas} emulated replicas (GPU time / {base.speedup:g}), "
-        f"gateway in {base.request_mode} mode; fresh replicas per policy, caches start cold."
+        f"{epps}gateway in {base.request_mode} mode; fresh replicas per policy, caches start "
+        "cold."
     )
     runs: list[RunSummary] = []
+    stacks = variants(base, policies)
+    width = max(12, *(len(f"via {label_of(o)}") for o in stacks))
     with Progress(
-        TextColumn("{task.description:>12}"),
+        TextColumn(f"{{task.description:>{width}}}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
         transient=False,
     ) as progress:
-        for policy in policies:
-            runs.append(
-                await run_policy(dataclasses.replace(base, policy=policy), workload, progress)
-            )
+        for options in stacks:
+            runs.append(await run_policy(options, workload, progress))
     title = f"{base.replicas} replicas, speedup {base.speedup:g}x; {workload.describe()}"
-    print_table(runs, "epp vs " + ", ".join(policies[1:]) + " (same workload, cold caches)")
+    if base.epp_replicas > 1:
+        title = f"{base.epp_replicas} epp replicas, " + title
+        heading = f"{base.epp_replicas} epp replicas with and without sync vs "
+    else:
+        heading = "epp vs "
+    print_table(runs, heading + ", ".join(policies[1:]) + " (same workload, cold caches)")
     for s in runs:
         if s.errors:
             console.print(
@@ -100,6 +137,7 @@ async def run_demo(
             {
                 "workload": dataclasses.asdict(workload),
                 "replicas": base.replicas,
+                "epp_replicas": base.epp_replicas,
                 "speedup": base.speedup,
                 "mode": base.request_mode,
             },

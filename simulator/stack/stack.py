@@ -4,6 +4,11 @@
 binds port 0 on loopback; readiness is polled (replica ``/health``, epp's gRPC health,
 then one ``GET /v1/models`` through the gateway), never slept on.
 
+``epp_replicas=N`` runs N epp servers (one process) and gives the gateway all N as its
+ext_proc targets (round-robin per stream, as Envoy's ext_proc cluster). They share their
+index writes (``epp/sync/``) unless ``sync=False``; the stack is ready once every replica
+follows every other.
+
 ``isolation="process"`` (the CLI's choice) runs the replicas in one child process and epp
 in another, so measurements are not taken through one shared event loop;
 ``isolation="inline"`` runs everything in the caller's loop (fast to start; tests use it).
@@ -58,6 +63,10 @@ class StackOptions:
     log_dir: Path | None = None
     """Where child processes write stderr (default: a temp dir)."""
     ready_timeout_s: float = 60.0
+    epp_replicas: int = 1
+    """epp servers behind the gateway (policy epp)."""
+    sync: bool = True
+    """With several epp replicas: share their index writes (docs/sync.md)."""
 
     def modes(self) -> tuple[int, int]:
         response = self.response_mode or (
@@ -87,13 +96,23 @@ class _Child:
             self.proc.stdin.close()
 
 
+@dataclass(slots=True, frozen=True)
+class EppReplica:
+    grpc: str
+    """ext_proc address (host:port)."""
+    metrics: str
+    """Prometheus URL."""
+    sync: str | None
+    """Index sync address (host:port), None when sync is off."""
+
+
 @dataclass
 class Stack:
     options: StackOptions
     gateway: GatewayHandle
     replica_urls: list[str]
-    epp_grpc: str | None
-    epp_metrics: str | None = None
+    epps: list[EppReplica]
+    """Empty with the baseline policies."""
     log_dir: Path | None = None
     _children: list[_Child] = field(default_factory=list)
     _inline: list[Any] = field(default_factory=list)
@@ -102,15 +121,29 @@ class Stack:
     def gateway_url(self) -> str:
         return self.gateway.url
 
+    @property
+    def epp_grpc(self) -> str | None:
+        """The first epp replica's ext_proc address."""
+        return self.epps[0].grpc if self.epps else None
+
+    @property
+    def epp_metrics(self) -> str | None:
+        return self.epps[0].metrics if self.epps else None
+
     def endpoints(self) -> list[str]:
         return [u.removeprefix("http://") for u in self.replica_urls]
 
     def describe(self) -> dict[str, Any]:
-        return {
+        """The JSON line of ``epp-sim stack``. ``epp_grpc`` is the first epp replica (so
+        scripts written for one keep working); ``epp_grpcs`` lists all when there are several."""
+        out: dict[str, Any] = {
             "gateway_url": self.gateway_url,
             "epp_grpc": self.epp_grpc,
             "replica_urls": self.replica_urls,
         }
+        if len(self.epps) > 1:
+            out["epp_grpcs"] = [e.grpc for e in self.epps]
+        return out
 
     async def stop(self) -> None:
         await self.gateway.stop()
@@ -202,9 +235,10 @@ async def start_stack(options: StackOptions) -> Stack:
     deadline = time.monotonic() + options.ready_timeout_s
     children: list[_Child] = []
     inline: list[Any] = []
-    epp_grpc: str | None = None
-    epp_metrics: str | None = None
+    epps: list[EppReplica] = []
     log_dir = options.log_dir
+    if options.epp_replicas < 1:
+        raise ValueError(f"epp_replicas must be at least 1, not {options.epp_replicas}")
     try:
         if options.isolation == "process":
             if log_dir is None:
@@ -248,36 +282,40 @@ async def start_stack(options: StackOptions) -> Stack:
         if options.policy == "epp":
             if options.isolation == "process":
                 assert log_dir is not None
-                argv = ["epp", "--endpoints", ",".join(endpoints)]
+                argv = ["epp", "--count", str(options.epp_replicas)]
+                argv += ["--endpoints", ",".join(endpoints)]
                 if options.config:
                     argv += ["--config", options.config]
+                if not options.sync:
+                    argv.append("--no-sync")
                 ch, info = await _spawn("epp", argv, log_dir, options.ready_timeout_s)
                 children.append(ch)
-                epp_grpc, epp_metrics = info["epp_grpc"], info["epp_metrics"]
+                described = info["epps"]
             else:
                 from simulator.stack import child
 
-                handle = await child.start_epp(endpoints, options.config)
-                inline.append(handle)
-                epp_grpc = f"127.0.0.1:{handle.grpc_port}"
-                epp_metrics = f"http://127.0.0.1:{handle.metrics_port}/metrics"
-            await _wait_epp(epp_grpc, deadline)
+                handles = await child.start_epps(
+                    options.epp_replicas, endpoints, options.config, sync=options.sync
+                )
+                inline.extend(handles)
+                described = [child.describe_epp(h) for h in handles]
+            epps = [EppReplica(d["grpc"], d["metrics"], d["sync"]) for d in described]
+            for epp in epps:
+                await _wait_epp(epp.grpc, deadline)
 
         request_mode, response_mode = options.modes()
         gateway = await start_gateway(
             GatewayOptions(
                 port=options.gateway_port,
                 policy=options.policy,
-                extproc=epp_grpc or "",
+                extproc=",".join(e.grpc for e in epps),
                 endpoints=tuple(endpoints),
                 request_mode=request_mode,
                 response_mode=response_mode,
                 seed=options.seed,
             )
         )
-        stack = Stack(
-            options, gateway, replica_urls, epp_grpc, epp_metrics, log_dir, children, inline
-        )
+        stack = Stack(options, gateway, replica_urls, epps, log_dir, children, inline)
         try:
             await _wait_gateway(gateway.url, deadline)
         except BaseException:
