@@ -1,9 +1,9 @@
 """The approximate prefix index: which endpoint recently received which prompt chunk.
 
-Layout: one insertion-ordered ``dict`` per endpoint, chunk hash -> last-use time. The dict's
-order is the LRU order: recording a request pops and re-inserts its chunks at the end, deepest
-chunk first, so the oldest entries sit at the front and, among the chunks of one request, the
-deepest ones are evicted first. That keeps each endpoint's set of chunks *prefix-closed* along
+Layout: one LRU store per endpoint (``epp/prefix/lru.py``: chunk hash -> last-use time,
+oldest use first; native C when built, else a ``dict``). Recording a request moves its chunks
+to the young end, deepest chunk first, so among the chunks of one request the deepest ones are
+evicted first. That keeps each endpoint's set of chunks *prefix-closed* along
 every chain (if chunk ``i`` of a prompt is present, so are chunks ``1..i-1``), so the number of
 leading chunks an endpoint holds is found by binary search instead of a scan: a 220 KB prompt
 costs ~12 lookups per endpoint that holds its first chunk, and one per endpoint that does not.
@@ -22,23 +22,20 @@ endpoint whose oldest entry is the oldest), and a time-to-live applied lazily on
 eagerly by ``sweep``. All public methods take one lock, so a sweeper thread and the serving
 loop may call them at once.
 
-Memory: an entry costs one dict slot plus its key object (~80-90 bytes in CPython; the last-use
-time object is shared by all chunks recorded by one request). ``tests/bench/bench_scheduling.py``
+Memory: with the native store an entry costs ~40 bytes (a 24-byte node and its hash-table
+slots); with the Python store, a dict slot and a key object (~75 bytes; the last-use time
+object is shared by all chunks recorded by one request). ``tests/bench/bench_scheduling.py``
 prints the measured figure.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from itertools import islice, repeat
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from epp.datastore.endpoint import EndpointId
-
-_consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
+from epp.prefix.lru import ChunkStore, store_factory
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,29 +54,6 @@ class IndexStats:
         return self.hit_chunks / self.lookup_chunks if self.lookup_chunks else 0.0
 
 
-@dataclass(slots=True)
-class _EndpointChunks:
-    capacity: int
-    chunks: dict[int, float] = field(default_factory=dict)
-
-
-def _held_prefix(chunks: dict[int, float], hashes: Sequence[int]) -> int:
-    """How many leading chunks of ``hashes`` are stored (expired or not): a binary search."""
-    n = len(hashes)
-    if n == 0 or hashes[0] not in chunks:
-        return 0
-    if hashes[-1] in chunks:
-        return n
-    lo, hi = 1, n  # chunk lo-1 held, chunk hi-1 not
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if hashes[mid - 1] in chunks:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 class PrefixIndex:
     def __init__(
         self,
@@ -87,13 +61,15 @@ class PrefixIndex:
         capacity_chunks: int = 31_250,
         max_entries: int = 4_000_000,
         ttl_s: float = 600.0,
+        native: bool | None = None,
     ) -> None:
         if capacity_chunks <= 0 or max_entries <= 0 or ttl_s <= 0:
             raise ValueError("capacity_chunks, max_entries and ttl_s must be positive")
         self.default_capacity = capacity_chunks
         self.max_entries = max_entries
         self.ttl_s = ttl_s
-        self._endpoints: dict[EndpointId, _EndpointChunks] = {}
+        self._new_store = store_factory(native)
+        self._endpoints: dict[EndpointId, ChunkStore] = {}
         self._entries = 0
         self._lock = threading.Lock()
         self._lookups = 0
@@ -114,43 +90,26 @@ class PrefixIndex:
         if n == 0:
             return result
         cutoff = now_s - self.ttl_s
-        first = hashes[0]
-        last = hashes[-1]
         best = 0
         with self._lock:
             self._lookups += 1
             self._lookup_chunks += n
             endpoints = self._endpoints
             for eid in endpoint_ids:
-                ep = endpoints.get(eid)
-                if ep is None:
+                store = endpoints.get(eid)
+                if store is None:
                     continue
-                get = ep.chunks.get
-                ts = get(first)
-                if ts is None or ts < cutoff:
-                    continue
-                ts = get(last)
-                if ts is not None and ts >= cutoff:
-                    result[eid] = best = n
-                    continue
-                # invariant: chunk lo-1 held, chunk hi-1 not held
-                lo, hi = 1, n
-                while hi - lo > 1:
-                    mid = (lo + hi) >> 1
-                    ts = get(hashes[mid - 1])
-                    if ts is not None and ts >= cutoff:
-                        lo = mid
-                    else:
-                        hi = mid
-                result[eid] = lo
-                best = max(best, lo)
+                k = store.held(hashes, cutoff)
+                if k:
+                    result[eid] = k
+                    best = max(best, k)
             self._hit_chunks += best
         return result
 
     def holds(self, endpoint_id: EndpointId, chunk: int, now_s: float) -> bool:
         with self._lock:
-            ep = self._endpoints.get(endpoint_id)
-            ts = None if ep is None else ep.chunks.get(chunk)
+            store = self._endpoints.get(endpoint_id)
+            ts = None if store is None else store.get(chunk)
             return ts is not None and ts >= now_s - self.ttl_s
 
     # --- writes --------------------------------------------------------------------------
@@ -159,98 +118,76 @@ class PrefixIndex:
         """Note that ``endpoint_id`` now holds every chunk of ``hashes`` (a routing decision)."""
         if not hashes:
             return
-        stamp = float(now_s)  # one object shared by every chunk of this request
+        stamp = float(now_s)  # (Python store) one object shared by every chunk of the request
         with self._lock:
-            ep = self._endpoints.get(endpoint_id)
-            if ep is None:
-                ep = self._endpoints[endpoint_id] = _EndpointChunks(self.default_capacity)
-            if len(hashes) > ep.capacity:
-                hashes = hashes[: ep.capacity]  # keep the leading chunks: the set stays prefix-closed
-            chunks = ep.chunks
-            before = len(chunks)
-            held = _held_prefix(chunks, hashes)
-            # re-insert at the LRU's young end, deepest chunk first; only the held prefix needs
-            # popping (prefix-closure: nothing deeper is present)
-            if held:
-                _consume(map(chunks.pop, hashes[held - 1 :: -1], repeat(None)))
-            chunks.update(zip(reversed(hashes), repeat(stamp)))
-            self._entries += len(chunks) - before
-            over = len(chunks) - ep.capacity
-            if over > 0:
-                self._evict_front(ep, over)
+            store = self._endpoints.get(endpoint_id)
+            if store is None:
+                store = self._endpoints[endpoint_id] = self._new_store(self.default_capacity)
+            before = len(store)
+            evicted = store.record(hashes, stamp)
+            self._entries += len(store) - before
+            self._evictions += evicted
             if self._entries > self.max_entries:
                 self._evict_global(self._entries - self.max_entries)
 
     def remove_endpoint(self, endpoint_id: EndpointId) -> int:
         """Forget everything about an endpoint that left the pool; returns entries removed."""
         with self._lock:
-            ep = self._endpoints.pop(endpoint_id, None)
-            if ep is None:
+            store = self._endpoints.pop(endpoint_id, None)
+            if store is None:
                 return 0
-            self._entries -= len(ep.chunks)
-            return len(ep.chunks)
+            self._entries -= len(store)
+            return len(store)
 
     def set_capacity(self, endpoint_id: EndpointId, capacity_chunks: int) -> None:
         """Size one endpoint's LRU (from its KV-cache size, or lowered when it proves smaller)."""
         capacity = max(1, int(capacity_chunks))
         with self._lock:
-            ep = self._endpoints.get(endpoint_id)
-            if ep is None:
-                ep = self._endpoints[endpoint_id] = _EndpointChunks(capacity)
-            ep.capacity = capacity
-            over = len(ep.chunks) - capacity
-            if over > 0:
-                self._evict_front(ep, over)
+            store = self._endpoints.get(endpoint_id)
+            if store is None:
+                self._endpoints[endpoint_id] = self._new_store(capacity)
+                return
+            removed = store.set_capacity(capacity)
+            self._entries -= removed
+            self._evictions += removed
 
     def capacity(self, endpoint_id: EndpointId) -> int:
         with self._lock:
-            ep = self._endpoints.get(endpoint_id)
-            return self.default_capacity if ep is None else ep.capacity
+            store = self._endpoints.get(endpoint_id)
+            return self.default_capacity if store is None else store.capacity
 
     def sweep(self, now_s: float) -> int:
         """Remove expired entries (oldest first on every endpoint); returns how many."""
         cutoff = now_s - self.ttl_s
         removed = 0
         with self._lock:
-            for ep in self._endpoints.values():
-                chunks = ep.chunks
-                expired = []
-                for h, ts in chunks.items():
-                    if ts >= cutoff:
-                        break
-                    expired.append(h)
-                if expired:
-                    _consume(map(chunks.__delitem__, expired))
-                    removed += len(expired)
+            for store in self._endpoints.values():
+                removed += store.sweep(cutoff)
             self._entries -= removed
             self._expirations += removed
         return removed
 
     # --- internals (lock held) -----------------------------------------------------------
 
-    def _evict_front(self, ep: _EndpointChunks, count: int) -> None:
-        victims = list(islice(ep.chunks, count))
-        _consume(map(ep.chunks.__delitem__, victims))
-        self._entries -= len(victims)
-        self._evictions += len(victims)
-
     def _evict_global(self, count: int) -> None:
         # Evict a little more than asked (0.1% of the cap), so that a full index does not scan
         # every endpoint on every record; always from the endpoint holding the oldest entry.
         count += self.max_entries // 1000
         while count > 0 and self._entries > 0:
-            oldest_ep: _EndpointChunks | None = None
-            oldest_ts = float("inf")
-            for ep in self._endpoints.values():
-                if ep.chunks:
-                    ts = next(iter(ep.chunks.values()))
-                    if ts < oldest_ts:
-                        oldest_ts, oldest_ep = ts, ep
-            if oldest_ep is None:
+            victim: ChunkStore | None = None
+            oldest = float("inf")
+            for store in self._endpoints.values():
+                ts = store.oldest_stamp()
+                if ts is not None and ts < oldest:
+                    oldest, victim = ts, store
+            if victim is None:
                 return
-            take = min(count, len(oldest_ep.chunks))
-            self._evict_front(oldest_ep, take)
-            count -= take
+            # from the oldest endpoint, as much as is older than the next-oldest endpoint's
+            # oldest entry would be exact; a 1/16 slice of its entries is close and cheap
+            removed = victim.evict_oldest(min(count, max(1, len(victim) // 16)))
+            self._entries -= removed
+            self._evictions += removed
+            count -= removed
 
     # --- introspection -------------------------------------------------------------------
 
@@ -262,15 +199,13 @@ class PrefixIndex:
             return list(self._endpoints)
 
     def chunks_of(self, endpoint_id: EndpointId) -> Mapping[int, float]:
+        """The endpoint's chunks with their last-use time, oldest first."""
         with self._lock:
-            ep = self._endpoints.get(endpoint_id)
-            return dict(ep.chunks) if ep else {}
+            store = self._endpoints.get(endpoint_id)
+            return dict(store.items()) if store is not None else {}
 
     def stats(self) -> IndexStats:
         with self._lock:
-            approx = sum(
-                sys.getsizeof(ep.chunks) + 32 * len(ep.chunks) for ep in self._endpoints.values()
-            )
             return IndexStats(
                 entries=self._entries,
                 endpoints=len(self._endpoints),
@@ -279,5 +214,5 @@ class PrefixIndex:
                 hit_chunks=self._hit_chunks,
                 evictions=self._evictions,
                 expirations=self._expirations,
-                approx_bytes=approx,
+                approx_bytes=sum(store.nbytes for store in self._endpoints.values()),
             )

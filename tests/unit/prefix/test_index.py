@@ -7,9 +7,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.datastore.endpoint import EndpointId
+from epp.prefix import index as index_module
+from epp.prefix import lru
 from epp.prefix.index import PrefixIndex
 
 A, B, C = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000"), EndpointId("10.0.0.3:8000")
+
+
+@pytest.fixture(autouse=True, params=["python", "native"])
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs against both per-endpoint stores (epp/prefix/lru.py)."""
+    native = request.param == "native"
+    if native and not lru.NATIVE:
+        pytest.skip("native LRU extension not built on this machine")
+    monkeypatch.setattr(index_module, "store_factory", lambda _=None: lru.store_factory(native))
+    return str(request.param)
 
 
 def chain(tag: int, n: int) -> list[int]:
