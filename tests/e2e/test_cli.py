@@ -30,8 +30,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.parametrize("epp_replicas", [1, 2], ids=["one-epp", "two-epps"])
 async def test_stack_prints_one_json_line_serves_and_stops_everything_on_sigterm(
-    tmp_path: Path,
+    tmp_path: Path, epp_replicas: int
 ) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -42,6 +43,8 @@ async def test_stack_prints_one_json_line_serves_and_stops_everything_on_sigterm
         "2",
         "--speedup",
         "20",
+        "--epp-replicas",
+        str(epp_replicas),
         "--log-dir",
         str(tmp_path),
         stdout=asyncio.subprocess.PIPE,
@@ -53,7 +56,11 @@ async def test_stack_prints_one_json_line_serves_and_stops_everything_on_sigterm
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 60)
         info = json.loads(line)
-        assert set(info) == {"gateway_url", "epp_grpc", "replica_urls"}
+        if epp_replicas == 1:  # the line scripts already read, unchanged
+            assert set(info) == {"gateway_url", "epp_grpc", "replica_urls"}
+        else:
+            assert set(info) == {"gateway_url", "epp_grpc", "replica_urls", "epp_grpcs"}
+            assert len(set(info["epp_grpcs"])) == 2 and info["epp_grpc"] == info["epp_grpcs"][0]
         assert len(info["replica_urls"]) == 2
         async with aiohttp.ClientSession() as http:
             body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hi", "max_tokens": 3}
@@ -63,7 +70,7 @@ async def test_stack_prints_one_json_line_serves_and_stops_everything_on_sigterm
                     u.removeprefix("http://") for u in info["replica_urls"]
                 ]
         children = [int(p) for p in (await _children(proc.pid))]
-        assert len(children) == 2  # replicas (one process) and epp
+        assert len(children) == 2  # replicas (one process) and epp (every epp replica)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 30)
