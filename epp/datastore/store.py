@@ -26,6 +26,9 @@ class _Entry:
     endpoint: Endpoint
     in_flight: int = 0
     pending: int = 0
+    first_seen_s: float | None = None
+    """When ``mark_stale`` first saw the endpoint: a new endpoint gets ``stale_after_s`` for
+    its first good scrape before it is reported stale."""
 
 
 @dataclass(slots=True)
@@ -92,7 +95,10 @@ class Datastore:
         newly: list[EndpointId] = []
         for eid, entry in self._entries.items():
             m = entry.endpoint.metrics
-            stale = not m.known or now_s - m.scraped_at_s > self.stale_after_s
+            if entry.first_seen_s is None:
+                entry.first_seen_s = now_s
+            last_good = m.scraped_at_s if m.known else entry.first_seen_s
+            stale = now_s - last_good > self.stale_after_s
             if stale != entry.endpoint.stale:
                 entry.endpoint = dataclasses.replace(entry.endpoint, stale=stale)
                 self._snapshot = None

@@ -36,3 +36,15 @@ def test_removal_notifies_listeners_and_vanished_endpoints_are_ignored() -> None
     store.request_started(e.id)  # vanished: no error, nothing counted
     store.update_metrics(e.id, Metrics(scraped_at_s=1.0))
     assert store.get(e.id) is None
+
+
+def test_a_new_endpoint_gets_a_grace_period_before_it_is_reported_stale() -> None:
+    store = Datastore(stale_after_s=2.0)
+    e = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)
+    store.upsert(e)
+    assert store.mark_stale(100.0) == []  # just added, never scraped yet: not reported
+    assert store.mark_stale(101.5) == []
+    assert store.mark_stale(102.5) == [e.id]  # still no good scrape after 2 s
+    store.update_metrics(e.id, Metrics(scraped_at_s=103.0))
+    assert store.mark_stale(104.0) == [] and not store.snapshot()[0].stale
+    assert store.mark_stale(105.5) == [e.id]  # the last good scrape is 2.5 s old
