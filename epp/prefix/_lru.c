@@ -79,8 +79,8 @@ delete_slot(Lru *s, size_t i)
 static inline void
 unlink_node(Lru *s, int32_t n)
 {
-    s->nodes[s->nodes[n].next.prev] = s->nodes[n].next;
-    s->nodes[s->nodes[n].next.prev] = s->nodes[n].prev;
+    s->nodes[s->nodes[n].prev].next = s->nodes[n].next;
+    s->nodes[s->nodes[n].next].prev = s->nodes[n].prev;
 }
 
 static inline void
@@ -238,7 +238,7 @@ Lru_held(Lru *s, PyObject *args)
             return NULL;                                                        \
         }                                                                       \
         Py_ssize_t r_ = find_slot(s, key);                                      \
-        (out) = r_ >= 0 && s->nodes[s->slots[r_].stamp] >= cutoff;                   \
+        (out) = r_ >= 0 && s->nodes[s->slots[r_]].stamp >= cutoff;                   \
     } while (0)
     if (n > 0) {
         int fresh;
@@ -276,7 +276,7 @@ Lru_get(Lru *s, PyObject *item)
     Py_ssize_t r = find_slot(s, key);
     if (r < 0)
         Py_RETURN_NONE;
-    return PyFloat_FromDouble(s->nodes[s->slots[r].stamp]);
+    return PyFloat_FromDouble(s->nodes[s->slots[r]].stamp);
 }
 
 static PyObject *
@@ -286,7 +286,7 @@ Lru_sweep(Lru *s, PyObject *arg)
     if (cutoff == -1.0 && PyErr_Occurred())
         return NULL;
     Py_ssize_t removed = 0;
-    while (s->size > 0 && s->nodes[s->nodes[0].next.stamp] < cutoff) {
+    while (s->size > 0 && s->nodes[s->nodes[0].next].stamp < cutoff) {
         evict_node(s, s->nodes[0].next);
         removed++;
     }
@@ -331,7 +331,7 @@ Lru_oldest_stamp(Lru *s, PyObject *Py_UNUSED(ignored))
 {
     if (s->size == 0)
         Py_RETURN_NONE;
-    return PyFloat_FromDouble(s->nodes[s->nodes[0].next.stamp]);
+    return PyFloat_FromDouble(s->nodes[s->nodes[0].next].stamp);
 }
 
 static PyObject *
