@@ -36,6 +36,7 @@ class Datastore:
     stale_after_s: float = 2.0
     _entries: dict[EndpointId, _Entry] = field(default_factory=dict)
     _snapshot: tuple[Endpoint, ...] | None = None
+    _routable: tuple[Endpoint, ...] | None = None
     _removal_listeners: list[RemovalListener] = field(default_factory=list)
     _metrics_listeners: list[MetricsListener] = field(default_factory=list)
     synced: bool = False
@@ -112,7 +113,19 @@ class Datastore:
         snap = self._snapshot
         if snap is None:
             snap = self._snapshot = tuple(e.endpoint for e in self._entries.values())
+            self._routable = None
         return snap
+
+    def routable(self) -> tuple[Endpoint, ...]:
+        """The endpoints a request may go to: those with fresh metrics, or all of them when
+        none has (a replica whose ``/metrics`` stopped answering has most likely stopped
+        serving too; with every scrape failing, the pool is still tried rather than refused)."""
+        snap = self.snapshot()
+        routable = self._routable
+        if routable is None:
+            fresh = tuple(e for e in snap if not e.stale)
+            routable = self._routable = fresh if fresh else snap
+        return routable
 
     def get(self, endpoint_id: EndpointId) -> Endpoint | None:
         entry = self._entries.get(endpoint_id)

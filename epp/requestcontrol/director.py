@@ -74,7 +74,7 @@ class Director:
     def route(self, request: InferenceRequest, subset: Sequence[str] | None) -> Routing:
         """Pick targets for ``request``; raises Unavailable (503) or Overloaded (429)."""
         now_s = self._clock()
-        endpoints: Sequence[Endpoint] = self._datastore.snapshot()
+        endpoints: Sequence[Endpoint] = self._datastore.routable()
         if subset is not None:
             allowed = set(subset)
             endpoints = [e for e in endpoints if e.id in allowed]

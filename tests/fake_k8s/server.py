@@ -270,6 +270,11 @@ class FakeKubeApi:
     ) -> None:
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            if self._status is not None:
+                # fail() came between the request's status check and here: a watch opened
+                # before the outage must not stream what happens during it
+                handler.cut()
+                return
             epoch, expiries = self._epoch, self._expiries
             cursor = len(self._events)
             for i, event in enumerate(self._events):

@@ -48,3 +48,21 @@ def test_a_new_endpoint_gets_a_grace_period_before_it_is_reported_stale() -> Non
     store.update_metrics(e.id, Metrics(scraped_at_s=103.0))
     assert store.mark_stale(104.0) == [] and not store.snapshot()[0].stale
     assert store.mark_stale(105.5) == [e.id]  # the last good scrape is 2.5 s old
+
+
+def test_endpoints_with_stale_metrics_are_not_routable_while_others_are_fresh() -> None:
+    store = Datastore(stale_after_s=2.0)
+    a = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)
+    b = Endpoint(EndpointId("10.0.0.2:8000"), "10.0.0.2", 8000)
+    store.replace_all([a, b])
+    store.mark_stale(0.0)
+    assert [e.id for e in store.routable()] == [a.id, b.id]  # new: both get their grace
+    store.update_metrics(a.id, Metrics(scraped_at_s=1.0))
+    store.update_metrics(b.id, Metrics(scraped_at_s=1.0))
+    store.update_metrics(a.id, Metrics(scraped_at_s=4.0))  # b's scrapes start failing
+    assert store.mark_stale(4.0) == [b.id]
+    assert [e.id for e in store.routable()] == [a.id]
+    assert store.mark_stale(7.0) == [a.id]  # every endpoint stale: all are tried
+    assert [e.id for e in store.routable()] == [a.id, b.id]
+    store.update_metrics(b.id, Metrics(scraped_at_s=7.5))  # b recovers
+    assert [e.id for e in store.routable()] == [b.id]
