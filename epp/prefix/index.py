@@ -31,7 +31,7 @@ prints the measured figure.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from epp.datastore.endpoint import EndpointId
@@ -70,6 +70,11 @@ class PrefixIndex:
         self.ttl_s = ttl_s
         self._new_store = store_factory(native)
         self._endpoints: dict[EndpointId, ChunkStore] = {}
+        self._roots: dict[int, set[EndpointId]] = {}
+        """First chunk of a recorded chain -> endpoints it was recorded for. Only those can
+        hold any leading chunk of a request starting with it (prefix-closure), so a lookup
+        touches them alone instead of every endpoint of the pool. Entries whose endpoint no
+        longer holds the chunk are dropped when a lookup or a sweep finds them."""
         self._entries = 0
         self._lock = threading.Lock()
         self._lookups = 0
@@ -81,10 +86,11 @@ class PrefixIndex:
     # --- reads ---------------------------------------------------------------------------
 
     def match(
-        self, hashes: Sequence[int], endpoint_ids: Iterable[EndpointId], now_s: float
+        self, hashes: Sequence[int], endpoint_ids: Collection[EndpointId], now_s: float
     ) -> dict[EndpointId, int]:
-        """Per endpoint, how many leading chunks of ``hashes`` it holds (endpoints holding
-        none are omitted). Entries older than the TTL count as absent."""
+        """Per endpoint of ``endpoint_ids``, how many leading chunks of ``hashes`` it holds
+        (endpoints holding none are omitted). Entries older than the TTL count as absent.
+        ``endpoint_ids`` should be a set: it is only tested for membership."""
         n = len(hashes)
         result: dict[EndpointId, int] = {}
         if n == 0:
@@ -94,15 +100,25 @@ class PrefixIndex:
         with self._lock:
             self._lookups += 1
             self._lookup_chunks += n
-            endpoints = self._endpoints
-            for eid in endpoint_ids:
-                store = endpoints.get(eid)
-                if store is None:
-                    continue
-                k = store.held(hashes, cutoff)
-                if k:
-                    result[eid] = k
-                    best = max(best, k)
+            holders = self._roots.get(hashes[0])
+            if holders:
+                endpoints = self._endpoints
+                gone: list[EndpointId] = []
+                for eid in holders:
+                    store = endpoints.get(eid)
+                    if store is None or store.get(hashes[0]) is None:
+                        gone.append(eid)  # removed, or its chain's root was evicted
+                        continue
+                    if eid not in endpoint_ids:
+                        continue
+                    k = store.held(hashes, cutoff)
+                    if k:
+                        result[eid] = k
+                        best = max(best, k)
+                for eid in gone:
+                    holders.discard(eid)
+                if not holders:
+                    del self._roots[hashes[0]]
             self._hit_chunks += best
         return result
 
@@ -125,6 +141,11 @@ class PrefixIndex:
                 store = self._endpoints[endpoint_id] = self._new_store(self.default_capacity)
             before = len(store)
             evicted = store.record(hashes, stamp)
+            holders = self._roots.get(hashes[0])
+            if holders is None:
+                self._roots[hashes[0]] = {endpoint_id}
+            else:
+                holders.add(endpoint_id)
             self._entries += len(store) - before
             self._evictions += evicted
             if self._entries > self.max_entries:
@@ -157,7 +178,8 @@ class PrefixIndex:
             return self.default_capacity if store is None else store.capacity
 
     def sweep(self, now_s: float) -> int:
-        """Remove expired entries (oldest first on every endpoint); returns how many."""
+        """Remove expired entries (oldest first on every endpoint) and the chain roots no
+        endpoint holds any more; returns how many entries expired."""
         cutoff = now_s - self.ttl_s
         removed = 0
         with self._lock:
@@ -165,7 +187,29 @@ class PrefixIndex:
                 removed += store.sweep(cutoff)
             self._entries -= removed
             self._expirations += removed
+            roots = list(self._roots)
+        # Prune the roots in batches, taking the lock per batch: a large index never holds up
+        # the serving loop for the whole pass.
+        for start in range(0, len(roots), 1024):
+            with self._lock:
+                self._prune_roots(roots[start : start + 1024])
         return removed
+
+    def _prune_roots(self, roots: Sequence[int]) -> None:
+        endpoints = self._endpoints
+        for root in roots:
+            holders = self._roots.get(root)
+            if holders is None:
+                continue
+            live = {
+                eid
+                for eid in holders
+                if (holder := endpoints.get(eid)) is not None and holder.get(root) is not None
+            }
+            if not live:
+                del self._roots[root]
+            elif len(live) != len(holders):
+                self._roots[root] = live
 
     # --- internals (lock held) -----------------------------------------------------------
 

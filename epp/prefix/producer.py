@@ -53,7 +53,7 @@ class PrefixProducer:
         hashes = self.hasher.hashes(request.prompt, seed)
         if not hashes:
             return
-        matched = self.index.match(hashes, [e.id for e in endpoints], state.now_s)
+        matched = self.index.match(hashes, {e.id for e in endpoints}, state.now_s)
         state.prefix = PrefixMatch(hashes, matched, self.hasher.block_chars)
 
     def post_pick(self, state: CycleState, result: PickResult) -> None:

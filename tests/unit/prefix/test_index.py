@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -225,6 +226,7 @@ def test_safe_under_a_concurrent_sweeper_thread() -> None:
             while not stop.is_set():
                 idx.sweep(clock["now"])
                 idx.stats()
+                time.sleep(0)  # yield the GIL: a sweeper spinning with no pause starves the test
         except Exception as exc:  # noqa: BLE001 - any failure in the thread is reported below
             errors.append(exc)
 
@@ -245,3 +247,16 @@ def test_safe_under_a_concurrent_sweeper_thread() -> None:
     stats = idx.stats()
     assert stats.entries == sum(len(idx.chunks_of(e)) for e in (A, B, C))
     assert stats.entries <= 3000
+
+
+def test_lookups_only_visit_endpoints_that_recorded_the_chain_root() -> None:
+    idx = PrefixIndex(capacity_chunks=20)
+    idx.record(A, chain(1, 10), now_s=1.0)
+    idx.record(B, chain(2, 10), now_s=1.0)
+    assert idx.match(chain(1, 10), {A, B, C}, now_s=1.0) == {A: 10}
+    assert idx.match(chain(1, 10), {B, C}, now_s=1.0) == {}  # A not a candidate this time
+    idx.record(A, chain(3, 20), now_s=2.0)  # evicts chain 1 from A
+    assert idx.match(chain(1, 10), {A, B}, now_s=2.0) == {}
+    idx.remove_endpoint(B)
+    assert idx.match(chain(2, 10), {A, B}, now_s=2.0) == {}
+    assert idx.sweep(now_s=2.0) == 0 and idx.match(chain(3, 20), {A}, now_s=2.0) == {A: 20}
