@@ -183,11 +183,31 @@ Lru_record(Lru *s, PyObject *args)
     if (len > s->capacity)
         len = s->capacity; /* keep the leading chunks: the set stays prefix-closed */
     PyObject **items = PySequence_Fast_ITEMS(fast);
+    uint64_t stack_keys[512];
+    uint64_t *keys = len <= 512 ? stack_keys : PyMem_Malloc((size_t)len * sizeof(uint64_t));
+    if (keys == NULL) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < len; k++) {
+        if (key_of(items[k], &keys[k]) < 0) {
+            if (keys != stack_keys)
+                PyMem_Free(keys);
+            goto fail;
+        }
+    }
     Py_ssize_t evicted = 0;
     for (Py_ssize_t k = len - 1; k >= 0; k--) { /* deepest chunk first */
-        uint64_t key;
-        if (key_of(items[k], &key) < 0)
-            goto fail;
+        uint64_t key = keys[k];
+        /* the table and nodes are far larger than the caches: ask for the next chunks'
+         * slot (two ahead) and node (one ahead) while this one is handled */
+        if (k >= 2)
+            __builtin_prefetch(&s->slots[mix(keys[k - 2]) & s->tmask]);
+        if (k >= 1) {
+            int32_t ahead = s->slots[mix(keys[k - 1]) & s->tmask];
+            if (ahead != 0)
+                __builtin_prefetch(&s->nodes[ahead]);
+        }
         Py_ssize_t r = find_slot(s, key);
         if (r >= 0) {
             int32_t n = s->slots[r];
@@ -201,8 +221,11 @@ Lru_record(Lru *s, PyObject *args)
             evicted++;
         }
         int32_t n = new_node(s);
-        if (n < 0)
+        if (n < 0) {
+            if (keys != stack_keys)
+                PyMem_Free(keys);
             goto fail;
+        }
         r = find_slot(s, key); /* eviction shifted slots; growth may have rebuilt the table */
         s->nodes[n].key = key;
         s->nodes[n].stamp = stamp;
@@ -210,6 +233,8 @@ Lru_record(Lru *s, PyObject *args)
         append_young(s, n);
         s->size++;
     }
+    if (keys != stack_keys)
+        PyMem_Free(keys);
     Py_DECREF(fast);
     return PyLong_FromSsize_t(evicted);
 fail:
