@@ -64,15 +64,16 @@ class Endpoint:
     pending: int = 0
     metrics_port: int = 0
     stale: bool = False
+    queue: int = field(init=False, default=0, compare=False)
+    """Waiting requests, plus those epp sent since the last scrape could see them (derived;
+    stored because every scheduling cycle reads it for every endpoint)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "queue", self.metrics.waiting + self.pending)
 
     @property
     def engine(self) -> str:
         return self.labels.get(ENGINE_LABEL, "vllm")
-
-    @property
-    def queue(self) -> int:
-        """Waiting requests, plus those epp sent since the last scrape could see them."""
-        return self.metrics.waiting + self.pending
 
 
 def endpoint_id(address: str, port: int) -> EndpointId:

@@ -37,6 +37,8 @@ class Datastore:
     _entries: dict[EndpointId, _Entry] = field(default_factory=dict)
     _snapshot: tuple[Endpoint, ...] | None = None
     _routable: tuple[Endpoint, ...] | None = None
+    _positions: dict[EndpointId, int] = field(default_factory=dict)
+    """Index of each endpoint in ``_snapshot`` (valid while it is)."""
     _removal_listeners: list[RemovalListener] = field(default_factory=list)
     _metrics_listeners: list[MetricsListener] = field(default_factory=list)
     synced: bool = False
@@ -113,8 +115,19 @@ class Datastore:
         snap = self._snapshot
         if snap is None:
             snap = self._snapshot = tuple(e.endpoint for e in self._entries.values())
+            self._positions = {e.id: i for i, e in enumerate(snap)}
             self._routable = None
         return snap
+
+    def _replace_in_snapshot(self, endpoint: Endpoint) -> None:
+        """Per-request load changes patch the cached snapshot instead of rebuilding it."""
+        snap = self._snapshot
+        if snap is None:
+            return
+        i = self._positions[endpoint.id]
+        new = self._snapshot = snap[:i] + (endpoint,) + snap[i + 1 :]
+        # routable() is the snapshot itself while no endpoint is stale; else recompute it
+        self._routable = new if self._routable is snap else None
 
     def routable(self) -> tuple[Endpoint, ...]:
         """The endpoints a request may go to: those with fresh metrics, or all of them when
@@ -141,7 +154,7 @@ class Datastore:
         entry.in_flight += 1
         entry.pending += 1
         entry.endpoint = _with_load(entry.endpoint, entry.in_flight, entry.pending)
-        self._snapshot = None
+        self._replace_in_snapshot(entry.endpoint)
 
     def request_finished(self, endpoint_id: EndpointId) -> None:
         entry = self._entries.get(endpoint_id)
@@ -149,7 +162,7 @@ class Datastore:
             return
         entry.in_flight -= 1
         entry.endpoint = _with_load(entry.endpoint, entry.in_flight, entry.pending)
-        self._snapshot = None
+        self._replace_in_snapshot(entry.endpoint)
 
     def in_flight(self) -> Mapping[EndpointId, int]:
         return {eid: e.in_flight for eid, e in self._entries.items()}

@@ -66,3 +66,23 @@ def test_endpoints_with_stale_metrics_are_not_routable_while_others_are_fresh() 
     assert [e.id for e in store.routable()] == [a.id, b.id]
     store.update_metrics(b.id, Metrics(scraped_at_s=7.5))  # b recovers
     assert [e.id for e in store.routable()] == [b.id]
+
+
+def test_snapshot_and_routable_follow_per_request_load_changes() -> None:
+    store = Datastore(stale_after_s=2.0)
+    eps = [Endpoint(EndpointId(f"10.0.0.{i}:8000"), f"10.0.0.{i}", 8000) for i in range(4)]
+    store.replace_all(eps)
+    for e in eps:
+        store.update_metrics(e.id, Metrics(waiting=1, scraped_at_s=1.0))
+    before = store.snapshot()
+    store.request_started(eps[2].id)
+    after = store.snapshot()
+    assert after is not before and [e.id for e in after] == [e.id for e in eps]
+    assert [e.queue for e in after] == [1, 1, 2, 1] and store.routable() == after
+    store.mark_stale(10.0)  # everyone stale: routable is everyone
+    store.update_metrics(eps[0].id, Metrics(waiting=0, scraped_at_s=10.0))
+    assert [e.id for e in store.routable()] == [eps[0].id]
+    store.request_started(eps[0].id)
+    store.request_started(eps[1].id)  # a stale endpoint's load changes too
+    assert [(e.id, e.queue) for e in store.routable()] == [(eps[0].id, 1)]
+    assert [e.queue for e in store.snapshot()] == [1, 2, 2, 1]
