@@ -29,8 +29,10 @@ class MaxScorePicker:
         rnd = state.rng.random
         if count == 1:
             best = max(scores)
+            if scores.count(best) == 1:  # the common case, in C: no per-endpoint Python loop
+                return [endpoints[scores.index(best)]]
             top = [i for i in range(n) if scores[i] == best]
-            return [endpoints[top[int(rnd() * len(top))] if len(top) > 1 else top[0]]]
+            return [endpoints[top[int(rnd() * len(top))]]]
         order = sorted(range(n), key=lambda i: (-scores[i], rnd()))
         return [endpoints[i] for i in order[:count]]
 

@@ -34,13 +34,13 @@ class PrefixCacheScorer:
         total = prefix.total
         if total == 0 or not prefix.matched:
             return [0.0] * len(endpoints)
-        matched = prefix.matched
         floor = max(self.params.min_match_chunks, self.params.min_match_ratio * total)
-        out = []
-        for e in endpoints:
-            m = matched.get(e.id, 0)
-            out.append(m / total if m >= floor else 0.0)
-        return out
+        # few endpoints hold a match: score those, leave the rest at 0
+        score = {eid: m / total for eid, m in prefix.matched.items() if m >= floor}
+        if not score:
+            return [0.0] * len(endpoints)
+        get = score.get
+        return [get(e.id, 0.0) for e in endpoints]
 
 
 @dataclass(slots=True, frozen=True)
