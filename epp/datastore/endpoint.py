@@ -50,9 +50,10 @@ class Metrics:
 class Endpoint:
     """A model server as the scheduler sees it at one instant.
 
-    ``in_flight`` counts requests epp routed there that have not finished yet. ``pending``
-    counts those routed since the last scrape, which ``metrics`` cannot see yet: it covers a
-    burst between two scrapes so that it does not pile onto one endpoint.
+    ``pending`` counts the requests epp routed there since the last scrape, which ``metrics``
+    cannot see yet: it covers a burst between two scrapes so that it does not pile onto one
+    endpoint. (Requests in flight are counted by the datastore, ``Datastore.in_flight``: the
+    scheduler does not read them, so a finishing request does not rebuild the endpoint.)
     """
 
     id: EndpointId
@@ -60,7 +61,6 @@ class Endpoint:
     port: int
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     metrics: Metrics = field(default_factory=Metrics)
-    in_flight: int = 0
     pending: int = 0
     metrics_port: int = 0
     stale: bool = False

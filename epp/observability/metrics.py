@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from epp.datastore.endpoint import Endpoint
+from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.observability.hotpath import LightCounter, LightHistogram
 
 _LATENCY_BUCKETS = (
@@ -172,8 +172,15 @@ class EppMetrics:
 
     # --- periodic refresh --------------------------------------------------------------
 
-    def refresh_pool(self, endpoints: Iterable[Endpoint], index_stats: Any = None) -> None:
-        """Recompute pool and per-endpoint gauges (called by a background task, not per request)."""
+    def refresh_pool(
+        self,
+        endpoints: Iterable[Endpoint],
+        index_stats: Any = None,
+        in_flight: Mapping[EndpointId, int] | None = None,
+    ) -> None:
+        """Recompute pool and per-endpoint gauges (called by a background task, not per request).
+        ``in_flight``: requests in flight per endpoint (``Datastore.in_flight()``)."""
+        in_flight = in_flight or {}
         seen: set[str] = set()
         ready = total = 0
         queue_sum = 0
@@ -181,7 +188,7 @@ class EppMetrics:
         for e in endpoints:
             total += 1
             seen.add(e.id)
-            self.endpoint_in_flight.labels(e.id).set(e.in_flight)
+            self.endpoint_in_flight.labels(e.id).set(in_flight.get(e.id, 0))
             self.endpoint_queue.labels(e.id).set(e.metrics.waiting)
             self.endpoint_kv.labels(e.id).set(e.metrics.kv_usage)
             self.endpoint_stale.labels(e.id).set(1 if e.stale else 0)

@@ -305,7 +305,9 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
             stats = None
             with contextlib.suppress(Exception):
                 stats = handle.scheduler.index.stats()
-            handle.metrics.refresh_pool(handle.datastore.snapshot(), stats)
+            handle.metrics.refresh_pool(
+                handle.datastore.snapshot(), stats, handle.datastore.in_flight()
+            )
             if handle.sync is not None:
                 handle.sync.refresh_metrics()
         except Exception:

@@ -17,11 +17,12 @@ def test_in_flight_accounting_keeps_every_other_field() -> None:
     store.request_started(e.id)
     store.request_finished(e.id)
     got = store.get(e.id)
-    assert got == dataclasses.replace(e, in_flight=1, pending=2)
-    assert got is not None and got.queue == 3 + 2
+    assert got == dataclasses.replace(e, pending=2)
+    assert got is not None and got.queue == 3 + 2 and store.in_flight() == {e.id: 1}
     store.update_metrics(e.id, Metrics(waiting=1, scraped_at_s=2.0))  # a scrape resets pending
     got = store.get(e.id)
-    assert got is not None and (got.in_flight, got.pending, got.queue) == (1, 0, 1)
+    assert got is not None and (got.pending, got.queue) == (0, 1)
+    assert store.in_flight() == {e.id: 1}
 
 
 def test_removal_notifies_listeners_and_vanished_endpoints_are_ignored() -> None:
