@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NewType
 
 import xxhash
@@ -32,6 +33,7 @@ NATIVE = _native is not None
 """Whether the native hashing loop is in use (``EPP_PURE_PYTHON=1`` turns it off)."""
 
 
+@lru_cache(maxsize=4096)
 def chain_seed(model: str, adapter: str = "", cache_salt: str = "") -> int:
     """The seed of a request's first chunk: requests only share chunks within one seed."""
     return _xxh3(f"{model}\x00{adapter}\x00{cache_salt}".encode())
