@@ -50,6 +50,7 @@ def text_of(seed: int, chars: int) -> str:
 
 
 def bench_decisions(size: int, pool_n: int, decisions: int) -> tuple[float, float, float]:
+    gc.collect()  # each configuration starts from a clean heap, not the previous one's garbage
     rng = random.Random(size * 1000 + pool_n)
     sched = Scheduler.from_config(default_config(), random.Random(1))
     pool = make_pool(pool_n, rng)
