@@ -158,7 +158,13 @@ class Datastore:
         entry = self._entries.get(endpoint_id)
         if entry is None or entry.in_flight == 0:
             return
-        entry.in_flight -= 1  # the scheduler reads pending, not in-flight: nothing to rebuild
+        entry.in_flight -= 1
+        if not entry.endpoint.metrics.known and entry.pending > 0:
+            # never scraped (--no-scrape, or /metrics unreachable from the start): no scrape
+            # will reset pending, so it tracks the requests in flight instead
+            entry.pending -= 1
+            entry.endpoint = _with_pending(entry.endpoint, entry.pending)
+            self._replace_in_snapshot(entry.endpoint)
 
     def in_flight(self) -> Mapping[EndpointId, int]:
         return {eid: e.in_flight for eid, e in self._entries.items()}

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 
 from epp.datastore.endpoint import Endpoint
 from epp.scheduling.types import CycleState
 
 NEUTRAL = 0.5
 
-_scraped_at = attrgetter("metrics.scraped_at_s")
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,7 +50,8 @@ class QueueScorer:
     """Shorter queue scores higher, min-max normalised over the candidates.
 
     The queue is the server's waiting requests plus those epp sent since its last scrape, so
-    a burst between two scrapes spreads out. Unknown metrics score neutral.
+    a burst between two scrapes spreads out. An endpoint never scraped counts the requests
+    epp has in flight there (``Datastore`` keeps its ``pending`` at that).
     """
 
     def __init__(self, name: str, params: QueueScorerParams) -> None:
@@ -61,21 +60,11 @@ class QueueScorer:
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # Written for speed: this runs over every endpoint on every request.
         queues = [e.queue for e in endpoints]
-        if all(map(_scraped_at, endpoints)):
-            lo, hi = min(queues), max(queues)
-            if hi == lo:
-                return [1.0] * len(queues)
-            inv = 1.0 / (hi - lo)
-            return [(hi - q) * inv for q in queues]
-        known = [q for q, e in zip(queues, endpoints) if e.metrics.scraped_at_s]
-        if not known:
-            return [NEUTRAL] * len(endpoints)
-        lo, hi = min(known), max(known)
-        inv = 1.0 / (hi - lo) if hi > lo else 0.0
-        return [
-            (1.0 - (q - lo) * inv if inv else 1.0) if e.metrics.scraped_at_s else NEUTRAL
-            for q, e in zip(queues, endpoints)
-        ]
+        lo, hi = min(queues), max(queues)
+        if hi == lo:
+            return [1.0] * len(queues)
+        inv = 1.0 / (hi - lo)
+        return [(hi - q) * inv for q in queues]
 
 
 @dataclass(slots=True, frozen=True)

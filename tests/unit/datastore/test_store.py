@@ -87,3 +87,14 @@ def test_snapshot_and_routable_follow_per_request_load_changes() -> None:
     store.request_started(eps[1].id)  # a stale endpoint's load changes too
     assert [(e.id, e.queue) for e in store.routable()] == [(eps[0].id, 1)]
     assert [e.queue for e in store.snapshot()] == [1, 2, 2, 1]
+
+
+def test_a_never_scraped_endpoint_queues_its_requests_in_flight() -> None:
+    store = Datastore()
+    e = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)
+    store.upsert(e)
+    for _ in range(3):
+        store.request_started(e.id)
+    store.request_finished(e.id)
+    got = store.get(e.id)
+    assert got is not None and got.queue == 2 and store.snapshot()[0].queue == 2

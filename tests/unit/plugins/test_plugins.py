@@ -52,10 +52,10 @@ def test_prefix_scorer_ratio_and_min_match_threshold() -> None:
     assert sc.score(state(), eps) == [0.0, 0.0, 0.0]
 
 
-def test_queue_scorer_min_max_with_pending_and_unknown_neutral() -> None:
-    eps = [ep(0, waiting=0), ep(1, waiting=2, pending=2), ep(2, waiting=2), ep(3, known=False)]
+def test_queue_scorer_min_max_with_pending() -> None:
+    eps = [ep(0, waiting=0), ep(1, waiting=2, pending=2), ep(2, waiting=2), ep(3, known=False, pending=1)]
     got = scorers.QueueScorer("q", scorers.QueueScorerParams()).score(state(), eps)
-    assert got == [1.0, 0.0, 0.5, 0.5]
+    assert got == [1.0, 0.0, 0.5, 0.75]  # never scraped: its in-flight requests are its queue
     same = scorers.QueueScorer("q", scorers.QueueScorerParams()).score(state(), [ep(0), ep(1)])
     assert same == [1.0, 1.0]
 
