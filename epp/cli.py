@@ -13,6 +13,8 @@ from typing import Any
 
 from epp.config.loader import EppConfig, default_config, load_config
 from epp.config.request_control import DEFAULT_MAX_BODY_BYTES, parse_request_control
+from epp.datastore.pagefetch import DEFAULT_MAX_BYTES as DEFAULT_MAX_PAGE_BYTES
+from epp.datastore.scraper import ScrapeOptions
 from epp.datastore.static import endpoints_from_config, parse_endpoint_list
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
@@ -135,8 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "names scraped; default vllm)")
     g.add_argument("--scrape-interval-s", type=_number(0, strict=True), default=0.05,
                    help="seconds between /metrics scrapes of each endpoint")
+    g.add_argument("--scrape-budget-per-s", type=_number(0, strict=False), default=500.0,
+                   help="most scrapes per second over the whole pool (0 = no limit): past "
+                   "interval x budget endpoints (25 at the defaults) each endpoint's period "
+                   "stretches to endpoints / budget, so scraping cost stays bounded")
     g.add_argument("--scrape-timeout-s", type=_number(0, strict=True), default=1.0,
                    help="timeout of one scrape, in seconds")
+    g.add_argument("--scrape-max-bytes", type=byte_size, default=DEFAULT_MAX_PAGE_BYTES,
+                   help="largest /metrics page accepted, before and after decompression "
+                   "(a larger one is a 'too_large' scrape error)")
+    g.add_argument("--scrape-gzip", action="store_true",
+                   help="ask endpoints for gzip-compressed pages (saves bandwidth across slow "
+                   "links; costs CPU on the server and here, so off by default)")
     g.add_argument("--metrics-path", type=_metrics_path, default="/metrics",
                    help="path scraped on each endpoint")
     g.add_argument("--no-scrape", action="store_true",
@@ -259,9 +271,14 @@ async def serve(args: argparse.Namespace) -> int:
         key_file=args.key,
         processing_mode=_MODES[args.processing_mode],
         scrape=not args.no_scrape,
-        scrape_interval_s=args.scrape_interval_s,
-        scrape_timeout_s=args.scrape_timeout_s,
-        metrics_path=args.metrics_path,
+        scraping=ScrapeOptions(
+            interval_s=args.scrape_interval_s,
+            budget_per_s=args.scrape_budget_per_s,
+            timeout_s=args.scrape_timeout_s,
+            path=args.metrics_path,
+            max_bytes=args.scrape_max_bytes,
+            accept_gzip=args.scrape_gzip,
+        ),
         fallbacks=args.fallbacks,
         max_body_bytes=args.max_body_bytes,
         grace_s=args.grace_s,

@@ -101,6 +101,20 @@ class EppMetrics:
             "epp_scrape_errors", "Failed metrics scrapes.", ["endpoint", "reason"], registry=r
         )
         self.scrapes = Counter("epp_scrapes", "Successful metrics scrapes.", registry=r)
+        self.scrape_values_rejected = Counter(
+            "epp_scrape_values_rejected",
+            "Sample values read from model servers' /metrics pages that were rejected "
+            "(not_a_number, not_finite) or clamped (negative, too_large); see "
+            "epp/datastore/metricsparse.py.",
+            ["family", "reason"],
+            registry=r,
+        )
+        self.task_failures = Counter(
+            "epp_background_task_failures",
+            "Background task runs that raised and were restarted by the supervisor.",
+            ["task"],
+            registry=r,
+        )
         # --- index sync between replicas (epp/sync, docs/sync.md) ---
         self.sync_published = Counter(
             "epp_sync_records_published",
@@ -139,6 +153,14 @@ class EppMetrics:
         self._last_lookup_chunks = 0
         self._last_hit_chunks = 0
         self.observe_scheduling: Callable[[float], None] = self.scheduling_duration.observe
+
+    # --- background --------------------------------------------------------------------
+
+    def task_failed(self, kind: str) -> None:
+        self.task_failures.labels(kind).inc()
+
+    def scrape_value_rejected(self, family: str, reason: str) -> None:
+        self.scrape_values_rejected.labels(family, reason).inc()
 
     # --- request path ------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from epp.config.loader import EppConfig, default_config
 from epp.config.request_control import RequestControlConfig, parse_request_control
 from epp.datastore.endpoint import Endpoint
-from epp.datastore.scraper import MetricsScraper
+from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
 from epp.extproc import convert
 from epp.extproc.service import ExtProcService, add_to_server
@@ -55,9 +55,7 @@ class ServerOptions:
     processing_mode: int = convert.FULL_DUPLEX_STREAMED
     """Body mode assumed when Envoy sends no ``protocol_config``."""
     scrape: bool = True
-    scrape_interval_s: float = 0.05
-    scrape_timeout_s: float = 1.0
-    metrics_path: str = "/metrics"
+    scraping: ScrapeOptions = field(default_factory=ScrapeOptions)
     fallbacks: int | None = None
     max_body_bytes: int | None = None
     grace_s: float = 30.0
@@ -282,9 +280,7 @@ async def _start_rest(
             handle._sources.append(result)
 
     if opts.scrape:
-        handle._scraper = MetricsScraper(
-            ds, metrics, opts.scrape_interval_s, opts.scrape_timeout_s, opts.metrics_path
-        )
+        handle._scraper = MetricsScraper(ds, metrics, opts.scraping)
         await handle._scraper.start()
     await handle.update_health()
     handle._tasks.append(asyncio.create_task(_housekeeping(handle, opts), name="epp-housekeeping"))

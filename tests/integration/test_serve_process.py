@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from epp.datastore.endpoint import Endpoint, endpoint_id
+from epp.datastore.scraper import ScrapeOptions
 from epp.server.runner import ServerOptions, start_server
 from tests.integration import envoy_client as ec
 
@@ -68,7 +69,7 @@ async def test_scraped_metrics_feed_the_pool_and_metrics_port() -> None:
     updated = asyncio.Event()
     handle = await start_server(
         None, [ep],
-        ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=0, scrape_interval_s=0.05),
+        ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=0, scraping=ScrapeOptions(interval_s=0.05)),
     )
     handle.datastore.on_metrics(lambda e: updated.set())
     try:

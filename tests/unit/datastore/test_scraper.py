@@ -8,7 +8,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from epp.datastore.endpoint import ENGINE_LABEL, Endpoint, endpoint_id
-from epp.datastore.scraper import SGLANG, VLLM, MetricsScraper, ScrapeError, parse_metrics
+from epp.datastore.scraper import (
+    SGLANG,
+    VLLM,
+    MetricsScraper,
+    ScrapeError,
+    ScrapeOptions,
+    parse_metrics,
+)
 from epp.datastore.store import Datastore
 from epp.observability.metrics import EppMetrics
 
@@ -80,8 +87,8 @@ async def test_scrape_updates_datastore_and_failures_are_visible(
     ep = Endpoint(endpoint_id("127.0.0.1", port), "127.0.0.1", port)
     ds.replace_all([ep])
     reg = CollectorRegistry()
-    scraper = MetricsScraper(ds, EppMetrics(reg), interval_s=0.05, timeout_s=2.0, clock=lambda: clock[0])
-    await scraper.start()
+    scraper = MetricsScraper(ds, EppMetrics(reg), ScrapeOptions(interval_s=0.05, timeout_s=2.0), clock=lambda: clock[0])
+    # not started: only this test's scrape_once calls scrape until reconcile() below
     try:
         assert await scraper.scrape_once(ep)
         got = ds.get(ep.id)
@@ -109,7 +116,7 @@ async def test_unreachable_endpoint_is_a_connection_error() -> None:
     ep = Endpoint(endpoint_id("127.0.0.1", 1), "127.0.0.1", 1, labels={ENGINE_LABEL: "sglang"})
     ds.replace_all([ep])
     reg = CollectorRegistry()
-    scraper = MetricsScraper(ds, EppMetrics(reg), timeout_s=2.0)
+    scraper = MetricsScraper(ds, EppMetrics(reg), ScrapeOptions(timeout_s=2.0))
     await scraper.start()
     try:
         assert not await scraper.scrape_once(ep)
