@@ -19,6 +19,7 @@ from epp.datastore.static import endpoints_from_config, parse_endpoint_list
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.extproc import convert
+from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.observability.logging import setup_logging
 from epp.server.runner import ServerOptions, SourceStarter, start_server
 from epp.sync.node import SyncOptions
@@ -128,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-body-bytes", type=byte_size, default=None,
                    help=f"request body cap, 413 above it (default: config, else "
                    f"{DEFAULT_MAX_BODY_BYTES // (1 << 20)}MiB)")
+
+    g.add_argument("--max-buffered-bytes", type=byte_size, default=DEFAULT_MAX_BUFFERED_BYTES,
+                   help="request-body bytes all open streams may hold together; a request "
+                   "that would pass it gets 503 (bounds memory under many slow uploads)")
+    g.add_argument("--trust-control-headers", action="store_true",
+                   help="honour x-gateway-model-name-rewrite and x-gateway-inference-objective "
+                   "on requests. Only set this when a proxy in front sets or strips them: "
+                   "otherwise clients choose their own model and priority. Without it they "
+                   "are ignored and removed before the request reaches the model server")
 
     g = serve.add_argument_group("endpoints and metrics scraping")
     g.add_argument("--endpoints", default="",
@@ -281,6 +291,8 @@ async def serve(args: argparse.Namespace) -> int:
         ),
         fallbacks=args.fallbacks,
         max_body_bytes=args.max_body_bytes,
+        max_buffered_bytes=args.max_buffered_bytes,
+        trust_control_headers=args.trust_control_headers,
         grace_s=args.grace_s,
         shutdown_delay_s=args.shutdown_delay_s,
         sync=sync_options(args),

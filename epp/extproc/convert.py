@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -21,13 +23,21 @@ FULL_DUPLEX_STREAMED = BodySendMode.FULL_DUPLEX_STREAMED
 
 
 def headers_to_dict(header_map: base_pb2.HeaderMap) -> dict[str, str]:
-    """Envoy's header list as a dict of lower-case names (values from ``raw_value``)."""
+    """Envoy's header list as a dict of lower-case names (values from ``raw_value``); repeated
+    names are joined with commas, in linear time however many there are."""
     out: dict[str, str] = {}
+    repeated: dict[str, list[str]] = {}
     for h in header_map.headers:
         raw = h.raw_value
         value = raw.decode("utf-8", "replace") if raw else h.value
         key = h.key.lower()
-        out[key] = f"{out[key]},{value}" if key in out else value
+        first = out.get(key)
+        if first is None:
+            out[key] = value
+        else:
+            repeated.setdefault(key, [first]).append(value)
+    for key, values in repeated.items():
+        out[key] = ",".join(values)
     return out
 
 
@@ -61,28 +71,36 @@ def _lb_metadata(destination: str) -> struct_pb2.Struct:
     return md
 
 
-def _routing_common(destination: str, content_length: int | None) -> pb.CommonResponse:
+def _routing_common(
+    destination: str, content_length: int | None, remove: Sequence[str] = ()
+) -> pb.CommonResponse:
     headers = [_header(DESTINATION_HEADER, destination)]
     if content_length is not None:
         headers.append(_header("content-length", str(content_length)))
     return pb.CommonResponse(
-        header_mutation=pb.HeaderMutation(set_headers=headers), clear_route_cache=True
+        header_mutation=pb.HeaderMutation(set_headers=headers, remove_headers=remove),
+        clear_route_cache=True,
     )
 
 
 def routed_headers_response(
-    destination: str, content_length: int | None = None
+    destination: str, content_length: int | None = None, remove: Sequence[str] = ()
 ) -> pb.ProcessingResponse:
-    """Reply to request headers carrying the routing decision (full duplex, header-only)."""
+    """Reply to request headers carrying the routing decision (full duplex, header-only);
+    ``remove``: request headers the upstream must not see."""
     return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=_routing_common(destination, content_length)),
+        request_headers=pb.HeadersResponse(
+            response=_routing_common(destination, content_length, remove)
+        ),
         dynamic_metadata=_lb_metadata(destination),
     )
 
 
-def routed_buffered_body_response(destination: str, body: bytes | None) -> pb.ProcessingResponse:
+def routed_buffered_body_response(
+    destination: str, body: bytes | None, remove: Sequence[str] = ()
+) -> pb.ProcessingResponse:
     """BUFFERED mode: route in the body reply; replace the body only when it changed."""
-    common = _routing_common(destination, None if body is None else len(body))
+    common = _routing_common(destination, None if body is None else len(body), remove)
     if body is not None:
         common.body_mutation.body = body
     return pb.ProcessingResponse(

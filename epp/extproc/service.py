@@ -8,35 +8,51 @@ stays counted in flight.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.extproc.stream import RequestStream
+from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
 from epp.request.parse import RequestParser
 from epp.requestcontrol.director import Director
 
+log = logging.getLogger(__name__)
+
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, parser: RequestParser, director: Director, default_mode: int) -> None:
+    def __init__(
+        self,
+        parser: RequestParser,
+        director: Director,
+        default_mode: int,
+        budget: BodyBudget | None = None,
+    ) -> None:
         self._parser = parser
         self._director = director
         self._default_mode = default_mode
+        self.budget = budget if budget is not None else BodyBudget()
         self.open_streams = 0
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = RequestStream(self._parser, self._director, self._default_mode)
+        stream = RequestStream(self._parser, self._director, self._default_mode, self.budget)
         self.open_streams += 1
         try:
-            async for msg in request_iterator:
-                for reply in stream.handle(msg):
-                    yield reply
-                # grpc.aio resumes the generator once the replies are written
-                stream.after_replies()
+            try:
+                async for msg in request_iterator:
+                    for reply in stream.handle(msg):
+                        yield reply
+                    # grpc.aio resumes the generator once the replies are written
+                    stream.after_replies()
+                stream.check_complete()
+            except ProtocolError as exc:
+                log.info("ext_proc stream ended for a protocol error: %s", exc)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
             self.open_streams -= 1
             stream.close()

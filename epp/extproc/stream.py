@@ -15,6 +15,15 @@ ignores whatever Envoy had already sent for that request. ``close`` releases the
 count when the stream ends without a complete response, so a cancelled client leaves nothing.
 
 ``handle`` is synchronous and returns the replies to send: the gRPC layer only moves bytes.
+
+Messages out of order (a second ``request_headers``, a body before the headers, a stream
+half-closed before the body's ``end_of_stream``) raise :class:`ProtocolError`; the gRPC
+layer ends the stream with ``INVALID_ARGUMENT`` and ``close`` releases what it held, so the
+in-flight count stays exact under any message sequence.
+
+Bounds: at most ``MAX_HEADERS`` request headers (400 above); the request body up to the
+parser's ``max_body_bytes`` per stream (413) and a :class:`BodyBudget` over all streams
+together (503 when it is spent).
 """
 
 from __future__ import annotations
@@ -24,10 +33,10 @@ import logging
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from epp.errors import EppError, Internal, PayloadTooLarge
+from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, Unavailable
 from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
-from epp.request.parse import RequestParser
+from epp.request.parse import CONTROL_HEADERS, RequestParser, echo
 from epp.requestcontrol.director import Director, Routing
 from epp.requestcontrol.response import ResponseReader
 
@@ -36,7 +45,26 @@ log = logging.getLogger(__name__)
 STREAMED_CHUNK_BYTES = 1 << 20
 """A rewritten request body goes back to Envoy in pieces of at most this size."""
 
+MAX_HEADERS = 1024
+"""Request headers accepted on one request (Envoy's own default cap is 100)."""
+DEFAULT_MAX_BUFFERED_BYTES = 512 << 20
+
 _NO_REPLY: list[pb.ProcessingResponse] = []
+
+
+class ProtocolError(Exception):
+    """The ext_proc messages broke the protocol's order; the stream is ended with a gRPC
+    error (Envoy would not do this; a buggy or hostile client would)."""
+
+
+class BodyBudget:
+    """Request-body bytes held by all streams together, bounded by ``max_bytes``."""
+
+    __slots__ = ("max_bytes", "used")
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BUFFERED_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
 
 
 class Phase(enum.Enum):
@@ -52,6 +80,7 @@ class Phase(enum.Enum):
 class RequestStream:
     __slots__ = (
         "_body",
+        "_budget",
         "_deferred",
         "_director",
         "_first",
@@ -64,11 +93,20 @@ class RequestStream:
         "_response_mode",
         "_routing",
         "_status",
+        "_strip",
         "_subset",
     )
 
-    def __init__(self, parser: RequestParser, director: Director, default_mode: int) -> None:
+    def __init__(
+        self,
+        parser: RequestParser,
+        director: Director,
+        default_mode: int,
+        budget: BodyBudget | None = None,
+    ) -> None:
         self._parser = parser
+        self._budget = budget if budget is not None else BodyBudget()
+        self._strip: tuple[str, ...] = ()
         self._director = director
         self._request_mode = default_mode
         self._response_mode = default_mode
@@ -119,6 +157,8 @@ class RequestStream:
                 raise Internal(f"unexpected ext_proc message {kind!r}")
         except EppError as exc:
             out = self._answer(exc)
+        except ProtocolError:
+            raise
         except Exception as exc:  # a bug: answer 500, keep the server alive
             log.exception("ext_proc stream failed on %s", kind)
             out = self._answer(exc)
@@ -138,6 +178,13 @@ class RequestStream:
         except Exception:  # a bug: the request is routed already; keep the stream alive
             log.exception("settling request %s failed", routing.request.request_id)
 
+    def check_complete(self) -> None:
+        """Envoy half-closed the stream: that is fine once the request body is complete."""
+        if self._phase is Phase.REQUEST_BODY:
+            raise ProtocolError(
+                "the ext_proc stream was half-closed before the request body's end_of_stream"
+            )
+
     def close(self) -> None:
         """The gRPC stream ended; release whatever the request still holds.
 
@@ -148,14 +195,25 @@ class RequestStream:
         routing = self._routing
         if routing is not None and not routing.released:
             self._director.abandon(routing, "cancelled")
-        self._body = bytearray()
+        self._drop_body()
         self._reader = None
+
+    def _drop_body(self) -> None:
+        self._budget.used -= len(self._body)
+        self._body = bytearray()
 
     # --- request path ------------------------------------------------------------------
 
     def _request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        if self._phase is not Phase.REQUEST_HEADERS:
+            raise ProtocolError(f"request_headers in phase {self._phase.name}: one per stream")
         h = msg.request_headers
+        if len(h.headers.headers) > MAX_HEADERS:
+            self._phase = Phase.REQUEST_BODY  # no second request_headers after this
+            raise BadRequest(f"{len(h.headers.headers)} request headers; at most {MAX_HEADERS}")
         headers = self._headers = convert.headers_to_dict(h.headers)
+        if not self._parser.trust_control_headers:
+            self._strip = tuple(name for name in CONTROL_HEADERS if name in headers)
         self._path = headers.get(":path", "/")
         self._subset = convert.subset_hint(msg.metadata_context)
         mode = self._request_mode
@@ -163,9 +221,9 @@ class RequestStream:
             request = self._parser.headers_only(self._path, headers, body_seen=h.end_of_stream)
             routing = self._routing = self._deferred = self._director.route(request, self._subset)
             self._phase = Phase.ROUTED
-            return [convert.routed_headers_response(routing.destination)]
-        self._parser.check_headers(self._path, headers)
+            return [convert.routed_headers_response(routing.destination, None, self._strip)]
         self._phase = Phase.REQUEST_BODY
+        self._parser.check_headers(self._path, headers)
         if mode == convert.FULL_DUPLEX_STREAMED:
             return _NO_REPLY  # reply to the headers once the body is complete
         if mode in (convert.BUFFERED, convert.BUFFERED_PARTIAL):
@@ -177,12 +235,22 @@ class RequestStream:
 
     def _request_body(self, b: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if self._phase is not Phase.REQUEST_BODY:
+            if self._phase is Phase.REQUEST_HEADERS:
+                raise ProtocolError("request_body before request_headers")
             log.debug("request body chunk in phase %s ignored", self._phase.name)
             return _NO_REPLY
         body = self._body
-        body += b.body
-        if len(body) > self._parser.max_body_bytes:
-            raise PayloadTooLarge(self._parser.too_large_message(len(body)))
+        chunk = b.body
+        if len(body) + len(chunk) > self._parser.max_body_bytes:
+            raise PayloadTooLarge(self._parser.too_large_message(len(body) + len(chunk)))
+        budget = self._budget
+        if budget.used + len(chunk) > budget.max_bytes:
+            raise Unavailable(
+                f"epp holds the most request-body bytes it may buffer ({budget.max_bytes}); "
+                "retry shortly"
+            )
+        budget.used += len(chunk)
+        body += chunk
         if b.end_of_stream:
             return self._route_body(trailers_follow=False)
         if self._request_mode != convert.FULL_DUPLEX_STREAMED:
@@ -200,7 +268,7 @@ class RequestStream:
 
     def _route_body(self, trailers_follow: bool) -> list[pb.ProcessingResponse]:
         raw = bytes(self._body)
-        self._body = bytearray()
+        self._drop_body()
         parsed = self._parser.parse(self._path, self._headers, raw)
         routing = self._routing = self._deferred = self._director.route(parsed.request, self._subset)
         self._phase = Phase.ROUTED
@@ -208,10 +276,10 @@ class RequestStream:
         if self._request_mode != convert.FULL_DUPLEX_STREAMED:
             return [
                 convert.routed_buffered_body_response(
-                    routing.destination, body if parsed.body_rewritten else None
+                    routing.destination, body if parsed.body_rewritten else None, self._strip
                 )
             ]
-        out = [convert.routed_headers_response(routing.destination, len(body))]
+        out = [convert.routed_headers_response(routing.destination, len(body), self._strip)]
         if len(body) <= STREAMED_CHUNK_BYTES:
             out.append(convert.streamed_request_body(body, not trailers_follow))
             return out
@@ -227,7 +295,8 @@ class RequestStream:
     def _response_headers(self, h: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         headers = convert.headers_to_dict(h.headers)
         status_text = headers.get(":status", "200")
-        self._status = int(status_text) if status_text.isdigit() else 0
+        ok = status_text.isascii() and status_text.isdigit() and len(status_text) == 3
+        self._status = int(status_text) if ok else 0
         routing = self._routing
         if routing is not None:
             sse = "text/event-stream" in headers.get("content-type", "")
@@ -290,9 +359,9 @@ class RequestStream:
             model = ""
         log.info(
             "request answered by epp: status=%d type=%s path=%s model=%s reason=%s",
-            kind.status, kind.type, self._path.partition("?")[0], model,
+            kind.status, kind.type, echo(self._path.partition("?")[0]), echo(model),
             exc.message if isinstance(exc, EppError) else type(exc).__name__,
         )
         self._phase = Phase.ANSWERED
-        self._body = bytearray()
+        self._drop_body()
         return [immediate_response(exc)]

@@ -14,6 +14,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.observability.hotpath import LightCounter, LightHistogram
 
+MAX_MODEL_LABELS = 100
+"""Distinct ``model`` label values; models first seen after that count under ``other``."""
+MAX_LABEL_CHARS = 128
+OTHER_MODEL = "other"
+
 _LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )  # fmt: skip
@@ -150,6 +155,7 @@ class EppMetrics:
         self._plugin_children: dict[str, Any] = {}
         self._usage_children: dict[str, tuple[Any, Any, Any]] = {}
         self._endpoint_labels: set[str] = set()
+        self._models: set[str] = set()
         self._last_lookup_chunks = 0
         self._last_hit_chunks = 0
         self.observe_scheduling: Callable[[float], None] = self.scheduling_duration.observe
@@ -164,7 +170,19 @@ class EppMetrics:
 
     # --- request path ------------------------------------------------------------------
 
+    def model_label(self, model: str) -> str:
+        """``model`` as a label value: the first MAX_MODEL_LABELS names as they are (cut to
+        MAX_LABEL_CHARS), any later one as ``other``, so clients cannot mint series."""
+        if model in self._models:
+            return model
+        if len(self._models) >= MAX_MODEL_LABELS:
+            return OTHER_MODEL
+        model = model[:MAX_LABEL_CHARS]
+        self._models.add(model)
+        return model
+
     def request_done(self, model: str, status: str) -> None:
+        model = self.model_label(model)
         key = (model, status)
         child = self._request_children.get(key)
         if child is None:
@@ -180,6 +198,7 @@ class EppMetrics:
             child.observe(seconds)
 
     def usage(self, model: str, prompt: int, cached: int | None, completion: int) -> None:
+        model = self.model_label(model)
         c = self._usage_children.get(model)
         if c is None:
             c = self._usage_children[model] = (

@@ -29,7 +29,13 @@ log = logging.getLogger(__name__)
 
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
+CONTROL_HEADERS = (MODEL_REWRITE_HEADER, OBJECTIVE_HEADER)
+"""Headers that steer epp. Honoured only with ``trust_control_headers`` (a proxy in front
+sets or strips them); otherwise a client could pick its own model or priority."""
 REQUEST_ID_HEADER = "x-request-id"
+MAX_ECHO_CHARS = 120
+"""Client-supplied text quoted in an error message (a path, a header) is cut to this."""
+MAX_REQUEST_ID_CHARS = 256
 
 ObjectiveLookup = Callable[[str], "int | None"]
 """Objective name -> priority, or None when the objective is unknown."""
@@ -59,8 +65,11 @@ class RequestParser:
         config: RequestControlConfig,
         objective_lookup: ObjectiveLookup | None = None,
         rng: random.Random | None = None,
+        *,
+        trust_control_headers: bool = False,
     ) -> None:
         self._config = config
+        self.trust_control_headers = trust_control_headers
         self.max_body_bytes = config.max_body_bytes
         self._rng = rng or random.Random()
         static = dict(config.objective_priorities)
@@ -77,12 +86,21 @@ class RequestParser:
         api = api_for_path(path)
         if api is None:
             raise NotFound(
-                f"unknown API path {path.partition('?')[0]!r}; epp serves "
+                f"unknown API path {echo(path.partition('?')[0])}; epp serves "
                 + ", ".join(sorted(API_PATHS))
             )
         length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            raise PayloadTooLarge(self.too_large_message(int(length)))
+        if length is not None:
+            if not (length.isascii() and length.isdigit()) or len(length) > 19:
+                raise BadRequest(f"content-length {echo(length)} is not a byte count")
+            if int(length) > self.max_body_bytes:
+                raise PayloadTooLarge(self.too_large_message(int(length)))
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise BadRequest(
+                f"request bodies with content-encoding {echo(encoding)} are not supported: "
+                "send the JSON body uncompressed"
+            )
         return api
 
     def too_large_message(self, size: int) -> str:
@@ -101,11 +119,12 @@ class RequestParser:
             api = api_for_path(path)
             if api is not None:
                 raise BadRequest(
-                    f"request body is empty: POST {path.partition('?')[0]} needs a JSON body"
+                    f"request body is empty: POST {echo(path.partition('?')[0])} needs a JSON "
+                    "body"
                 )
         return InferenceRequest(
             request_id=_request_id(headers),
-            model=headers.get(MODEL_REWRITE_HEADER, ""),
+            model=headers.get(MODEL_REWRITE_HEADER, "") if self.trust_control_headers else "",
             prompt="",
             api=ApiKind.NONE,
             priority=self._priority(headers, ""),
@@ -127,6 +146,10 @@ class RequestParser:
             raise BadRequest(
                 f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
             ) from None
+        except ValueError as exc:  # an integer of more than 4,300 digits
+            raise BadRequest(f"request body is not usable JSON: {echo(str(exc))}") from None
+        except RecursionError:
+            raise BadRequest("request body is not usable JSON: nested too deeply") from None
         if not isinstance(doc, dict):
             raise BadRequest("request body must be a JSON object")
 
@@ -141,6 +164,10 @@ class RequestParser:
             salt = ""
         if not isinstance(salt, str):
             raise BadRequest("'cache_salt' must be a string")
+
+        _check_encodable(prompt, "the prompt")
+        _check_encodable(model, "'model'")
+        _check_encodable(salt, "'cache_salt'")
 
         target = self._rewrite(model, headers)
         out_body = body
@@ -163,7 +190,7 @@ class RequestParser:
         return ParsedRequest(request, out_body, rewritten)
 
     def _rewrite(self, model: str, headers: Mapping[str, str]) -> str:
-        forced = headers.get(MODEL_REWRITE_HEADER)
+        forced = headers.get(MODEL_REWRITE_HEADER) if self.trust_control_headers else None
         if forced:
             return forced
         targets = self._config.model_rewrites.get(model)
@@ -174,7 +201,7 @@ class RequestParser:
         return _weighted(targets, self._rng)
 
     def _priority(self, headers: Mapping[str, str], *models: str) -> int:
-        objective = headers.get(OBJECTIVE_HEADER)
+        objective = headers.get(OBJECTIVE_HEADER) if self.trust_control_headers else None
         if objective:
             prio = self._objective_lookup(objective)
             if prio is not None:
@@ -197,7 +224,26 @@ def _weighted(targets: tuple[ModelTarget, ...], rng: random.Random) -> str:
 
 
 def _request_id(headers: Mapping[str, str]) -> str:
-    return headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+    return headers.get(REQUEST_ID_HEADER, "")[:MAX_REQUEST_ID_CHARS] or uuid.uuid4().hex
+
+
+def echo(text: str) -> str:
+    """Client text as it may appear in an error message or a log line: quoted, cut short."""
+    if len(text) > MAX_ECHO_CHARS:
+        return repr(text[:MAX_ECHO_CHARS]) + f" (cut, {len(text)} chars)"
+    return repr(text)
+
+
+def _check_encodable(text: str, what: str) -> None:
+    """JSON may carry lone surrogate escapes (``"\\ud800"``) that are no UTF-8 text."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadRequest(
+                f"{what} contains a lone surrogate (\\u{ord(text[exc.start]):04x}), which is not "
+                "valid Unicode text"
+            ) from None
 
 
 def _require(doc: dict[str, Any], key: str) -> Any:

