@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -35,6 +36,7 @@ from epp.observability.metrics import EppMetrics
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.requestcontrol.director import Director
 from epp.scheduling.scheduler import Scheduler
+from epp.supervise import spawn
 from epp.sync.node import SyncNode, SyncOptions
 
 log = logging.getLogger(__name__)
@@ -291,10 +293,14 @@ async def _start_rest(
         handle._scraper = MetricsScraper(ds, metrics, opts.scraping)
         await handle._scraper.start()
     await handle.update_health()
-    handle._tasks.append(asyncio.create_task(_housekeeping(handle, opts), name="epp-housekeeping"))
-    handle._tasks.append(
-        asyncio.create_task(_sweeper(sched, cfg.prefix.sweep_interval_seconds), name="epp-sweep")
-    )
+    handle._tasks.append(spawn(
+        "housekeeping", functools.partial(_housekeeping, handle, opts),
+        on_failure=metrics.task_failed,
+    ))
+    handle._tasks.append(spawn(
+        "index-sweep", functools.partial(_sweeper, sched, cfg.prefix.sweep_interval_seconds),
+        on_failure=metrics.task_failed,
+    ))
     log.info(
         "epp serving: grpc=%d health=%d metrics=%d sync=%d endpoints=%d mode=%s",
         handle.grpc_port, handle.health_port, handle.metrics_port, handle.sync_port, len(ds),
@@ -303,19 +309,16 @@ async def _start_rest(
 
 
 async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
+    """Health and pool gauges, every ``housekeeping_interval_s`` (supervised: a failure is
+    logged, counted and the loop restarted)."""
     while True:
-        try:
-            await handle.update_health()
-            stats = None
-            with contextlib.suppress(Exception):
-                stats = handle.scheduler.index.stats()
-            handle.metrics.refresh_pool(
-                handle.datastore.snapshot(), stats, handle.datastore.in_flight()
-            )
-            if handle.sync is not None:
-                handle.sync.refresh_metrics()
-        except Exception:
-            log.exception("housekeeping failed")
+        await handle.update_health()
+        stats = None
+        with contextlib.suppress(Exception):
+            stats = handle.scheduler.index.stats()
+        handle.metrics.refresh_pool(handle.datastore.snapshot(), stats, handle.datastore.in_flight())
+        if handle.sync is not None:
+            handle.sync.refresh_metrics()
         await asyncio.sleep(opts.housekeeping_interval_s)
 
 
@@ -324,12 +327,9 @@ async def _sweeper(scheduler: Scheduler, interval_s: float) -> None:
     index takes its own lock; requests keep being served between its steps)."""
     while True:
         await asyncio.sleep(interval_s)
-        try:
-            removed = await asyncio.to_thread(scheduler.sweep, time.monotonic())
-            if removed:
-                log.debug("prefix index sweep removed %d expired entries", removed)
-        except Exception:
-            log.exception("prefix index sweep failed")
+        removed = await asyncio.to_thread(scheduler.sweep, time.monotonic())
+        if removed:
+            log.debug("prefix index sweep removed %d expired entries", removed)
 
 
 async def _start_metrics_http(

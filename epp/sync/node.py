@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -23,6 +24,7 @@ import grpc
 from epp.datastore.store import Datastore
 from epp.observability.metrics import EppMetrics
 from epp.prefix.producer import PrefixProducer
+from epp.supervise import spawn
 from epp.sync.apply import RemoteApplier
 from epp.sync.gen import sync_pb2, sync_pb2_grpc
 from epp.sync.outbox import Outbox, OutboxRead
@@ -146,7 +148,7 @@ class SyncNode:
         self.service = IndexSyncService(
             self.replica_id, self.outbox, self._wakeup, options, metrics, clock
         )
-        self.peers = PeerSet(self._follow)
+        self.peers = PeerSet(self._follow, metrics.task_failed)
         self.connected: set[str] = set()
         self.port = -1
         self._producer = producer
@@ -173,10 +175,11 @@ class SyncNode:
         self._producer.on_record = self.outbox.append
         self.peers.update(str(p) for p in self.options.peers)
         if self.options.peer_dns is not None:
-            self._tasks.append(asyncio.create_task(
-                watch_dns(self.options.peer_dns, self.peers, self.options.own_ips,
-                          self.options.dns_interval_s),
-                name="epp-sync-dns",
+            self._tasks.append(spawn(
+                "sync-dns",
+                functools.partial(watch_dns, self.options.peer_dns, self.peers,
+                                  self.options.own_ips, self.options.dns_interval_s),
+                on_failure=self.metrics.task_failed,
             ))
         log.info("index sync: replica %s serving on %d, peers %s%s", self.replica_id, self.port,
                  sorted(self.peers.addresses) or "none",

@@ -5,6 +5,7 @@ set changes."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 from collections.abc import Callable, Coroutine, Iterable
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.errors import ConfigError
+from epp.supervise import FailureHook, spawn
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,9 @@ class PeerSet:
     """The followed peers. ``update`` starts a follower for each new address and cancels
     the followers of addresses that left; a follower never blocks the caller."""
 
-    def __init__(self, follow: Follower) -> None:
+    def __init__(self, follow: Follower, on_failure: FailureHook | None = None) -> None:
         self._follow = follow
+        self._on_failure = on_failure
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     @property
@@ -64,7 +67,10 @@ class PeerSet:
             self._tasks.pop(gone).cancel()
         for new in sorted(wanted - self._tasks.keys()):
             log.info("sync peer joined: %s", new)
-            self._tasks[new] = asyncio.create_task(self._follow(new), name=f"epp-sync-{new}")
+            self._tasks[new] = spawn(
+                "sync-follower", functools.partial(self._follow, new), name=f"sync-{new}",
+                on_failure=self._on_failure,
+            )
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())
