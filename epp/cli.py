@@ -22,7 +22,7 @@ from epp.extproc import convert
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.observability.logging import setup_logging
 from epp.server.runner import ServerOptions, SourceStarter, start_server
-from epp.sync.node import SyncOptions
+from epp.sync.node import SyncOptions, SyncTls
 from epp.sync.peers import parse_host_port, parse_peers
 
 log = logging.getLogger("epp.cli")
@@ -185,6 +185,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a peer receives this replica's writes at least this often")
     g.add_argument("--sync-batch-records", type=int, default=256,
                    help="records per message; a full batch is sent without waiting")
+    g.add_argument("--sync-cert", default="",
+                   help="PEM certificate of this replica for mutual TLS on the sync port "
+                   "(with --sync-key and --sync-ca; without them sync is plaintext and "
+                   "unauthenticated, and says so in the log)")
+    g.add_argument("--sync-key", default="", help="PEM private key for --sync-cert")
+    g.add_argument("--sync-ca", default="",
+                   help="PEM CA bundle: peers must present a certificate it signed")
+    g.add_argument("--sync-server-name", default="",
+                   help="name the peers' certificate must carry (checked instead of the "
+                   "dialled address, which is usually a pod IP)")
+    g.add_argument("--sync-max-subscribers", type=_number(1, strict=False, integer=True),
+                   default=32, help="sync streams served at once; more are refused")
+    g.add_argument("--sync-warm-timeout-s", type=_number(0, strict=False), default=10.0,
+                   help="at start, how long to spend fetching a peer's index before "
+                   "reporting ready (0 = start cold)")
+    g.add_argument("--sync-warm-max-entries", type=_number(1, strict=False, integer=True),
+                   default=4_000_000, help="most index entries fetched at start")
     g.add_argument("--sync-buffer-records", type=int, default=8192,
                    help="writes kept for slow peers; a peer further behind loses the oldest")
 
@@ -233,7 +250,20 @@ def sync_options(args: argparse.Namespace) -> SyncOptions | None:
         flush_interval_s=args.sync_flush_ms / 1000.0,
         batch_records=args.sync_batch_records,
         buffer_records=args.sync_buffer_records,
+        tls=_sync_tls(args),
+        max_subscribers=args.sync_max_subscribers,
+        warm_timeout_s=args.sync_warm_timeout_s,
+        warm_max_entries=args.sync_warm_max_entries,
     )
+
+
+def _sync_tls(args: argparse.Namespace) -> SyncTls | None:
+    files = (args.sync_cert, args.sync_key, args.sync_ca)
+    if not any(files):
+        return None
+    if not all(files):
+        raise ConfigError("--sync-cert/--sync-key/--sync-ca", "mutual TLS needs all three")
+    return SyncTls(args.sync_cert, args.sync_key, args.sync_ca, args.sync_server_name)
 
 
 async def serve(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ prints the measured figure.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from epp.datastore.endpoint import EndpointId
@@ -52,6 +52,23 @@ class IndexStats:
     @property
     def hit_ratio(self) -> float:
         return self.hit_chunks / self.lookup_chunks if self.lookup_chunks else 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class ExportedWrite:
+    hashes: list[int]
+    stamp_s: float
+
+
+@dataclass(slots=True, frozen=True)
+class EndpointExport:
+    endpoint_id: EndpointId
+    writes: list[ExportedWrite]
+    roots: list[int]
+
+    @property
+    def entries(self) -> int:
+        return sum(len(w.hashes) for w in self.writes)
 
 
 class PrefixIndex:
@@ -130,8 +147,17 @@ class PrefixIndex:
 
     # --- writes --------------------------------------------------------------------------
 
-    def record(self, endpoint_id: EndpointId, hashes: Sequence[int], now_s: float) -> None:
-        """Note that ``endpoint_id`` now holds every chunk of ``hashes`` (a routing decision)."""
+    def record(
+        self,
+        endpoint_id: EndpointId,
+        hashes: Sequence[int],
+        now_s: float,
+        *,
+        chain_root: bool = True,
+    ) -> None:
+        """Note that ``endpoint_id`` now holds every chunk of ``hashes`` (a routing decision).
+        ``chain_root=False``: ``hashes[0]`` is not the first chunk of a prompt (a restore
+        replays groups of entries; their roots come separately, ``add_roots``)."""
         if not hashes:
             return
         stamp = float(now_s)  # (Python store) one object shared by every chunk of the request
@@ -141,15 +167,53 @@ class PrefixIndex:
                 store = self._endpoints[endpoint_id] = self._new_store(self.default_capacity)
             before = len(store)
             evicted = store.record(hashes, stamp)
-            holders = self._roots.get(hashes[0])
-            if holders is None:
-                self._roots[hashes[0]] = {endpoint_id}
-            else:
-                holders.add(endpoint_id)
+            if chain_root:
+                holders = self._roots.get(hashes[0])
+                if holders is None:
+                    self._roots[hashes[0]] = {endpoint_id}
+                else:
+                    holders.add(endpoint_id)
             self._entries += len(store) - before
             self._evictions += evicted
             if self._entries > self.max_entries:
                 self._evict_global(self._entries - self.max_entries)
+
+    def add_roots(self, endpoint_id: EndpointId, roots: Iterable[int]) -> None:
+        """Mark chain roots of ``endpoint_id`` (after a restore); roots it does not hold are
+        skipped."""
+        with self._lock:
+            store = self._endpoints.get(endpoint_id)
+            if store is None:
+                return
+            for root in roots:
+                if store.get(root) is not None:
+                    self._roots.setdefault(root, set()).add(endpoint_id)
+
+    def export_endpoint(self, endpoint_id: EndpointId) -> EndpointExport:
+        """What rebuilds this endpoint's entries elsewhere (a peer's warm start): its chunks
+        as writes, oldest first, each the chunks that share one last-use time, leading
+        chunk first (``record`` of them in order gives the same LRU order), and its chain
+        roots."""
+        with self._lock:
+            store = self._endpoints.get(endpoint_id)
+            if store is None:
+                return EndpointExport(endpoint_id, [], [])
+            items = store.items()
+            roots = [r for r, holders in self._roots.items() if endpoint_id in holders]
+        groups: list[ExportedWrite] = []
+        chunk: list[int] = []
+        stamp = None
+        for h, ts in items:
+            if ts != stamp and chunk:
+                chunk.reverse()  # a record moves its deepest chunk first
+                groups.append(ExportedWrite(chunk, stamp))  # type: ignore[arg-type]
+                chunk = []
+            stamp = ts
+            chunk.append(h)
+        if chunk:
+            chunk.reverse()
+            groups.append(ExportedWrite(chunk, stamp))  # type: ignore[arg-type]
+        return EndpointExport(endpoint_id, groups, roots)
 
     def remove_endpoint(self, endpoint_id: EndpointId) -> int:
         """Forget everything about an endpoint that left the pool; returns entries removed."""

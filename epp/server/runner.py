@@ -37,7 +37,7 @@ from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.requestcontrol.director import Director
 from epp.scheduling.scheduler import Scheduler
 from epp.supervise import spawn
-from epp.sync.node import SyncNode, SyncOptions
+from epp.sync.node import SyncNode, SyncOptions, WarmStart
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,8 @@ class ServerHandle:
     _options: ServerOptions = field(default_factory=ServerOptions)
     sync: SyncNode | None = None
     sync_port: int = -1
+    warm: WarmStart | None = None
+    """What this replica fetched from a peer at start (index sync)."""
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def update_health(self) -> None:
@@ -288,6 +290,9 @@ async def _start_rest(
             result = await result
         if result is not None:
             handle._sources.append(result)
+    if handle.sync is not None and (opts.sync.peers or opts.sync.peer_dns):  # type: ignore[union-attr]
+        # before reporting ready: learn what the pool's other replicas know
+        handle.warm = await handle.sync.warm_start(ready=functools.partial(_pool_known, ds))
 
     if opts.scrape:
         handle._scraper = MetricsScraper(ds, metrics, opts.scraping)
@@ -306,6 +311,12 @@ async def _start_rest(
         handle.grpc_port, handle.health_port, handle.metrics_port, handle.sync_port, len(ds),
         convert.BodySendMode.Name(opts.processing_mode),
     )
+
+
+async def _pool_known(ds: Datastore) -> None:
+    """Until a source delivered its first full list of endpoints."""
+    while not ds.synced:
+        await asyncio.sleep(0.02)
 
 
 async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:

@@ -15,7 +15,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,12 +23,13 @@ import grpc
 
 from epp.datastore.store import Datastore
 from epp.observability.metrics import EppMetrics
+from epp.prefix.index import PrefixIndex
 from epp.prefix.producer import PrefixProducer
 from epp.supervise import spawn
 from epp.sync.apply import RemoteApplier
 from epp.sync.gen import sync_pb2, sync_pb2_grpc
 from epp.sync.outbox import Outbox, OutboxRead
-from epp.sync.peers import HostPort, PeerSet, watch_dns
+from epp.sync.peers import HostPort, PeerSet, resolve_ips, watch_dns
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,59 @@ class SyncOptions:
     buffer_records: int = 8192
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
+    tls: SyncTls | None = None
+    """Mutual TLS on the sync port; None: plaintext (logged loudly)."""
+    max_subscribers: int = 32
+    """Concurrent Subscribe/Snapshot streams served; more get RESOURCE_EXHAUSTED."""
+    warm_timeout_s: float = 10.0
+    """A starting replica spends at most this long fetching a peer's index (0: no warm start)."""
+    warm_max_entries: int = 4_000_000
+
+
+@dataclass(slots=True, frozen=True)
+class SyncTls:
+    """PEM files: this replica's certificate and key (served and presented to peers) and the
+    CA that signed every replica's certificate. Peers must present a certificate from that
+    CA; a follower checks the peer's certificate against ``server_name`` (when set) instead
+    of the address it dials (pod IPs are rarely in a certificate)."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+    server_name: str = ""
+
+    def _read(self) -> tuple[bytes, bytes, bytes]:
+        out = []
+        for flag, path in (("--sync-cert", self.cert_file), ("--sync-key", self.key_file),
+                           ("--sync-ca", self.ca_file)):  # fmt: skip
+            try:
+                with open(path, "rb") as f:
+                    out.append(f.read())
+            except OSError as exc:
+                raise OSError(f"cannot read {flag} {path!r}: {exc.strerror}") from None
+        return out[0], out[1], out[2]
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        cert, key, ca = self._read()
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=True
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        cert, key, ca = self._read()
+        return grpc.ssl_channel_credentials(ca, key, cert)
+
+
+@dataclass(slots=True, frozen=True)
+class WarmStart:
+    """What a starting replica fetched from a peer."""
+
+    peer: str
+    entries: int
+    endpoints: int
+    seconds: float
+    complete: bool
+    """False when the size or time bound cut the snapshot short."""
 
 
 class _Wakeup:
@@ -84,12 +138,57 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
         self._metrics = metrics
         self._clock = clock
         self.subscribers = 0
+        self.snapshots = 0
+        self.index: PrefixIndex | None = None
+
+    async def _admit(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if request.replica_id == self.replica_id:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _SELF)
+        if self.subscribers + self.snapshots >= self._opts.max_subscribers:
+            log.warning("sync stream from %s refused: %d already open (--sync-max-subscribers)",
+                        context.peer(), self.subscribers + self.snapshots)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                "this replica serves no more sync streams")
+
+    async def Snapshot(  # the generated servicer's method name
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        await self._admit(request, context)
+        index = self.index
+        if index is None:
+            return
+        self.snapshots += 1
+        budget = request.max_entries or (1 << 62)
+        sent = 0
+        try:
+            for eid in index.endpoint_ids():
+                if sent >= budget:
+                    break
+                # the export copies the endpoint's entries under the index lock: off the loop
+                export = await asyncio.to_thread(index.export_endpoint, eid)
+                now = self._clock()
+                part = sync_pb2.SnapshotPart(endpoint_id=eid)
+                part_chunks = 0
+                for w in export.writes:
+                    if sent >= budget:
+                        break
+                    part.writes.add(hashes=w.hashes, age_s=now - w.stamp_s)
+                    part_chunks += len(w.hashes)
+                    sent += len(w.hashes)
+                    if part_chunks >= _MAX_BATCH_CHUNKS:
+                        yield part
+                        part = sync_pb2.SnapshotPart(endpoint_id=eid)
+                        part_chunks = 0
+                part.roots.extend(export.roots)
+                yield part
+            log.info("sync snapshot of %d entries sent to %s", sent, request.replica_id)
+        finally:
+            self.snapshots -= 1
 
     async def Subscribe(  # the generated servicer's method name
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        if request.replica_id == self.replica_id:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _SELF)
+        await self._admit(request, context)
         outbox = self._outbox
         cursor = outbox.head
         self.subscribers += 1
@@ -143,11 +242,14 @@ class SyncNode:
         self._wakeup = _Wakeup()
         self.outbox = Outbox(options.buffer_records, options.batch_records, self._wakeup)
         self.applier = RemoteApplier(
-            producer.apply_remote, lambda eid: datastore.get(eid) is not None, clock
+            producer.apply_remote, lambda eid: datastore.get(eid) is not None, clock,
+            index=producer.index,
         )
         self.service = IndexSyncService(
             self.replica_id, self.outbox, self._wakeup, options, metrics, clock
         )
+        self.service.index = producer.index
+        self._clock = clock
         self.peers = PeerSet(self._follow, metrics.task_failed)
         self.connected: set[str] = set()
         self.port = -1
@@ -156,6 +258,7 @@ class SyncNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._published_seen = 0
         self._rng = random.Random()
+        self._warm_progress: tuple[str, int, int] | None = None
 
     async def start(self, host: str) -> int:
         """Serve on ``host:options.port``, hook the producer, start following peers."""
@@ -167,7 +270,17 @@ class SyncNode:
             ("grpc.keepalive_permit_without_calls", 1),
         ])
         sync_pb2_grpc.add_IndexSyncServicer_to_server(self.service, server)
-        self.port = server.add_insecure_port(f"{host}:{self.options.port}")
+        address = f"{host}:{self.options.port}"
+        tls = self.options.tls
+        if tls is not None:
+            self.port = server.add_secure_port(address, tls.server_credentials())
+        else:
+            log.warning(
+                "index sync is PLAINTEXT and unauthenticated on %s: any process that reaches "
+                "it can read routing decisions and steer routing. Set --sync-cert/--sync-key/"
+                "--sync-ca (docs/sync.md)", address,
+            )
+            self.port = server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"cannot bind the sync port at {host}:{self.options.port}")
         await server.start()
@@ -205,6 +318,75 @@ class SyncNode:
             await self._server.stop(0)
         self.refresh_metrics()
 
+    # --- peers ---------------------------------------------------------------------------
+
+    def _channel(self, target: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
+        tls = self.options.tls
+        if tls is None:
+            return grpc.aio.insecure_channel(target, options=options)
+        if tls.server_name:
+            options = [*options, ("grpc.ssl_target_name_override", tls.server_name)]
+        return grpc.aio.secure_channel(target, tls.channel_credentials(), options=options)
+
+    async def warm_start(self, ready: Callable[[], Awaitable[None]] | None = None) -> WarmStart | None:
+        """Fetch the index of the first peer that answers, within ``warm_timeout_s`` and
+        ``warm_max_entries``. ``ready`` is awaited first (the pool must be known: writes for
+        unknown endpoints are dropped). None when no peer answered."""
+        opts = self.options
+        if opts.warm_timeout_s <= 0:
+            return None
+        started = self._clock()
+        try:
+            async with asyncio.timeout(opts.warm_timeout_s):
+                if ready is not None:
+                    await ready()
+                targets = [str(p) for p in opts.peers]
+                if opts.peer_dns is not None:
+                    with contextlib.suppress(OSError, UnicodeError):
+                        ips = await resolve_ips(opts.peer_dns.host, opts.peer_dns.port)
+                        targets += [str(HostPort(ip, opts.peer_dns.port)) for ip in ips
+                                    if ip not in opts.own_ips]  # fmt: skip
+                for target in targets:
+                    result = await self._fetch_snapshot(target, started)
+                    if result is not None:
+                        return result
+        except TimeoutError:
+            log.warning("sync warm start: no complete snapshot within %.1fs (--sync-warm-"
+                        "timeout-s); serving with what arrived", opts.warm_timeout_s)
+            if self._warm_progress is not None:
+                peer, entries, endpoints = self._warm_progress
+                return WarmStart(peer, entries, endpoints, self._clock() - started, False)
+        return None
+
+    async def _fetch_snapshot(self, target: str, started: float) -> WarmStart | None:
+        opts = self.options
+        entries = 0
+        endpoints: set[str] = set()
+        try:
+            async with self._channel(target, [
+                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)
+            ]) as channel:  # fmt: skip
+                stub = sync_pb2_grpc.IndexSyncStub(channel)
+                call = stub.Snapshot(sync_pb2.SnapshotRequest(
+                    replica_id=self.replica_id, max_entries=opts.warm_max_entries
+                ))  # fmt: skip
+                async for part in call:
+                    entries += self.applier.restore(part)
+                    endpoints.add(part.endpoint_id)
+                    self._warm_progress = (target, entries, len(endpoints))
+                    if entries >= opts.warm_max_entries:
+                        call.cancel()
+                        break
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                log.warning("sync warm start: peer %s failed (%s)", target, exc.code().name)
+            return None
+        result = WarmStart(target, entries, len(endpoints), self._clock() - started,
+                           entries < opts.warm_max_entries)  # fmt: skip
+        log.info("sync warm start: %d entries for %d endpoints from %s in %.2fs",
+                 entries, len(endpoints), target, result.seconds)
+        return result
+
     # --- following one peer --------------------------------------------------------------
 
     async def _follow(self, target: str) -> None:
@@ -223,7 +405,7 @@ class SyncNode:
         ]
         while True:
             try:
-                async with grpc.aio.insecure_channel(target, options=channel_options) as channel:
+                async with self._channel(target, channel_options) as channel:
                     stub = sync_pb2_grpc.IndexSyncStub(channel)
                     call = stub.Subscribe(sync_pb2.SubscribeRequest(replica_id=self.replica_id))
                     async for batch in call:

@@ -24,21 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65pp/sync/v1/sync.proto\x12\x0b\x65pp.sync.v1\"&\n\x10SubscribeRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"X\n\x0bRecordBatch\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12$\n\x07records\x18\x02 \x03(\x0b\x32\x13.epp.sync.v1.Record\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x04\"@\n\x06Record\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x12\n\x06hashes\x18\x02 \x03(\x06\x42\x02\x10\x01\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\x32S\n\tIndexSync\x12\x46\n\tSubscribe\x12\x1d.epp.sync.v1.SubscribeRequest\x1a\x18.epp.sync.v1.RecordBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65pp/sync/v1/sync.proto\x12\x0b\x65pp.sync.v1\":\n\x0fSnapshotRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_entries\x18\x02 \x01(\x04\"[\n\x0cSnapshotPart\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12#\n\x06writes\x18\x02 \x03(\x0b\x32\x13.epp.sync.v1.Record\x12\x11\n\x05roots\x18\x03 \x03(\x06\x42\x02\x10\x01\"&\n\x10SubscribeRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"X\n\x0bRecordBatch\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12$\n\x07records\x18\x02 \x03(\x0b\x32\x13.epp.sync.v1.Record\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x04\"@\n\x06Record\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x12\n\x06hashes\x18\x02 \x03(\x06\x42\x02\x10\x01\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\x32\x9a\x01\n\tIndexSync\x12\x46\n\tSubscribe\x12\x1d.epp.sync.v1.SubscribeRequest\x1a\x18.epp.sync.v1.RecordBatch0\x01\x12\x45\n\x08Snapshot\x12\x1c.epp.sync.v1.SnapshotRequest\x1a\x19.epp.sync.v1.SnapshotPart0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epp.sync.v1.sync_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SNAPSHOTPART'].fields_by_name['roots']._loaded_options = None
+  _globals['_SNAPSHOTPART'].fields_by_name['roots']._serialized_options = b'\020\001'
   _globals['_RECORD'].fields_by_name['hashes']._loaded_options = None
   _globals['_RECORD'].fields_by_name['hashes']._serialized_options = b'\020\001'
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=39
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=77
-  _globals['_RECORDBATCH']._serialized_start=79
-  _globals['_RECORDBATCH']._serialized_end=167
-  _globals['_RECORD']._serialized_start=169
-  _globals['_RECORD']._serialized_end=233
-  _globals['_INDEXSYNC']._serialized_start=235
-  _globals['_INDEXSYNC']._serialized_end=318
+  _globals['_SNAPSHOTREQUEST']._serialized_start=39
+  _globals['_SNAPSHOTREQUEST']._serialized_end=97
+  _globals['_SNAPSHOTPART']._serialized_start=99
+  _globals['_SNAPSHOTPART']._serialized_end=190
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=192
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=230
+  _globals['_RECORDBATCH']._serialized_start=232
+  _globals['_RECORDBATCH']._serialized_end=320
+  _globals['_RECORD']._serialized_start=322
+  _globals['_RECORD']._serialized_end=386
+  _globals['_INDEXSYNC']._serialized_start=389
+  _globals['_INDEXSYNC']._serialized_end=543
 # @@protoc_insertion_point(module_scope)

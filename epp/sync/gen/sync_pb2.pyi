@@ -6,6 +6,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SnapshotRequest(_message.Message):
+    __slots__ = ("replica_id", "max_entries")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    max_entries: int
+    def __init__(self, replica_id: _Optional[str] = ..., max_entries: _Optional[int] = ...) -> None: ...
+
+class SnapshotPart(_message.Message):
+    __slots__ = ("endpoint_id", "writes", "roots")
+    ENDPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    ROOTS_FIELD_NUMBER: _ClassVar[int]
+    endpoint_id: str
+    writes: _containers.RepeatedCompositeFieldContainer[Record]
+    roots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, endpoint_id: _Optional[str] = ..., writes: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., roots: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class SubscribeRequest(_message.Message):
     __slots__ = ("replica_id",)
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class IndexSyncStub:
                 request_serializer=epp_dot_sync_dot_v1_dot_sync__pb2.SubscribeRequest.SerializeToString,
                 response_deserializer=epp_dot_sync_dot_v1_dot_sync__pb2.RecordBatch.FromString,
                 _registered_method=True)
+        self.Snapshot = channel.unary_stream(
+                '/epp.sync.v1.IndexSync/Snapshot',
+                request_serializer=epp_dot_sync_dot_v1_dot_sync__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=epp_dot_sync_dot_v1_dot_sync__pb2.SnapshotPart.FromString,
+                _registered_method=True)
 
 
 class IndexSyncServicer:
@@ -52,6 +57,15 @@ class IndexSyncServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Snapshot(self, request, context):
+        """Streams the publisher's whole index (its own writes and those it applied from peers),
+        endpoint by endpoint, oldest entries first: a replica that starts fetches one before it
+        reports ready, so a rolling update loses nothing the pool had learned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IndexSyncServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +73,11 @@ def add_IndexSyncServicer_to_server(servicer, server):
                     servicer.Subscribe,
                     request_deserializer=epp_dot_sync_dot_v1_dot_sync__pb2.SubscribeRequest.FromString,
                     response_serializer=epp_dot_sync_dot_v1_dot_sync__pb2.RecordBatch.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=epp_dot_sync_dot_v1_dot_sync__pb2.SnapshotRequest.FromString,
+                    response_serializer=epp_dot_sync_dot_v1_dot_sync__pb2.SnapshotPart.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +107,33 @@ class IndexSync:
             '/epp.sync.v1.IndexSync/Subscribe',
             epp_dot_sync_dot_v1_dot_sync__pb2.SubscribeRequest.SerializeToString,
             epp_dot_sync_dot_v1_dot_sync__pb2.RecordBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/epp.sync.v1.IndexSync/Snapshot',
+            epp_dot_sync_dot_v1_dot_sync__pb2.SnapshotRequest.SerializeToString,
+            epp_dot_sync_dot_v1_dot_sync__pb2.SnapshotPart.FromString,
             options,
             channel_credentials,
             insecure,

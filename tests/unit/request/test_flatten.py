@@ -37,7 +37,11 @@ def test_bad_messages_are_bad_requests(messages: object) -> None:
 def test_completion_prompt_shapes() -> None:
     assert completion_prompt("abc") == "abc"
     assert completion_prompt(["a", "b"]).startswith("a")
-    assert completion_prompt([1, 2, 3]) == "1 2 3 "
+    assert completion_prompt([1, 2, 3]) == "\x01\0\0\0\x02\0\0\0\x03\0\0\0"  # 4 chars per id
+    assert completion_prompt([[1], [2, 3]]).startswith("\x01\0\0\0\x1e")
+    for bad in ([1, "a"], [1, -1], [1, 1 << 40], [1.5], [[1], "a"], []):
+        with pytest.raises(BadRequest):
+            completion_prompt(bad)
     with pytest.raises(BadRequest):
         completion_prompt({"x": 1})
     with pytest.raises(BadRequest):
