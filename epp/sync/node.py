@@ -346,10 +346,13 @@ class SyncNode:
                         ips = await resolve_ips(opts.peer_dns.host, opts.peer_dns.port)
                         targets += [str(HostPort(ip, opts.peer_dns.port)) for ip in ips
                                     if ip not in opts.own_ips]  # fmt: skip
+                empty: WarmStart | None = None
                 for target in targets:
                     result = await self._fetch_snapshot(target, started)
-                    if result is not None:
+                    if result is not None and result.entries:
                         return result
+                    empty = result or empty  # a peer that is starting too knows nothing yet
+                return empty
         except TimeoutError:
             log.warning("sync warm start: no complete snapshot within %.1fs (--sync-warm-"
                         "timeout-s); serving with what arrived", opts.warm_timeout_s)

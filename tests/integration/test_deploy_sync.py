@@ -78,3 +78,21 @@ def test_helm_rejects_a_non_boolean_sync_enabled() -> None:
     )
     assert done.returncode != 0
     assert "sync.enabled" in done.stderr
+
+
+def test_sync_tls_comes_from_a_secret_and_its_flags_are_accepted() -> None:
+    docs = render("--set", "replicaCount=3", "--set", "sync.tls.secretName=epp-sync-tls")
+    validate_schema(docs)
+    c = container(docs)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "sync-tls"]
+    assert vol["secret"]["secretName"] == "epp-sync-tls"
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "sync-tls"]
+    args = c["args"]
+    for flag, key in (("--sync-cert", "tls.crt"), ("--sync-key", "tls.key"), ("--sync-ca", "ca.crt")):
+        assert f"{flag}={mount['mountPath']}/{key}" in args
+    opts = sync_options(build_parser().parse_args([*args, "--endpoints", "10.0.0.1:8000"]))
+    assert opts is not None and opts.tls is not None and opts.tls.server_name == "epp-sync"
+    assert opts.warm_timeout_s == 10 and opts.max_subscribers == 32
+    plain = container(render("--set", "replicaCount=3"))
+    assert not any(a.startswith("--sync-cert") for a in plain["args"])
