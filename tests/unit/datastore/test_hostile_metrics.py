@@ -173,7 +173,12 @@ async def test_malformed_answers_are_scrape_errors(page: PageServer, answer: byt
 async def test_compression_bomb_is_cut_off_after_the_cap(page: PageServer) -> None:
     bomb = zlib.compress(b"\0" * (64 << 20), 9)  # 64 MiB inflated, ~64 KB on the wire
     page.respond(bomb, headers=b"Content-Encoding: deflate\r\n")
-    f = PageFetcher("127.0.0.1", page.port, max_bytes=1 << 20)
+    plain = PageFetcher("127.0.0.1", page.port, max_bytes=1 << 20)  # asked for identity
+    with pytest.raises(ScrapeError) as info:
+        await plain.fetch(5.0)
+    assert info.value.reason == "bad_response" and "not asked for" in str(info.value)
+    plain.close()
+    f = PageFetcher("127.0.0.1", page.port, max_bytes=1 << 20, accept_gzip=True)
     with pytest.raises(ScrapeError) as info:
         await f.fetch(5.0)
     assert info.value.reason == "too_large"

@@ -1,0 +1,337 @@
+"""epp under hostile input: the figures docs/reliability.md quotes.
+
+1. Event-loop stalls while scraping hostile model servers: 8 endpoints serve a normal vLLM-like
+   page, then 8 more serve, in turn, a deflate bomb (1 GiB inflated), a 50 MB page, a chunked
+   page that never ends, NaN/Inf gauges, a page that is not UTF-8, numbers with 5,000 digits,
+   and one never answers. A probe task measures how late ``asyncio.sleep(1 ms)`` wakes up;
+   the same probe runs first with the normal pages alone (baseline, same process).
+2. RSS of ``epp serve`` (its own process) before and after 20,000 requests of which most are
+   hostile: bad JSON, deep nesting, lone surrogates, huge integers, protocol misuse (second
+   headers, body before headers, half-close), cancelled streams, 5,000 distinct models.
+3. Restart-to-warm: a replica whose peer holds a 1M-entry index starts with that peer in
+   ``--peers``; the time from start to ready (the snapshot applied) and the entries it got.
+
+    python tests/bench/bench_hostile.py [--requests 20000] [--entries 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+NORMAL = (b'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n'
+          b'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+          b'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n') + b"# filler\n" * 4000
+
+
+# --- 1. hostile model servers -------------------------------------------------------------
+
+
+def _deflate_bomb(inflated: int) -> bytes:
+    c = zlib.compressobj(9)
+    block = b"\0" * (1 << 20)
+    out = [c.compress(block) for _ in range(inflated >> 20)]
+    return b"".join(out) + c.flush()
+
+
+async def serve_pages() -> None:
+    """8 normal endpoints then 8 hostile ones; prints their ports."""
+    bomb = _deflate_bomb(1 << 30)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+
+    def plain(body: bytes) -> bytes:
+        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+    answers: list[bytes | None] = [plain(NORMAL)] * 8 + [
+        head + b"Content-Encoding: deflate\r\nContent-Length: %d\r\n\r\n" % len(bomb) + bomb,
+        plain(b"x" * (50 << 20)),
+        b"endless",  # a chunked page that never ends (sent by the protocol below)
+        plain(NORMAL.replace(b"1.0", b"NaN").replace(b"2.0", b"+Inf").replace(b"0.25", b"-Inf")),
+        plain(b"\xff\xfe\x00 not utf-8 \xc3" + NORMAL.replace(b"1.0", b"\xb2")),
+        plain(NORMAL.replace(b"1.0", b"9" * 5000)),
+        plain(b'vllm:lora_requests_info{max_lora="\xc2\xb2"} 1\n' + NORMAL),
+        None,  # accepts and never answers
+    ]
+
+    class Page(asyncio.Protocol):
+        def __init__(self, answer: bytes | None) -> None:
+            self.answer = answer
+            self.buf = b""
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.t: asyncio.Transport = transport  # type: ignore[assignment]
+
+        def data_received(self, data: bytes) -> None:
+            self.buf += data
+            while b"\r\n\r\n" in self.buf:
+                _, _, self.buf = self.buf.partition(b"\r\n\r\n")
+                if self.answer == b"endless":
+                    self.t.write(head + b"Transfer-Encoding: chunked\r\n\r\n")
+                    asyncio.ensure_future(self.endless())
+                elif self.answer is not None:
+                    self.t.write(self.answer)
+
+        async def endless(self) -> None:
+            chunk = b"%x\r\n%s\r\n" % (65536, b"y" * 65536)
+            while not self.t.is_closing():
+                self.t.write(chunk)
+                await asyncio.sleep(0.001)
+
+    loop = asyncio.get_running_loop()
+    ports = []
+    for answer in answers:
+        server = await loop.create_server(lambda a=answer: Page(a), "127.0.0.1", 0)  # type: ignore[misc]
+        ports.append(server.sockets[0].getsockname()[1])
+    print(",".join(map(str, ports)), flush=True)
+    await asyncio.Event().wait()
+
+
+class CallbackTimer:
+    """Times every callback the event loop runs (``asyncio.Handle._run``): the longest one is
+    the longest stretch epp's own code held the loop, in CPU time (thread_time) and wall time
+    (which also counts being descheduled by the OS on this shared machine)."""
+
+    def __init__(self) -> None:
+        self.worst_cpu = 0.0
+        self.worst_wall = 0.0
+        self._orig = asyncio.events.Handle._run
+
+    def __enter__(self) -> CallbackTimer:
+        orig, timer = self._orig, self
+
+        def run(handle: asyncio.events.Handle) -> None:
+            c0, w0 = time.thread_time(), time.perf_counter()
+            orig(handle)
+            timer.worst_cpu = max(timer.worst_cpu, time.thread_time() - c0)
+            timer.worst_wall = max(timer.worst_wall, time.perf_counter() - w0)
+
+        asyncio.events.Handle._run = run  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.events.Handle._run = self._orig  # type: ignore[method-assign]
+
+
+async def _probe(seconds: float) -> list[float]:
+    lags = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.001)
+        lags.append(time.perf_counter() - t0 - 0.001)
+    return lags
+
+
+async def scrape_stalls(seconds: float) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from epp.datastore.endpoint import Endpoint, endpoint_id
+    from epp.datastore.scraper import MetricsScraper
+    from epp.datastore.store import Datastore
+    from epp.observability.metrics import EppMetrics
+
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-pages"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    ports = [int(p) for p in proc.stdout.readline().split(",")]
+    try:
+        for label, chosen in (("normal pages only", ports[:8]), ("normal + hostile pages", ports)):
+            ds = Datastore(stale_after_s=60)
+            ds.replace_all([Endpoint(endpoint_id("127.0.0.1", p), "127.0.0.1", p) for p in chosen])
+            reg = CollectorRegistry()
+            scraper = MetricsScraper(ds, EppMetrics(reg))
+            rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            await scraper.start()
+            with CallbackTimer() as timer:
+                lags = await _probe(seconds)
+            await scraper.stop()
+            lags.sort()
+            rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            errors: dict[str, float] = {}
+            for m in reg.collect():
+                if m.name == "epp_scrape_errors":
+                    for s in m.samples:
+                        if s.name.endswith("_total"):
+                            errors[s.labels["reason"]] = errors.get(s.labels["reason"], 0) + s.value
+            fresh = sum(1 for e in ds.snapshot() if e.metrics.known)
+            print(f"  {label:24} longest loop callback {timer.worst_cpu * 1e3:.1f} ms CPU "
+                  f"({timer.worst_wall * 1e3:.1f} ms wall); probe lateness p50 "
+                  f"{lags[len(lags) // 2] * 1e3:.2f} ms, p99 {lags[int(len(lags) * 0.99)] * 1e3:.2f}"
+                  f" ms, worst {lags[-1] * 1e3:.2f} ms; "
+                  f"peak RSS +{(rss1 - rss0) / 1024:.0f} MB; endpoints with metrics {fresh}/"
+                  f"{len(chosen)}; scrape errors {dict(sorted(errors.items())) or 'none'}")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# --- 2. RSS over 20,000 mostly hostile requests -------------------------------------------
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def rss_over_requests(n: int) -> None:
+    import grpc
+
+    from tests.integration import envoy_client as ec
+
+    script = Path(__file__).with_name("bench_extproc.py")
+    proc = subprocess.Popen([sys.executable, str(script), "--serve", "epp"], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    rng = random.Random(5)
+    prompt = "You are a helpful assistant. " * 200
+    answer = json.dumps({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 10 ** 300,
+                        "completion_tokens": -5}}).encode()  # fmt: skip
+    bad_bodies = [
+        b"{" * 10, b'{"model":"m","prompt":' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+        b'{"model":"m","prompt":"\\ud800"}', b'{"model":"m","prompt":"x","n":' + b"9" * 5000 + b"}",
+        b"\xff\xfe", b'{"model":"m"}',
+    ]
+    counts: dict[str, int] = {}
+
+    async def one(i: int, channel: grpc.aio.Channel) -> None:
+        kind = rng.choice(["ok", "ok", "bad", "bad", "proto", "cancel", "model"])
+        counts[kind] = counts.get(kind, 0) + 1
+        s = ec.Stream(channel)
+        try:
+            if kind in ("ok", "model"):
+                model = f"tenant-{i}" if kind == "model" else "m"
+                body = json.dumps({"model": model, "prompt": prompt + str(i % 50)}).encode()
+                await s.send(ec.request_headers(), ec.request_body(body, True))
+                await s.recv_n(2)
+                await s.send(ec.response_headers(), ec.response_body(answer, True))
+                await s.recv_n(2)
+                await s.call.done_writing()
+                await s.call.code()
+            elif kind == "bad":
+                await s.send(ec.request_headers(), ec.request_body(rng.choice(bad_bodies), True))
+                await s.recv()
+                await s.call.done_writing()
+                await s.call.code()
+            elif kind == "proto":
+                choice = rng.randrange(3)
+                if choice == 0:
+                    await s.send(ec.request_body(b"{}", True))
+                elif choice == 1:
+                    await s.send(ec.request_headers("/v1/models", method="GET", end_of_stream=True))
+                    await s.recv()
+                    await s.send(ec.request_headers("/v1/models", method="GET", end_of_stream=True))
+                else:
+                    await s.send(ec.request_headers(), ec.request_body(b'{"model"', False))
+                    await s.call.done_writing()
+                await s.call.code()
+            else:
+                await s.send(ec.request_headers(), ec.request_body(b'{"model":"m","prompt":"' + b"z" * 100_000, False))
+                s.call.cancel()
+        except grpc.aio.AioRpcError:
+            pass
+
+    async def run(count: int, offset: int) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await channel.channel_ready()
+            queue = list(range(offset, offset + count))
+
+            async def worker() -> None:
+                while queue:
+                    await one(queue.pop(), channel)
+
+            await asyncio.gather(*(worker() for _ in range(8)))
+
+    try:
+        await run(500, 0)  # warm-up: imports, caches, first model labels
+        before = _rss_kb(proc.pid)
+        t0 = time.perf_counter()
+        await run(n, 1000)
+        elapsed = time.perf_counter() - t0
+        after = _rss_kb(proc.pid)
+        print(f"  RSS of epp serve before {before / 1024:.1f} MB, after {n} requests "
+              f"{after / 1024:.1f} MB ({(after - before) / 1024:+.1f} MB) in {elapsed:.0f} s; "
+              f"mix {dict(sorted(counts.items()))}")
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+# --- 3. restart to warm -------------------------------------------------------------------
+
+
+async def warm_restart(entries: int) -> None:
+    import dataclasses
+
+    from epp.datastore.endpoint import Endpoint, endpoint_id
+    from epp.server.runner import ServerOptions, start_server
+    from epp.sync.node import SyncOptions
+    from epp.sync.peers import HostPort
+
+    eps = [Endpoint(endpoint_id(f"10.1.0.{i}", 8000), f"10.1.0.{i}", 8000) for i in range(1, 9)]
+    base = ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=-1, scrape=False)
+    sync = SyncOptions(port=0)
+    a = await start_server(None, eps, dataclasses.replace(base, sync=sync))
+    index = a.scheduler.index
+    rng = random.Random(9)
+    now = time.monotonic()
+    chain = 256
+    for i in range(entries // chain):
+        hashes = [rng.getrandbits(64) for _ in range(chain)]
+        index.record(eps[i % len(eps)].id, hashes, now - (entries // chain - i) * 1e-4)
+    held = len(index)
+    try:
+        t0 = time.perf_counter()
+        b = await start_server(None, eps, dataclasses.replace(
+            base, sync=dataclasses.replace(sync, peers=[HostPort("127.0.0.1", a.sync_port)])))
+        ready_s = time.perf_counter() - t0
+        warm = b.warm
+        got = len(b.scheduler.index)
+        await b.stop(0)
+        print(f"  peer index {held:,} entries on {len(eps)} endpoints: replica ready (warm) in "
+              f"{ready_s:.2f} s with {got:,} entries (snapshot {warm.seconds if warm else 0:.2f} s, "
+              f"complete: {warm.complete if warm else False})")
+    finally:
+        await a.stop(0)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    print(f"hostile-input bench, python {sys.version.split()[0]}, {os.cpu_count()} CPUs "
+          "shared with other work")
+    print("1. event-loop stalls while scraping (probe: sleep(1 ms) lateness, "
+          f"{args.seconds:.0f} s each):")
+    await scrape_stalls(args.seconds)
+    print(f"2. epp serve memory over {args.requests} mostly hostile requests:")
+    await rss_over_requests(args.requests)
+    print("3. restart to warm:")
+    await warm_restart(args.entries)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--serve-pages", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--entries", type=int, default=1_000_000)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    args = ap.parse_args()
+    if args.serve_pages:
+        asyncio.run(serve_pages())
+        return
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
