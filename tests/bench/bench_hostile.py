@@ -27,6 +27,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Self
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -34,6 +35,14 @@ sys.path.insert(0, str(ROOT))
 NORMAL = (b'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n'
           b'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
           b'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n') + b"# filler\n" * 4000
+
+
+def _start(cmd: list[str]) -> tuple[subprocess.Popen[str], str]:
+    """A helper process and the first line it prints (its ports)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline()
 
 
 # --- 1. hostile model servers -------------------------------------------------------------
@@ -108,7 +117,7 @@ class CallbackTimer:
         self.worst_wall = 0.0
         self._orig = asyncio.events.Handle._run
 
-    def __enter__(self) -> CallbackTimer:
+    def __enter__(self) -> Self:
         orig, timer = self._orig, self
 
         def run(handle: asyncio.events.Handle) -> None:
@@ -142,9 +151,8 @@ async def scrape_stalls(seconds: float) -> None:
     from epp.datastore.store import Datastore
     from epp.observability.metrics import EppMetrics
 
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-pages"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    ports = [int(p) for p in proc.stdout.readline().split(",")]
+    proc, first_line = _start([sys.executable, __file__, "--serve-pages"])
+    ports = [int(p) for p in first_line.split(",")]
     try:
         for label, chosen in (("normal pages only", ports[:8]), ("normal + hostile pages", ports)):
             ds = Datastore(stale_after_s=60)
@@ -192,10 +200,8 @@ async def rss_over_requests(n: int) -> None:
     from tests.integration import envoy_client as ec
 
     script = Path(__file__).with_name("bench_extproc.py")
-    proc = subprocess.Popen([sys.executable, str(script), "--serve", "epp"], stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.stdout is not None
-    port = int(proc.stdout.readline())
+    proc, first_line = _start([sys.executable, str(script), "--serve", "epp"])
+    port = int(first_line)
     rng = random.Random(5)
     prompt = "You are a helpful assistant. " * 200
     answer = json.dumps({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 10 ** 300,
