@@ -271,6 +271,9 @@ async def rss_over_requests(n: int) -> None:
         print(f"  RSS of epp serve before {before / 1024:.1f} MB, after {n} requests "
               f"{after / 1024:.1f} MB ({(after - before) / 1024:+.1f} MB) in {elapsed:.0f} s; "
               f"mix {dict(sorted(counts.items()))}")
+        await run(n, 1000 + n)  # the same again: what grew first was the (capped) index
+        again = _rss_kb(proc.pid)
+        print(f"  after {n} more: {again / 1024:.1f} MB ({(again - after) / 1024:+.1f} MB)")
     finally:
         proc.terminate()
         proc.wait()
@@ -287,10 +290,16 @@ async def warm_restart(entries: int) -> None:
     from epp.sync.node import SyncOptions
     from epp.sync.peers import HostPort
 
+    from epp.config.loader import loads_config, shipped_config
+
     eps = [Endpoint(endpoint_id(f"10.1.0.{i}", 8000), f"10.1.0.{i}", 8000) for i in range(1, 9)]
     base = ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=-1, scrape=False)
     sync = SyncOptions(port=0)
-    a = await start_server(None, eps, dataclasses.replace(base, sync=sync))
+    # room for the whole index on both replicas (the default LRU is 31,250 chunks an endpoint)
+    per_endpoint = entries // len(eps) + 1024
+    cfg = loads_config(json.dumps({**shipped_config("default").raw, "prefixIndex": {
+        "capacityPerEndpointChunks": per_endpoint, "maxEntries": 2 * entries}}))
+    a = await start_server(cfg, eps, dataclasses.replace(base, sync=sync))
     index = a.scheduler.index
     rng = random.Random(9)
     now = time.monotonic()
@@ -301,7 +310,7 @@ async def warm_restart(entries: int) -> None:
     held = len(index)
     try:
         t0 = time.perf_counter()
-        b = await start_server(None, eps, dataclasses.replace(
+        b = await start_server(cfg, eps, dataclasses.replace(
             base, sync=dataclasses.replace(sync, peers=[HostPort("127.0.0.1", a.sync_port)])))
         ready_s = time.perf_counter() - t0
         warm = b.warm
