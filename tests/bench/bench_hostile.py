@@ -285,12 +285,11 @@ async def rss_over_requests(n: int) -> None:
 async def warm_restart(entries: int) -> None:
     import dataclasses
 
+    from epp.config.loader import loads_config, shipped_config
     from epp.datastore.endpoint import Endpoint, endpoint_id
     from epp.server.runner import ServerOptions, start_server
     from epp.sync.node import SyncOptions
     from epp.sync.peers import HostPort
-
-    from epp.config.loader import loads_config, shipped_config
 
     eps = [Endpoint(endpoint_id(f"10.1.0.{i}", 8000), f"10.1.0.{i}", 8000) for i in range(1, 9)]
     base = ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=-1, scrape=False)
