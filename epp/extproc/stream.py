@@ -154,7 +154,7 @@ class RequestStream:
             elif kind == "response_trailers":
                 out = self._response_trailers()
             else:
-                raise Internal(f"unexpected ext_proc message {kind!r}")
+                raise ProtocolError(f"ext_proc message carries no known request ({kind!r})")
         except EppError as exc:
             out = self._answer(exc)
         except ProtocolError:
