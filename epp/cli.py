@@ -21,6 +21,7 @@ from epp.errors import ConfigError
 from epp.extproc import convert
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.observability.logging import setup_logging
+from epp.requestcontrol.response import MAX_JSON_BYTES, MAX_SSE_LINE_BYTES, ResponseLimits
 from epp.server.runner import ServerOptions, SourceStarter, start_server
 from epp.sync.node import SyncOptions, SyncTls
 from epp.sync.peers import parse_host_port, parse_peers
@@ -133,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-buffered-bytes", type=byte_size, default=DEFAULT_MAX_BUFFERED_BYTES,
                    help="request-body bytes all open streams may hold together; a request "
                    "that would pass it gets 503 (bounds memory under many slow uploads)")
+    g.add_argument("--max-sse-line-bytes", type=byte_size, default=MAX_SSE_LINE_BYTES,
+                   help="longest line of a streamed (SSE) response epp holds to read usage "
+                   "from; a longer one is forwarded as it comes, unread")
+    g.add_argument("--max-response-json-bytes", type=byte_size, default=MAX_JSON_BYTES,
+                   help="largest JSON response epp holds to read usage from; a larger one is "
+                   "forwarded unread")
     g.add_argument("--trust-control-headers", action="store_true",
                    help="honour x-gateway-model-name-rewrite and x-gateway-inference-objective "
                    "on requests. Only set this when a proxy in front sets or strips them: "
@@ -323,6 +330,7 @@ async def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_buffered_bytes=args.max_buffered_bytes,
         trust_control_headers=args.trust_control_headers,
+        response_limits=ResponseLimits(args.max_response_json_bytes, args.max_sse_line_bytes),
         grace_s=args.grace_s,
         shutdown_delay_s=args.shutdown_delay_s,
         sync=sync_options(args),

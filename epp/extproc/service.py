@@ -19,6 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
 from epp.request.parse import RequestParser
 from epp.requestcontrol.director import Director
+from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         director: Director,
         default_mode: int,
         budget: BodyBudget | None = None,
+        limits: ResponseLimits = DEFAULT_LIMITS,
     ) -> None:
         self._parser = parser
+        self._limits = limits
         self._director = director
         self._default_mode = default_mode
         self.budget = budget if budget is not None else BodyBudget()
@@ -40,7 +43,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = RequestStream(self._parser, self._director, self._default_mode, self.budget)
+        stream = RequestStream(
+            self._parser, self._director, self._default_mode, self.budget, self._limits
+        )
         self.open_streams += 1
         try:
             try:

@@ -38,7 +38,7 @@ from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
 from epp.request.parse import CONTROL_HEADERS, RequestParser, echo
 from epp.requestcontrol.director import Director, Routing
-from epp.requestcontrol.response import ResponseReader
+from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits, ResponseReader
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,7 @@ class RequestStream:
         "_director",
         "_first",
         "_headers",
+        "_limits",
         "_parser",
         "_path",
         "_phase",
@@ -103,8 +104,10 @@ class RequestStream:
         director: Director,
         default_mode: int,
         budget: BodyBudget | None = None,
+        limits: ResponseLimits = DEFAULT_LIMITS,
     ) -> None:
         self._parser = parser
+        self._limits = limits
         self._budget = budget if budget is not None else BodyBudget()
         self._strip: tuple[str, ...] = ()
         self._director = director
@@ -301,7 +304,9 @@ class RequestStream:
         if routing is not None:
             sse = "text/event-stream" in headers.get("content-type", "")
             req = routing.request
-            self._reader = ResponseReader(self._status, sse, req.model, req.original_model)
+            self._reader = ResponseReader(
+                self._status, sse, req.model, req.original_model, self._limits
+            )
         self._phase = Phase.RESPONSE_BODY
         if h.end_of_stream:
             self._finish()

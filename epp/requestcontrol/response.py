@@ -26,9 +26,21 @@ MAX_GENERATED_CHARS = 64 * 1024
 """Generated text kept for the index; longer answers are truncated (their head is what the
 next turn's prompt shares anyway)."""
 MAX_JSON_BYTES = 4 * 1024 * 1024
-"""Plain JSON bodies larger than this are forwarded without usage parsing."""
+"""Default: plain JSON bodies larger than this are forwarded without usage parsing."""
 MAX_SSE_LINE_BYTES = 1024 * 1024
-"""An SSE line longer than this is forwarded without being parsed (nor held back)."""
+"""Default: an SSE line longer than this is forwarded without being parsed (nor held)."""
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseLimits:
+    """What a response may make epp hold (``--max-response-json-bytes``,
+    ``--max-sse-line-bytes``)."""
+
+    json_bytes: int = MAX_JSON_BYTES
+    sse_line_bytes: int = MAX_SSE_LINE_BYTES
+
+
+DEFAULT_LIMITS = ResponseLimits()
 MAX_TOKENS = 1 << 31
 """Token counts outside [0, MAX_TOKENS] in ``usage`` are read as absent (0)."""
 
@@ -46,6 +58,7 @@ class ResponseReader:
         "_buf",
         "_from",
         "_held",
+        "_limits",
         "_long_line",
         "_text",
         "_text_len",
@@ -56,8 +69,16 @@ class ResponseReader:
         "usage",
     )
 
-    def __init__(self, status: int, sse: bool, served_model: str = "", client_model: str = ""):
+    def __init__(
+        self,
+        status: int,
+        sse: bool,
+        served_model: str = "",
+        client_model: str = "",
+        limits: ResponseLimits = DEFAULT_LIMITS,
+    ):
         self.status = status
+        self._limits = limits
         self.sse = sse
         rewrite = bool(client_model) and client_model != served_model
         self._from = json.dumps(served_model).encode() if rewrite else b""
@@ -81,7 +102,7 @@ class ResponseReader:
             return self._feed_sse(chunk, end)
         if not self._too_big:
             self._buf += chunk
-            if len(self._buf) > MAX_JSON_BYTES and not self._held:
+            if len(self._buf) > self._limits.json_bytes and not self._held:
                 self._too_big = True
                 self._buf.clear()
         if not end:
@@ -137,7 +158,7 @@ class ResponseReader:
         if end:
             cut = len(buf)
         if cut == 0:
-            if len(buf) > MAX_SSE_LINE_BYTES:
+            if len(buf) > self._limits.sse_line_bytes:
                 held = bytes(buf) if self.rewriting else chunk
                 buf.clear()
                 self._long_line = True

@@ -35,6 +35,7 @@ from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
 from epp.observability.metrics import EppMetrics
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.requestcontrol.director import Director
+from epp.requestcontrol.response import ResponseLimits
 from epp.scheduling.scheduler import Scheduler
 from epp.supervise import spawn
 from epp.sync.node import SyncNode, SyncOptions, WarmStart
@@ -63,6 +64,8 @@ class ServerOptions:
     max_body_bytes: int | None = None
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     """Request-body bytes all open streams may hold together (503 past it)."""
+    response_limits: ResponseLimits = field(default_factory=ResponseLimits)
+    """What a model server's response may make epp hold while it reads usage from it."""
     trust_control_headers: bool = False
     """Honour x-gateway-model-name-rewrite / x-gateway-inference-objective from requests
     (only when a proxy in front sets or strips them); else they are ignored and removed."""
@@ -204,7 +207,8 @@ async def start_server(
     parser = RequestParser(rc, objective_lookup, trust_control_headers=opts.trust_control_headers)
     director = Director(ds, sched, cfg.saturation, metrics, fallbacks=rc.fallbacks)
     service = ExtProcService(
-        parser, director, opts.processing_mode, BodyBudget(opts.max_buffered_bytes)
+        parser, director, opts.processing_mode, BodyBudget(opts.max_buffered_bytes),
+        opts.response_limits,
     )
     health_service = health.aio.HealthServicer()
 

@@ -53,3 +53,22 @@ def test_non_json_and_missing_usage_are_harmless() -> None:
     assert r.feed(b"upstream exploded", True) == b"upstream exploded"
     info = r.info()
     assert (info.status, info.prompt_tokens, info.cached_tokens) == (500, 0, None)
+
+
+def test_sse_line_over_the_limit_is_forwarded_unread_and_reading_resumes_after_it() -> None:
+    from epp.requestcontrol.response import ResponseLimits
+
+    r = ResponseReader(200, sse=True, limits=ResponseLimits(sse_line_bytes=100))
+    chunks = [b"data: " + b"x" * 150, b"y" * 50, b'zz\ndata: {"usage":{"prompt_tokens":7}}\n', b""]
+    out = b"".join(r.feed(c, i == len(chunks) - 1) for i, c in enumerate(chunks))
+    assert out == b"".join(chunks)
+    assert r.info().prompt_tokens == 7  # the line after the long one is read
+
+
+def test_json_over_the_limit_is_forwarded_unread() -> None:
+    from epp.requestcontrol.response import ResponseLimits
+
+    body = b'{"usage":{"prompt_tokens":9},"pad":"' + b"p" * 200 + b'"}'
+    r = ResponseReader(200, sse=False, limits=ResponseLimits(json_bytes=100))
+    assert r.feed(body[:120], False) + r.feed(body[120:], True) == body
+    assert r.info().prompt_tokens == 0
