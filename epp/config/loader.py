@@ -37,35 +37,12 @@ from typing import Any
 import yaml
 
 from epp.errors import ConfigError
-from epp.plugins.registry import PLUGIN_TYPES
+from epp.plugins.registry import APPROX_PREFIX_PRODUCER, PLUGIN_TYPES
+from epp.prefix.producer import PrefixIndexConfig
+from epp.scheduling.saturation import SaturationConfig
 
-
-@dataclass(slots=True, frozen=True)
-class PrefixIndexConfig:
-    block_chars: int = 64
-    """Characters per hashed chunk (about 16 tokens at 4 characters a token)."""
-    max_chunks: int = 0
-    """Hash at most this many leading chunks of a prompt; 0 hashes the whole prompt."""
-    capacity_per_endpoint_chunks: int = 31_250
-    """LRU size per endpoint when its KV-cache size is unknown."""
-    max_entries: int = 4_000_000
-    """Global cap on (chunk, endpoint) entries."""
-    ttl_seconds: float = 600.0
-    """Entries unused for this long are treated as gone."""
-    sweep_interval_seconds: float = 5.0
-    """How often the background sweeper removes expired entries."""
-    chars_per_token: float = 4.0
-    """Used to size an endpoint's LRU from its KV cache and to read ``cached_tokens``."""
-    learn_from_responses: bool = True
-    """Record the reply's chunks after the prompt's, and shrink an endpoint's LRU when the
-    server reports far fewer cached tokens than the index predicted."""
-
-
-@dataclass(slots=True, frozen=True)
-class SaturationConfig:
-    queue_threshold: int = 5
-    kv_cache_threshold: float = 0.8
-    metrics_staleness_seconds: float = 2.0
+__all__ = ["EppConfig", "PluginSpec", "PrefixIndexConfig", "ProfileSpec", "SaturationConfig",
+           "default_config", "load_config", "loads_config", "parse_config", "shipped_config"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,8 +65,11 @@ class ProfileSpec:
 class EppConfig:
     plugins: Mapping[str, PluginSpec]
     profile: ProfileSpec
-    prefix: PrefixIndexConfig = PrefixIndexConfig()
-    saturation: SaturationConfig = SaturationConfig()
+    producers: tuple[str, ...] = ()
+    """Data producers (by plugin name): they run for every request, before the profile."""
+    prefix: PrefixIndexConfig = field(default_factory=PrefixIndexConfig)
+    """The approximate prefix producer's settings (``prefixIndex``, or its parameters)."""
+    saturation: SaturationConfig = field(default_factory=SaturationConfig)
     raw: Mapping[str, Any] = field(default_factory=dict)
     source: str = "<default>"
 
@@ -203,8 +183,22 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
         if name in plugins:
             raise ConfigError(f"{where}.name", f"duplicate plugin name {name!r}")
         pt = PLUGIN_TYPES[ptype]
-        params = build_params(pt.params, item.get("parameters"), f"{where}.parameters")
+        raw_params = item.get("parameters")
+        if ptype == APPROX_PREFIX_PRODUCER:  # the prefixIndex section, overridden by these
+            raw_params = _merged(data.get("prefixIndex"), raw_params, f"{where}.parameters")
+        params = build_params(pt.params, raw_params, f"{where}.parameters")
         plugins[name] = PluginSpec(name, ptype, pt.kind, params)
+    producers = [n for n, sp in plugins.items() if sp.kind == "producer"]
+    if not producers and any(PLUGIN_TYPES[sp.type].reads_prefix for sp in plugins.values()):
+        # configs written before producers were plugins (and the Go EPP's) name only the
+        # prefix scorer: add the producer it reads, configured by the prefixIndex section
+        log.info("config %s: a plugin reads the prefix match and no producer is configured; "
+                 "adding %s (settings: prefixIndex)", source, APPROX_PREFIX_PRODUCER)
+        params = build_params(PrefixIndexConfig, data.get("prefixIndex"), "prefixIndex")
+        plugins[APPROX_PREFIX_PRODUCER] = PluginSpec(
+            APPROX_PREFIX_PRODUCER, APPROX_PREFIX_PRODUCER, "producer", params
+        )
+        producers = [APPROX_PREFIX_PRODUCER]
 
     profiles = data.get("schedulingProfiles")
     if not isinstance(profiles, list) or len(profiles) != 1:
@@ -227,6 +221,12 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
         spec = plugins.get(name)
         if spec is None:
             raise ConfigError(f"{where}.pluginRef", f"no plugin named {name!r} in 'plugins'")
+        if spec.kind == "producer":
+            raise ConfigError(
+                f"{where}.pluginRef",
+                f"{name!r} is a data producer: producers run for every request, list them "
+                "under 'plugins' only",
+            )
         if spec.kind == "scorer":
             weight = _coerce(ref.get("weight", 1), float, f"{where}.weight")
             if weight < 0:
@@ -244,21 +244,43 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
         raise ConfigError("schedulingProfiles[0].plugins", "no picker (add e.g. max-score-picker)")
 
     prefix = build_params(PrefixIndexConfig, data.get("prefixIndex"), "prefixIndex")
-    if prefix.block_chars < 1:
-        raise ConfigError("prefixIndex.blockChars", "must be at least 1")
-    for fname in ("capacity_per_endpoint_chunks", "max_entries", "ttl_seconds", "chars_per_token"):
-        if getattr(prefix, fname) <= 0:
-            raise ConfigError(f"prefixIndex.{_camel(fname)}", "must be positive")
+    _check_prefix(prefix, "prefixIndex")
+    approx = [sp for sp in plugins.values() if sp.type == APPROX_PREFIX_PRODUCER]
+    for sp in approx:
+        _check_prefix(sp.params, f"plugins.{sp.name}.parameters")
+    if approx:
+        prefix = approx[0].params
     saturation = build_params(SaturationConfig, data.get("saturation"), "saturation")
 
     return EppConfig(
         plugins=plugins,
         profile=ProfileSpec(str(pname), tuple(filters), tuple(scorers), picker),
+        producers=tuple(producers),
         prefix=prefix,
         saturation=saturation,
         raw=dict(data),
         source=source,
     )
+
+
+def _merged(section: Any, params: Any, where: str) -> Any:
+    if section is None:
+        return params
+    if params is None:
+        return section
+    if not isinstance(section, Mapping):
+        return section  # build_params names the field
+    if not isinstance(params, Mapping):
+        return params
+    return {**section, **params}
+
+
+def _check_prefix(prefix: PrefixIndexConfig, where: str) -> None:
+    if prefix.block_chars < 1:
+        raise ConfigError(f"{where}.blockChars", "must be at least 1")
+    for fname in ("capacity_per_endpoint_chunks", "max_entries", "ttl_seconds", "chars_per_token"):
+        if getattr(prefix, fname) <= 0:
+            raise ConfigError(f"{where}.{_camel(fname)}", "must be positive")
 
 
 def load_config(path: str | Path) -> EppConfig:

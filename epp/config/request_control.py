@@ -19,34 +19,15 @@ Every field is optional. Errors name the field (``requestControl.modelRewrites.c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from epp.errors import ConfigError
+from epp.request.control import DEFAULT_MAX_BODY_BYTES, ModelTarget, RequestControlConfig
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "ModelTarget", "RequestControlConfig", "parse_request_control"]
 
 SECTION = "requestControl"
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-
-
-@dataclass(slots=True, frozen=True)
-class ModelTarget:
-    model: str
-    weight: int = 1
-
-
-@dataclass(slots=True, frozen=True)
-class RequestControlConfig:
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    fallbacks: int = 0
-    base_models: frozenset[str] = frozenset()
-    model_rewrites: Mapping[str, tuple[ModelTarget, ...]] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
-    model_priorities: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    objective_priorities: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-
-
 def parse_request_control(raw: Mapping[str, Any] | None) -> RequestControlConfig:
     """Parse the whole config mapping's ``requestControl`` section (absent -> defaults)."""
     section = (raw or {}).get(SECTION)

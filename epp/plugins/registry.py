@@ -1,26 +1,46 @@
-"""The one place plugin types are named. Config files refer to these type names."""
+"""The one place plugin types are named. Config files refer to these type names.
+
+One registry per plugin kind, each typed by the kind's protocol, so building a profile needs
+no casts; ``PLUGIN_TYPES`` is their union for the config loader.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from epp.plugins import filters, pickers, scorers
+from epp.prefix.producer import PrefixIndexConfig, PrefixProducer
+from epp.scheduling.interfaces import DataProducer, Filter, Picker, Scorer
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True, frozen=True)
-class PluginType:
-    factory: Callable[[str, Any], Any]
+class PluginType(Generic[T]):
+    factory: Callable[[str, Any], T]
     params: type
-    kind: str  # "filter" | "scorer" | "picker"
+    kind: str  # "producer" | "filter" | "scorer" | "picker"
     summary: str
+    reads_prefix: bool = False
+    """Reads the prefix match: a prefix producer must run (added implicitly if absent)."""
 
 
-PLUGIN_TYPES: dict[str, PluginType] = {
+APPROX_PREFIX_PRODUCER = "approx-prefix-cache-producer"
+
+PRODUCERS: dict[str, PluginType[DataProducer]] = {
+    APPROX_PREFIX_PRODUCER: PluginType(
+        PrefixProducer.from_params, PrefixIndexConfig, "producer",
+        "hashes the prompt in chunks, looks up which endpoint recently received them, records "
+        "each pick and reply (parameters: the prefixIndex section's fields)",
+    ),
+}
+
+_ALL: dict[str, PluginType[Any]] = {
     "prefix-cache-scorer": PluginType(
         scorers.PrefixCacheScorer, scorers.PrefixCacheScorerParams, "scorer",
-        "matched leading chunks / request chunks, from the prefix index",
+        "matched leading chunks / request chunks, from the prefix index", reads_prefix=True,
     ),
     "queue-scorer": PluginType(
         scorers.QueueScorer, scorers.QueueScorerParams, "scorer",
@@ -50,7 +70,7 @@ PLUGIN_TYPES: dict[str, PluginType] = {
     ),
     "longest-prefix-filter": PluginType(
         filters.LongestPrefixFilter, filters.LongestPrefixParams, "filter",
-        "keep the endpoints holding the longest prefix",
+        "keep the endpoints holding the longest prefix", reads_prefix=True,
     ),
     "max-score-picker": PluginType(
         pickers.MaxScorePicker, pickers.PickerParams, "picker", "highest score, random tie-break",
@@ -66,3 +86,8 @@ PLUGIN_TYPES: dict[str, PluginType] = {
         pickers.RoundRobinPicker, pickers.PickerParams, "picker", "cycle through endpoints",
     ),
 }
+
+FILTERS: dict[str, PluginType[Filter]] = {k: v for k, v in _ALL.items() if v.kind == "filter"}
+SCORERS: dict[str, PluginType[Scorer]] = {k: v for k, v in _ALL.items() if v.kind == "scorer"}
+PICKERS: dict[str, PluginType[Picker]] = {k: v for k, v in _ALL.items() if v.kind == "picker"}
+PLUGIN_TYPES: dict[str, PluginType[Any]] = {**PRODUCERS, **_ALL}

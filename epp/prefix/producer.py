@@ -4,8 +4,8 @@ It is the only component that writes to the index. Scorers and filters only read
 ``PrefixMatch`` it attaches to the cycle state.
 
 Index sync (``epp/sync``, docs/sync.md) plugs in through two seams that keep this module
-free of grpc: ``on_record`` sees every write this replica makes itself, and ``apply_remote``
-stores a peer's write without passing it to ``on_record`` (so nothing is echoed back).
+free of grpc: a ``subscribe``d sink sees every write this replica makes itself, and
+``apply_remote`` stores a peer's write without telling the sinks (so nothing is echoed back).
 """
 
 from __future__ import annotations
@@ -28,6 +28,30 @@ _DISTRUST_RATIO = 0.5
 _SHRINK = 0.97
 _GROW = 1.03
 
+@dataclass(slots=True, frozen=True)
+class PrefixIndexConfig:
+    """The approximate producer's parameters: the ``prefixIndex:`` config section, or the
+    ``parameters`` of an ``approx-prefix-cache-producer`` plugin."""
+
+    block_chars: int = 64
+    """Characters per hashed chunk (about 16 tokens at 4 characters a token)."""
+    max_chunks: int = 0
+    """Hash at most this many leading chunks of a prompt; 0 hashes the whole prompt."""
+    capacity_per_endpoint_chunks: int = 31_250
+    """LRU size per endpoint when its KV-cache size is unknown."""
+    max_entries: int = 4_000_000
+    """Global cap on (chunk, endpoint) entries."""
+    ttl_seconds: float = 600.0
+    """Entries unused for this long are treated as gone."""
+    sweep_interval_seconds: float = 5.0
+    """How often the background sweeper removes expired entries."""
+    chars_per_token: float = 4.0
+    """Used to size an endpoint's LRU from its KV cache and to read ``cached_tokens``."""
+    learn_from_responses: bool = True
+    """Record the reply's chunks after the prompt's, and shrink an endpoint's LRU when the
+    server reports far fewer cached tokens than the index predicted."""
+
+
 RecordSink = Callable[[EndpointId, Sequence[int], float], None]
 """Told of each index write this replica makes itself: endpoint, chain hashes, stamp (the
 monotonic ``now_s`` written into the index). Must be cheap: it runs on the request path.
@@ -36,14 +60,39 @@ The hashes are shared with the index, so the sink must not modify them."""
 
 @dataclass(slots=True)
 class PrefixProducer:
+    """The ``approx-prefix-cache-producer`` plugin: a data producer (the match), a post-pick
+    and post-response hook (recording), an endpoint listener (LRU sizing, removal) and a
+    sweeper (expiry)."""
+
     hasher: ChunkHasher
     index: PrefixIndex
     chars_per_token: float = 4.0
     learn_from_responses: bool = True
-    name: str = "prefix-producer"
-    on_record: RecordSink | None = None
-    """Index sync's publisher (``epp.sync.outbox.Outbox.append``); None without sync."""
+    name: str = "approx-prefix-cache-producer"
+    _listeners: list[RecordSink] = field(default_factory=list)
     _base_capacity: dict[EndpointId, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_params(cls, name: str, params: PrefixIndexConfig) -> PrefixProducer:
+        index = PrefixIndex(
+            capacity_chunks=params.capacity_per_endpoint_chunks,
+            max_entries=params.max_entries,
+            ttl_s=params.ttl_seconds,
+        )
+        return cls(
+            ChunkHasher(params.block_chars, params.max_chunks), index,
+            chars_per_token=params.chars_per_token,
+            learn_from_responses=params.learn_from_responses, name=name,
+        )  # fmt: skip
+
+    def subscribe(self, sink: RecordSink) -> Callable[[], None]:
+        """Hear of every index write this replica makes itself (index sync's publisher);
+        returns the call that unsubscribes."""
+        self._listeners.append(sink)
+        return lambda: self._listeners.remove(sink)
+
+    def sweep(self, now_s: float) -> int:
+        return self.index.sweep(now_s)
 
     def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
         request = state.request
@@ -105,13 +154,13 @@ class PrefixProducer:
 
     def _record(self, endpoint_id: EndpointId, hashes: Sequence[int], now_s: float) -> None:
         self.index.record(endpoint_id, hashes, now_s)
-        if self.on_record is not None:
-            self.on_record(endpoint_id, hashes, now_s)
+        for sink in self._listeners:
+            sink(endpoint_id, hashes, now_s)
 
     def apply_remote(self, endpoint_id: EndpointId, hashes: Sequence[int], stamp_s: float) -> None:
         """Store a write a peer replica made (``stamp_s`` on this process's clock). Unlike
-        the producer's own writes it is not passed to ``on_record``: peers publish only what
-        they decided themselves, so a write never loops between replicas."""
+        the producer's own writes it is not passed to the subscribers: peers publish only
+        what they decided themselves, so a write never loops between replicas."""
         self.index.record(endpoint_id, hashes, stamp_s)
 
     def observe_endpoint(self, endpoint: Endpoint) -> None:

@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from epp.config.request_control import ModelTarget, RequestControlConfig
 from epp.errors import BadRequest, NotFound, PayloadTooLarge
 from epp.request import flatten
+from epp.request.control import ModelTarget, RequestControlConfig
 from epp.request.types import API_PATHS, ApiKind, InferenceRequest
 
 log = logging.getLogger(__name__)

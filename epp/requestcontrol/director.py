@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from epp.config.loader import SaturationConfig
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.datastore.store import Datastore
 from epp.errors import Overloaded, Unavailable
 from epp.observability.metrics import EppMetrics
 from epp.request.types import InferenceRequest
-from epp.scheduling.saturation import pool_saturated
+from epp.scheduling.saturation import SaturationConfig, pool_saturated
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import PickResult, ResponseInfo
 

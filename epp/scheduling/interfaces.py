@@ -1,10 +1,17 @@
-"""Extension points of the scheduling pipeline.
+"""Extension points of the request lifecycle, in the Inference Extension's terms.
 
-A profile runs its filters in order, then every weighted scorer over the survivors, then one
-picker. Scorers return one score in [0, 1] per endpoint, aligned with the list they were given;
-a scorer that lacks data for an endpoint returns a neutral score and never raises. Plugins that
-need to hear about the outcome implement ``PostPick`` (after the pick, e.g. recording the
-request's chunks in the prefix index) or ``PostResponse`` (when the response is complete).
+* **Data producers** (``DataProducer.prepare``) run before scheduling and attach what they
+  know to the cycle state (the prefix match). They are the only plugins that learn.
+* A profile then runs its **filters** in order, every weighted **scorer** over the survivors,
+  and one **picker**. Scorers return one score in [0, 1] per endpoint, aligned with the list
+  they were given; a scorer that lacks data for an endpoint returns a neutral score and never
+  raises. Filters, scorers and pickers only read.
+* **Request-control hooks**: ``PostPick`` (the pick is on the wire: record it),
+  ``PostResponse`` (the response is complete: learn from its usage and text),
+  ``EndpointListener`` (an endpoint's metrics arrived / it left the pool) and ``Sweeper``
+  (periodic housekeeping off the request path).
+
+Any plugin may implement any hooks; the scheduler sorts them out once, when it is built.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from epp.datastore.endpoint import Endpoint
+from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.scheduling.types import CycleState, PickResult, ResponseInfo
 
 
@@ -57,3 +64,30 @@ class PostResponse(Protocol):
     name: str
 
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None: ...
+
+
+@runtime_checkable
+class DataProducer(Protocol):
+    name: str
+
+    def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
+        """Attach data for this request to ``state`` (e.g. ``state.prefix``)."""
+        ...
+
+
+@runtime_checkable
+class EndpointListener(Protocol):
+    def observe_endpoint(self, endpoint: Endpoint) -> None:
+        """The endpoint's metrics were refreshed (it may be new)."""
+        ...
+
+    def remove_endpoint(self, endpoint_id: EndpointId) -> None:
+        """The endpoint left the pool."""
+        ...
+
+
+@runtime_checkable
+class Sweeper(Protocol):
+    def sweep(self, now_s: float) -> int:
+        """Periodic cleanup (may run in a worker thread); returns what it removed."""
+        ...

@@ -38,6 +38,9 @@ class Profile:
         self._weights = tuple(s.weight for s in self.scorers)
         self.picker = picker
 
+    def plugins(self) -> list[object]:
+        return [*self.filters, *(s.scorer for s in self.scorers), self.picker]
+
     def run(self, state: CycleState, endpoints: Sequence[Endpoint], count: int) -> ProfileResult:
         clock = time.perf_counter
         timings = state.timings

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from epp.config.loader import SaturationConfig
 from epp.datastore.endpoint import Endpoint
+
+
+@dataclass(slots=True, frozen=True)
+class SaturationConfig:
+    """The ``saturation:`` config section."""
+
+    queue_threshold: int = 5
+    kv_cache_threshold: float = 0.8
+    metrics_staleness_seconds: float = 2.0
 
 
 def endpoint_saturated(endpoint: Endpoint, cfg: SaturationConfig, now_s: float) -> bool:

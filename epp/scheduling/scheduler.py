@@ -1,9 +1,11 @@
-"""The scheduler: one entry point the request-control layer and the simulator call.
+"""The scheduler: one entry point the request-control layer calls (in ``epp serve`` and in
+``epp-sim replay`` alike).
 
-``schedule`` hashes the prompt, asks the prefix index what each candidate holds, runs the
-profile (filters -> weighted scorers -> picker) and records the pick in the index (the
-producer; scorers only read). ``on_response`` feeds what the response taught us back.
-Never blocks on I/O: endpoints and their metrics are passed in as values.
+``schedule`` runs the data producers (the prefix match), then the profile (filters ->
+weighted scorers -> picker); ``commit`` runs the post-pick hooks (recording the pick);
+``on_response`` the post-response hooks. Which plugin implements which hook is sorted out
+once, here, from the protocols in ``epp.scheduling.interfaces``. Plugins are built from the
+config by ``epp.wiring``. Never blocks on I/O: endpoints and their metrics are values.
 """
 
 from __future__ import annotations
@@ -11,56 +13,44 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from typing import TypeVar
 
-from epp.config.loader import EppConfig, PluginSpec
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.errors import Unavailable
-from epp.plugins.registry import PLUGIN_TYPES
-from epp.prefix.hasher import ChunkHasher
-from epp.prefix.index import PrefixIndex
-from epp.prefix.producer import PrefixProducer
 from epp.request.types import InferenceRequest
-from epp.scheduling.profile import Profile, WeightedScorer
+from epp.scheduling.interfaces import (
+    DataProducer,
+    EndpointListener,
+    PostPick,
+    PostResponse,
+    Sweeper,
+)
+from epp.scheduling.profile import Profile
 from epp.scheduling.types import CycleState, PickResult, ResponseInfo
 
-
-def build_plugin(spec: PluginSpec) -> object:
-    return PLUGIN_TYPES[spec.type].factory(spec.name, spec.params)
-
-
-def build_profile(cfg: EppConfig) -> Profile:
-    built = {name: build_plugin(spec) for name, spec in cfg.plugins.items()}
-    p = cfg.profile
-    return Profile(
-        p.name,
-        filters=[built[n] for n in p.filters],  # type: ignore[misc]
-        scorers=[WeightedScorer(built[n], w) for n, w in p.scorers],  # type: ignore[arg-type]
-        picker=built[p.picker],  # type: ignore[arg-type]
-    )
+P = TypeVar("P")
 
 
 class Scheduler:
-    def __init__(self, profile: Profile, producer: PrefixProducer, rng: random.Random) -> None:
+    def __init__(
+        self, profile: Profile, producers: Sequence[DataProducer], rng: random.Random
+    ) -> None:
         self.profile = profile
-        self.producer = producer
-        self.index = producer.index
+        self.producers = tuple(producers)
         self.rng = rng
+        plugins: list[object] = [*self.producers, *profile.plugins()]
+        self.plugins = tuple(plugins)
+        self._post_pick = [p for p in plugins if isinstance(p, PostPick)]
+        self._post_response = [p for p in plugins if isinstance(p, PostResponse)]
+        self._listeners = [p for p in plugins if isinstance(p, EndpointListener)]
+        self._sweepers = [p for p in plugins if isinstance(p, Sweeper)]
 
-    @classmethod
-    def from_config(cls, cfg: EppConfig, rng: random.Random | None = None) -> Scheduler:
-        pc = cfg.prefix
-        index = PrefixIndex(
-            capacity_chunks=pc.capacity_per_endpoint_chunks,
-            max_entries=pc.max_entries,
-            ttl_s=pc.ttl_seconds,
-        )
-        producer = PrefixProducer(
-            ChunkHasher(pc.block_chars, pc.max_chunks),
-            index,
-            chars_per_token=pc.chars_per_token,
-            learn_from_responses=pc.learn_from_responses,
-        )
-        return cls(build_profile(cfg), producer, rng or random.Random())
+    def plugin(self, cls: type[P]) -> P | None:
+        """The first plugin of the given class (e.g. the approximate prefix producer)."""
+        for p in self.plugins:
+            if isinstance(p, cls):
+                return p
+        return None
 
     def schedule(
         self,
@@ -82,28 +72,33 @@ class Scheduler:
             raise Unavailable("no ready endpoint in the pool")
         state = CycleState(request, now_s, self.rng)
         t0 = time.perf_counter()
-        self.producer.prepare(state, endpoints)
+        for producer in self.producers:
+            producer.prepare(state, endpoints)
         state.timings["prefix"] = time.perf_counter() - t0
         outcome = self.profile.run(state, endpoints, 1 + max(0, fallbacks))
         if not outcome.targets:
             raise Unavailable("no endpoint passed the filters")
         result = PickResult(tuple(outcome.targets), state, outcome.candidates, outcome.totals)
         if commit:
-            self.producer.post_pick(state, result)
+            self.commit(result)
         return result
 
     def commit(self, result: PickResult) -> None:
         """Run the post-pick hooks of a ``schedule(..., commit=False)`` result."""
-        self.producer.post_pick(result.state, result)
+        for hook in self._post_pick:
+            hook.post_pick(result.state, result)
 
     def on_response(self, result: PickResult, info: ResponseInfo) -> None:
-        self.producer.post_response(result.state, result, info)
+        for hook in self._post_response:
+            hook.post_response(result.state, result, info)
 
     def observe_endpoint(self, endpoint: Endpoint) -> None:
-        self.producer.observe_endpoint(endpoint)
+        for listener in self._listeners:
+            listener.observe_endpoint(endpoint)
 
     def remove_endpoint(self, endpoint_id: EndpointId) -> None:
-        self.producer.remove_endpoint(endpoint_id)
+        for listener in self._listeners:
+            listener.remove_endpoint(endpoint_id)
 
     def sweep(self, now_s: float) -> int:
-        return self.index.sweep(now_s)
+        return sum(s.sweep(now_s) for s in self._sweepers)

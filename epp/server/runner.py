@@ -8,7 +8,6 @@ open ext_proc streams finish within the grace period, then closes everything.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -29,16 +28,21 @@ from epp.config.request_control import RequestControlConfig, parse_request_contr
 from epp.datastore.endpoint import Endpoint
 from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
+from epp.errors import ConfigError
 from epp.extproc import convert
 from epp.extproc.service import ExtProcService, add_to_server
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
 from epp.observability.metrics import EppMetrics
+from epp.plugins.registry import APPROX_PREFIX_PRODUCER
+from epp.prefix.index import PrefixIndex
+from epp.prefix.producer import PrefixProducer
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.response import ResponseLimits
 from epp.scheduling.scheduler import Scheduler
 from epp.supervise import spawn
 from epp.sync.node import SyncNode, SyncOptions, WarmStart
+from epp.wiring import build_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,14 @@ class ServerHandle:
     warm: WarmStart | None = None
     """What this replica fetched from a peer at start (index sync)."""
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def index(self) -> PrefixIndex:
+        """The approximate prefix producer's index (raises when the config has none)."""
+        producer = self.scheduler.plugin(PrefixProducer)
+        if producer is None:
+            raise LookupError(f"the config has no {APPROX_PREFIX_PRODUCER}")
+        return producer.index
 
     async def update_health(self) -> None:
         status = (
@@ -201,7 +213,7 @@ async def start_server(
     registry = registry if registry is not None else CollectorRegistry()
     metrics = EppMetrics(registry)
     ds = datastore or Datastore(stale_after_s=cfg.saturation.metrics_staleness_seconds)
-    sched = scheduler or Scheduler.from_config(cfg, rng=rng or random.Random())
+    sched = scheduler or build_scheduler(cfg, rng or random.Random())
     ds.on_removed(sched.remove_endpoint)
     ds.on_metrics(sched.observe_endpoint)
     parser = RequestParser(rc, objective_lookup, trust_control_headers=opts.trust_control_headers)
@@ -279,7 +291,14 @@ async def _start_rest(
     if endpoints:
         ds.replace_all(endpoints)
     if opts.sync is not None:
-        handle.sync = SyncNode(opts.sync, sched.producer, ds, metrics)
+        producer = sched.plugin(PrefixProducer)
+        if producer is None:
+            raise ConfigError(
+                "--peers/--peer-dns",
+                f"index sync shares the {APPROX_PREFIX_PRODUCER} plugin's index, and the "
+                "config has none",
+            )
+        handle.sync = SyncNode(opts.sync, producer, ds, metrics)
         try:
             handle.sync_port = await handle.sync.start(opts.host)
         except (RuntimeError, OSError):
@@ -328,9 +347,8 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
     logged, counted and the loop restarted)."""
     while True:
         await handle.update_health()
-        stats = None
-        with contextlib.suppress(Exception):
-            stats = handle.scheduler.index.stats()
+        producer = handle.scheduler.plugin(PrefixProducer)
+        stats = None if producer is None else producer.index.stats()
         handle.metrics.refresh_pool(handle.datastore.snapshot(), stats, handle.datastore.in_flight())
         if handle.sync is not None:
             handle.sync.refresh_metrics()

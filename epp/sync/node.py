@@ -259,6 +259,7 @@ class SyncNode:
         self._published_seen = 0
         self._rng = random.Random()
         self._warm_progress: tuple[str, int, int] | None = None
+        self._unsubscribe: Callable[[], None] | None = None
 
     async def start(self, host: str) -> int:
         """Serve on ``host:options.port``, hook the producer, start following peers."""
@@ -285,7 +286,7 @@ class SyncNode:
             raise OSError(f"cannot bind the sync port at {host}:{self.options.port}")
         await server.start()
         self._server = server
-        self._producer.on_record = self.outbox.append
+        self._unsubscribe = self._producer.subscribe(self.outbox.append)
         self.peers.update(str(p) for p in self.options.peers)
         if self.options.peer_dns is not None:
             self._tasks.append(spawn(
@@ -309,7 +310,9 @@ class SyncNode:
         self.metrics.sync_peers_connected.set(len(self.connected))
 
     async def stop(self) -> None:
-        self._producer.on_record = None
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -5,10 +5,11 @@
   metrics through a :class:`~epp.datastore.store.Datastore` at every scrape, in-flight and
   pending counts through ``request_started``/``request_finished``, and ``on_response`` with
   the server's ``cached_tokens`` and the generated text (when the workload has text).
-* ``precise``: the same profile (filters, weighted scorers, picker of the same config), but
-  the prefix match is read from the replicas' true caches (``contains_prefix``), the upper
-  bound that an index fed by KV-cache events would reach. Load is balanced exactly as epp
-  balances it, so the gap between ``epp`` and ``precise`` is the cost of approximation.
+* ``precise``: the same profile (filters, weighted scorers, picker of the same config) and
+  the same request-control layer, but the prefix match comes from an oracle producer that
+  reads the replicas' true caches (``contains_prefix``), the upper bound that an index fed
+  by KV-cache events would reach. Load is balanced exactly as epp balances it, so the gap
+  between ``epp`` and ``precise`` is the cost of approximation.
 * ``random``, ``round-robin``.
 * ``least-load``: fewest requests in flight (as counted by the router), ties at random.
 * ``session-affinity``: a session's first request goes to the least-loaded replica, later
@@ -33,13 +34,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import xxhash
+from prometheus_client import CollectorRegistry
 
 from epp.config.loader import EppConfig, default_config, load_config
 from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.datastore.store import Datastore
+from epp.observability.metrics import EppMetrics
 from epp.request.types import InferenceRequest
-from epp.scheduling.scheduler import Scheduler, build_profile
-from epp.scheduling.types import CycleState, PickResult, PrefixMatch, ResponseInfo
+from epp.requestcontrol.director import Director, Routing
+from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.types import CycleState, PrefixMatch, ResponseInfo
+from epp.wiring import build_scheduler
 from simulator.model.engine import Engine
 from simulator.model.tokens import CHARS_PER_TOKEN
 from simulator.replay.radix import ApproxRadixTree
@@ -213,11 +218,15 @@ class CacheAwarePolicy(Policy):
 
 
 class _EppBase(Policy):
-    """Endpoints in a real Datastore, refreshed by scrapes as the production scraper does."""
+    """epp's request-control layer as ``epp serve`` runs it: a :class:`Director` over a real
+    Datastore (refreshed by scrapes as the production scraper refreshes it) and a Scheduler,
+    with the replay's simulated clock and a metrics registry of its own. Routing, shedding,
+    in-flight accounting, recording the pick and learning from the response all happen in
+    the Director, exactly as for a live request."""
 
     needs_metrics = True
 
-    def __init__(self, cluster: Cluster, cfg: EppConfig) -> None:
+    def __init__(self, cluster: Cluster, cfg: EppConfig, scheduler: Scheduler) -> None:
         self.cfg = cfg
         self.model = cluster.model
         self.ids = list(cluster.endpoint_ids)
@@ -226,76 +235,91 @@ class _EppBase(Policy):
         for eid in self.ids:
             host, _, port = eid.rpartition(":")
             self.store.upsert(Endpoint(eid, host, int(port)))
-        self.picks: dict[str, PickResult] = {}
+        self.scheduler = scheduler
+        self.store.on_removed(scheduler.remove_endpoint)
+        self.store.on_metrics(scheduler.observe_endpoint)
+        self.now_s = 0.0
+        self.director = Director(
+            self.store, scheduler, cfg.saturation, EppMetrics(CollectorRegistry()),
+            clock=lambda: self.now_s,
+        )  # fmt: skip
+        self.routings: dict[str, Routing] = {}
+        self.sweep_interval_s = cfg.prefix.sweep_interval_seconds
+        self.next_sweep_s = self.sweep_interval_s
 
     def observe(self, metrics: Sequence[Metrics], now_s: float) -> None:
         update = self.store.update_metrics
-        for eid, m in zip(self.ids, metrics):
+        for eid, m in zip(self.ids, metrics, strict=True):
             update(eid, m)
 
-    def _inference_request(self, arrival: Arrival) -> InferenceRequest:
+    def pick(self, arrival: Arrival, now_s: float) -> int:
+        self.now_s = now_s
+        if now_s >= self.next_sweep_s:
+            self.scheduler.sweep(now_s)
+            self.next_sweep_s = now_s + self.sweep_interval_s
         r = arrival.request
-        return InferenceRequest(r.request_id, self.model, r.prompt, api=r.api)
+        request = InferenceRequest(r.request_id, self.model, r.prompt, api=r.api)
+        routing = self.director.route(request, None)
+        self.director.settle(routing)  # in serve: once the routing reply is on the wire
+        self.routings[r.request_id] = routing
+        return self.index_of[routing.target_id]
+
+    def finished(self, arrival: Arrival, replica: int, info: ResponseInfo, now_s: float) -> None:
+        self.now_s = now_s
+        self.director.finish(self.routings.pop(arrival.request.request_id), info)
 
 
 class EppPolicy(_EppBase):
     name = "epp"
 
     def __init__(self, cluster: Cluster, cfg: EppConfig) -> None:
-        super().__init__(cluster, cfg)
-        self.scheduler = Scheduler.from_config(cfg, random.Random(cluster.seed))
-        self.store.on_removed(self.scheduler.remove_endpoint)
-        self.store.on_metrics(self.scheduler.observe_endpoint)
-        self.sweep_interval_s = cfg.prefix.sweep_interval_seconds
-        self.next_sweep_s = self.sweep_interval_s
-
-    def pick(self, arrival: Arrival, now_s: float) -> int:
-        if now_s >= self.next_sweep_s:
-            self.scheduler.sweep(now_s)
-            self.next_sweep_s = now_s + self.sweep_interval_s
-        result = self.scheduler.schedule(
-            self._inference_request(arrival), self.store.snapshot(), now_s
-        )
-        target = result.target.id
-        self.store.request_started(target)
-        self.picks[arrival.request.request_id] = result
-        return self.index_of[target]
-
-    def finished(self, arrival: Arrival, replica: int, info: ResponseInfo, now_s: float) -> None:
-        result = self.picks.pop(arrival.request.request_id)
-        self.store.request_finished(result.target.id)
-        self.scheduler.on_response(result, info)
+        super().__init__(cluster, cfg, build_scheduler(cfg, random.Random(cluster.seed)))
 
 
 class PrecisePolicy(_EppBase):
+    """The same config, with the approximate index replaced by an oracle producer that reads
+    the replicas' true cache contents (``OracleProducer``)."""
+
     name = "precise"
 
     def __init__(self, cluster: Cluster, cfg: EppConfig) -> None:
-        super().__init__(cluster, cfg)
-        self.profile = build_profile(cfg)
-        self.engines = list(cluster.engines)
-        self.rng = random.Random(cluster.seed)
-        self.block_chars = cluster.block_size_tokens * CHARS_PER_TOKEN
-        self.targets: dict[str, EndpointId] = {}
+        producer = OracleProducer(cluster.engines, cluster.endpoint_ids,
+                                  cluster.block_size_tokens * CHARS_PER_TOKEN)  # fmt: skip
+        super().__init__(
+            cluster, cfg, build_scheduler(cfg, random.Random(cluster.seed), producers=[producer])
+        )
+        self.producer = producer
 
     def pick(self, arrival: Arrival, now_s: float) -> int:
-        hashes = arrival.block_hashes
+        self.producer.next_blocks = arrival.block_hashes
+        return super().pick(arrival, now_s)
+
+
+class OracleProducer:
+    """A prefix producer that knows, instead of guessing: the leading blocks of the request
+    each replica's engine holds right now (the bound an index fed by KV-cache events
+    reaches). It records nothing: the caches are the truth."""
+
+    name = "oracle-prefix-producer"
+
+    def __init__(
+        self, engines: Sequence[Engine], endpoint_ids: Sequence[EndpointId], block_chars: int
+    ) -> None:
+        self.engines = dict(zip(endpoint_ids, engines, strict=True))
+        self.block_chars = block_chars
+        self.next_blocks: list[int] = []
+        """The engine-side block names of the request being scheduled (set by the policy)."""
+
+    def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
+        hashes = self.next_blocks
         matched: dict[EndpointId, int] = {}
         if hashes:
-            for eid, engine in zip(self.ids, self.engines):
-                n = engine.cache.contains_prefix(hashes)
+            for e in endpoints:
+                n = self.engines[e.id].cache.contains_prefix(hashes)
                 if n:
-                    matched[eid] = n
-        state = CycleState(self._inference_request(arrival), now_s, self.rng)
+                    matched[e.id] = n
         state.prefix = PrefixMatch(hashes, matched, self.block_chars)
-        outcome = self.profile.run(state, self.store.snapshot(), 1)
-        target = outcome.targets[0].id
-        self.store.request_started(target)
-        self.targets[arrival.request.request_id] = target
-        return self.index_of[target]
 
-    def finished(self, arrival: Arrival, replica: int, info: ResponseInfo, now_s: float) -> None:
-        self.store.request_finished(self.targets.pop(arrival.request.request_id))
 
 
 POLICY_NAMES = (

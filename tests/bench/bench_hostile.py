@@ -299,7 +299,7 @@ async def warm_restart(entries: int) -> None:
     cfg = loads_config(json.dumps({**shipped_config("default").raw, "prefixIndex": {
         "capacityPerEndpointChunks": per_endpoint, "maxEntries": 2 * entries}}))
     a = await start_server(cfg, eps, dataclasses.replace(base, sync=sync))
-    index = a.scheduler.index
+    index = a.index
     rng = random.Random(9)
     now = time.monotonic()
     chain = 256
@@ -313,7 +313,7 @@ async def warm_restart(entries: int) -> None:
             base, sync=dataclasses.replace(sync, peers=[HostPort("127.0.0.1", a.sync_port)])))
         ready_s = time.perf_counter() - t0
         warm = b.warm
-        got = len(b.scheduler.index)
+        got = len(b.index)
         await b.stop(0)
         print(f"  peer index {held:,} entries on {len(eps)} endpoints: replica ready (warm) in "
               f"{ready_s:.2f} s with {got:,} entries (snapshot {warm.seconds if warm else 0:.2f} s, "

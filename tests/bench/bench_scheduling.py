@@ -24,11 +24,19 @@ from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.datastore.store import Datastore
 from epp.prefix.hasher import NATIVE, ChunkHasher, chain_seed
 from epp.prefix.index import PrefixIndex
+from epp.prefix.producer import PrefixProducer
 from epp.request.types import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
+from epp.wiring import build_scheduler
 
 SIZES = {"1KB": 1024, "16KB": 16 * 1024, "220KB": 220 * 1024}
 POOLS = (8, 64, 256)
+
+
+def approx(s: Scheduler) -> PrefixProducer:
+    producer = s.plugin(PrefixProducer)
+    assert producer is not None
+    return producer
 
 
 def make_pool(n: int, rng: random.Random) -> list[Endpoint]:
@@ -52,7 +60,7 @@ def text_of(seed: int, chars: int) -> str:
 def bench_decisions(size: int, pool_n: int, decisions: int) -> tuple[float, float, float]:
     gc.collect()  # each configuration starts from a clean heap, not the previous one's garbage
     rng = random.Random(size * 1000 + pool_n)
-    sched = Scheduler.from_config(default_config(), random.Random(1))
+    sched = build_scheduler(default_config(), random.Random(1))
     pool = make_pool(pool_n, rng)
     systems = [text_of(s, size // 2) for s in range(32)]
     tails = [text_of(10_000 + t, size - size // 2) for t in range(64)]
@@ -87,7 +95,7 @@ def bench_decisions(size: int, pool_n: int, decisions: int) -> tuple[float, floa
         decide(r)
         samples.append((clock() - t0) / 1000)
     samples.sort()
-    hit = sched.index.stats().hit_ratio
+    hit = approx(sched).index.stats().hit_ratio
     return statistics.median(samples), samples[int(len(samples) * 0.99) - 1], hit
 
 

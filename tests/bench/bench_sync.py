@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 
 from epp.config.loader import default_config
 from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+from epp.prefix.producer import PrefixProducer
 from epp.request.types import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import ResponseInfo
 from epp.sync.apply import RemoteApplier
 from epp.sync.outbox import Outbox
+from epp.wiring import build_scheduler
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,6 +94,12 @@ class _Replica:
     """Per peer (by index), how far that peer has read this replica's outbox."""
 
 
+def approx(s: Scheduler) -> PrefixProducer:
+    producer = s.plugin(PrefixProducer)
+    assert producer is not None
+    return producer
+
+
 def text(rng: random.Random, chars: int) -> str:
     words = [rng.choice("abcdefghijklmnopqrstuvwxyz") * rng.randint(1, 9) for _ in range(chars // 4)]
     return " ".join(words)[:chars]
@@ -110,11 +118,11 @@ def run(w: Workload, replicas_n: int, sync: SyncSetting) -> Outcome:
 
     replicas: list[_Replica] = []
     for r in range(replicas_n):
-        sched = Scheduler.from_config(default_config(), random.Random(w.seed * 100 + r))
+        sched = build_scheduler(default_config(), random.Random(w.seed * 100 + r))
         outbox = Outbox(capacity_records=8192, batch_records=256)
         if sync.on:
-            sched.producer.on_record = outbox.append
-        applier = RemoteApplier(sched.producer.apply_remote, lambda eid: True, clock)
+            approx(sched).subscribe(outbox.append)
+        applier = RemoteApplier(approx(sched).apply_remote, lambda eid: True, clock)
         replicas.append(_Replica(sched, outbox, applier))
     for i, rep in enumerate(replicas):
         rep.cursors = {j: rep.outbox.head for j in range(replicas_n) if j != i}
@@ -186,7 +194,7 @@ def run(w: Workload, replicas_n: int, sync: SyncSetting) -> Outcome:
             reply = " A: " + text(rng, w.question_chars)
             replica.scheduler.on_response(result, ResponseInfo(generated_text=reply))
             start = len(hashes) * 64
-            held.update(replica.scheduler.producer.hasher.extend(prompt + reply, hashes[-1], start))
+            held.update(approx(replica.scheduler).hasher.extend(prompt + reply, hashes[-1], start))
             turns[group] += 1
             if turns[group] == 8:
                 turns[group] = 0

@@ -30,7 +30,7 @@ from epp.observability.metrics import EppMetrics
 from epp.request.parse import RequestParser
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.response import ResponseReader
-from epp.scheduling.scheduler import Scheduler
+from epp.wiring import build_scheduler
 from tests.integration import envoy_client as ec
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
@@ -132,7 +132,7 @@ def _director() -> tuple[Director, Datastore, RequestParser]:
     for e in eps:
         ds.update_metrics(e.id, Metrics(waiting=1, kv_usage=0.2, scraped_at_s=1.0))
     cfg = default_config()
-    sched = Scheduler.from_config(cfg, rng=random.Random(1))
+    sched = build_scheduler(cfg, rng=random.Random(1))
     director = Director(ds, sched, cfg.saturation, EppMetrics(CollectorRegistry()), clock=lambda: 1.0)
     parser = RequestParser(RequestControlConfig(max_body_bytes=2048), rng=random.Random(2))
     return director, ds, parser

@@ -90,7 +90,7 @@ async def test_full_duplex_body_in_chunks_routes_and_forwards_body(epp: Epp, chu
 
 
 async def test_pick_is_recorded_in_the_index_after_the_reply_is_sent(epp: Epp) -> None:
-    index = epp.handle.scheduler.index
+    index = epp.handle.index
     assert len(index) == 0
     s = ec.Stream(epp.channel)
     await s.send(ec.request_headers(), ec.request_body(BODY, True))

@@ -77,7 +77,7 @@ async def test_scraped_metrics_feed_the_pool_and_metrics_port() -> None:
         got = handle.datastore.get(ep.id)
         assert got is not None and got.metrics.kv_usage == 0.2 and not got.stale
         handle.metrics.refresh_pool(
-            handle.datastore.snapshot(), handle.scheduler.index.stats(), handle.datastore.in_flight()
+            handle.datastore.snapshot(), handle.index.stats(), handle.datastore.in_flight()
         )
         url = f"http://127.0.0.1:{handle.metrics_port}/metrics"
         async with aiohttp.ClientSession() as http, http.get(url) as resp:

@@ -70,7 +70,7 @@ async def route(r: Epp, prompt: str) -> EndpointId:
 
 
 def holds(r: Epp, dest: EndpointId, chunks: set[int]) -> bool:
-    return bool(chunks) and chunks <= set(r.handle.scheduler.index.chunks_of(dest))
+    return bool(chunks) and chunks <= set(r.handle.index.chunks_of(dest))
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ async def test_a_routing_decision_reaches_every_peer_once(trio: list[Epp]) -> No
                 "peers connected")
 
     dest = await route(a, PROMPT)
-    chunks = set(a.handle.scheduler.index.chunks_of(dest))
+    chunks = set(a.handle.index.chunks_of(dest))
     assert len(chunks) == len(PROMPT) // 64
     await until(lambda: holds(b, dest, chunks) and holds(c, dest, chunks), "peers hold A's chunks")
 
@@ -96,7 +96,7 @@ async def test_a_routing_decision_reaches_every_peer_once(trio: list[Epp]) -> No
     assert await route(b, PROMPT + " Question: can I return a gift?") == dest
     await until(lambda: applied(c) == 2, "C applied A's and B's writes")
     dest_c = await route(c, "Unrelated: summarise this contract for me, please. " * 20)
-    chunks_c = set(c.handle.scheduler.index.chunks_of(dest_c))
+    chunks_c = set(c.handle.index.chunks_of(dest_c))
     await until(lambda: holds(a, dest_c, chunks_c) and holds(b, dest_c, chunks_c), "C's write")
     # A peer's stream is in order, and C wrote after it had applied A's and B's writes, so
     # had anybody republished (echoed) a write it applied, the copy would have arrived by
@@ -122,7 +122,7 @@ async def test_a_restarted_peer_is_followed_again() -> None:
         connect([a, b])
         await until(lambda: connected(a, [b]) and connected(b, [a]), "A follows the new B")
         dest = await route(b, "A different system prompt about returns. " * 20)
-        chunks = set(b.handle.scheduler.index.chunks_of(dest))
+        chunks = set(b.handle.index.chunks_of(dest))
         await until(lambda: holds(a, dest, chunks), "A holds the restarted B's chunks")
     finally:
         await stop_epp(a)

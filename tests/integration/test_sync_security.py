@@ -27,13 +27,13 @@ async def test_a_restarted_replica_starts_warm_from_its_peer() -> None:
     try:
         for p in PROMPTS:
             await route(a, p)
-        index_a = a.handle.scheduler.index
+        index_a = a.handle.index
         await until(lambda: len(index_a) > 0, "a's index filled")
         peer = HostPort("127.0.0.1", a.handle.sync_port)
         b = await start_epp(pool(4), sync=dataclasses.replace(sync_options(), peers=[peer]))
         warm = b.handle.warm
         assert warm is not None and warm.complete and warm.entries == len(index_a)
-        index_b = b.handle.scheduler.index
+        index_b = b.handle.index
         for eid in index_a.endpoint_ids():
             assert list(index_b.chunks_of(eid)) == list(index_a.chunks_of(eid))  # LRU order too
         # and it routes each prompt where a would: the lookups find the restored chains
@@ -55,7 +55,7 @@ async def test_warm_start_is_bounded_in_size() -> None:
         b = await start_epp(pool(4), sync=opts)
         try:
             warm = b.handle.warm
-            assert warm is not None and not warm.complete and 10 <= warm.entries < len(a.handle.scheduler.index)
+            assert warm is not None and not warm.complete and 10 <= warm.entries < len(a.handle.index)
         finally:
             await stop_epp(b)
     finally:
@@ -113,7 +113,7 @@ async def test_mutual_tls_sync_works_and_refuses_strangers(tmp_path: Path) -> No
         connect([a, b])
         await until(lambda: connected(b, [a]), "b follows a over mutual TLS")
         dest = await route(a, PROMPTS[0])
-        await until(lambda: bool(b.handle.scheduler.index.chunks_of(EndpointId(dest))), "write synced")
+        await until(lambda: bool(b.handle.index.chunks_of(EndpointId(dest))), "write synced")
         target = f"127.0.0.1:{a.handle.sync_port}"
         override = [("grpc.ssl_target_name_override", "epp-sync")]
         # plaintext, and a client certificate from another CA: both refused

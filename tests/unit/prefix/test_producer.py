@@ -1,4 +1,4 @@
-"""The producer's sync seams: every write it makes itself reaches ``on_record`` with exactly
+"""The producer's sync seams: every write it makes itself reaches a ``subscribe``d sink with exactly
 what went into the index; ``apply_remote`` writes without publishing."""
 
 from __future__ import annotations
@@ -8,23 +8,31 @@ from collections.abc import Sequence
 
 from epp.config.loader import default_config
 from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+from epp.prefix.producer import PrefixProducer
 from epp.request.types import ApiKind, InferenceRequest
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import ResponseInfo
+from epp.wiring import build_scheduler
 
 SYSTEM = "You are a helpful assistant. " * 20
 EPS = [Endpoint(EndpointId(f"10.0.0.{i}:8000"), f"10.0.0.{i}", 8000,
                 metrics=Metrics(scraped_at_s=1.0)) for i in range(3)]
 
 
+def approx(s: Scheduler) -> PrefixProducer:
+    producer = s.plugin(PrefixProducer)
+    assert producer is not None
+    return producer
+
+
 def scheduler_with_sink() -> tuple[Scheduler, list[tuple[EndpointId, list[int], float]]]:
-    s = Scheduler.from_config(default_config(), random.Random(0))
+    s = build_scheduler(default_config(), random.Random(0))
     published: list[tuple[EndpointId, list[int], float]] = []
 
     def sink(eid: EndpointId, hashes: Sequence[int], now_s: float) -> None:
         published.append((eid, list(hashes), now_s))
 
-    s.producer.on_record = sink
+    approx(s).subscribe(sink)
     return s, published
 
 
@@ -38,7 +46,7 @@ def test_the_pick_and_the_reply_are_published_as_written() -> None:
     eid, hashes, stamp = published[1]
     assert (eid, stamp) == (target, 5.0)
     assert hashes[: len(result.state.prefix.hashes)] == list(result.state.prefix.hashes)
-    assert set(s.index.chunks_of(target)) == set(hashes)
+    assert set(approx(s).index.chunks_of(target)) == set(hashes)
 
 
 def test_a_prompt_shorter_than_a_chunk_publishes_nothing() -> None:
@@ -49,6 +57,6 @@ def test_a_prompt_shorter_than_a_chunk_publishes_nothing() -> None:
 
 def test_apply_remote_writes_the_index_but_does_not_publish() -> None:
     s, published = scheduler_with_sink()
-    s.producer.apply_remote(EPS[1].id, [11, 12], 3.0)
-    assert s.index.match([11, 12], [EPS[1].id], 3.0) == {EPS[1].id: 2}
+    approx(s).apply_remote(EPS[1].id, [11, 12], 3.0)
+    assert approx(s).index.match([11, 12], [EPS[1].id], 3.0) == {EPS[1].id: 2}
     assert published == []

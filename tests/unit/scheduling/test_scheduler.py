@@ -7,12 +7,20 @@ import pytest
 from epp.config.loader import default_config, shipped_config
 from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.errors import Unavailable
+from epp.prefix.producer import PrefixProducer
 from epp.request.types import ApiKind, InferenceRequest
 from epp.scheduling.saturation import pool_saturated
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import ResponseInfo
+from epp.wiring import build_scheduler
 
 SYSTEM = "You are a helpful assistant. " * 40
+
+
+def approx(s: Scheduler) -> PrefixProducer:
+    producer = s.plugin(PrefixProducer)
+    assert producer is not None
+    return producer
 
 
 def pool(n: int, **metrics: float) -> list[Endpoint]:
@@ -25,7 +33,7 @@ def req(prompt: str, rid: str = "r", api: ApiKind = ApiKind.COMPLETIONS) -> Infe
 
 
 def test_shared_prefix_follows_the_first_pick() -> None:
-    s = Scheduler.from_config(default_config(), random.Random(0))
+    s = build_scheduler(default_config(), random.Random(0))
     eps = pool(8)
     first = s.schedule(req(SYSTEM + "question one"), eps, 1.0).target
     for i in range(20):
@@ -34,7 +42,7 @@ def test_shared_prefix_follows_the_first_pick() -> None:
 
 
 def test_without_shared_prefix_load_decides() -> None:
-    s = Scheduler.from_config(default_config(), random.Random(0))
+    s = build_scheduler(default_config(), random.Random(0))
     eps = pool(4)
     busy = Metrics(waiting=4, kv_usage=0.9, scraped_at_s=1.0)
     eps[0] = Endpoint(eps[0].id, eps[0].address, 8000, metrics=busy)
@@ -43,7 +51,7 @@ def test_without_shared_prefix_load_decides() -> None:
 
 
 def test_prefix_loses_to_a_much_heavier_queue() -> None:
-    s = Scheduler.from_config(default_config(), random.Random(0))
+    s = build_scheduler(default_config(), random.Random(0))
     eps = pool(2)
     s.schedule(req(SYSTEM), eps[:1], 1.0)  # eps[0] now holds the prefix
     overloaded = Endpoint(eps[0].id, eps[0].address, 8000, metrics=Metrics(waiting=50, kv_usage=1.0, scraped_at_s=1.0))
@@ -52,7 +60,7 @@ def test_prefix_loses_to_a_much_heavier_queue() -> None:
 
 
 def test_fallbacks_are_distinct_and_ordered() -> None:
-    s = Scheduler.from_config(default_config(), random.Random(0))
+    s = build_scheduler(default_config(), random.Random(0))
     eps = pool(5)
     result = s.schedule(req(SYSTEM), eps, 1.0, fallbacks=2)
     assert len(result.targets) == 3 and len(set(result.target_ids)) == 3
@@ -61,20 +69,20 @@ def test_fallbacks_are_distinct_and_ordered() -> None:
 
 
 def test_empty_pool_is_unavailable() -> None:
-    s = Scheduler.from_config(default_config())
+    s = build_scheduler(default_config())
     with pytest.raises(Unavailable):
         s.schedule(req("x"), [], 1.0)
 
 
 def test_filter_chain_profile() -> None:
-    s = Scheduler.from_config(shipped_config("filter-chain"), random.Random(3))
+    s = build_scheduler(shipped_config("filter-chain"), random.Random(3))
     eps = pool(4)
     first = s.schedule(req(SYSTEM), eps, 1.0).target
     assert all(s.schedule(req(SYSTEM + str(i)), eps, 2.0).target == first for i in range(10))
 
 
 def test_reply_is_learned_so_the_next_turn_matches_deeper() -> None:
-    s = Scheduler.from_config(default_config(), random.Random(0))
+    s = build_scheduler(default_config(), random.Random(0))
     eps = pool(4)
     turn1 = "<|system|>" + SYSTEM + "<|user|>tell me a story"
     r1 = s.schedule(req(turn1, api=ApiKind.CHAT), eps, 1.0)
@@ -88,26 +96,26 @@ def test_reply_is_learned_so_the_next_turn_matches_deeper() -> None:
 
 
 def test_far_fewer_cached_tokens_than_predicted_lowers_trust() -> None:
-    s = Scheduler.from_config(default_config(), random.Random(0))
+    s = build_scheduler(default_config(), random.Random(0))
     eps = pool(1)
     s.schedule(req(SYSTEM), eps, 1.0)
     r = s.schedule(req(SYSTEM), eps, 2.0)
-    before = s.index.capacity(eps[0].id)
+    before = approx(s).index.capacity(eps[0].id)
     s.on_response(r, ResponseInfo(prompt_tokens=300, cached_tokens=0))
-    after = s.index.capacity(eps[0].id)
+    after = approx(s).index.capacity(eps[0].id)
     assert after < before
     s.on_response(r, ResponseInfo(prompt_tokens=300, cached_tokens=290))
-    assert s.index.capacity(eps[0].id) > after
+    assert approx(s).index.capacity(eps[0].id) > after
 
 
 def test_kv_cache_size_sizes_the_endpoint_lru() -> None:
-    s = Scheduler.from_config(default_config())
+    s = build_scheduler(default_config())
     e = Endpoint(EndpointId("10.0.0.9:8000"), "10.0.0.9", 8000,
                  metrics=Metrics(block_size_tokens=16, num_gpu_blocks=1000, scraped_at_s=1.0))
     s.observe_endpoint(e)
-    assert s.index.capacity(e.id) == 16 * 1000 * 4 // 64
+    assert approx(s).index.capacity(e.id) == 16 * 1000 * 4 // 64
     s.remove_endpoint(e.id)
-    assert e.id not in s.index.endpoint_ids()
+    assert e.id not in approx(s).index.endpoint_ids()
 
 
 def test_pool_saturation() -> None:

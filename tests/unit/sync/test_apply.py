@@ -66,7 +66,8 @@ def test_hashes_survive_the_wire_as_unsigned_64_bit() -> None:
 
 def producer_with_sink() -> tuple[PrefixProducer, Written]:
     sink = Written()
-    producer = PrefixProducer(ChunkHasher(64), PrefixIndex(), on_record=sink)
+    producer = PrefixProducer(ChunkHasher(64), PrefixIndex())
+    producer.subscribe(sink)
     return producer, sink
 
 
