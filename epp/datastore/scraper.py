@@ -28,6 +28,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.datastore.metricsparse import (
@@ -41,7 +42,6 @@ from epp.datastore.metricsparse import (
 )
 from epp.datastore.pagefetch import DEFAULT_MAX_BYTES, PageFetcher
 from epp.datastore.store import Datastore
-from epp.observability.metrics import EppMetrics
 from epp.supervise import spawn
 
 __all__ = [
@@ -56,6 +56,15 @@ __all__ = [
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
+
+
+class ScrapeMetrics(Protocol):
+    """What the scraper reports (``epp.observability.metrics.EppMetrics`` implements it)."""
+
+    def scrape_ok(self) -> None: ...
+    def scrape_failed(self, endpoint_id: str, reason: str) -> None: ...
+    def scrape_value_rejected(self, family: str, reason: str) -> None: ...
+    def task_failed(self, kind: str) -> None: ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,7 +92,7 @@ class MetricsScraper:
     def __init__(
         self,
         datastore: Datastore,
-        metrics: EppMetrics,
+        metrics: ScrapeMetrics,
         options: ScrapeOptions | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -192,13 +201,13 @@ class MetricsScraper:
                 log.exception("metrics page could not be parsed", extra={"endpoint": endpoint.id})
                 raise ScrapeError("parse_error", type(exc).__name__) from None
         except ScrapeError as exc:
-            self._metrics.scrape_errors.labels(endpoint.id, exc.reason).inc()
+            self._metrics.scrape_failed(endpoint.id, exc.reason)
             if self._failing.get(endpoint.id) != exc.reason:
                 self._failing[endpoint.id] = exc.reason
                 log.warning("metrics scrape failed: %s", exc, extra={"endpoint": endpoint.id})
             return False
         if self._failing.pop(endpoint.id, None) is not None:
             log.info("metrics scrape recovered", extra={"endpoint": endpoint.id})
-        self._metrics.scrapes.inc()
+        self._metrics.scrape_ok()
         self._datastore.update_metrics(endpoint.id, metrics)
         return True

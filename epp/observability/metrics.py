@@ -162,6 +162,12 @@ class EppMetrics:
 
     # --- background --------------------------------------------------------------------
 
+    def scrape_ok(self) -> None:
+        self.scrapes.inc()
+
+    def scrape_failed(self, endpoint_id: str, reason: str) -> None:
+        self.scrape_errors.labels(endpoint_id, reason).inc()
+
     def task_failed(self, kind: str) -> None:
         self.task_failures.labels(kind).inc()
 

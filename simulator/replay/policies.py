@@ -1,10 +1,11 @@
 """Routing policies the replayer compares. Each picks a replica index for one arrival.
 
-* ``epp``: the real epp :class:`~epp.scheduling.scheduler.Scheduler` built from a config
-  file (the shipped default unless one is named), fed as production feeds it: endpoint
-  metrics through a :class:`~epp.datastore.store.Datastore` at every scrape, in-flight and
-  pending counts through ``request_started``/``request_finished``, and ``on_response`` with
-  the server's ``cached_tokens`` and the generated text (when the workload has text).
+* ``epp``: epp's request-control layer as ``epp serve`` runs it: the real
+  :class:`~epp.requestcontrol.director.Director` over a scheduler built from a config file
+  (the shipped default unless one is named), fed as production feeds it: endpoint metrics
+  through a :class:`~epp.datastore.store.Datastore` at every scrape, ``route`` / ``settle``
+  at the pick and ``finish`` with the server's ``cached_tokens`` and the generated text
+  (when the workload has text) when the response ends.
 * ``precise``: the same profile (filters, weighted scorers, picker of the same config) and
   the same request-control layer, but the prefix match comes from an oracle producer that
   reads the replicas' true caches (``contains_prefix``), the upper bound that an index fed

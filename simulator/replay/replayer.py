@@ -8,7 +8,7 @@ scraper polls ``/metrics``).
 For each arrival at ``t``:
 
 1. every replica runs up to just before ``t``; responses that ended are fed back to the
-   policy in time order (epp: ``request_finished`` then ``on_response`` with the server's
+   policy in time order (epp: the Director's ``finish`` with the server's
    ``cached_tokens`` and, when the workload has text, the generated text);
 2. policies that read metrics see the last scrape at or before ``t``: the replicas are run
    to that tick and their running/waiting counts, KV usage and cache config are read there.
