@@ -273,6 +273,16 @@ def _sync_tls(args: argparse.Namespace) -> SyncTls | None:
     return SyncTls(args.sync_cert, args.sync_key, args.sync_ca, args.sync_server_name)
 
 
+def _check_tls_files(args: argparse.Namespace) -> None:
+    if not (args.cert or args.key):
+        return
+    if not (args.cert and args.key):
+        raise ConfigError("--cert" if not args.cert else "--key", "TLS needs both --cert and --key")
+    for flag, path in (("--cert", args.cert), ("--key", args.key)):
+        if not os.path.isfile(path) or not os.access(path, os.R_OK):
+            raise ConfigError(flag, f"cannot read {path}")
+
+
 async def serve(args: argparse.Namespace) -> int:
     cfg = _load(args)
     rc = parse_request_control(cfg.raw)  # validate early: errors name the field
@@ -302,12 +312,7 @@ async def serve(args: argparse.Namespace) -> int:
         raise ConfigError("--endpoints", "no endpoints: give --endpoints, config staticEndpoints "
                           "or Kubernetes discovery flags")
 
-    if args.cert or args.key:
-        if not (args.cert and args.key):
-            raise ConfigError("--cert" if not args.cert else "--key", "TLS needs both --cert and --key")
-        for flag, path in (("--cert", args.cert), ("--key", args.key)):
-            if not os.path.isfile(path) or not os.access(path, os.R_OK):
-                raise ConfigError(flag, f"cannot read {path}")
+    _check_tls_files(args)
 
     options = ServerOptions(
         host=args.host,

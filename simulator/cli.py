@@ -35,7 +35,7 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "emulate": _emulate,
     "gateway": _gateway,
     "stack": _stack,
-    "replay": lambda subparsers: __import__("simulator.replay").replay.register(subparsers),
+    "replay": __import__("simulator.replay").replay.register,
     # "gateway": ..., "stack": ..., "replay": ...
 }
 

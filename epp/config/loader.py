@@ -137,6 +137,30 @@ def build_params(cls: type, raw: Any, where: str) -> Any:
 
 
 def parse_config(data: Any, source: str = "<config>") -> EppConfig:
+    data = _top_level(data, source)
+    plugins = _plugins(data)
+    producers = _producers(plugins, data, source)
+    profile = _profile(data.get("schedulingProfiles"), plugins)
+    prefix = build_params(PrefixIndexConfig, data.get("prefixIndex"), "prefixIndex")
+    _check_prefix(prefix, "prefixIndex")
+    approx = [sp for sp in plugins.values() if sp.type == APPROX_PREFIX_PRODUCER]
+    for sp in approx:
+        _check_prefix(sp.params, f"plugins.{sp.name}.parameters")
+    if approx:
+        prefix = approx[0].params
+    return EppConfig(
+        plugins=plugins,
+        profile=profile,
+        producers=producers,
+        prefix=prefix,
+        saturation=build_params(SaturationConfig, data.get("saturation"), "saturation"),
+        raw=dict(data),
+        source=source,
+    )
+
+
+def _top_level(data: Any, source: str) -> Mapping[str, Any]:
+    """The document's mapping, with the shipped default profile when it names none."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -144,7 +168,6 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
     kind = data.get("kind", "EndpointPickerConfig")
     if kind != "EndpointPickerConfig":
         raise ConfigError("kind", f"expected EndpointPickerConfig, got {kind!r}")
-
     for key in data:
         if key not in _KNOWN_TOP and key not in _OTHER_LAYERS:
             # A warning, not an error: configs written for the Go EPP carry sections epp
@@ -153,19 +176,22 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
                 "config %s: unknown top-level section %r ignored (known: %s)",
                 source, key, ", ".join(sorted(_KNOWN_TOP | _OTHER_LAYERS)),
             )
-
-    plugins: dict[str, PluginSpec] = {}
     if "plugins" not in data and "schedulingProfiles" not in data:
         # A config that only sets other sections (prefixIndex, requestControl, ...) keeps the
         # shipped default scheduling profile.
         default = yaml.safe_load(_shipped_text("default"))
-        data = {**data, "plugins": default["plugins"],
-                "schedulingProfiles": default["schedulingProfiles"]}
-    elif "plugins" not in data:
+        return {**data, "plugins": default["plugins"],
+                "schedulingProfiles": default["schedulingProfiles"]}  # fmt: skip
+    if "plugins" not in data:
         raise ConfigError("plugins", "missing: schedulingProfiles refers to plugins listed here")
+    return data
+
+
+def _plugins(data: Mapping[str, Any]) -> dict[str, PluginSpec]:
     raw_plugins = data.get("plugins", [])
     if not isinstance(raw_plugins, list) or not raw_plugins:
         raise ConfigError("plugins", "expected a non-empty list of plugins")
+    plugins: dict[str, PluginSpec] = {}
     for i, item in enumerate(raw_plugins):
         where = f"plugins[{i}]"
         if not isinstance(item, Mapping):
@@ -188,6 +214,14 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
             raw_params = _merged(data.get("prefixIndex"), raw_params, f"{where}.parameters")
         params = build_params(pt.params, raw_params, f"{where}.parameters")
         plugins[name] = PluginSpec(name, ptype, pt.kind, params)
+    return plugins
+
+
+def _producers(
+    plugins: dict[str, PluginSpec], data: Mapping[str, Any], source: str
+) -> tuple[str, ...]:
+    """The configured data producers; the approximate prefix producer is added (to
+    ``plugins`` too) when a plugin reads the prefix match and no producer is configured."""
     producers = [n for n, sp in plugins.items() if sp.kind == "producer"]
     if not producers and any(PLUGIN_TYPES[sp.type].reads_prefix for sp in plugins.values()):
         # configs written before producers were plugins (and the Go EPP's) name only the
@@ -199,68 +233,56 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
             APPROX_PREFIX_PRODUCER, APPROX_PREFIX_PRODUCER, "producer", params
         )
         producers = [APPROX_PREFIX_PRODUCER]
+    return tuple(producers)
 
-    profiles = data.get("schedulingProfiles")
+
+def _profile(profiles: Any, plugins: Mapping[str, PluginSpec]) -> ProfileSpec:
     if not isinstance(profiles, list) or len(profiles) != 1:
         raise ConfigError("schedulingProfiles", "expected a list with exactly one profile")
     prof = profiles[0]
     if not isinstance(prof, Mapping):
         raise ConfigError("schedulingProfiles[0]", "expected a mapping")
-    pname = prof.get("name", "default")
     refs = prof.get("plugins")
     if not isinstance(refs, list) or not refs:
         raise ConfigError("schedulingProfiles[0].plugins", "expected a non-empty list")
     filters: list[str] = []
     scorers: list[tuple[str, float]] = []
-    picker: str | None = None
+    pickers: list[str] = []
     for j, ref in enumerate(refs):
         where = f"schedulingProfiles[0].plugins[{j}]"
-        if not isinstance(ref, Mapping) or "pluginRef" not in ref:
-            raise ConfigError(where, "expected a mapping with 'pluginRef'")
-        name = ref["pluginRef"]
-        spec = plugins.get(name)
-        if spec is None:
-            raise ConfigError(f"{where}.pluginRef", f"no plugin named {name!r} in 'plugins'")
-        if spec.kind == "producer":
-            raise ConfigError(
-                f"{where}.pluginRef",
-                f"{name!r} is a data producer: producers run for every request, list them "
-                "under 'plugins' only",
-            )
+        spec = _ref(ref, plugins, where)
         if spec.kind == "scorer":
             weight = _coerce(ref.get("weight", 1), float, f"{where}.weight")
             if weight < 0:
                 raise ConfigError(f"{where}.weight", f"must not be negative, got {weight}")
-            scorers.append((name, weight))
+            scorers.append((spec.name, weight))
         elif "weight" in ref:
             raise ConfigError(f"{where}.weight", f"{spec.type} is a {spec.kind}; only scorers take a weight")
         elif spec.kind == "filter":
-            filters.append(name)
+            filters.append(spec.name)
         else:
-            if picker is not None:
-                raise ConfigError(f"{where}.pluginRef", f"a second picker {name!r}; a profile has one")
-            picker = name
-    if picker is None:
+            if pickers:
+                raise ConfigError(f"{where}.pluginRef", f"a second picker {spec.name!r}; a profile has one")
+            pickers.append(spec.name)
+    if not pickers:
         raise ConfigError("schedulingProfiles[0].plugins", "no picker (add e.g. max-score-picker)")
+    return ProfileSpec(str(prof.get("name", "default")), tuple(filters), tuple(scorers), pickers[0])
 
-    prefix = build_params(PrefixIndexConfig, data.get("prefixIndex"), "prefixIndex")
-    _check_prefix(prefix, "prefixIndex")
-    approx = [sp for sp in plugins.values() if sp.type == APPROX_PREFIX_PRODUCER]
-    for sp in approx:
-        _check_prefix(sp.params, f"plugins.{sp.name}.parameters")
-    if approx:
-        prefix = approx[0].params
-    saturation = build_params(SaturationConfig, data.get("saturation"), "saturation")
 
-    return EppConfig(
-        plugins=plugins,
-        profile=ProfileSpec(str(pname), tuple(filters), tuple(scorers), picker),
-        producers=tuple(producers),
-        prefix=prefix,
-        saturation=saturation,
-        raw=dict(data),
-        source=source,
-    )
+def _ref(ref: Any, plugins: Mapping[str, PluginSpec], where: str) -> PluginSpec:
+    if not isinstance(ref, Mapping) or "pluginRef" not in ref:
+        raise ConfigError(where, "expected a mapping with 'pluginRef'")
+    name = ref["pluginRef"]
+    spec = plugins.get(name)
+    if spec is None:
+        raise ConfigError(f"{where}.pluginRef", f"no plugin named {name!r} in 'plugins'")
+    if spec.kind == "producer":
+        raise ConfigError(
+            f"{where}.pluginRef",
+            f"{name!r} is a data producer: producers run for every request, list them "
+            "under 'plugins' only",
+        )
+    return spec
 
 
 def _merged(section: Any, params: Any, where: str) -> Any:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -206,10 +207,8 @@ class _Expired(Exception):
 def describe_error(exc: BaseException) -> str:
     if isinstance(exc, client.ApiException):
         message = ""
-        try:
+        with contextlib.suppress(ValueError, AttributeError):
             message = json.loads(exc.body or "{}").get("message", "")
-        except (ValueError, AttributeError):
-            pass
         return f"HTTP {exc.status} {exc.reason or ''}{': ' + message if message else ''}".strip()
     return f"{type(exc).__name__}: {exc}"
 
@@ -272,7 +271,7 @@ class _Reflector:
             except _Expired:
                 log.info("%s: watch expired (410 Gone), listing again", self.name)
                 continue
-            except Exception as exc:  # noqa: BLE001 - any failure: back off, list afresh
+            except Exception as exc:
                 if self._stopped.is_set():
                     break
                 text = describe_error(exc)
@@ -533,10 +532,8 @@ class KubernetesSource:
         loop = self._loop
         if loop is None:
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed while a reflector finished
             loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop closed while a reflector was finishing
-            pass
 
     def _set_error(self, text: str) -> None:
         self._last_error = text
@@ -678,7 +675,9 @@ def _ports(text: str) -> list[int]:
     try:
         return [int(p) for p in text.replace(" ", "").split(",") if p]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ports")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of ports"
+        ) from None
 
 
 def add_kubernetes_flags(parser: argparse.ArgumentParser) -> None:

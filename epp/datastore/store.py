@@ -43,6 +43,15 @@ class Datastore:
     _metrics_listeners: list[MetricsListener] = field(default_factory=list)
     synced: bool = False
     """True once a source has delivered its first full list (health reports SERVING then)."""
+    _synced_listeners: list[Callable[[], None]] = field(default_factory=list)
+
+    def on_synced(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` once a source has delivered its first full list (at once if it
+        has)."""
+        if self.synced:
+            listener()
+        else:
+            self._synced_listeners.append(listener)
 
     def on_removed(self, listener: RemovalListener) -> None:
         self._removal_listeners.append(listener)
@@ -77,7 +86,11 @@ class Datastore:
             self.remove(gone)
         for endpoint in wanted.values():
             self.upsert(endpoint)
-        self.synced = True
+        if not self.synced:
+            self.synced = True
+            listeners, self._synced_listeners = self._synced_listeners, []
+            for listener in listeners:
+                listener()
 
     # --- metrics -------------------------------------------------------------------------
 
@@ -123,7 +136,7 @@ class Datastore:
         if snap is None:
             return
         i = self._positions[endpoint.id]
-        new = self._snapshot = snap[:i] + (endpoint,) + snap[i + 1 :]
+        new = self._snapshot = (*snap[:i], endpoint, *snap[i + 1:])
         # routable() is the snapshot itself while no endpoint is stale; else recompute it
         self._routable = new if self._routable is snap else None
 

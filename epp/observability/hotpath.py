@@ -75,7 +75,7 @@ class LightHistogram:
             total = child.total
             cumulative = 0
             buckets = []
-            for bound, count in zip(self.bounds, counts):
+            for bound, count in zip(self.bounds, counts, strict=False):  # counts end with +Inf
                 cumulative += count
                 buckets.append((_le(bound), cumulative))
             buckets.append(("+Inf", cumulative + counts[-1]))

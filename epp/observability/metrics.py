@@ -6,6 +6,7 @@ servers in one process never collide. Hot-path children are bound once and cache
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -246,10 +247,8 @@ class EppMetrics:
         for gone in self._endpoint_labels - seen:
             for g in (self.endpoint_in_flight, self.endpoint_queue, self.endpoint_kv,
                       self.endpoint_stale):
-                try:
+                with contextlib.suppress(KeyError):
                     g.remove(gone)
-                except KeyError:
-                    pass
         self._endpoint_labels = seen
         self.pool_endpoints.set(total)
         self.pool_ready.set(ready)

@@ -43,7 +43,7 @@ class NoParams:
 def _lowest_band(endpoints: Sequence[Endpoint], values: Sequence[float]) -> list[Endpoint]:
     lo, hi = min(values), max(values)
     limit = lo + (hi - lo) / len(values)
-    return [e for e, v in zip(endpoints, values) if v <= limit]
+    return [e for e, v in zip(endpoints, values, strict=True) if v <= limit]
 
 
 class LeastQueueFilter:
@@ -85,7 +85,7 @@ class LoraAffinityFilter:
         best = min(tiers)
         if best == 3:
             return endpoints
-        return [e for e, t in zip(endpoints, tiers) if t == best]
+        return [e for e, t in zip(endpoints, tiers, strict=True) if t == best]
 
 
 @dataclass(slots=True, frozen=True)
@@ -109,4 +109,4 @@ class LongestPrefixFilter:
         best = max(counts)
         if best < self.params.min_match_chunks:
             return endpoints
-        return [e for e, c in zip(endpoints, counts) if c == best]
+        return [e for e, c in zip(endpoints, counts, strict=True) if c == best]

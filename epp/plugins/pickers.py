@@ -49,7 +49,7 @@ class WeightedRandomPicker:
         rng = state.rng
         # Efraimidis-Spirakis: key u^(1/w), take the largest keys.
         keyed = []
-        for e, s in zip(endpoints, scores):
+        for e, s in zip(endpoints, scores, strict=True):
             w = s if s > 0 else 1e-9
             keyed.append((rng.random() ** (1.0 / w), e))
         keyed.sort(key=lambda kv: kv[0], reverse=True)

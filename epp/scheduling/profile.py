@@ -67,11 +67,11 @@ class Profile:
         w = self._weights
         if len(columns) == 3:
             w0, w1, w2 = w
-            return [w0 * a + w1 * b + w2 * c for a, b, c in zip(*columns)]
+            return [w0 * a + w1 * b + w2 * c for a, b, c in zip(*columns, strict=True)]
         if len(columns) == 2:
             w0, w1 = w
-            return [w0 * a + w1 * b for a, b in zip(*columns)]
+            return [w0 * a + w1 * b for a, b in zip(*columns, strict=True)]
         total = [0.0] * n
-        for weight, column in zip(w, columns):
-            total = [t + weight * s for t, s in zip(total, column)]
+        for weight, column in zip(w, columns, strict=True):
+            total = [t + weight * s for t, s in zip(total, column, strict=True)]
         return total

@@ -76,7 +76,7 @@ class PickResult:
         return tuple(e.id for e in self.targets)
 
     def scored(self) -> list[ScoredEndpoint]:
-        return [ScoredEndpoint(e, s) for e, s in zip(self.candidates, self.totals)]
+        return [ScoredEndpoint(e, s) for e, s in zip(self.candidates, self.totals, strict=True)]
 
 
 @dataclass(slots=True, frozen=True)

@@ -338,8 +338,9 @@ async def _start_rest(
 
 async def _pool_known(ds: Datastore) -> None:
     """Until a source delivered its first full list of endpoints."""
-    while not ds.synced:
-        await asyncio.sleep(0.02)
+    listed = asyncio.Event()
+    ds.on_synced(listed.set)
+    await listed.wait()
 
 
 async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:

@@ -436,7 +436,7 @@ class SyncNode:
                     log.warning("sync: peer %s unreachable (%s), retrying with backoff",
                                 target, exc.code().name)
                 failing = True
-            except Exception as exc:  # noqa: BLE001 - a follower must outlive any bad batch
+            except Exception as exc:
                 if not failing:
                     log.warning("sync: peer %s failed (%s), retrying with backoff", target, exc)
                 failing = True

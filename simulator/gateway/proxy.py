@@ -18,6 +18,7 @@ baseline). docs/local-stack.md lists which Envoy behaviours this reproduces and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
@@ -193,10 +194,8 @@ async def _finish_task(task: asyncio.Task[None] | None) -> None:
         return
     if not task.done():
         task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        pass
 
 
 class EppExchange:

@@ -37,7 +37,7 @@ from simulator.model.cache import PrefixCache, model_seed, text_block_hashes
 from simulator.model.cost import CostModel
 from simulator.model.engine import Engine, EngineConfig, EngineRequest, RequestTooLarge
 from simulator.replay.policies import Arrival, Cluster, Policy, PolicyFactory
-from simulator.replay.workload import Workload, engine_block_hashes, reply_text
+from simulator.replay.workload import TraceRequest, Workload, engine_block_hashes, reply_text
 
 
 @dataclass(slots=True, frozen=True)
@@ -118,136 +118,152 @@ class Replayer:
     ) -> ReplayResult:
         cfg = self.config
         wall0 = time.perf_counter()
+        run = _Run(cfg, factory)
+        self.engines = run.engines
+        interval = cfg.scrape_interval_s
+        last_scrape = -math.inf
+        needs_metrics = run.policy.needs_metrics
+        for count, req in enumerate(workload.requests(), 1):
+            t = req.arrival_s
+            before = math.nextafter(t, -math.inf)
+            run.sample_until(before)
+            if needs_metrics:
+                ts = math.floor(t / interval) * interval
+                if ts > last_scrape:
+                    run.run_to(min(ts, before))
+                    run.scrape(ts)
+                    last_scrape = ts
+            run.run_to(before)
+            run.submit(req, t)
+            if progress is not None and count % 64 == 0:
+                progress(count)
+        run.drain()
+        if progress is not None:
+            progress(len(run.outcomes))
+        return ReplayResult(
+            name or run.policy.name, cfg, run.outcomes, run.sample_times, run.loads, run.peak,
+            time.perf_counter() - wall0,
+        )  # fmt: skip
+
+
+class _Run:
+    """One policy's replay: the replicas, the requests in flight and what is measured."""
+
+    def __init__(self, cfg: ReplayConfig, factory: PolicyFactory) -> None:
+        self.cfg = cfg
         n = cfg.replicas
         engine_cfg = EngineConfig(max_num_seqs=cfg.max_num_seqs, max_batched_tokens=cfg.max_batched_tokens)
-        engines = self.engines = [
+        self.max_loras = engine_cfg.max_loras
+        self.engines = [
             Engine(PrefixCache(cfg.kv_blocks, cfg.block_size_tokens), cfg.cost, engine_cfg)
             for _ in range(n)
         ]
         ids = [EndpointId(f"10.0.{i // 250}.{i % 250 + 1}:8000") for i in range(n)]
-        in_flight = [0] * n
-        policy: Policy = factory(Cluster(engines, ids, in_flight, cfg.block_size_tokens, cfg.model, cfg.seed))
-        name = name or policy.name
-        seed = model_seed(cfg.model)
-        bs = cfg.block_size_tokens
-        live: dict[str, _Live] = {}
-        outcomes: list[Outcome] = []
-        sample_times: list[float] = []
-        loads: list[list[int]] = [[] for _ in range(n)]
-        peak = [0] * n
-        interval = cfg.scrape_interval_s
-        last_scrape = -math.inf
-        next_sample = 0.0
-        max_loras = engine_cfg.max_loras
-
-        def run_to(x: float) -> None:
-            done = []
-            for i, eng in enumerate(engines):
-                ne = eng.next_event_time()
-                if ne is None or ne > x:
-                    continue
-                res = eng.advance(x)
-                for f in res.first_tokens:
-                    o = live[f.request_id].outcome
-                    o.admitted_s = f.admitted_s
-                    o.first_token_s = f.time_s
-                for d in res.finished:
-                    done.append((d.time_s, i, d))
-            if not done:
-                return
-            if len(done) > 1:
-                done.sort(key=lambda e: (e[0], e[1]))
-            for t_done, i, d in done:
-                entry = live.pop(d.request_id)
-                o = entry.outcome
-                o.finish_s = t_done
-                o.cached_tokens = d.cached_tokens
-                o.finished_count += 1
-                in_flight[i] -= 1
-                info = ResponseInfo(
-                    200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply
-                )
-                policy.finished(entry.arrival, i, info, t_done)
-
-        def note_blocks() -> None:
-            for i, eng in enumerate(engines):
-                c = eng.cache
-                held = c.used_blocks + c.cached_blocks
-                peak[i] = max(peak[i], held)
-
-        def sample() -> None:
-            sample_times.append(next_sample)
-            for i, eng in enumerate(engines):
-                loads[i].append(eng.num_running + eng.num_waiting)
-            note_blocks()
-
-        def scrape(ts: float) -> None:
-            stamp = max(ts, 1e-9)  # epp reads scraped_at_s == 0 as "never scraped"
-            policy.observe(
-                [
-                    Metrics(
-                        waiting=eng.num_waiting,
-                        running=eng.num_running,
-                        kv_usage=eng.kv_usage,
-                        max_adapters=max_loras,
-                        block_size_tokens=bs,
-                        num_gpu_blocks=cfg.kv_blocks,
-                        scraped_at_s=stamp,
-                    )
-                    for eng in engines
-                ],
-                ts,
-            )
-
-        needs_metrics = policy.needs_metrics
-        for count, req in enumerate(workload.requests(), 1):
-            t = req.arrival_s
-            before = math.nextafter(t, -math.inf)
-            while next_sample <= before:
-                run_to(next_sample)
-                sample()
-                next_sample += cfg.sample_interval_s
-            if needs_metrics:
-                ts = math.floor(t / interval) * interval
-                if ts > last_scrape:
-                    run_to(min(ts, before))
-                    scrape(ts)
-                    last_scrape = ts
-            run_to(before)
-
-            hashes = engine_block_hashes(req, bs, seed)
-            arrival = Arrival(req, hashes)
-            replica = policy.pick(arrival, t)
-            in_flight[replica] += 1
-            outcome = Outcome(req.request_id, replica, t, req.prompt_tokens, req.output_tokens)
-            outcomes.append(outcome)
-            reply = reply_text(req)
-            final = None
-            if req.api is ApiKind.CHAT and reply:
-                final = text_block_hashes(req.prompt + "<|assistant|>" + reply, bs, seed)
-            ereq = EngineRequest(req.request_id, req.prompt_tokens, hashes, req.output_tokens, final)
-            live[req.request_id] = _Live(arrival, outcome, reply)
-            try:
-                engines[replica].submit(ereq, t)
-            except RequestTooLarge:
-                del live[req.request_id]
-                outcome.rejected = True
-                outcome.finished_count += 1
-                in_flight[replica] -= 1
-                policy.finished(arrival, replica, ResponseInfo(status=400), t)
-            if progress is not None and count % 64 == 0:
-                progress(count)
-
-        # Drain: keep sampling while replicas work, then run everything to the end.
-        while any(e.next_event_time() is not None for e in engines):
-            run_to(next_sample)
-            sample()
-            next_sample += cfg.sample_interval_s
-        run_to(math.inf)
-        note_blocks()
-        assert not live, f"{len(live)} requests never finished"
-        if progress is not None:
-            progress(len(outcomes))
-        return ReplayResult(
-            name, cfg, outcomes, sample_times, loads, peak, time.perf_counter() - wall0
+        self.in_flight = [0] * n
+        self.policy: Policy = factory(
+            Cluster(self.engines, ids, self.in_flight, cfg.block_size_tokens, cfg.model, cfg.seed)
         )
+        self.seed = model_seed(cfg.model)
+        self.live: dict[str, _Live] = {}
+        self.outcomes: list[Outcome] = []
+        self.sample_times: list[float] = []
+        self.loads: list[list[int]] = [[] for _ in range(n)]
+        self.peak = [0] * n
+        self.next_sample = 0.0
+
+    def run_to(self, x: float) -> None:
+        """Every replica runs to ``x``; finished requests go back to the policy in time order."""
+        done = []
+        live = self.live
+        for i, eng in enumerate(self.engines):
+            ne = eng.next_event_time()
+            if ne is None or ne > x:
+                continue
+            res = eng.advance(x)
+            for f in res.first_tokens:
+                o = live[f.request_id].outcome
+                o.admitted_s = f.admitted_s
+                o.first_token_s = f.time_s
+            for d in res.finished:
+                done.append((d.time_s, i, d))
+        if not done:
+            return
+        if len(done) > 1:
+            done.sort(key=lambda e: (e[0], e[1]))
+        for t_done, i, d in done:
+            entry = live.pop(d.request_id)
+            o = entry.outcome
+            o.finish_s = t_done
+            o.cached_tokens = d.cached_tokens
+            o.finished_count += 1
+            self.in_flight[i] -= 1
+            info = ResponseInfo(200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply)
+            self.policy.finished(entry.arrival, i, info, t_done)
+
+    def note_blocks(self) -> None:
+        for i, eng in enumerate(self.engines):
+            c = eng.cache
+            self.peak[i] = max(self.peak[i], c.used_blocks + c.cached_blocks)
+
+    def sample_until(self, before: float) -> None:
+        while self.next_sample <= before:
+            self.run_to(self.next_sample)
+            self.sample()
+
+    def sample(self) -> None:
+        self.sample_times.append(self.next_sample)
+        for i, eng in enumerate(self.engines):
+            self.loads[i].append(eng.num_running + eng.num_waiting)
+        self.note_blocks()
+        self.next_sample += self.cfg.sample_interval_s
+
+    def scrape(self, ts: float) -> None:
+        cfg = self.cfg
+        stamp = max(ts, 1e-9)  # epp reads scraped_at_s == 0 as "never scraped"
+        self.policy.observe(
+            [
+                Metrics(
+                    waiting=eng.num_waiting,
+                    running=eng.num_running,
+                    kv_usage=eng.kv_usage,
+                    max_adapters=self.max_loras,
+                    block_size_tokens=cfg.block_size_tokens,
+                    num_gpu_blocks=cfg.kv_blocks,
+                    scraped_at_s=stamp,
+                )
+                for eng in self.engines
+            ],
+            ts,
+        )
+
+    def submit(self, req: TraceRequest, t: float) -> None:
+        bs = self.cfg.block_size_tokens
+        hashes = engine_block_hashes(req, bs, self.seed)
+        arrival = Arrival(req, hashes)
+        replica = self.policy.pick(arrival, t)
+        self.in_flight[replica] += 1
+        outcome = Outcome(req.request_id, replica, t, req.prompt_tokens, req.output_tokens)
+        self.outcomes.append(outcome)
+        reply = reply_text(req)
+        final = None
+        if req.api is ApiKind.CHAT and reply:
+            final = text_block_hashes(req.prompt + "<|assistant|>" + reply, bs, self.seed)
+        ereq = EngineRequest(req.request_id, req.prompt_tokens, hashes, req.output_tokens, final)
+        self.live[req.request_id] = _Live(arrival, outcome, reply)
+        try:
+            self.engines[replica].submit(ereq, t)
+        except RequestTooLarge:
+            del self.live[req.request_id]
+            outcome.rejected = True
+            outcome.finished_count += 1
+            self.in_flight[replica] -= 1
+            self.policy.finished(arrival, replica, ResponseInfo(status=400), t)
+
+    def drain(self) -> None:
+        """Keep sampling while replicas work, then run everything to the end."""
+        while any(e.next_event_time() is not None for e in self.engines):
+            self.run_to(self.next_sample)
+            self.sample()
+        self.run_to(math.inf)
+        self.note_blocks()
+        assert not self.live, f"{len(self.live)} requests never finished"

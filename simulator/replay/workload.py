@@ -275,7 +275,7 @@ class SharedPrefixWorkload:
         rng.shuffle(pairs)
         times = _poisson_times(rng, p.rate, len(pairs))
         systems: dict[int, str] = {}
-        for i, ((g, q), t) in enumerate(zip(pairs, times)):
+        for i, ((g, q), t) in enumerate(zip(pairs, times, strict=True)):
             system = systems.get(g)
             if system is None:
                 system = systems[g] = random_text(p.seed << 40 | 1 << 32 | g, _chars(p.system_prompt_len))

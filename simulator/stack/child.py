@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         asyncio.run(_main(args))
-    except Exception as exc:  # noqa: BLE001 - report any start-up failure as one clear line
+    except Exception as exc:
         print(f"simulator.stack.child {args.role}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -231,51 +231,55 @@ async def _poll(check: Any, deadline: float, what: str) -> None:
         delay = min(delay * 2, 0.2)
 
 
+def _log_dir(options: StackOptions) -> Path | None:
+    """Where child processes log (a fresh temporary folder unless one is given)."""
+    if options.isolation != "process":
+        return options.log_dir
+    if options.log_dir is None:
+        import tempfile
+
+        return Path(tempfile.mkdtemp(prefix="epp-stack-"))
+    options.log_dir.mkdir(parents=True, exist_ok=True)
+    return options.log_dir
+
+
+async def _start_replicas(
+    options: StackOptions, log_dir: Path | None, children: list[_Child], inline: list[Any]
+) -> list[str]:
+    """The emulated replicas, in a child process or in this one; their URLs."""
+    if options.isolation == "process":
+        assert log_dir is not None
+        argv = ["replicas", "--count", str(options.replicas), "--speedup", str(options.speedup),
+                "--model", options.model]  # fmt: skip
+        if options.kv_blocks:
+            argv += ["--kv-blocks", str(options.kv_blocks)]
+        if options.max_num_seqs:
+            argv += ["--max-num-seqs", str(options.max_num_seqs)]
+        ch, info = await _spawn("replicas", argv, log_dir, options.ready_timeout_s)
+        children.append(ch)
+        urls: list[str] = info["replica_urls"]
+        return urls
+    from simulator.stack import child  # not at import: `python -m ...child` warns
+
+    reps = await child.start_replicas(
+        options.replicas, options.speedup, options.model, options.kv_blocks, options.max_num_seqs
+    )
+    inline.extend(reps)
+    return [r.url for r in reps]
+
+
 async def start_stack(options: StackOptions) -> Stack:
     deadline = time.monotonic() + options.ready_timeout_s
     children: list[_Child] = []
     inline: list[Any] = []
     epps: list[EppReplica] = []
-    log_dir = options.log_dir
     if options.epp_replicas < 1:
         raise ValueError(f"epp_replicas must be at least 1, not {options.epp_replicas}")
+    if options.isolation not in ("process", "inline"):
+        raise ValueError(f"isolation must be 'process' or 'inline', not {options.isolation!r}")
+    log_dir = _log_dir(options)
     try:
-        if options.isolation == "process":
-            if log_dir is None:
-                import tempfile
-
-                log_dir = Path(tempfile.mkdtemp(prefix="epp-stack-"))
-            log_dir.mkdir(parents=True, exist_ok=True)
-            argv = [
-                "replicas",
-                "--count",
-                str(options.replicas),
-                "--speedup",
-                str(options.speedup),
-                "--model",
-                options.model,
-            ]
-            if options.kv_blocks:
-                argv += ["--kv-blocks", str(options.kv_blocks)]
-            if options.max_num_seqs:
-                argv += ["--max-num-seqs", str(options.max_num_seqs)]
-            ch, info = await _spawn("replicas", argv, log_dir, options.ready_timeout_s)
-            children.append(ch)
-            replica_urls: list[str] = info["replica_urls"]
-        elif options.isolation == "inline":
-            from simulator.stack import child  # not at import: `python -m ...child` warns
-
-            reps = await child.start_replicas(
-                options.replicas,
-                options.speedup,
-                options.model,
-                options.kv_blocks,
-                options.max_num_seqs,
-            )
-            inline.extend(reps)
-            replica_urls = [r.url for r in reps]
-        else:
-            raise ValueError(f"isolation must be 'process' or 'inline', not {options.isolation!r}")
+        replica_urls = await _start_replicas(options, log_dir, children, inline)
         await _wait_replicas(replica_urls, deadline)
         endpoints = [u.removeprefix("http://") for u in replica_urls]
 

@@ -88,7 +88,7 @@ async def serve_pages() -> None:
                 _, _, self.buf = self.buf.partition(b"\r\n\r\n")
                 if self.answer == b"endless":
                     self.t.write(head + b"Transfer-Encoding: chunked\r\n\r\n")
-                    asyncio.ensure_future(self.endless())
+                    self.writer = asyncio.ensure_future(self.endless())
                 elif self.answer is not None:
                     self.t.write(self.answer)
 

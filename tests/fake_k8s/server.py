@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import socket
@@ -426,7 +427,5 @@ class _Handler(BaseHTTPRequestHandler):
 
     def cut(self) -> None:
         self.close_connection = True
-        try:
+        with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass

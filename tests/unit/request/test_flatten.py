@@ -11,11 +11,7 @@ def test_next_turn_extends_the_flattened_previous_turn() -> None:
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]},
     ]
-    turn2 = turn1 + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "42"},
-        {"role": "user", "content": "thanks"},
-    ]
+    turn2 = [*turn1, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]}, {"role": "tool", "tool_call_id": "c1", "content": "42"}, {"role": "user", "content": "thanks"}]
     a, b = chat_prompt(turn1), chat_prompt(turn2)
     assert b.startswith(a) and len(b) > len(a)
     assert "http://x/a.png" in a and "[call f({\"a\":1})]" in b and "[result c1]42" in b

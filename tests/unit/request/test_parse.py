@@ -89,7 +89,8 @@ def test_priority_from_objective_header_then_model_config() -> None:
         RequestControlConfig(model_priorities={"batch": -1}, objective_priorities={"gold": 7}),
         trust_control_headers=True,
     )
-    get = lambda hdrs, model: p.parse("/v1/completions", hdrs, body(model=model, prompt="x")).request.priority
+    def get(hdrs, model):
+        return p.parse("/v1/completions", hdrs, body(model=model, prompt="x")).request.priority
     assert get({"x-gateway-inference-objective": "gold"}, "batch") == 7
     assert get({"x-gateway-inference-objective": "unknown"}, "batch") == -1
     assert get({}, "other") == 0

@@ -163,7 +163,7 @@ def test_session_affinity_keeps_a_session_on_one_replica() -> None:
     trace = [req(i, i * 0.05, prefix=i, session=f"s{i % 3}") for i in range(12)]
     result = replay(ListWorkload(trace), "session-affinity")
     by_session: dict[str, set[int]] = {}
-    for r, o in zip(trace, result.outcomes):
+    for r, o in zip(trace, result.outcomes, strict=True):
         by_session.setdefault(r.session_id, set()).add(o.replica)
     assert all(len(v) == 1 for v in by_session.values())
     assert len({next(iter(v)) for v in by_session.values()}) == 3  # spread by load at first

@@ -176,7 +176,7 @@ def test_capacity_and_pinning_invariants(steps: list[tuple[str, int, int, int, i
             final = chain_block_ids(range(len(held) + 3), family) if op == "final" else None
             cache.free(slot, final)
         assert cache.used_blocks + cache.cached_blocks + cache.free_blocks == 24
-        assert 0 <= cache.free_blocks and cache.used_blocks <= 24
+        assert cache.free_blocks >= 0 and cache.used_blocks <= 24
         for held in running.values():
             assert cache.contains_prefix(held) == len(held)
     assert cache.hits_tokens <= cache.queries_tokens
