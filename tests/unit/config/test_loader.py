@@ -83,3 +83,43 @@ def test_unknown_top_level_section_is_named_in_a_warning(caplog: pytest.LogCaptu
     assert cfg.prefix.block_chars == 64  # the misspelt section is not applied...
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "'prefixIndx'" in warnings[0] and "my.yaml" in warnings[0]
+
+
+def test_prefix_producer_is_added_implicitly_with_the_prefix_index_section(caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        cfg = loads_config(
+            "plugins: [{type: prefix-cache-scorer}, {type: max-score-picker}]\n"
+            "schedulingProfiles: [{name: p, plugins: [{pluginRef: prefix-cache-scorer}, {pluginRef: max-score-picker}]}]\n"
+            "prefixIndex: {blockChars: 32}\n"
+        )
+    assert cfg.producers == ("approx-prefix-cache-producer",)
+    assert cfg.plugins["approx-prefix-cache-producer"].params.block_chars == 32
+    assert any("adding approx-prefix-cache-producer" in r.getMessage() for r in caplog.records)
+
+
+def test_explicit_producer_parameters_override_the_section_and_no_producer_when_none_reads() -> None:
+    cfg = loads_config(
+        "plugins:\n"
+        "- {type: approx-prefix-cache-producer, name: idx, parameters: {ttlSeconds: 30}}\n"
+        "- {type: prefix-cache-scorer}\n- {type: max-score-picker}\n"
+        "schedulingProfiles: [{plugins: [{pluginRef: prefix-cache-scorer}, {pluginRef: max-score-picker}]}]\n"
+        "prefixIndex: {blockChars: 128, ttlSeconds: 99}\n"
+    )
+    assert cfg.producers == ("idx",)
+    params = cfg.plugins["idx"].params
+    assert (params.block_chars, params.ttl_seconds) == (128, 30)
+    plain = loads_config(
+        "plugins: [{type: queue-scorer}, {type: random-picker}]\n"
+        "schedulingProfiles: [{plugins: [{pluginRef: queue-scorer}, {pluginRef: random-picker}]}]\n"
+    )
+    assert plain.producers == ()
+
+
+def test_a_producer_in_a_profile_is_an_error_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"schedulingProfiles\[0\].plugins\[0\].pluginRef.*producer"):
+        loads_config(
+            "plugins: [{type: approx-prefix-cache-producer}, {type: max-score-picker}]\n"
+            "schedulingProfiles: [{plugins: [{pluginRef: approx-prefix-cache-producer}, {pluginRef: max-score-picker}]}]\n"
+        )
