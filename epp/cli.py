@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from epp.config.loader import EppConfig, default_config, load_config
-from epp.config.request_control import DEFAULT_MAX_BODY_BYTES, parse_request_control
+from epp.config.request_control import DEFAULT_MAX_BODY_BYTES
 from epp.datastore.pagefetch import DEFAULT_MAX_BYTES as DEFAULT_MAX_PAGE_BYTES
 from epp.datastore.scraper import ScrapeOptions
-from epp.datastore.static import endpoints_from_config, parse_endpoint_list
+from epp.datastore.static import parse_endpoint_list
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.extproc import convert
@@ -285,8 +285,8 @@ def _check_tls_files(args: argparse.Namespace) -> None:
 
 async def serve(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    rc = parse_request_control(cfg.raw)  # validate early: errors name the field
-    static = endpoints_from_config(cfg.raw)
+    rc = cfg.request_control
+    static = list(cfg.static_endpoints)
     if args.endpoints:
         static = parse_endpoint_list(args.endpoints, engine=args.engine)
 

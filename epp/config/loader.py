@@ -18,16 +18,18 @@ Format (an ``EndpointPickerConfig``, as the Gateway API Inference Extension uses
     saturation: {...}             # optional, see SaturationConfig
 
 Filters run in the order the profile lists them; scorers need a ``weight``; exactly one
-picker. Parameter names are camelCase in YAML (snake_case is accepted too). Every error names
-the field, e.g. ``config field 'plugins[2].parameters.minMatchChunks': expected an integer``.
-Other top-level sections are kept in ``EppConfig.raw`` for the layers that own them.
+picker; data producers (``approx-prefix-cache-producer``) run for every request and are not
+referenced by the profile. Parameter names are camelCase in YAML (snake_case is accepted too).
+Sections and parameters are validated by pydantic (``epp.schema``, strict: no silent
+coercion), and every error names the field, e.g.
+``config field 'plugins[2].parameters.minMatchChunks': expected an integer, got true``.
+The document is parsed once: ``requestControl`` and ``staticEndpoints`` are parsed here too,
+into ``EppConfig.request_control`` and ``EppConfig.static_endpoints``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -36,6 +38,10 @@ from typing import Any
 
 import yaml
 
+from epp import schema
+from epp.config.request_control import RequestControlConfig, parse_request_control
+from epp.datastore.endpoint import Endpoint
+from epp.datastore.static import endpoints_from_config
 from epp.errors import ConfigError
 from epp.plugins.registry import APPROX_PREFIX_PRODUCER, PLUGIN_TYPES
 from epp.prefix.producer import PrefixIndexConfig
@@ -70,6 +76,10 @@ class EppConfig:
     prefix: PrefixIndexConfig = field(default_factory=PrefixIndexConfig)
     """The approximate prefix producer's settings (``prefixIndex``, or its parameters)."""
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
+    request_control: RequestControlConfig = field(default_factory=RequestControlConfig)
+    """The ``requestControl`` section."""
+    static_endpoints: tuple[Endpoint, ...] = ()
+    """The ``staticEndpoints`` section."""
     raw: Mapping[str, Any] = field(default_factory=dict)
     source: str = "<default>"
 
@@ -84,56 +94,19 @@ _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 SHIPPED = ("default", "filter-chain")
 
 
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(p.title() for p in rest)
 
 
-def _coerce(value: Any, typ: Any, where: str) -> Any:
-    if typ in ("int", int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(where, f"expected an integer, got {value!r}")
-        return value
-    if typ in ("float", float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(where, f"expected a number, got {value!r}")
-        return float(value)
-    if typ in ("bool", bool):
-        if not isinstance(value, bool):
-            raise ConfigError(where, f"expected true or false, got {value!r}")
-        return value
-    if typ in ("str", str):
-        if not isinstance(value, str):
-            raise ConfigError(where, f"expected a string, got {value!r}")
-        return value
-    return value
+def _coerce_weight(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(where, f"expected a number, got {value!r}")
+    return float(value)
 
 
-def build_params(cls: type, raw: Any, where: str) -> Any:
-    """Build a frozen parameter dataclass from a YAML mapping, naming any bad field."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(where, "expected a mapping of parameters")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        fname = _snake(str(key))
-        f = fields.get(fname)
-        if f is None:
-            known = ", ".join(_camel(n) for n in fields) or "none"
-            raise ConfigError(f"{where}.{key}", f"unknown parameter (known: {known})")
-        values[fname] = _coerce(value, f.type, f"{where}.{key}")
-    params = cls(**values)
-    for f in dataclasses.fields(cls):
-        v = getattr(params, f.name)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
-            raise ConfigError(f"{where}.{_camel(f.name)}", f"must not be negative, got {v}")
-    return params
+build_params = schema.build
+"""A frozen parameter dataclass from a YAML mapping, naming any bad field (pydantic)."""
 
 
 def parse_config(data: Any, source: str = "<config>") -> EppConfig:
@@ -154,6 +127,8 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
         producers=producers,
         prefix=prefix,
         saturation=build_params(SaturationConfig, data.get("saturation"), "saturation"),
+        request_control=parse_request_control(data),
+        static_endpoints=tuple(endpoints_from_config(data)),
         raw=dict(data),
         source=source,
     )
@@ -212,7 +187,7 @@ def _plugins(data: Mapping[str, Any]) -> dict[str, PluginSpec]:
         raw_params = item.get("parameters")
         if ptype == APPROX_PREFIX_PRODUCER:  # the prefixIndex section, overridden by these
             raw_params = _merged(data.get("prefixIndex"), raw_params, f"{where}.parameters")
-        params = build_params(pt.params, raw_params, f"{where}.parameters")
+        params: Any = build_params(pt.params, raw_params, f"{where}.parameters")
         plugins[name] = PluginSpec(name, ptype, pt.kind, params)
     return plugins
 
@@ -252,7 +227,7 @@ def _profile(profiles: Any, plugins: Mapping[str, PluginSpec]) -> ProfileSpec:
         where = f"schedulingProfiles[0].plugins[{j}]"
         spec = _ref(ref, plugins, where)
         if spec.kind == "scorer":
-            weight = _coerce(ref.get("weight", 1), float, f"{where}.weight")
+            weight = _coerce_weight(ref.get("weight", 1), f"{where}.weight")
             if weight < 0:
                 raise ConfigError(f"{where}.weight", f"must not be negative, got {weight}")
             scorers.append((spec.name, weight))

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, StringConstraints
 
 from epp.datastore.endpoint import ENGINE_LABEL, Endpoint, endpoint_id, parse_endpoint_id
-from epp.datastore.scraper import ENGINES
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
+from epp.schema import STRICT, validate
 
 CONFIG_SECTION = "staticEndpoints"
 
@@ -34,6 +36,17 @@ def parse_endpoint_list(text: str, engine: str = "", where: str = "--endpoints")
     return _unique(out, where)
 
 
+class _StaticEndpoint(BaseModel):
+    model_config = STRICT
+    address: Annotated[str, StringConstraints(min_length=1)]
+    port: int = Field(ge=1, le=65535)
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """0: the serving port."""
+    engine: Literal["", "vllm", "sglang"] = ""
+    """An unknown engine would be scraped for vLLM's metric names, never matching."""
+    labels: dict[str, str] = {}
+
+
 def endpoints_from_config(raw: Mapping[str, Any] | None) -> list[Endpoint]:
     section = (raw or {}).get(CONFIG_SECTION)
     if section is None:
@@ -48,25 +61,8 @@ def endpoints_from_config(raw: Mapping[str, Any] | None) -> list[Endpoint]:
             continue
         if not isinstance(item, Mapping):
             raise ConfigError(where, "must be 'ip:port' or a mapping with address and port")
-        address = item.get("address")
-        port = item.get("port")
-        if not isinstance(address, str) or not address:
-            raise ConfigError(f"{where}.address", "must be a non-empty string")
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise ConfigError(f"{where}.port", f"must be an integer in 1..65535, got {port!r}")
-        mport = item.get("metricsPort", 0)
-        if isinstance(mport, bool) or not isinstance(mport, int) or not 0 <= mport < 65536:
-            raise ConfigError(
-                f"{where}.metricsPort", f"must be an integer in 0..65535 (0: the serving port), got {mport!r}"
-            )
-        engine = item.get("engine", "")
-        if not isinstance(engine, str) or (engine and engine not in ENGINES):
-            # an unknown engine would be scraped for vLLM's metric names, never matching
-            raise ConfigError(f"{where}.engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
-        labels = item.get("labels", {})
-        if not isinstance(labels, Mapping):
-            raise ConfigError(f"{where}.labels", "must be a mapping of strings")
-        out.append(_endpoint(address, port, mport, engine, {str(k): str(v) for k, v in labels.items()}))
+        e: _StaticEndpoint = validate(_StaticEndpoint, dict(item), where)
+        out.append(_endpoint(e.address, e.port, e.metrics_port, e.engine, dict(e.labels)))
     return _unique(out, CONFIG_SECTION)
 
 

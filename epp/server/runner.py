@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from epp.config.loader import EppConfig, default_config
-from epp.config.request_control import RequestControlConfig, parse_request_control
+from epp.config.request_control import RequestControlConfig
 from epp.datastore.endpoint import Endpoint
 from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
@@ -204,7 +204,7 @@ async def start_server(
     """Build and start epp. ``endpoints`` is a static pool; ``sources`` start other sources."""
     cfg = config or default_config()
     opts = options or ServerOptions()
-    rc: RequestControlConfig = parse_request_control(cfg.raw)
+    rc: RequestControlConfig = cfg.request_control
     if opts.fallbacks is not None:
         rc = dataclasses.replace(rc, fallbacks=opts.fallbacks)
     if opts.max_body_bytes is not None:
