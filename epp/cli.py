@@ -335,6 +335,7 @@ async def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_buffered_bytes=args.max_buffered_bytes,
         trust_control_headers=args.trust_control_headers,
+        pool_name=getattr(args, "pool_name", "") or "static",
         response_limits=ResponseLimits(args.max_response_json_bytes, args.max_sse_line_bytes),
         grace_s=args.grace_s,
         shutdown_delay_s=args.shutdown_delay_s,

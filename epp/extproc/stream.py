@@ -273,7 +273,9 @@ class RequestStream:
         raw = bytes(self._body)
         self._drop_body()
         parsed = self._parser.parse(self._path, self._headers, raw)
-        routing = self._routing = self._deferred = self._director.route(parsed.request, self._subset)
+        routing = self._routing = self._deferred = self._director.route(
+            parsed.request, self._subset, len(raw)
+        )
         self._phase = Phase.ROUTED
         body = parsed.body
         if self._request_mode != convert.FULL_DUPLEX_STREAMED:

@@ -15,6 +15,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.observability.hotpath import LightCounter, LightHistogram
 
+_DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300)
+_NTPOT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.5, 1, 5)
+_SIZE_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
+_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+
 MAX_MODEL_LABELS = 100
 """Distinct ``model`` label values; models first seen after that count under ``other``."""
 MAX_LABEL_CHARS = 128
@@ -150,6 +155,7 @@ class EppMetrics:
         self.sync_subscribers = Gauge(
             "epp_sync_subscribers", "Peers currently subscribed to this replica.", registry=r
         )
+        self._inference_extension_metrics(r)
         self.sync_dropped_slow = self.sync_dropped.labels("slow_subscriber")
         self.sync_dropped_unknown = self.sync_dropped.labels("unknown_endpoint")
         self._request_children: dict[tuple[str, str], Any] = {}
@@ -160,6 +166,112 @@ class EppMetrics:
         self._last_lookup_chunks = 0
         self._last_hit_chunks = 0
         self.observe_scheduling: Callable[[float], None] = self.scheduling_duration.observe
+
+    # --- the Inference Extension's names (docs/serve.md), so its dashboards and alerts work ---
+
+    def _inference_extension_metrics(self, r: CollectorRegistry) -> None:
+        objective = ["model_name", "target_model_name"]
+        self.objective_requests = LightCounter(
+            "inference_objective_request", "Requests per client model and served (target) model.",
+            objective, registry=r,
+        )
+        self.objective_errors = LightCounter(
+            "inference_objective_request_error",
+            "Requests that ended with an error status (from epp or the model server).",
+            [*objective, "error_code"], registry=r,
+        )
+        self.objective_duration = LightHistogram(
+            "inference_objective_request_duration_seconds",
+            "Time from routing to the end of the response.", objective, registry=r,
+            buckets=_DURATION_BUCKETS,
+        )
+        self.objective_ntpot = LightHistogram(
+            "inference_objective_normalized_time_per_output_token_seconds",
+            "Request duration divided by the output tokens.", objective, registry=r,
+            buckets=_NTPOT_BUCKETS,
+        )
+        self.objective_request_sizes = LightHistogram(
+            "inference_objective_request_sizes", "Request body sizes, bytes.", objective,
+            registry=r, buckets=_SIZE_BUCKETS,
+        )
+        self.objective_response_sizes = LightHistogram(
+            "inference_objective_response_sizes", "Response body sizes, bytes.", objective,
+            registry=r, buckets=_SIZE_BUCKETS,
+        )
+        self.objective_input_tokens = LightHistogram(
+            "inference_objective_input_tokens", "Prompt tokens (from usage).", objective,
+            registry=r, buckets=_TOKEN_BUCKETS,
+        )
+        self.objective_output_tokens = LightHistogram(
+            "inference_objective_output_tokens", "Output tokens (from usage).", objective,
+            registry=r, buckets=_TOKEN_BUCKETS,
+        )
+        self.objective_running = Gauge(
+            "inference_objective_running_requests", "Requests in flight per client model.",
+            ["model_name"], registry=r,
+        )
+        self.pool_average_kv = Gauge(
+            "inference_pool_average_kv_cache_utilization",
+            "Mean KV-cache use (0..1) over ready endpoints.", ["name"], registry=r,
+        )
+        self.pool_average_queue = Gauge(
+            "inference_pool_average_queue_size", "Mean waiting requests over ready endpoints.",
+            ["name"], registry=r,
+        )
+        self.pool_pod_queue = Gauge(
+            "inference_pool_per_pod_queue_size", "Waiting requests per endpoint.",
+            ["name", "model_server_pod"], registry=r,
+        )
+        self.pool_ready_pods = Gauge(
+            "inference_pool_ready_pods", "Endpoints with fresh metrics.", ["name"], registry=r,
+        )
+        self.extension_info = Gauge(
+            "inference_extension_info", "Build information (value 1).", ["commit", "build_ref"],
+            registry=r,
+        )
+        self.scheduler_attempts = Counter(
+            "inference_extension_scheduler_attempts",
+            "Scheduling attempts: success, or failure (no endpoint, shed).", ["status"],
+            registry=r,
+        )
+        self.scheduled = self.scheduler_attempts.labels("success").inc
+        self.schedule_failed = self.scheduler_attempts.labels("failure").inc
+        self.pool_name = "static"
+        self._objective_children: dict[tuple[str, str], tuple[Any, ...]] = {}
+
+    def set_build(self, commit: str, build_ref: str) -> None:
+        self.extension_info.labels(commit, build_ref).set(1)
+
+    def request_running(self, model: str, delta: int) -> None:
+        self.objective_running.labels(self.model_label(model)).inc(delta)
+
+    def objective_done(
+        self, model: str, target: str, status: int, duration_s: float, request_bytes: int,
+        response_bytes: int, input_tokens: int, output_tokens: int,
+    ) -> None:
+        """One request's Inference Extension metrics (the request has finished)."""
+        key = (self.model_label(model), self.model_label(target))
+        c = self._objective_children.get(key)
+        if c is None:
+            c = self._objective_children[key] = (
+                self.objective_requests.labels(*key), self.objective_duration.labels(*key),
+                self.objective_ntpot.labels(*key), self.objective_request_sizes.labels(*key),
+                self.objective_response_sizes.labels(*key),
+                self.objective_input_tokens.labels(*key),
+                self.objective_output_tokens.labels(*key),
+            )  # fmt: skip
+        c[0].inc()
+        if status >= 400:
+            self.objective_errors.labels(*key, str(status)).inc()
+            return
+        c[1].observe(duration_s)
+        c[3].observe(request_bytes)
+        c[4].observe(response_bytes)
+        if input_tokens:
+            c[5].observe(input_tokens)
+        if output_tokens:
+            c[6].observe(output_tokens)
+            c[2].observe(duration_s / output_tokens)
 
     # --- background --------------------------------------------------------------------
 
@@ -240,11 +352,14 @@ class EppMetrics:
             self.endpoint_queue.labels(e.id).set(e.metrics.waiting)
             self.endpoint_kv.labels(e.id).set(e.metrics.kv_usage)
             self.endpoint_stale.labels(e.id).set(1 if e.stale else 0)
+            self.pool_pod_queue.labels(self.pool_name, e.id).set(e.metrics.waiting)
             if not e.stale and e.metrics.known:
                 ready += 1
                 queue_sum += e.metrics.waiting
                 kv_sum += e.metrics.kv_usage
         for gone in self._endpoint_labels - seen:
+            with contextlib.suppress(KeyError):
+                self.pool_pod_queue.remove(self.pool_name, gone)
             for g in (self.endpoint_in_flight, self.endpoint_queue, self.endpoint_kv,
                       self.endpoint_stale):
                 with contextlib.suppress(KeyError):
@@ -254,6 +369,10 @@ class EppMetrics:
         self.pool_ready.set(ready)
         self.pool_queue.set(queue_sum / ready if ready else 0.0)
         self.pool_kv.set(kv_sum / ready if ready else 0.0)
+        name = self.pool_name
+        self.pool_ready_pods.labels(name).set(ready)
+        self.pool_average_queue.labels(name).set(queue_sum / ready if ready else 0.0)
+        self.pool_average_kv.labels(name).set(kv_sum / ready if ready else 0.0)
         if index_stats is not None:
             self.index_entries.set(getattr(index_stats, "entries", 0))
             self.index_evictions.set(getattr(index_stats, "evictions", 0))

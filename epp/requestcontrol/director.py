@@ -41,6 +41,7 @@ class Routing:
     """``ip:port[,fallback...]``: the header value and the ``envoy.lb`` metadata value."""
     started_s: float
     scheduling_s: float = 0.0
+    request_bytes: int = 0
     released: bool = False
     settled: bool = False
 
@@ -70,8 +71,22 @@ class Director:
         self._fallbacks = fallbacks
         self._clock = clock
 
-    def route(self, request: InferenceRequest, subset: Sequence[str] | None) -> Routing:
+    def route(
+        self, request: InferenceRequest, subset: Sequence[str] | None, request_bytes: int = 0
+    ) -> Routing:
         """Pick targets for ``request``; raises Unavailable (503) or Overloaded (429)."""
+        try:
+            routing = self._route(request, subset, request_bytes)
+        except (Unavailable, Overloaded):
+            self._metrics.schedule_failed()
+            raise
+        self._metrics.scheduled()
+        self._metrics.request_running(routing.client_model, 1)
+        return routing
+
+    def _route(
+        self, request: InferenceRequest, subset: Sequence[str] | None, request_bytes: int
+    ) -> Routing:
         now_s = self._clock()
         endpoints: Sequence[Endpoint] = self._datastore.routable()
         if subset is not None:
@@ -104,7 +119,7 @@ class Director:
                 request.request_id, request.model, request.api.value, len(request.prompt),
                 destination,
             )
-        return Routing(request, result, destination, now_s, scheduling_s)
+        return Routing(request, result, destination, now_s, scheduling_s, request_bytes)
 
     def settle(self, routing: Routing) -> None:
         """After the routing reply was sent: record the pick, observe scheduling metrics."""
@@ -121,6 +136,11 @@ class Director:
             return
         self.settle(routing)  # learning from the reply extends the recorded chain
         self._release(routing, str(info.status))
+        self._metrics.objective_done(
+            routing.client_model, routing.request.model, info.status,
+            self._clock() - routing.started_s, routing.request_bytes, info.response_bytes,
+            info.prompt_tokens, info.completion_tokens,
+        )  # fmt: skip
         if info.prompt_tokens or info.completion_tokens:
             self._metrics.usage(
                 routing.client_model, info.prompt_tokens, info.cached_tokens,
@@ -135,12 +155,19 @@ class Director:
         """The stream ended without a complete response (client cancel or no response phase)."""
         if not routing.released:
             self._release(routing, status)
+            if status.isdigit():
+                self._metrics.objective_done(
+                    routing.client_model, routing.request.model, int(status),
+                    self._clock() - routing.started_s, routing.request_bytes, 0, 0, 0,
+                )  # fmt: skip
 
     def _release(self, routing: Routing, status: str) -> None:
         routing.released = True
         self._datastore.request_finished(routing.target_id)
         self._metrics.request_done(routing.client_model, status)
+        self._metrics.request_running(routing.client_model, -1)
 
     def rejected(self, model: str, status: int) -> None:
         """A request answered by epp itself with an error status."""
         self._metrics.request_done(model, str(status))
+        self._metrics.objective_done(model, "", status, 0.0, 0, 0, 0, 0)

@@ -60,6 +60,7 @@ class ResponseReader:
         "_held",
         "_limits",
         "_long_line",
+        "_size",
         "_text",
         "_text_len",
         "_to",
@@ -89,6 +90,7 @@ class ResponseReader:
         self._text_len = 0
         self.usage = Usage()
         self._too_big = False
+        self._size = 0
         self._long_line = False
         """Inside an SSE line past MAX_SSE_LINE_BYTES: pass it through up to its newline."""
 
@@ -98,6 +100,7 @@ class ResponseReader:
 
     def feed(self, chunk: bytes, end: bool) -> bytes:
         """Consume one body chunk; return the bytes to forward now."""
+        self._size += len(chunk)
         if self.sse:
             return self._feed_sse(chunk, end)
         if not self._too_big:
@@ -127,6 +130,7 @@ class ResponseReader:
             cached_tokens=u.cached_tokens,
             completion_tokens=u.completion_tokens,
             generated_text="".join(self._text),
+            response_bytes=self._size,
         )
 
     # --- JSON --------------------------------------------------------------------------

@@ -88,3 +88,5 @@ class ResponseInfo:
     cached_tokens: int | None = None
     completion_tokens: int = 0
     generated_text: str = ""
+    response_bytes: int = 0
+    """Size of the response body as it left the model server."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import importlib.metadata
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -70,6 +72,8 @@ class ServerOptions:
     """Request-body bytes all open streams may hold together (503 past it)."""
     response_limits: ResponseLimits = field(default_factory=ResponseLimits)
     """What a model server's response may make epp hold while it reads usage from it."""
+    pool_name: str = "static"
+    """The ``name`` label of the inference_pool_* metrics (the InferencePool's name)."""
     trust_control_headers: bool = False
     """Honour x-gateway-model-name-rewrite / x-gateway-inference-objective from requests
     (only when a proxy in front sets or strips them); else they are ignored and removed."""
@@ -212,6 +216,8 @@ async def start_server(
 
     registry = registry if registry is not None else CollectorRegistry()
     metrics = EppMetrics(registry)
+    metrics.pool_name = opts.pool_name
+    metrics.set_build(os.environ.get("EPP_COMMIT", "unknown"), _version())
     ds = datastore or Datastore(stale_after_s=cfg.saturation.metrics_staleness_seconds)
     sched = scheduler or build_scheduler(cfg, rng or random.Random())
     ds.on_removed(sched.remove_endpoint)
@@ -334,6 +340,13 @@ async def _start_rest(
         handle.grpc_port, handle.health_port, handle.metrics_port, handle.sync_port, len(ds),
         convert.BodySendMode.Name(opts.processing_mode),
     )
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("epp")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 async def _pool_known(ds: Datastore) -> None:

@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
                    "tiny local model (installed into .venv-vllm on first use: ~2 min, 3.4 GB; "
                    "~40 s and ~1.5 GB per server; 2 servers suit 2 cores)")
     g.add_argument("--vllm-kv-mib", type=int, default=64,
-                   help="with --engine vllm: KV cache per server, MiB (~2 KiB a token)")
+                   help="with --engine vllm: KV cache per server, MiB (1 KiB a token for the tiny model)")
     g.add_argument(
         "--policy",
         choices=["epp", "random", "round-robin"],

