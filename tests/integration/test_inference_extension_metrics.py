@@ -1,0 +1,53 @@
+"""epp exports the Inference Extension's metric names, so its users' dashboards and alerts work."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+
+from tests.integration import envoy_client as ec
+from tests.integration.extproc_fixtures import start_epp, stop_epp
+
+BODY = json.dumps({"model": "m", "prompt": "hello " * 100}).encode()
+ANSWER = json.dumps({"choices": [{"text": "ok"}],
+                     "usage": {"prompt_tokens": 120, "completion_tokens": 8}}).encode()  # fmt: skip
+
+
+async def test_a_request_moves_the_inference_extension_metrics() -> None:
+    e = await start_epp()
+    try:
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers(), ec.request_body(BODY, True))
+        await s.recv_n(2)
+        reg = e.handle.registry
+        labels = {"model_name": "m", "target_model_name": "m"}
+        assert reg.get_sample_value("inference_objective_running_requests", {"model_name": "m"}) == 1
+        await s.send(ec.response_headers(), ec.response_body(ANSWER, True))
+        await s.recv_n(2)
+        assert await s.close() == grpc.StatusCode.OK
+        assert reg.get_sample_value("inference_objective_request_total", labels) == 1
+        assert reg.get_sample_value("inference_objective_request_duration_seconds_count", labels) == 1
+        assert reg.get_sample_value("inference_objective_request_sizes_sum", labels) == len(BODY)
+        assert reg.get_sample_value("inference_objective_response_sizes_sum", labels) == len(ANSWER)
+        assert reg.get_sample_value("inference_objective_input_tokens_sum", labels) == 120
+        assert reg.get_sample_value("inference_objective_output_tokens_sum", labels) == 8
+        assert reg.get_sample_value(
+            "inference_objective_normalized_time_per_output_token_seconds_count", labels) == 1
+        assert reg.get_sample_value("inference_objective_running_requests", {"model_name": "m"}) == 0
+        assert reg.get_sample_value("inference_extension_scheduler_attempts_total", {"status": "success"}) == 1
+
+        s = ec.Stream(e.channel)  # an error epp answers itself
+        await s.send(ec.request_headers(), ec.request_body(b"{", True))
+        await s.recv()
+        err = {"model_name": "", "target_model_name": "", "error_code": "400"}
+        assert reg.get_sample_value("inference_objective_request_error_total", err) == 1
+
+        e.handle.metrics.refresh_pool(e.handle.datastore.snapshot())
+        assert reg.get_sample_value("inference_pool_ready_pods", {"name": "static"}) == 4
+        pods = [s for m in reg.collect() if m.name == "inference_pool_per_pod_queue_size" for s in m.samples]
+        assert len(pods) == 4
+        info = [s for m in reg.collect() if m.name == "inference_extension_info" for s in m.samples]
+        assert len(info) == 1 and info[0].value == 1
+    finally:
+        await stop_epp(e)
