@@ -404,12 +404,35 @@ EPP_METRICS = {
     "epp_endpoint_queue_size",
     "epp_endpoint_kv_cache_utilization",
 }
+INFERENCE_EXTENSION_METRICS = {
+    "inference_objective_request_total",
+    "inference_objective_request_error_total",
+    "inference_objective_request_duration_seconds",
+    "inference_objective_normalized_time_per_output_token_seconds",
+    "inference_objective_request_sizes",
+    "inference_objective_response_sizes",
+    "inference_objective_input_tokens",
+    "inference_objective_output_tokens",
+    "inference_objective_running_requests",
+    "inference_pool_average_kv_cache_utilization",
+    "inference_pool_average_queue_size",
+    "inference_pool_per_pod_queue_size",
+    "inference_pool_ready_pods",
+    "inference_extension_info",
+    "inference_extension_scheduler_attempts_total",
+}
 VLLM_METRICS = {
     "vllm:time_to_first_token_seconds",
     "vllm:num_requests_waiting",
     "vllm:kv_cache_usage_perc",
 }
 HISTOGRAMS = {
+    "inference_objective_request_duration_seconds",
+    "inference_objective_normalized_time_per_output_token_seconds",
+    "inference_objective_request_sizes",
+    "inference_objective_response_sizes",
+    "inference_objective_input_tokens",
+    "inference_objective_output_tokens",
     "epp_scheduling_duration_seconds",
     "epp_plugin_duration_seconds",
     "vllm:time_to_first_token_seconds",
@@ -422,13 +445,14 @@ def test_grafana_dashboard_covers_every_metric_and_no_unknown_one() -> None:
     exprs = [t["expr"] for p in panels for t in p["targets"]]
     used = set()
     for expr in exprs:
-        for name in re.findall(r"\b((?:epp_|vllm:)[a-z_:]+)", expr):
+        for name in re.findall(r"\b((?:epp_|vllm:|inference_)[a-z_:]+)", expr):
             base = re.sub(r"_(bucket|sum|count)$", "", name)
-            assert base in EPP_METRICS | VLLM_METRICS, f"unknown metric {name} in {expr}"
+            known = EPP_METRICS | VLLM_METRICS | INFERENCE_EXTENSION_METRICS
+            assert base in known, f"unknown metric {name} in {expr}"
             if base in HISTOGRAMS:
                 assert name.endswith("_bucket") and "histogram_quantile" in expr, expr
             used.add(base)
-    assert used == EPP_METRICS | VLLM_METRICS
+    assert used == EPP_METRICS | VLLM_METRICS | INFERENCE_EXTENSION_METRICS
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     for panel in panels:
