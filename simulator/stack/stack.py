@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -85,18 +86,27 @@ class _Child:
     name: str
     proc: asyncio.subprocess.Process
     log_path: Path
+    group: bool = False
+    """Signal the child's whole process group (it was started in a session of its own and
+    has children of its own: vLLM's engine core and worker outlive a killed API server)."""
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if self.group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        if self.proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.terminate()
-        try:
-            await asyncio.wait_for(self.proc.wait(), timeout_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
+        if self.proc.returncode is None:
+            self.signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout_s)
+            except TimeoutError:
+                self.signal(signal.SIGKILL)
+                await self.proc.wait()
+        if self.group:  # what the leader left behind
+            self.signal(signal.SIGKILL)
         if self.proc.stdin is not None:
             self.proc.stdin.close()
 
@@ -295,7 +305,7 @@ async def _start_vllm(
             )  # fmt: skip
         finally:
             err.close()
-        children.append(_Child(f"vllm-{i}", proc, log_path))
+        children.append(_Child(f"vllm-{i}", proc, log_path, group=True))
         urls.append(f"http://127.0.0.1:{port}")
     return urls
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 from collections.abc import AsyncIterator
 from typing import Any
@@ -147,7 +146,7 @@ async def test_a_killed_server_leaves_the_rotation(stack: Stack, http: aiohttp.C
     epp = epp_of(stack)
     victim = next(c for c in stack._children if c.name == "vllm-0")
     dead = stack.endpoints()[0]
-    os.kill(victim.proc.pid, signal.SIGKILL)
+    victim.signal(signal.SIGKILL)  # the API server, its engine core and worker
     await victim.proc.wait()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 15.0
