@@ -152,11 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--engine", default="", choices=["vllm", "sglang"],
                    help="engine of the --endpoints servers: vllm or sglang (chooses the metric "
                    "names scraped; default vllm)")
-    g.add_argument("--scrape-interval-s", type=_number(0, strict=True), default=0.05,
-                   help="seconds between /metrics scrapes of each endpoint")
+    g.add_argument("--scrape-interval-s", type=_number(0, strict=True), default=0.2,
+                   help="seconds between /metrics scrapes of each endpoint (between scrapes "
+                   "the requests epp sent carry the load signal; a model server renders its "
+                   "page on every scrape)")
     g.add_argument("--scrape-budget-per-s", type=_number(0, strict=False), default=500.0,
                    help="most scrapes per second over the whole pool (0 = no limit): past "
-                   "interval x budget endpoints (25 at the defaults) each endpoint's period "
+                   "interval x budget endpoints (100 at the defaults) each endpoint's period "
                    "stretches to endpoints / budget, so scraping cost stays bounded")
     g.add_argument("--scrape-timeout-s", type=_number(0, strict=True), default=1.0,
                    help="timeout of one scrape, in seconds")

@@ -2,7 +2,7 @@
 
 Clock: simulated seconds from 0, jumped from event to event. Events are arrivals (in trace
 order), the replicas' own events (``Engine.next_event_time``: admissions, first tokens,
-finishes) and metric scrapes every ``scrape_interval_s`` (50 ms by default, as a production
+finishes) and metric scrapes every ``scrape_interval_s`` (200 ms by default, as a production
 scraper polls ``/metrics``).
 
 For each arrival at ``t``:
@@ -46,7 +46,7 @@ class ReplayConfig:
     kv_blocks: int = 4096
     """KV blocks per replica (4,096 x 16 tokens = 65,536 tokens)."""
     block_size_tokens: int = 16
-    scrape_interval_s: float = 0.05
+    scrape_interval_s: float = 0.2
     max_num_seqs: int = 32
     max_batched_tokens: int = 8192
     seed: int = 0

@@ -20,7 +20,7 @@ def test_byte_size_rejects_garbage() -> None:
 def test_serve_flags_and_defaults() -> None:
     args = build_parser().parse_args(["serve", "--endpoints", "10.0.0.1:8000"])
     assert (args.grpc_port, args.health_port, args.metrics_port) == (9002, 9003, 9090)
-    assert args.processing_mode == "full-duplex" and args.scrape_interval_s == 0.05
+    assert args.processing_mode == "full-duplex" and args.scrape_interval_s == 0.2
     help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
     for flag in ("--grpc-port", "--health-port", "--metrics-port", "--config", "--endpoints", "--log-level",
                  "--cert", "--key", "--processing-mode", "--scrape-interval-s", "--fallbacks", "--max-body-bytes"):
