@@ -9,11 +9,9 @@ stays counted in flight.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
@@ -40,20 +38,20 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.budget = budget if budget is not None else BodyBudget()
         self.open_streams = 0
 
-    async def Process(
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    async def Process(self, request_iterator: Any, context: Any) -> None:
+        """One ext_proc stream, with the servicer context's ``read`` / ``write`` (cheaper in
+        grpc.aio than an async generator of replies; the request iterator is unused)."""
         stream = RequestStream(
             self._parser, self._director, self._default_mode, self.budget, self._limits
         )
         self.open_streams += 1
+        read, write, eof = context.read, context.write, grpc.aio.EOF
         try:
             try:
-                async for msg in request_iterator:
+                while (msg := await read()) is not eof:
                     for reply in stream.handle(msg):
-                        yield reply
-                    # grpc.aio resumes the generator once the replies are written
-                    stream.after_replies()
+                        await write(reply)
+                    stream.after_replies()  # the replies are on the wire
                 stream.check_complete()
             except ProtocolError as exc:
                 log.info("ext_proc stream ended for a protocol error: %s", exc)
