@@ -238,12 +238,17 @@ class EppMetrics:
         self.schedule_failed = self.scheduler_attempts.labels("failure").inc
         self.pool_name = "static"
         self._objective_children: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._running_children: dict[str, Any] = {}
 
     def set_build(self, commit: str, build_ref: str) -> None:
         self.extension_info.labels(commit, build_ref).set(1)
 
     def request_running(self, model: str, delta: int) -> None:
-        self.objective_running.labels(self.model_label(model)).inc(delta)
+        label = self.model_label(model)  # bounded: the dict below cannot grow past 101 keys
+        child = self._running_children.get(label)
+        if child is None:
+            child = self._running_children[label] = self.objective_running.labels(label)
+        child.inc(delta)
 
     def objective_done(
         self, model: str, target: str, status: int, duration_s: float, request_bytes: int,

@@ -165,9 +165,10 @@ class RequestParser:
         if not isinstance(salt, str):
             raise BadRequest("'cache_salt' must be a string")
 
-        _check_encodable(prompt, "the prompt")
-        _check_encodable(model, "'model'")
-        _check_encodable(salt, "'cache_salt'")
+        if b"\\ud" in body or b"\\uD" in body:  # only a \\uXXXX escape makes a lone surrogate
+            _check_encodable(prompt, "the prompt")
+            _check_encodable(model, "'model'")
+            _check_encodable(salt, "'cache_salt'")
 
         target = self._rewrite(model, headers)
         out_body = body
