@@ -175,6 +175,15 @@ async def run_workload(
     return out
 
 
+def arrival_order(w: SharedPrefixWorkload) -> list[int]:
+    """Single-turn open loop: users (system prompt g, question q) in the order ``epp-sim
+    replay``'s shared-prefix generator sends them (a shuffle seeded by the workload's seed),
+    so the replay and the live stack run the same request sequence from one recipe."""
+    pairs = [(g, q) for g in range(w.num_groups) for q in range(w.num_prompts_per_group)]
+    random.Random(w.seed).shuffle(pairs)
+    return [g * w.num_prompts_per_group + q for g, q in pairs]
+
+
 async def _open_loop(
     session: aiohttp.ClientSession,
     w: SharedPrefixWorkload,
@@ -184,6 +193,7 @@ async def _open_loop(
 ) -> None:
     rng = random.Random(w.seed)
     users = len(convs)
+    order = list(range(users)) if w.multi_turn else arrival_order(w)
     tasks: list[asyncio.Task[None]] = []
     at = 0.0
     k = 0
@@ -195,7 +205,7 @@ async def _open_loop(
             delay = t_start + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)  # the arrival schedule itself
-            conv, t = convs[k % users], k // users
+            conv, t = convs[order[k % users]], k // users
             if not w.multi_turn:
                 t = 0
 
