@@ -142,6 +142,27 @@ async def test_streamed_chat_carries_usage_and_epp_learns_cached_tokens(
     assert after >= before + cached
 
 
+async def test_a_request_in_progress_reads_as_running_not_waiting(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    """vLLM's num_requests_running counts requests in the batch, num_requests_waiting those
+    queued behind it; epp's queue signal is waiting (+ what it sent since the last scrape)."""
+    epp = epp_of(stack)
+    body = {"model": MODEL, "prompt": "Tell a long story. " * 20, "max_tokens": 400,
+            "ignore_eos": True}  # fmt: skip
+    task = asyncio.ensure_future(post(http, stack.gateway_url + "/v1/completions", body))
+    seen = None
+    for _ in range(200):
+        busy = [e for e in epp.datastore.snapshot() if e.metrics.running >= 1]
+        if busy:
+            seen = busy[0]
+            break
+        await asyncio.sleep(0.05)
+    status, _, raw = await task
+    assert status == 200, raw
+    assert seen is not None and seen.metrics.waiting == 0  # one request: running, not queued
+
+
 async def test_a_killed_server_leaves_the_rotation(stack: Stack, http: aiohttp.ClientSession) -> None:
     epp = epp_of(stack)
     victim = next(c for c in stack._children if c.name == "vllm-0")
