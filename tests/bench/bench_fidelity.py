@@ -175,11 +175,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=200)
     args = ap.parse_args()
-    from simulator.vllm import vllm_home
+    from simulator.vllm import setup_missing
 
-    home = vllm_home()
-    if not (home / ".installed").exists() or not (home / "tiny-model" / "model.safetensors").exists():
-        print(f"skipped: real vLLM is not set up in {home} (./run vllm-setup)")
+    missing = setup_missing()
+    if missing:
+        print(f"skipped: {missing}")
         return
     asyncio.run(main_async(args))
 

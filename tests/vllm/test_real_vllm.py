@@ -33,10 +33,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
 def _ready() -> str:
     """'' when the vLLM environment and model are installed; else why the tier skips."""
-    home = vllm.vllm_home()
-    if not (home / ".installed").exists() or not (home / "tiny-model" / "model.safetensors").exists():
-        return f"real vLLM not set up in {home}: run ./run vllm-setup (CI does)"
-    return vllm.available()
+    return vllm.setup_missing() or vllm.available()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
