@@ -72,8 +72,8 @@ async def test_epp_reads_the_real_metrics_page_and_sizes_its_index_from_it(
     stack: Stack, http: aiohttp.ClientSession
 ) -> None:
     epp = epp_of(stack)
-    for _ in range(100):  # the first scrapes land within a few hundred ms of start
-        if all(e.metrics.known for e in epp.datastore.snapshot()):
+    for _ in range(600):  # the first scrapes land within a few hundred ms (30 s deadline)
+        if all(e.metrics.known and not e.stale for e in epp.datastore.snapshot()):
             break
         await asyncio.sleep(0.05)
     for e in epp.datastore.snapshot():
@@ -145,11 +145,13 @@ async def test_a_request_in_progress_reads_as_running_not_waiting(
     """vLLM's num_requests_running counts requests in the batch, num_requests_waiting those
     queued behind it; epp's queue signal is waiting (+ what it sent since the last scrape)."""
     epp = epp_of(stack)
-    body = {"model": MODEL, "prompt": "Tell a long story. " * 20, "max_tokens": 400,
+    body = {"model": MODEL, "prompt": "Tell a long story. " * 20, "max_tokens": 1500,
             "ignore_eos": True}  # fmt: skip
     task = asyncio.ensure_future(post(http, stack.gateway_url + "/v1/completions", body))
     seen = None
-    for _ in range(200):
+    for _ in range(600):  # 30 s deadline; the generation lasts seconds, scrapes every 200 ms
+        if task.done():
+            break
         busy = [e for e in epp.datastore.snapshot() if e.metrics.running >= 1]
         if busy:
             seen = busy[0]
@@ -167,7 +169,7 @@ async def test_a_killed_server_leaves_the_rotation(stack: Stack, http: aiohttp.C
     victim.signal(signal.SIGKILL)  # the API server, its engine core and worker
     await victim.proc.wait()
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 15.0
+    deadline = loop.time() + 30.0
     while dead in {e.id for e in epp.datastore.routable()} and loop.time() < deadline:
         await asyncio.sleep(0.1)  # polling a condition: scrapes fail, then it is stale
     assert dead not in {e.id for e in epp.datastore.routable()}
