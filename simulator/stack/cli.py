@@ -233,7 +233,10 @@ def _summary(stack: Stack) -> None:
     o = stack.options
     lines = [
         (
-            f"local stack up: {len(stack.replica_urls)} emulated replicas of {o.model} "
+            f"local stack up: {len(stack.replica_urls)} real vLLM servers of {o.model} "
+            f"({o.vllm_kv_cache_bytes >> 20} MiB KV each)"
+            if o.engine == "vllm"
+            else f"local stack up: {len(stack.replica_urls)} emulated replicas of {o.model} "
             f"(speedup {o.speedup:g}x, {o.kv_blocks or 'default'} KV blocks each)"
         ),
         f"  gateway   {stack.gateway_url}   policy {o.policy}, ext_proc mode {o.request_mode}",
