@@ -44,6 +44,7 @@ from epp.datastore.endpoint import Endpoint
 from epp.datastore.static import endpoints_from_config
 from epp.errors import ConfigError
 from epp.plugins.registry import APPROX_PREFIX_PRODUCER, PLUGIN_TYPES
+from epp.prefix.precise import PRECISE_PREFIX_PRODUCER
 from epp.prefix.producer import PrefixIndexConfig
 from epp.scheduling.saturation import SaturationConfig
 
@@ -208,7 +209,19 @@ def _producers(
             APPROX_PREFIX_PRODUCER, APPROX_PREFIX_PRODUCER, "producer", params
         )
         producers = [APPROX_PREFIX_PRODUCER]
-    return tuple(producers)
+    precise = [n for n in producers if plugins[n].type == PRECISE_PREFIX_PRODUCER]
+    approx = [n for n in producers if plugins[n].type == APPROX_PREFIX_PRODUCER]
+    if precise and not approx and any(plugins[n].params.approximate_fallback for n in precise):
+        log.info("config %s: %s falls back to the approximate index; adding %s (settings: "
+                 "prefixIndex)", source, PRECISE_PREFIX_PRODUCER, APPROX_PREFIX_PRODUCER)
+        params = build_params(PrefixIndexConfig, data.get("prefixIndex"), "prefixIndex")
+        plugins[APPROX_PREFIX_PRODUCER] = PluginSpec(
+            APPROX_PREFIX_PRODUCER, APPROX_PREFIX_PRODUCER, "producer", params
+        )
+        approx = [APPROX_PREFIX_PRODUCER]
+    # the approximate match first: the precise producer reads it for its fallback
+    others = [n for n in producers if n not in precise and n not in approx]
+    return (*approx, *others, *precise)
 
 
 def _profile(profiles: Any, plugins: Mapping[str, PluginSpec]) -> ProfileSpec:

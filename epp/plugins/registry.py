@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from epp.plugins import filters, pickers, scorers
+from epp.prefix.precise import PRECISE_PREFIX_PRODUCER, PreciseIndexConfig, PrecisePrefixProducer
 from epp.prefix.producer import PrefixIndexConfig, PrefixProducer
 from epp.scheduling.interfaces import DataProducer, Filter, Picker, Scorer
 
@@ -34,6 +35,12 @@ PRODUCERS: dict[str, PluginType[DataProducer]] = {
         PrefixProducer.from_params, PrefixIndexConfig, "producer",
         "hashes the prompt in chunks, looks up which endpoint recently received them, records "
         "each pick and reply (parameters: the prefixIndex section's fields)",
+    ),
+    PRECISE_PREFIX_PRODUCER: PluginType(
+        PrecisePrefixProducer.from_params, PreciseIndexConfig, "producer",
+        "tokenizes the request, keys its blocks as vLLM does and matches them against the "
+        "servers' KV-cache events; the approximate index covers servers without events "
+        "(docs/precise-prefix.md)",
     ),
 }
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.prefix.hasher import ChunkHasher, chain_seed
 from epp.prefix.index import PrefixIndex
-from epp.request.types import ApiKind
+from epp.request.types import ApiKind, InferenceRequest
 from epp.scheduling.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 
 # A server reporting fewer than this share of the cached tokens the index predicted (and at
@@ -103,22 +103,27 @@ class PrefixProducer:
         if not hashes:
             return
         matched = self.index.match(hashes, {e.id for e in endpoints}, state.now_s)
-        state.prefix = PrefixMatch(hashes, matched, self.hasher.block_chars)
+        match = PrefixMatch(hashes, matched, self.hasher.block_chars)
+        state.matches[self.name] = match
+        state.prefix = match
 
     def post_pick(self, state: CycleState, result: PickResult) -> None:
-        hashes = state.prefix.hashes
-        if hashes:
+        own = state.matches.get(self.name)
+        if own is not None and own.hashes:
+            hashes = own.hashes
             self._record(result.target.id, hashes, state.now_s)
 
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
         if not self.learn_from_responses or info.status >= 400:
             return
         target = result.target.id
-        prefix = state.prefix
-        if info.cached_tokens is not None and prefix.hashes:
+        prefix = state.matches.get(self.name)
+        if prefix is None or not prefix.hashes:
+            return
+        if info.cached_tokens is not None:
             self._adjust_trust(target, prefix.matched.get(target, 0), info.cached_tokens)
-        if info.generated_text and prefix.hashes:
-            self._record_reply(state, target, info.generated_text)
+        if info.generated_text:
+            self._record_reply(state.request, prefix.hashes, target, info.generated_text, state.now_s)
 
     def _adjust_trust(self, target: EndpointId, predicted_chunks: int, cached_tokens: int) -> None:
         if predicted_chunks == 0:
@@ -135,9 +140,10 @@ class PrefixProducer:
         elif current < base:
             self.index.set_capacity(target, min(base, int(current * _GROW) + 1))
 
-    def _record_reply(self, state: CycleState, target: EndpointId, reply: str) -> None:
-        request = state.request
-        hashes = state.prefix.hashes
+    def _record_reply(
+        self, request: InferenceRequest, hashes: Sequence[int], target: EndpointId, reply: str,
+        now_s: float,
+    ) -> None:  # fmt: skip
         marker = "<|assistant|>" if request.api in (ApiKind.CHAT, ApiKind.RESPONSES) else ""
         start = len(hashes) * self.hasher.block_chars
         # only the prompt's unhashed tail and the reply: the prompt's chunks are hashed already
@@ -150,7 +156,7 @@ class PrefixProducer:
             more = more[: cap - len(hashes)]
         if more:
             # Re-record the whole chain so the prompt's chunks stay younger than the reply's.
-            self._record(target, list(hashes) + more, state.now_s)
+            self._record(target, list(hashes) + more, now_s)
 
     def _record(self, endpoint_id: EndpointId, hashes: Sequence[int], now_s: float) -> None:
         self.index.record(endpoint_id, hashes, now_s)

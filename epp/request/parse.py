@@ -187,6 +187,7 @@ class RequestParser:
             priority=self._priority(headers, model, target),
             stream=doc.get("stream") is True,
             original_model=model if rewritten else "",
+            body=doc,
         )
         return ParsedRequest(request, out_body, rewritten)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 
 class ApiKind(enum.Enum):
@@ -43,3 +45,6 @@ class InferenceRequest:
     stream: bool = False
     original_model: str = ""
     """The ``model`` the client sent, when it was rewritten; responses map back to it."""
+    body: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The parsed JSON body (for producers that need more than the flattened prompt: the
+    precise producer applies the model's chat template to ``messages``). Read-only."""

@@ -44,6 +44,10 @@ class CycleState:
     now_s: float
     rng: random.Random
     prefix: PrefixMatch = _EMPTY_PREFIX
+    """The match scorers and filters read (the last producer that set it wins)."""
+    matches: dict[str, PrefixMatch] = field(default_factory=dict)
+    """Each prefix producer's own match, by producer name (for its post-pick and
+    post-response hooks, which must not read another producer's keys)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent in each plugin (and in ``prefix``) during this cycle."""
 

@@ -34,9 +34,12 @@ from epp.errors import ConfigError
 from epp.extproc import convert
 from epp.extproc.service import ExtProcService, add_to_server
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
+from epp.kvevents.subscriber import KvEventSubscriber
 from epp.observability.metrics import EppMetrics
+from epp.observability.precise import PreciseCollector
 from epp.plugins.registry import APPROX_PREFIX_PRODUCER
 from epp.prefix.index import PrefixIndex
+from epp.prefix.precise import PrecisePrefixProducer
 from epp.prefix.producer import PrefixProducer
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.requestcontrol.director import Director
@@ -108,6 +111,8 @@ class ServerHandle:
     _options: ServerOptions = field(default_factory=ServerOptions)
     sync: SyncNode | None = None
     sync_port: int = -1
+    kv_events: KvEventSubscriber | None = None
+    """The precise prefix producer's KV-event subscriber (when the config has one)."""
     warm: WarmStart | None = None
     """What this replica fetched from a peer at start (index sync)."""
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
@@ -151,6 +156,8 @@ class ServerHandle:
             await server.stop(0)
         if self._scraper is not None:
             await self._scraper.stop()
+        if self.kv_events is not None:
+            await self.kv_events.close()
         for source in self._sources:
             stop = getattr(source, "stop", None)
             if stop is not None:
@@ -313,6 +320,12 @@ async def _start_rest(
                 f"cannot listen on {opts.host}:{opts.sync.port} (--sync-port): port in use "
                 "or address not local"
             ) from None
+    precise = sched.plugin(PrecisePrefixProducer)
+    if precise is not None:
+        handle.kv_events = KvEventSubscriber(precise)
+        precise.on_endpoints(handle.kv_events.endpoint_changed)
+        handle.registry.register(PreciseCollector(precise))
+        handle._tasks.append(spawn("kv-events", handle.kv_events.run, on_failure=metrics.task_failed))
     for start in sources:
         result = start(ds)
         if asyncio.iscoroutine(result):

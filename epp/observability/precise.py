@@ -1,0 +1,89 @@
+"""Metrics of the precise prefix producer, read from its counters when Prometheus scrapes
+(nothing is done on the request path or per event).
+
+``epp_kv_events_total{endpoint,type}`` events applied; ``epp_kv_events_dropped_total
+{endpoint,reason}`` batches or events not applied (bad-message, duplicate, medium,
+block-size, index-full, unknown-topic, unknown-endpoint, unknown-type, reader-error);
+``epp_kv_events_gaps_total{endpoint}``, ``epp_kv_events_resyncs_total{endpoint}``,
+``epp_kv_events_restarts_total{endpoint}``, ``epp_kv_events_replays_total{outcome}``;
+``epp_precise_index_blocks`` entries held, ``epp_precise_index_blocks_refused_total``,
+``epp_precise_speculative_expired_total``; ``epp_precise_unkeyed_requests_total{reason}``
+(requests the approximate index scored instead); ``epp_precise_tokenize_seconds`` (a summary:
+tokenizing and keying, per keyed request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+from epp.prefix.precise import PrecisePrefixProducer, TokenizingKeyer
+
+
+class PreciseCollector(Collector):
+    def __init__(self, producer: PrecisePrefixProducer) -> None:
+        self.producer = producer
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | SummaryMetricFamily]:
+        p = self.producer
+        st = p.stats
+        events = CounterMetricFamily(
+            "epp_kv_events", "KV-cache events applied, by endpoint and type.",
+            labels=["endpoint", "type"],
+        )  # fmt: skip
+        for (eid, kind), n in sorted(st.events.items()):
+            events.add_metric([eid, kind], n)
+        yield events
+        dropped = CounterMetricFamily(
+            "epp_kv_events_dropped", "KV-event batches or events not applied, by reason.",
+            labels=["endpoint", "reason"],
+        )  # fmt: skip
+        for (eid, reason), n in sorted(st.dropped.items()):
+            dropped.add_metric([eid, reason], n)
+        yield dropped
+        for name, help_text, counter in (
+            ("epp_kv_events_gaps", "Sequence gaps seen per endpoint.", st.gaps),
+            ("epp_kv_events_resyncs", "Gaps not repaired by replay (index rebuilt).", st.resyncs),
+            ("epp_kv_events_restarts", "Publishers whose numbering restarted.", st.restarts),
+        ):
+            fam = CounterMetricFamily(name, help_text, labels=["endpoint"])
+            for eid, n in sorted(counter.items()):
+                fam.add_metric([eid], n)
+            yield fam
+        replays = CounterMetricFamily(
+            "epp_kv_events_replays", "Replay requests by outcome.", labels=["outcome"]
+        )
+        for outcome, n in sorted(st.replays.items()):
+            replays.add_metric([outcome], n)
+        yield replays
+        unkeyed = CounterMetricFamily(
+            "epp_precise_unkeyed_requests",
+            "Requests the precise producer could not key (scored by the approximate index).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(st.unkeyed.items()):
+            unkeyed.add_metric([reason], n)
+        yield unkeyed
+        index = p.index
+        yield GaugeMetricFamily(
+            "epp_precise_index_blocks", "(block, endpoint) entries in the precise index.",
+            value=index.entries,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "epp_precise_index_blocks_refused", "Entries refused because the index was full.",
+            value=index.counts.refused,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "epp_precise_speculative_expired",
+            "Speculative entries that lapsed without a confirming event.",
+            value=index.counts.speculative_expired,
+        )
+        keyer = p.keyer
+        if isinstance(keyer, TokenizingKeyer):
+            yield SummaryMetricFamily(
+                "epp_precise_tokenize_seconds",
+                "Tokenizing, templating and keying a request.",
+                count_value=keyer.count, sum_value=keyer.seconds,
+            )  # fmt: skip

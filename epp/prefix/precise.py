@@ -1,0 +1,397 @@
+"""The ``precise-prefix-cache-producer`` plugin: the prefix match from what the model servers
+say they hold (their KV-cache events), combined with the approximate index where the events
+cannot be trusted.
+
+Per request (``prepare``): the request is tokenized with the model's tokenizer and chat
+template (``epp.prefix.tokenize``), its full blocks keyed exactly as vLLM keys them
+(``epp.prefix.blockhash``), and the keys matched against the index the events built
+(``epp.prefix.kvindex``). The match replaces the approximate one in ``state.prefix`` (in
+blocks), endpoint by endpoint:
+
+* an endpoint whose events are complete (``live``) gets the precise count;
+* one whose event stream had a gap that could not be replayed, or that joined mid-stream,
+  is ``resyncing`` for ``resyncSeconds``: its stale entries were dropped, and it gets the
+  larger of the precise count and the approximate one (scaled to blocks) until then;
+* one that never sent an event (a server without ``--kv-events-config``) keeps the
+  approximate count.
+
+At the pick (``post_pick``) the request's blocks are entered for the target as speculative
+entries with a short deadline, so that the next request of the same prefix sticks before
+the server's events arrive; the events confirm them, or they lapse.
+
+Events arrive through :meth:`apply` (``epp.kvevents.subscriber`` reads the sockets and calls
+it; the replay calls it with the simulated engines' events). Sequence numbers are checked
+per publisher: a gap returns the first missing number so that the caller can fetch it from
+the server's replay socket (:meth:`apply_replayed`); without one the endpoint resyncs. A
+publisher whose numbers restart from 0 is a restarted server: its entries are cleared.
+
+Requests that cannot be keyed (no tokenizer for the model, images, the Responses API, a
+LoRA adapter whose path on the server is not configured) keep the approximate match.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.prefix.blockhash import DEFAULT_NONE_HASH_SEED, BlockKeys, HashAlgo, VllmBlockHasher
+from epp.prefix.kvevents import EventBatch, Kind
+from epp.prefix.kvindex import KvBlockIndex
+from epp.prefix.tokenize import TokenizerPool, token_ids
+from epp.request.types import InferenceRequest
+from epp.scheduling.types import CycleState, PickResult, PrefixMatch
+
+log = logging.getLogger(__name__)
+
+PRECISE_PREFIX_PRODUCER = "precise-prefix-cache-producer"
+
+
+@dataclass(slots=True, frozen=True)
+class PreciseIndexConfig:
+    """Parameters of a ``precise-prefix-cache-producer`` plugin (docs/precise-prefix.md)."""
+
+    block_size: int = 16
+    """The servers' ``--block-size`` (vLLM's default is 16)."""
+    hash_algo: HashAlgo = "sha256_cbor"
+    """The servers' ``--prefix-caching-hash-algo``: ``sha256_cbor`` or vLLM's default ``sha256``."""
+    none_hash_seed: str = DEFAULT_NONE_HASH_SEED
+    """The servers' ``PYTHONHASHSEED`` when they set one."""
+    tokenizers: dict[str, str] = field(default_factory=dict)
+    """Model name -> tokenizer directory (``tokenizer.json``, ``tokenizer_config.json``)."""
+    tokenizer_dir: str = ""
+    """A mounted directory: ``<dir>/<model>/tokenizer.json``, or one model's files at its top."""
+    lora_paths: dict[str, str] = field(default_factory=dict)
+    """LoRA adapter name -> its path on the servers (part of vLLM's block hash)."""
+    max_blocks: int = 0
+    """Key at most this many leading blocks of a prompt; 0 keys all of them."""
+    speculative_ttl_seconds: float = 2.0
+    """How long a pick counts as held before the server's events confirm it."""
+    resync_seconds: float = 120.0
+    """After an unrepaired gap, the endpoint also uses the approximate index this long."""
+    max_entries: int = 8_000_000
+    """Global cap on (block, endpoint) entries."""
+    mediums: list[str] = field(default_factory=lambda: ["GPU"])
+    """Storage tiers whose blocks count as cached (vLLM reports GPU even on CPU servers)."""
+    events_mode: Literal["connect", "bind"] = "connect"
+    """``connect``: epp subscribes to each endpoint's PUB socket at ``eventsPort`` (servers
+    bind ``tcp://*:PORT``; any number of epp replicas may subscribe). ``bind``: epp binds
+    ``eventsEndpoint`` and servers connect to it, told apart by their topic."""
+    events_port: int = 5557
+    events_endpoint: str = "tcp://*:5557"
+    topic_prefix: str = "kv@"
+    """Bind mode: a topic ``<prefix><ip>:<port>@<model>`` names the endpoint ``ip:port``."""
+    replay_port: int = 0
+    """Each server's ``replay_endpoint`` port (a ROUTER socket); 0: no replay, gaps resync."""
+    replay_timeout_seconds: float = 1.0
+    queue_batches: int = 4096
+    """Event batches waiting to be applied; beyond it the oldest are dropped (a gap)."""
+    approximate_fallback: bool = True
+    """Run the approximate producer too (added before this one when the config has none):
+    it scores servers without events and those resyncing."""
+
+
+class BlockKeyer(Protocol):
+    def keys(self, request: InferenceRequest) -> BlockKeys | str:
+        """The request's block keys, or the reason it cannot be keyed."""
+        ...
+
+
+class TokenizingKeyer:
+    """Keys a request as a vLLM server will: tokenizer and chat template, then block hashes."""
+
+    def __init__(self, params: PreciseIndexConfig) -> None:
+        self.hasher = VllmBlockHasher(params.block_size, params.hash_algo, params.none_hash_seed)
+        self.pool = TokenizerPool(params.tokenizers, params.tokenizer_dir)
+        self.lora_paths = dict(params.lora_paths)
+        self.max_blocks = params.max_blocks
+        self.seconds = 0.0
+        self.count = 0
+
+    def keys(self, request: InferenceRequest) -> BlockKeys | str:
+        body = request.body
+        if body is None:
+            return "no-body"
+        lora: tuple[str, str] | None = None
+        if request.adapter:
+            path = self.lora_paths.get(request.adapter)
+            if path is None:
+                return "lora-path-unknown"
+            lora = (request.adapter, path)
+        base = body.get("model") if lora is None else None
+        tok = self.pool.get(request.model if lora is None else self._base_model(request))
+        if tok is None and isinstance(base, str):
+            tok = self.pool.get(base)
+        if tok is None:
+            return "no-tokenizer"
+        t0 = time.perf_counter()
+        ids = token_ids(tok, request.api.value, body)
+        if ids is None:
+            return "not-reproducible"
+        keys = self.hasher.keys(ids, cache_salt=request.cache_salt, lora=lora,
+                                max_blocks=self.max_blocks)  # fmt: skip
+        self.seconds += time.perf_counter() - t0
+        self.count += 1
+        return keys
+
+    def _base_model(self, request: InferenceRequest) -> str:
+        # an adapter's tokenizer is its base model's: the pool's only model, or the adapter's
+        # own entry when one is configured
+        if request.adapter in self.pool.paths:
+            return request.adapter
+        return next(iter(self.pool.paths), request.model)
+
+
+@dataclass(slots=True)
+class _Publisher:
+    last_seq: int
+    replayed_to: int = -1
+    """Highest sequence number applied from a replay: live copies up to it are duplicates."""
+
+
+@dataclass(slots=True)
+class _EndpointEvents:
+    publishers: dict[int, _Publisher] = field(default_factory=dict)
+    resync_until_s: float = 0.0
+
+
+@dataclass(slots=True)
+class PreciseStats:
+    """Counters read by the metrics collector at scrape time (never on the request path)."""
+
+    events: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(endpoint, event type) -> events applied."""
+    dropped: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(endpoint, reason) -> batches or events dropped."""
+    gaps: Counter[str] = field(default_factory=Counter)
+    resyncs: Counter[str] = field(default_factory=Counter)
+    replays: Counter[str] = field(default_factory=Counter)
+    """Outcome (``complete``, ``incomplete``, ``failed``) -> count."""
+    restarts: Counter[str] = field(default_factory=Counter)
+    unkeyed: Counter[str] = field(default_factory=Counter)
+    """Reason -> requests scored by the approximate index instead."""
+
+
+class PrecisePrefixProducer:
+    """A data producer, post-pick hook, endpoint listener and sweeper (see the module doc)."""
+
+    def __init__(
+        self,
+        name: str,
+        params: PreciseIndexConfig,
+        keyer: BlockKeyer | None = None,
+        index: KvBlockIndex | None = None,
+    ) -> None:
+        self.name = name
+        self.params = params
+        self.keyer: BlockKeyer = keyer if keyer is not None else TokenizingKeyer(params)
+        self.index = index if index is not None else KvBlockIndex(params.max_entries)
+        self.replay_enabled = params.replay_port > 0
+        self.mediums = frozenset(params.mediums)
+        self.stats = PreciseStats()
+        self._events: dict[EndpointId, _EndpointEvents] = {}
+        self._known: set[EndpointId] = set()
+        self._endpoint_listeners: list[Callable[[EndpointId, bool], None]] = []
+
+    @classmethod
+    def from_params(cls, name: str, params: PreciseIndexConfig) -> PrecisePrefixProducer:
+        producer = cls(name, params)
+        if isinstance(producer.keyer, TokenizingKeyer):
+            producer.keyer.pool.check()
+        return producer
+
+    # --- the request path ------------------------------------------------------------
+
+    def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
+        keyed = self.keyer.keys(state.request)
+        if isinstance(keyed, str):
+            self.stats.unkeyed[keyed] += 1
+            return
+        keys = keyed.keys
+        if not keys:
+            state.matches[self.name] = PrefixMatch(keys)
+            return
+        now = state.now_s
+        approx = state.prefix
+        precise = self.index.match(keys, [e.id for e in endpoints], now)
+        total = len(keys)
+        matched: dict[EndpointId, int] = {}
+        events = self._events
+        for e in endpoints:
+            eid = e.id
+            ev = events.get(eid)
+            if ev is not None and ev.resync_until_s <= now:
+                n = precise.get(eid, 0)
+            else:
+                guess = int(approx.ratio(eid) * total) if approx.total else 0
+                n = guess if ev is None else max(guess, precise.get(eid, 0))
+            if n:
+                matched[eid] = n
+        match = PrefixMatch(keys, matched, keyed.block_size * 4)
+        state.matches[self.name] = match
+        state.prefix = match
+
+    def post_pick(self, state: CycleState, result: PickResult) -> None:
+        match = state.matches.get(self.name)
+        if match is None or not match.hashes:
+            return
+        target = result.target.id
+        if target in self._events:
+            self.index.speculate(target, match.hashes,
+                                 state.now_s + self.params.speculative_ttl_seconds)  # fmt: skip
+
+    # --- events ----------------------------------------------------------------------
+
+    def endpoint_for_topic(self, topic: str) -> EndpointId | None:
+        """Bind mode: the endpoint a topic ``<prefix><ip>:<port>@<model>`` names."""
+        prefix = self.params.topic_prefix
+        if not topic.startswith(prefix):
+            return None
+        eid = EndpointId(topic[len(prefix) :].split("@", 1)[0])
+        return eid if eid in self._known else None
+
+    def apply(self, endpoint_id: EndpointId, batch: EventBatch, now_s: float) -> int | None:
+        """Apply one batch. Returns the first missing sequence number when the batch
+        follows a gap and replay is enabled: the caller fetches the missing batches and
+        calls :meth:`apply_replayed` (this batch is held until then). Returns None when the
+        batch was applied (or dropped as a duplicate)."""
+        if endpoint_id not in self._known:
+            self.stats.dropped[(endpoint_id, "unknown-endpoint")] += 1
+            return None
+        ev = self._events.get(endpoint_id)
+        if ev is None:
+            ev = self._events[endpoint_id] = _EndpointEvents()
+        pub = ev.publishers.get(batch.dp_rank)
+        seq = batch.seq
+        if pub is None:
+            pub = ev.publishers[batch.dp_rank] = _Publisher(last_seq=-1)
+            if seq != 0:  # joined mid-stream: what was stored before is unknown
+                return self._gap(endpoint_id, ev, pub, batch, now_s)
+        elif seq == pub.last_seq + 1:
+            pass
+        elif seq <= pub.replayed_to:
+            self.stats.dropped[(endpoint_id, "duplicate")] += 1
+            return None
+        elif seq <= pub.last_seq:  # numbering restarted: a new server process
+            self.stats.restarts[endpoint_id] += 1
+            self.index.clear(endpoint_id)
+            ev.publishers = {batch.dp_rank: pub}
+            pub.last_seq, pub.replayed_to = -1, -1
+            if seq != 0:
+                return self._gap(endpoint_id, ev, pub, batch, now_s)
+        else:
+            return self._gap(endpoint_id, ev, pub, batch, now_s)
+        self._apply_events(endpoint_id, batch)
+        pub.last_seq = seq
+        return None
+
+    def _gap(
+        self, endpoint_id: EndpointId, ev: _EndpointEvents, pub: _Publisher,
+        batch: EventBatch, now_s: float,
+    ) -> int | None:  # fmt: skip
+        self.stats.gaps[endpoint_id] += 1
+        if self.replay_enabled:
+            return pub.last_seq + 1
+        self._resync(endpoint_id, ev, now_s)
+        self._apply_events(endpoint_id, batch)
+        pub.last_seq = batch.seq
+        return None
+
+    def apply_replayed(
+        self, endpoint_id: EndpointId, held: EventBatch, replayed: Sequence[EventBatch] | None,
+        now_s: float,
+    ) -> None:  # fmt: skip
+        """Finish a gap: ``replayed`` are the batches the server's replay socket returned
+        from the first missing number on (None: the replay failed). Complete -> applied in
+        order, the endpoint stays live; otherwise it resyncs."""
+        ev = self._events.get(endpoint_id)
+        if ev is None:
+            return
+        pub = ev.publishers.setdefault(held.dp_rank, _Publisher(last_seq=-1))
+        expected = pub.last_seq + 1
+        ordered = sorted((b for b in replayed or () if b.seq >= expected), key=lambda b: b.seq)
+        if ordered and ordered[0].seq == expected:
+            for b in ordered:
+                if b.seq != pub.last_seq + 1:
+                    break
+                self._apply_events(endpoint_id, b)
+                pub.last_seq = pub.replayed_to = b.seq
+            if pub.last_seq >= held.seq - 1:
+                self.stats.replays["complete"] += 1
+                if held.seq == pub.last_seq + 1:
+                    self._apply_events(endpoint_id, held)
+                    pub.last_seq = held.seq
+                return
+        self.stats.replays["failed" if replayed is None else "incomplete"] += 1
+        self._resync(endpoint_id, ev, now_s)
+        self._apply_events(endpoint_id, held)
+        pub.last_seq = held.seq
+
+    def _resync(self, endpoint_id: EndpointId, ev: _EndpointEvents, now_s: float) -> None:
+        self.stats.resyncs[endpoint_id] += 1
+        self.index.clear(endpoint_id)
+        ev.resync_until_s = now_s + self.params.resync_seconds
+        log.info("precise prefix: %s's KV events have a gap; its index is rebuilt from new "
+                 "events, with the approximate index's help for %.0f s",
+                 endpoint_id, self.params.resync_seconds)  # fmt: skip
+
+    def _apply_events(self, endpoint_id: EndpointId, batch: EventBatch) -> None:
+        stats = self.stats.events
+        mediums = self.mediums
+        index = self.index
+        for e in batch.events:
+            if e.kind is Kind.CLEARED:
+                index.clear(endpoint_id)
+            elif e.medium is not None and e.medium not in mediums:
+                self.stats.dropped[(endpoint_id, "medium")] += 1
+                continue
+            elif e.kind is Kind.STORED:
+                if e.block_size and e.block_size != self.params.block_size:
+                    self.stats.dropped[(endpoint_id, "block-size")] += 1
+                    continue
+                if index.store(endpoint_id, e.keys):
+                    self.stats.dropped[(endpoint_id, "index-full")] += 1
+            else:
+                index.remove(endpoint_id, e.keys)
+            stats[(endpoint_id, e.kind.value)] += 1
+        if batch.unknown:
+            self.stats.dropped[(endpoint_id, "unknown-type")] += batch.unknown
+
+    def drop(self, endpoint_id: EndpointId, reason: str, count: int = 1) -> None:
+        """Count batches lost before they reached :meth:`apply` (queue full, undecodable)."""
+        self.stats.dropped[(endpoint_id, reason)] += count
+
+    def mode(self, endpoint_id: EndpointId, now_s: float) -> str:
+        """``live``, ``resyncing`` or ``approximate`` (no events yet)."""
+        ev = self._events.get(endpoint_id)
+        if ev is None:
+            return "approximate"
+        return "live" if ev.resync_until_s <= now_s else "resyncing"
+
+    # --- endpoints and housekeeping --------------------------------------------------
+
+    def on_endpoints(self, listener: Callable[[EndpointId, bool], None]) -> None:
+        """Hear of endpoints joining (True) and leaving (False) the pool (the event
+        subscriber connects and disconnects with them)."""
+        self._endpoint_listeners.append(listener)
+
+    def observe_endpoint(self, endpoint: Endpoint) -> None:
+        if endpoint.id not in self._known:
+            self._known.add(endpoint.id)
+            for listener in self._endpoint_listeners:
+                listener(endpoint.id, True)
+
+    def remove_endpoint(self, endpoint_id: EndpointId) -> None:
+        if endpoint_id in self._known:
+            self._known.discard(endpoint_id)
+            self._events.pop(endpoint_id, None)
+            self.index.clear(endpoint_id)
+            for listener in self._endpoint_listeners:
+                listener(endpoint_id, False)
+
+    def sweep(self, now_s: float) -> int:
+        return self.index.sweep(now_s)

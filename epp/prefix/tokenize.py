@@ -1,0 +1,233 @@
+"""The model's tokenizer and chat template, applied to a request the way vLLM applies them,
+so that the precise producer hashes the token ids the server will see.
+
+A model's tokenizer is a Hugging Face directory (``tokenizer.json``, and
+``tokenizer_config.json`` with the ``chat_template`` and special tokens, or a
+``chat_template.jinja`` file). Where vLLM's OpenAI server is the reference:
+
+* ``/v1/completions``: a string prompt is encoded with the tokenizer's special tokens
+  (``add_special_tokens``, default true, e.g. a BOS), a token-id prompt is taken as is; a
+  batch of several prompts is several requests to vLLM and is not keyed here.
+* ``/v1/chat/completions``: the chat template is rendered (``add_generation_prompt`` and
+  ``continue_final_message`` as the request sets them, ``tools``, ``documents``,
+  ``chat_template_kwargs``), with text-part lists joined by newlines (vLLM's "string"
+  content format), then encoded without special tokens (the template writes them).
+
+What cannot be reproduced (a request carrying its own ``chat_template``, images or audio,
+the Responses API) returns ``None``: the approximate index scores that request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+log = logging.getLogger(__name__)
+
+_MAX_TEMPLATE_CHARS = 1 << 20
+
+
+class TokenizerError(ValueError):
+    """A tokenizer directory that cannot be used (named in the message)."""
+
+
+def _special(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return str(value.get("content", ""))
+    return value if isinstance(value, str) else ""
+
+
+def _raise(message: str) -> None:
+    raise ValueError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)  # fmt: skip
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ModelTokenizer:
+    """One model's tokenizer and chat template."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        tok_file = directory / "tokenizer.json"
+        if not tok_file.is_file():
+            raise TokenizerError(f"{directory}: no tokenizer.json")
+        try:
+            self.tokenizer = Tokenizer.from_file(str(tok_file))
+        except Exception as exc:  # the tokenizers library raises its own Exception type
+            raise TokenizerError(f"{tok_file}: {exc}") from None
+        config: Mapping[str, Any] = {}
+        cfg_file = directory / "tokenizer_config.json"
+        if cfg_file.is_file():
+            try:
+                loaded = json.loads(cfg_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise TokenizerError(f"{cfg_file}: {exc}") from None
+            if isinstance(loaded, Mapping):
+                config = loaded
+        self.bos_token = _special(config.get("bos_token"))
+        self.eos_token = _special(config.get("eos_token"))
+        self.add_bos = bool(config.get("add_bos_token", False))
+        self.bos_id = self.tokenizer.token_to_id(self.bos_token) if self.bos_token else None
+        template = config.get("chat_template")
+        jinja_file = directory / "chat_template.jinja"
+        if jinja_file.is_file():
+            template = jinja_file.read_text(encoding="utf-8")
+        if isinstance(template, list):  # named templates: the "default" one
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+            template = named.get("default")
+        self._template: Any = None
+        if isinstance(template, str) and len(template) <= _MAX_TEMPLATE_CHARS:
+            from jinja2 import ext
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols]
+            )
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = _strftime_now
+            try:
+                self._template = env.from_string(template)
+            except Exception as exc:  # jinja2's TemplateSyntaxError and friends
+                raise TokenizerError(f"{directory}: chat template does not compile: {exc}") from None
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        bos = self.bos_id
+        if add_special_tokens and self.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+        return ids
+
+    def completion_ids(self, body: Mapping[str, Any]) -> list[int] | None:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            special = body.get("add_special_tokens", True)
+            return self.encode(prompt, special is not False)
+        if isinstance(prompt, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            return list(prompt)
+        return None
+
+    def render_chat(self, body: Mapping[str, Any]) -> str | None:
+        """The chat template's text for ``body``, or None when it cannot be reproduced."""
+        if self._template is None or "chat_template" in body:
+            return None
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return None
+        rendered: list[dict[str, Any]] = []
+        for m in messages:
+            if not isinstance(m, Mapping):
+                return None
+            content = m.get("content")
+            if isinstance(content, list):
+                texts = []
+                for part in content:
+                    if not isinstance(part, Mapping) or part.get("type") != "text":
+                        return None  # images, audio: multimodal keys are not reproduced
+                    texts.append(str(part.get("text", "")))
+                content = "\n".join(texts)
+            rendered.append({**m, "content": content})
+        continue_final = body.get("continue_final_message") is True
+        kwargs = body.get("chat_template_kwargs")
+        extra = dict(kwargs) if isinstance(kwargs, Mapping) else {}
+        gen = body.get("add_generation_prompt", True) is not False and not continue_final
+        try:
+            text: str = self._template.render(
+                **extra, messages=rendered, add_generation_prompt=gen,
+                tools=body.get("tools"), documents=body.get("documents"),
+                bos_token=self.bos_token, eos_token=self.eos_token,
+            )  # fmt: skip
+        except Exception:  # a template's raise_exception, or a message it rejects
+            return None
+        if continue_final and rendered:
+            last = rendered[-1].get("content")
+            if isinstance(last, str) and last:
+                cut = text.rfind(last.strip())
+                if cut >= 0:
+                    text = text[: cut + len(last.strip())]
+        return text
+
+    def chat_ids(self, body: Mapping[str, Any]) -> list[int] | None:
+        text = self.render_chat(body)
+        if text is None:
+            return None
+        special = body.get("add_special_tokens", False)
+        return self.encode(text, special is True)
+
+
+class TokenizerPool:
+    """Tokenizers by model name: an explicit ``model -> directory`` map first, then
+    ``<root>/<model>`` (a mounted directory of models; ``/`` in a model name is a
+    subdirectory), then ``root`` itself when it holds a ``tokenizer.json`` (one model).
+    A directory that fails to load is logged once and the model is left to the
+    approximate index."""
+
+    def __init__(self, paths: Mapping[str, str], root: str = "") -> None:
+        self.paths = dict(paths)
+        self.root = Path(root) if root else None
+        self._loaded: dict[str, ModelTokenizer | None] = {}
+
+    def check(self) -> None:
+        """Load every explicitly named tokenizer now (start-up: a bad path fails loudly)."""
+        for model, path in self.paths.items():
+            self._loaded[model] = ModelTokenizer(Path(path))
+
+    def get(self, model: str) -> ModelTokenizer | None:
+        try:
+            return self._loaded[model]
+        except KeyError:
+            pass
+        tok: ModelTokenizer | None = None
+        directory = self._directory(model)
+        if directory is not None:
+            try:
+                tok = ModelTokenizer(directory)
+            except TokenizerError as exc:
+                log.warning("precise prefix: no tokenizer for model %r: %s", model, exc)
+        if len(self._loaded) < 1024:  # model names come from clients: bound the cache
+            self._loaded[model] = tok
+        return tok
+
+    def _directory(self, model: str) -> Path | None:
+        if model in self.paths:
+            return Path(self.paths[model])
+        if self.root is None:
+            return None
+        candidate = self.root / model
+        name = Path(model)
+        if not name.is_absolute() and ".." not in name.parts and (candidate / "tokenizer.json").is_file():
+            return candidate
+        if (self.root / "tokenizer.json").is_file():
+            return self.root
+        return None
+
+
+def token_ids(tok: ModelTokenizer, api_value: str, body: Mapping[str, Any]) -> Sequence[int] | None:
+    """The prompt's token ids for a request body of API ``api_value``, or None."""
+    if api_value == "completions":
+        return tok.completion_ids(body)
+    if api_value == "chat_completions":
+        return tok.chat_ids(body)
+    return None
