@@ -71,6 +71,21 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-loras", type=int, default=d.max_loras, help="most distinct adapters in one batch"
     )
+    p.add_argument(
+        "--tokenizer", default="",
+        help="Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with the "
+        "chat template): tokenize prompts with it and name KV blocks by vLLM's sha256_cbor "
+        "block hashes, as a real server does (default: 4 characters per token)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-events", default="", metavar="ZMQ_ENDPOINT",
+        help="publish vLLM-format KV-cache events there (needs --tokenizer); bound when it "
+        "has '*' (tcp://*:5557), connected to otherwise (epp's bound socket)",
+    )  # fmt: skip
+    p.add_argument("--kv-events-topic", default="",
+                   help="event topic (default kv@HOST:PORT@MODEL)")  # fmt: skip
+    p.add_argument("--kv-events-replay", default="", metavar="ZMQ_ENDPOINT",
+                   help="bind a ROUTER socket there that replays missed event batches")  # fmt: skip
     p.set_defaults(run=run)
 
 
@@ -88,6 +103,10 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         speedup=args.speedup,
         lora_adapters=adapters,
         max_loras=args.max_loras,
+        tokenizer=args.tokenizer,
+        kv_events=args.kv_events,
+        kv_events_topic=args.kv_events_topic,
+        kv_events_replay=args.kv_events_replay,
     )
 
 

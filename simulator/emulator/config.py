@@ -27,6 +27,17 @@ class EmulatorConfig:
     max_model_len: int = 32768
     cost: CostModel = field(default_factory=CostModel)
     """Step costs at speedup 1 (``speedup`` above is applied on top)."""
+    tokenizer: str = ""
+    """A Hugging Face tokenizer directory: prompts are tokenized with it (and its chat
+    template) and KV blocks named by vLLM's ``sha256_cbor`` block hashes, as a real server
+    does. '' = 4 characters per token and the emulator's own block names."""
+    kv_events: str = ""
+    """ZMQ endpoint for vLLM-format KV-cache events ('' = off; needs ``tokenizer``): bound
+    when it has ``*``, connected to otherwise, as vLLM does."""
+    kv_events_topic: str = ""
+    """Topic of the events ('' = ``kv@<host>:<port>@<model>``)."""
+    kv_events_replay: str = ""
+    """ZMQ ROUTER endpoint answering replay requests ('' = none)."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -44,6 +55,11 @@ class EmulatorConfig:
                 raise ValueError(
                     f"emulator config field {name!r}: bad value {getattr(self, name)!r}"
                 )
+        if self.kv_events and not self.tokenizer:
+            raise ValueError(
+                "emulator config field 'kv_events': needs 'tokenizer' (events carry vLLM's "
+                "block hashes, which are computed from token ids)"
+            )
         if self.model in self.lora_adapters:
             raise ValueError(
                 "emulator config field 'lora_adapters': must not repeat the base model"

@@ -14,15 +14,19 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from epp.prefix.blockhash import VllmBlockHasher
+from epp.prefix.tokenize import ModelTokenizer, token_ids
 from simulator.emulator import openai
 from simulator.emulator.config import EmulatorConfig
+from simulator.emulator.kvpublish import KvEventPublisher
 from simulator.emulator.metrics import VllmMetrics
 from simulator.emulator.openai import Api, ApiError
 from simulator.model.cache import PrefixCache, model_seed, text_block_hashes
@@ -36,6 +40,9 @@ from simulator.model.engine import (
     StepResult,
 )
 from simulator.model.tokens import CHARS_PER_TOKEN, count_tokens, generate_text
+
+_EPP_API = {Api.COMPLETIONS: "completions", Api.CHAT: "chat_completions"}
+"""The emulator's API kinds as ``epp.prefix.tokenize.token_ids`` names them."""
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +83,12 @@ class Emulator:
         self.registry = CollectorRegistry()
         self.metrics = VllmMetrics(self.registry, self.engine, config.model, config.max_loras)
         self._adapters = frozenset(config.lora_adapters)
+        self._tokenizer: ModelTokenizer | None = None
+        self._hasher: VllmBlockHasher | None = None
+        if config.tokenizer:
+            self._tokenizer = ModelTokenizer(Path(config.tokenizer))
+            self._hasher = VllmBlockHasher(config.block_size, "sha256_cbor")
+        self.publisher: KvEventPublisher | None = None
         self._pending: dict[str, _Pending] = {}
         self._streams: set[_Pending] = set()
         self._ids = itertools.count(1)
@@ -89,7 +102,18 @@ class Emulator:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="emulator-engine")
 
+    def publish_events(self, endpoint: str, topic: str, replay_endpoint: str = "") -> None:
+        """Publish the cache's changes as vLLM's KV-cache events (after the port is known:
+        the default topic names it)."""
+        self.publisher = KvEventPublisher(endpoint, topic, replay_endpoint, self.config.block_size)
+        self.engine.cache.events = self.publisher.cache_event
+        self.publisher.start()
+
     async def stop(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.close()
+            self.engine.cache.events = None
+            self.publisher = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -169,12 +193,35 @@ class Emulator:
             if not p.done.done():
                 p.done.set_result(d)
             p.progress.set()
+        if self.publisher is not None:
+            self.publisher.flush()
+
+    def _blocks(
+        self, model: str, prompt: str, text: str, body: Mapping[str, Any] | None, api: Api
+    ) -> tuple[int, list[int], int]:
+        """Prompt tokens, block names of prompt + output, and how many are the prompt's."""
+        cfg = self.config
+        tok, hasher = self._tokenizer, self._hasher
+        if tok is None or hasher is None:
+            final = text_block_hashes(prompt + text, cfg.block_size, model_seed(model))
+            return count_tokens(prompt), final, len(prompt) // (cfg.block_size * CHARS_PER_TOKEN)
+        ids = None
+        if body is not None:
+            ids = token_ids(tok, _EPP_API.get(api, ""), body)
+        if ids is None:
+            ids = tok.encode(prompt, False)
+        salt = body.get("cache_salt") if body is not None else None
+        out = tok.encode(text, False)
+        keys = hasher.keys([*ids, *out], cache_salt=salt if isinstance(salt, str) else "")
+        return len(ids), keys.keys, len(ids) // cfg.block_size
 
     def _submit(
-        self, model: str, prompt: str, max_tokens: int, stream: bool, id_prefix: str = "cmpl-"
-    ) -> _Pending:
+        self, model: str, prompt: str, max_tokens: int, stream: bool, id_prefix: str = "cmpl-",
+        body: Mapping[str, Any] | None = None, api: Api = Api.COMPLETIONS,
+    ) -> _Pending:  # fmt: skip
         cfg = self.config
-        prompt_tokens = count_tokens(prompt)
+        text = generate_text(prompt, max_tokens)
+        prompt_tokens, final, n_prompt_blocks = self._blocks(model, prompt, text, body, api)
         if prompt_tokens + max_tokens > cfg.max_model_len:
             raise ApiError(
                 400,
@@ -183,9 +230,6 @@ class Emulator:
                 f"prompt, {max_tokens} for the completion).",
             )
         rid = f"{id_prefix}{next(self._ids):08x}"
-        text = generate_text(prompt, max_tokens)
-        final = text_block_hashes(prompt + text, cfg.block_size, model_seed(model))
-        n_prompt_blocks = len(prompt) // (cfg.block_size * CHARS_PER_TOKEN)
         request = EngineRequest(
             rid,
             prompt_tokens,
@@ -235,7 +279,7 @@ class Emulator:
             gen = openai.parse_generation(api, body, self.config.model)
             self._check_model(gen.model)
             pending = self._submit(
-                gen.model, gen.prompt, gen.max_tokens, gen.stream, _ID_PREFIX[api]
+                gen.model, gen.prompt, gen.max_tokens, gen.stream, _ID_PREFIX[api], body, api
             )
             try:
                 if gen.stream:
@@ -430,6 +474,9 @@ async def start_emulator(config: EmulatorConfig) -> RunningEmulator:
     await site.start()
     host, port = runner.addresses[0][:2]
     emulator.start()
+    if config.kv_events:
+        topic = config.kv_events_topic or f"kv@{host}:{port}@{config.model}"
+        emulator.publish_events(config.kv_events, topic, config.kv_events_replay)
     url_host = f"[{host}]" if ":" in host else host
     log.info("emulator for %s listening on %s:%d", config.model, host, port)
     return RunningEmulator(f"http://{url_host}:{port}", host, port, emulator, runner)

@@ -28,7 +28,7 @@ sequence is evicted before its shared beginning.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import not_, or_
@@ -39,6 +39,12 @@ import xxhash
 from simulator.model.tokens import CHARS_PER_TOKEN
 
 BlockHash = NewType("BlockHash", int)
+
+CacheEventSink = Callable[[str, Sequence[int]], None]
+"""Told of every change to the set of named blocks, as vLLM's KV-cache events report it:
+``("stored", hashes)`` when blocks get a name (newly computed prompt blocks at admission,
+output blocks when a request ends), ``("removed", hashes)`` when cached blocks are evicted,
+``("cleared", ())`` when the cache is reset."""
 
 DEFAULT_BLOCK_SIZE_TOKENS = 16
 
@@ -128,6 +134,8 @@ class PrefixCache:
         """Prompt tokens looked up (``vllm:prefix_cache_queries_total``)."""
         self.hits_tokens = 0
         """Prompt tokens found cached (``vllm:prefix_cache_hits_total``)."""
+        self.events: CacheEventSink | None = None
+        """Where KV-cache events go (the emulator's publisher, the replay's event feed)."""
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -225,7 +233,10 @@ class PrefixCache:
             del cached[h]
         ref.update(dict.fromkeys(from_cached, 1))
         evicted = self._evict(need)
-        ref.update(dict.fromkeys(compress(block_hashes, map(not_, present)), 1))
+        new = list(compress(block_hashes, map(not_, present)))
+        ref.update(dict.fromkeys(new, 1))
+        if self.events is not None and new:
+            self.events("stored", new)
         return self._commit(request_key, block_hashes, num_tokens, anon, hit, need, evicted)
 
     def _allocate_with_duplicates(
@@ -266,6 +277,8 @@ class PrefixCache:
         evicted = self._evict(need)
         for h in new_hashes:
             ref[h] += 1
+        if self.events is not None and new_hashes:
+            self.events("stored", list(dict.fromkeys(new_hashes)))
         return self._commit(request_key, block_hashes, num_tokens, anon, hit, need, evicted)
 
     def _evict(self, need: int) -> int:
@@ -274,8 +287,11 @@ class PrefixCache:
         if evicted <= 0:
             return 0
         pop = self._cached.popitem
-        for _ in range(evicted):
-            pop(False)
+        if self.events is None:
+            for _ in range(evicted):
+                pop(False)
+        else:
+            self.events("removed", [pop(False)[0] for _ in range(evicted)])
         self._free = need
         return evicted
 
@@ -336,6 +352,7 @@ class PrefixCache:
         if final_block_hashes is not None and len(final_block_hashes) > n_own:
             extra = final_block_hashes[n_own : n_own + held.anon_blocks]
         # Tail first into the LRU, so the end of the sequence is evicted before its start.
+        named: list[int] = []
         for h in reversed(extra):
             if h in ref:
                 continue
@@ -343,7 +360,10 @@ class PrefixCache:
                 cached.move_to_end(h)
                 continue
             cached[h] = None
+            named.append(h)
             self._free -= 1
+        if self.events is not None and named:
+            self.events("stored", named[::-1])
         hashes = held.hashes
         if list(map(ref.__getitem__, hashes)).count(1) == len(hashes):
             # Common case: this request was the only holder of every block (so no repeats).
@@ -359,6 +379,16 @@ class PrefixCache:
             else:
                 del ref[h]
                 cached[h] = None
+
+    def reset(self) -> int:
+        """Drop every cached (unpinned) block, as vLLM's ``reset_prefix_cache`` does (and as
+        a restarted server starts); returns how many went. Blocks running requests hold stay."""
+        n = len(self._cached)
+        self._cached.clear()
+        self._free += n
+        if self.events is not None:
+            self.events("cleared", ())
+        return n
 
     def reset_counters(self) -> None:
         self.queries_tokens = 0

@@ -6,11 +6,14 @@
   through a :class:`~epp.datastore.store.Datastore` at every scrape, ``route`` / ``settle``
   at the pick and ``finish`` with the server's ``cached_tokens`` and the generated text
   (when the workload has text) when the response ends.
-* ``precise``: the same profile (filters, weighted scorers, picker of the same config) and
-  the same request-control layer, but the prefix match comes from an oracle producer that
-  reads the replicas' true caches (``contains_prefix``), the upper bound that an index fed
-  by KV-cache events would reach. Load is balanced exactly as epp balances it, so the gap
-  between ``epp`` and ``precise`` is the cost of approximation.
+* ``precise``: the same config with the ``precise-prefix-cache-producer`` added, fed by
+  the replicas' KV-cache events (``ReplayConfig.event_delay_s`` late, ``event_loss`` of the
+  batches lost) and keeping the approximate index as its fallback, as ``epp serve`` runs it.
+* ``oracle``: the same profile and request-control layer, but the prefix match comes from an
+  oracle producer that reads the replicas' true caches (``contains_prefix``) at the instant
+  of the pick: the bound any index reaches. Load is balanced exactly as epp balances it, so
+  the gap between ``epp`` and ``oracle`` is the cost of approximation, and between
+  ``precise`` and ``oracle`` the cost of events arriving late or lost.
 * ``random``, ``round-robin``.
 * ``least-load``: fewest requests in flight (as counted by the router), ties at random.
 * ``session-affinity``: a session's first request goes to the least-loaded replica, later
@@ -41,11 +44,14 @@ from epp.config.loader import EppConfig, default_config, load_config
 from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.datastore.store import Datastore
 from epp.observability.metrics import EppMetrics
+from epp.prefix.blockhash import BlockKeys
+from epp.prefix.kvevents import EventBatch
+from epp.prefix.precise import PRECISE_PREFIX_PRODUCER, PreciseIndexConfig, PrecisePrefixProducer
 from epp.request.types import InferenceRequest
 from epp.requestcontrol.director import Director, Routing
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import CycleState, PrefixMatch, ResponseInfo
-from epp.wiring import build_scheduler
+from epp.wiring import build_producers, build_scheduler
 from simulator.model.engine import Engine
 from simulator.model.tokens import CHARS_PER_TOKEN
 from simulator.replay.radix import ApproxRadixTree
@@ -78,6 +84,8 @@ class Policy:
 
     name = "policy"
     needs_metrics = False
+    wants_events = False
+    """Reads the replicas' KV-cache events (``kv_events``)."""
 
     def pick(self, arrival: Arrival, now_s: float) -> int:
         raise NotImplementedError
@@ -86,6 +94,9 @@ class Policy:
         pass
 
     def finished(self, arrival: Arrival, replica: int, info: ResponseInfo, now_s: float) -> None:
+        pass
+
+    def kv_events(self, replica: int, batch: EventBatch, now_s: float) -> None:
         pass
 
 
@@ -278,10 +289,51 @@ class EppPolicy(_EppBase):
 
 
 class PrecisePolicy(_EppBase):
+    """The same config with the ``precise-prefix-cache-producer`` added, fed by the
+    replicas' KV-cache events as the live producer is fed from ZMQ (with the replay's event
+    delay and loss), and keying each request by the engine's own block names (what the
+    tokenizer and vLLM's hash give in production)."""
+
+    name = "precise"
+    wants_events = True
+
+    def __init__(self, cluster: Cluster, cfg: EppConfig) -> None:
+        self.keyer = ArrivalKeyer(cluster.block_size_tokens)
+        params = PreciseIndexConfig(block_size=cluster.block_size_tokens)
+        producer = PrecisePrefixProducer(PRECISE_PREFIX_PRODUCER, params, self.keyer)
+        producers = [*build_producers(cfg), producer]
+        super().__init__(
+            cluster, cfg, build_scheduler(cfg, random.Random(cluster.seed), producers=producers)
+        )
+        self.producer = producer
+
+    def pick(self, arrival: Arrival, now_s: float) -> int:
+        self.keyer.next_blocks = arrival.block_hashes
+        return super().pick(arrival, now_s)
+
+    def kv_events(self, replica: int, batch: EventBatch, now_s: float) -> None:
+        eid = self.ids[replica]
+        if self.producer.apply(eid, batch, now_s) is not None:  # replay is not modelled
+            self.producer.apply_replayed(eid, batch, None, now_s)
+
+
+class ArrivalKeyer:
+    """Keys a replayed request by the block names its engine uses (set per arrival)."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.next_blocks: list[int] = []
+
+    def keys(self, request: InferenceRequest) -> BlockKeys | str:
+        blocks = self.next_blocks
+        return BlockKeys(blocks, self.block_size, len(blocks) * self.block_size)
+
+
+class OraclePolicy(_EppBase):
     """The same config, with the approximate index replaced by an oracle producer that reads
     the replicas' true cache contents (``OracleProducer``)."""
 
-    name = "precise"
+    name = "oracle"
 
     def __init__(self, cluster: Cluster, cfg: EppConfig) -> None:
         producer = OracleProducer(cluster.engines, cluster.endpoint_ids,
@@ -326,6 +378,7 @@ class OracleProducer:
 POLICY_NAMES = (
     "epp",
     "precise",
+    "oracle",
     "cache-aware",
     "chwbl",
     "session-affinity",
@@ -335,15 +388,18 @@ POLICY_NAMES = (
 )
 
 PolicyFactory = Callable[[Cluster], Policy]
+_EPP_POLICIES: dict[str, Callable[[Cluster, EppConfig], Policy]] = {
+    "epp": EppPolicy, "precise": PrecisePolicy, "oracle": OraclePolicy,
+}
 
 
 def policy_factory(spec: str, default_cfg: EppConfig | None = None) -> tuple[str, PolicyFactory]:
-    """``spec`` is a policy name; ``epp`` and ``precise`` take an optional config after a
-    colon (``epp:filter-chain``, ``epp:my.yaml``). Returns the display name and a factory."""
+    """``spec`` is a policy name; ``epp``, ``precise`` and ``oracle`` take an optional config
+    after a colon (``epp:filter-chain``, ``epp:my.yaml``). Returns the display name and a factory."""
     name, _, arg = spec.partition(":")
-    if name in ("epp", "precise"):
+    if name in _EPP_POLICIES:
         cfg = load_config(arg) if arg else (default_cfg or default_config())
-        cls = EppPolicy if name == "epp" else PrecisePolicy
+        cls = _EPP_POLICIES[name]
         return spec, lambda cluster: cls(cluster, cfg)
     simple: dict[str, Callable[[Cluster], Policy]] = {
         "random": RandomPolicy,

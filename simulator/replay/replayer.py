@@ -25,12 +25,16 @@ replicas are advanced to the float just before ``t``, never to ``t`` itself.
 
 from __future__ import annotations
 
+import functools
 import math
+import random
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from epp.datastore.endpoint import EndpointId, Metrics
+from epp.prefix.kvevents import EventBatch, Kind, KvEvent
 from epp.request.types import ApiKind
 from epp.scheduling.types import ResponseInfo
 from simulator.model.cache import PrefixCache, model_seed, text_block_hashes
@@ -38,6 +42,8 @@ from simulator.model.cost import CostModel
 from simulator.model.engine import Engine, EngineConfig, EngineRequest, RequestTooLarge
 from simulator.replay.policies import Arrival, Cluster, Policy, PolicyFactory
 from simulator.replay.workload import TraceRequest, Workload, engine_block_hashes, reply_text
+
+_EVENT_KINDS = {"stored": Kind.STORED, "removed": Kind.REMOVED, "cleared": Kind.CLEARED}
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,6 +60,21 @@ class ReplayConfig:
     sample_interval_s: float = 1.0
     """Per-replica load (running + waiting) is recorded at this period for the plots."""
     cost: CostModel = field(default_factory=CostModel)
+    # --- where an index built from what the router sent goes wrong (docs/precise-prefix.md) ---
+    routers: int = 1
+    """Independent router instances (epp replicas without index sync); arrival ``i`` goes
+    through router ``i % routers``. Every router sees every scrape and KV event."""
+    bypass_share: float = 0.0
+    """Share of arrivals sent straight to a random replica, past the routers."""
+    restarts: tuple[tuple[float, int], ...] = ()
+    """(time in seconds, replica): the replica's cache is reset then (a restarted server)."""
+    reported_kv_blocks: int = 0
+    """KV blocks the replicas report in their metrics (0: ``kv_blocks``); more than they
+    have models a cache smaller than configured."""
+    event_delay_s: float = 0.05
+    """KV-cache events reach the routers this long after the engine stored or evicted."""
+    event_loss: float = 0.0
+    """Share of KV-event batches lost on the way (sequence gaps)."""
 
     def __post_init__(self) -> None:
         for name in ("replicas", "kv_blocks", "block_size_tokens", "max_num_seqs"):
@@ -61,6 +82,16 @@ class ReplayConfig:
                 raise ValueError(f"replay setting {name!r} must be > 0")
         if self.scrape_interval_s <= 0 or self.sample_interval_s <= 0:
             raise ValueError("scrape and sample intervals must be > 0")
+        if self.routers < 1:
+            raise ValueError("replay setting 'routers' must be >= 1")
+        for name in ("bypass_share", "event_loss"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"replay setting {name!r} must be in [0, 1]")
+        if self.event_delay_s < 0 or self.reported_kv_blocks < 0:
+            raise ValueError("event_delay_s and reported_kv_blocks must be >= 0")
+        for _, replica in self.restarts:
+            if not 0 <= replica < self.replicas:
+                raise ValueError(f"restart of replica {replica}: there are {self.replicas}")
 
 
 @dataclass(slots=True)
@@ -76,6 +107,8 @@ class Outcome:
     first_token_s: float = math.nan
     finish_s: float = math.nan
     cached_tokens: int = 0
+    router: int = 0
+    """The router that picked the replica (-1: sent past the routers)."""
     rejected: bool = False
     finished_count: int = 0
     """How many times a finish was reported (1 for a served request; tests check it)."""
@@ -123,9 +156,14 @@ class Replayer:
         interval = cfg.scrape_interval_s
         last_scrape = -math.inf
         needs_metrics = run.policy.needs_metrics
+        restarts = sorted(cfg.restarts)
         for count, req in enumerate(workload.requests(), 1):
             t = req.arrival_s
             before = math.nextafter(t, -math.inf)
+            while restarts and restarts[0][0] <= t:
+                at, replica = restarts.pop(0)
+                run.run_to(math.nextafter(at, -math.inf))
+                run.restart(replica, at)
             run.sample_until(before)
             if needs_metrics:
                 ts = math.floor(t / interval) * interval
@@ -134,6 +172,7 @@ class Replayer:
                     run.scrape(ts)
                     last_scrape = ts
             run.run_to(before)
+            run.deliver_events(t)
             run.submit(req, t)
             if progress is not None and count % 64 == 0:
                 progress(count)
@@ -159,10 +198,14 @@ class _Run:
             for _ in range(n)
         ]
         ids = [EndpointId(f"10.0.{i // 250}.{i % 250 + 1}:8000") for i in range(n)]
-        self.in_flight = [0] * n
-        self.policy: Policy = factory(
-            Cluster(self.engines, ids, self.in_flight, cfg.block_size_tokens, cfg.model, cfg.seed)
-        )
+        self.in_flight = [[0] * n for _ in range(cfg.routers)]
+        """Per router, requests it sent to each replica and has not seen end."""
+        self.policies: list[Policy] = [
+            factory(Cluster(self.engines, ids, self.in_flight[k], cfg.block_size_tokens,
+                            cfg.model, cfg.seed + k))
+            for k in range(cfg.routers)
+        ]  # fmt: skip
+        self.policy = self.policies[0]
         self.seed = model_seed(cfg.model)
         self.live: dict[str, _Live] = {}
         self.outcomes: list[Outcome] = []
@@ -170,6 +213,51 @@ class _Run:
         self.loads: list[list[int]] = [[] for _ in range(n)]
         self.peak = [0] * n
         self.next_sample = 0.0
+        self.rng = random.Random(cfg.seed ^ 0x5EED)
+        self.arrivals = 0
+        # KV-cache events, for policies that read them (vLLM's publisher, one per replica)
+        self.wants_events = any(p.wants_events for p in self.policies)
+        self.event_buffer: list[list[KvEvent]] = [[] for _ in range(n)]
+        self.event_seq = [0] * n
+        self.in_transit: deque[tuple[float, int, EventBatch]] = deque()
+        if self.wants_events:
+            for i, eng in enumerate(self.engines):
+                eng.cache.events = functools.partial(self._cache_event, i)
+
+    def _cache_event(self, replica: int, kind: str, hashes: Sequence[int]) -> None:
+        self.event_buffer[replica].append(KvEvent(_EVENT_KINDS[kind], hashes, "GPU", None,
+                                                  self.cfg.block_size_tokens))  # fmt: skip
+
+    def _flush_events(self, t: float) -> None:
+        """What the replicas published up to ``t``, one batch each, on its way to the routers."""
+        cfg = self.cfg
+        for i, buf in enumerate(self.event_buffer):
+            if not buf:
+                continue
+            seq = self.event_seq[i]
+            self.event_seq[i] = seq + 1
+            batch = EventBatch("", seq, t, buf)
+            self.event_buffer[i] = []
+            if cfg.event_loss and self.rng.random() < cfg.event_loss:
+                continue
+            self.in_transit.append((t + cfg.event_delay_s, i, batch))
+
+    def deliver_events(self, now: float) -> None:
+        transit = self.in_transit
+        while transit and transit[0][0] <= now:
+            at, replica, batch = transit.popleft()
+            for p in self.policies:
+                p.kv_events(replica, batch, at)
+
+    def restart(self, replica: int, t: float) -> None:
+        """The replica's server restarted: its cache is empty and its event numbering
+        starts again from 0."""
+        if self.wants_events:
+            self._flush_events(t)
+            self.event_seq[replica] = 0
+        self.engines[replica].cache.reset()
+        if self.wants_events:
+            self._flush_events(t)
 
     def run_to(self, x: float) -> None:
         """Every replica runs to ``x``; finished requests go back to the policy in time order."""
@@ -186,6 +274,8 @@ class _Run:
                 o.first_token_s = f.time_s
             for d in res.finished:
                 done.append((d.time_s, i, d))
+        if self.wants_events and x != math.inf:
+            self._flush_events(x)
         if not done:
             return
         if len(done) > 1:
@@ -196,9 +286,10 @@ class _Run:
             o.finish_s = t_done
             o.cached_tokens = d.cached_tokens
             o.finished_count += 1
-            self.in_flight[i] -= 1
-            info = ResponseInfo(200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply)
-            self.policy.finished(entry.arrival, i, info, t_done)
+            if o.router >= 0:
+                self.in_flight[o.router][i] -= 1
+                info = ResponseInfo(200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply)
+                self.policies[o.router].finished(entry.arrival, i, info, t_done)
 
     def note_blocks(self) -> None:
         for i, eng in enumerate(self.engines):
@@ -220,29 +311,35 @@ class _Run:
     def scrape(self, ts: float) -> None:
         cfg = self.cfg
         stamp = max(ts, 1e-9)  # epp reads scraped_at_s == 0 as "never scraped"
-        self.policy.observe(
-            [
-                Metrics(
-                    waiting=eng.num_waiting,
-                    running=eng.num_running,
-                    kv_usage=eng.kv_usage,
-                    max_adapters=self.max_loras,
-                    block_size_tokens=cfg.block_size_tokens,
-                    num_gpu_blocks=cfg.kv_blocks,
-                    scraped_at_s=stamp,
-                )
-                for eng in self.engines
-            ],
-            ts,
-        )
+        reported = cfg.reported_kv_blocks or cfg.kv_blocks
+        metrics = [
+            Metrics(
+                waiting=eng.num_waiting,
+                running=eng.num_running,
+                kv_usage=eng.kv_usage,
+                max_adapters=self.max_loras,
+                block_size_tokens=cfg.block_size_tokens,
+                num_gpu_blocks=reported,
+                scraped_at_s=stamp,
+            )
+            for eng in self.engines
+        ]
+        for p in self.policies:
+            p.observe(metrics, ts)
 
     def submit(self, req: TraceRequest, t: float) -> None:
-        bs = self.cfg.block_size_tokens
+        cfg = self.cfg
+        bs = cfg.block_size_tokens
         hashes = engine_block_hashes(req, bs, self.seed)
         arrival = Arrival(req, hashes)
-        replica = self.policy.pick(arrival, t)
-        self.in_flight[replica] += 1
-        outcome = Outcome(req.request_id, replica, t, req.prompt_tokens, req.output_tokens)
+        k = self.arrivals % cfg.routers
+        self.arrivals += 1
+        if cfg.bypass_share and self.rng.random() < cfg.bypass_share:
+            router, replica = -1, self.rng.randrange(cfg.replicas)
+        else:
+            router, replica = k, self.policies[k].pick(arrival, t)
+            self.in_flight[k][replica] += 1
+        outcome = Outcome(req.request_id, replica, t, req.prompt_tokens, req.output_tokens, router=router)
         self.outcomes.append(outcome)
         reply = reply_text(req)
         final = None
@@ -256,8 +353,9 @@ class _Run:
             del self.live[req.request_id]
             outcome.rejected = True
             outcome.finished_count += 1
-            self.in_flight[replica] -= 1
-            self.policy.finished(arrival, replica, ResponseInfo(status=400), t)
+            if router >= 0:
+                self.in_flight[router][replica] -= 1
+                self.policies[router].finished(arrival, replica, ResponseInfo(status=400), t)
 
     def drain(self) -> None:
         """Keep sampling while replicas work, then run everything to the end."""

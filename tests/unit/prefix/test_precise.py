@@ -22,6 +22,7 @@ from epp.prefix.precise import PreciseIndexConfig, PrecisePrefixProducer
 from epp.prefix.tokenize import ModelTokenizer, TokenizerPool
 from epp.request.types import ApiKind, InferenceRequest
 from epp.scheduling.types import CycleState, PickResult, PrefixMatch
+from tests.wordlevel import write_tokenizer
 
 A, B, C = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000"), EndpointId("10.0.0.3:8000")
 SAMPLE = Path(__file__).resolve().parents[4] / "shared" / "vllm" / "kv-events-sha256_cbor-block32.jsonl"
@@ -309,34 +310,23 @@ def test_unkeyable_requests_keep_the_approximate_match() -> None:
 
 @pytest.fixture
 def tokenizer_dir(tmp_path: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = ["<s>", "<unk>", "<|user|>", "<|assistant|>", "hello", "world", "how", "are", "you", "\n"]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<s>", "<|user|>", "<|assistant|>"])
-    tok.save(str(tmp_path / "tokenizer.json"))
-    template = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} "
-                "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "add_bos_token": True, "chat_template": template}))
-    return tmp_path
+    return write_tokenizer(tmp_path / "tok")
 
 
 def test_chat_template_and_completion_prompts_become_token_ids(tokenizer_dir: Path) -> None:
     tok = ModelTokenizer(tokenizer_dir)
     chat = {"messages": [{"role": "user", "content": "hello world"}]}
     assert tok.render_chat(chat) == "<s><|user|> hello world <|assistant|>"
-    assert tok.chat_ids(chat) == [0, 2, 4, 5, 3]
+    assert tok.chat_ids(chat) == [0, 2, 5, 6, 3]
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"},
                                                         {"type": "text", "text": "world"}]}]}  # fmt: skip
-    assert tok.chat_ids(parts) == [0, 2, 4, 5, 3]  # parts joined by a newline (vLLM's rule)
-    assert tok.chat_ids({**chat, "add_generation_prompt": False}) == [0, 2, 4, 5]
+    assert tok.chat_ids(parts) == [0, 2, 5, 6, 3]  # parts joined by a newline (vLLM's rule)
+    assert tok.chat_ids({**chat, "add_generation_prompt": False}) == [0, 2, 5, 6]
     image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
     assert tok.chat_ids(image) is None
     assert tok.chat_ids({**chat, "chat_template": "{{ 1 }}"}) is None
-    assert tok.completion_ids({"prompt": "how are you"}) == [0, 6, 7, 8]  # add_bos_token
-    assert tok.completion_ids({"prompt": "how", "add_special_tokens": False}) == [6]
+    assert tok.completion_ids({"prompt": "how are you"}) == [0, 7, 8, 9]  # add_bos_token
+    assert tok.completion_ids({"prompt": "how", "add_special_tokens": False}) == [7]
     assert tok.completion_ids({"prompt": [7, 8]}) == [7, 8]
     assert tok.completion_ids({"prompt": ["a", "b"]}) is None
 

@@ -1,0 +1,164 @@
+"""KV-cache events end to end over real ZMQ sockets: the emulator publishes vLLM's wire
+format with vLLM's block hashes (tokenizer + sha256_cbor), epp's subscriber applies them to
+the precise producer, whose keys for the same request body match; a late subscriber is
+repaired through the replay socket; a hostile publisher is counted, never fatal."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import zmq
+import zmq.asyncio
+
+from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.kvevents.subscriber import KvEventSubscriber
+from epp.prefix.precise import PreciseIndexConfig, PrecisePrefixProducer
+from epp.request.types import ApiKind, InferenceRequest
+from simulator.emulator import EmulatorConfig, RunningEmulator, start_emulator
+from tests.wordlevel import write_tokenizer
+
+pytestmark = pytest.mark.asyncio
+MODEL = "m"
+WORDS = ["hello", "world", "how", "are", "you", "the", "parcel", "order", "shipping", "desk", "is", "late"]
+
+
+@pytest.fixture
+def tokenizer(tmp_path: Path) -> Path:
+    return write_tokenizer(tmp_path / "tok")
+
+
+def chat_body(seed: int, n: int = 120) -> dict[str, object]:
+    rng = random.Random(seed)
+    text = " ".join(rng.choice(WORDS) for _ in range(n))
+    return {"model": MODEL, "max_tokens": 4,
+            "messages": [{"role": "system", "content": "the shipping desk " * 20},
+                         {"role": "user", "content": text}]}  # fmt: skip
+
+
+async def until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.01)  # polling a condition another task makes true
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def post(http: aiohttp.ClientSession, emu: RunningEmulator, body: dict[str, object]) -> None:
+    async with http.post(f"{emu.url}/v1/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+
+
+def keys_of(p: PrecisePrefixProducer, body: dict[str, object]) -> list[int]:
+    keyed = p.keyer.keys(InferenceRequest("r", MODEL, "", api=ApiKind.CHAT, body=body))
+    assert not isinstance(keyed, str), keyed
+    return list(keyed.keys)
+
+
+async def test_epp_keys_equal_the_emulators_published_blocks(
+    tokenizer: Path, http: aiohttp.ClientSession
+) -> None:
+    params = PreciseIndexConfig(block_size=16, tokenizers={MODEL: str(tokenizer)},
+                                events_mode="bind", events_endpoint="tcp://127.0.0.1:0")  # fmt: skip
+    producer = PrecisePrefixProducer.from_params("precise", params)
+    sub = KvEventSubscriber(producer)
+    task = asyncio.create_task(sub.run())
+    await until(lambda: bool(sub.bound_endpoint), "bound")
+    emu = await start_emulator(EmulatorConfig(model=MODEL, block_size=16, tokenizer=str(tokenizer),
+                                              kv_events=sub.bound_endpoint))  # fmt: skip
+    eid = EndpointId(f"127.0.0.1:{emu.port}")
+    producer.observe_endpoint(Endpoint(eid, "127.0.0.1", emu.port))
+    try:
+        # the first batches may be lost while the connection forms (PUB/SUB): warm up
+        await post(http, emu, chat_body(0))
+        await until(lambda: producer.mode(eid, 0.0) != "approximate", "first events")
+        body = chat_body(1)
+        keys = keys_of(producer, body)
+        assert len(keys) >= 10
+        shared = producer.index.match(keys, [eid], 0.0)[eid]  # the common system prompt
+        assert 0 < shared < len(keys)
+        await post(http, emu, body)
+        await until(lambda: producer.index.match(keys, [eid], 0.0) == {eid: len(keys)}, "stored")
+        assert sum(n for (e, _), n in producer.stats.events.items() if e == eid) >= 2
+    finally:
+        await emu.close()
+        task.cancel()
+        await sub.close()
+
+
+async def test_a_late_subscriber_catches_up_through_the_replay_socket(
+    tokenizer: Path, http: aiohttp.ClientSession
+) -> None:
+    emu = await start_emulator(EmulatorConfig(
+        model=MODEL, block_size=16, tokenizer=str(tokenizer),
+        kv_events="tcp://*:0", kv_events_replay="tcp://127.0.0.1:0"))  # fmt: skip
+    pub = emu.emulator.publisher
+    assert pub is not None
+    events_port = int(pub.endpoint.rsplit(":", 1)[1])
+    replay_port = int(pub.replay_endpoint.rsplit(":", 1)[1])
+    params = PreciseIndexConfig(block_size=16, tokenizers={MODEL: str(tokenizer)},
+                                events_port=events_port, replay_port=replay_port)  # fmt: skip
+    producer = PrecisePrefixProducer.from_params("precise", params)
+    sub = KvEventSubscriber(producer)
+    eid = EndpointId(f"127.0.0.1:{emu.port}")
+    try:
+        early = chat_body(2)
+        await post(http, emu, early)  # published before anyone listens: lost to PUB/SUB
+        await until(lambda: pub.seq >= 1, "published")
+        producer.on_endpoints(sub.endpoint_changed)
+        producer.observe_endpoint(Endpoint(eid, "127.0.0.1", emu.port))  # connect mode
+        later = chat_body(3)
+        keys = keys_of(producer, early)
+        for _ in range(200):  # until the reader's subscription is in place and a batch lands
+            await post(http, emu, later)
+            if producer.stats.replays:
+                break
+        await until(lambda: producer.stats.replays["complete"] == 1, "replayed")
+        assert producer.mode(eid, 0.0) == "live" and producer.stats.gaps[eid] == 1
+        assert producer.index.match(keys, [eid], 0.0) == {eid: len(keys)}  # learnt by replay
+    finally:
+        await sub.close()
+        await emu.close()
+
+
+async def test_garbage_on_the_event_socket_is_counted_and_reading_goes_on(tokenizer: Path) -> None:
+    params = PreciseIndexConfig(block_size=16, events_mode="bind",
+                                events_endpoint="tcp://127.0.0.1:0")  # fmt: skip
+    producer = PrecisePrefixProducer("precise", params)
+    eid = EndpointId("10.0.0.1:8000")
+    producer.observe_endpoint(Endpoint(eid, "10.0.0.1", 8000))
+    sub = KvEventSubscriber(producer)
+    task = asyncio.create_task(sub.run())
+    await until(lambda: bool(sub.bound_endpoint), "bound")
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.connect(sub.bound_endpoint)
+    from epp.prefix.kvevents import Kind, KvEvent, encode
+
+    good = encode(f"kv@{eid}@m", 0, 1.0, [KvEvent(Kind.STORED, [1, 2], "GPU", None, 16)])
+    try:
+        for _ in range(500):  # until the connection is up and a good batch lands
+            await pub.send_multipart([b"kv@10.0.0.1:8000@m", b"\x00" * 8, b"\xc1garbage"])
+            await pub.send_multipart([b"kv@10.9.9.9:1@m", *good[1:]])
+            await pub.send_multipart([b"just one frame"])
+            await pub.send_multipart(good)
+            await asyncio.sleep(0.01)
+            if producer.index.blocks(eid):
+                break
+        reasons = {r for (_, r) in producer.stats.dropped}
+        assert {"bad-message", "unknown-topic"} <= reasons
+        assert producer.index.match([1, 2], [eid], 0.0) == {eid: 2}
+        assert not task.done()
+    finally:
+        task.cancel()
+        await sub.close()
+        ctx.destroy(linger=0)
