@@ -30,8 +30,10 @@ async def start_replicas(
     kv_blocks: int | None,
     max_num_seqs: int | None,
     host: str = "127.0.0.1",
+    tokenizer: str = "",
+    kv_events: str = "",
 ) -> list[RunningEmulator]:
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"tokenizer": tokenizer, "kv_events": kv_events}
     if kv_blocks:
         extra["num_gpu_blocks"] = kv_blocks
     if max_num_seqs:
@@ -122,8 +124,9 @@ async def _until_stopped() -> None:
 async def _main(args: argparse.Namespace) -> None:
     if args.role == "replicas":
         reps = await start_replicas(
-            args.count, args.speedup, args.model, args.kv_blocks, args.max_num_seqs
-        )
+            args.count, args.speedup, args.model, args.kv_blocks, args.max_num_seqs,
+            tokenizer=args.tokenizer, kv_events=args.kv_events,
+        )  # fmt: skip
         print(json.dumps({"replica_urls": [r.url for r in reps]}), flush=True)
         try:
             await _until_stopped()
@@ -149,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=EmulatorConfig().model)
     p.add_argument("--kv-blocks", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--tokenizer", default="", help="replicas: tokenizer directory")
+    p.add_argument("--kv-events", default="", help="replicas: where to publish KV events")
     p.add_argument("--endpoints", default="")
     p.add_argument("--config", default="")
     p.add_argument("--no-sync", action="store_true", help="epp: replicas do not share their index")

