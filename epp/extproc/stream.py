@@ -36,7 +36,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, Unavailable
 from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
-from epp.request.parse import CONTROL_HEADERS, RequestParser, echo
+from epp.request.parse import CONTROL_HEADERS, ParsedRequest, RequestParser, echo
+from epp.request.types import InferenceRequest
 from epp.requestcontrol.director import Director, Routing
 from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits, ResponseReader
 
@@ -85,7 +86,9 @@ class RequestStream:
         "_director",
         "_first",
         "_headers",
+        "_held",
         "_limits",
+        "_observing",
         "_parser",
         "_path",
         "_phase",
@@ -96,6 +99,7 @@ class RequestStream:
         "_status",
         "_strip",
         "_subset",
+        "awaiting",
     )
 
     def __init__(
@@ -123,6 +127,11 @@ class RequestStream:
         self._reader: ResponseReader | None = None
         self._status = 0
         self._deferred: Routing | None = None
+        self.awaiting: InferenceRequest | None = None
+        """A parsed request held until the service has run ``Director.prepare`` on it (off
+        the event loop); the service then calls :meth:`resume`."""
+        self._held: tuple[ParsedRequest, int, bool, bool] | None = None
+        self._observing = False
 
     @property
     def phase(self) -> Phase:
@@ -143,6 +152,7 @@ class RequestStream:
         if self._phase is Phase.ANSWERED:
             return _NO_REPLY
         kind = msg.WhichOneof("request")
+        self._observing = msg.observability_mode
         try:
             if kind == "request_headers":
                 out = self._request_headers(msg)
@@ -265,16 +275,43 @@ class RequestStream:
     def _request_trailers(self) -> list[pb.ProcessingResponse]:
         if self._phase is Phase.REQUEST_BODY and self._request_mode == convert.FULL_DUPLEX_STREAMED:
             out = self._route_body(trailers_follow=True)
-            out.append(convert.REQUEST_TRAILERS_CONTINUE)
-            return out
+            if self.awaiting is not None:
+                return _NO_REPLY  # resume() sends the routing and the trailers' reply
+            return [*out, convert.REQUEST_TRAILERS_CONTINUE]
         return [convert.REQUEST_TRAILERS_CONTINUE]
+
+    def resume(self) -> list[pb.ProcessingResponse]:
+        """Route the request held for preparation (see ``awaiting``)."""
+        held, self._held, self.awaiting = self._held, None, None
+        if held is None:
+            return _NO_REPLY
+        parsed, size, trailers_follow, observe_only = held
+        try:
+            out = self._routed(parsed, size, trailers_follow)
+            if trailers_follow:
+                out.append(convert.REQUEST_TRAILERS_CONTINUE)
+        except EppError as exc:
+            out = self._answer(exc)
+        except Exception as exc:  # a bug: answer 500, keep the server alive
+            log.exception("ext_proc stream failed routing a prepared request")
+            out = self._answer(exc)
+        return _NO_REPLY if observe_only else out
 
     def _route_body(self, trailers_follow: bool) -> list[pb.ProcessingResponse]:
         raw = bytes(self._body)
         self._drop_body()
         parsed = self._parser.parse(self._path, self._headers, raw)
+        if self._director.prepares:
+            self._held = (parsed, len(raw), trailers_follow, self._observing)
+            self.awaiting = parsed.request
+            return _NO_REPLY
+        return self._routed(parsed, len(raw), trailers_follow)
+
+    def _routed(
+        self, parsed: ParsedRequest, size: int, trailers_follow: bool
+    ) -> list[pb.ProcessingResponse]:
         routing = self._routing = self._deferred = self._director.route(
-            parsed.request, self._subset, len(raw)
+            parsed.request, self._subset, size
         )
         self._phase = Phase.ROUTED
         body = parsed.body

@@ -32,6 +32,7 @@ LoRA adapter whose path on the server is not configured) keep the approximate ma
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ from epp.scheduling.types import CycleState, PickResult, PrefixMatch
 log = logging.getLogger(__name__)
 
 PRECISE_PREFIX_PRODUCER = "precise-prefix-cache-producer"
+_MAX_PREPARED = 4096
 
 
 @dataclass(slots=True, frozen=True)
@@ -118,16 +120,19 @@ class TokenizingKeyer:
         body = request.body
         if body is None:
             return "no-body"
+        # a model with a tokenizer of its own is a base model (a name without
+        # requestControl.baseModels reads as an adapter); a configured LoRA is hashed with
+        # its name and path, as vLLM does, and tokenized by its base model's tokenizer
         lora: tuple[str, str] | None = None
-        if request.adapter:
-            path = self.lora_paths.get(request.adapter)
-            if path is None:
-                return "lora-path-unknown"
+        tok = None
+        path = self.lora_paths.get(request.adapter) if request.adapter else None
+        if path is not None:
             lora = (request.adapter, path)
-        base = body.get("model") if lora is None else None
-        tok = self.pool.get(request.model if lora is None else self._base_model(request))
-        if tok is None and isinstance(base, str):
-            tok = self.pool.get(base)
+            tok = self.pool.get(self._base_model(request))
+        elif request.adapter and not self.pool.named(request.model):
+            return "lora-path-unknown"
+        else:
+            tok = self.pool.get(request.model)
         if tok is None:
             return "no-tokenizer"
         t0 = time.perf_counter()
@@ -200,6 +205,9 @@ class PrecisePrefixProducer:
         self._events: dict[EndpointId, _EndpointEvents] = {}
         self._known: set[EndpointId] = set()
         self._endpoint_listeners: list[Callable[[EndpointId, bool], None]] = []
+        self._prepared: dict[int, tuple[InferenceRequest, BlockKeys | str]] = {}
+        """Keys computed by ``prepare_request`` (a worker thread), by request identity."""
+        self._prepared_lock = threading.Lock()
 
     @classmethod
     def from_params(cls, name: str, params: PreciseIndexConfig) -> PrecisePrefixProducer:
@@ -210,8 +218,22 @@ class PrecisePrefixProducer:
 
     # --- the request path ------------------------------------------------------------
 
+    def prepare_request(self, request: InferenceRequest) -> None:
+        """Tokenize and key the request (a worker thread, before scheduling: see
+        ``RequestPreparer``); ``prepare`` picks the result up."""
+        keyed = self.keyer.keys(request)
+        with self._prepared_lock:
+            prepared = self._prepared
+            prepared[id(request)] = (request, keyed)
+            if len(prepared) > _MAX_PREPARED:  # requests prepared and never scheduled
+                del prepared[next(iter(prepared))]
+
     def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
-        keyed = self.keyer.keys(state.request)
+        request = state.request
+        with self._prepared_lock:
+            entry = self._prepared.pop(id(request), None)
+        prepared = entry is not None and entry[0] is request
+        keyed = entry[1] if entry is not None and prepared else self.keyer.keys(request)
         if isinstance(keyed, str):
             self.stats.unkeyed[keyed] += 1
             return

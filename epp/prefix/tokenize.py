@@ -110,7 +110,11 @@ class ModelTokenizer:
         return self._template is not None
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL (encode does not): a long prompt tokenized in a
+        # worker thread leaves the event loop running
+        ids: list[int] = self.tokenizer.encode_batch(
+            [text], add_special_tokens=add_special_tokens
+        )[0].ids
         bos = self.bos_id
         if add_special_tokens and self.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids.insert(0, bos)
@@ -209,6 +213,12 @@ class TokenizerPool:
         if len(self._loaded) < 1024:  # model names come from clients: bound the cache
             self._loaded[model] = tok
         return tok
+
+    def named(self, model: str) -> bool:
+        """The model has a tokenizer of its own (a ``tokenizers`` entry or ``<root>/<model>``),
+        not just the root's single one."""
+        directory = self._directory(model)
+        return directory is not None and directory != self.root
 
     def _directory(self, model: str) -> Path | None:
         if model in self.paths:

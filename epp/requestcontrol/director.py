@@ -14,7 +14,11 @@ It knows nothing about protobuf: the ext_proc layer hands it domain values.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,6 +58,13 @@ class Routing:
         return self.request.original_model or self.request.model
 
 
+@functools.cache
+def _prepare_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for request preparation: as many as cores (the tokenizer releases the GIL)."""
+    workers = max(2, os.cpu_count() or 2)
+    return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="epp-prepare")
+
+
 class Director:
     def __init__(
         self,
@@ -70,6 +81,22 @@ class Director:
         self._metrics = metrics
         self._fallbacks = fallbacks
         self._clock = clock
+
+    @property
+    def prepares(self) -> bool:
+        """Requests should go through :meth:`prepare` before :meth:`route`."""
+        return self._scheduler.prepares
+
+    async def prepare(self, request: InferenceRequest) -> None:
+        """The producers' per-request work (tokenizing) in a worker thread, so a long prompt
+        does not hold the event loop; a failure only costs the work (``route`` redoes it or
+        falls back)."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                _prepare_pool(), self._scheduler.prepare_request, request
+            )
+        except Exception:
+            log.exception("preparing request %s failed", request.request_id)
 
     def route(
         self, request: InferenceRequest, subset: Sequence[str] | None, request_bytes: int = 0

@@ -6,6 +6,8 @@
   and one **picker**. Scorers return one score in [0, 1] per endpoint, aligned with the list
   they were given; a scorer that lacks data for an endpoint returns a neutral score and never
   raises. Filters, scorers and pickers only read.
+* A producer may also be a **request preparer** (``RequestPreparer.prepare_request``): work
+  that needs only the request (tokenizing) and may run in a worker thread before scheduling.
 * **Request-control hooks**: ``PostPick`` (the pick is on the wire: record it),
   ``PostResponse`` (the response is complete: learn from its usage and text),
   ``EndpointListener`` (an endpoint's metrics arrived / it left the pool) and ``Sweeper``
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.request.types import InferenceRequest
 from epp.scheduling.types import CycleState, PickResult, ResponseInfo
 
 
@@ -72,6 +75,18 @@ class DataProducer(Protocol):
 
     def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
         """Attach data for this request to ``state`` (e.g. ``state.prefix``)."""
+        ...
+
+
+@runtime_checkable
+class RequestPreparer(Protocol):
+    name: str
+
+    def prepare_request(self, request: InferenceRequest) -> None:
+        """Slow per-request work that needs no endpoint data (tokenizing a prompt). Runs in
+        a worker thread before scheduling when the server can (``epp serve``), so it must be
+        thread-safe; ``prepare`` finds its result, or does the work itself when it was not
+        run (the replay)."""
         ...
 
 

@@ -23,6 +23,7 @@ from epp.scheduling.interfaces import (
     EndpointListener,
     PostPick,
     PostResponse,
+    RequestPreparer,
     Sweeper,
 )
 from epp.scheduling.profile import Profile
@@ -44,6 +45,17 @@ class Scheduler:
         self._post_response = [p for p in plugins if isinstance(p, PostResponse)]
         self._listeners = [p for p in plugins if isinstance(p, EndpointListener)]
         self._sweepers = [p for p in plugins if isinstance(p, Sweeper)]
+        self._preparers = [p for p in self.producers if isinstance(p, RequestPreparer)]
+
+    @property
+    def prepares(self) -> bool:
+        """Some producer has per-request work worth running off the event loop."""
+        return bool(self._preparers)
+
+    def prepare_request(self, request: InferenceRequest) -> None:
+        """The producers' request preparation (thread-safe; see ``RequestPreparer``)."""
+        for p in self._preparers:
+            p.prepare_request(request)
 
     def plugin(self, cls: type[P]) -> P | None:
         """The first plugin of the given class (e.g. the approximate prefix producer)."""

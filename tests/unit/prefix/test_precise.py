@@ -343,3 +343,22 @@ def test_tokenizer_pool_finds_models_and_refuses_escapes(tokenizer_dir: Path, tm
     assert pool.get("../models/org/m1") is None and pool.get("/etc") is None
     with pytest.raises(ValueError, match=r"no tokenizer\.json"):
         TokenizerPool({"m": str(tmp_path / "nowhere")}).check()
+
+
+def test_adapters_are_keyed_with_their_path_or_left_to_the_approximate_index(
+    tokenizer_dir: Path,
+) -> None:
+    params = PreciseIndexConfig(block_size=2, tokenizers={"base": str(tokenizer_dir)},
+                                lora_paths={"ad": "/adapters/ad"})  # fmt: skip
+    p = PrecisePrefixProducer.from_params("precise", params)
+    body = {"model": "x", "prompt": "how are you hello world"}
+
+    def keys(model: str, adapter: str) -> object:
+        req = InferenceRequest("r", model, "", api=ApiKind.COMPLETIONS, adapter=adapter, body=body)
+        return p.keyer.keys(req)
+
+    base = keys("base", "base")  # no baseModels entry: the name reads as an adapter, but it
+    assert not isinstance(base, str)  # has a tokenizer of its own: a base model
+    lora = keys("ad", "ad")
+    assert not isinstance(lora, str) and lora.keys[0] != base.keys[0]  # ("lora", name, path)
+    assert keys("other", "other") == "lora-path-unknown"
