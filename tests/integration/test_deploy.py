@@ -248,6 +248,29 @@ def test_helm_pool_values_add_pdb_and_service_monitor() -> None:
     assert monitor["spec"]["endpoints"][0]["port"] in port_names
 
 
+def test_helm_precise_values_add_the_producer_epp_accepts_and_mount_tokenizers() -> None:
+    from epp.config.loader import parse_config
+    from epp.prefix.precise import PreciseIndexConfig
+
+    values = ["-f", str(CHART / "ci" / "precise-values.yaml")]
+    assert "0 chart(s) failed" in run(tool("helm"), "lint", "--strict", str(CHART), *values)
+    docs = docs_of(run(tool("helm"), "template", "llama", str(CHART), *values))
+    validate_schema(docs)
+    raw = yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"])
+    cfg = parse_config(raw, "<helm>")
+    assert cfg.producers == ("approx-prefix-cache-producer", "precise-prefix-cache-producer")
+    params = cfg.plugins["precise-prefix-cache-producer"].params
+    assert isinstance(params, PreciseIndexConfig)
+    assert (params.events_mode, params.events_port, params.replay_port) == ("connect", 5557, 5558)
+    assert params.tokenizer_dir == "/etc/epp/tokenizers"
+    assert params.lora_paths == {"sql-lora": "/adapters/sql-lora"}
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["tokenizers"] == "/etc/epp/tokenizers"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "tokenizers"]
+    assert volume["persistentVolumeClaim"]["claimName"] == "tokenizers"
+
+
 def test_helm_rejects_static_mode_without_endpoints() -> None:
     done = subprocess.run(
         [tool("helm"), "template", "x", str(CHART), "--set", "discovery.mode=static"],

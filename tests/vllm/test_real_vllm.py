@@ -6,7 +6,9 @@ start); the test that kills a server runs last.
 What it checks against the real thing: routing through ext_proc for every API kind vLLM
 serves, SSE with usage, ``cached_tokens`` (whole blocks only) feeding epp's learning, epp's
 scraper on the real /metrics page (names, ``engine`` label, ``cache_config_info`` sizing the
-prefix index), and a server killed mid-run leaving the rotation.
+prefix index), the precise producer (the servers' KV events over ZMQ carry exactly the block
+keys epp computes from the request with the model's tokenizer and chat template; vLLM's own
+hash functions agree for both algorithms), and a server killed mid-run leaving the rotation.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from epp.prefix.blockhash import VllmBlockHasher
+from epp.prefix.precise import PrecisePrefixProducer
 from epp.prefix.producer import PrefixProducer
+from epp.request.types import ApiKind, InferenceRequest
 from simulator import vllm
 from simulator.gateway import UPSTREAM_HOST_HEADER
 from simulator.stack import Stack, StackOptions, start_stack
@@ -46,7 +51,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     config.write_text("saturation: {metricsStalenessSeconds: 2}\n")
     s = await start_stack(StackOptions(
         engine="vllm", replicas=2, isolation="inline", model=MODEL, config=str(config),
-        log_dir=logs, ready_timeout_s=300,
+        log_dir=logs, ready_timeout_s=300, prefix="precise",
     ))  # fmt: skip
     try:
         yield s
@@ -160,6 +165,73 @@ async def test_a_request_in_progress_reads_as_running_not_waiting(
     status, _, raw = await task
     assert status == 200, raw
     assert seen is not None and seen.metrics.waiting == 0  # one request: running, not queued
+
+
+async def test_epp_computes_the_block_keys_vllm_publishes(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    """Chat and completion bodies sent straight to one server (past epp): the blocks its KV
+    events announce are exactly the keys epp computes for the same bodies."""
+    epp = epp_of(stack)
+    producer = epp.scheduler.plugin(PrecisePrefixProducer)
+    assert producer is not None
+    server = stack.endpoints()[1]
+    chat = {"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "system", "content": "You answer questions about trains. " * 15},
+        {"role": "user", "content": [{"type": "text", "text": "When does the 8:15 leave?"},
+                                     {"type": "text", "text": "And from which platform?"}]}]}  # fmt: skip
+    completion = {"model": MODEL, "max_tokens": 2, "prompt": "Once upon a time, " * 40}
+    for path, body, api in (("/v1/chat/completions", chat, ApiKind.CHAT),
+                            ("/v1/completions", completion, ApiKind.COMPLETIONS)):  # fmt: skip
+        keyed = producer.keyer.keys(InferenceRequest("t", MODEL, "", api=api, body=body))
+        assert not isinstance(keyed, str), keyed
+        assert len(keyed.keys) >= 5
+        status, _, raw = await post(http, f"http://{server}{path}", body)
+        assert status == 200, raw
+        assert json.loads(raw)["usage"]["prompt_tokens"] == keyed.num_tokens  # same tokens
+        for _ in range(200):  # events follow the step that stored the blocks (10 s deadline)
+            if producer.index.match(keyed.keys, [server], 1e12).get(server) == len(keyed.keys):
+                break
+            await asyncio.sleep(0.05)
+        assert producer.index.match(keyed.keys, [server], 1e12) == {server: len(keyed.keys)}
+    applied = sum(n for (e, _), n in producer.stats.events.items() if e == server)
+    assert applied > 0 and not producer.stats.dropped.get((server, "bad-message"))
+
+
+async def test_vllm_hash_functions_agree_with_epps_for_both_algorithms() -> None:
+    """vLLM's own ``hash_block_tokens`` (in the vLLM environment) for ``sha256`` (pickle,
+    vLLM's default) and ``sha256_cbor``, with and without a cache salt."""
+    script = (
+        "import json\n"
+        "from vllm.utils.hashing import sha256, sha256_cbor\n"
+        "import vllm.v1.core.kv_cache_utils as k\n"
+        "out = {}\n"
+        "for name, fn in (('sha256', sha256), ('sha256_cbor', sha256_cbor)):\n"
+        "    k.init_none_hash(fn)\n"
+        "    runs = []\n"
+        "    for salt in ('', 'tenant-a'):\n"
+        "        parent, keys = None, []\n"
+        "        for i in range(6):\n"
+        "            extra = (('cache_salt', salt),) if salt and i == 0 else None\n"
+        "            parent = k.hash_block_tokens(fn, parent, list(range(i * 32, i * 32 + 32)), extra)\n"
+        "            keys.append(int.from_bytes(parent[-8:], 'big'))\n"
+        "        runs.append(keys)\n"
+        "    out[name] = runs\n"
+        "print(json.dumps(out))\n"
+    )
+    python = vllm.vllm_home() / "bin" / "python"
+    proc = await asyncio.create_subprocess_exec(
+        str(python), "-c", script, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        env={**vllm.server_env(0)},
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    theirs = json.loads(out.decode().strip().splitlines()[-1])
+    tokens = list(range(6 * 32))
+    for algo in ("sha256", "sha256_cbor"):
+        ours = VllmBlockHasher(32, algo)  # type: ignore[arg-type]
+        assert ours.keys(tokens).keys == theirs[algo][0]
+        assert ours.keys(tokens, cache_salt="tenant-a").keys == theirs[algo][1]
 
 
 async def test_a_killed_server_leaves_the_rotation(stack: Stack, http: aiohttp.ClientSession) -> None:

@@ -72,3 +72,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- fail "inferencePool.modelServers.matchLabels must not be empty" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The scheduling config: scheduling.config as written, plus the precise prefix producer when
+precisePrefix.enabled.
+*/}}
+{{- define "epp.schedulingConfig" -}}
+{{- if .Values.precisePrefix.enabled -}}
+{{- $cfg := fromYaml .Values.scheduling.config -}}
+{{- $p := .Values.precisePrefix -}}
+{{- $params := dict "blockSize" (int $p.blockSize) "hashAlgo" $p.hashAlgo "eventsMode" "connect" "eventsPort" (int $p.eventsPort) "replayPort" (int $p.replayPort) "speculativeTtlSeconds" $p.speculativeTtlSeconds "tokenizerDir" "/etc/epp/tokenizers" "loraPaths" $p.loraPaths -}}
+{{- $plugin := dict "type" "precise-prefix-cache-producer" "parameters" $params -}}
+{{- $_ := set $cfg "plugins" (append (get $cfg "plugins") $plugin) -}}
+{{- toYaml $cfg -}}
+{{- else -}}
+{{- .Values.scheduling.config -}}
+{{- end -}}
+{{- end -}}

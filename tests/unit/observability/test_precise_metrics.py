@@ -1,0 +1,30 @@
+"""The precise producer's counters as Prometheus families (read at scrape time)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.observability.precise import PreciseCollector
+from epp.prefix.kvevents import EventBatch, Kind, KvEvent
+from epp.prefix.precise import PreciseIndexConfig, PrecisePrefixProducer
+
+
+def test_counters_are_exported_with_their_labels() -> None:
+    p = PrecisePrefixProducer("precise", PreciseIndexConfig())
+    eid = EndpointId("10.0.0.1:8000")
+    p.observe_endpoint(Endpoint(eid, "10.0.0.1", 8000))
+    p.apply(eid, EventBatch("t", 0, 0.0, [KvEvent(Kind.STORED, [1, 2], "GPU", None, 16),
+                                           KvEvent(Kind.REMOVED, [2], "GPU")]), 0.0)  # fmt: skip
+    p.apply(eid, EventBatch("t", 5, 0.0, []), 1.0)  # a gap, no replay: a resync
+    p.drop(eid, "bad-message")
+    registry = CollectorRegistry()
+    registry.register(PreciseCollector(p))
+    get = registry.get_sample_value
+    assert get("epp_kv_events_total", {"endpoint": eid, "type": "BlockStored"}) == 1
+    assert get("epp_kv_events_total", {"endpoint": eid, "type": "BlockRemoved"}) == 1
+    assert get("epp_kv_events_dropped_total", {"endpoint": eid, "reason": "bad-message"}) == 1
+    assert get("epp_kv_events_gaps_total", {"endpoint": eid}) == 1
+    assert get("epp_kv_events_resyncs_total", {"endpoint": eid}) == 1
+    assert get("epp_precise_index_blocks") == 0  # the resync dropped what was left
+    assert get("epp_precise_tokenize_seconds_count") == 0
