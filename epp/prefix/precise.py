@@ -17,7 +17,10 @@ blocks), endpoint by endpoint:
 
 At the pick (``post_pick``) the request's blocks are entered for the target as speculative
 entries with a short deadline, so that the next request of the same prefix sticks before
-the server's events arrive; the events confirm them, or they lapse.
+the server's events arrive; the events confirm them, or they lapse. When the response ends
+(``post_response``), the blocks the server reports as cached (``cached_tokens``) are
+confirmed: vLLM announces a block when it stores it, never when it is hit, so this is how
+blocks stored before epp subscribed (or lost in a gap) come back into the index.
 
 Events arrive through :meth:`apply` (``epp.kvevents.subscriber`` reads the sockets and calls
 it; the replay calls it with the simulated engines' events). Sequence numbers are checked
@@ -45,7 +48,7 @@ from epp.prefix.kvevents import EventBatch, Kind
 from epp.prefix.kvindex import KvBlockIndex
 from epp.prefix.tokenize import TokenizerPool, token_ids
 from epp.request.types import InferenceRequest
-from epp.scheduling.types import CycleState, PickResult, PrefixMatch
+from epp.scheduling.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +187,8 @@ class PreciseStats:
 
 
 class PrecisePrefixProducer:
-    """A data producer, post-pick hook, endpoint listener and sweeper (see the module doc)."""
+    """A data producer, request preparer, post-pick and post-response hook, endpoint
+    listener and sweeper (see the module doc)."""
 
     def __init__(
         self,
@@ -274,6 +278,22 @@ class PrecisePrefixProducer:
             held = own.matched.get(target, 0) if own is not None else 0
             self.index.speculate(target, match.hashes[held:],
                                  state.now_s + self.params.speculative_ttl_seconds)  # fmt: skip
+
+    def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
+        """The server just said it held the request's first ``cached_tokens``: confirm
+        those blocks. vLLM announces a block once, when it is stored, never when it is hit,
+        so blocks stored before epp joined (or in a gap) are learnt this way; their eviction
+        is announced later like any other."""
+        match = state.matches.get(self.name)
+        cached = info.cached_tokens
+        if match is None or not cached or info.status >= 400 or not match.hashes:
+            return
+        target = result.target.id
+        if target not in self._events:
+            return
+        n = min(len(match.hashes), cached // self.params.block_size)
+        if n:
+            self.index.store(target, match.hashes[:n])
 
     # --- events ----------------------------------------------------------------------
 

@@ -63,8 +63,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast; generators: use --set rate=)")
     p.add_argument("--limit", type=_non_negative_int, default=0,
                    help="replay only the first N trace requests (0 = all)")
-    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated; epp:FILE / precise:FILE name a config")
-    p.add_argument("--config", help="epp scheduling config (file or shipped name) for epp and precise "
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated; epp:FILE / precise:FILE / oracle:FILE name a config")
+    p.add_argument("--config", help="epp scheduling config (file or shipped name) for epp, precise and oracle "
                    "(default: the shipped 'default')")
     p.add_argument("--replicas", type=int, default=d.replicas, help="emulated replicas")
     p.add_argument("--kv-blocks", type=int, default=d.kv_blocks, help="KV blocks per replica")
@@ -76,6 +76,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("--scrape-interval", type=float, default=d.scrape_interval_s, help="seconds between metric scrapes")
     p.add_argument("--seed", type=int, default=d.seed,
                    help="seed of the policies' random choices (random, tie-breaks)")
+    w = p.add_argument_group("where an index built from what the router sent goes wrong")
+    w.add_argument("--routers", type=int, default=d.routers,
+                   help="independent epp replicas without index sync; arrivals round-robin")
+    w.add_argument("--bypass-share", type=float, default=d.bypass_share,
+                   help="share of requests sent straight to a random replica, past the routers")
+    w.add_argument("--restart", action="append", default=[], metavar="T:R",
+                   help="replica R's cache is emptied at T seconds (a restart); repeatable")
+    w.add_argument("--reported-kv-blocks", type=int, default=d.reported_kv_blocks,
+                   help="KV blocks the replicas report (0: --kv-blocks); more models a smaller "
+                   "cache than configured")
+    w.add_argument("--event-delay", type=float, default=d.event_delay_s,
+                   help="seconds before a KV event reaches the precise policy")
+    w.add_argument("--event-loss", type=float, default=d.event_loss,
+                   help="share of KV-event batches lost (sequence gaps)")
     p.add_argument("--sweep", help="param=v1,v2,... (rate, time_scale, replicas, kv_blocks, block_size, scrape_interval, weight.<scorer>)")
     p.add_argument("--out", help="write the report as JSON (a list, one object per policy and sweep point)")
     p.add_argument("--plot-dir", help="write PNG plots there")
@@ -91,6 +105,14 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def _restart(text: str) -> tuple[float, int]:
+    at, sep, replica = text.partition(":")
+    try:
+        return float(at), int(replica)
+    except ValueError:
+        raise ValueError(f"--restart expects SECONDS:REPLICA, got {text!r}") from None
 
 
 def _parse_value(text: str) -> Any:
@@ -167,6 +189,12 @@ def run(args: argparse.Namespace) -> int:
             max_batched_tokens=args.max_batched_tokens,
             scrape_interval_s=args.scrape_interval,
             seed=args.seed,
+            routers=args.routers,
+            bypass_share=args.bypass_share,
+            restarts=tuple(_restart(r) for r in args.restart),
+            reported_kv_blocks=args.reported_kv_blocks,
+            event_delay_s=args.event_delay,
+            event_loss=args.event_loss,
         )
         sweep = parse_sweep(args.sweep) if args.sweep else None
     except (ValueError, OSError, ConfigError) as exc:

@@ -138,6 +138,12 @@ def register(subparsers: Any) -> None:
     d.add_argument("--output-len", type=int, default=DEMO.output_len,
                    help="answer length, tokens")
     d.add_argument(
+        "--bypass", type=float, default=0.0, metavar="SHARE",
+        help="share of requests sent straight to a random model server, past the gateway and "
+        "epp (traffic epp does not see: another client or gateway); the same requests for "
+        "every policy",
+    )  # fmt: skip
+    d.add_argument(
         "--concurrency", type=int, default=DEMO.concurrency, help="conversations in flight at once"
     )
     d.add_argument("--api", choices=["chat", "completion"], default=DEMO.api,
@@ -169,7 +175,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
 
 def workload_from_args(args: argparse.Namespace) -> SharedPrefixWorkload:
     if args.workload is not None:
-        return load_inference_perf(args.workload)
+        return dataclasses.replace(load_inference_perf(args.workload), bypass_share=args.bypass)
     return dataclasses.replace(
         DEMO,
         num_groups=args.groups,
@@ -179,6 +185,7 @@ def workload_from_args(args: argparse.Namespace) -> SharedPrefixWorkload:
         question_len=args.question_len,
         output_len=args.output_len,
         concurrency=args.concurrency,
+        bypass_share=args.bypass,
         api=args.api,
     )
 

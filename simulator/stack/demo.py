@@ -79,7 +79,9 @@ async def run_policy(
             if progress is not None and task is not None:
                 progress.advance(task)
 
-        records = await run_workload(stack.gateway_url, workload, options.model, on_done=advance)
+        records = await run_workload(
+            stack.gateway_url, workload, options.model, on_done=advance, servers=stack.replica_urls
+        )
         counters = await scrape_replicas(stack.replica_urls)
     finally:
         await stack.stop()

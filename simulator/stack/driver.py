@@ -134,7 +134,9 @@ async def run_workload(
     w: SharedPrefixWorkload,
     model: str,
     on_done: Callable[[RequestRecord], None] | None = None,
+    servers: list[str] | None = None,
 ) -> RunRecords:
+    """``servers``: the model servers' URLs, for ``w.bypass_share``."""
     texts = make_texts(w, w.num_turns)
     convs = [
         _Conversation(u, turn_done=[asyncio.Event() for _ in range(w.num_turns)])
@@ -144,11 +146,22 @@ async def run_workload(
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
     t_start = time.perf_counter()
+    if w.bypass_share and not servers:
+        raise ValueError("bypass_share needs the servers' URLs")
+    def target(user: int, t: int) -> str:
+        # decided per (user, turn), so every policy sends the same requests past epp
+        rng = random.Random(w.seed * 1_000_003 + user * 1_009 + t)
+        if servers and w.bypass_share and rng.random() < w.bypass_share:
+            return servers[rng.randrange(len(servers))]
+        return gateway_url
 
     async def turn(session: aiohttp.ClientSession, conv: _Conversation, t: int) -> None:
         path, body = request_body(w, texts, conv, t, model)
         rec = RequestRecord(conv.user, t, group_of(w, conv.user), time.perf_counter() - t_start)
-        answer = await _one(session, gateway_url + path, body, rec, w.api == "chat")
+        base = target(conv.user, t)
+        answer = await _one(session, base + path, body, rec, w.api == "chat")
+        if base != gateway_url:
+            rec.upstream = base.removeprefix("http://")
         conv.history.append((texts.questions[conv.user][t], answer))
         out.records.append(rec)
         if on_done is not None:

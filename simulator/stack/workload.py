@@ -95,11 +95,16 @@ class SharedPrefixWorkload:
     """(rate req/s, duration s) pairs of an open-loop schedule."""
     poisson: bool = False
     seed: int = 1
+    bypass_share: float = 0.0
+    """Share of requests sent straight to a random server, past the gateway and epp (another
+    client or gateway that epp does not see). Seeded: every policy bypasses the same ones."""
 
     def __post_init__(self) -> None:
         for name in ("num_groups", "num_prompts_per_group", "num_turns", "concurrency"):
             if getattr(self, name) < 1:
                 raise WorkloadError(f"workload field {name!r} must be >= 1")
+        if not 0.0 <= self.bypass_share <= 1.0:
+            raise WorkloadError("workload field 'bypass_share' must be in [0, 1]")
         for name in ("system_prompt_len", "question_len", "output_len"):
             if getattr(self, name) < 0:
                 raise WorkloadError(f"workload field {name!r} must be >= 0")

@@ -21,7 +21,7 @@ from epp.prefix.kvindex import KvBlockIndex
 from epp.prefix.precise import PreciseIndexConfig, PrecisePrefixProducer
 from epp.prefix.tokenize import ModelTokenizer, TokenizerPool
 from epp.request.types import ApiKind, InferenceRequest
-from epp.scheduling.types import CycleState, PickResult, PrefixMatch
+from epp.scheduling.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 from tests.wordlevel import write_tokenizer
 
 A, B, C = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000"), EndpointId("10.0.0.3:8000")
@@ -362,3 +362,12 @@ def test_adapters_are_keyed_with_their_path_or_left_to_the_approximate_index(
     lora = keys("ad", "ad")
     assert not isinstance(lora, str) and lora.keys[0] != base.keys[0]  # ("lora", name, path)
     assert keys("other", "other") == "lora-path-unknown"
+
+
+def test_cached_tokens_reported_by_the_server_confirm_blocks_events_missed() -> None:
+    p, _ = producer(block_size=16)
+    p.apply(A, batch(5, stored(99)), 0.0)  # joined mid-stream: blocks 1-3 were never announced
+    state = prepare(p, [1, 2, 3, 4], now=1.0)
+    result = PickResult((Endpoint(A, "10.0.0.1", 8000),), state)
+    p.post_response(state, result, ResponseInfo(200, 64, 48, 1))  # 48 cached tokens: 3 blocks
+    assert p.index.match([1, 2, 3, 4], [A], 1e9) == {A: 3}  # confirmed, not speculative
