@@ -108,7 +108,7 @@ def _non_negative_int(text: str) -> int:
 
 
 def _restart(text: str) -> tuple[float, int]:
-    at, sep, replica = text.partition(":")
+    at, _, replica = text.partition(":")
     try:
         return float(at), int(replica)
     except ValueError:
