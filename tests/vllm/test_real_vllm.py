@@ -177,10 +177,10 @@ async def test_epp_computes_the_block_keys_vllm_publishes(
     assert producer is not None
     server = stack.endpoints()[1]
     chat = {"model": MODEL, "max_tokens": 2, "messages": [
-        {"role": "system", "content": "You answer questions about trains. " * 15},
+        {"role": "system", "content": "You answer questions about trains and their timetables. " * 50},
         {"role": "user", "content": [{"type": "text", "text": "When does the 8:15 leave?"},
                                      {"type": "text", "text": "And from which platform?"}]}]}  # fmt: skip
-    completion = {"model": MODEL, "max_tokens": 2, "prompt": "Once upon a time, " * 40}
+    completion = {"model": MODEL, "max_tokens": 2, "prompt": "Once upon a time, in a land far away, " * 60}
     for path, body, api in (("/v1/chat/completions", chat, ApiKind.CHAT),
                             ("/v1/completions", completion, ApiKind.COMPLETIONS)):  # fmt: skip
         keyed = producer.keyer.keys(InferenceRequest("t", MODEL, "", api=api, body=body))
