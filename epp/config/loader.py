@@ -43,6 +43,7 @@ from epp.config.request_control import RequestControlConfig, parse_request_contr
 from epp.datastore.endpoint import Endpoint
 from epp.datastore.static import endpoints_from_config
 from epp.errors import ConfigError
+from epp.flowcontrol.controller import FlowControlConfig
 from epp.plugins.registry import APPROX_PREFIX_PRODUCER, PLUGIN_TYPES
 from epp.prefix.precise import PRECISE_PREFIX_PRODUCER
 from epp.prefix.producer import PrefixIndexConfig
@@ -79,6 +80,8 @@ class EppConfig:
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
     request_control: RequestControlConfig = field(default_factory=RequestControlConfig)
     """The ``requestControl`` section."""
+    flow_control: FlowControlConfig = field(default_factory=FlowControlConfig)
+    """The ``flowControl`` section (off by default)."""
     static_endpoints: tuple[Endpoint, ...] = ()
     """The ``staticEndpoints`` section."""
     raw: Mapping[str, Any] = field(default_factory=dict)
@@ -87,7 +90,8 @@ class EppConfig:
 
 log = logging.getLogger(__name__)
 
-_KNOWN_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "prefixIndex", "saturation"}
+_KNOWN_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "prefixIndex", "saturation",
+              "flowControl"}
 _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 """Top-level sections read by other layers (``epp.config.request_control``,
 ``epp.datastore.static``) from ``EppConfig.raw``."""
@@ -129,6 +133,7 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
         prefix=prefix,
         saturation=build_params(SaturationConfig, data.get("saturation"), "saturation"),
         request_control=parse_request_control(data),
+        flow_control=build_params(FlowControlConfig, data.get("flowControl"), "flowControl"),
         static_endpoints=tuple(endpoints_from_config(data)),
         raw=dict(data),
         source=source,

@@ -45,9 +45,11 @@ def error_kind(error: BaseException) -> ErrorKind:
 def error_body(error: BaseException) -> bytes:
     kind = error_kind(error)
     message = error.message if isinstance(error, errors.EppError) else "internal error in epp"
-    return json.dumps(
-        {"error": {"message": message, "type": kind.type, "code": kind.status}}
-    ).encode()
+    body: dict[str, object] = {"message": message, "type": kind.type, "code": kind.status}
+    reason = error.reason if isinstance(error, errors.EppError) else ""
+    if reason:
+        body["reason"] = reason
+    return json.dumps({"error": body}).encode()
 
 
 def immediate_response(error: BaseException) -> pb.ProcessingResponse:

@@ -51,9 +51,9 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 while (msg := await read()) is not eof:
                     for reply in stream.handle(msg):
                         await write(reply)
-                    if stream.awaiting is not None:  # tokenizing, in a worker thread
-                        await self._director.prepare(stream.awaiting)
-                        for reply in stream.resume():
+                    if (held := stream.awaiting) is not None:
+                        error = await self._director.admit_held(held)
+                        for reply in stream.resume(error):
                             await write(reply)
                     stream.after_replies()  # the replies are on the wire
                 stream.check_complete()

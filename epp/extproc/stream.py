@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -51,6 +53,15 @@ MAX_HEADERS = 1024
 DEFAULT_MAX_BUFFERED_BYTES = 512 << 20
 
 _NO_REPLY: list[pb.ProcessingResponse] = []
+
+
+@dataclass(slots=True, frozen=True)
+class Held:
+    """A parsed request waiting for the service's asynchronous steps."""
+
+    request: InferenceRequest
+    size_bytes: int
+    headers: Mapping[str, str]
 
 
 class ProtocolError(Exception):
@@ -127,9 +138,9 @@ class RequestStream:
         self._reader: ResponseReader | None = None
         self._status = 0
         self._deferred: Routing | None = None
-        self.awaiting: InferenceRequest | None = None
-        """A parsed request held until the service has run ``Director.prepare`` on it (off
-        the event loop); the service then calls :meth:`resume`."""
+        self.awaiting: Held | None = None
+        """A parsed request held until the service has run ``Director.prepare`` (off the
+        event loop) and ``Director.admit`` (flow control) on it; then :meth:`resume`."""
         self._held: tuple[ParsedRequest, int, bool, bool] | None = None
         self._observing = False
 
@@ -280,13 +291,16 @@ class RequestStream:
             return [*out, convert.REQUEST_TRAILERS_CONTINUE]
         return [convert.REQUEST_TRAILERS_CONTINUE]
 
-    def resume(self) -> list[pb.ProcessingResponse]:
-        """Route the request held for preparation (see ``awaiting``)."""
+    def resume(self, error: EppError | None = None) -> list[pb.ProcessingResponse]:
+        """Route the held request (see ``awaiting``), or answer ``error`` (flow control
+        rejected it)."""
         held, self._held, self.awaiting = self._held, None, None
         if held is None:
             return _NO_REPLY
         parsed, size, trailers_follow, observe_only = held
         try:
+            if error is not None:
+                raise error
             out = self._routed(parsed, size, trailers_follow)
             if trailers_follow:
                 out.append(convert.REQUEST_TRAILERS_CONTINUE)
@@ -301,9 +315,9 @@ class RequestStream:
         raw = bytes(self._body)
         self._drop_body()
         parsed = self._parser.parse(self._path, self._headers, raw)
-        if self._director.prepares:
+        if self._director.holds:
             self._held = (parsed, len(raw), trailers_follow, self._observing)
-            self.awaiting = parsed.request
+            self.awaiting = Held(parsed.request, len(raw), self._headers)
             return _NO_REPLY
         return self._routed(parsed, len(raw), trailers_follow)
 

@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.observability.hotpath import LightCounter, LightHistogram
@@ -236,9 +236,61 @@ class EppMetrics:
         )
         self.scheduled = self.scheduler_attempts.labels("success").inc
         self.schedule_failed = self.scheduler_attempts.labels("failure").inc
+        flow = ["fairness_id", "priority", "inference_pool", "model_name", "target_model_name"]
+        self.flow_queue_size = Gauge(
+            "inference_extension_flow_control_queue_size",
+            "Requests waiting in epp's flow-control queue.", flow, registry=r,
+        )
+        self.flow_queue_bytes = Gauge(
+            "inference_extension_flow_control_queue_bytes",
+            "Body bytes of the requests waiting in the flow-control queue.", flow, registry=r,
+        )
+        self.flow_queue_duration = Histogram(
+            "inference_extension_flow_control_request_queue_duration_seconds",
+            "Time a request spent in the flow-control queue, by how it left (dispatched, "
+            "expired, displaced, cancelled, shutdown).", [*flow[:2], "outcome", *flow[2:]],
+            registry=r, buckets=_DURATION_BUCKETS,
+        )
+        self.flow_dispatch_cycle = Histogram(
+            "inference_extension_flow_control_dispatch_cycle_duration_seconds",
+            "Duration of one dispatch cycle (expiry and release).", ["inference_pool"],
+            registry=r, buckets=(1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1),
+        )
+        self.flow_pool_saturation = Gauge(
+            "inference_extension_flow_control_pool_saturation",
+            "How full the pool is for flow control: the share of endpoints over a threshold, "
+            "or of the concurrency slots in use (1: requests queue).", ["inference_pool"],
+            registry=r,
+        )
+        self._flow_labels: set[tuple[str, ...]] = set()
         self.pool_name = "static"
         self._objective_children: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._running_children: dict[str, Any] = {}
+
+    def flow_left(self, flow: str, band: int, outcome: str, model: str, target: str,
+                  wait_s: float) -> None:  # fmt: skip
+        """A request left the flow-control queue after ``wait_s``."""
+        self.flow_queue_duration.labels(
+            self.model_label(flow), str(band), outcome, self.pool_name, self.model_label(model),
+            self.model_label(target),
+        ).observe(wait_s)
+
+    def flow_refresh(
+        self, queued: Mapping[tuple[str, int, str, str], tuple[int, int]], saturation: float
+    ) -> None:
+        """Queue gauges from ``(flow, band, model, target) -> (requests, bytes)``."""
+        seen: set[tuple[str, ...]] = set()
+        for (flow, band, model, target), (n, size) in queued.items():
+            key = (self.model_label(flow), str(band), self.pool_name, self.model_label(model),
+                   self.model_label(target))  # fmt: skip
+            seen.add(key)
+            self.flow_queue_size.labels(*key).set(n)
+            self.flow_queue_bytes.labels(*key).set(size)
+        for gone in self._flow_labels - seen:
+            self.flow_queue_size.labels(*gone).set(0)
+            self.flow_queue_bytes.labels(*gone).set(0)
+        self._flow_labels |= seen
+        self.flow_pool_saturation.labels(self.pool_name).set(saturation)
 
     def set_build(self, commit: str, build_ref: str) -> None:
         self.extension_info.labels(commit, build_ref).set(1)

@@ -22,13 +22,17 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.datastore.store import Datastore
-from epp.errors import Overloaded, Unavailable
+from epp.errors import EppError, Overloaded, Unavailable
+from epp.flowcontrol import saturation
+from epp.flowcontrol.controller import FlowControlConfig, FlowController
 from epp.observability.metrics import EppMetrics
 from epp.request.types import InferenceRequest
-from epp.scheduling.saturation import SaturationConfig, pool_saturated
+from epp.requestcontrol.admission import Admission
+from epp.scheduling.saturation import SaturationConfig, endpoint_saturated, pool_saturated
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import PickResult, ResponseInfo
 
@@ -74,6 +78,7 @@ class Director:
         metrics: EppMetrics,
         fallbacks: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        flow: FlowControlConfig | None = None,
     ) -> None:
         self._datastore = datastore
         self._scheduler = scheduler
@@ -81,11 +86,70 @@ class Director:
         self._metrics = metrics
         self._fallbacks = fallbacks
         self._clock = clock
+        self.flow: FlowController | None = None
+        """Flow control's queue (``flowControl.enabled``); the replay drives it directly."""
+        self.admission: Admission | None = None
+        """Flow control on the event loop (``epp serve``)."""
+        if flow is not None and flow.enabled:
+            self.flow = FlowController(flow, self.pool_full)
+
+    def enable_admission(self, observe: Any = None) -> Admission:
+        """``epp serve``: queued requests wait on the event loop (see ``Admission``)."""
+        assert self.flow is not None
+        self.admission = Admission(self.flow, self._clock, observe)
+        return self.admission
+
+    def saturation_level(self) -> float:
+        """For the gauge: the share of endpoints over a threshold, or of the concurrency
+        slots in use."""
+        flow = self.flow
+        endpoints = self._datastore.routable()
+        if flow is None or not endpoints:
+            return 0.0
+        if flow.cfg.saturation == "concurrency":
+            in_flight = self._datastore.in_flight()
+            limit = flow.cfg.max_concurrency
+            used = sum(min(limit, in_flight.get(e.id, 0)) for e in endpoints)
+            return used / (limit * len(endpoints))
+        now = self._clock()
+        full = sum(1 for e in endpoints if endpoint_saturated(e, self._saturation, now))
+        return full / len(endpoints)
+
+    def pool_full(self, reserved: int) -> bool:
+        """Flow control's saturation detector (``flowControl.saturation``)."""
+        flow = self.flow
+        endpoints = self._datastore.routable()
+        if flow is None or not endpoints:
+            return False  # no endpoint: route() answers 503 at once
+        if flow.cfg.saturation == "concurrency":
+            return saturation.concurrency(
+                endpoints, self._datastore.in_flight(), flow.cfg.max_concurrency, reserved
+            )
+        return saturation.thresholds(endpoints, self._saturation, self._clock(), reserved)
 
     @property
     def prepares(self) -> bool:
         """Requests should go through :meth:`prepare` before :meth:`route`."""
         return self._scheduler.prepares
+
+    @property
+    def holds(self) -> bool:
+        """A parsed request waits for :meth:`admit_held` before :meth:`route`."""
+        return self.prepares or self.admission is not None
+
+    async def admit_held(self, held: Any) -> EppError | None:
+        """The asynchronous steps before routing a parsed request (``held``: the ext_proc
+        stream's ``Held``): its preparation (tokenizing, in a worker thread), then flow
+        control. Returns the error to answer with, or None to route it."""
+        if self.prepares:
+            await self.prepare(held.request)
+        if self.admission is None:
+            return None
+        try:
+            await self.admission.admit(held.request, held.size_bytes, held.headers)
+        except EppError as exc:
+            return exc
+        return None
 
     async def prepare(self, request: InferenceRequest) -> None:
         """The producers' per-request work (tokenizing) in a worker thread, so a long prompt
@@ -191,6 +255,8 @@ class Director:
     def _release(self, routing: Routing, status: str) -> None:
         routing.released = True
         self._datastore.request_finished(routing.target_id)
+        if self.admission is not None:
+            self.admission.wake()  # room for a queued request
         self._metrics.request_done(routing.client_model, status)
         self._metrics.request_running(routing.client_model, -1)
 

@@ -146,6 +146,10 @@ class ServerHandle:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.director.admission is not None:  # queued requests get a clear 503 now
+            drained = self.director.admission.drain()
+            if drained:
+                log.info("shutting down: %d queued requests answered 503 shutting-down", drained)
         if self._options.shutdown_delay_s > 0:
             await asyncio.sleep(self._options.shutdown_delay_s)
         ext_proc_server, *others = self._servers
@@ -230,7 +234,18 @@ async def start_server(
     ds.on_removed(sched.remove_endpoint)
     ds.on_metrics(sched.observe_endpoint)
     parser = RequestParser(rc, objective_lookup, trust_control_headers=opts.trust_control_headers)
-    director = Director(ds, sched, cfg.saturation, metrics, fallbacks=rc.fallbacks)
+    director = Director(ds, sched, cfg.saturation, metrics, fallbacks=rc.fallbacks,
+                        flow=cfg.flow_control)  # fmt: skip
+    if director.flow is not None:
+        admission = director.enable_admission(
+            lambda item, wait_s: metrics.flow_left(
+                item.flow, item.band, item.outcome, item.request.original_model
+                or item.request.model, item.request.model, wait_s,
+            )
+        )  # fmt: skip
+        ds.on_metrics(lambda _endpoint: admission.wake())
+        cycle_hist = metrics.flow_dispatch_cycle.labels(metrics.pool_name)
+        admission.on_cycle = cycle_hist.observe
     service = ExtProcService(
         parser, director, opts.processing_mode, BodyBudget(opts.max_buffered_bytes),
         opts.response_limits,
@@ -344,6 +359,10 @@ async def _start_rest(
         "housekeeping", functools.partial(_housekeeping, handle, opts),
         on_failure=metrics.task_failed,
     ))
+    if handle.director.admission is not None:
+        handle._tasks.append(spawn(
+            "flow-dispatch", handle.director.admission.run, on_failure=metrics.task_failed,
+        ))
     handle._tasks.append(spawn(
         "index-sweep", functools.partial(_sweeper, sched, cfg.prefix.sweep_interval_seconds),
         on_failure=metrics.task_failed,
@@ -379,6 +398,9 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
         handle.metrics.refresh_pool(handle.datastore.snapshot(), stats, handle.datastore.in_flight())
         if handle.sync is not None:
             handle.sync.refresh_metrics()
+        flow = handle.director.flow
+        if flow is not None:
+            handle.metrics.flow_refresh(flow.queued_by(), handle.director.saturation_level())
         await asyncio.sleep(opts.housekeeping_interval_s)
 
 

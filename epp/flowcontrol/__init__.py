@@ -1,0 +1,1 @@
+"""Flow control: queueing, priority bands and fairness while the pool is saturated."""

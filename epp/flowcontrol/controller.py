@@ -1,0 +1,336 @@
+"""Flow control: while the pool is saturated, requests wait in epp, in priority bands, shared
+fairly between flows, instead of piling into the model servers' own queues.
+
+Pure and synchronous (the clock is passed in): ``epp serve`` drives it from an asyncio
+dispatcher (``epp.requestcontrol.admission``), the replay from its simulated clock.
+
+* A request belongs to a **flow** (its fairness id: a header, else the model) and a **band**
+  (its priority; higher bands are served first).
+* :meth:`FlowController.offer`: with nothing queued and room in the pool the request goes
+  at once; otherwise it is queued, unless the queue is full (count or bytes, total or of its
+  band): then, with displacement on, the newest request of the lowest band below it makes
+  room (and is rejected), else the offer is rejected.
+* :meth:`FlowController.dispatch`: while the saturation detector says the pool has room,
+  the next request leaves: the highest non-empty band; inside it the flows take turns
+  (round-robin), or the oldest head of any flow goes first (``global-strict``); inside a
+  flow, first come first served or earliest deadline first.
+* :meth:`FlowController.expire`: requests past their deadline (``maxQueueSeconds`` after
+  they were queued) leave with an error; :meth:`cancel` removes one whose client left;
+  :meth:`drain` empties the queue at shutdown.
+
+The detector sees how many requests were released and are not routed yet (``reserved``),
+so one dispatch cycle cannot release more than the pool can take.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from epp.request.types import InferenceRequest
+
+DEFAULT_FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+
+
+@dataclass(slots=True, frozen=True)
+class FlowControlConfig:
+    """The ``flowControl:`` config section (docs/flow-control.md)."""
+
+    enabled: bool = False
+    fairness_header: str = DEFAULT_FAIRNESS_HEADER
+    """The header naming a request's flow (tenant); without it the flow is the model."""
+    saturation: Literal["thresholds", "concurrency"] = "thresholds"
+    """``thresholds``: the ``saturation`` section's queue/KV thresholds on every endpoint
+    (queue = waiting + sent since the last scrape); ``concurrency``: every endpoint has
+    ``maxConcurrency`` requests in flight from epp."""
+    max_concurrency: int = 8
+    fairness: Literal["round-robin", "global-strict"] = "round-robin"
+    ordering: Literal["fcfs", "edf"] = "fcfs"
+    """Inside a flow: arrival order, or earliest deadline (the deadline is the queue-time
+    limit, shortened by a request's own ``x-gateway-request-deadline-ms`` header)."""
+    max_queue_seconds: float = 30.0
+    max_requests: int = 10_000
+    max_bytes: int = 512 << 20
+    band_max_requests: int = 0
+    """Per priority band (0: ``maxRequests``)."""
+    band_max_bytes: int = 0
+    """Per priority band (0: ``maxBytes``)."""
+    displacement: bool = True
+    """A full queue makes room for a higher band by rejecting the lowest band's newest."""
+    dispatch_interval_seconds: float = 0.02
+    """How often the dispatcher looks again without an event (expiry, stale metrics)."""
+
+
+@dataclass(slots=True, eq=False)
+class QueuedRequest:
+    request: InferenceRequest
+    flow: str
+    band: int
+    size_bytes: int
+    enqueued_s: float
+    deadline_s: float
+    seq: int
+    ticket: Any = None
+    """The waiter's handle (a future in ``epp serve``, the arrival in the replay)."""
+    outcome: str = ""
+    """``dispatched`` or the reason it left: ``expired``, ``displaced``, ``cancelled``,
+    ``shutdown``."""
+    queued: bool = True
+
+
+@dataclass(slots=True, frozen=True)
+class Offer:
+    """The answer to :meth:`FlowController.offer`."""
+
+    go: bool
+    """Route it now."""
+    item: QueuedRequest | None = None
+    """Queued: wait for it to be dispatched (or to leave with ``outcome``)."""
+    rejected: str = ""
+    """Not queued: ``queue-full`` or ``band-full``."""
+    displaced: tuple[QueuedRequest, ...] = ()
+    """Lower-band requests rejected to make room."""
+
+
+class _Flow:
+    __slots__ = ("heap", "items", "ordering")
+
+    def __init__(self, ordering: str) -> None:
+        self.ordering = ordering
+        self.items: deque[QueuedRequest] = deque()
+        self.heap: list[tuple[float, int, QueuedRequest]] = []
+
+    def push(self, item: QueuedRequest) -> None:
+        if self.ordering == "edf":
+            heapq.heappush(self.heap, (item.deadline_s, item.seq, item))
+        else:
+            self.items.append(item)
+
+    def _clean(self) -> None:
+        while self.items and not self.items[0].queued:
+            self.items.popleft()
+        while self.heap and not self.heap[0][2].queued:
+            heapq.heappop(self.heap)
+
+    def head(self) -> QueuedRequest | None:
+        self._clean()
+        if self.items:
+            return self.items[0]
+        return self.heap[0][2] if self.heap else None
+
+    def pop(self) -> QueuedRequest:
+        self._clean()
+        return self.items.popleft() if self.items else heapq.heappop(self.heap)[2]
+
+    def newest(self) -> QueuedRequest | None:
+        live = [i for i in self.all() if i.queued]
+        return max(live, key=lambda i: i.seq) if live else None
+
+    def all(self) -> Iterator[QueuedRequest]:
+        yield from self.items
+        for _, _, item in self.heap:
+            yield item
+
+
+@dataclass(slots=True)
+class _Band:
+    flows: OrderedDict[str, _Flow] = field(default_factory=OrderedDict)
+    count: int = 0
+    bytes: int = 0
+
+
+@dataclass(slots=True)
+class FlowStats:
+    """Totals since start, by outcome (read by metrics and tests)."""
+
+    queued: int = 0
+    dispatched: int = 0
+    immediate: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
+Saturated = Callable[[int], bool]
+"""The detector: is the pool full, given ``reserved`` requests released but not routed?"""
+
+
+class FlowController:
+    def __init__(self, cfg: FlowControlConfig, saturated: Saturated) -> None:
+        self.cfg = cfg
+        self.saturated = saturated
+        self.bands: dict[int, _Band] = {}
+        self.count = 0
+        self.bytes = 0
+        self.reserved = 0
+        self.stats = FlowStats()
+        self._seq = itertools.count()
+        self._band_max_requests = cfg.band_max_requests or cfg.max_requests
+        self._band_max_bytes = cfg.band_max_bytes or cfg.max_bytes
+
+    # --- entry ------------------------------------------------------------------------
+
+    def offer(
+        self, request: InferenceRequest, flow: str, size_bytes: int, now_s: float,
+        deadline_s: float | None = None,
+    ) -> Offer:  # fmt: skip
+        if self.count == 0 and not self.saturated(self.reserved):
+            self.stats.immediate += 1
+            return Offer(go=True)
+        band_id = request.priority
+        band = self.bands.get(band_id)
+        displaced: list[QueuedRequest] = []
+        while not self._fits(band, size_bytes):
+            victim = self._victim(band_id) if self.cfg.displacement else None
+            if victim is None:
+                reason = "queue-full" if self._total_full(size_bytes) else "band-full"
+                self.stats.reject(reason)
+                return Offer(go=False, rejected=reason, displaced=tuple(displaced))
+            self._leave(victim, "displaced")
+            displaced.append(victim)
+            band = self.bands.get(band_id)
+        limit = now_s + self.cfg.max_queue_seconds
+        item = QueuedRequest(request, flow, band_id, size_bytes, now_s,
+                             min(limit, deadline_s) if deadline_s else limit, next(self._seq))  # fmt: skip
+        if band is None:
+            band = self.bands[band_id] = _Band()
+            self.bands = dict(sorted(self.bands.items(), key=lambda kv: -kv[0]))
+        f = band.flows.get(flow)
+        if f is None:
+            f = band.flows[flow] = _Flow(self.cfg.ordering)
+        f.push(item)
+        band.count += 1
+        band.bytes += size_bytes
+        self.count += 1
+        self.bytes += size_bytes
+        self.stats.queued += 1
+        return Offer(go=False, item=item, displaced=tuple(displaced))
+
+    def _total_full(self, size: int) -> bool:
+        cfg = self.cfg
+        return self.count + 1 > cfg.max_requests or self.bytes + size > cfg.max_bytes
+
+    def _fits(self, band: _Band | None, size: int) -> bool:
+        if self._total_full(size):
+            return False
+        if band is None:
+            return True
+        return band.count + 1 <= self._band_max_requests and band.bytes + size <= self._band_max_bytes
+
+    def _victim(self, band_id: int) -> QueuedRequest | None:
+        """The newest request of the lowest non-empty band below ``band_id``; when the band
+        itself is full, nothing below it can help (bands have their own limits)."""
+        band = self.bands.get(band_id)
+        if band is not None and (band.count + 1 > self._band_max_requests):
+            return None
+        for bid in sorted(self.bands):
+            if bid >= band_id:
+                return None
+            b = self.bands[bid]
+            if b.count:
+                biggest = max(b.flows.values(), key=lambda f: sum(1 for i in f.all() if i.queued))
+                return biggest.newest()
+        return None
+
+    # --- leaving ----------------------------------------------------------------------
+
+    def _leave(self, item: QueuedRequest, outcome: str) -> None:
+        if not item.queued:
+            return
+        item.queued = False
+        item.outcome = outcome
+        band = self.bands[item.band]
+        band.count -= 1
+        band.bytes -= item.size_bytes
+        self.count -= 1
+        self.bytes -= item.size_bytes
+        if outcome == "dispatched":
+            self.stats.dispatched += 1
+            self.reserved += 1
+        else:
+            self.stats.reject(outcome)
+        f = band.flows.get(item.flow)
+        if f is not None and f.head() is None:
+            del band.flows[item.flow]
+        if band.count == 0:
+            del self.bands[item.band]
+
+    def routed(self) -> None:
+        """A dispatched request was routed (or gave up): it no longer counts as reserved."""
+        if self.reserved:
+            self.reserved -= 1
+
+    def cancel(self, item: QueuedRequest) -> bool:
+        """The client left: the request leaves the queue at once (False: it had left)."""
+        if not item.queued:
+            return False
+        self._leave(item, "cancelled")
+        return True
+
+    def dispatch(self, now_s: float) -> list[QueuedRequest]:
+        """Release requests while the pool has room, in band / fairness / ordering order."""
+        out: list[QueuedRequest] = []
+        while self.count and not self.saturated(self.reserved):
+            item = self._next()
+            if item is None:
+                break
+            self._leave(item, "dispatched")
+            out.append(item)
+        return out
+
+    def _next(self) -> QueuedRequest | None:
+        for band in self.bands.values():
+            if not band.count:
+                continue
+            if self.cfg.fairness == "global-strict":
+                best: tuple[float, int, str] | None = None
+                for name, f in band.flows.items():
+                    head = f.head()
+                    if head is not None:
+                        key = (head.deadline_s if self.cfg.ordering == "edf" else head.enqueued_s,
+                               head.seq, name)  # fmt: skip
+                        if best is None or key < best:
+                            best = key
+                if best is not None:
+                    return band.flows[best[2]].pop()
+                continue
+            for name in list(band.flows):
+                f = band.flows[name]
+                band.flows.move_to_end(name)  # the next turn goes to the next flow
+                if f.head() is not None:
+                    return f.pop()
+        return None
+
+    def expire(self, now_s: float) -> list[QueuedRequest]:
+        """Requests past their deadline, removed (outcome ``expired``)."""
+        out = [i for band in self.bands.values() for f in band.flows.values() for i in f.all()
+               if i.queued and i.deadline_s <= now_s]  # fmt: skip
+        for item in out:
+            self._leave(item, "expired")
+        return out
+
+    def drain(self) -> list[QueuedRequest]:
+        """Everything still queued, removed (outcome ``shutdown``)."""
+        out = [i for band in self.bands.values() for f in band.flows.values() for i in f.all()
+               if i.queued]  # fmt: skip
+        for item in out:
+            self._leave(item, "shutdown")
+        return out
+
+    def queued_by(self) -> dict[tuple[str, int, str, str], tuple[int, int]]:
+        """(flow, band, client model, target model) -> (requests, bytes) queued now."""
+        out: dict[tuple[str, int, str, str], tuple[int, int]] = {}
+        for bid, band in self.bands.items():
+            for name, f in band.flows.items():
+                for i in f.all():
+                    if i.queued:
+                        r = i.request
+                        key = (name, bid, r.original_model or r.model, r.model)
+                        n, size = out.get(key, (0, 0))
+                        out[key] = (n + 1, size + i.size_bytes)
+        return out

@@ -1,0 +1,38 @@
+"""Saturation detectors for flow control: does the pool have room for one more request?
+
+* ``thresholds``: some endpoint is under the ``saturation`` section's queue and KV-cache
+  thresholds with fresh metrics (the queue counts what epp sent since the last scrape, so
+  it rises as requests are released); released-but-unrouted requests count as queued on
+  the least-queued endpoint.
+* ``concurrency``: the endpoints' free slots (``maxConcurrency`` minus epp's requests in
+  flight there) exceed the released-but-unrouted requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.scheduling.saturation import SaturationConfig, endpoint_saturated
+
+
+def thresholds(
+    endpoints: Sequence[Endpoint], cfg: SaturationConfig, now_s: float, reserved: int
+) -> bool:
+    room = [e for e in endpoints if not endpoint_saturated(e, cfg, now_s)]
+    if not room:
+        return True
+    if not reserved:
+        return False
+    least = min(e.queue for e in room)
+    return least + reserved > cfg.queue_threshold
+
+
+def concurrency(
+    endpoints: Sequence[Endpoint], in_flight: Mapping[EndpointId, int], limit: int, reserved: int
+) -> bool:
+    free = sum(max(0, limit - in_flight.get(e.id, 0)) for e in endpoints if not e.stale)
+    return free - reserved <= 0
+
+
+Detector = Callable[[int], bool]

@@ -1,0 +1,148 @@
+"""Flow control on the event loop (``epp serve``): a queued request's ext_proc stream waits
+on a future, without blocking the loop; a dispatcher task releases requests when the pool
+has room (woken when a request ends, when metrics arrive, and every
+``dispatchIntervalSeconds`` for deadlines), and rejects those that expire. The queueing
+rules are :class:`epp.flowcontrol.controller.FlowController`'s, shared with the replay.
+
+Errors, with ``error.reason`` in the JSON body: 429 ``queue-full`` / ``band-full`` (no room
+and nothing lower to displace), 429 ``displaced`` (a higher band took the place), 503
+``queue-timeout`` (waited ``maxQueueSeconds``), 503 ``shutting-down`` (SIGTERM drains the
+queue). A client that goes away leaves the queue at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from epp.errors import EppError, Overloaded, Unavailable
+from epp.flowcontrol.controller import FlowController, QueuedRequest
+from epp.request.types import InferenceRequest
+
+log = logging.getLogger(__name__)
+
+DEADLINE_HEADER = "x-gateway-request-deadline-ms"
+
+
+def rejection(item_or_reason: QueuedRequest | str, max_queue_s: float) -> EppError:
+    reason = item_or_reason if isinstance(item_or_reason, str) else item_or_reason.outcome
+    if reason == "queue-full":
+        return Overloaded("flow control: the pool is saturated and epp's queue is full", reason)
+    if reason == "band-full":
+        return Overloaded(
+            "flow control: the pool is saturated and this priority's queue is full", reason
+        )
+    if reason == "displaced":
+        return Overloaded("flow control: displaced from the queue by higher-priority requests",
+                          reason)  # fmt: skip
+    if reason == "expired":
+        return Unavailable(
+            f"flow control: waited {max_queue_s:g} s for room in the pool", "queue-timeout"
+        )
+    return Unavailable("flow control: epp is shutting down", "shutting-down")
+
+
+class Admission:
+    def __init__(
+        self,
+        controller: FlowController,
+        clock: Callable[[], float] = time.monotonic,
+        observe: Callable[[QueuedRequest, float], None] | None = None,
+    ) -> None:
+        self.controller = controller
+        self.clock = clock
+        self.observe = observe
+        """Told of each request leaving the queue, with its wait (metrics)."""
+        self._wake = asyncio.Event()
+        self.cycles = 0
+        self.on_cycle: Callable[[float], None] | None = None
+        """Told of each dispatch cycle's duration (metrics)."""
+
+    def wake(self) -> None:
+        """Capacity may have freed (a request ended, metrics arrived)."""
+        self._wake.set()
+
+    async def admit(
+        self, request: InferenceRequest, size_bytes: int, headers: Mapping[str, str]
+    ) -> None:
+        """Return when the request may be routed; raise the rejection otherwise."""
+        c = self.controller
+        now = self.clock()
+        flow = headers.get(c.cfg.fairness_header) or request.model
+        deadline = None
+        raw = headers.get(DEADLINE_HEADER)
+        if raw and raw.isdigit():
+            deadline = now + int(raw) / 1000
+        offer = c.offer(request, flow[:256], size_bytes, now, deadline)
+        for victim in offer.displaced:
+            self._settle(victim, now)
+        if offer.go:
+            return
+        if offer.item is None:
+            raise rejection(offer.rejected, c.cfg.max_queue_seconds)
+        item = offer.item
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        item.ticket = fut
+        self.wake()  # the dispatcher may have room already (reserved requests routed)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if c.cancel(item):  # the client left while queued
+                self._observe(item, self.clock())
+            elif item.outcome == "dispatched":
+                c.routed()  # released, but nobody will route it
+            raise
+        c.routed()
+
+    def _observe(self, item: QueuedRequest, now: float) -> None:
+        if self.observe is not None:
+            self.observe(item, now - item.enqueued_s)
+
+    def _settle(self, item: QueuedRequest, now: float) -> None:
+        """Resolve a request that left the queue (dispatched or rejected)."""
+        self._observe(item, now)
+        fut = item.ticket
+        if fut is None or fut.done():
+            if item.outcome == "dispatched":
+                self.controller.routed()  # its waiter is gone
+            return
+        if item.outcome == "dispatched":
+            fut.set_result(None)
+        else:
+            fut.set_exception(rejection(item, self.controller.cfg.max_queue_seconds))
+
+    def cycle(self) -> None:
+        """One dispatch cycle: expire, then release while there is room."""
+        c = self.controller
+        now = self.clock()
+        t0 = time.perf_counter()
+        for item in c.expire(now):
+            self._settle(item, now)
+        for item in c.dispatch(now):
+            self._settle(item, now)
+        self.cycles += 1
+        if self.on_cycle is not None:
+            self.on_cycle(time.perf_counter() - t0)
+
+    async def run(self) -> None:
+        """The dispatcher (a supervised task)."""
+        interval = self.controller.cfg.dispatch_interval_seconds
+        while True:
+            try:
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if self.controller.count:
+                self.cycle()
+
+    def drain(self) -> int:
+        """SIGTERM: reject everything queued; returns how many."""
+        now = self.clock()
+        items = self.controller.drain()
+        for item in items:
+            self._settle(item, now)
+        return len(items)

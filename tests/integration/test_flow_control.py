@@ -1,0 +1,125 @@
+"""Flow control through ext_proc: a queued request holds its stream without blocking the
+event loop, is released when capacity frees up, leaves the queue when its client goes away,
+times out with a clear 503, and is answered at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from epp.config.loader import default_config
+from tests.integration import envoy_client as ec
+from tests.integration.extproc_fixtures import Epp, config_with, pool, start_epp, stop_epp
+
+pytestmark = pytest.mark.asyncio
+
+
+def body(n: int) -> bytes:
+    return json.dumps({"model": "m", "prompt": f"request {n} " * 20}).encode()
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.005)  # polling state another task changes
+
+
+async def start(**flow: object) -> Epp:
+    raw = dict(default_config().raw)
+    raw["flowControl"] = {"enabled": True, "saturation": "concurrency", "maxConcurrency": 1,
+                          "dispatchIntervalSeconds": 0.01, **flow}  # fmt: skip
+    return await start_epp(pool(1), config=config_with(raw))
+
+
+@pytest.fixture
+async def epp() -> AsyncIterator[Epp]:
+    e = await start(maxQueueSeconds=30)
+    yield e
+    await stop_epp(e)
+
+
+async def open_request(epp: Epp, n: int, tenant: str = "t1") -> ec.Stream:
+    s = ec.Stream(epp.channel)
+    headers = ec.request_headers(extra={"x-gateway-inference-fairness-id": tenant})
+    await s.send(headers, ec.request_body(body(n), True))
+    return s
+
+
+async def test_a_queued_request_waits_for_room_then_routes(epp: Epp) -> None:
+    flow = epp.handle.director.flow
+    assert flow is not None
+    first = await open_request(epp, 1)
+    reply = (await first.recv_n(2))[0]
+    assert ec.destination(reply) == "10.0.0.1:8000"  # the one slot
+    second = await open_request(epp, 2)
+    await until(lambda: flow.count == 1)  # queued: no reply, the loop keeps serving
+    third = await open_request(epp, 3, tenant="t2")
+    await until(lambda: flow.count == 2)
+    first.call.cancel()  # the first request ends: its slot goes to the queue's head
+    reply2 = (await second.recv_n(2))[0]
+    assert ec.destination(reply2) == "10.0.0.1:8000"
+    assert flow.count == 1
+    second.call.cancel()
+    reply3 = (await third.recv_n(2))[0]
+    assert ec.destination(reply3) == "10.0.0.1:8000"
+    third.call.cancel()
+    sample = epp.handle.registry.get_sample_value
+    assert sample("inference_extension_flow_control_request_queue_duration_seconds_count",
+                  {"fairness_id": "t2", "priority": "0", "outcome": "dispatched",
+                   "inference_pool": "static", "model_name": "m", "target_model_name": "m"}) == 1  # fmt: skip
+
+
+async def test_a_client_that_leaves_leaves_the_queue(epp: Epp) -> None:
+    flow = epp.handle.director.flow
+    assert flow is not None
+    first = await open_request(epp, 1)
+    await first.recv_n(2)
+    waiting = await open_request(epp, 2)
+    await until(lambda: flow.count == 1)
+    waiting.call.cancel()
+    await until(lambda: flow.count == 0)
+    assert flow.stats.rejected == {"cancelled": 1} and flow.reserved == 0
+    first.call.cancel()
+
+
+async def test_a_request_that_waits_too_long_gets_a_503_naming_the_reason() -> None:
+    epp = await start(maxQueueSeconds=0.1)
+    try:
+        first = await open_request(epp, 1)
+        await first.recv_n(2)
+        late = await open_request(epp, 2)
+        reply = await late.recv()
+        assert reply.immediate_response.status.code == 503
+        error = json.loads(reply.immediate_response.body)["error"]
+        assert error["reason"] == "queue-timeout" and "flow control" in error["message"]
+        first.call.cancel()
+    finally:
+        await stop_epp(epp)
+
+
+async def test_a_full_queue_answers_429_and_shutdown_answers_the_queue() -> None:
+    epp = await start(maxRequests=1, displacement=False)
+    first = await open_request(epp, 1)
+    await first.recv_n(2)
+    queued = await open_request(epp, 2)
+    flow = epp.handle.director.flow
+    assert flow is not None
+    await until(lambda: flow.count == 1)
+    full = await open_request(epp, 3)
+    reply = await full.recv()
+    assert reply.immediate_response.status.code == 429
+    assert json.loads(reply.immediate_response.body)["error"]["reason"] == "queue-full"
+    first.call.cancel()  # so that the server's grace period covers only the queued one
+    await until(lambda: flow.reserved == 0 and flow.count <= 1)
+    if flow.count == 0:  # the slot freed and the queued request was routed: queue another
+        queued = await open_request(epp, 4)
+        await until(lambda: flow.count == 1)
+    stopping = asyncio.create_task(epp.handle.stop(2.0))  # SIGTERM's path
+    reply = await queued.recv()
+    assert reply.immediate_response.status.code == 503
+    assert json.loads(reply.immediate_response.body)["error"]["reason"] == "shutting-down"
+    await stopping
+    await epp.channel.close()

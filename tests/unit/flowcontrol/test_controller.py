@@ -1,0 +1,155 @@
+"""Flow control's queueing rules: bands, fairness between flows, ordering inside a flow,
+capacity and displacement, expiry, cancellation and drain."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from epp.flowcontrol.controller import FlowControlConfig, FlowController, QueuedRequest
+from epp.request.types import InferenceRequest
+
+
+class Pool:
+    """A saturation detector with ``room`` free slots (released requests use them up)."""
+
+    def __init__(self, room: int = 0) -> None:
+        self.room = room
+
+    def __call__(self, reserved: int) -> bool:
+        return self.room - reserved <= 0
+
+
+def req(rid: str, priority: int = 0, model: str = "m") -> InferenceRequest:
+    return InferenceRequest(rid, model, "p", priority=priority)
+
+
+def make(room: int = 0, **cfg: object) -> tuple[FlowController, Pool]:
+    pool = Pool(room)
+    return FlowController(replace(FlowControlConfig(enabled=True), **cfg), pool), pool  # type: ignore[arg-type]
+
+
+def ids(items: list[QueuedRequest]) -> list[str]:
+    return [i.request.request_id for i in items]
+
+
+def release(c: FlowController, pool: Pool, n: int, now: float = 1.0) -> list[str]:
+    pool.room = n
+    out = c.dispatch(now)
+    for _ in out:
+        c.routed()
+    pool.room = 0
+    return ids(out)
+
+
+def test_room_and_an_empty_queue_let_a_request_through_at_once() -> None:
+    c, _ = make(room=1)
+    assert c.offer(req("a"), "t", 10, 0.0).go
+    c, _ = make(room=0)
+    offer = c.offer(req("a"), "t", 10, 0.0)
+    assert not offer.go and offer.item is not None and c.count == 1 and c.bytes == 10
+
+
+def test_higher_bands_first_then_flows_take_turns_fcfs_inside_each() -> None:
+    c, pool = make()
+    for rid, flow, prio in [("a1", "A", 0), ("a2", "A", 0), ("a3", "A", 0), ("b1", "B", 0),
+                            ("b2", "B", 0), ("hi", "C", 5), ("lo", "D", -1)]:  # fmt: skip
+        c.offer(req(rid, prio), flow, 1, 0.0)
+    assert release(c, pool, 7) == ["hi", "a1", "b1", "a2", "b2", "a3", "lo"]
+
+
+def test_a_burst_from_one_flow_does_not_starve_another() -> None:
+    c, pool = make()
+    for i in range(50):
+        c.offer(req(f"noisy{i}"), "noisy", 1, 0.0)
+    c.offer(req("quiet"), "quiet", 1, 0.1)
+    assert "quiet" in release(c, pool, 2)  # second in line, not 51st
+
+
+def test_global_strict_serves_the_oldest_head_across_flows() -> None:
+    c, pool = make(fairness="global-strict")
+    for i, (rid, flow) in enumerate([("a1", "A"), ("a2", "A"), ("b1", "B")]):
+        c.offer(req(rid), flow, 1, float(i))
+    assert release(c, pool, 3) == ["a1", "a2", "b1"]
+
+
+def test_earliest_deadline_first_inside_a_flow() -> None:
+    c, pool = make(ordering="edf", max_queue_seconds=100)
+    c.offer(req("late"), "A", 1, 0.0)
+    c.offer(req("urgent"), "A", 1, 1.0, deadline_s=5.0)
+    assert release(c, pool, 2) == ["urgent", "late"]
+
+
+def test_a_full_queue_displaces_the_newest_of_the_lowest_band() -> None:
+    c, _ = make(max_requests=3)
+    c.offer(req("lo1", -1), "A", 1, 0.0)
+    c.offer(req("lo2", -1), "A", 1, 0.1)
+    c.offer(req("mid", 0), "B", 1, 0.2)
+    offer = c.offer(req("hi", 5), "C", 1, 0.3)
+    assert offer.item is not None and ids(list(offer.displaced)) == ["lo2"]
+    assert offer.displaced[0].outcome == "displaced" and c.count == 3
+    same = c.offer(req("lo3", -1), "A", 1, 0.4)  # nothing lower to displace: rejected
+    assert same.item is None and same.rejected == "queue-full"
+    off, _ = make(max_requests=1, displacement=False)
+    off.offer(req("x", -1), "A", 1, 0.0)
+    assert off.offer(req("y", 5), "A", 1, 0.0).rejected == "queue-full"
+
+
+def test_band_and_byte_limits() -> None:
+    c, _ = make(band_max_requests=1, max_bytes=100)
+    c.offer(req("a"), "A", 10, 0.0)
+    assert c.offer(req("b"), "A", 10, 0.0).rejected == "band-full"
+    assert c.offer(req("c", 3), "A", 10, 0.0).item is not None  # another band has room
+    assert c.offer(req("d", 4), "A", 200, 0.0).rejected == "queue-full"  # bytes
+
+
+def test_expiry_cancellation_and_drain() -> None:
+    c, pool = make(max_queue_seconds=2.0)
+    a = c.offer(req("a"), "A", 1, 0.0).item
+    b = c.offer(req("b"), "A", 1, 1.0).item
+    d = c.offer(req("d"), "B", 1, 1.5).item
+    assert a is not None and b is not None and d is not None
+    assert ids(c.expire(2.5)) == ["a"] and a.outcome == "expired"
+    assert c.cancel(b) and b.outcome == "cancelled" and not c.cancel(b)
+    assert release(c, pool, 5, now=2.6) == ["d"]
+    e = c.offer(req("e"), "A", 1, 3.0).item
+    assert e is not None and ids(c.drain()) == ["e"] and e.outcome == "shutdown"
+    assert c.count == 0 and c.bytes == 0 and not c.bands
+    assert c.stats.rejected == {"expired": 1, "cancelled": 1, "shutdown": 1}
+
+
+def test_released_requests_count_until_routed() -> None:
+    c, pool = make()
+    for i in range(3):
+        c.offer(req(f"r{i}"), "A", 1, 0.0)
+    pool.room = 2
+    assert len(c.dispatch(0.0)) == 2 and c.reserved == 2
+    assert c.dispatch(0.0) == []  # the two released ones hold the room until routed
+    c.routed()
+    c.routed()
+    pool.room = 0
+    assert c.dispatch(0.0) == []
+
+
+@pytest.mark.parametrize("n", [1, 7, 40])
+def test_nothing_is_lost(n: int) -> None:
+    c, pool = make(max_requests=n // 2 + 1, max_queue_seconds=1.0)
+    outcomes: dict[str, str] = {}
+    for i in range(n):
+        offer = c.offer(req(f"r{i}", i % 3 - 1), f"f{i % 4}", 1, i * 0.1)
+        if offer.item is None:
+            outcomes[f"r{i}"] = offer.rejected
+        for v in offer.displaced:
+            outcomes[v.request.request_id] = v.outcome
+        if i % 5 == 0:
+            pool.room = 1
+            for item in c.dispatch(i * 0.1):
+                outcomes[item.request.request_id] = item.outcome
+                c.routed()
+            pool.room = 0
+        for item in c.expire(i * 0.1):
+            outcomes[item.request.request_id] = item.outcome
+    for item in c.drain():
+        outcomes[item.request.request_id] = item.outcome
+    assert len(outcomes) == n and c.count == 0
