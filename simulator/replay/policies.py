@@ -87,8 +87,19 @@ class Policy:
     wants_events = False
     """Reads the replicas' KV-cache events (``kv_events``)."""
 
-    def pick(self, arrival: Arrival, now_s: float) -> int:
+    def pick(self, arrival: Arrival, now_s: float) -> int | None:
+        """The replica, or None when the router holds the request (flow control's queue) or
+        rejects it: ``poll`` reports what became of it."""
         raise NotImplementedError
+
+    def poll(self, now_s: float) -> list[tuple[Arrival, int | None, str]]:
+        """Requests the router released (replica) or rejected (None, reason) since."""
+        return []
+
+    @property
+    def holding(self) -> int:
+        """Requests the router holds (queued)."""
+        return 0
 
     def observe(self, metrics: Sequence[Metrics], now_s: float) -> None:
         pass
@@ -253,8 +264,9 @@ class _EppBase(Policy):
         self.now_s = 0.0
         self.director = Director(
             self.store, scheduler, cfg.saturation, EppMetrics(CollectorRegistry()),
-            clock=lambda: self.now_s,
+            clock=lambda: self.now_s, flow=cfg.flow_control,
         )  # fmt: skip
+        self.settled: list[tuple[Arrival, int | None, str]] = []
         self.routings: dict[str, Routing] = {}
         self.sweep_interval_s = cfg.prefix.sweep_interval_seconds
         self.next_sweep_s = self.sweep_interval_s
@@ -264,17 +276,50 @@ class _EppBase(Policy):
         for eid, m in zip(self.ids, metrics, strict=True):
             update(eid, m)
 
-    def pick(self, arrival: Arrival, now_s: float) -> int:
+    def pick(self, arrival: Arrival, now_s: float) -> int | None:
         self.now_s = now_s
         if now_s >= self.next_sweep_s:
             self.scheduler.sweep(now_s)
             self.next_sweep_s = now_s + self.sweep_interval_s
         r = arrival.request
-        request = InferenceRequest(r.request_id, self.model, r.prompt, api=r.api)
+        request = InferenceRequest(r.request_id, self.model, r.prompt, api=r.api,
+                                   priority=r.priority)  # fmt: skip
+        flow = self.director.flow
+        if flow is not None:  # as epp serve's admission does, on the simulated clock
+            offer = flow.offer(request, r.tenant or self.model, len(r.prompt), now_s)
+            for victim in offer.displaced:
+                self.settled.append((victim.ticket, None, victim.outcome))
+            if not offer.go:
+                if offer.item is None:
+                    self.settled.append((arrival, None, offer.rejected))
+                else:
+                    offer.item.ticket = arrival
+                return None
+        return self._route(arrival, request)
+
+    def _route(self, arrival: Arrival, request: InferenceRequest) -> int:
         routing = self.director.route(request, None)
         self.director.settle(routing)  # in serve: once the routing reply is on the wire
-        self.routings[r.request_id] = routing
+        self.routings[request.request_id] = routing
         return self.index_of[routing.target_id]
+
+    def poll(self, now_s: float) -> list[tuple[Arrival, int | None, str]]:
+        self.now_s = now_s
+        flow = self.director.flow
+        out, self.settled = self.settled, []
+        if flow is None:
+            return out
+        for item in flow.expire(now_s):
+            out.append((item.ticket, None, item.outcome))
+        for item in flow.dispatch(now_s):
+            flow.routed()
+            out.append((item.ticket, self._route(item.ticket, item.request), "dispatched"))
+        return out
+
+    @property
+    def holding(self) -> int:
+        flow = self.director.flow
+        return 0 if flow is None else flow.count
 
     def finished(self, arrival: Arrival, replica: int, info: ResponseInfo, now_s: float) -> None:
         self.now_s = now_s
@@ -307,9 +352,9 @@ class PrecisePolicy(_EppBase):
         )
         self.producer = producer
 
-    def pick(self, arrival: Arrival, now_s: float) -> int:
+    def _route(self, arrival: Arrival, request: InferenceRequest) -> int:
         self.keyer.next_blocks = arrival.block_hashes
-        return super().pick(arrival, now_s)
+        return super()._route(arrival, request)
 
     def kv_events(self, replica: int, batch: EventBatch, now_s: float) -> None:
         eid = self.ids[replica]
@@ -343,9 +388,9 @@ class OraclePolicy(_EppBase):
         )
         self.producer = producer
 
-    def pick(self, arrival: Arrival, now_s: float) -> int:
+    def _route(self, arrival: Arrival, request: InferenceRequest) -> int:
         self.producer.next_blocks = arrival.block_hashes
-        return super().pick(arrival, now_s)
+        return super()._route(arrival, request)
 
 
 class OracleProducer:

@@ -109,6 +109,11 @@ class Outcome:
     cached_tokens: int = 0
     router: int = 0
     """The router that picked the replica (-1: sent past the routers)."""
+    tenant: str = ""
+    dispatched_s: float = math.nan
+    """When it reached a replica (later than ``arrival_s`` when flow control queued it)."""
+    reason: str = ""
+    """Why it was rejected (``too-large``, or flow control's reason)."""
     rejected: bool = False
     finished_count: int = 0
     """How many times a finish was reported (1 for a served request; tests check it)."""
@@ -215,6 +220,8 @@ class _Run:
         self.next_sample = 0.0
         self.rng = random.Random(cfg.seed ^ 0x5EED)
         self.arrivals = 0
+        self.pending: dict[str, Outcome] = {}
+        """Requests not yet at a replica (held by a router's flow control)."""
         # KV-cache events, for policies that read them (vLLM's publisher, one per replica)
         self.wants_events = any(p.wants_events for p in self.policies)
         self.event_buffer: list[list[KvEvent]] = [[] for _ in range(n)]
@@ -290,6 +297,8 @@ class _Run:
                 self.in_flight[o.router][i] -= 1
                 info = ResponseInfo(200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply)
                 self.policies[o.router].finished(entry.arrival, i, info, t_done)
+        if self.holding and x != math.inf:
+            self.poll(x)  # room for held requests (they reach a replica at x)
 
     def note_blocks(self) -> None:
         for i, eng in enumerate(self.engines):
@@ -329,38 +338,74 @@ class _Run:
 
     def submit(self, req: TraceRequest, t: float) -> None:
         cfg = self.cfg
-        bs = cfg.block_size_tokens
-        hashes = engine_block_hashes(req, bs, self.seed)
+        hashes = engine_block_hashes(req, cfg.block_size_tokens, self.seed)
         arrival = Arrival(req, hashes)
         k = self.arrivals % cfg.routers
         self.arrivals += 1
-        if cfg.bypass_share and self.rng.random() < cfg.bypass_share:
-            router, replica = -1, self.rng.randrange(cfg.replicas)
-        else:
-            router, replica = k, self.policies[k].pick(arrival, t)
-            self.in_flight[k][replica] += 1
-        outcome = Outcome(req.request_id, replica, t, req.prompt_tokens, req.output_tokens, router=router)
+        outcome = Outcome(req.request_id, -1, t, req.prompt_tokens, req.output_tokens,
+                          tenant=req.tenant)  # fmt: skip
         self.outcomes.append(outcome)
+        self.pending[req.request_id] = outcome
+        if cfg.bypass_share and self.rng.random() < cfg.bypass_share:
+            outcome.router = -1
+            self._start(arrival, self.rng.randrange(cfg.replicas), t)
+            return
+        outcome.router = k
+        replica = self.policies[k].pick(arrival, t)
+        if replica is not None:
+            self._start(arrival, replica, t)
+        self.poll(t)
+
+    def poll(self, t: float) -> None:
+        """What the routers released (flow control) or rejected since."""
+        for policy in self.policies:
+            for arrival, replica, reason in policy.poll(t):
+                if replica is None:
+                    o = self.pending.pop(arrival.request.request_id)
+                    o.rejected, o.reason = True, reason
+                    o.finished_count += 1
+                else:
+                    self._start(arrival, replica, t)
+
+    @property
+    def holding(self) -> int:
+        return sum(p.holding for p in self.policies)
+
+    def _start(self, arrival: Arrival, replica: int, t: float) -> None:
+        """The request reaches ``replica`` at ``t``."""
+        req = arrival.request
+        bs = self.cfg.block_size_tokens
+        outcome = self.pending.pop(req.request_id)
+        outcome.replica = replica
+        outcome.dispatched_s = t
+        router = outcome.router
+        if router >= 0:
+            self.in_flight[router][replica] += 1
         reply = reply_text(req)
         final = None
         if req.api is ApiKind.CHAT and reply:
             final = text_block_hashes(req.prompt + "<|assistant|>" + reply, bs, self.seed)
-        ereq = EngineRequest(req.request_id, req.prompt_tokens, hashes, req.output_tokens, final)
+        ereq = EngineRequest(req.request_id, req.prompt_tokens, arrival.block_hashes,
+                             req.output_tokens, final)  # fmt: skip
         self.live[req.request_id] = _Live(arrival, outcome, reply)
         try:
             self.engines[replica].submit(ereq, t)
         except RequestTooLarge:
             del self.live[req.request_id]
             outcome.rejected = True
+            outcome.reason = "too-large"
             outcome.finished_count += 1
             if router >= 0:
                 self.in_flight[router][replica] -= 1
                 self.policies[router].finished(arrival, replica, ResponseInfo(status=400), t)
 
     def drain(self) -> None:
-        """Keep sampling while replicas work, then run everything to the end."""
-        while any(e.next_event_time() is not None for e in self.engines):
+        """Keep sampling while replicas work or routers hold requests, then run everything
+        to the end."""
+        while self.holding or any(e.next_event_time() is not None for e in self.engines):
             self.run_to(self.next_sample)
+            self.scrape(self.next_sample)
+            self.poll(self.next_sample)
             self.sample()
         self.run_to(math.inf)
         self.note_blocks()

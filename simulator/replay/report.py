@@ -62,7 +62,7 @@ def summarize(result: ReplayResult) -> PolicyStats:
     prompt = sum(o.prompt_tokens for o in served)
     cached = sum(o.cached_tokens for o in served)
     output = sum(o.output_tokens for o in served)
-    per_replica = np.bincount([o.replica for o in outs], minlength=result.config.replicas)
+    per_replica = np.bincount([o.replica for o in outs if o.replica >= 0], minlength=result.config.replicas)
     span = float(finish.max() - min(o.arrival_s for o in outs)) if served else 0.0
 
     def pct(a: np.ndarray, q: float) -> float:

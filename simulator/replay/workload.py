@@ -62,6 +62,9 @@ class TraceRequest:
     api: ApiKind = ApiKind.COMPLETIONS
     has_text: bool = True
     """Whether the workload has real text, so a reply can be generated and fed back."""
+    tenant: str = ""
+    """The fairness id (flow control's flow); '' = the model."""
+    priority: int = 0
 
 
 class Workload(Protocol):
@@ -370,10 +373,75 @@ class RagWorkload:
             )
 
 
+@dataclass(slots=True, frozen=True)
+class TenantsParams:
+    """Two tenants on one pool: a steady quiet one and a bursty noisy neighbour."""
+
+    duration_s: float = 120.0
+    rate: float = 3.0
+    """The quiet tenant's requests per second (Poisson)."""
+    quiet_prompt_len: int = 512
+    quiet_output_len: int = 64
+    burst_every_s: float = 30.0
+    burst_requests: int = 240
+    """The noisy tenant sends this many requests at each burst, spread over ``burst_s``."""
+    burst_s: float = 2.0
+    noisy_prompt_len: int = 2048
+    noisy_output_len: int = 256
+    seed: int = 0
+
+
+class TenantsWorkload:
+    """``quiet`` sends a steady Poisson stream of short requests; ``noisy`` sends large
+    bursts of long ones. Each tenant has its own system prompt (prefix reuse inside a tenant)."""
+
+    name = "tenants"
+
+    def __init__(self, p: TenantsParams):
+        self.p = p
+
+    def _bursts(self) -> list[float]:
+        p = self.p
+        return [p.burst_every_s / 2 + k * p.burst_every_s
+                for k in range(int((p.duration_s - p.burst_every_s / 2) // p.burst_every_s) + 1)
+                if p.burst_every_s / 2 + k * p.burst_every_s < p.duration_s]  # fmt: skip
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.requests())
+
+    def requests(self) -> Iterator[TraceRequest]:
+        p = self.p
+        rng = random.Random(p.seed)
+        arrivals: list[tuple[float, str]] = []
+        t = 0.0
+        while p.rate > 0:
+            t += rng.expovariate(p.rate)
+            if t >= p.duration_s:
+                break
+            arrivals.append((t, "quiet"))
+        for start in self._bursts():
+            for _ in range(p.burst_requests):
+                arrivals.append((start + rng.random() * p.burst_s, "noisy"))
+        arrivals.sort()
+        system = {tenant: random_text(p.seed << 40 | 8 << 32 | k, _chars(length // 2))
+                  for k, (tenant, length) in enumerate((("quiet", p.quiet_prompt_len),
+                                                        ("noisy", p.noisy_prompt_len)))}  # fmt: skip
+        for i, (t, tenant) in enumerate(arrivals):
+            quiet = tenant == "quiet"
+            length = p.quiet_prompt_len if quiet else p.noisy_prompt_len
+            prompt = system[tenant] + random_text(p.seed << 40 | 9 << 32 | i, _chars(length - length // 2))
+            yield TraceRequest(
+                request_id=f"r{i}", arrival_s=t, prompt_tokens=length,
+                output_tokens=p.quiet_output_len if quiet else p.noisy_output_len,
+                prompt=prompt, tenant=tenant,
+            )  # fmt: skip
+
+
 GENERATORS: dict[str, tuple[type, Any]] = {
     "shared-prefix": (SharedPrefixParams, SharedPrefixWorkload),
     "chat": (ChatParams, ChatWorkload),
     "rag": (RagParams, RagWorkload),
+    "tenants": (TenantsParams, TenantsWorkload),
 }
 
 

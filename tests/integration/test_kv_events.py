@@ -43,9 +43,12 @@ def chat_body(seed: int, n: int = 120) -> dict[str, object]:
 
 
 async def until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not check():
-            await asyncio.sleep(0.01)  # polling a condition another task makes true
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not check():
+                await asyncio.sleep(0.01)  # polling a condition another task makes true
+    except TimeoutError:
+        raise AssertionError(f"not {what} within {timeout_s} s") from None
 
 
 @pytest_asyncio.fixture
@@ -79,9 +82,13 @@ async def test_epp_keys_equal_the_emulators_published_blocks(
     eid = EndpointId(f"127.0.0.1:{emu.port}")
     producer.observe_endpoint(Endpoint(eid, "127.0.0.1", emu.port))
     try:
-        # the first batches may be lost while the connection forms (PUB/SUB): warm up
-        await post(http, emu, chat_body(0))
-        await until(lambda: producer.mode(eid, 0.0) != "approximate", "first events")
+        # the first batches may be lost while the connection forms (PUB/SUB): warm up with
+        # new prompts (new blocks, new events) until one arrives
+        for i in range(200):
+            await post(http, emu, chat_body(200 + i))
+            if producer.mode(eid, 0.0) != "approximate":
+                break
+        assert producer.mode(eid, 0.0) != "approximate"
         body = chat_body(1)
         keys = keys_of(producer, body)
         assert len(keys) >= 10
@@ -117,13 +124,15 @@ async def test_a_late_subscriber_catches_up_through_the_replay_socket(
         await until(lambda: pub.seq >= 1, "published")
         producer.on_endpoints(sub.endpoint_changed)
         producer.observe_endpoint(Endpoint(eid, "127.0.0.1", emu.port))  # connect mode
-        later = chat_body(3)
         keys = keys_of(producer, early)
-        for _ in range(200):  # until the reader's subscription is in place and a batch lands
-            await post(http, emu, later)
+        for i in range(200):  # until the reader's subscription is in place and a batch lands
+            await post(http, emu, chat_body(100 + i))  # new blocks each time: new events
             if producer.stats.replays:
                 break
-        await until(lambda: producer.stats.replays["complete"] == 1, "replayed")
+        stats = producer.stats
+        await until(lambda: stats.replays["complete"] == 1,
+                    f"replayed ({stats.replays}, gaps {stats.gaps}, events {stats.events}, "
+                    f"dropped {stats.dropped}, readers {list(sub._readers)})")
         assert producer.mode(eid, 0.0) == "live" and producer.stats.gaps[eid] == 1
         assert producer.index.match(keys, [eid], 0.0) == {eid: len(keys)}  # learnt by replay
     finally:
