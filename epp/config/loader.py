@@ -96,7 +96,7 @@ _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 """Top-level sections read by other layers (``epp.config.request_control``,
 ``epp.datastore.static``) from ``EppConfig.raw``."""
 
-SHIPPED = ("default", "filter-chain")
+SHIPPED = ("default", "filter-chain", "predicted-ttft")
 
 
 def _camel(name: str) -> str:

@@ -28,8 +28,10 @@ together (503 when it is spent).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -96,6 +98,7 @@ class RequestStream:
         "_deferred",
         "_director",
         "_first",
+        "_first_body_s",
         "_headers",
         "_held",
         "_limits",
@@ -143,6 +146,7 @@ class RequestStream:
         event loop) and ``Director.admit`` (flow control) on it; then :meth:`resume`."""
         self._held: tuple[ParsedRequest, int, bool, bool] | None = None
         self._observing = False
+        self._first_body_s = 0.0
 
     @property
     def phase(self) -> Phase:
@@ -370,6 +374,8 @@ class RequestStream:
         mode = self._response_mode
         chunk = b.body
         end = b.end_of_stream
+        if chunk and not self._first_body_s:
+            self._first_body_s = time.monotonic()
         data = chunk if reader is None else reader.feed(chunk, end)
         if end:
             self._finish()
@@ -400,7 +406,10 @@ class RequestStream:
             return
         reader = self._reader
         if reader is not None:
-            self._director.finish(routing, reader.info())
+            info = reader.info()
+            if self._first_body_s:
+                info = dataclasses.replace(info, ttft_s=self._first_body_s - routing.started_s)
+            self._director.finish(routing, info)
         else:
             self._director.abandon(routing, str(self._status))
 

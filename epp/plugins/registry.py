@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from epp.plugins import filters, pickers, scorers
+from epp.plugins import filters, pickers, scorers, ttft
 from epp.prefix.precise import PRECISE_PREFIX_PRODUCER, PreciseIndexConfig, PrecisePrefixProducer
 from epp.prefix.producer import PrefixIndexConfig, PrefixProducer
 from epp.scheduling.interfaces import DataProducer, Filter, Picker, Scorer
@@ -48,6 +48,11 @@ _ALL: dict[str, PluginType[Any]] = {
     "prefix-cache-scorer": PluginType(
         scorers.PrefixCacheScorer, scorers.PrefixCacheScorerParams, "scorer",
         "matched leading chunks / request chunks, from the prefix index", reads_prefix=True,
+    ),
+    "predicted-ttft-scorer": PluginType(
+        ttft.PredictedTtftScorer, ttft.PredictedTtftParams, "scorer",
+        "lowest predicted time to first token (uncached tokens, queued prefill, running "
+        "requests; cost model fitted online)", reads_prefix=True,
     ),
     "queue-scorer": PluginType(
         scorers.QueueScorer, scorers.QueueScorerParams, "scorer",

@@ -94,3 +94,6 @@ class ResponseInfo:
     generated_text: str = ""
     response_bytes: int = 0
     """Size of the response body as it left the model server."""
+    ttft_s: float | None = None
+    """Seconds from the pick to the response's first body bytes (the first token of a
+    stream), when known."""

@@ -295,7 +295,8 @@ class _Run:
             o.finished_count += 1
             if o.router >= 0:
                 self.in_flight[o.router][i] -= 1
-                info = ResponseInfo(200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply)
+                info = ResponseInfo(200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply,
+                                    ttft_s=o.first_token_s - o.dispatched_s)  # fmt: skip
                 self.policies[o.router].finished(entry.arrival, i, info, t_done)
         if self.holding and x != math.inf:
             self.poll(x)  # room for held requests (they reach a replica at x)
