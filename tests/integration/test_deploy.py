@@ -426,6 +426,15 @@ EPP_METRICS = {
     "epp_endpoint_in_flight_requests",
     "epp_endpoint_queue_size",
     "epp_endpoint_kv_cache_utilization",
+    "epp_kv_events_total",
+    "epp_kv_events_dropped_total",
+    "epp_kv_events_gaps_total",
+    "epp_kv_events_resyncs_total",
+    "epp_kv_events_restarts_total",
+    "epp_kv_events_replays_total",
+    "epp_precise_index_blocks",
+    "epp_precise_unkeyed_requests_total",
+    "epp_precise_tokenize_seconds",
 }
 INFERENCE_EXTENSION_METRICS = {
     "inference_objective_request_total",
@@ -443,6 +452,11 @@ INFERENCE_EXTENSION_METRICS = {
     "inference_pool_ready_pods",
     "inference_extension_info",
     "inference_extension_scheduler_attempts_total",
+    "inference_extension_flow_control_queue_size",
+    "inference_extension_flow_control_queue_bytes",
+    "inference_extension_flow_control_request_queue_duration_seconds",
+    "inference_extension_flow_control_dispatch_cycle_duration_seconds",
+    "inference_extension_flow_control_pool_saturation",
 }
 VLLM_METRICS = {
     "vllm:time_to_first_token_seconds",
@@ -459,6 +473,8 @@ HISTOGRAMS = {
     "epp_scheduling_duration_seconds",
     "epp_plugin_duration_seconds",
     "vllm:time_to_first_token_seconds",
+    "inference_extension_flow_control_request_queue_duration_seconds",
+    "inference_extension_flow_control_dispatch_cycle_duration_seconds",
 }
 
 
