@@ -28,7 +28,6 @@ together (503 when it is spent).
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import time
@@ -406,10 +405,8 @@ class RequestStream:
             return
         reader = self._reader
         if reader is not None:
-            info = reader.info()
-            if self._first_body_s:
-                info = dataclasses.replace(info, ttft_s=self._first_body_s - routing.started_s)
-            self._director.finish(routing, info)
+            first = self._first_body_s
+            self._director.finish(routing, reader.info(first - routing.started_s if first else None))
         else:
             self._director.abandon(routing, str(self._status))
 

@@ -122,7 +122,7 @@ class ResponseReader:
             return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
         return body
 
-    def info(self) -> ResponseInfo:
+    def info(self, ttft_s: float | None = None) -> ResponseInfo:
         u = self.usage
         return ResponseInfo(
             status=self.status,
@@ -131,6 +131,7 @@ class ResponseReader:
             completion_tokens=u.completion_tokens,
             generated_text="".join(self._text),
             response_bytes=self._size,
+            ttft_s=ttft_s,
         )
 
     # --- JSON --------------------------------------------------------------------------
