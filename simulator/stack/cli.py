@@ -138,6 +138,11 @@ def register(subparsers: Any) -> None:
     d.add_argument("--output-len", type=int, default=DEMO.output_len,
                    help="answer length, tokens")
     d.add_argument(
+        "--fair", action="store_true",
+        help="the baseline is applied by epp (a profile with only its picker) behind the same "
+        "gateway and ext_proc path, so every policy pays the same routing CPU",
+    )  # fmt: skip
+    d.add_argument(
         "--bypass", type=float, default=0.0, metavar="SHARE",
         help="share of requests sent straight to a random model server, past the gateway and "
         "epp (traffic epp does not see: another client or gateway); the same requests for "
@@ -170,6 +175,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         engine=args.engine,
         vllm_kv_cache_bytes=args.vllm_kv_mib << 20,
         prefix=args.prefix,
+        fair=args.fair,
     )
 
 

@@ -38,7 +38,7 @@ class DemoResult:
 def label_of(options: StackOptions) -> str:
     """A run's column name: the policy, and for several epp replicas their count and sync."""
     if options.policy != "epp":
-        return options.policy
+        return f"{options.policy} (via epp)" if options.fair else options.policy
     if options.epp_replicas == 1:
         return "epp precise" if options.prefix == "precise" else "epp"
     return f"epp x{options.epp_replicas} " + ("sync" if options.sync else "no sync")

@@ -26,6 +26,11 @@ class ReplicaCounters:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     requests: float = 0.0
+    ttft_sum_s: float = 0.0
+    ttft_count: float = 0.0
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
+    """``vllm:time_to_first_token_seconds`` cumulative buckets (le, count): the server's own
+    TTFT, from arrival at the server to its first token."""
 
 
 async def scrape_replicas(urls: Sequence[str]) -> list[ReplicaCounters]:
@@ -35,15 +40,22 @@ async def scrape_replicas(urls: Sequence[str]) -> list[ReplicaCounters]:
             async with session.get(f"{url}/metrics") as r:
                 text = await r.text()
             values: dict[str, float] = {}
+            buckets: dict[float, float] = {}
             for family in text_string_to_metric_families(text):
                 for s in family.samples:
                     values[s.name] = values.get(s.name, 0.0) + s.value
+                    if s.name == "vllm:time_to_first_token_seconds_bucket":
+                        le = float(s.labels["le"])
+                        buckets[le] = buckets.get(le, 0.0) + s.value
             out.append(
                 ReplicaCounters(
                     url,
                     values.get("vllm:prefix_cache_queries_total", 0.0),
                     values.get("vllm:prefix_cache_hits_total", 0.0),
                     values.get("vllm:request_success_total", 0.0),
+                    values.get("vllm:time_to_first_token_seconds_sum", 0.0),
+                    values.get("vllm:time_to_first_token_seconds_count", 0.0),
+                    tuple(sorted(buckets.items())),
                 )
             )
     return out
@@ -74,6 +86,9 @@ class RunSummary:
     per_replica_hit_rate: list[float]
     ttfts_ms: list[float] = field(repr=False)
     first_error: str = ""
+    server_ttft_mean_ms: float = float("nan")
+    """The servers' own TTFT (``vllm:time_to_first_token_seconds``), all replicas."""
+    server_ttft_p90_ms: float = float("nan")
 
     @property
     def imbalance(self) -> float:
@@ -108,7 +123,40 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
         ],
         ttfts_ms=ttfts,
         first_error=(f"HTTP {errors[0].status}: {errors[0].error}" if errors else ""),
+        server_ttft_mean_ms=_server_mean(replicas),
+        server_ttft_p90_ms=_server_quantile(replicas, 0.9),
     )
+
+
+def _server_mean(replicas: Sequence[ReplicaCounters]) -> float:
+    n = sum(r.ttft_count for r in replicas)
+    return 1000 * sum(r.ttft_sum_s for r in replicas) / n if n else float("nan")
+
+
+def _server_quantile(replicas: Sequence[ReplicaCounters], q: float) -> float:
+    """A quantile of the servers' TTFT histograms merged, interpolated inside its bucket
+    (as Prometheus' histogram_quantile does)."""
+    merged: dict[float, float] = {}
+    for r in replicas:
+        for le, count in r.ttft_buckets:
+            merged[le] = merged.get(le, 0.0) + count
+    if not merged:
+        return float("nan")
+    edges = sorted(merged.items())
+    total = edges[-1][1]
+    if not total:
+        return float("nan")
+    rank = q * total
+    lo_edge, lo_count = 0.0, 0.0
+    for le, count in edges:
+        if count >= rank:
+            if le == float("inf"):
+                return 1000 * lo_edge
+            span = count - lo_count
+            frac = (rank - lo_count) / span if span else 1.0
+            return 1000 * (lo_edge + (le - lo_edge) * frac)
+        lo_edge, lo_count = le, count
+    return 1000 * lo_edge
 
 
 def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
@@ -121,6 +169,8 @@ def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
         ("prefix cache hit rate", [f"{s.hit_rate:.1%}" for s in runs]),
         ("TTFT p50", [f"{s.ttft_p50_ms:.0f} ms" for s in runs]),
         ("TTFT p90", [f"{s.ttft_p90_ms:.0f} ms" for s in runs]),
+        ("server TTFT mean / p90", [f"{s.server_ttft_mean_ms:.0f} / {s.server_ttft_p90_ms:.0f} ms"
+                                    for s in runs]),
         ("throughput", [f"{s.req_per_s:.1f} req/s, {s.output_tok_per_s:.0f} tok/s" for s in runs]),
         ("wall time", [f"{s.wall_s:.1f} s" for s in runs]),
         ("requests per replica", [loads(s) for s in runs]),

@@ -79,6 +79,10 @@ class StackOptions:
     tokenize: bool = False
     """Emulated servers tokenize with the real tokenizer, as in precise mode, without
     publishing events (so that an approximate run compares with a precise one)."""
+    fair: bool = False
+    """A baseline policy (random, round-robin) is applied by epp behind the same gateway and
+    ext_proc path (a profile with only that picker), so every policy pays the same ext_proc
+    CPU: the comparison measures routing decisions, not the cost of making them."""
 
     def modes(self) -> tuple[int, int]:
         response = self.response_mode or (
@@ -410,6 +414,21 @@ def _precise_config(options: StackOptions, precise: _Precise, log_dir: Path | No
     return str(path)
 
 
+def _picker_config(policy: str, log_dir: Path | None) -> str:
+    """An epp config whose profile is only the baseline's picker (``--fair``)."""
+    import tempfile
+
+    import yaml
+
+    picker = f"{policy}-picker"
+    raw = {"kind": "EndpointPickerConfig", "plugins": [{"type": picker}],
+           "schedulingProfiles": [{"name": policy, "plugins": [{"pluginRef": picker}]}]}  # fmt: skip
+    folder = log_dir or Path(tempfile.mkdtemp(prefix="epp-stack-"))
+    path = folder / f"epp-{policy}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
 async def start_stack(options: StackOptions) -> Stack:
     deadline = time.monotonic() + options.ready_timeout_s
     children: list[_Child] = []
@@ -424,6 +443,10 @@ async def start_stack(options: StackOptions) -> Stack:
     config = options.config
     if precise is not None and precise.events:
         config = _precise_config(options, precise, log_dir)
+    policy = options.policy
+    if options.fair and policy in ("random", "round-robin"):
+        config = _picker_config(policy, log_dir)
+        policy = "epp"
     try:
         replica_urls = await _start_replicas(options, log_dir, children, inline, precise)
         if options.engine == "vllm":  # starting vLLM takes ~40 s a server on two cores
@@ -433,7 +456,7 @@ async def start_stack(options: StackOptions) -> Stack:
             await _wait_replicas(replica_urls, deadline)
         endpoints = [u.removeprefix("http://") for u in replica_urls]
 
-        if options.policy == "epp":
+        if policy == "epp":
             if options.isolation == "process":
                 assert log_dir is not None
                 argv = ["epp", "--count", str(options.epp_replicas)]
@@ -461,7 +484,7 @@ async def start_stack(options: StackOptions) -> Stack:
         gateway = await start_gateway(
             GatewayOptions(
                 port=options.gateway_port,
-                policy=options.policy,
+                policy=policy,
                 extproc=",".join(e.grpc for e in epps),
                 endpoints=tuple(endpoints),
                 request_mode=request_mode,
