@@ -8,9 +8,11 @@ For a request of ``P`` prompt tokens and endpoint ``e``:
 * ``q`` = prefill work queued ahead of it: ``(waiting + sent since the last scrape) x`` the
   mean uncached tokens of a request (learnt);
 * ``r`` = requests decoding there (``running``), whose decode steps share the GPU and
-  whose slots new requests wait for.
+  whose slots new requests wait for;
+* ``kv`` = its KV-cache use, and ``o`` = the share of its KV cache the request (and the
+  work queued ahead) would need beyond what is free: it waits for blocks to be released.
 
-``predicted TTFT = c0 + c_u u + c_q q + c_r r``, and the decision's cost adds the delay its
+``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o``, and the decision's cost adds the delay its
 prefill imposes on later requests (``work_weight x c_u u``). The coefficients start at priors for a
 7-8B model on one A100-class GPU (``c_u = c_q`` ~ 1/11,000 s per token, ``c_r`` = 20 ms per
 running request, ``c0`` = 20 ms) and are refit by exponentially weighted least squares on
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.scheduling.types import CycleState, PickResult, ResponseInfo
 
-_FEATURES = 4  # 1, u, q, r
+_FEATURES = 6  # 1, u, q, r, kv, overflow
 _MAX_PENDING = 100_000
 
 
@@ -43,6 +45,9 @@ class PredictedTtftParams:
     """Prior of ``c_r``."""
     base_seconds: float = 0.02
     """Prior of ``c0``."""
+    seconds_per_kv_overflow: float = 5.0
+    """Prior of ``c_o``: a request that needs a whole KV cache more than is free waits this
+    long for running requests to release blocks."""
     chars_per_token: float = 4.0
     """To read prompt lengths and prefix matches (in characters) as tokens."""
     forgetting: float = 0.999
@@ -97,9 +102,9 @@ class PredictedTtftScorer:
         self.params = params
         p = params
         self.coef = [p.base_seconds, p.prefill_seconds_per_token, p.prefill_seconds_per_token,
-                     p.seconds_per_running_request]  # fmt: skip
+                     p.seconds_per_running_request, 0.0, p.seconds_per_kv_overflow]  # fmt: skip
         # normalised features keep the least-squares system well conditioned
-        self._scale = [1.0, 1e-3, 1e-3, 1.0]
+        self._scale = [1.0, 1e-3, 1e-3, 1.0, 1.0, 1.0]
         k = p.prior_strength
         self._xtx = [[k if i == j else 0.0 for j in range(_FEATURES)] for i in range(_FEATURES)]
         self._xty = [k * c / s for c, s in zip(self.coef, self._scale, strict=True)]
@@ -118,7 +123,12 @@ class PredictedTtftScorer:
         m = e.metrics
         q = (m.waiting + e.pending) * self.mean_uncached
         r = float(m.running)
-        return (1.0, u, q, r)
+        capacity = m.kv_capacity_tokens()
+        kv = m.kv_usage
+        # the share of the KV cache this request would need beyond what is free: it waits
+        # for running requests to finish and release blocks
+        overflow = max(0.0, kv + (u + q) / capacity - 1.0) if capacity else 0.0
+        return (1.0, u, q, r, kv, overflow)
 
     def predict(self, x: tuple[float, ...]) -> float:
         return sum(c * v for c, v in zip(self.coef, x, strict=True))
