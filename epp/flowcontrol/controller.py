@@ -172,6 +172,8 @@ class FlowController:
         self._seq = itertools.count()
         self._band_max_requests = cfg.band_max_requests or cfg.max_requests
         self._band_max_bytes = cfg.band_max_bytes or cfg.max_bytes
+        self._deadlines: list[tuple[float, int, QueuedRequest]] = []
+        """Every queued request by deadline (those that left are skipped when popped)."""
 
     # --- entry ------------------------------------------------------------------------
 
@@ -204,6 +206,7 @@ class FlowController:
         if f is None:
             f = band.flows[flow] = _Flow(self.cfg.ordering)
         f.push(item)
+        heapq.heappush(self._deadlines, (item.deadline_s, item.seq, item))
         band.count += 1
         band.bytes += size_bytes
         self.count += 1
@@ -307,11 +310,14 @@ class FlowController:
         return None
 
     def expire(self, now_s: float) -> list[QueuedRequest]:
-        """Requests past their deadline, removed (outcome ``expired``)."""
-        out = [i for band in self.bands.values() for f in band.flows.values() for i in f.all()
-               if i.queued and i.deadline_s <= now_s]  # fmt: skip
-        for item in out:
-            self._leave(item, "expired")
+        """Requests past their deadline, removed (outcome ``expired``); O(expired + left)."""
+        heap = self._deadlines
+        out: list[QueuedRequest] = []
+        while heap and (heap[0][0] <= now_s or not heap[0][2].queued):
+            item = heapq.heappop(heap)[2]
+            if item.queued:
+                self._leave(item, "expired")
+                out.append(item)
         return out
 
     def drain(self) -> list[QueuedRequest]:
@@ -320,6 +326,7 @@ class FlowController:
                if i.queued]  # fmt: skip
         for item in out:
             self._leave(item, "shutdown")
+        self._deadlines.clear()
         return out
 
     def queued_by(self) -> dict[tuple[str, int, str, str], tuple[int, int]]:
