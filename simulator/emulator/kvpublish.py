@@ -41,10 +41,11 @@ class KvEventPublisher:
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100_000)
-        if binds(endpoint):
-            self.pub.bind(endpoint)
-        else:
-            self.pub.connect(endpoint)
+        for one in endpoint.split(","):  # several: the same events to every listener
+            if binds(one):
+                self.pub.bind(one)
+            else:
+                self.pub.connect(one)
         self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT) or endpoint
         self.topic = topic
         self.block_size = block_size

@@ -63,12 +63,17 @@ async def start_epps(
     from epp.server.runner import ServerOptions, start_server
     from epp.sync.node import SyncOptions
 
-    cfg = load_config(config) if config else default_config()
+    # several configs (comma-separated): one per replica (precise mode: each binds its own
+    # KV-event socket)
+    names = config.split(",") if "," in config else [config] * count
+    if len(names) != count:
+        raise ValueError(f"{len(names)} configs for {count} epp replicas")
+    cfgs = [load_config(n) if n else default_config() for n in names]
     pool = parse_endpoint_list(",".join(endpoints))
     share = sync and count > 1
     handles: list[Any] = []
     try:
-        for _ in range(count):
+        for cfg in cfgs:
             options = ServerOptions(
                 host=host,
                 grpc_port=0,

@@ -39,9 +39,10 @@ def label_of(options: StackOptions) -> str:
     """A run's column name: the policy, and for several epp replicas their count and sync."""
     if options.policy != "epp":
         return f"{options.policy} (via epp)" if options.fair else options.policy
+    precise = " precise" if options.prefix == "precise" else ""
     if options.epp_replicas == 1:
-        return "epp precise" if options.prefix == "precise" else "epp"
-    return f"epp x{options.epp_replicas} " + ("sync" if options.sync else "no sync")
+        return "epp" + precise
+    return f"epp x{options.epp_replicas}{precise} " + ("sync" if options.sync else "no sync")
 
 
 def variants(base: StackOptions, policies: tuple[str, ...]) -> list[StackOptions]:

@@ -371,9 +371,11 @@ async def _precise_setup(options: StackOptions) -> _Precise | None:
         raise ValueError(f"prefix must be 'approx' or 'precise', not {options.prefix!r}")
     if options.prefix == "approx" and not (options.tokenize and options.engine == "emulator"):
         return None
-    if options.prefix == "precise" and (options.policy != "epp" or options.epp_replicas != 1):
-        raise ValueError("--prefix precise needs --policy epp and one epp replica (the servers "
-                         "send their KV events to one epp socket here)")  # fmt: skip
+    if options.prefix == "precise" and options.policy != "epp":
+        raise ValueError("--prefix precise needs --policy epp")
+    if options.prefix == "precise" and options.engine == "vllm" and options.epp_replicas != 1:
+        raise ValueError("--prefix precise with --engine vllm needs one epp replica (a vLLM "
+                         "server publishes its KV events to one address)")  # fmt: skip
     from simulator import vllm
 
     def say(m: str) -> None:
@@ -388,30 +390,39 @@ async def _precise_setup(options: StackOptions) -> _Precise | None:
             block_size = EmulatorConfig().block_size
     except vllm.VllmUnavailable as exc:
         raise StackError(f"precise mode needs a tokenizer: {exc}") from None
-    events = f"tcp://127.0.0.1:{vllm.free_port()}" if options.prefix == "precise" else ""
+    events = ""
+    if options.prefix == "precise":  # one socket per epp replica; emulated servers reach all
+        n = max(1, options.epp_replicas)
+        events = ",".join(f"tcp://127.0.0.1:{vllm.free_port()}" for _ in range(n))
     return _Precise(events, tokenizer, block_size)
 
 
 def _precise_config(options: StackOptions, precise: _Precise, log_dir: Path | None) -> str:
-    """The epp config: the chosen one plus the precise producer bound at ``precise.events``."""
+    """The epp configs (comma-separated, one per replica): the chosen one plus the precise
+    producer bound at that replica's socket of ``precise.events``."""
     import tempfile
 
     import yaml
 
     from epp.config.loader import default_config, load_config
 
-    raw = dict((load_config(options.config) if options.config else default_config()).raw)
-    raw["plugins"] = [*raw["plugins"], {
-        "type": "precise-prefix-cache-producer",
-        "parameters": {
-            "blockSize": precise.block_size, "tokenizers": {options.model: str(precise.tokenizer)},
-            "eventsMode": "bind", "eventsEndpoint": precise.events,
-        },
-    }]  # fmt: skip
+    base = dict((load_config(options.config) if options.config else default_config()).raw)
     folder = log_dir or Path(tempfile.mkdtemp(prefix="epp-stack-"))
-    path = folder / "epp-precise.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    return str(path)
+    paths = []
+    for k, events in enumerate(precise.events.split(",")):
+        raw = dict(base)
+        raw["plugins"] = [*base["plugins"], {
+            "type": "precise-prefix-cache-producer",
+            "parameters": {
+                "blockSize": precise.block_size,
+                "tokenizers": {options.model: str(precise.tokenizer)},
+                "eventsMode": "bind", "eventsEndpoint": events,
+            },
+        }]  # fmt: skip
+        path = folder / f"epp-precise-{k}.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        paths.append(str(path))
+    return ",".join(paths)
 
 
 def _picker_config(policy: str, log_dir: Path | None) -> str:
