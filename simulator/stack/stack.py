@@ -79,6 +79,9 @@ class StackOptions:
     tokenize: bool = False
     """Emulated servers tokenize with the real tokenizer, as in precise mode, without
     publishing events (so that an approximate run compares with a precise one)."""
+    tokenizer: str = ""
+    """Precise mode with emulated servers: this tokenizer directory instead of the fetched
+    DeepSeek-V3 one."""
     fair: bool = False
     """A baseline policy (random, round-robin) is applied by epp behind the same gateway and
     ext_proc path (a profile with only that picker), so every policy pays the same ext_proc
@@ -386,7 +389,8 @@ async def _precise_setup(options: StackOptions) -> _Precise | None:
             tokenizer = (await asyncio.to_thread(vllm.ensure_vllm, say)).model_dir
             block_size = options.vllm_block_size
         else:
-            tokenizer = await asyncio.to_thread(vllm.ensure_tokenizer, say)
+            tokenizer = (Path(options.tokenizer) if options.tokenizer
+                         else await asyncio.to_thread(vllm.ensure_tokenizer, say))  # fmt: skip
             block_size = EmulatorConfig().block_size
     except vllm.VllmUnavailable as exc:
         raise StackError(f"precise mode needs a tokenizer: {exc}") from None

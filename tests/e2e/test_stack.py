@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 
 import aiohttp
 import pytest
@@ -160,3 +161,43 @@ async def test_hit_rate_through_epp_beats_random_routing_by_a_wide_margin(mode: 
     assert epp.hit_rate > 0.6, epp
     assert epp.hit_rate > rnd.hit_rate + 0.25, (epp.hit_rate, rnd.hit_rate)
     print(f"{mode}: hit rate epp {epp.hit_rate:.1%} vs random {rnd.hit_rate:.1%}")
+
+
+async def test_precise_mode_feeds_every_epp_replica_with_every_servers_events(
+    tmp_path: object,
+) -> None:
+    """--prefix precise with 2 epp replicas and no sync: the emulated servers publish their
+    KV events to both replicas' sockets, so each replica's precise index knows the blocks the
+    other one routed; and the same chat routes the same way from either replica."""
+    from pathlib import Path
+
+    from epp.prefix.precise import PrecisePrefixProducer
+    from simulator.stack import start_stack
+    from tests.wordlevel import write_tokenizer
+
+    tok = write_tokenizer(Path(str(tmp_path)) / "tok")
+    options = dataclasses.replace(FAST, replicas=2, prefix="precise", epp_replicas=2, sync=False,
+                                  tokenizer=str(tok), model="m")  # fmt: skip
+    stack = await start_stack(options)
+    try:
+        epps = [h for h in stack._inline if hasattr(h, "grpc_port")]
+        producers = [h.scheduler.plugin(PrecisePrefixProducer) for h in epps]
+        assert len(producers) == 2 and all(p is not None for p in producers)
+        system = "the shipping desk is late " * 30
+        words = ["hello", "world", "how", "are", "you", "parcel", "order", "late"]
+        rng = random.Random(5)
+        async with aiohttp.ClientSession() as http:
+            for _ in range(40):  # the gateway alternates ext_proc streams between replicas
+                question = " ".join(rng.choice(words) for _ in range(60))  # new blocks each time
+                body = {"model": "m", "max_tokens": 2, "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": question}]}  # fmt: skip
+                status, _, raw = await post(http, stack.gateway_url + "/v1/chat/completions", body)
+                assert status == 200, raw
+        applied = [sum(p.stats.events.values()) for p in producers]  # type: ignore[union-attr]
+        assert all(n > 0 for n in applied), (applied, [dict(p.stats.dropped) for p in producers], [p._known for p in producers])  # type: ignore[union-attr]
+        # both replicas hold the same picture of the servers (each saw all events)
+        blocks = [p.index.entries for p in producers]  # type: ignore[union-attr]
+        assert min(blocks) > 0.8 * max(blocks), blocks
+    finally:
+        await stack.stop()
