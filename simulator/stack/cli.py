@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     g.add_argument(
         "--policy",
-        choices=["epp", "random", "round-robin"],
+        choices=["epp", "random", "round-robin", "sglang"],
         default="epp",
         help="who picks the replica (random / round-robin bypass epp)",
     )
@@ -112,9 +112,10 @@ def register(subparsers: Any) -> None:
     )
     d.add_argument(
         "--baseline",
-        choices=["random", "round-robin"],
         default="random",
-        help="the policy epp is compared with",
+        help="the policies epp is compared with, comma-separated: random, round-robin, sglang "
+        "(the SGLang router's cache_aware policy in front of the servers instead of the "
+        "gateway; installed into the vLLM environment on first use)",
     )
     d.add_argument(
         "--workload",
@@ -202,8 +203,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--epp-replicas must be at least 1, not {args.epp_replicas}")
         options = options_from_args(args)
         workload = workload_from_args(args) if args.demo else None
-        if args.demo and args.policy == args.baseline:
+        baselines = tuple(b.strip() for b in args.baseline.split(",") if b.strip())
+        for b in baselines:
+            if b not in ("random", "round-robin", "sglang"):
+                raise WorkloadError(f"--baseline {b!r}: expected random, round-robin or sglang")
+        if args.demo and args.policy in baselines:
             raise WorkloadError("--policy and --baseline must differ for the demo")
+        args.baselines = baselines
     except (ValueError, WorkloadError) as exc:
         print(f"epp-sim stack: {exc}", file=sys.stderr)
         return 2
@@ -233,7 +239,7 @@ async def _main(
         from simulator.stack.demo import run_demo
 
         try:
-            await run_demo(options, workload, (args.policy, args.baseline), args.out_dir)
+            await run_demo(options, workload, (args.policy, *args.baselines), args.out_dir)
         except asyncio.CancelledError:
             print("\ninterrupted; stacks stopped", file=sys.stderr)
             return 130

@@ -37,6 +37,8 @@ class DemoResult:
 
 def label_of(options: StackOptions) -> str:
     """A run's column name: the policy, and for several epp replicas their count and sync."""
+    if options.policy == "sglang":
+        return "SGLang router"
     if options.policy != "epp":
         return f"{options.policy} (via epp)" if options.fair else options.policy
     precise = " precise" if options.prefix == "precise" else ""

@@ -135,9 +135,22 @@ class EppReplica:
 
 
 @dataclass
+class RouterFront:
+    """The SGLang router in front of the servers, in place of the gateway (policy
+    ``sglang``): its own process, the servers as its workers, ``cache_aware``."""
+
+    child: _Child
+    url: str
+
+    async def stop(self) -> None:
+        await self.child.stop()
+
+
+@dataclass
 class Stack:
     options: StackOptions
-    gateway: GatewayHandle
+    gateway: GatewayHandle | RouterFront
+    """What clients talk to: the development gateway, or the SGLang router (policy sglang)."""
     replica_urls: list[str]
     epps: list[EppReplica]
     """Empty with the baseline policies."""
@@ -277,7 +290,7 @@ async def _poll(check: Any, deadline: float, what: str) -> None:
 
 def _log_dir(options: StackOptions) -> Path | None:
     """Where child processes log (a fresh temporary folder unless one is given)."""
-    if options.isolation != "process" and options.engine != "vllm":
+    if options.isolation != "process" and options.engine != "vllm" and options.policy != "sglang":
         return options.log_dir
     if options.log_dir is None:
         import tempfile
@@ -444,6 +457,77 @@ def _picker_config(policy: str, log_dir: Path | None) -> str:
     return str(path)
 
 
+async def _start_sglang_router(
+    urls: list[str], log_dir: Path | None, deadline: float
+) -> RouterFront:
+    from simulator import vllm
+
+    def say(m: str) -> None:
+        print(f"epp-sim stack: {m}", file=sys.stderr, flush=True)
+
+    try:
+        python = await asyncio.to_thread(vllm.ensure_sglang_router, say)
+    except vllm.VllmUnavailable as exc:
+        raise StackError(f"the SGLang router is unavailable: {exc}") from None
+    assert log_dir is not None
+    port = vllm.free_port()
+    log_path = log_dir / "sglang-router.log"
+    err = open(log_path, "wb")  # noqa: SIM115, ASYNC230 - handed to the child, closed below
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+            "--port", str(port), "--policy", "cache_aware", "--worker-urls", *urls,
+            stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    finally:
+        err.close()
+    front = RouterFront(_Child("sglang-router", proc, log_path, group=True),
+                        f"http://127.0.0.1:{port}")  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+
+        async def up() -> bool:
+            if proc.returncode is not None:
+                raise StackError(f"the SGLang router exited during start-up (log: {log_path})")
+            return await _http_ok(session, f"{front.url}/health")
+
+        try:
+            await _poll(up, deadline, "SGLang router")
+        except BaseException:
+            await front.stop()
+            raise
+    return front
+
+
+async def _start_epps(
+    options: StackOptions, config: str, endpoints: list[str], log_dir: Path | None,
+    children: list[_Child], inline: list[Any], deadline: float,
+) -> list[EppReplica]:  # fmt: skip
+    """The epp replicas, in a child process or in this one, ready."""
+    if options.isolation == "process":
+        assert log_dir is not None
+        argv = ["epp", "--count", str(options.epp_replicas)]
+        argv += ["--endpoints", ",".join(endpoints)]
+        if config:
+            argv += ["--config", config]
+        if not options.sync:
+            argv.append("--no-sync")
+        ch, info = await _spawn("epp", argv, log_dir, options.ready_timeout_s)
+        children.append(ch)
+        described = info["epps"]
+    else:
+        from simulator.stack import child
+
+        handles = await child.start_epps(
+            options.epp_replicas, endpoints, config, sync=options.sync
+        )
+        inline.extend(handles)
+        described = [child.describe_epp(h) for h in handles]
+    epps = [EppReplica(d["grpc"], d["metrics"], d["sync"]) for d in described]
+    for epp in epps:
+        await _wait_epp(epp.grpc, deadline)
+    return epps
+
+
 async def start_stack(options: StackOptions) -> Stack:
     deadline = time.monotonic() + options.ready_timeout_s
     children: list[_Child] = []
@@ -472,29 +556,11 @@ async def start_stack(options: StackOptions) -> Stack:
         endpoints = [u.removeprefix("http://") for u in replica_urls]
 
         if policy == "epp":
-            if options.isolation == "process":
-                assert log_dir is not None
-                argv = ["epp", "--count", str(options.epp_replicas)]
-                argv += ["--endpoints", ",".join(endpoints)]
-                if config:
-                    argv += ["--config", config]
-                if not options.sync:
-                    argv.append("--no-sync")
-                ch, info = await _spawn("epp", argv, log_dir, options.ready_timeout_s)
-                children.append(ch)
-                described = info["epps"]
-            else:
-                from simulator.stack import child
+            epps = await _start_epps(options, config, endpoints, log_dir, children, inline, deadline)
 
-                handles = await child.start_epps(
-                    options.epp_replicas, endpoints, config, sync=options.sync
-                )
-                inline.extend(handles)
-                described = [child.describe_epp(h) for h in handles]
-            epps = [EppReplica(d["grpc"], d["metrics"], d["sync"]) for d in described]
-            for epp in epps:
-                await _wait_epp(epp.grpc, deadline)
-
+        if policy == "sglang":
+            front = await _start_sglang_router(replica_urls, log_dir, deadline)
+            return Stack(options, front, replica_urls, epps, log_dir, children, inline)
         request_mode, response_mode = options.modes()
         gateway = await start_gateway(
             GatewayOptions(

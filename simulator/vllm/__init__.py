@@ -128,6 +128,20 @@ def ensure_vllm(progress: Callable[[str], None] = print) -> VllmSetup:
     return VllmSetup(python, model_dir)
 
 
+SGLANG_ROUTER = "sglang-router==0.3.2"
+
+
+def ensure_sglang_router(progress: Callable[[str], None] = print) -> Path:
+    """The SGLang router (Rust, from PyPI) in the vLLM environment, installed on first use
+    (~30 MB); returns the interpreter that runs ``-m sglang_router.launch_router``."""
+    setup = ensure_vllm(progress)
+    if not _has(setup.python, "sglang-router"):
+        progress(f"installing {SGLANG_ROUTER} into {vllm_home()} (first use, ~30 MB)...")
+        _run([str(setup.python), "-m", "pip", "install", "--no-deps", SGLANG_ROUTER],
+             vllm_home() / "sglang-router.log")  # fmt: skip
+    return setup.python
+
+
 def ensure_tokenizer(progress: Callable[[str], None] = print) -> Path:
     """A real tokenizer directory (DeepSeek-V3's, with the tiny model's chat template): the
     tiny model's when it is built, else fetched alone (the litellm wheel, ~40 MB, no vLLM).
