@@ -57,7 +57,8 @@ def register(subparsers: Any) -> None:
         "--policy",
         choices=["epp", "random", "round-robin", "sglang"],
         default="epp",
-        help="who picks the replica (random / round-robin bypass epp)",
+        help="who picks the replica (random / round-robin bypass epp; sglang: the SGLang "
+        "router in front of the servers instead of the gateway)",
     )
     g.add_argument(
         "--epp-replicas",
