@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "links; costs CPU on the server and here, so off by default)")
     g.add_argument("--metrics-path", type=_metrics_path, default="/metrics",
                    help="path scraped on each endpoint")
+    g.add_argument("--scrape-full-page", action="store_true",
+                   help="fetch the whole /metrics page (default: ask for only the families epp "
+                   "reads with ?name[]=..., which vLLM and SGLang honour)")
     g.add_argument("--no-scrape", action="store_true",
                    help="do not scrape endpoints (load then comes only from in-flight counts)")
 
@@ -332,6 +335,7 @@ async def serve(args: argparse.Namespace) -> int:
             path=args.metrics_path,
             max_bytes=args.scrape_max_bytes,
             accept_gzip=args.scrape_gzip,
+            families_only=not args.scrape_full_page,
         ),
         fallbacks=args.fallbacks,
         max_body_bytes=args.max_body_bytes,

@@ -27,6 +27,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from epp.datastore.endpoint import Metrics
 
@@ -72,6 +73,15 @@ SGLANG = MetricNames(
     kv_capacity_tokens="sglang:max_total_num_tokens",
 )
 ENGINES: dict[str, MetricNames] = {"vllm": VLLM, "sglang": SGLANG}
+
+
+def query_for(names: MetricNames) -> str:
+    """``?name[]=...`` for the families epp reads. Prometheus' Python client (which serves
+    vLLM's and SGLang's pages) then renders only those: vLLM's 56 KB page becomes ~2 KB and
+    the server collects only those metrics. Servers that ignore the query send it all."""
+    wanted = [*names.waiting, *names.running, *names.kv_usage, names.lora_info,
+              names.cache_config, names.kv_capacity_tokens]  # fmt: skip
+    return "?" + "&".join(f"name%5B%5D={quote(n, safe='')}" for n in wanted if n)
 
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 

@@ -39,6 +39,7 @@ from epp.datastore.metricsparse import (
     PageParser,
     ScrapeError,
     parse_metrics,
+    query_for,
 )
 from epp.datastore.pagefetch import DEFAULT_MAX_BYTES, PageFetcher
 from epp.datastore.store import Datastore
@@ -81,6 +82,9 @@ class ScrapeOptions:
     """Largest page accepted, before and after decompression."""
     accept_gzip: bool = False
     """Ask for compressed pages (pays across slow links; costs CPU on both sides)."""
+    families_only: bool = True
+    """Ask for only the metric families epp reads (``?name[]=...``, see
+    ``metricsparse.query_for``): less to render, send and parse on every scrape."""
 
 
 @dataclass(slots=True)
@@ -138,9 +142,12 @@ class MetricsScraper:
         if target is None:
             opts = self.options
             names = ENGINES.get(endpoint.engine, VLLM)
+            path = opts.path
+            if opts.families_only and "?" not in path:
+                path += query_for(names)
             target = self._targets[endpoint.id] = _Target(
                 PageFetcher(
-                    endpoint.address, endpoint.metrics_port or endpoint.port, opts.path,
+                    endpoint.address, endpoint.metrics_port or endpoint.port, path,
                     max_bytes=opts.max_bytes, accept_gzip=opts.accept_gzip,
                 ),
                 PageParser(names, self._metrics.scrape_value_rejected),

@@ -432,8 +432,11 @@ class Emulator:
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self._sync()
+        # ?name[]=... renders only those metrics, as vLLM's page (Prometheus' client) does
+        names = request.query.getall("name[]", [])
+        registry = self.registry.restricted_registry(names) if names else self.registry
         return web.Response(
-            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
 

