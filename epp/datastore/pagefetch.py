@@ -173,16 +173,22 @@ class PageFetcher:
         self.host = host
         self.port = port
         self.max_bytes = max_bytes
-        host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._accept_gzip = accept_gzip
-        encoding = "gzip" if accept_gzip else "identity"
+        self.set_path(path)
+        self._conn: _Connection | None = None
+        self._lock = asyncio.Lock()  # one request at a time on the connection
+        self.connects = 0
+
+    def set_path(self, path: str) -> None:
+        """The path (and query) of the next requests."""
+        host, port = self.host, self.port
+        host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        encoding = "gzip" if self._accept_gzip else "identity"
+        self.path = path
         self._request = (
             f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: epp\r\n"
             f"Accept: text/plain\r\nAccept-Encoding: {encoding}\r\n\r\n"
         ).encode("ascii")
-        self._conn: _Connection | None = None
-        self._lock = asyncio.Lock()  # one request at a time on the connection
-        self.connects = 0
 
     async def fetch(self, timeout_s: float) -> bytes:
         """The page's body; raises ScrapeError (reason: timeout, connection, http_status,

@@ -200,12 +200,21 @@ class MetricsScraper:
     async def scrape_once(self, endpoint: Endpoint) -> bool:
         """One scrape; True when it stored fresh metrics."""
         target = self._target(endpoint)
+        fetcher = target.fetcher
         try:
-            page = await target.fetcher.fetch(self.options.timeout_s)
+            page = await fetcher.fetch(self.options.timeout_s)
             try:
                 metrics = target.parser.parse(page, self._clock())
-            except ScrapeError:
-                raise
+            except ScrapeError as exc:
+                if exc.reason != "missing_metrics" or "?" not in fetcher.path:
+                    raise
+                # a server that does not render ?name[]= as Prometheus' client does: fetch
+                # its whole page from now on
+                log.info("metrics page: families filter not honoured, fetching the whole page",
+                         extra={"endpoint": endpoint.id})  # fmt: skip
+                fetcher.set_path(fetcher.path.partition("?")[0])
+                page = await fetcher.fetch(self.options.timeout_s)
+                metrics = target.parser.parse(page, self._clock())
             except Exception as exc:  # a parser bug must not cost the endpoint its traffic
                 log.exception("metrics page could not be parsed", extra={"endpoint": endpoint.id})
                 raise ScrapeError("parse_error", type(exc).__name__) from None

@@ -185,3 +185,24 @@ class VllmMetrics:
             ["model_name"],
             registry=registry,
         ).labels(model)
+
+
+def restrict_page(page: bytes, names: set[str]) -> bytes:
+    """The page as Prometheus' Python client renders it for ``?name[]=...`` (vLLM serves its
+    page with it): only the families with a sample of one of those names."""
+    out: list[bytes] = []
+    family: list[bytes] = []
+    keep = False
+    for line in page.splitlines(keepends=True):
+        if line.startswith(b"# HELP "):
+            if keep:
+                out += family
+            family, keep = [line], False
+            continue
+        family.append(line)
+        if not line.startswith(b"#"):
+            name = line.split(b"{", 1)[0].split(b" ", 1)[0].decode("utf-8", "replace")
+            keep = keep or name in names
+    if keep:
+        out += family
+    return b"".join(out)

