@@ -3,7 +3,8 @@
 * ``thresholds``: some endpoint is under the ``saturation`` section's queue and KV-cache
   thresholds with fresh metrics (the queue counts what epp sent since the last scrape, so
   it rises as requests are released); released-but-unrouted requests count as queued on
-  the least-queued endpoint.
+  the least-queued endpoint. With no fresh metrics at all the pool is not called saturated
+  (a metrics outage must not hold every request).
 * ``concurrency``: the endpoints' free slots (``maxConcurrency`` minus epp's requests in
   flight there) exceed the released-but-unrouted requests.
 """
@@ -21,7 +22,12 @@ def thresholds(
 ) -> bool:
     room = [e for e in endpoints if not endpoint_saturated(e, cfg, now_s)]
     if not room:
-        return True
+        # no fresh metrics anywhere (scrapes failing, or none yet): the detector cannot
+        # judge, and holding every request until it expires would turn a metrics outage
+        # into an outage; let them through (the shedding rule still applies)
+        fresh = [e for e in endpoints if e.metrics.known and not e.stale
+                 and now_s - e.metrics.scraped_at_s <= cfg.metrics_staleness_seconds]  # fmt: skip
+        return bool(fresh)
     if not reserved:
         return False
     least = min(e.queue for e in room)

@@ -153,3 +153,21 @@ def test_nothing_is_lost(n: int) -> None:
     for item in c.drain():
         outcomes[item.request.request_id] = item.outcome
     assert len(outcomes) == n and c.count == 0
+
+
+def test_the_thresholds_detector_fails_open_without_fresh_metrics() -> None:
+    from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+    from epp.flowcontrol.saturation import thresholds
+    from epp.scheduling.saturation import SaturationConfig
+
+    cfg = SaturationConfig(queue_threshold=2, metrics_staleness_seconds=1.0)
+
+    def ep(waiting: int, scraped_at_s: float) -> Endpoint:
+        return Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000,
+                        metrics=Metrics(waiting=waiting, scraped_at_s=scraped_at_s))  # fmt: skip
+
+    assert thresholds([ep(5, 10.0)], cfg, 10.5, 0)  # fresh and over the threshold: full
+    assert not thresholds([ep(0, 10.0)], cfg, 10.5, 0)  # room
+    assert not thresholds([ep(0, 10.0)], cfg, 10.5, 1) and thresholds([ep(2, 10.0)], cfg, 10.5, 1)
+    assert not thresholds([ep(5, 10.0)], cfg, 30.0, 0)  # stale everywhere: cannot judge
+    assert not thresholds([ep(0, 0.0)], cfg, 30.0, 0)  # never scraped
