@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ import zmq.asyncio
 from epp.datastore.endpoint import EndpointId
 from epp.prefix.kvevents import MAX_MESSAGE_BYTES, BadMessage, EventBatch, decode
 from epp.prefix.precise import PreciseIndexConfig, PrecisePrefixProducer
+from epp.supervise import spawn
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ class KvEventSubscriber:
     _stopped: bool = False
     bound_endpoint: str = ""
     """Bind mode: the address actually bound (``tcp://*:0`` resolves to a port)."""
+    on_failure: Callable[[str], None] | None = None
+    """Told of each reader failure (``epp_background_task_failures_total``)."""
 
     @property
     def params(self) -> PreciseIndexConfig:
@@ -78,28 +82,30 @@ class KvEventSubscriber:
         if task is not None:
             task.cancel()
         if joined:
-            self._readers[endpoint_id] = asyncio.get_running_loop().create_task(
-                self._read_endpoint(endpoint_id), name=f"kv-events {endpoint_id}"
-            )
+            # supervised: a reader that raises is logged, counted and restarted with backoff
+            self._readers[endpoint_id] = spawn(
+                "kv-events-reader", functools.partial(self._read_endpoint, endpoint_id),
+                name=f"kv-events {endpoint_id}", on_failure=self._on_failure,
+            )  # fmt: skip
+
+    def _on_failure(self, kind: str) -> None:
+        if self.on_failure is not None:
+            self.on_failure(kind)
 
     async def _read_endpoint(self, endpoint_id: EndpointId) -> None:
         address = f"tcp://{_host(endpoint_id)}:{self.params.events_port}"
-        while True:
-            sock = self._socket()
-            try:
-                sock.connect(address)
-                log.debug("kv events: subscribed to %s for %s", address, endpoint_id)
-                while True:
-                    frames = await sock.recv_multipart(copy=True)
-                    await self._handle(endpoint_id, frames)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a reader never dies for good: log, count, reconnect
-                log.exception("kv events reader for %s failed; reconnecting", endpoint_id)
-                self.producer.drop(endpoint_id, "reader-error")
-                await asyncio.sleep(1.0)
-            finally:
-                sock.close(linger=0)
+        sock = self._socket()
+        try:
+            sock.connect(address)
+            log.debug("kv events: subscribed to %s for %s", address, endpoint_id)
+            while True:
+                frames = await sock.recv_multipart(copy=True)
+                await self._handle(endpoint_id, frames)
+        except Exception:
+            self.producer.drop(endpoint_id, "reader-error")
+            raise
+        finally:
+            sock.close(linger=0)
 
     # --- bind mode: one socket, endpoints by topic -------------------------------------
 

@@ -337,7 +337,7 @@ async def _start_rest(
             ) from None
     precise = sched.plugin(PrecisePrefixProducer)
     if precise is not None:
-        handle.kv_events = KvEventSubscriber(precise)
+        handle.kv_events = KvEventSubscriber(precise, on_failure=metrics.task_failed)
         precise.on_endpoints(handle.kv_events.endpoint_changed)
         handle.registry.register(PreciseCollector(precise))
         handle._tasks.append(spawn("kv-events", handle.kv_events.run, on_failure=metrics.task_failed))

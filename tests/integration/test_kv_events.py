@@ -223,3 +223,41 @@ async def test_epp_serve_keys_off_the_event_loop_and_routes_by_events(tokenizer:
         assert not producer.stats.unkeyed
     finally:
         await stop_epp(epp)
+
+
+async def test_a_reader_that_fails_is_counted_and_restarted(
+    tokenizer: Path, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emu = await start_emulator(EmulatorConfig(model=MODEL, block_size=16, tokenizer=str(tokenizer),
+                                              kv_events="tcp://*:0"))  # fmt: skip
+    pub = emu.emulator.publisher
+    assert pub is not None
+    params = PreciseIndexConfig(block_size=16, tokenizers={MODEL: str(tokenizer)},
+                                events_port=int(pub.endpoint.rsplit(":", 1)[1]))  # fmt: skip
+    producer = PrecisePrefixProducer.from_params("precise", params)
+    failures: list[str] = []
+    sub = KvEventSubscriber(producer, on_failure=failures.append)
+    original = KvEventSubscriber._handle
+    calls = [0]
+
+    async def flaky(self: KvEventSubscriber, endpoint_id: EndpointId, frames: list[bytes]) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("a bug in the first batch")
+        await original(self, endpoint_id, frames)
+
+    monkeypatch.setattr(KvEventSubscriber, "_handle", flaky)
+    eid = EndpointId(f"127.0.0.1:{emu.port}")
+    try:
+        producer.on_endpoints(sub.endpoint_changed)
+        producer.observe_endpoint(Endpoint(eid, "127.0.0.1", emu.port))
+        for i in range(300):
+            await post(http, emu, chat_body(400 + i))
+            if sum(producer.stats.events.values()):
+                break
+        assert failures == ["kv-events-reader"]
+        assert producer.stats.dropped[(eid, "reader-error")] == 1
+        assert sum(producer.stats.events.values()) > 0  # the restarted reader applies events
+    finally:
+        await sub.close()
+        await emu.close()
