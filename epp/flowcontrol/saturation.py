@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from epp.datastore.endpoint import Endpoint, EndpointId
-from epp.scheduling.saturation import SaturationConfig, endpoint_saturated
+from epp.scheduling.saturation import SaturationConfig, endpoint_fresh, endpoint_saturated
 
 
 def thresholds(
@@ -25,9 +25,7 @@ def thresholds(
         # no fresh metrics anywhere (scrapes failing, or none yet): the detector cannot
         # judge, and holding every request until it expires would turn a metrics outage
         # into an outage; let them through (the shedding rule still applies)
-        fresh = [e for e in endpoints if e.metrics.known and not e.stale
-                 and now_s - e.metrics.scraped_at_s <= cfg.metrics_staleness_seconds]  # fmt: skip
-        return bool(fresh)
+        return any(endpoint_fresh(e, cfg, now_s) for e in endpoints)
     if not reserved:
         return False
     least = min(e.queue for e in room)
@@ -39,6 +37,20 @@ def concurrency(
 ) -> bool:
     free = sum(max(0, limit - in_flight.get(e.id, 0)) for e in endpoints if not e.stale)
     return free - reserved <= 0
+
+
+def thresholds_level(endpoints: Sequence[Endpoint], cfg: SaturationConfig, now_s: float) -> float:
+    """For the gauge: the share of endpoints over a threshold (or without fresh metrics)."""
+    full = sum(1 for e in endpoints if endpoint_saturated(e, cfg, now_s))
+    return full / len(endpoints) if endpoints else 0.0
+
+
+def concurrency_level(
+    endpoints: Sequence[Endpoint], in_flight: Mapping[EndpointId, int], limit: int
+) -> float:
+    """For the gauge: the share of the concurrency slots in use."""
+    used = sum(min(limit, in_flight.get(e.id, 0)) for e in endpoints)
+    return used / (limit * len(endpoints)) if endpoints else 0.0
 
 
 Detector = Callable[[int], bool]

@@ -32,7 +32,7 @@ from epp.flowcontrol.controller import FlowControlConfig, FlowController
 from epp.observability.metrics import EppMetrics
 from epp.request.types import InferenceRequest
 from epp.requestcontrol.admission import Admission
-from epp.scheduling.saturation import SaturationConfig, endpoint_saturated, pool_saturated
+from epp.scheduling.saturation import SaturationConfig, pool_saturated
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import PickResult, ResponseInfo
 
@@ -104,16 +104,13 @@ class Director:
         slots in use."""
         flow = self.flow
         endpoints = self._datastore.routable()
-        if flow is None or not endpoints:
+        if flow is None:
             return 0.0
         if flow.cfg.saturation == "concurrency":
-            in_flight = self._datastore.in_flight()
-            limit = flow.cfg.max_concurrency
-            used = sum(min(limit, in_flight.get(e.id, 0)) for e in endpoints)
-            return used / (limit * len(endpoints))
-        now = self._clock()
-        full = sum(1 for e in endpoints if endpoint_saturated(e, self._saturation, now))
-        return full / len(endpoints)
+            return saturation.concurrency_level(
+                endpoints, self._datastore.in_flight(), flow.cfg.max_concurrency
+            )
+        return saturation.thresholds_level(endpoints, self._saturation, self._clock())
 
     def pool_full(self, reserved: int) -> bool:
         """Flow control's saturation detector (``flowControl.saturation``)."""

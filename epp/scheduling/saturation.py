@@ -17,10 +17,16 @@ class SaturationConfig:
     metrics_staleness_seconds: float = 2.0
 
 
-def endpoint_saturated(endpoint: Endpoint, cfg: SaturationConfig, now_s: float) -> bool:
+def endpoint_fresh(endpoint: Endpoint, cfg: SaturationConfig, now_s: float) -> bool:
+    """Its metrics are known, not stale and younger than ``metrics_staleness_seconds``."""
     m = endpoint.metrics
-    if not m.known or endpoint.stale or now_s - m.scraped_at_s > cfg.metrics_staleness_seconds:
+    return m.known and not endpoint.stale and now_s - m.scraped_at_s <= cfg.metrics_staleness_seconds
+
+
+def endpoint_saturated(endpoint: Endpoint, cfg: SaturationConfig, now_s: float) -> bool:
+    if not endpoint_fresh(endpoint, cfg, now_s):
         return True
+    m = endpoint.metrics
     return endpoint.queue > cfg.queue_threshold or m.kv_usage > cfg.kv_cache_threshold
 
 

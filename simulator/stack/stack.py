@@ -414,17 +414,24 @@ async def _precise_setup(options: StackOptions) -> _Precise | None:
     return _Precise(events, tokenizer, block_size)
 
 
-def _precise_config(options: StackOptions, precise: _Precise, log_dir: Path | None) -> str:
-    """The epp configs (comma-separated, one per replica): the chosen one plus the precise
-    producer bound at that replica's socket of ``precise.events``."""
+def _write_config(raw: dict[str, Any], name: str, log_dir: Path | None) -> str:
+    """A config the stack generated, written beside the logs (or in a temporary folder)."""
     import tempfile
 
     import yaml
 
+    folder = log_dir or Path(tempfile.mkdtemp(prefix="epp-stack-"))
+    path = folder / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
+def _precise_config(options: StackOptions, precise: _Precise, log_dir: Path | None) -> str:
+    """The epp configs (comma-separated, one per replica): the chosen one plus the precise
+    producer bound at that replica's socket of ``precise.events``."""
     from epp.config.loader import default_config, load_config
 
     base = dict((load_config(options.config) if options.config else default_config()).raw)
-    folder = log_dir or Path(tempfile.mkdtemp(prefix="epp-stack-"))
     paths = []
     for k, events in enumerate(precise.events.split(",")):
         raw = dict(base)
@@ -436,25 +443,18 @@ def _precise_config(options: StackOptions, precise: _Precise, log_dir: Path | No
                 "eventsMode": "bind", "eventsEndpoint": events,
             },
         }]  # fmt: skip
-        path = folder / f"epp-precise-{k}.yaml"
-        path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-        paths.append(str(path))
+        paths.append(_write_config(raw, f"epp-precise-{k}.yaml", log_dir))
     return ",".join(paths)
 
 
 def _picker_config(policy: str, log_dir: Path | None) -> str:
     """An epp config whose profile is only the baseline's picker (``--fair``)."""
-    import tempfile
-
-    import yaml
-
     picker = f"{policy}-picker"
-    raw = {"kind": "EndpointPickerConfig", "plugins": [{"type": picker}],
-           "schedulingProfiles": [{"name": policy, "plugins": [{"pluginRef": picker}]}]}  # fmt: skip
-    folder = log_dir or Path(tempfile.mkdtemp(prefix="epp-stack-"))
-    path = folder / f"epp-{policy}.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    return str(path)
+    raw: dict[str, Any] = {
+        "kind": "EndpointPickerConfig", "plugins": [{"type": picker}],
+        "schedulingProfiles": [{"name": policy, "plugins": [{"pluginRef": picker}]}],
+    }  # fmt: skip
+    return _write_config(raw, f"epp-{policy}.yaml", log_dir)
 
 
 async def _start_sglang_router(
