@@ -16,7 +16,9 @@ prefix-index work), in two metric modes:
   (``bench_scrape.py --serve``): what a deployment pays. Skipped when ``../shared`` is absent.
 
 Latency = time from sending the request headers to receiving the routing reply, i.e. what
-Envoy waits before it can forward the request. Throughput = whole streams per second.
+Envoy waits before it can forward the request. Throughput = whole streams per second. While
+one server is measured the other is stopped (SIGSTOP), so epp's scraping never slows the no-op
+server's rounds.
 
     python tests/bench/bench_extproc.py [--requests 1000] [--concurrency 1,16] [--rounds 3]
                                         [--metrics injected,scraped]
@@ -29,6 +31,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -204,7 +207,17 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str)
         for _ in range(rounds):
             for c in concurrencies:
                 for kind, (_, port) in procs.items():
-                    runs.setdefault((kind, c), []).append(await drive(port, bodies, c))
+                    # the idle server is stopped while the other is measured: epp's background
+                    # work (scraping, and the page server answering it) must not slow the no-op
+                    # server's rounds, nor the no-op's idle polling epp's
+                    others = [p for k, (p, _) in procs.items() if k != kind]
+                    for p in others:
+                        p.send_signal(signal.SIGSTOP)
+                    try:
+                        runs.setdefault((kind, c), []).append(await drive(port, bodies, c))
+                    finally:
+                        for p in others:
+                            p.send_signal(signal.SIGCONT)
     finally:
         for proc, _ in [*procs.values(), *([pages] if pages else [])]:
             proc.terminate()
