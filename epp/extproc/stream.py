@@ -374,7 +374,10 @@ class RequestStream:
         chunk = b.body
         end = b.end_of_stream
         if chunk and not self._first_body_s:
-            self._first_body_s = time.monotonic()
+            self._first_body_s = first = time.monotonic()
+            routing = self._routing
+            if routing is not None:
+                self._director.first_token(routing, first - routing.started_s)
         data = chunk if reader is None else reader.feed(chunk, end)
         if end:
             self._finish()

@@ -35,6 +35,9 @@ from epp.scheduling.types import CycleState, PickResult, ResponseInfo
 
 _FEATURES = 6  # 1, u, q, r, kv, overflow
 _MAX_PENDING = 100_000
+_MAX_PAIRS = 1_000_000
+_MAX_OVERFLOW = 4.0
+_MIN_CAPACITY_TOKENS = 1024
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,7 +58,10 @@ class PredictedTtftParams:
     prior_strength: float = 20.0
     """How many observations the priors are worth."""
     learn: bool = True
-    work_weight: float = 1.0
+    prefill_timeout_s: float = 600.0
+    """A request whose first token was not reported this long after the pick no longer
+    counts as prefill queued on its endpoint."""
+    work_weight: float = 2.0
     """The prefill a pick adds also delays every later request on that endpoint: the score
     charges ``work_weight x c_u x u`` on top of the request's own predicted TTFT (0: greedy,
     the request alone). In the replay, 0 lost 10 points of hit rate on the Mooncake trace."""
@@ -63,17 +69,18 @@ class PredictedTtftParams:
 
 @dataclass(slots=True)
 class TtftErrors:
-    """Prediction error on the responses seen (absolute seconds and relative)."""
+    """Prediction error on the responses seen: the absolute error's sum and the first
+    ``_MAX_PAIRS`` (predicted, observed) pairs (the replay reports them)."""
 
     count: int = 0
     abs_sum: float = 0.0
-    rel: list[float] = field(default_factory=list)
+    pairs: list[tuple[float, float]] = field(default_factory=list)
 
     def add(self, predicted: float, actual: float) -> None:
         self.count += 1
         self.abs_sum += abs(predicted - actual)
-        if actual > 0 and len(self.rel) < 1_000_000:
-            self.rel.append(abs(predicted - actual) / actual)
+        if len(self.pairs) < _MAX_PAIRS:
+            self.pairs.append((predicted, actual))
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -104,13 +111,19 @@ class PredictedTtftScorer:
         self.coef = [p.base_seconds, p.prefill_seconds_per_token, p.prefill_seconds_per_token,
                      p.seconds_per_running_request, 0.0, p.seconds_per_kv_overflow]  # fmt: skip
         # normalised features keep the least-squares system well conditioned
-        self._scale = [1.0, 1e-3, 1e-3, 1.0, 1.0, 1.0]
+        # (z = x / scale: thousands of tokens), and the fit is in z's units: coef x scale
+        self._scale = [1.0, 1e3, 1e3, 1.0, 1.0, 1.0]
         k = p.prior_strength
         self._xtx = [[k if i == j else 0.0 for j in range(_FEATURES)] for i in range(_FEATURES)]
-        self._xty = [k * c / s for c, s in zip(self.coef, self._scale, strict=True)]
+        self._xty = [k * c * s for c, s in zip(self.coef, self._scale, strict=True)]
         self.mean_uncached = 512.0
         """Uncached tokens of a routed request, averaged (EWMA): the size of a queued one."""
         self._pending: OrderedDict[str, tuple[EndpointId, tuple[float, ...], float]] = OrderedDict()
+        self._prefilling: OrderedDict[str, tuple[EndpointId, float, float]] = OrderedDict()
+        """Requests picked whose first token has not come back: endpoint, uncached tokens,
+        pick time (only filled when the caller reports first tokens)."""
+        self.outstanding: dict[EndpointId, float] = {}
+        """Per endpoint, the uncached prompt tokens epp sent that are not prefilled yet."""
         self._candidates: dict[str, dict[EndpointId, tuple[tuple[float, ...], float]]] = {}
         self.errors = TtftErrors()
 
@@ -121,13 +134,17 @@ class PredictedTtftScorer:
         matched = prefix.matched.get(e.id, 0) * prefix.block_chars / p.chars_per_token
         u = max(0.0, prompt_tokens - matched)
         m = e.metrics
-        q = (m.waiting + e.pending) * self.mean_uncached
+        # prefill queued ahead: what epp sent and has not seen prefilled, or what the server
+        # reports waiting when that is more (other routers, traffic past epp)
+        q = max(self.outstanding.get(e.id, 0.0), (m.waiting + e.pending) * self.mean_uncached)
         r = float(m.running)
         capacity = m.kv_capacity_tokens()
         kv = m.kv_usage
         # the share of the KV cache this request would need beyond what is free: it waits
         # for running requests to finish and release blocks
-        overflow = max(0.0, kv + (u + q) / capacity - 1.0) if capacity else 0.0
+        # (bounded: a server that has not reported a plausible cache size adds nothing)
+        overflow = (min(_MAX_OVERFLOW, max(0.0, kv + (u + q) / capacity - 1.0))
+                    if capacity >= _MIN_CAPACITY_TOKENS else 0.0)  # fmt: skip
         return (1.0, u, q, r, kv, overflow)
 
     def predict(self, x: tuple[float, ...]) -> float:
@@ -157,14 +174,59 @@ class PredictedTtftScorer:
             return
         x, t = picked
         self.mean_uncached = 0.98 * self.mean_uncached + 0.02 * x[1]
-        self._pending[rid] = (result.target.id, x, t)
+        target = result.target.id
+        self._pending[rid] = (target, x, t)
         if len(self._pending) > _MAX_PENDING:
             self._pending.popitem(last=False)
+        self._prefilling[rid] = (target, x[1], state.now_s)
+        self.outstanding[target] = self.outstanding.get(target, 0.0) + x[1]
+        self._expire_prefilling(state.now_s)
+
+    def _expire_prefilling(self, now_s: float) -> None:
+        """Forget requests whose first token never came (cancelled, or a caller that does
+        not report first tokens) after ``prefill_timeout_s``."""
+        pre = self._prefilling
+        limit = now_s - self.params.prefill_timeout_s
+        while pre:
+            rid, (target, u, at) = next(iter(pre.items()))
+            if at >= limit and len(pre) <= _MAX_PENDING:
+                break
+            del pre[rid]
+            self._done_prefilling(target, u)
+
+    def _done_prefilling(self, target: EndpointId, u: float) -> None:
+        left = self.outstanding.get(target, 0.0) - u
+        if left > 1e-6:
+            self.outstanding[target] = left
+        else:
+            self.outstanding.pop(target, None)
+
+    def post_first_token(self, state: CycleState, result: PickResult, ttft_s: float) -> None:
+        rid = state.request.request_id
+        entry = self._prefilling.pop(rid, None)
+        if entry is not None:
+            self._done_prefilling(entry[0], entry[1])
+        self._observe(rid, ttft_s)
 
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
-        entry = self._pending.pop(state.request.request_id, None)
-        ttft = info.ttft_s
-        if entry is None or ttft is None or info.status >= 400 or not math.isfinite(ttft):
+        rid = state.request.request_id
+        entry = self._prefilling.pop(rid, None)
+        if entry is not None:  # no first token was reported
+            self._done_prefilling(entry[0], entry[1])
+        if info.status < 400 and info.ttft_s is not None:
+            self._observe(rid, info.ttft_s)
+        else:
+            self._pending.pop(rid, None)
+
+    def observe_endpoint(self, endpoint: Endpoint) -> None:
+        pass
+
+    def remove_endpoint(self, endpoint_id: EndpointId) -> None:
+        self.outstanding.pop(endpoint_id, None)
+
+    def _observe(self, rid: str, ttft: float) -> None:
+        entry = self._pending.pop(rid, None)
+        if entry is None or not math.isfinite(ttft):
             return
         _, x, predicted = entry
         self.errors.add(predicted, ttft)

@@ -218,6 +218,17 @@ class Director:
         self._metrics.observe_scheduling(routing.scheduling_s)
         self._metrics.plugin_timings(routing.result.state.timings)
 
+    def first_token(self, routing: Routing, ttft_s: float) -> None:
+        """The response's first bytes arrived ``ttft_s`` after the pick (once per request)."""
+        if routing.released or not self._scheduler.wants_first_token:
+            return
+        self.settle(routing)
+        try:
+            self._scheduler.on_first_token(routing.result, ttft_s)
+        except Exception:  # learning is best effort; never fail the stream for it
+            log.exception("scheduler.on_first_token failed for request %s",
+                          routing.request.request_id)  # fmt: skip
+
     def finish(self, routing: Routing, info: ResponseInfo) -> None:
         """The response ended: learn from it and release the in-flight count."""
         if routing.released:

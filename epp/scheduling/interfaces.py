@@ -63,6 +63,16 @@ class PostPick(Protocol):
 
 
 @runtime_checkable
+class PostFirstToken(Protocol):
+    """Told when the response's first bytes arrive (the prefill is done), before the
+    response ends: what a cost model needs to track the prefill work still outstanding."""
+
+    name: str
+
+    def post_first_token(self, state: CycleState, result: PickResult, ttft_s: float) -> None: ...
+
+
+@runtime_checkable
 class PostResponse(Protocol):
     name: str
 

@@ -21,6 +21,7 @@ from epp.request.types import InferenceRequest
 from epp.scheduling.interfaces import (
     DataProducer,
     EndpointListener,
+    PostFirstToken,
     PostPick,
     PostResponse,
     RequestPreparer,
@@ -43,6 +44,7 @@ class Scheduler:
         self.plugins = tuple(plugins)
         self._post_pick = [p for p in plugins if isinstance(p, PostPick)]
         self._post_response = [p for p in plugins if isinstance(p, PostResponse)]
+        self._post_first_token = [p for p in plugins if isinstance(p, PostFirstToken)]
         self._listeners = [p for p in plugins if isinstance(p, EndpointListener)]
         self._sweepers = [p for p in plugins if isinstance(p, Sweeper)]
         self._preparers = [p for p in self.producers if isinstance(p, RequestPreparer)]
@@ -99,6 +101,14 @@ class Scheduler:
         """Run the post-pick hooks of a ``schedule(..., commit=False)`` result."""
         for hook in self._post_pick:
             hook.post_pick(result.state, result)
+
+    @property
+    def wants_first_token(self) -> bool:
+        return bool(self._post_first_token)
+
+    def on_first_token(self, result: PickResult, ttft_s: float) -> None:
+        for hook in self._post_first_token:
+            hook.post_first_token(result.state, result, ttft_s)
 
     def on_response(self, result: PickResult, info: ResponseInfo) -> None:
         for hook in self._post_response:

@@ -44,6 +44,7 @@ from epp.config.loader import EppConfig, default_config, load_config
 from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.datastore.store import Datastore
 from epp.observability.metrics import EppMetrics
+from epp.plugins.ttft import PredictedTtftScorer
 from epp.prefix.blockhash import BlockKeys
 from epp.prefix.kvevents import EventBatch
 from epp.prefix.precise import PRECISE_PREFIX_PRODUCER, PreciseIndexConfig, PrecisePrefixProducer
@@ -103,6 +104,13 @@ class Policy:
 
     def observe(self, metrics: Sequence[Metrics], now_s: float) -> None:
         pass
+
+    def first_token(self, arrival: Arrival, ttft_s: float, now_s: float) -> None:
+        """The request's first token came out (its prefill is done)."""
+
+    def ttft_predictions(self) -> list[tuple[float, float]]:
+        """(predicted, observed) TTFTs of the policy's cost model, if it has one."""
+        return []
 
     def finished(self, arrival: Arrival, replica: int, info: ResponseInfo, now_s: float) -> None:
         pass
@@ -320,6 +328,16 @@ class _EppBase(Policy):
     def holding(self) -> int:
         flow = self.director.flow
         return 0 if flow is None else flow.count
+
+    def ttft_predictions(self) -> list[tuple[float, float]]:
+        return [pair for plugin in self.scheduler.plugins
+                if isinstance(plugin, PredictedTtftScorer) for pair in plugin.errors.pairs]  # fmt: skip
+
+    def first_token(self, arrival: Arrival, ttft_s: float, now_s: float) -> None:
+        routing = self.routings.get(arrival.request.request_id)
+        if routing is not None:
+            self.now_s = now_s
+            self.director.first_token(routing, ttft_s)
 
     def finished(self, arrival: Arrival, replica: int, info: ResponseInfo, now_s: float) -> None:
         self.now_s = now_s

@@ -130,6 +130,9 @@ class ReplayResult:
     peak_blocks: list[int]
     """Per replica, the most blocks ever held (used + cached) at a sample or scrape."""
     wall_s: float
+    ttft_predictions: list[tuple[float, float]] = field(default_factory=list)
+    """(predicted, observed) TTFT of every response a policy's cost model predicted
+    (``predicted-ttft-scorer``), for its prediction error."""
 
 
 @dataclass(slots=True)
@@ -187,6 +190,7 @@ class Replayer:
         return ReplayResult(
             name or run.policy.name, cfg, run.outcomes, run.sample_times, run.loads, run.peak,
             time.perf_counter() - wall0,
+            [pair for p in run.policies for pair in p.ttft_predictions()],
         )  # fmt: skip
 
 
@@ -276,9 +280,13 @@ class _Run:
                 continue
             res = eng.advance(x)
             for f in res.first_tokens:
-                o = live[f.request_id].outcome
+                entry = live[f.request_id]
+                o = entry.outcome
                 o.admitted_s = f.admitted_s
                 o.first_token_s = f.time_s
+                if o.router >= 0:
+                    self.policies[o.router].first_token(entry.arrival, f.time_s - o.dispatched_s,
+                                                        f.time_s)  # fmt: skip
             for d in res.finished:
                 done.append((d.time_s, i, d))
         if self.wants_events and x != math.inf:

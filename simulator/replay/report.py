@@ -45,6 +45,12 @@ class PolicyStats:
     wall_s: float
     sim_requests_per_s: float
     """Requests simulated per second of wall time (replayer speed)."""
+    ttft_pred_count: int = 0
+    """Responses whose TTFT a cost model predicted (``predicted-ttft-scorer``), and its
+    error on them: median of |predicted - observed| / observed, and mean |predicted -
+    observed| in seconds (nan without such a model)."""
+    ttft_pred_rel_p50: float = float("nan")
+    ttft_pred_abs_mean_s: float = float("nan")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +75,10 @@ def summarize(result: ReplayResult) -> PolicyStats:
         return float(np.percentile(a, q)) if a.size else float("nan")
 
     ttft_sum = float(ttft.sum())
+    pred = np.array(result.ttft_predictions, dtype=float).reshape(-1, 2)
+    observed = pred[:, 1]
+    err = np.abs(pred[:, 0] - observed)
+    rel = err[observed > 0] / observed[observed > 0]
     return PolicyStats(
         policy=result.policy,
         requests=len(outs),
@@ -86,6 +96,9 @@ def summarize(result: ReplayResult) -> PolicyStats:
         requests_per_replica=[int(x) for x in per_replica],
         wall_s=result.wall_s,
         sim_requests_per_s=len(outs) / result.wall_s if result.wall_s > 0 else 0.0,
+        ttft_pred_count=len(pred),
+        ttft_pred_rel_p50=pct(rel, 50),
+        ttft_pred_abs_mean_s=float(err.mean()) if err.size else float("nan"),
     )
 
 
@@ -96,7 +109,11 @@ def stats_table(stats: Sequence[PolicyStats], title: str = "") -> Table:
         "queue share", "imbalance", "rejected", "sim req/s",
     ):
         table.add_column(col, justify="left" if col == "policy" else "right")
+    predicting = any(s.ttft_pred_count for s in stats)
+    if predicting:
+        table.add_column("TTFT pred. error", justify="right")
     for s in stats:
+        extra = [_pred_error(s)] if predicting else []
         table.add_row(
             s.policy,
             f"{s.hit_rate:.1%}",
@@ -110,8 +127,16 @@ def stats_table(stats: Sequence[PolicyStats], title: str = "") -> Table:
             f"{s.load_imbalance:.2f}",
             str(s.rejected),
             f"{s.sim_requests_per_s:,.0f}",
+            *extra,
         )
     return table
+
+
+def _pred_error(s: PolicyStats) -> str:
+    """The cost model's TTFT prediction error: median relative / mean absolute."""
+    if not s.ttft_pred_count:
+        return "-"
+    return f"{s.ttft_pred_rel_p50:.0%} / {s.ttft_pred_abs_mean_s:.2f}s"
 
 
 def markdown_table(stats: Sequence[PolicyStats]) -> str:

@@ -474,3 +474,29 @@ async def test_stop_lets_open_stream_finish() -> None:
     assert await s.close() == grpc.StatusCode.OK
     await stopping
     await e.channel.close()
+
+
+async def test_the_first_response_bytes_reach_the_scorers_before_the_response_ends() -> None:
+    from epp.config.loader import load_config
+    from epp.plugins.ttft import PredictedTtftScorer
+
+    e = await start_epp(config=load_config("predicted-ttft"))
+    try:
+        scorer = e.handle.scheduler.plugin(PredictedTtftScorer)
+        assert scorer is not None
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers(), ec.request_body(BODY, True))
+        headers, _ = await s.recv_n(2)
+        target = assert_routed(headers, {x.id for x in e.handle.datastore.snapshot()})
+        assert scorer.outstanding[target] > 0  # prefill sent, no first token yet
+        await s.send(ec.response_headers())
+        await s.recv()
+        await s.send(ec.response_body(b'{"choices": [{"text": "o', False))
+        await s.recv()
+        assert target not in scorer.outstanding and scorer.errors.count == 1
+        await s.send(ec.response_body(b'k"}]}', True))
+        await s.recv()
+        assert await s.close() == grpc.StatusCode.OK
+        assert scorer.errors.count == 1
+    finally:
+        await stop_epp(e)

@@ -46,3 +46,43 @@ def test_the_cost_model_fits_observed_ttfts() -> None:
                          ResponseInfo(200, ttft_s=0.05 + 3e-4 * chars / 4))  # fmt: skip
     assert abs(sc.coef[1] - 3e-4) < 3e-5 and abs(sc.coef[0] - 0.05) < 0.02
     assert sc.errors.count == 400
+
+
+def test_prefill_sent_and_not_yet_answered_counts_as_work_queued_there() -> None:
+    sc = PredictedTtftScorer("t", PredictedTtftParams(learn=True))
+    big = state("big", 64_000)
+    sc.score(big, [ep(A), ep(B)])
+    sc.post_pick(big, PickResult((ep(A),), big))
+    assert sc.outstanding[A] == 16_000  # 64k chars at 4 per token, nothing cached
+    scores = sc.score(state("next", 4_000), [ep(A), ep(B)])
+    assert scores[1] == 1.0 and scores[0] < 0.5  # A is still prefilling 16k tokens
+    sc.post_first_token(big, PickResult((ep(A),), big), 1.5)
+    assert A not in sc.outstanding and sc.errors.count == 1
+    sc.post_response(big, PickResult((ep(A),), big), ResponseInfo(200, ttft_s=1.5))
+    assert sc.errors.count == 1  # the first token was the observation; the end adds none
+    again = sc.score(state("after", 4_000), [ep(A), ep(B)])
+    assert again[0] == again[1] == 1.0
+
+
+def test_a_first_token_never_reported_stops_counting_after_the_timeout() -> None:
+    sc = PredictedTtftScorer("t", PredictedTtftParams(prefill_timeout_s=10.0))
+    lost = state("lost", 8_000)
+    sc.score(lost, [ep(A)])
+    sc.post_pick(lost, PickResult((ep(A),), lost))
+    assert sc.outstanding[A] == 2_000
+    later = CycleState(InferenceRequest("later", "m", "x" * 400), 11.0, random.Random(0))
+    later.prefix = PrefixMatch([], {}, 64)
+    sc.score(later, [ep(A)])
+    sc.post_pick(later, PickResult((ep(A),), later))
+    assert sc.outstanding[A] == 100  # only the new request's 100 tokens
+
+
+def test_priors_hold_for_a_feature_the_observations_do_not_move() -> None:
+    sc = PredictedTtftScorer("t", PredictedTtftParams())
+    for i in range(50):  # no queue ever: the queued-prefill coefficient keeps its prior
+        s = state(f"r{i}", 4_000 + 40 * i)
+        sc.score(s, [ep(A)])
+        sc.post_pick(s, PickResult((ep(A),), s))
+        sc.post_first_token(s, PickResult((ep(A),), s), 0.02 + 9e-5 * (1_000 + 10 * i))
+    assert abs(sc.coef[2] - 9e-5) < 1e-5
+    assert abs(sc.coef[1] - 9e-5) < 2e-5

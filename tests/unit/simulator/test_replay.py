@@ -319,3 +319,13 @@ def test_flow_control_in_the_replay_protects_the_quiet_tenant_and_answers_everyo
         if flow:
             assert {o.reason for o in result.outcomes if o.rejected} <= {"expired"}
     assert p99["on"] < 0.7 * p99["off"], p99
+
+
+def test_the_predicted_ttft_policy_reports_its_prediction_error() -> None:
+    result = replay(small_shared_prefix(), "epp:predicted-ttft")
+    stats = summarize(result)
+    assert stats.ttft_pred_count == stats.served == len(result.outcomes)
+    observed = sorted(o.first_token_s - o.dispatched_s for o in result.outcomes)
+    assert sorted(p[1] for p in result.ttft_predictions) == pytest.approx(observed)
+    assert 0 < stats.ttft_pred_rel_p50 < 1 and stats.ttft_pred_abs_mean_s > 0
+    assert summarize(replay(small_shared_prefix(), "epp")).ttft_pred_count == 0
