@@ -5,8 +5,11 @@ For a request of ``P`` prompt tokens and endpoint ``e``:
 
 * ``u`` = its uncached tokens there: ``P`` minus the prefix match (from whichever prefix
   producer runs: the approximate index or KV events);
-* ``q`` = prefill work queued ahead of it: ``(waiting + sent since the last scrape) x`` the
-  mean uncached tokens of a request (learnt);
+* ``q`` = prefill work queued ahead of it: the uncached tokens of the requests epp sent
+  there whose first token has not come back (the ``post_first_token`` hook: in ``epp
+  serve`` the first response bytes, in the replay the engine's first token), or, when the
+  server reports more (other routers, traffic past epp), ``(waiting + sent since the last
+  scrape) x`` the mean uncached tokens of a request (learnt);
 * ``r`` = requests decoding there (``running``), whose decode steps share the GPU and
   whose slots new requests wait for;
 * ``kv`` = its KV-cache use, and ``o`` = the share of its KV cache the request (and the
@@ -17,8 +20,10 @@ prefill imposes on later requests (``work_weight x c_u u``). The coefficients st
 7-8B model on one A100-class GPU (``c_u = c_q`` ~ 1/11,000 s per token, ``c_r`` = 20 ms per
 running request, ``c0`` = 20 ms) and are refit by exponentially weighted least squares on
 what epp observes: for every response, the features it had at the pick and the time to its
-first body bytes. The endpoint with the lowest cost scores 1, the others ``best / theirs``. Parameters (``PredictedTtftParams``) are the priors, the forgetting
-factor, and how far one fit may move them; nothing is weighted by hand.
+first body bytes. The endpoint with the lowest cost scores 1, the others ``best / theirs``.
+Parameters (``PredictedTtftParams``) are the priors, the forgetting factor, the prior's
+weight and ``work_weight``; nothing is weighted per deployment. Where it stands against the
+default profile: docs/replay.md (``tests/bench/bench_ttft.py``).
 
 The scorer also reports its prediction error (``errors``), which the replay prints.
 """
@@ -64,7 +69,8 @@ class PredictedTtftParams:
     work_weight: float = 2.0
     """The prefill a pick adds also delays every later request on that endpoint: the score
     charges ``work_weight x c_u x u`` on top of the request's own predicted TTFT (0: greedy,
-    the request alone). In the replay, 0 lost 10 points of hit rate on the Mooncake trace."""
+    the request alone). In the replay, 0 lost 10 points of hit rate on the Mooncake trace,
+    1 lost 1-3 points against 2, and 3 gained nothing over 2 (bench_ttft.py)."""
 
 
 @dataclass(slots=True)

@@ -75,11 +75,11 @@ def workload_at(name: str, load: float, quick: bool) -> Workload:
     return scaled_rate(build_generator(name, params), load)
 
 
-def run_one(job: tuple[str, float, int, str, bool]) -> dict[str, Any]:
-    wname, load, kv, label, quick = job
+def run_one(job: tuple[str, float, int, str, bool, str]) -> dict[str, Any]:
+    wname, load, kv, label, quick, predicted = job
     grid = GRIDS[wname]
     workload = workload_at(wname, load, quick)
-    name, factory = policy_factory(POLICIES[label])
+    name, factory = policy_factory(f"epp:{predicted}" if label == "predicted" else POLICIES[label])
     s = summarize(Replayer(replace(grid.base, kv_blocks=kv)).run(workload, factory, name))
     return {"workload": wname, "load": load, "kv": kv, "policy": label, "hit": s.hit_rate,
             "p50": s.ttft_p50_s, "p90": s.ttft_p90_s, "p99": s.ttft_p99_s,
@@ -90,6 +90,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1,000 trace requests, smaller generators")
     ap.add_argument("--workloads", default=",".join(GRIDS), help="comma-separated: " + ", ".join(GRIDS))
+    ap.add_argument("--predicted", default="predicted-ttft", metavar="CONFIG",
+                    help="the config of the 'predicted' column (a file or a shipped profile)")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     for w in names:
@@ -98,7 +100,7 @@ def main() -> int:
     if "mooncake" in names and not (ROOT / DEFAULT_TRACE).exists():
         print(f"(trace {ROOT / DEFAULT_TRACE} not found: the Mooncake rows are skipped)")
         names.remove("mooncake")
-    jobs = [(w, load, kv, p, args.quick) for w in names for load in GRIDS[w].loads
+    jobs = [(w, load, kv, p, args.quick, args.predicted) for w in names for load in GRIDS[w].loads
             for kv in GRIDS[w].kv_blocks for p in POLICIES]  # fmt: skip
     with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
         rows = list(pool.map(run_one, jobs))
