@@ -8,15 +8,34 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 uint64_t XXH3_64bits_withSeed(const void *data, size_t len, uint64_t seed);
 
+/* The position ``count`` characters after ``p`` (a character's lead byte, or ``end``).
+ * Characters are counted by their lead bytes (every byte but 10xxxxxx continuations), eight
+ * bytes at a time while the word holds fewer lead bytes than are left to skip; mostly-ASCII
+ * text (most prompts, whatever their language's share) moves a word per step. */
 static inline const unsigned char *
 skip_chars(const unsigned char *p, const unsigned char *end, Py_ssize_t count)
 {
-    while (count-- > 0 && p < end) {
-        unsigned char c = *p;
-        p += (c < 0x80) ? 1 : ((c >> 5) == 0x6) ? 2 : ((c >> 4) == 0xE) ? 3 : 4;
+    const uint64_t high = 0x8080808080808080ULL;
+    while (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint64_t cont = w & ~(w << 1) & high;  /* bit 7 set in each continuation byte */
+        Py_ssize_t leads = 8 - __builtin_popcountll(cont);
+        if (leads >= count)
+            break;
+        count -= leads;
+        p += 8;
+    }
+    for (; p < end; p++) {
+        if ((*p & 0xC0) != 0x80) {
+            if (count == 0)
+                break;
+            count--;
+        }
     }
     return p;
 }

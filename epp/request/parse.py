@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,11 @@ from epp.errors import BadRequest, NotFound, PayloadTooLarge
 from epp.request import flatten
 from epp.request.control import ModelTarget, RequestControlConfig
 from epp.request.types import API_PATHS, ApiKind, InferenceRequest
+
+# A ``\uD800``-``\uDFFF`` escape: the only way JSON text carries a lone surrogate. Searched
+# only in a body holding a backslash at all (one memchr); bytes' own substring search of a
+# 3-byte needle cost 20-40 us on a 16 KB prompt.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +171,7 @@ class RequestParser:
         if not isinstance(salt, str):
             raise BadRequest("'cache_salt' must be a string")
 
-        if b"\\ud" in body or b"\\uD" in body:  # only a \\uXXXX escape makes a lone surrogate
+        if b"\\" in body and _SURROGATE_ESCAPE.search(body) is not None:
             _check_encodable(prompt, "the prompt")
             _check_encodable(model, "'model'")
             _check_encodable(salt, "'cache_salt'")

@@ -80,3 +80,19 @@ def test_native_loop_equals_the_python_loop(
     native = ChunkHasher(block_chars=block, max_chunks=max_chunks, native=True)
     start = start_blocks * block
     assert native.extend(text, seed, start) == native.extend_python(text, seed, start)
+
+
+# long ASCII runs broken by 2-, 3- and 4-byte characters: the native loop skips ASCII eight
+# bytes at a time and must land on the same character boundaries
+mostly_ascii = st.lists(
+    st.one_of(st.text(alphabet="abc xyz", min_size=1, max_size=40), st.sampled_from(["é", "日本", "🚀", "Ω"])),
+    max_size=40,
+).map("".join)
+
+
+@pytest.mark.skipif(not NATIVE, reason="native hashing extension not built on this machine")
+@given(mostly_ascii, st.integers(1, 70), st.integers(0, 3))
+def test_native_word_skipping_equals_the_python_loop(text: str, block: int, start_blocks: int) -> None:
+    native = ChunkHasher(block_chars=block, native=True)
+    start = start_blocks * block
+    assert native.extend(text, 7, start) == native.extend_python(text, 7, start)
