@@ -38,6 +38,9 @@ from epp.scheduling.types import PickResult, ResponseInfo
 
 log = logging.getLogger(__name__)
 
+_CLIENT_CLOSED = 499
+"""The status the post-response hooks see for a request whose client went away."""
+
 
 @dataclass(slots=True)
 class Routing:
@@ -251,7 +254,9 @@ class Director:
             log.exception("scheduler.on_response failed for request %s", routing.request.request_id)
 
     def abandon(self, routing: Routing, status: str) -> None:
-        """The stream ended without a complete response (client cancel or no response phase)."""
+        """The stream ended without a complete response (client cancel or no response phase).
+        The post-response hooks hear of it as status ``status`` (499 for a cancel), so what a
+        plugin holds for the request (prefill counted in flight) is released now."""
         if not routing.released:
             self._release(routing, status)
             if status.isdigit():
@@ -259,6 +264,13 @@ class Director:
                     routing.client_model, routing.request.model, int(status),
                     self._clock() - routing.started_s, routing.request_bytes, 0, 0, 0,
                 )  # fmt: skip
+            if routing.settled:
+                code = int(status) if status.isdigit() else _CLIENT_CLOSED
+                try:
+                    self._scheduler.on_response(routing.result, ResponseInfo(code))
+                except Exception:  # best effort, as in finish
+                    log.exception("scheduler.on_response failed for request %s",
+                                  routing.request.request_id)  # fmt: skip
 
     def _release(self, routing: Routing, status: str) -> None:
         routing.released = True

@@ -397,7 +397,12 @@ async def test_unsupported_body_mode_is_500_with_reason(epp: Epp) -> None:
 
 @pytest.mark.parametrize("stage", ["mid-body", "after-route", "mid-response"])
 async def test_client_cancel_leaves_no_state(stage: str) -> None:
-    e = await start_epp()
+    from epp.config.loader import load_config
+    from epp.plugins.ttft import PredictedTtftScorer
+
+    e = await start_epp(config=load_config("predicted-ttft"))  # a plugin that counts in flight
+    scorer = e.handle.scheduler.plugin(PredictedTtftScorer)
+    assert scorer is not None
     closed = asyncio.Event()
     d = e.handle.director
     orig_abandon = d.abandon
@@ -422,6 +427,7 @@ async def test_client_cancel_leaves_no_state(stage: str) -> None:
             await asyncio.wait_for(closed.wait(), 5)
             assert e.handle.registry.get_sample_value("epp_requests_total", {"model": "m", "status": "cancelled"}) == 1
         assert sum(e.handle.datastore.in_flight().values()) == 0
+        assert not scorer.outstanding  # the hooks heard of the cancel: no prefill left counted
         await route_ok(e)
     finally:
         await stop_epp(e)
