@@ -62,6 +62,14 @@ class PredictedTtftParams:
     """Weight kept by each past observation per new one (0.999: ~1,000 responses)."""
     prior_strength: float = 20.0
     """How many observations the priors are worth."""
+    calibration_rate: float = 0.0
+    """How fast an endpoint's speed factor follows its observed / predicted TTFT ratio (a
+    slower GPU, a busier host): predictions for it are the shared model's times that factor.
+    0 (the default): one model for every endpoint. Off because on identical replicas it
+    reads transient queueing as slowness: in the replay 0.05 and even 0.005 lost most of the
+    scorer's wins (bench_ttft.py: targets met at 1 and 3 of 36 points instead of 6). Meant for
+    pools of unequal servers (mixed GPUs), which the replay does not model yet; a unit test
+    shows a 3x slower server told apart at 0.1."""
     learn: bool = True
     prefill_timeout_s: float = 600.0
     """A request whose first token was not reported this long after the pick no longer
@@ -125,6 +133,8 @@ class PredictedTtftScorer:
         self.mean_uncached = 512.0
         """Uncached tokens of a routed request, averaged (EWMA): the size of a queued one."""
         self._pending: OrderedDict[str, tuple[EndpointId, tuple[float, ...], float]] = OrderedDict()
+        self.speed: dict[EndpointId, float] = {}
+        """Per endpoint, observed / predicted TTFT (geometric EWMA; 1 until observed)."""
         self._prefilling: OrderedDict[str, tuple[EndpointId, float, float]] = OrderedDict()
         """Requests picked whose first token has not come back: endpoint, uncached tokens,
         pick time (only filled when the caller reports first tokens)."""
@@ -158,7 +168,9 @@ class PredictedTtftScorer:
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         feats = [self.features(state, e) for e in endpoints]
-        preds = [max(1e-4, self.predict(x)) for x in feats]
+        speed = self.speed
+        factors = [speed.get(e.id, 1.0) for e in endpoints]
+        preds = [max(1e-4, f * self.predict(x)) for x, f in zip(feats, factors, strict=True)]
         if self.params.learn:
             self._candidates[state.request.request_id] = {
                 e.id: (x, t) for e, x, t in zip(endpoints, feats, preds, strict=True)
@@ -166,7 +178,7 @@ class PredictedTtftScorer:
             if len(self._candidates) > 1024:  # scored but never picked (a filter after us)
                 del self._candidates[next(iter(self._candidates))]
         w = self.params.work_weight * self.coef[1]
-        cost = [t + w * x[1] for x, t in zip(feats, preds, strict=True)]
+        cost = [t + f * w * x[1] for x, t, f in zip(feats, preds, factors, strict=True)]
         best = min(cost)
         return [best / c for c in cost]
 
@@ -229,14 +241,20 @@ class PredictedTtftScorer:
 
     def remove_endpoint(self, endpoint_id: EndpointId) -> None:
         self.outstanding.pop(endpoint_id, None)
+        self.speed.pop(endpoint_id, None)
 
     def _observe(self, rid: str, ttft: float) -> None:
         entry = self._pending.pop(rid, None)
         if entry is None or not math.isfinite(ttft):
             return
-        _, x, predicted = entry
+        target, x, predicted = entry
         self.errors.add(predicted, ttft)
-        self._learn(x, ttft)
+        factor = self.speed.get(target, 1.0)
+        rate = self.params.calibration_rate
+        if rate > 0 and predicted > 0 and ttft > 0:
+            ratio = min(10.0, max(0.1, ttft / predicted))
+            self.speed[target] = min(10.0, max(0.1, factor * ratio**rate))
+        self._learn(x, ttft / factor)  # the shared model learns the endpoint-neutral time
 
     def _learn(self, x: tuple[float, ...], y: float) -> None:
         lam = self.params.forgetting

@@ -34,7 +34,8 @@ def test_cached_prefix_and_short_queues_score_higher() -> None:
 
 
 def test_the_cost_model_fits_observed_ttfts() -> None:
-    sc = PredictedTtftScorer("t", PredictedTtftParams(prefill_seconds_per_token=1e-6))
+    # one endpoint: the shared model alone (calibration off; it would share the scale)
+    sc = PredictedTtftScorer("t", PredictedTtftParams(prefill_seconds_per_token=1e-6, calibration_rate=0))
     rng = random.Random(1)
     for i in range(400):  # the truth: 0.05 s + 3e-4 s per uncached token
         chars = rng.randrange(400, 40_000)
@@ -49,7 +50,7 @@ def test_the_cost_model_fits_observed_ttfts() -> None:
 
 
 def test_prefill_sent_and_not_yet_answered_counts_as_work_queued_there() -> None:
-    sc = PredictedTtftScorer("t", PredictedTtftParams(learn=True))
+    sc = PredictedTtftScorer("t", PredictedTtftParams(calibration_rate=0))
     big = state("big", 64_000)
     sc.score(big, [ep(A), ep(B)])
     sc.post_pick(big, PickResult((ep(A),), big))
@@ -86,3 +87,21 @@ def test_priors_hold_for_a_feature_the_observations_do_not_move() -> None:
         sc.post_first_token(s, PickResult((ep(A),), s), 0.02 + 9e-5 * (1_000 + 10 * i))
     assert abs(sc.coef[2] - 9e-5) < 1e-5
     assert abs(sc.coef[1] - 9e-5) < 2e-5
+
+
+def test_a_slower_endpoint_is_calibrated_apart_from_the_shared_model() -> None:
+    sc = PredictedTtftScorer("t", PredictedTtftParams(calibration_rate=0.1))  # opt-in
+    rng = random.Random(2)
+    for i in range(300):  # B takes three times as long as A for the same work
+        chars = rng.randrange(4_000, 40_000)
+        target = A if i % 2 else B
+        s = state(f"r{i}", chars)
+        sc.score(s, [ep(target)])
+        sc.post_pick(s, PickResult((ep(target),), s))
+        truth = 0.02 + 9e-5 * chars / 4
+        sc.post_first_token(s, PickResult((ep(target),), s), truth * (1 if target == A else 3))
+    assert 2.2 < sc.speed[B] / sc.speed[A] < 3.8
+    scores = sc.score(state("next", 8_000), [ep(A), ep(B)])
+    assert scores[0] == 1.0 and scores[1] < 0.5
+    sc.remove_endpoint(B)
+    assert B not in sc.speed
