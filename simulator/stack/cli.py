@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -41,6 +42,12 @@ def register(subparsers: Any) -> None:
     g = p.add_argument_group("stack")
     g.add_argument("--replicas", type=int, default=4,
                    help="model servers (emulated: one process; vllm: one process each)")
+    g.add_argument(
+        "--routing-nice", type=int, default=0, metavar="N",
+        help="with --engine vllm: the gateway, epp, the SGLang router and the demo client run "
+        "at niceness N (1-19), the vLLM servers at 0, so routing only gets CPU the servers leave "
+        "idle, as if it had its own CPUs (production); needs root to keep the servers at 0",
+    )  # fmt: skip
     g.add_argument("--engine", choices=["emulator", "vllm"], default="emulator",
                    help="model servers: the vLLM emulator, or real vLLM on the CPU serving a "
                    "tiny local model (installed into .venv-vllm on first use: ~2 min, 3.4 GB; "
@@ -178,6 +185,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         vllm_kv_cache_bytes=args.vllm_kv_mib << 20,
         prefix=args.prefix,
         fair=args.fair,
+        routing_nice=args.routing_nice,
     )
 
 
@@ -211,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
         if args.demo and args.policy in baselines:
             raise WorkloadError("--policy and --baseline must differ for the demo")
         args.baselines = baselines
+        if options.routing_nice:
+            _lower_routing_priority(options)
     except (ValueError, WorkloadError) as exc:
         print(f"epp-sim stack: {exc}", file=sys.stderr)
         return 2
@@ -219,6 +229,20 @@ def run(args: argparse.Namespace) -> int:
     except StackError as exc:
         print(f"epp-sim stack: {exc}", file=sys.stderr)
         return 1
+
+
+def _lower_routing_priority(options: StackOptions) -> None:
+    """``--routing-nice``: this process (gateway, demo client) and every child it starts
+    from now on run at that niceness; the vLLM servers restore 0 in their child
+    (``vllm_preexec``), which takes root."""
+    if not 1 <= options.routing_nice <= 19:
+        raise ValueError(f"--routing-nice must be 1-19, not {options.routing_nice}")
+    if options.engine != "vllm":
+        raise ValueError("--routing-nice needs --engine vllm (emulated servers do not share the CPU)")
+    if os.geteuid() != 0:
+        raise ValueError("--routing-nice needs root: the vLLM servers must be started back at "
+                         "niceness 0")  # fmt: skip
+    os.nice(options.routing_nice)
 
 
 async def _main(

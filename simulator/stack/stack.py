@@ -82,6 +82,9 @@ class StackOptions:
     tokenizer: str = ""
     """Precise mode with emulated servers: this tokenizer directory instead of the fetched
     DeepSeek-V3 one."""
+    routing_nice: int = 0
+    """``--routing-nice``: the stack process (and so the gateway, epp, the SGLang router and
+    the demo client) runs at this niceness; the vLLM servers are started back at 0."""
     fair: bool = False
     """A baseline policy (random, round-robin) is applied by epp behind the same gateway and
     ext_proc path (a profile with only that picker), so every policy pays the same ext_proc
@@ -194,6 +197,11 @@ class Stack:
             else:
                 await item.close()
         await asyncio.gather(*(c.stop() for c in reversed(self._children)))
+
+
+def _normal_priority() -> None:
+    """In a vLLM server's child: back to niceness 0 (``--routing-nice`` raised the stack's)."""
+    os.setpriority(os.PRIO_PROCESS, 0, 0)
 
 
 async def _spawn(
@@ -330,6 +338,7 @@ async def _start_vllm(
                 *vllm.server_command(setup, port, server_options),
                 stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err,
                 start_new_session=True, env=vllm.server_env(i),
+                preexec_fn=_normal_priority if options.routing_nice else None,
             )  # fmt: skip
         finally:
             err.close()

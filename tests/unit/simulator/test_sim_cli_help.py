@@ -29,3 +29,18 @@ def test_log_level_is_checked() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--log-level", "loud", "replay"])
     assert build_parser().parse_args(["--log-level", "INFO", "replay"]).log_level == "info"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--routing-nice", "5"], "needs --engine vllm"),
+        (["--routing-nice", "25", "--engine", "vllm"], "must be 1-19"),
+    ],
+)
+def test_routing_nice_is_checked_before_anything_starts(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = build_parser().parse_args(["stack", *argv])
+    assert args.run(args) == 2
+    assert message in capsys.readouterr().err
