@@ -57,21 +57,25 @@ async def serve_noop() -> None:
     from epp.extproc import convert
 
     class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+        # context.read / context.write, as epp's service does: in grpc.aio that is ~12% more
+        # streams per second than an async generator of replies, and the floor epp is held to
         async def Process(self, it, context):  # type: ignore[no-untyped-def]
             body = bytearray()
-            async for msg in it:
+            read, write, eof = context.read, context.write, grpc.aio.EOF
+            while (msg := await read()) is not eof:
                 kind = msg.WhichOneof("request")
                 if kind == "request_body":
                     body += msg.request_body.body
                     if msg.request_body.end_of_stream:
-                        yield convert.routed_headers_response("10.0.0.1:8000", len(body))
-                        yield convert.streamed_request_body(bytes(body), True)
+                        await write(convert.routed_headers_response("10.0.0.1:8000", len(body)))
+                        await write(convert.streamed_request_body(bytes(body), True))
                 elif kind == "response_headers":
-                    yield convert.RESPONSE_HEADERS_CONTINUE
+                    await write(convert.RESPONSE_HEADERS_CONTINUE)
                 elif kind == "response_body":
-                    yield convert.streamed_response_body(msg.response_body.body, msg.response_body.end_of_stream)
+                    b = msg.response_body
+                    await write(convert.streamed_response_body(b.body, b.end_of_stream))
                 elif kind != "request_headers":
-                    yield pb.ProcessingResponse()
+                    await write(pb.ProcessingResponse())
 
     server = grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(Noop(), server)
@@ -81,9 +85,70 @@ async def serve_noop() -> None:
     await server.wait_for_termination()
 
 
-async def serve_epp(scraped_ports: list[int]) -> None:
+PHASES = [
+    # (label, depth, module, attribute): timed inside the live server with ``--phases``
+    ("request headers", 0, "epp.extproc.stream", "RequestStream._request_headers"),
+    ("request body (buffer, parse, route, replies)", 0, "epp.extproc.stream",
+     "RequestStream._request_body"),
+    ("parse and validate the JSON body", 1, "epp.request.parse", "RequestParser.parse"),
+    ("route", 1, "epp.requestcontrol.director", "Director.route"),
+    ("prefix: hash the prompt, match the index", 2, "epp.prefix.producer",
+     "PrefixProducer.prepare"),
+    ("filters, scorers, picker", 2, "epp.scheduling.profile", "Profile.run"),
+    ("build the routing reply (protobuf)", 1, "epp.extproc.convert", "routed_headers_response"),
+    ("build the body reply (protobuf)", 1, "epp.extproc.convert", "streamed_request_body"),
+    ("after the reply: record the pick", 0, "epp.requestcontrol.director", "Director.settle"),
+    ("response headers", 0, "epp.extproc.stream", "RequestStream._response_headers"),
+    ("response body (read usage, learn, release)", 0, "epp.extproc.stream",
+     "RequestStream._response_body"),
+    ("finish: learn from the reply, metrics", 1, "epp.requestcontrol.director",
+     "Director.finish"),
+    ("build the body reply (protobuf)", 1, "epp.extproc.convert", "streamed_response_body"),
+    ("all of epp's handling (handle + after_replies)", 0, "epp.extproc.stream",
+     "RequestStream.handle+after_replies"),
+]
+
+
+def _install_phase_timers() -> dict[str, list[float]]:
+    """Wrap each PHASES function with a perf_counter timer; SIGUSR1 prints and resets."""
+    import importlib
+
+    totals: dict[str, list[float]] = {}
+
+    def timed(key: str, fn):  # type: ignore[no-untyped-def]
+        clock = time.perf_counter
+
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc = totals.setdefault(key, [0.0, 0])
+                acc[0] += clock() - t0
+                acc[1] += 1
+        return wrapper
+
+    for _, _, module_name, attr in PHASES:
+        module = importlib.import_module(module_name)
+        owner_name, _, names = attr.rpartition(".")
+        owner = getattr(module, owner_name) if owner_name else module
+        for name in names.split("+"):
+            setattr(owner, name, timed(attr, getattr(owner, name)))
+
+    def report(*_: object) -> None:
+        print(json.dumps({k: v[0] for k, v in totals.items()}), flush=True)
+        totals.clear()
+
+    signal.signal(signal.SIGUSR1, report)
+    return totals
+
+
+async def serve_epp(scraped_ports: list[int], phases: bool = False) -> None:
     from epp.datastore.endpoint import Endpoint, Metrics, endpoint_id
     from epp.server.runner import ServerOptions, start_server
+
+    if phases:
+        _install_phase_timers()
 
     if scraped_ports:
         eps = [Endpoint(endpoint_id("127.0.0.1", p), "127.0.0.1", p) for p in scraped_ports]
@@ -170,8 +235,10 @@ async def drive(port: int, bodies: list[bytes], concurrency: int) -> tuple[float
     return len(bodies) / elapsed, latencies
 
 
-def start(kind: str, ports: list[int] | None = None) -> tuple[subprocess.Popen[str], int]:
+def start(kind: str, ports: list[int] | None = None, phases: bool = False
+          ) -> tuple[subprocess.Popen[str], int]:
     extra = ["--scraped-ports", ",".join(map(str, ports))] if ports else []
+    extra += ["--phases"] if phases else []
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", kind, *extra], stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -249,6 +316,79 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str)
               f"{(e_p99 - n_p99) * 1e3:.3f} ms" + (" (target p50 <= 0.3 ms)" if c == 1 else ""))
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of ``pid`` (/proc), grouped: the event-loop thread ("main",
+    the lowest thread id) and the rest by name (gRPC's event_engine threads...)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except FileNotFoundError:  # the thread ended
+            continue
+        name = "main" if tid == str(pid) else stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+async def phases(requests: int, concurrency: int) -> None:
+    """Where the CPU goes per request at one concurrency: per thread of the client and of each
+    server (from /proc), and epp's own handling per phase, timed inside the live server."""
+    bodies = make_bodies(requests)
+    procs = {"noop": start("noop"), "epp": start("epp", phases=True)}
+    cpu: dict[str, dict[str, float]] = {}
+    rates: dict[str, float] = {}
+    epp_phases: dict[str, float] = {}
+    try:
+        for kind, (proc, port) in procs.items():
+            await drive(port, bodies[: min(300, requests)], 4)
+            if kind == "epp":
+                proc.send_signal(signal.SIGUSR1)  # drop the warm-up's timings
+                assert proc.stdout is not None
+                proc.stdout.readline()
+        for kind, (proc, port) in procs.items():
+            others = [p for k, (p, _) in procs.items() if k != kind]
+            for p in others:
+                p.send_signal(signal.SIGSTOP)
+            try:
+                before, c0 = thread_cpu_s(proc.pid), os.times()
+                rates[kind], _ = await drive(port, bodies, concurrency)
+                after, c1 = thread_cpu_s(proc.pid), os.times()
+            finally:
+                for p in others:
+                    p.send_signal(signal.SIGCONT)
+            cpu[kind] = {k: v - before.get(k, 0.0) for k, v in after.items()}
+            cpu[kind]["client (whole process)"] = c1.user + c1.system - c0.user - c0.system
+            if kind == "epp":
+                proc.send_signal(signal.SIGUSR1)
+                assert proc.stdout is not None
+                epp_phases = json.loads(proc.stdout.readline())
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait()
+    per = 1e6 / requests
+    print(f"ext_proc CPU per request [injected metrics, concurrency {concurrency}, {requests} "
+          f"requests, {os.cpu_count()} CPUs shared by client and server]: noop "
+          f"{rates['noop']:.0f} req/s, epp {rates['epp']:.0f} req/s "
+          f"({rates['epp'] / rates['noop']:.2f})")
+    print(f"{'us of CPU per request':44} {'noop':>8} {'epp':>8}")
+    names = sorted({*cpu["noop"], *cpu["epp"]}, key=lambda n: (n != "main", n.startswith("client"), n))
+    for name in names:
+        a, b = cpu["noop"].get(name, 0.0) * per, cpu["epp"].get(name, 0.0) * per
+        if a >= 1 or b >= 1:
+            print(f"{name:44} {a:>8.0f} {b:>8.0f}")
+    server = {k: sum(v for n, v in c.items() if not n.startswith("client")) * per
+              for k, c in cpu.items()}
+    print(f"{'server, all threads':44} {server['noop']:>8.0f} {server['epp']:>8.0f}")
+    print("epp's handling by phase, timed inside the live server (us per request; nested "
+          "phases are part of the one above):")
+    for label, depth, _, attr in PHASES:
+        print(f"  {'  ' * depth}{label:{44 - 2 * depth}} {epp_phases.get(attr, 0.0) * per:>6.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--serve", choices=["noop", "epp"], help=argparse.SUPPRESS)
@@ -257,12 +397,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--metrics", default="injected,scraped",
                     help="comma-separated modes: injected, scraped")
+    ap.add_argument("--phases", action="store_true",
+                    help="instead of the comparison: CPU per request per thread (client, noop, "
+                         "epp) and epp's handling per phase, at the highest --concurrency")
     ap.add_argument("--scraped-ports", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve == "noop":
         asyncio.run(serve_noop())
     elif args.serve == "epp":
-        asyncio.run(serve_epp([int(p) for p in args.scraped_ports.split(",") if p]))
+        asyncio.run(serve_epp([int(p) for p in args.scraped_ports.split(",") if p],
+                              phases=args.phases))
+    elif args.phases:
+        asyncio.run(phases(args.requests, max(int(c) for c in args.concurrency.split(","))))
     else:
         for mode in args.metrics.split(","):
             if mode == "scraped" and not PAGE.exists():
