@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from google.protobuf import struct_pb2
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
@@ -58,29 +57,35 @@ def subset_hint(metadata: base_pb2.Metadata) -> list[str] | None:
     return []
 
 
-def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
-    return base_pb2.HeaderValueOption(
-        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
-        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-    )
+# The builders fill one message in place: passing sub-messages to constructors copies each
+# level again (a 16 KB body five times), ~6x slower for a body reply, ~2.5x for a routing one.
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
-def _lb_metadata(destination: str) -> struct_pb2.Struct:
-    md = struct_pb2.Struct()
-    md.fields[LB_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = destination
-    return md
+def _set_header(mutation: pb.HeaderMutation, key: str, value: str) -> None:
+    option = mutation.set_headers.add()
+    option.header.key = key
+    option.header.raw_value = value.encode()
+    option.append_action = _OVERWRITE
 
 
-def _routing_common(
-    destination: str, content_length: int | None, remove: Sequence[str] = ()
-) -> pb.CommonResponse:
-    headers = [_header(DESTINATION_HEADER, destination)]
+def _fill_routing(
+    msg: pb.ProcessingResponse,
+    common: pb.CommonResponse,
+    destination: str,
+    content_length: int | None,
+    remove: Sequence[str],
+) -> None:
+    mutation = common.header_mutation
+    _set_header(mutation, DESTINATION_HEADER, destination)
     if content_length is not None:
-        headers.append(_header("content-length", str(content_length)))
-    return pb.CommonResponse(
-        header_mutation=pb.HeaderMutation(set_headers=headers, remove_headers=remove),
-        clear_route_cache=True,
-    )
+        _set_header(mutation, "content-length", str(content_length))
+    if remove:
+        mutation.remove_headers.extend(remove)
+    common.clear_route_cache = True
+    lb = msg.dynamic_metadata.fields[LB_NAMESPACE].struct_value
+    lb.fields[DESTINATION_HEADER].string_value = destination
 
 
 def routed_headers_response(
@@ -88,60 +93,47 @@ def routed_headers_response(
 ) -> pb.ProcessingResponse:
     """Reply to request headers carrying the routing decision (full duplex, header-only);
     ``remove``: request headers the upstream must not see."""
-    return pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(
-            response=_routing_common(destination, content_length, remove)
-        ),
-        dynamic_metadata=_lb_metadata(destination),
-    )
+    msg = pb.ProcessingResponse()
+    _fill_routing(msg, msg.request_headers.response, destination, content_length, remove)
+    return msg
 
 
 def routed_buffered_body_response(
     destination: str, body: bytes | None, remove: Sequence[str] = ()
 ) -> pb.ProcessingResponse:
     """BUFFERED mode: route in the body reply; replace the body only when it changed."""
-    common = _routing_common(destination, None if body is None else len(body), remove)
+    msg = pb.ProcessingResponse()
+    common = msg.request_body.response
+    _fill_routing(msg, common, destination, None if body is None else len(body), remove)
     if body is not None:
         common.body_mutation.body = body
-    return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=common), dynamic_metadata=_lb_metadata(destination)
-    )
+    return msg
 
 
 def streamed_request_body(body: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(
-            response=pb.CommonResponse(
-                body_mutation=pb.BodyMutation(
-                    streamed_response=pb.StreamedBodyResponse(
-                        body=body, end_of_stream=end_of_stream
-                    )
-                )
-            )
-        )
-    )
+    msg = pb.ProcessingResponse()
+    streamed = msg.request_body.response.body_mutation.streamed_response
+    streamed.body = body
+    streamed.end_of_stream = end_of_stream
+    return msg
 
 
 def streamed_response_body(body: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
-        response_body=pb.BodyResponse(
-            response=pb.CommonResponse(
-                body_mutation=pb.BodyMutation(
-                    streamed_response=pb.StreamedBodyResponse(
-                        body=body, end_of_stream=end_of_stream
-                    )
-                )
-            )
-        )
-    )
+    msg = pb.ProcessingResponse()
+    streamed = msg.response_body.response.body_mutation.streamed_response
+    streamed.body = body
+    streamed.end_of_stream = end_of_stream
+    return msg
 
 
 def replaced_response_body(body: bytes, buffered: bool) -> pb.ProcessingResponse:
     """STREAMED/BUFFERED response mode: replace this chunk (and fix content-length if whole)."""
-    common = pb.CommonResponse(body_mutation=pb.BodyMutation(body=body))
+    msg = pb.ProcessingResponse()
+    common = msg.response_body.response
+    common.body_mutation.body = body
     if buffered:
-        common.header_mutation.set_headers.append(_header("content-length", str(len(body))))
-    return pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
+        _set_header(common.header_mutation, "content-length", str(len(body)))
+    return msg
 
 
 REQUEST_HEADERS_CONTINUE = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
