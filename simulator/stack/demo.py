@@ -23,6 +23,7 @@ from simulator.stack.report import (
     summarize,
     write_json,
     write_plot,
+    write_requests,
 )
 from simulator.stack.stack import StackOptions, start_stack
 from simulator.stack.workload import SharedPrefixWorkload
@@ -167,5 +168,6 @@ async def run_demo(
                 "mode": base.request_mode,
             },
         )
-        console.print(f"Plot: [bold]{plot}[/]   numbers: {json_path}")
+        requests = write_requests(runs, out_dir / "requests.jsonl")
+        console.print(f"Plot: [bold]{plot}[/]   numbers: {json_path}   per request: {requests}")
     return DemoResult(runs, plot, json_path)

@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.stack.driver import RunRecords
+from simulator.stack.driver import RequestRecord, RunRecords
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,6 +89,8 @@ class RunSummary:
     server_ttft_mean_ms: float = float("nan")
     """The servers' own TTFT (``vllm:time_to_first_token_seconds``), all replicas."""
     server_ttft_p90_ms: float = float("nan")
+    records: list[RequestRecord] = field(default_factory=list, repr=False)
+    """Every request of the run (user, turn, group, upstream, TTFT...): ``requests.jsonl``."""
 
     @property
     def imbalance(self) -> float:
@@ -125,6 +127,7 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
         first_error=(f"HTTP {errors[0].status}: {errors[0].error}" if errors else ""),
         server_ttft_mean_ms=_server_mean(replicas),
         server_ttft_p90_ms=_server_quantile(replicas, 0.9),
+        records=list(run.records),
     )
 
 
@@ -235,7 +238,20 @@ def write_plot(runs: Sequence[RunSummary], path: Path, title: str) -> Path:
 
 
 def write_json(runs: Sequence[RunSummary], path: Path, extra: dict[str, object]) -> Path:
-    doc = {**extra, "runs": [{k: v for k, v in asdict(s).items() if k != "ttfts_ms"} for s in runs]}
+    doc = {**extra, "runs": [
+        {k: v for k, v in asdict(s).items() if k not in ("ttfts_ms", "records")} for s in runs
+    ]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def write_requests(runs: Sequence[RunSummary], path: Path) -> Path:
+    """One JSON line per request and policy: who sent it (user, turn, group), when (start_s
+    from the run's start), where it went (upstream), what it cost (TTFT, tokens, cached)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for s in runs:
+            for r in s.records:
+                out.write(json.dumps({"policy": s.policy, **asdict(r)}) + "\n")
     return path

@@ -154,3 +154,9 @@ async def test_demo_replays_an_inference_perf_recipe_and_writes_table_and_plot(
     assert set(runs) == {"epp", "random"}
     assert runs["epp"]["requests"] == runs["random"]["requests"] == 40
     assert runs["epp"]["errors"] == 0 and runs["random"]["errors"] == 0
+    lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert sorted({r["policy"] for r in lines}) == ["epp", "random"]
+    assert len(lines) == 80
+    epp = [r for r in lines if r["policy"] == "epp"]
+    assert {(r["user"], r["turn"]) for r in epp} == {(u, t) for u in range(8) for t in range(5)}
+    assert all(r["status"] == 200 and r["upstream"] and r["ttft_s"] > 0 for r in epp)
