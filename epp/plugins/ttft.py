@@ -70,6 +70,13 @@ class PredictedTtftParams:
     scorer's wins (bench_ttft.py: targets met at 1 and 3 of 36 points instead of 6). Meant for
     pools of unequal servers (mixed GPUs), which the replay does not model yet; a unit test
     shows a 3x slower server told apart at 0.1."""
+    count_own_running: bool = False
+    """Count as running on an endpoint the requests epp sent there whose response has not
+    ended, when that is more than the scraped ``running`` (a burst epp just sent is in no
+    scrape yet). Off by default: in the replay (GPU-like servers, where a larger decode batch
+    costs little) it met the TTFT target at 5 of 36 points instead of 6. For servers whose
+    step time grows with the batch (vLLM on CPU), where arrivals onto a server with several
+    requests in flight wait longest."""
     learn: bool = True
     prefill_timeout_s: float = 600.0
     """A request whose first token was not reported this long after the pick no longer
@@ -140,6 +147,10 @@ class PredictedTtftScorer:
         pick time (only filled when the caller reports first tokens)."""
         self.outstanding: dict[EndpointId, float] = {}
         """Per endpoint, the uncached prompt tokens epp sent that are not prefilled yet."""
+        self._active: OrderedDict[str, EndpointId] = OrderedDict()
+        self.active: dict[EndpointId, int] = {}
+        """Per endpoint, the requests epp sent whose response has not ended (kept only with
+        ``count_own_running``)."""
         self._candidates: dict[str, dict[EndpointId, tuple[tuple[float, ...], float]]] = {}
         self.errors = TtftErrors()
 
@@ -154,6 +165,8 @@ class PredictedTtftScorer:
         # reports waiting when that is more (other routers, traffic past epp)
         q = max(self.outstanding.get(e.id, 0.0), (m.waiting + e.pending) * self.mean_uncached)
         r = float(m.running)
+        if p.count_own_running:
+            r = max(r, float(self.active.get(e.id, 0)))
         capacity = m.kv_capacity_tokens()
         kv = m.kv_usage
         # the share of the KV cache this request would need beyond what is free: it waits
@@ -199,6 +212,21 @@ class PredictedTtftScorer:
         self._prefilling[rid] = (target, x[1], state.now_s)
         self.outstanding[target] = self.outstanding.get(target, 0.0) + x[1]
         self._expire_prefilling(state.now_s)
+        if self.params.count_own_running and rid not in self._active:
+            self._active[rid] = target
+            self.active[target] = self.active.get(target, 0) + 1
+            if len(self._active) > _MAX_PENDING:  # responses never reported: forget the oldest
+                self._end_active(next(iter(self._active)))
+
+    def _end_active(self, rid: str) -> None:
+        target = self._active.pop(rid, None)
+        if target is None:
+            return
+        left = self.active.get(target, 0) - 1
+        if left > 0:
+            self.active[target] = left
+        else:
+            self.active.pop(target, None)
 
     def _expire_prefilling(self, now_s: float) -> None:
         """Forget requests whose first token never came (cancelled, or a caller that does
@@ -228,6 +256,7 @@ class PredictedTtftScorer:
 
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
         rid = state.request.request_id
+        self._end_active(rid)
         entry = self._prefilling.pop(rid, None)
         if entry is not None:  # no first token was reported
             self._done_prefilling(entry[0], entry[1])
@@ -241,6 +270,7 @@ class PredictedTtftScorer:
 
     def remove_endpoint(self, endpoint_id: EndpointId) -> None:
         self.outstanding.pop(endpoint_id, None)
+        self.active.pop(endpoint_id, None)
         self.speed.pop(endpoint_id, None)
 
     def _observe(self, rid: str, ttft: float) -> None:

@@ -105,3 +105,22 @@ def test_a_slower_endpoint_is_calibrated_apart_from_the_shared_model() -> None:
     assert scores[0] == 1.0 and scores[1] < 0.5
     sc.remove_endpoint(B)
     assert B not in sc.speed
+
+
+def test_count_own_running_sees_requests_no_scrape_has_seen() -> None:
+    plain = PredictedTtftScorer("t", PredictedTtftParams())
+    own = PredictedTtftScorer("t", PredictedTtftParams(count_own_running=True))
+    sent = []
+    for sc in (plain, own):
+        for i in range(3):  # three answers still streaming from A; the scrape says 1 running
+            s = state(f"s{i}", 400)
+            sc.score(s, [ep(A, running=1), ep(B)])
+            sc.post_pick(s, PickResult((ep(A, running=1),), s))
+            sc.post_first_token(s, PickResult((ep(A, running=1),), s), 0.05)
+            sent.append(s)
+    assert plain.features(state("q", 400), ep(A, running=1))[3] == 1.0
+    assert own.features(state("q", 400), ep(A, running=1))[3] == 3.0
+    assert own.features(state("q", 400), ep(A, running=5))[3] == 5.0  # the server knows more
+    for s in sent[3:]:
+        own.post_response(s, PickResult((ep(A),), s), ResponseInfo(499))  # cancelled: released
+    assert own.active == {} and own.features(state("q", 400), ep(A, running=1))[3] == 1.0
