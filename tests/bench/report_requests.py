@@ -1,0 +1,95 @@
+"""Where a demo run's time to first token went, from its ``requests.jsonl`` (``epp-sim stack
+--demo --out-dir DIR`` writes one): per policy, client TTFT by conversation turn (turn 0
+prefills the group's system prompt cold) and by how many requests were still waiting for
+their first token on the same server when the request arrived.
+
+"Still waiting" uses the client's view of each request: from its start to its first token.
+The SGLang router policy does not say which server it picked (no upstream header), so its
+requests are counted against the whole pool.
+
+    python tests/bench/report_requests.py DIR_OR_FILE [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+BUCKETS = 6
+"""Arrivals with this many or more requests ahead share the last bucket."""
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    file = path / "requests.jsonl" if path.is_dir() else path
+    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def waiting_at_arrival(rows: list[dict[str, Any]]) -> list[int]:
+    """For each row, the requests of the same upstream that started before it and had not
+    had their first token when it started."""
+    by_upstream: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        by_upstream[r["upstream"]].append((r["start_s"], r["start_s"] + r["ttft_s"]))
+    starts = {u: sorted(s for s, _ in spans) for u, spans in by_upstream.items()}
+    out = []
+    for r in rows:
+        t = r["start_s"]
+        spans = by_upstream[r["upstream"]]
+        earlier = bisect.bisect_left(starts[r["upstream"]], t)
+        done = sum(1 for s, first in spans if s < t and first <= t)
+        out.append(earlier - done)
+    return out
+
+
+def report(name: str, rows: list[dict[str, Any]]) -> None:
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    print(f"== {name}")
+    for policy in policies:
+        ok = [r for r in rows if r["policy"] == policy and r["status"] == 200 and r["ttft_s"]]
+        if not ok:
+            print(f"{policy}: no successful requests")
+            continue
+        ttft = [r["ttft_s"] * 1e3 for r in ok]
+        print(f"{policy}: {len(ok)} requests, client TTFT mean {statistics.fmean(ttft):.0f} ms, "
+              f"p50 {pct(ttft, 0.5):.0f}, p90 {pct(ttft, 0.9):.0f}")
+        for turn in sorted({r["turn"] for r in ok}):
+            sel = [r for r in ok if r["turn"] == turn]
+            t = [r["ttft_s"] * 1e3 for r in sel]
+            prompt = sum(r["prompt_tokens"] for r in sel)
+            cached = sum(r["cached_tokens"] for r in sel) / prompt if prompt else 0.0
+            print(f"  turn {turn}: {len(sel):>4} requests, TTFT mean {statistics.fmean(t):>5.0f} "
+                  f"p90 {pct(t, 0.9):>5.0f} ms, {cached:.0%} of prompt tokens cached")
+        ahead = waiting_at_arrival(ok)
+        buckets: dict[int, list[float]] = defaultdict(list)
+        for n, r in zip(ahead, ok, strict=True):
+            buckets[min(n, BUCKETS)].append(r["ttft_s"] * 1e3)
+        cells = ", ".join(
+            f"{k}{'+' if k == BUCKETS else ''}: {len(v)} at {statistics.fmean(v):.0f} ms"
+            for k, v in sorted(buckets.items())
+        )
+        pool = " (whole pool: no upstream)" if all(not r["upstream"] for r in ok) else ""
+        print(f"  by requests still waiting for a first token on that server at arrival{pool}: "
+              f"{cells}")
+        print(f"  arrivals with 3 or more ahead: {sum(1 for n in ahead if n >= 3)} of {len(ok)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", type=Path, help="demo --out-dir or requests.jsonl")
+    args = ap.parse_args()
+    for path in args.paths:
+        report(str(path), load(path))
+
+
+if __name__ == "__main__":
+    main()
