@@ -281,6 +281,9 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str)
                     for p in others:
                         p.send_signal(signal.SIGSTOP)
                     try:
+                        # a server resumed from SIGSTOP first catches up (epp rescrapes,
+                        # marks and clears stale endpoints) before it is measured
+                        await drive(port, warm[:100], 4)
                         runs.setdefault((kind, c), []).append(await drive(port, bodies, c))
                     finally:
                         for p in others:
@@ -333,11 +336,14 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
-async def phases(requests: int, concurrency: int) -> None:
+async def phases(requests: int, concurrency: int, mode: str) -> None:
     """Where the CPU goes per request at one concurrency: per thread of the client and of each
-    server (from /proc), and epp's own handling per phase, timed inside the live server."""
+    server (from /proc), and epp's own handling per phase, timed inside the live server.
+    ``mode`` "scraped": epp scrapes pages served by another process (its CPU is not counted
+    here; the scraping epp does is, in its event-loop thread)."""
     bodies = make_bodies(requests)
-    procs = {"noop": start("noop"), "epp": start("epp", phases=True)}
+    pages = start_pages(ENDPOINTS) if mode == "scraped" else None
+    procs = {"noop": start("noop"), "epp": start("epp", pages[1] if pages else None, phases=True)}
     cpu: dict[str, dict[str, float]] = {}
     rates: dict[str, float] = {}
     epp_phases: dict[str, float] = {}
@@ -353,6 +359,11 @@ async def phases(requests: int, concurrency: int) -> None:
             for p in others:
                 p.send_signal(signal.SIGSTOP)
             try:
+                await drive(port, bodies[:100], 4)  # catch up after SIGSTOP (see bench)
+                if kind == "epp":
+                    proc.send_signal(signal.SIGUSR1)  # and leave that out of the phases
+                    assert proc.stdout is not None
+                    proc.stdout.readline()
                 before, c0 = thread_cpu_s(proc.pid), os.times()
                 rates[kind], _ = await drive(port, bodies, concurrency)
                 after, c1 = thread_cpu_s(proc.pid), os.times()
@@ -366,11 +377,11 @@ async def phases(requests: int, concurrency: int) -> None:
                 assert proc.stdout is not None
                 epp_phases = json.loads(proc.stdout.readline())
     finally:
-        for proc, _ in procs.values():
+        for proc, _ in [*procs.values(), *([pages] if pages else [])]:
             proc.terminate()
             proc.wait()
     per = 1e6 / requests
-    print(f"ext_proc CPU per request [injected metrics, concurrency {concurrency}, {requests} "
+    print(f"ext_proc CPU per request [{mode} metrics, concurrency {concurrency}, {requests} "
           f"requests, {os.cpu_count()} CPUs shared by client and server]: noop "
           f"{rates['noop']:.0f} req/s, epp {rates['epp']:.0f} req/s "
           f"({rates['epp'] / rates['noop']:.2f})")
@@ -399,7 +410,8 @@ def main() -> None:
                     help="comma-separated modes: injected, scraped")
     ap.add_argument("--phases", action="store_true",
                     help="instead of the comparison: CPU per request per thread (client, noop, "
-                         "epp) and epp's handling per phase, at the highest --concurrency")
+                         "epp) and epp's handling per phase, at the highest --concurrency, "
+                         "for each --metrics mode")
     ap.add_argument("--scraped-ports", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve == "noop":
@@ -408,7 +420,12 @@ def main() -> None:
         asyncio.run(serve_epp([int(p) for p in args.scraped_ports.split(",") if p],
                               phases=args.phases))
     elif args.phases:
-        asyncio.run(phases(args.requests, max(int(c) for c in args.concurrency.split(","))))
+        top = max(int(c) for c in args.concurrency.split(","))
+        for mode in args.metrics.split(","):
+            if mode == "scraped" and not PAGE.exists():
+                print(f"[scraped] skipped: {PAGE} not found")
+                continue
+            asyncio.run(phases(args.requests, top, mode))
     else:
         for mode in args.metrics.split(","):
             if mode == "scraped" and not PAGE.exists():
