@@ -34,6 +34,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.scheduling.types import CycleState, PickResult, ResponseInfo
@@ -120,6 +121,15 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
                     for c in range(col, n + 1):
                         m[r][c] -= f * m[col][c]
     return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def _take(counts: dict[EndpointId, Any], key: EndpointId, amount: float) -> None:
+    """Subtract ``amount`` from a per-endpoint count, dropping the key once nothing is left."""
+    left = counts.get(key, 0) - amount
+    if left > 1e-6:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 class PredictedTtftScorer:
@@ -220,13 +230,8 @@ class PredictedTtftScorer:
 
     def _end_active(self, rid: str) -> None:
         target = self._active.pop(rid, None)
-        if target is None:
-            return
-        left = self.active.get(target, 0) - 1
-        if left > 0:
-            self.active[target] = left
-        else:
-            self.active.pop(target, None)
+        if target is not None:
+            _take(self.active, target, 1)
 
     def _expire_prefilling(self, now_s: float) -> None:
         """Forget requests whose first token never came (cancelled, or a caller that does
@@ -241,11 +246,7 @@ class PredictedTtftScorer:
             self._done_prefilling(target, u)
 
     def _done_prefilling(self, target: EndpointId, u: float) -> None:
-        left = self.outstanding.get(target, 0.0) - u
-        if left > 1e-6:
-            self.outstanding[target] = left
-        else:
-            self.outstanding.pop(target, None)
+        _take(self.outstanding, target, u)
 
     def post_first_token(self, state: CycleState, result: PickResult, ttft_s: float) -> None:
         rid = state.request.request_id
