@@ -118,7 +118,9 @@ class ExtProcStream:
         """Next reply. ``timeout_s=-1`` uses the message timeout, ``None`` waits forever."""
         limit = self.timeout_s if timeout_s == -1.0 else timeout_s
         try:
-            reply = await asyncio.wait_for(self._call.read(), limit)
+            # asyncio.timeout, not wait_for: wait_for wraps each read in a task of its own
+            async with asyncio.timeout(limit):
+                reply = await self._call.read()
         except TimeoutError:
             raise ExtProcError(f"ext_proc reply timed out after {limit}s") from None
         except grpc.aio.AioRpcError as exc:

@@ -54,6 +54,11 @@ def register(subparsers: Any) -> None:
                    "~40 s and ~1.5 GB per server; 2 servers suit 2 cores)")
     g.add_argument("--vllm-kv-mib", type=int, default=64,
                    help="with --engine vllm: KV cache per server, MiB (1 KiB a token for the tiny model)")
+    g.add_argument("--vllm-stream-interval", type=int, default=1, metavar="N",
+                   help="with --engine vllm: the servers' --stream-interval, tokens per streamed "
+                   "chunk after the first (the first token still goes out at once); every policy "
+                   "gets the same servers. Each chunk costs the gateway and epp a gRPC message "
+                   "each way (docs/local-stack.md)")
     g.add_argument(
         "--prefix", choices=["approx", "precise"], default="approx",
         help="precise: the model servers publish KV-cache events to epp, which adds the "
@@ -183,6 +188,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         sync=not args.no_sync,
         engine=args.engine,
         vllm_kv_cache_bytes=args.vllm_kv_mib << 20,
+        vllm_stream_interval=args.vllm_stream_interval,
         prefix=args.prefix,
         fair=args.fair,
         routing_nice=args.routing_nice,
@@ -210,6 +216,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.epp_replicas < 1:
             raise ValueError(f"--epp-replicas must be at least 1, not {args.epp_replicas}")
+        if args.vllm_stream_interval < 1:
+            raise ValueError(
+                f"--vllm-stream-interval must be at least 1, not {args.vllm_stream_interval}"
+            )
         options = options_from_args(args)
         workload = workload_from_args(args) if args.demo else None
         baselines = tuple(b.strip() for b in args.baseline.split(",") if b.strip())

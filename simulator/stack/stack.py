@@ -72,6 +72,8 @@ class StackOptions:
     """Model servers: ``emulator`` (simulator/emulator) or ``vllm`` (real vLLM on the CPU,
     installed on first use: simulator/vllm)."""
     vllm_kv_cache_bytes: int = 64 << 20
+    vllm_stream_interval: int = 1
+    """vLLM's ``--stream-interval`` (tokens per streamed chunk after the first)."""
     vllm_block_size: int = 32
     prefix: str = "approx"
     """``approx``: epp's approximate index only; ``precise``: the servers publish KV-cache
@@ -326,6 +328,7 @@ async def _start_vllm(
         model_name=options.model, block_size=options.vllm_block_size,
         kv_cache_bytes=options.vllm_kv_cache_bytes,
         max_num_seqs=options.max_num_seqs or 32,
+        stream_interval=options.vllm_stream_interval,
         kv_events_endpoint="" if precise is None else precise.events,  # '' = no events
     )  # fmt: skip
     urls = []

@@ -57,6 +57,9 @@ class ServerOptions:
     max_num_seqs: int = 32
     kv_events_endpoint: str = ""
     """ZMQ endpoint for KV-cache events ('' = off)."""
+    stream_interval: int = 1
+    """vLLM's ``--stream-interval``: tokens per streamed chunk after the first (the first and
+    last chunks go out at once). 1 is vLLM's default, one SSE event per token."""
 
 
 def vllm_home() -> Path:
@@ -205,6 +208,8 @@ def server_command(
         "--enforce-eager", "--enable-prompt-tokens-details",
         "--prefix-caching-hash-algo", "sha256_cbor",
     ]  # fmt: skip
+    if options.stream_interval > 1:
+        cmd += ["--stream-interval", str(options.stream_interval)]
     if options.kv_events_endpoint:
         import json
 

