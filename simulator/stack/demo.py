@@ -18,8 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from simulator.stack.driver import run_workload
 from simulator.stack.report import (
     RunSummary,
+    cpu_times,
     print_table,
     scrape_replicas,
+    steal_share,
     summarize,
     write_json,
     write_plot,
@@ -83,13 +85,15 @@ async def run_policy(
             if progress is not None and task is not None:
                 progress.advance(task)
 
+        cpu0 = cpu_times()
         records = await run_workload(
             stack.gateway_url, workload, options.model, on_done=advance, servers=stack.replica_urls
         )
+        steal = steal_share(cpu0, cpu_times())
         counters = await scrape_replicas(stack.replica_urls)
     finally:
         await stack.stop()
-    return summarize(label, records, counters)
+    return dataclasses.replace(summarize(label, records, counters), cpu_steal=steal)
 
 
 async def run_demo(

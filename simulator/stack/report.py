@@ -91,6 +91,10 @@ class RunSummary:
     server_ttft_p90_ms: float = float("nan")
     records: list[RequestRecord] = field(default_factory=list, repr=False)
     """Every request of the run (user, turn, group, upstream, TTFT...): ``requests.jsonl``."""
+    cpu_steal: float = float("nan")
+    """Share of this machine's CPU time the hypervisor gave to other guests during the
+    workload (``steal`` in ``/proc/stat``; NaN where there is none): a noisy host slows one
+    policy's run and not another's."""
 
     @property
     def imbalance(self) -> float:
@@ -178,7 +182,26 @@ def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
         ("wall time", [f"{s.wall_s:.1f} s" for s in runs]),
         ("requests per replica", [loads(s) for s in runs]),
         ("errors", [f"{s.errors} of {s.requests}" for s in runs]),
+        ("CPU stolen by the host", [
+            "n/a" if s.cpu_steal != s.cpu_steal else f"{s.cpu_steal:.1%}" for s in runs
+        ]),
     ]
+
+
+def cpu_times() -> tuple[int, int]:
+    """(steal, total) jiffies of the whole machine from ``/proc/stat``; (0, 0) elsewhere."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    steal = fields[7] if len(fields) > 7 else 0
+    return steal, sum(fields[:8])
+
+
+def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else float("nan")
 
 
 def print_table(runs: Sequence[RunSummary], title: str) -> None:

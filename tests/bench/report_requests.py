@@ -7,6 +7,12 @@ their first token on the same server when the request arrived.
 The SGLang router policy does not say which server it picked (no upstream header), so its
 requests are counted against the whole pool.
 
+With several run directories it ends with the runs side by side (their ``demo.json``):
+per run and policy the servers' own TTFT mean / p90, hit rate and throughput, then the mean
+over runs and in how many runs the first policy (epp) had the lower server TTFT mean and p90
+than each other policy. One run's spread on this machine is as large as the differences
+between policies, so verdicts need several.
+
     python tests/bench/report_requests.py DIR_OR_FILE [...]
 """
 
@@ -83,12 +89,51 @@ def report(name: str, rows: list[dict[str, Any]]) -> None:
         print(f"  arrivals with 3 or more ahead: {sum(1 for n in ahead if n >= 3)} of {len(ok)}")
 
 
+def across_runs(dirs: list[Path]) -> None:
+    """The runs' demo.json side by side, and how often the first policy came out ahead."""
+    runs = []
+    for d in dirs:
+        file = d / "demo.json"
+        if file.is_file():
+            runs.append((d.name, {r["policy"]: r for r in json.loads(file.read_text())["runs"]}))
+    if len(runs) < 2:
+        return
+    policies = list(dict.fromkeys(p for _, by in runs for p in by))
+    print("== across runs: server TTFT mean / p90 (ms), hit rate, req/s")
+    print(f"{'run':>12}  " + "  ".join(f"{p[:26]:>26}" for p in policies))
+    for name, by in runs:
+        cells = []
+        for p in policies:
+            r = by.get(p)
+            cells.append("-" if r is None else
+                         f"{r['server_ttft_mean_ms']:.0f} / {r['server_ttft_p90_ms']:.0f}, "
+                         f"{r['hit_rate']:.1%}, {r['req_per_s']:.1f}"
+                         + (f", steal {r['cpu_steal']:.0%}" if r.get("cpu_steal", 0) > 0.005 else ""))
+        print(f"{name[-12:]:>12}  " + "  ".join(f"{c:>26}" for c in cells))
+    means = []
+    for p in policies:
+        rs = [by[p] for _, by in runs if p in by]
+        means.append(f"{statistics.fmean(r['server_ttft_mean_ms'] for r in rs):.0f} / "
+                     f"{statistics.fmean(r['server_ttft_p90_ms'] for r in rs):.0f}, "
+                     f"{statistics.fmean(r['hit_rate'] for r in rs):.1%}, "
+                     f"{statistics.fmean(r['req_per_s'] for r in rs):.1f}")
+    print(f"{'mean':>12}  " + "  ".join(f"{c:>26}" for c in means))
+    first = policies[0]
+    for other in policies[1:]:
+        both = [by for _, by in runs if first in by and other in by]
+        mean = sum(by[first]["server_ttft_mean_ms"] < by[other]["server_ttft_mean_ms"] for by in both)
+        p90 = sum(by[first]["server_ttft_p90_ms"] < by[other]["server_ttft_p90_ms"] for by in both)
+        print(f"{first} below {other}: server TTFT mean in {mean} of {len(both)} runs, "
+              f"p90 in {p90} of {len(both)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", type=Path, help="demo --out-dir or requests.jsonl")
     args = ap.parse_args()
     for path in args.paths:
         report(str(path), load(path))
+    across_runs([p for p in args.paths if p.is_dir()])
 
 
 if __name__ == "__main__":

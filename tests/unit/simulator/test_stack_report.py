@@ -18,3 +18,13 @@ def test_server_ttft_quantiles_merge_replicas_and_interpolate() -> None:
     assert math.isclose(_server_quantile([a, b], 0.5), 1000 * 0.1 * 10 / 14)
     assert math.isclose(_server_quantile([a, b], 0.9), 500.0)
     assert math.isnan(_server_quantile([ReplicaCounters("c")], 0.9))
+
+
+def test_steal_share_is_the_stolen_part_of_the_machine_time() -> None:
+    from simulator.stack.report import cpu_times, steal_share
+
+    assert steal_share((10, 1_000), (15, 1_100)) == 0.05
+    assert math.isnan(steal_share((10, 1_000), (10, 1_000)))
+    steal, total = cpu_times()
+    if total:  # Linux: /proc/stat read
+        assert 0 <= steal <= total
