@@ -42,7 +42,10 @@ class Upstreams:
     def __init__(self, stats: GatewayStats, connect_timeout_s: float, route_timeout_s: float):
         self._stats = stats
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            # idle connections are dropped after 4 s, before uvicorn's (vLLM's) 5 s keep-alive
+            # timeout closes them from its side: reusing one the server is closing ends in a
+            # reset (Envoy's clusters set an idle_timeout for the same reason)
+            connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=4.0),
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=connect_timeout_s, sock_read=route_timeout_s
             ),
@@ -68,7 +71,9 @@ class Upstreams:
                     data=body,
                     allow_redirects=False,
                 )
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+                # refused, reset or closed before the response headers: the next destination
+                # (Envoy: "disconnect/reset before headers")
                 self._stats.connect_failures += 1
                 log.warning(
                     "upstream %s failed (%s); %d more to try",
