@@ -30,7 +30,9 @@ The scorer also reports its prediction error (``errors``), which the replay prin
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +41,11 @@ from typing import Any
 from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.scheduling.types import CycleState, PickResult, ResponseInfo
 
+log = logging.getLogger(__name__)
+
 _FEATURES = 6  # 1, u, q, r, kv, overflow
+_LOG_FIRST, _LOG_PERIOD_S = 50, 30.0
+"""The fitted model is logged after the first 50 responses, then at most every 30 s."""
 _MAX_PENDING = 100_000
 _MAX_PAIRS = 1_000_000
 _MAX_OVERFLOW = 4.0
@@ -163,6 +169,7 @@ class PredictedTtftScorer:
         ``count_own_running``)."""
         self._candidates: dict[str, dict[EndpointId, tuple[tuple[float, ...], float]]] = {}
         self.errors = TtftErrors()
+        self._logged_s = -math.inf
 
     def features(self, state: CycleState, e: Endpoint) -> tuple[float, ...]:
         p = self.params
@@ -280,6 +287,17 @@ class PredictedTtftScorer:
             return
         target, x, predicted = entry
         self.errors.add(predicted, ttft)
+        now = time.monotonic()
+        if self.errors.count >= _LOG_FIRST and now - self._logged_s >= _LOG_PERIOD_S:
+            self._logged_s = now
+            c = self.coef
+            log.info(
+                "predicted-ttft model after %d responses: %.0f ms + %.3f ms per uncached token "
+                "+ %.3f ms per queued prefill token + %.1f ms per running request + %.0f ms "
+                "x KV use + %.0f ms x KV overflow; mean abs error %.0f ms",
+                self.errors.count, c[0] * 1e3, c[1] * 1e3, c[2] * 1e3, c[3] * 1e3, c[4] * 1e3,
+                c[5] * 1e3, self.errors.abs_sum / self.errors.count * 1e3,
+            )  # fmt: skip
         factor = self.speed.get(target, 1.0)
         rate = self.params.calibration_rate
         if rate > 0 and predicted > 0 and ttft > 0:

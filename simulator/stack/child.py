@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoints", default="")
     p.add_argument("--config", default="")
     p.add_argument("--no-sync", action="store_true", help="epp: replicas do not share their index")
-    p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--log-level", default=os.environ.get("EPP_SIM_LOG_LEVEL", "WARNING"))
     args = p.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),

@@ -113,7 +113,9 @@ def register(subparsers: Any) -> None:
         help="run replicas and epp in this process (default: two child processes)",
     )
     g.add_argument(
-        "--log-dir", type=Path, default=None, help="where child processes log (default: a temp dir)"
+        "--log-dir", type=Path, default=None,
+        help="where child processes log, appending (default: a temp dir); epp logs at "
+        "$EPP_SIM_LOG_LEVEL (default WARNING; INFO adds e.g. the predicted-TTFT model's fit)",
     )
 
     d = p.add_argument_group("demo")

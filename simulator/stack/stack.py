@@ -210,7 +210,8 @@ async def _spawn(
     name: str, argv: list[str], log_dir: Path, timeout_s: float
 ) -> tuple[_Child, dict[str, Any]]:
     log_path = log_dir / f"{name}.log"
-    err = open(log_path, "wb")  # noqa: SIM115, ASYNC230 - handed to the child, closed below
+    # appended: a demo starts epp once per policy, and each run's log is kept
+    err = open(log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child, closed below
     try:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -3,7 +3,10 @@ prompt cached, and fits its cost model to observed times to first token."""
 
 from __future__ import annotations
 
+import logging
 import random
+
+import pytest
 
 from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.plugins.ttft import PredictedTtftParams, PredictedTtftScorer
@@ -33,9 +36,10 @@ def test_cached_prefix_and_short_queues_score_higher() -> None:
     assert cached[1] == 1.0 and cached[0] < 1.0  # 16k tokens cached on B outweigh 2 running
 
 
-def test_the_cost_model_fits_observed_ttfts() -> None:
+def test_the_cost_model_fits_observed_ttfts(caplog: pytest.LogCaptureFixture) -> None:
     # one endpoint: the shared model alone (calibration off; it would share the scale)
     sc = PredictedTtftScorer("t", PredictedTtftParams(prefill_seconds_per_token=1e-6, calibration_rate=0))
+    caplog.set_level(logging.INFO, logger="epp.plugins.ttft")
     rng = random.Random(1)
     for i in range(400):  # the truth: 0.05 s + 3e-4 s per uncached token
         chars = rng.randrange(400, 40_000)
@@ -47,6 +51,9 @@ def test_the_cost_model_fits_observed_ttfts() -> None:
                          ResponseInfo(200, ttft_s=0.05 + 3e-4 * chars / 4))  # fmt: skip
     assert abs(sc.coef[1] - 3e-4) < 3e-5 and abs(sc.coef[0] - 0.05) < 0.02
     assert sc.errors.count == 400
+    # the fit is logged (first after 50 responses, then at most every 30 s): here once
+    fits = [r.getMessage() for r in caplog.records if "predicted-ttft model" in r.getMessage()]
+    assert len(fits) == 1 and "after 50 responses" in fits[0] and "per uncached token" in fits[0]
 
 
 def test_prefill_sent_and_not_yet_answered_counts_as_work_queued_there() -> None:
