@@ -133,6 +133,12 @@ def register(subparsers: Any) -> None:
         "gateway; installed into the vLLM environment on first use)",
     )
     d.add_argument(
+        "--sglang-behind-gateway", action="store_true",
+        help="the SGLang router sits behind the gateway and the ext_proc path (an epp whose "
+        "only endpoint is the router, random picker) instead of taking the clients itself, so "
+        "it pays the same Python routing hop as epp; with --fair every policy then does",
+    )  # fmt: skip
+    d.add_argument(
         "--workload",
         type=Path,
         default=None,
@@ -193,6 +199,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         vllm_stream_interval=args.vllm_stream_interval,
         prefix=args.prefix,
         fair=args.fair,
+        sglang_behind_gateway=args.sglang_behind_gateway,
         routing_nice=args.routing_nice,
     )
 

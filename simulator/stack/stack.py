@@ -91,6 +91,10 @@ class StackOptions:
     """A baseline policy (random, round-robin) is applied by epp behind the same gateway and
     ext_proc path (a profile with only that picker), so every policy pays the same ext_proc
     CPU: the comparison measures routing decisions, not the cost of making them."""
+    sglang_behind_gateway: bool = False
+    """Policy ``sglang``: the router sits behind the gateway and ext_proc path (an epp
+    whose only endpoint is the router, random picker), so its requests pay the same
+    Python hop as epp's and the baselines' under ``fair``."""
 
     def modes(self) -> tuple[int, int]:
         response = self.response_mode or (
@@ -573,7 +577,13 @@ async def start_stack(options: StackOptions) -> Stack:
 
         if policy == "sglang":
             front = await _start_sglang_router(replica_urls, log_dir, deadline)
-            return Stack(options, front, replica_urls, epps, log_dir, children, inline)
+            if not options.sglang_behind_gateway:
+                return Stack(options, front, replica_urls, epps, log_dir, children, inline)
+            children.append(front.child)
+            router = [front.url.removeprefix("http://")]
+            epps = await _start_epps(options, _picker_config("random", log_dir), router,
+                                     log_dir, children, inline, deadline)  # fmt: skip
+            policy = "epp"
         request_mode, response_mode = options.modes()
         gateway = await start_gateway(
             GatewayOptions(
