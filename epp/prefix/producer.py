@@ -27,6 +27,10 @@ from epp.scheduling.types import CycleState, PickResult, PrefixMatch, ResponseIn
 _DISTRUST_RATIO = 0.5
 _SHRINK = 0.97
 _GROW = 1.03
+_CPT_DECAY = 0.98
+"""Weight kept by the past per response in the learnt characters per token (~50 responses)."""
+_CPT_MIN_TOKENS = 32
+_CPT_RANGE = (1.0, 16.0)
 
 @dataclass(slots=True, frozen=True)
 class PrefixIndexConfig:
@@ -46,10 +50,13 @@ class PrefixIndexConfig:
     sweep_interval_seconds: float = 5.0
     """How often the background sweeper removes expired entries."""
     chars_per_token: float = 4.0
-    """Used to size an endpoint's LRU from its KV cache and to read ``cached_tokens``."""
+    """Used to size an endpoint's LRU from its KV cache and to read ``cached_tokens``: the
+    starting value, replaced by the prompt characters per ``prompt_tokens`` the responses
+    report (``learn_from_responses``; a tokenizer's ratio varies from ~3 to ~7)."""
     learn_from_responses: bool = True
-    """Record the reply's chunks after the prompt's, and shrink an endpoint's LRU when the
-    server reports far fewer cached tokens than the index predicted."""
+    """Record the reply's chunks after the prompt's, learn the characters per token from the
+    responses' usage, and shrink an endpoint's LRU when the server reports far fewer cached
+    tokens than the index predicted."""
 
 
 RecordSink = Callable[[EndpointId, Sequence[int], float], None]
@@ -71,6 +78,8 @@ class PrefixProducer:
     name: str = "approx-prefix-cache-producer"
     _listeners: list[RecordSink] = field(default_factory=list)
     _base_capacity: dict[EndpointId, int] = field(default_factory=dict)
+    _cpt_chars: float = 0.0
+    _cpt_tokens: float = 0.0
 
     @classmethod
     def from_params(cls, name: str, params: PrefixIndexConfig) -> PrefixProducer:
@@ -120,10 +129,20 @@ class PrefixProducer:
         prefix = state.matches.get(self.name)
         if prefix is None or not prefix.hashes:
             return
+        if info.prompt_tokens >= _CPT_MIN_TOKENS:
+            self._learn_chars_per_token(len(state.request.prompt), info.prompt_tokens)
         if info.cached_tokens is not None:
             self._adjust_trust(target, prefix.matched.get(target, 0), info.cached_tokens)
         if info.generated_text:
             self._record_reply(state.request, prefix.hashes, target, info.generated_text, state.now_s)
+
+    def _learn_chars_per_token(self, chars: int, tokens: int) -> None:
+        """Prompt characters per token, weighted by length over the last ~50 responses. The
+        LRU sizes follow at the endpoints' next scrape (``observe_endpoint``)."""
+        self._cpt_chars = _CPT_DECAY * self._cpt_chars + chars
+        self._cpt_tokens = _CPT_DECAY * self._cpt_tokens + tokens
+        low, high = _CPT_RANGE
+        self.chars_per_token = min(high, max(low, self._cpt_chars / self._cpt_tokens))
 
     def _adjust_trust(self, target: EndpointId, predicted_chunks: int, cached_tokens: int) -> None:
         if predicted_chunks == 0:
@@ -175,7 +194,8 @@ class PrefixProducer:
         if tokens <= 0:
             return
         chunks = int(tokens * self.chars_per_token / self.hasher.block_chars)
-        if self._base_capacity.get(endpoint.id) != chunks:
+        base = self._base_capacity.get(endpoint.id)
+        if base is None or abs(chunks - base) > 0.02 * base:  # no resizing for a 2% wobble
             self._base_capacity[endpoint.id] = chunks
             self.index.set_capacity(endpoint.id, chunks)
 

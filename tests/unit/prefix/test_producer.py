@@ -60,3 +60,23 @@ def test_apply_remote_writes_the_index_but_does_not_publish() -> None:
     approx(s).apply_remote(EPS[1].id, [11, 12], 3.0)
     assert approx(s).index.match([11, 12], [EPS[1].id], 3.0) == {EPS[1].id: 2}
     assert published == []
+
+
+def test_the_lru_is_sized_by_the_characters_per_token_the_responses_report() -> None:
+    # a tokenizer at 6.5 characters a token: a KV cache of 16,384 tokens holds ~106k characters
+    # of prompt, not the 64k the prior of 4 assumes; the index must not forget prefixes early
+    s = build_scheduler(default_config(), random.Random(0))
+    producer = approx(s)
+    server = Endpoint(EPS[0].id, EPS[0].address, 8000,
+                      metrics=Metrics(scraped_at_s=1.0, block_size_tokens=16, num_gpu_blocks=1024))  # fmt: skip
+    s.observe_endpoint(server)
+    assert producer.index.capacity(server.id) == 16_384 * 4 // 64
+    for i in range(200):
+        result = s.schedule(InferenceRequest(f"r{i}", "m", SYSTEM + str(i)), [server], 1.0)
+        chars = len(result.state.request.prompt)
+        s.on_response(result, ResponseInfo(prompt_tokens=round(chars / 6.5)))
+    assert abs(producer.chars_per_token - 6.5) < 0.1
+    s.observe_endpoint(server)  # the next scrape resizes the LRU
+    assert abs(producer.index.capacity(server.id) - 16_384 * 6.5 / 64) < 16
+    s.on_response(result, ResponseInfo(prompt_tokens=3))  # too short to tell: ignored
+    assert abs(producer.chars_per_token - 6.5) < 0.1
