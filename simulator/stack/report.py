@@ -8,6 +8,7 @@ cache over prompt tokens looked up), summed over replicas.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import textwrap
 from collections.abc import Sequence
@@ -183,7 +184,7 @@ def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
         ("requests per replica", [loads(s) for s in runs]),
         ("errors", [f"{s.errors} of {s.requests}" for s in runs]),
         ("CPU stolen by the host", [
-            "n/a" if s.cpu_steal != s.cpu_steal else f"{s.cpu_steal:.1%}" for s in runs
+            "n/a" if math.isnan(s.cpu_steal) else f"{s.cpu_steal:.1%}" for s in runs
         ]),
     ]
 

@@ -16,7 +16,13 @@ Configurations: ``random`` (the gateway picks, no ext_proc), and ``epp`` with th
 body sent to epp in ``full-duplex`` and ``streamed`` mode, and not at all (``none``: epp
 learns nothing from responses). Skips when real vLLM is not set up (``./run vllm-setup``).
 
+``--stream-interval N`` starts the servers with vLLM's ``--stream-interval`` (fewer streamed
+chunks, each one ext_proc message each way); ``--configs`` picks some of the configurations;
+``--engine emulator`` runs on emulated replicas (no vLLM needed) for a quick look at the
+gateway's and epp's share.
+
     python tests/bench/bench_cpu_vllm.py [--idle-s 5] [--groups 8] [--users 4] [--turns 3]
+        [--stream-interval 1] [--configs random,epp:full-duplex] [--engine vllm]
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from aiohttp import web
 from epp.datastore.endpoint import Endpoint, endpoint_id
 from epp.datastore.scraper import ScrapeOptions
 from epp.server.runner import ServerOptions, start_server
+from tests.http_app import serve_app
 from tests.integration import envoy_client as ec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,11 +61,7 @@ async def test_scraped_metrics_feed_the_pool_and_metrics_port() -> None:
 
     app = web.Application()
     app.router.add_get("/metrics", page)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_app(app)
     ep = Endpoint(endpoint_id("127.0.0.1", port), "127.0.0.1", port)
     updated = asyncio.Event()
     handle = await start_server(

@@ -5,6 +5,8 @@ the real one (installed into the vLLM environment on first use), so the tier's s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aiohttp
 import pytest
 
@@ -18,14 +20,14 @@ pytestmark = pytest.mark.vllm
 
 @pytest.mark.parametrize("behind", [False, True])
 async def test_the_router_serves_with_and_without_the_gateway_hop(
-    behind: bool, tmp_path: object
+    behind: bool, tmp_path: Path
 ) -> None:
     reason = vllm.setup_missing() or vllm.available()
     if reason:
         pytest.skip(reason)
     stack = await start_stack(StackOptions(
         replicas=2, policy="sglang", sglang_behind_gateway=behind, isolation="inline",
-        log_dir=tmp_path,  # type: ignore[arg-type]
+        log_dir=tmp_path,
     ))  # fmt: skip
     try:
         body = {"model": stack.options.model, "max_tokens": 4, "stream": False,

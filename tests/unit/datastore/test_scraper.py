@@ -18,6 +18,7 @@ from epp.datastore.scraper import (
 )
 from epp.datastore.store import Datastore
 from epp.observability.metrics import EppMetrics
+from tests.http_app import serve_app
 
 VLLM_TEXT = """# HELP vllm:num_requests_waiting Number of requests waiting.
 # TYPE vllm:num_requests_waiting gauge
@@ -69,11 +70,7 @@ async def fake() -> AsyncIterator[tuple[FakeServer, int]]:
     srv = FakeServer()
     app = web.Application()
     app.router.add_get("/metrics", srv.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_app(app)
     yield srv, port
     await runner.cleanup()
 
@@ -137,11 +134,7 @@ async def test_only_the_families_epp_reads_are_asked_for_and_a_server_that_ignor
 
     app = web.Application()
     app.router.add_get("/metrics", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_app(app)
     ds = Datastore()
     ep = Endpoint(endpoint_id("127.0.0.1", port), "127.0.0.1", port)
     ds.replace_all([ep])

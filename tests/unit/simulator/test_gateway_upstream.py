@@ -12,6 +12,7 @@ from aiohttp import web
 
 from simulator.gateway.headers import HeaderList
 from simulator.gateway.upstream import GatewayStats, NoUpstream, Upstreams
+from tests.http_app import serve_app
 
 
 async def _resetting_server() -> tuple[asyncio.AbstractServer, str]:
@@ -33,11 +34,8 @@ async def _ok_server() -> tuple[web.AppRunner, str]:
 
     app = web.Application()
     app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    runner, port = await serve_app(app)
+    return runner, f"127.0.0.1:{port}"
 
 
 async def test_a_reset_before_headers_falls_back_to_the_next_destination() -> None:
