@@ -92,6 +92,7 @@ async def test_epp_reads_the_real_metrics_page_and_sizes_its_index_from_it(
         (info,) = [line for line in page.splitlines() if line.startswith("vllm:cache_config_info{")]
         assert f'kv_cache_size_tokens="{tokens}"' in info  # vLLM's own figure
         producer = epp.scheduler.plugin(PrefixProducer)
+        # 4 characters a token: the prior, before any response has told the real ratio
         assert epp.index.capacity(e.id) == int(tokens * 4 / producer.hasher.block_chars)
 
 
@@ -142,6 +143,10 @@ async def test_streamed_chat_carries_usage_and_epp_learns_cached_tokens(
             break
         await asyncio.sleep(0.02)
     assert after >= before + cached
+    # the index's characters per token come from the real prompt_tokens: the tiny model's
+    # tokenizer reads this English at more than the prior's 4 characters a token
+    producer = epp.scheduler.plugin(PrefixProducer)
+    assert producer is not None and producer.chars_per_token > 4.5
 
 
 async def test_a_request_in_progress_reads_as_running_not_waiting(
