@@ -135,6 +135,7 @@ class Emulator:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         return app
 
     # -- engine driving --------------------------------------------------------------------
@@ -429,6 +430,15 @@ class Emulator:
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         return web.Response(status=200)
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's dev-mode ``POST /reset_prefix_cache``: drop every cached block; refused
+        (``success: false``, as vLLM does) while requests hold blocks. Counters stay."""
+        self._sync()
+        if self._pending:
+            return web.json_response({"success": False})
+        self.engine.cache.reset()
+        return web.json_response({"success": True})
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self._sync()

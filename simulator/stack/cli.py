@@ -165,6 +165,13 @@ def register(subparsers: Any) -> None:
         "gateway and ext_proc path, so every policy pays the same routing CPU",
     )  # fmt: skip
     d.add_argument(
+        "--rounds", type=int, default=1, metavar="N",
+        help="start the model servers once and run every policy N times on them, in rotating "
+        "order, their prefix caches emptied before each run (vLLM's dev-mode "
+        "/reset_prefix_cache); prints each round and the table over all rounds. One run per "
+        "policy (1, fresh servers each) leaves a drifting machine's slow minutes to chance",
+    )  # fmt: skip
+    d.add_argument(
         "--bypass", type=float, default=0.0, metavar="SHARE",
         help="share of requests sent straight to a random model server, past the gateway and "
         "epp (traffic epp does not see: another client or gateway); the same requests for "
@@ -225,6 +232,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.epp_replicas < 1:
             raise ValueError(f"--epp-replicas must be at least 1, not {args.epp_replicas}")
+        if args.rounds < 1:
+            raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
+        if args.rounds > 1 and args.prefix == "precise":
+            raise ValueError("--rounds needs --prefix approx (precise mode's servers publish "
+                             "their KV events to one epp)")  # fmt: skip
         if args.vllm_stream_interval < 1:
             raise ValueError(
                 f"--vllm-stream-interval must be at least 1, not {args.vllm_stream_interval}"
@@ -283,7 +295,8 @@ async def _main(
         from simulator.stack.demo import run_demo
 
         try:
-            await run_demo(options, workload, (args.policy, *args.baselines), args.out_dir)
+            await run_demo(options, workload, (args.policy, *args.baselines), args.out_dir,
+                           rounds=args.rounds)
         except asyncio.CancelledError:
             print("\ninterrupted; stacks stopped", file=sys.stderr)
             return 130

@@ -4,10 +4,18 @@ Each policy gets its own freshly started replicas, so both start with cold cache
 comparison is printed as a table and drawn as a PNG (TTFT CDF and hit rate per policy).
 With several epp replicas the epp policy runs twice, with and without index sync, so the
 table has three columns.
+
+With ``rounds`` > 1 the servers start once and every policy runs once per round on them,
+their prefix caches emptied before each run (``POST /reset_prefix_cache``) and their
+counters taken as the run's difference. Each round starts one policy later. On a machine
+whose speed drifts by minutes (a shared VM) this spreads the drift over every policy, where
+one run each leaves it to chance which policy ran in a slow minute; the servers' own start-up
+(first-call costs of a fresh vLLM process) no longer falls into any policy's run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +25,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from simulator.stack.driver import run_workload
 from simulator.stack.report import (
+    ReplicaCounters,
     RunSummary,
     cpu_times,
+    merge_runs,
+    print_rounds,
     print_table,
     scrape_replicas,
     steal_share,
@@ -27,7 +38,7 @@ from simulator.stack.report import (
     write_plot,
     write_requests,
 )
-from simulator.stack.stack import StackOptions, start_stack
+from simulator.stack.stack import ModelServers, StackOptions, start_servers, start_stack
 from simulator.stack.workload import SharedPrefixWorkload
 
 
@@ -72,14 +83,26 @@ def variants(base: StackOptions, policies: tuple[str, ...]) -> list[StackOptions
 
 
 async def run_policy(
-    options: StackOptions, workload: SharedPrefixWorkload, progress: Progress | None = None
+    options: StackOptions,
+    workload: SharedPrefixWorkload,
+    progress: Progress | None = None,
+    servers: ModelServers | None = None,
+    round_: int = 0,
 ) -> RunSummary:
+    """One policy's run: on fresh servers, or on ``servers`` with their prefix caches
+    emptied first (their counters then count from a scrape taken before the run)."""
     label = label_of(options)
+    before: list[ReplicaCounters] = []
+    if servers is not None:
+        await servers.reset_prefix_caches()
+        before = await scrape_replicas(servers.urls)
+        options = dataclasses.replace(options, servers=tuple(servers.urls))
     stack = await start_stack(options)
     try:
         task = None
         if progress is not None:
-            task = progress.add_task(f"via {label}", total=workload.total_requests)
+            name = f"via {label}" + (f" #{round_ + 1}" if servers is not None else "")
+            task = progress.add_task(name, total=workload.total_requests)
 
         def advance(_: object) -> None:
             if progress is not None and task is not None:
@@ -93,7 +116,46 @@ async def run_policy(
         counters = await scrape_replicas(stack.replica_urls)
     finally:
         await stack.stop()
-    return dataclasses.replace(summarize(label, records, counters), cpu_steal=steal)
+    if before:
+        counters = [after.minus(b) for after, b in zip(counters, before, strict=True)]
+    summary = summarize(label, records, counters)
+    return dataclasses.replace(summary, cpu_steal=steal, round=round_)
+
+
+async def warm_up(servers: ModelServers, workload: SharedPrefixWorkload, model: str) -> None:
+    """A few requests of the workload's shape straight to each server, with other prompts
+    (another seed), so that a fresh process's first-call costs land in no policy's run."""
+    warm = dataclasses.replace(
+        workload, seed=workload.seed + 7919, num_groups=2, num_prompts_per_group=2, num_turns=1,
+        concurrency=4, rate=None, stages=(), bypass_share=0.0,
+    )  # fmt: skip
+    await asyncio.gather(*(run_workload(url, warm, model) for url in servers.urls))
+
+
+async def run_all(
+    base: StackOptions, stacks: list[StackOptions], workload: SharedPrefixWorkload,
+    progress: Progress, rounds: int,
+) -> list[RunSummary]:  # fmt: skip
+    """Every stack once on fresh servers, or ``rounds`` times on one set of servers."""
+    if rounds == 1:
+        return [await run_policy(options, workload, progress) for options in stacks]
+    each = []
+    shared = await start_servers(base)
+    try:
+        await warm_up(shared, workload, base.model)
+        for r in range(rounds):
+            for options in rotated(stacks, r):
+                each.append(await run_policy(options, workload, progress, shared, r))
+    finally:
+        await shared.stop()
+    return each
+
+
+def rotated(stacks: list[StackOptions], round_: int) -> list[StackOptions]:
+    """Round ``round_``'s order: each round starts one policy later, so that no policy
+    always runs first (on a warming machine) or right after another one."""
+    k = round_ % len(stacks)
+    return stacks[k:] + stacks[:k]
 
 
 async def run_demo(
@@ -102,7 +164,12 @@ async def run_demo(
     policies: tuple[str, ...] = ("epp", "random"),
     out_dir: Path | None = Path("out"),
     console: Console | None = None,
+    rounds: int = 1,
 ) -> DemoResult:
+    """The workload through every policy; with ``rounds`` > 1 on one set of servers, every
+    policy once per round, and the table over all rounds (``print_rounds`` shows each)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
     console = console or Console()
     console.print(f"[bold]Workload[/]: {workload.describe()}")
     epps = ""
@@ -117,14 +184,14 @@ async def run_demo(
         if base.engine == "vllm"
         else f"{base.replicas} emulated replicas (GPU time / {base.speedup:g})"
     )
-    console.print(
-        f"[bold]Stack[/]: {servers}, "
-        f"{epps}gateway in {base.request_mode} mode; fresh replicas per policy, caches start "
-        "cold."
-    )
-    runs: list[RunSummary] = []
+    if rounds == 1:
+        where = "fresh replicas per policy, caches start cold."
+    else:
+        where = (f"the same servers for every run, their prefix caches emptied before each; "
+                 f"{rounds} rounds, each starting one policy later.")  # fmt: skip
+    console.print(f"[bold]Stack[/]: {servers}, {epps}gateway in {base.request_mode} mode; {where}")
     stacks = variants(base, policies)
-    width = max(12, *(len(f"via {label_of(o)}") for o in stacks))
+    width = max(12, *(len(f"via {label_of(o)} #{rounds}") for o in stacks))
     with Progress(
         TextColumn(f"{{task.description:>{width}}}"),
         BarColumn(),
@@ -133,8 +200,11 @@ async def run_demo(
         console=console,
         transient=False,
     ) as progress:
-        for options in stacks:
-            runs.append(await run_policy(options, workload, progress))
+        each = await run_all(base, stacks, workload, progress, rounds)
+    runs = each
+    if rounds > 1:
+        print_rounds(each)
+        runs = [merge_runs([s for s in each if s.policy == label_of(o)]) for o in stacks]
     title = (
         f"{base.replicas} vLLM servers (CPU); {workload.describe()}" if base.engine == "vllm"
         else f"{base.replicas} replicas, speedup {base.speedup:g}x; {workload.describe()}"
@@ -144,7 +214,8 @@ async def run_demo(
         heading = f"{base.epp_replicas} epp replicas with and without sync vs "
     else:
         heading = "epp vs "
-    print_table(runs, heading + ", ".join(policies[1:]) + " (same workload, cold caches)")
+    scope = "same workload, cold caches" + (f"; all {rounds} rounds" if rounds > 1 else "")
+    print_table(runs, heading + ", ".join(policies[1:]) + f" ({scope})")
     for s in runs:
         if s.errors:
             console.print(
@@ -170,8 +241,10 @@ async def run_demo(
                 "epp_replicas": base.epp_replicas,
                 "speedup": base.speedup,
                 "mode": base.request_mode,
+                "rounds": rounds,
             },
+            by_round=each if rounds > 1 else None,
         )
-        requests = write_requests(runs, out_dir / "requests.jsonl")
+        requests = write_requests(each, out_dir / "requests.jsonl")
         console.print(f"Plot: [bold]{plot}[/]   numbers: {json_path}   per request: {requests}")
     return DemoResult(runs, plot, json_path)

@@ -12,7 +12,7 @@ import math
 import statistics
 import textwrap
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
@@ -32,6 +32,33 @@ class ReplicaCounters:
     ttft_buckets: tuple[tuple[float, float], ...] = ()
     """``vllm:time_to_first_token_seconds`` cumulative buckets (le, count): the server's own
     TTFT, from arrival at the server to its first token."""
+
+    def minus(self, before: ReplicaCounters) -> ReplicaCounters:
+        """What the counters gained since ``before`` (a run on servers that served others)."""
+        earlier = dict(before.ttft_buckets)
+        return ReplicaCounters(
+            self.url,
+            self.prefix_queries - before.prefix_queries,
+            self.prefix_hits - before.prefix_hits,
+            self.requests - before.requests,
+            self.ttft_sum_s - before.ttft_sum_s,
+            self.ttft_count - before.ttft_count,
+            tuple((le, n - earlier.get(le, 0.0)) for le, n in self.ttft_buckets),
+        )
+
+    def plus(self, other: ReplicaCounters) -> ReplicaCounters:
+        buckets = dict(self.ttft_buckets)
+        for le, n in other.ttft_buckets:
+            buckets[le] = buckets.get(le, 0.0) + n
+        return ReplicaCounters(
+            self.url,
+            self.prefix_queries + other.prefix_queries,
+            self.prefix_hits + other.prefix_hits,
+            self.requests + other.requests,
+            self.ttft_sum_s + other.ttft_sum_s,
+            self.ttft_count + other.ttft_count,
+            tuple(sorted(buckets.items())),
+        )
 
 
 async def scrape_replicas(urls: Sequence[str]) -> list[ReplicaCounters]:
@@ -96,6 +123,10 @@ class RunSummary:
     """Share of this machine's CPU time the hypervisor gave to other guests during the
     workload (``steal`` in ``/proc/stat``; NaN where there is none): a noisy host slows one
     policy's run and not another's."""
+    round: int = 0
+    """The demo's round (``--rounds``), from 0."""
+    counters: list[ReplicaCounters] = field(default_factory=list, repr=False)
+    """The servers' counters over the run (``merge_runs`` adds them up)."""
 
     @property
     def imbalance(self) -> float:
@@ -133,7 +164,22 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
         server_ttft_mean_ms=_server_mean(replicas),
         server_ttft_p90_ms=_server_quantile(replicas, 0.9),
         records=list(run.records),
+        counters=list(replicas),
     )
+
+
+def merge_runs(runs: Sequence[RunSummary]) -> RunSummary:
+    """One policy's rounds as one run: every request, the servers' counters added up, the
+    wall times summed (throughput over the time the policy ran), the steal averaged."""
+    if not runs:
+        raise ValueError("no runs to merge")
+    counters = list(runs[0].counters)
+    for s in runs[1:]:
+        counters = [a.plus(b) for a, b in zip(counters, s.counters, strict=True)]
+    records = RunRecords([r for s in runs for r in s.records], sum(s.wall_s for s in runs))
+    steal = [s.cpu_steal for s in runs if not math.isnan(s.cpu_steal)]
+    merged = summarize(runs[0].policy, records, counters)
+    return replace(merged, cpu_steal=statistics.fmean(steal) if steal else float("nan"))
 
 
 def _server_mean(replicas: Sequence[ReplicaCounters]) -> float:
@@ -261,10 +307,39 @@ def write_plot(runs: Sequence[RunSummary], path: Path, title: str) -> Path:
     return path
 
 
-def write_json(runs: Sequence[RunSummary], path: Path, extra: dict[str, object]) -> Path:
-    doc = {**extra, "runs": [
-        {k: v for k, v in asdict(s).items() if k not in ("ttfts_ms", "records")} for s in runs
-    ]}
+def print_rounds(runs: Sequence[RunSummary]) -> None:
+    """The demo's rounds, one row each: every policy's server TTFT, hit rate, throughput."""
+    from rich.console import Console
+    from rich.table import Table
+
+    policies = list(dict.fromkeys(s.policy for s in runs))
+    table = Table(title="each round: server TTFT mean / p90, hit rate, req/s (run order: "
+                  "the round's first policy ran first)", title_justify="left")  # fmt: skip
+    table.add_column("round")
+    for p in policies:
+        table.add_column(p, justify="right")
+    for r in sorted({s.round for s in runs}):
+        by = {s.policy: s for s in runs if s.round == r}
+        table.add_row(str(r + 1), *(
+            "-" if p not in by else
+            f"{by[p].server_ttft_mean_ms:.0f} / {by[p].server_ttft_p90_ms:.0f} ms, "
+            f"{by[p].hit_rate:.1%}, {by[p].req_per_s:.1f}" for p in policies
+        ))  # fmt: skip
+    Console().print(table)
+
+
+def _fields(s: RunSummary) -> dict[str, object]:
+    return {k: v for k, v in asdict(s).items() if k not in ("ttfts_ms", "records", "counters")}
+
+
+def write_json(
+    runs: Sequence[RunSummary], path: Path, extra: dict[str, object],
+    by_round: Sequence[RunSummary] | None = None,
+) -> Path:  # fmt: skip
+    """``runs``: one per policy (over all rounds); ``by_round``: every run of every round."""
+    doc = {**extra, "runs": [_fields(s) for s in runs]}
+    if by_round is not None:
+        doc["by_round"] = [_fields(s) for s in by_round]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return path
@@ -277,5 +352,5 @@ def write_requests(runs: Sequence[RunSummary], path: Path) -> Path:
     with path.open("w", encoding="utf-8") as out:
         for s in runs:
             for r in s.records:
-                out.write(json.dumps({"policy": s.policy, **asdict(r)}) + "\n")
+                out.write(json.dumps({"policy": s.policy, "round": s.round, **asdict(r)}) + "\n")
     return path

@@ -95,6 +95,9 @@ class StackOptions:
     """Policy ``sglang``: the router sits behind the gateway and ext_proc path (an epp
     whose only endpoint is the router, random picker), so its requests pay the same
     Python hop as epp's and the baselines' under ``fair``."""
+    servers: tuple[str, ...] = ()
+    """Model servers already running (``start_servers``; the demo's ``--rounds``): the stack
+    routes to these URLs and neither starts nor stops them."""
 
     def modes(self) -> tuple[int, int]:
         response = self.response_mode or (
@@ -197,12 +200,70 @@ class Stack:
 
     async def stop(self) -> None:
         await self.gateway.stop()
-        for item in reversed(self._inline):
-            if hasattr(item, "grpc_port"):
-                await item.stop(0.5)
-            else:
-                await item.close()
-        await asyncio.gather(*(c.stop() for c in reversed(self._children)))
+        await _stop_parts(self._inline, self._children)
+
+
+async def _stop_parts(inline: list[Any], children: list[_Child]) -> None:
+    """Stop what runs in this process (epp servers, emulated replicas), then the children."""
+    for item in reversed(inline):
+        if hasattr(item, "grpc_port"):
+            await item.stop(0.5)
+        else:
+            await item.close()
+    await asyncio.gather(*(c.stop() for c in reversed(children)))
+
+
+@dataclass
+class ModelServers:
+    """Model servers started on their own (``start_servers``), for several stacks in turn
+    (``StackOptions.servers``): the demo's ``--rounds`` runs every policy on the same
+    servers, emptying their prefix caches between runs, instead of starting fresh ones."""
+
+    urls: list[str]
+    log_dir: Path | None
+    _children: list[_Child] = field(default_factory=list)
+    _inline: list[Any] = field(default_factory=list)
+
+    async def reset_prefix_caches(self, timeout_s: float = 30.0) -> None:
+        """Empty every server's prefix cache (``POST /reset_prefix_cache``: vLLM serves it
+        in dev mode, which the stack turns on, and so does the emulator). vLLM refuses
+        while running requests hold blocks: retried until ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as session:
+            for url in self.urls:
+
+                async def reset(url: str = url) -> bool:
+                    try:
+                        async with session.post(
+                            f"{url}/reset_prefix_cache", timeout=aiohttp.ClientTimeout(total=10)
+                        ) as r:
+                            if r.status == 404:
+                                raise StackError(f"{url} cannot reset its prefix cache (404)")
+                            return r.status == 200 and bool((await r.json()).get("success"))
+                    except (aiohttp.ClientError, ValueError, TimeoutError):
+                        return False
+
+                await _poll(reset, deadline, f"prefix cache reset of {url}")
+
+    async def stop(self) -> None:
+        await _stop_parts(self._inline, self._children)
+
+
+async def start_servers(options: StackOptions) -> ModelServers:
+    """The model servers of ``options`` (emulated or vLLM), ready, without epp or gateway."""
+    if options.prefix == "precise":
+        raise ValueError("precise mode's servers publish their KV events to one epp: "
+                         "they cannot be shared by several stacks")  # fmt: skip
+    log_dir = _log_dir(options)
+    precise = await _precise_setup(options)
+    children: list[_Child] = []
+    inline: list[Any] = []
+    try:
+        urls = await _ready_replicas(options, log_dir, children, inline, precise)
+    except BaseException:
+        await _stop_parts(inline, children)
+        raise
+    return ModelServers(urls, log_dir, children, inline)
 
 
 def _normal_priority() -> None:
@@ -389,6 +450,19 @@ async def _start_replicas(
     return [r.url for r in reps]
 
 
+async def _ready_replicas(
+    options: StackOptions, log_dir: Path | None, children: list[_Child], inline: list[Any],
+    precise: _Precise | None,
+) -> list[str]:  # fmt: skip
+    """The model servers started and answering their health check; their URLs."""
+    urls = await _start_replicas(options, log_dir, children, inline, precise)
+    if options.engine == "vllm":  # starting vLLM takes ~40 s a server on two cores
+        await _wait_vllm(children, urls, time.monotonic() + max(options.ready_timeout_s, 300.0))
+    else:
+        await _wait_replicas(urls, time.monotonic() + options.ready_timeout_s)
+    return urls
+
+
 @dataclass(slots=True, frozen=True)
 class _Precise:
     """The precise mode's wiring: epp binds ``events``, every server connects to it."""
@@ -554,6 +628,8 @@ async def start_stack(options: StackOptions) -> Stack:
         raise ValueError(f"epp_replicas must be at least 1, not {options.epp_replicas}")
     if options.isolation not in ("process", "inline"):
         raise ValueError(f"isolation must be 'process' or 'inline', not {options.isolation!r}")
+    if options.servers and options.prefix == "precise":
+        raise ValueError("precise mode starts its own servers (they publish to this epp)")
     log_dir = _log_dir(options)
     precise = await _precise_setup(options)
     config = options.config
@@ -564,12 +640,11 @@ async def start_stack(options: StackOptions) -> Stack:
         config = _picker_config(policy, log_dir)
         policy = "epp"
     try:
-        replica_urls = await _start_replicas(options, log_dir, children, inline, precise)
-        if options.engine == "vllm":  # starting vLLM takes ~40 s a server on two cores
-            deadline = time.monotonic() + max(options.ready_timeout_s, 300.0)
-            await _wait_vllm(children, replica_urls, deadline)
+        if options.servers:
+            replica_urls = list(options.servers)
         else:
-            await _wait_replicas(replica_urls, deadline)
+            replica_urls = await _ready_replicas(options, log_dir, children, inline, precise)
+            deadline = time.monotonic() + options.ready_timeout_s
         endpoints = [u.removeprefix("http://") for u in replica_urls]
 
         if policy == "epp":

@@ -222,12 +222,13 @@ def server_command(
 
 def server_env(index: int) -> dict[str, str]:
     """Environment of server ``index``: its OpenMP threads pinned to one core of their own
-    (all would pin core 0 otherwise)."""
+    (all would pin core 0 otherwise); dev mode for ``POST /reset_prefix_cache`` (the demo's
+    rounds empty the caches between runs on the same servers)."""
     cores = os.cpu_count() or 1
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     env.update(VLLM_CPU_OMP_THREADS_BIND=str(index % cores), PYTHONUNBUFFERED="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-               DO_NOT_TRACK="1")  # fmt: skip
+               DO_NOT_TRACK="1", VLLM_SERVER_DEV_MODE="1")  # fmt: skip
     return env
 
 

@@ -7,7 +7,8 @@ their first token on the same server when the request arrived.
 The SGLang router policy does not say which server it picked (no upstream header), so its
 requests are counted against the whole pool.
 
-With several run directories it ends with the runs side by side (their ``demo.json``):
+With several run directories, or one written with ``--rounds`` (each round counts as a run),
+it ends with the runs side by side (their ``demo.json``):
 per run and policy the servers' own TTFT mean / p90, hit rate and throughput, then the mean
 over runs and in how many runs the first policy (epp) had the lower server TTFT mean and p90
 than each other policy. One run's spread on this machine is as large as the differences
@@ -75,7 +76,10 @@ def report(name: str, rows: list[dict[str, Any]]) -> None:
             cached = sum(r["cached_tokens"] for r in sel) / prompt if prompt else 0.0
             print(f"  turn {turn}: {len(sel):>4} requests, TTFT mean {statistics.fmean(t):>5.0f} "
                   f"p90 {pct(t, 0.9):>5.0f} ms, {cached:.0%} of prompt tokens cached")
-        ahead = waiting_at_arrival(ok)
+        ahead = []  # start_s counts from its own run's start: one round at a time
+        for k in sorted({r.get("round", 0) for r in ok}):
+            ahead += waiting_at_arrival([r for r in ok if r.get("round", 0) == k])
+        ok.sort(key=lambda r: r.get("round", 0))
         buckets: dict[int, list[float]] = defaultdict(list)
         for n, r in zip(ahead, ok, strict=True):
             buckets[min(n, BUCKETS)].append(r["ttft_s"] * 1e3)
@@ -94,8 +98,15 @@ def across_runs(dirs: list[Path]) -> None:
     runs = []
     for d in dirs:
         file = d / "demo.json"
-        if file.is_file():
-            runs.append((d.name, {r["policy"]: r for r in json.loads(file.read_text())["runs"]}))
+        if not file.is_file():
+            continue
+        doc = json.loads(file.read_text())
+        if "by_round" not in doc:
+            runs.append((d.name, {r["policy"]: r for r in doc["runs"]}))
+            continue
+        for k in sorted({r["round"] for r in doc["by_round"]}):  # --rounds: each its own run
+            runs.append((f"{d.name}#{k + 1}",
+                         {r["policy"]: r for r in doc["by_round"] if r["round"] == k}))
     if len(runs) < 2:
         return
     policies = list(dict.fromkeys(p for _, by in runs for p in by))

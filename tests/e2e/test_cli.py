@@ -160,3 +160,40 @@ async def test_demo_replays_an_inference_perf_recipe_and_writes_table_and_plot(
     epp = [r for r in lines if r["policy"] == "epp"]
     assert {(r["user"], r["turn"]) for r in epp} == {(u, t) for u in range(8) for t in range(5)}
     assert all(r["status"] == 200 and r["upstream"] and r["ttft_s"] > 0 for r in epp)
+
+
+async def test_demo_rounds_share_the_servers_and_empty_their_caches_between_runs(
+    tmp_path: Path,
+) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE)
+    out = tmp_path / "out"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "simulator.cli", "stack", "--demo", "--workload", str(recipe),
+        "--replicas", "2", "--speedup", "20", "--kv-blocks", "96", "--rounds", "2", "--fair",
+        "--out-dir", str(out),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=_env(), cwd=ROOT,
+    )  # fmt: skip
+    stdout, _ = await asyncio.wait_for(proc.communicate(), 120)
+    text = stdout.decode()
+    assert proc.returncode == 0, text
+    assert "each round" in text and "all 2 rounds" in text
+    doc = json.loads((out / "demo.json").read_text())
+    assert doc["rounds"] == 2
+    # each run's counters are its own (the difference over the run), not the servers' totals
+    assert [(r["round"], r["policy"]) for r in doc["by_round"]] == [
+        (0, "epp"), (0, "random (via epp)"), (1, "random (via epp)"), (1, "epp"),
+    ]
+    for run in doc["by_round"]:
+        assert run["requests"] == 40 and run["errors"] == 0
+        assert sum(run["per_replica_requests"]) == 40
+    assert {r["policy"]: sum(r["per_replica_requests"]) for r in doc["runs"]} == {
+        "epp": 80, "random (via epp)": 80,
+    }
+    lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(lines) == 160
+    for key in {(r["round"], r["policy"]) for r in lines}:
+        run = sorted((r for r in lines if (r["round"], r["policy"]) == key),
+                     key=lambda r: r["start_s"])  # fmt: skip
+        # the same prompts as the previous run: only an emptied cache misses on them
+        assert run[0]["cached_tokens"] == 0, key

@@ -102,6 +102,23 @@ async def test_completion_reports_usage_and_deterministic_text(
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
+async def test_reset_prefix_cache_empties_the_cache_and_keeps_the_counters(
+    emulator: RunningEmulator, http: aiohttp.ClientSession
+) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
+    await post(http, emulator.url + "/v1/completions", body)
+    _, warm = await post(http, emulator.url + "/v1/completions", body)
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    queries = value(await scrape(http, emulator.url), "vllm:prefix_cache_queries",
+                 "vllm:prefix_cache_queries_total")
+    status, reply = await post(http, emulator.url + "/reset_prefix_cache", None)
+    assert (status, reply) == (200, {"success": True})  # as vLLM's dev-mode endpoint
+    _, cold = await post(http, emulator.url + "/v1/completions", body)
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert value(await scrape(http, emulator.url), "vllm:prefix_cache_queries",
+                 "vllm:prefix_cache_queries_total") > queries
+
+
 async def test_chat_completion_shape(
     emulator: RunningEmulator, http: aiohttp.ClientSession
 ) -> None:
