@@ -89,7 +89,8 @@ def register(subparsers: Any) -> None:
         "--config",
         default="",
         help="epp scheduling config (YAML path or shipped profile name), passed to epp as "
-        "--config (default: the shipped 'default')",
+        "--config (default: the shipped 'default'); with --demo several, comma-separated: "
+        "epp runs once per config, each a column named by it",
     )
     g.add_argument(
         "--speedup",
@@ -232,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.epp_replicas < 1:
             raise ValueError(f"--epp-replicas must be at least 1, not {args.epp_replicas}")
+        if "," in args.config and not args.demo:
+            raise ValueError("several --config values are for --demo (one epp run each)")
         if args.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
         if args.rounds > 1 and args.prefix == "precise":

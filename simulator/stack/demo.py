@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -56,6 +56,8 @@ def label_of(options: StackOptions) -> str:
     if options.policy != "epp":
         return f"{options.policy} (via epp)" if options.fair else options.policy
     precise = " precise" if options.prefix == "precise" else ""
+    if options.label:
+        return options.label + precise
     if options.epp_replicas == 1:
         return "epp" + precise
     return f"epp x{options.epp_replicas}{precise} " + ("sync" if options.sync else "no sync")
@@ -63,7 +65,17 @@ def label_of(options: StackOptions) -> str:
 
 def variants(base: StackOptions, policies: tuple[str, ...]) -> list[StackOptions]:
     """One stack per policy; epp with several replicas twice: with and without sync; epp
-    with ``prefix`` precise twice: the approximate index alone, then with KV events."""
+    with ``prefix`` precise twice: the approximate index alone, then with KV events; epp
+    once per config when ``config`` names several (comma-separated), each labelled by it."""
+    configs = [c.strip() for c in base.config.split(",") if c.strip()]
+    if len(configs) > 1:
+        if base.prefix == "precise" or base.epp_replicas > 1:
+            raise ValueError("several epp configs: one epp replica, approximate prefix only")
+        epps = [dataclasses.replace(base, config=c, label=f"epp {Path(c).stem}") for c in configs]
+        out = []
+        for policy in policies:
+            out += epps if policy == "epp" else variants(replace(base, config=""), (policy,))
+        return out
     out = []
     for policy in policies:
         # precise mode's servers tokenize for real: so do the others', for a fair comparison

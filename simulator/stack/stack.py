@@ -95,6 +95,8 @@ class StackOptions:
     """Policy ``sglang``: the router sits behind the gateway and ext_proc path (an epp
     whose only endpoint is the router, random picker), so its requests pay the same
     Python hop as epp's and the baselines' under ``fair``."""
+    label: str = ""
+    """The demo's name for this stack's column ('' = from the policy)."""
     servers: tuple[str, ...] = ()
     """Model servers already running (``start_servers``; the demo's ``--rounds``): the stack
     routes to these URLs and neither starts nor stops them."""

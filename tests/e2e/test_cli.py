@@ -109,36 +109,26 @@ data:
 """
 
 
-async def test_demo_replays_an_inference_perf_recipe_and_writes_table_and_plot(
-    tmp_path: Path,
-) -> None:
+async def _demo(tmp_path: Path, *extra: str) -> tuple[str, Path]:
+    """The demo on the recipe above with two fast emulated replicas: its output, its out-dir."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(RECIPE)
     out = tmp_path / "out"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "simulator.cli",
-        "stack",
-        "--demo",
-        "--workload",
-        str(recipe),
-        "--replicas",
-        "2",
-        "--speedup",
-        "20",
-        "--kv-blocks",
-        "96",
-        "--out-dir",
-        str(out),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=_env(),
-        cwd=ROOT,
-    )
+        sys.executable, "-m", "simulator.cli", "stack", "--demo", "--workload", str(recipe),
+        "--replicas", "2", "--speedup", "20", "--kv-blocks", "96", "--out-dir", str(out), *extra,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=_env(), cwd=ROOT,
+    )  # fmt: skip
     stdout, _ = await asyncio.wait_for(proc.communicate(), 120)
     text = stdout.decode()
     assert proc.returncode == 0, text
+    return text, out
+
+
+async def test_demo_replays_an_inference_perf_recipe_and_writes_table_and_plot(
+    tmp_path: Path,
+) -> None:
+    text, out = await _demo(tmp_path)
     assert "4 system prompts x 2 users, 5 turns" in text  # 40 requests over 8 users
     for row in (
         "prefix cache hit rate",
@@ -165,33 +155,26 @@ async def test_demo_replays_an_inference_perf_recipe_and_writes_table_and_plot(
 async def test_demo_rounds_share_the_servers_and_empty_their_caches_between_runs(
     tmp_path: Path,
 ) -> None:
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(RECIPE)
-    out = tmp_path / "out"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "simulator.cli", "stack", "--demo", "--workload", str(recipe),
-        "--replicas", "2", "--speedup", "20", "--kv-blocks", "96", "--rounds", "2", "--fair",
-        "--out-dir", str(out),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=_env(), cwd=ROOT,
-    )  # fmt: skip
-    stdout, _ = await asyncio.wait_for(proc.communicate(), 120)
-    text = stdout.decode()
-    assert proc.returncode == 0, text
+    text, out = await _demo(
+        tmp_path, "--rounds", "2", "--fair", "--config", "default,predicted-ttft"
+    )
     assert "each round" in text and "all 2 rounds" in text
     doc = json.loads((out / "demo.json").read_text())
     assert doc["rounds"] == 2
     # each run's counters are its own (the difference over the run), not the servers' totals
+    # one epp run per config; each round starts one policy later
+    a, b, c = "epp default", "epp predicted-ttft", "random (via epp)"
     assert [(r["round"], r["policy"]) for r in doc["by_round"]] == [
-        (0, "epp"), (0, "random (via epp)"), (1, "random (via epp)"), (1, "epp"),
+        (0, a), (0, b), (0, c), (1, b), (1, c), (1, a),
     ]
     for run in doc["by_round"]:
         assert run["requests"] == 40 and run["errors"] == 0
         assert sum(run["per_replica_requests"]) == 40
     assert {r["policy"]: sum(r["per_replica_requests"]) for r in doc["runs"]} == {
-        "epp": 80, "random (via epp)": 80,
+        a: 80, b: 80, c: 80,
     }
     lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    assert len(lines) == 160
+    assert len(lines) == 240
     for key in {(r["round"], r["policy"]) for r in lines}:
         run = sorted((r for r in lines if (r["round"], r["policy"]) == key),
                      key=lambda r: r["start_s"])  # fmt: skip
