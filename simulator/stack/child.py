@@ -49,6 +49,7 @@ async def start_epps(
     sync: bool = True,
     host: str = "127.0.0.1",
     mesh_timeout_s: float = 30.0,
+    scrape_interval_s: float | None = None,
 ) -> list[Any]:
     """``count`` epp servers (epp's own ``start_server``) on free ports, scraping ``endpoints``.
 
@@ -59,6 +60,7 @@ async def start_epps(
     Choosing free ports first and passing ``--peers`` up front would race with any other
     process binding them in between. Returns once every replica follows every other."""
     from epp.config.loader import default_config, load_config
+    from epp.datastore.scraper import ScrapeOptions
     from epp.datastore.static import parse_endpoint_list
     from epp.server.runner import ServerOptions, start_server
     from epp.sync.node import SyncOptions
@@ -80,6 +82,9 @@ async def start_epps(
                 health_port=-1,
                 metrics_port=0,
                 sync=SyncOptions(port=0) if share else None,
+                scraping=ScrapeOptions(
+                    interval_s=scrape_interval_s or ScrapeOptions().interval_s
+                ),
             )
             handles.append(await start_server(cfg, pool, options))
         if share:
@@ -140,7 +145,8 @@ async def _main(args: argparse.Namespace) -> None:
                 await r.close()
     else:
         handles = await start_epps(
-            args.count, args.endpoints.split(","), args.config, sync=not args.no_sync
+            args.count, args.endpoints.split(","), args.config, sync=not args.no_sync,
+            scrape_interval_s=args.scrape_interval_s,
         )
         print(json.dumps({"epps": [describe_epp(h) for h in handles]}), flush=True)
         try:
@@ -162,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoints", default="")
     p.add_argument("--config", default="")
     p.add_argument("--no-sync", action="store_true", help="epp: replicas do not share their index")
+    p.add_argument("--scrape-interval-s", type=float, default=None, help="epp: scrape period")
     p.add_argument("--log-level", default=os.environ.get("EPP_SIM_LOG_LEVEL", "WARNING"))
     args = p.parse_args(argv)
     logging.basicConfig(

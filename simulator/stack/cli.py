@@ -105,6 +105,11 @@ def register(subparsers: Any) -> None:
         help="KV cache blocks (16 tokens) per replica; small so that routing matters",
     )
     g.add_argument("--max-num-seqs", type=int, default=None, help="batch size per replica (default: the emulator's, 32)")
+    g.add_argument(
+        "--epp-scrape-interval-s", default="", metavar="S[,S...]",
+        help="epp's period between two scrapes of a server's /metrics (default: epp's, 0.2); "
+        "with --demo several, comma-separated: epp runs once per period, each a column",
+    )  # fmt: skip
     g.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
     g.add_argument("--port", type=int, default=0, help="gateway port (0 = any free port)")
     add_mode_flags(g)
@@ -209,6 +214,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         fair=args.fair,
         sglang_behind_gateway=args.sglang_behind_gateway,
         routing_nice=args.routing_nice,
+        scrape_interval_s=(getattr(args, "scrape_intervals", ()) or (None,))[0],
     )
 
 
@@ -233,6 +239,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.epp_replicas < 1:
             raise ValueError(f"--epp-replicas must be at least 1, not {args.epp_replicas}")
+        try:
+            args.scrape_intervals = tuple(
+                float(x) for x in args.epp_scrape_interval_s.split(",") if x.strip()
+            )
+        except ValueError:
+            raise ValueError(f"--epp-scrape-interval-s {args.epp_scrape_interval_s!r}: "
+                             "expected seconds, comma-separated") from None  # fmt: skip
+        if any(not 0 < x <= 3600 for x in args.scrape_intervals):
+            raise ValueError("--epp-scrape-interval-s: periods must be in (0, 3600] seconds")
+        if len(args.scrape_intervals) > 1 and not args.demo:
+            raise ValueError("several --epp-scrape-interval-s values are for --demo")
         if "," in args.config and not args.demo:
             raise ValueError("several --config values are for --demo (one epp run each)")
         if args.rounds < 1:
@@ -299,7 +316,7 @@ async def _main(
 
         try:
             await run_demo(options, workload, (args.policy, *args.baselines), args.out_dir,
-                           rounds=args.rounds)
+                           rounds=args.rounds, scrape_intervals=args.scrape_intervals)
         except asyncio.CancelledError:
             print("\ninterrupted; stacks stopped", file=sys.stderr)
             return 130

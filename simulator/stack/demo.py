@@ -63,15 +63,25 @@ def label_of(options: StackOptions) -> str:
     return f"epp x{options.epp_replicas}{precise} " + ("sync" if options.sync else "no sync")
 
 
-def variants(base: StackOptions, policies: tuple[str, ...]) -> list[StackOptions]:
+def variants(
+    base: StackOptions, policies: tuple[str, ...], scrape_intervals: tuple[float, ...] = ()
+) -> list[StackOptions]:
     """One stack per policy; epp with several replicas twice: with and without sync; epp
     with ``prefix`` precise twice: the approximate index alone, then with KV events; epp
-    once per config when ``config`` names several (comma-separated), each labelled by it."""
-    configs = [c.strip() for c in base.config.split(",") if c.strip()]
-    if len(configs) > 1:
+    once per config when ``config`` names several (comma-separated) and once per scrape
+    period in ``scrape_intervals``, each labelled by what sets it apart."""
+    configs = [c.strip() for c in base.config.split(",") if c.strip()] or [base.config]
+    intervals = scrape_intervals or (base.scrape_interval_s,)
+    if len(configs) > 1 or len(intervals) > 1:
         if base.prefix == "precise" or base.epp_replicas > 1:
-            raise ValueError("several epp configs: one epp replica, approximate prefix only")
-        epps = [dataclasses.replace(base, config=c, label=f"epp {Path(c).stem}") for c in configs]
+            raise ValueError("several epp configs or scrape periods: one epp replica, "
+                             "approximate prefix only")  # fmt: skip
+        epps = []
+        for c in configs:
+            for i in intervals:
+                label = "epp" + (f" {Path(c).stem}" if len(configs) > 1 else "")
+                label += f" scrape {i:g} s" if len(intervals) > 1 else ""
+                epps.append(replace(base, config=c, scrape_interval_s=i, label=label))
         out = []
         for policy in policies:
             out += epps if policy == "epp" else variants(replace(base, config=""), (policy,))
@@ -177,6 +187,7 @@ async def run_demo(
     out_dir: Path | None = Path("out"),
     console: Console | None = None,
     rounds: int = 1,
+    scrape_intervals: tuple[float, ...] = (),
 ) -> DemoResult:
     """The workload through every policy; with ``rounds`` > 1 on one set of servers, every
     policy once per round, and the table over all rounds (``print_rounds`` shows each)."""
@@ -202,7 +213,7 @@ async def run_demo(
         where = (f"the same servers for every run, their prefix caches emptied before each; "
                  f"{rounds} rounds, each starting one policy later.")  # fmt: skip
     console.print(f"[bold]Stack[/]: {servers}, {epps}gateway in {base.request_mode} mode; {where}")
-    stacks = variants(base, policies)
+    stacks = variants(base, policies, scrape_intervals)
     width = max(12, *(len(f"via {label_of(o)} #{rounds}") for o in stacks))
     with Progress(
         TextColumn(f"{{task.description:>{width}}}"),

@@ -95,6 +95,8 @@ class StackOptions:
     """Policy ``sglang``: the router sits behind the gateway and ext_proc path (an epp
     whose only endpoint is the router, random picker), so its requests pay the same
     Python hop as epp's and the baselines' under ``fair``."""
+    scrape_interval_s: float | None = None
+    """epp's scrape period per server (None = epp's default, 200 ms)."""
     label: str = ""
     """The demo's name for this stack's column ('' = from the policy)."""
     servers: tuple[str, ...] = ()
@@ -604,6 +606,8 @@ async def _start_epps(
             argv += ["--config", config]
         if not options.sync:
             argv.append("--no-sync")
+        if options.scrape_interval_s:
+            argv += ["--scrape-interval-s", str(options.scrape_interval_s)]
         ch, info = await _spawn("epp", argv, log_dir, options.ready_timeout_s)
         children.append(ch)
         described = info["epps"]
@@ -611,8 +615,9 @@ async def _start_epps(
         from simulator.stack import child
 
         handles = await child.start_epps(
-            options.epp_replicas, endpoints, config, sync=options.sync
-        )
+            options.epp_replicas, endpoints, config, sync=options.sync,
+            scrape_interval_s=options.scrape_interval_s,
+        )  # fmt: skip
         inline.extend(handles)
         described = [child.describe_epp(h) for h in handles]
     epps = [EppReplica(d["grpc"], d["metrics"], d["sync"]) for d in described]
