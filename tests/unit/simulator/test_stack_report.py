@@ -3,6 +3,7 @@ Prometheus' histogram_quantile reads it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from simulator.stack.report import ReplicaCounters, _server_mean, _server_quantile
@@ -28,3 +29,31 @@ def test_steal_share_is_the_stolen_part_of_the_machine_time() -> None:
     steal, total = cpu_times()
     if total:  # Linux: /proc/stat read
         assert 0 <= steal <= total
+
+
+def test_a_run_on_shared_servers_counts_its_own_difference_and_rounds_add_up() -> None:
+    from simulator.stack.driver import RequestRecord, RunRecords
+    from simulator.stack.report import RunSummary, merge_runs, summarize
+
+    def counters(q: float, h: float, n: float, s: float, fast: float) -> ReplicaCounters:
+        return ReplicaCounters("a", q, h, n, s, n, ((0.1, fast), (math.inf, n)))
+
+    before, after = counters(100, 40, 4, 1.0, 2), counters(300, 190, 8, 1.4, 6)
+    run = after.minus(before)  # the servers served another policy's run before this one
+    assert (run.prefix_queries, run.prefix_hits, run.requests) == (200, 150, 4)
+    assert math.isclose(run.ttft_sum_s, 0.4) and run.ttft_buckets == ((0.1, 4), (math.inf, 4))
+
+    def summary(round_: int, c: ReplicaCounters, ttft_s: float, wall_s: float) -> RunSummary:
+        records = [RequestRecord(0, 0, 0, 0.0, ttft_s, ttft_s, 200) for _ in range(2)]
+        s = summarize("epp", RunRecords(records, wall_s), [c])
+        return dataclasses.replace(s, round=round_, cpu_steal=0.01 * (round_ + 1))
+
+    one = summary(0, run, 0.05, 1.0)
+    two = summary(1, counters(100, 25, 4, 2.0, 0), 0.5, 3.0)
+    merged = merge_runs([one, two])
+    assert merged.requests == 4 and merged.wall_s == 4.0 and merged.req_per_s == 1.0
+    assert merged.hit_rate == 175 / 300
+    assert merged.per_replica_requests == [8]
+    assert math.isclose(merged.server_ttft_mean_ms, 1000 * 2.4 / 8)
+    assert math.isclose(merged.cpu_steal, 0.015)
+    assert merged.ttft_p50_ms in (50.0, 500.0)
