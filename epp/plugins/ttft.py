@@ -88,6 +88,16 @@ class PredictedTtftParams:
     prefill_timeout_s: float = 600.0
     """A request whose first token was not reported this long after the pick no longer
     counts as prefill queued on its endpoint."""
+    shared_prefill_cost: bool = False
+    """Fit one cost per prefill token for the request's own uncached tokens and the queued
+    ones ahead of it (``c_u = c_q``), as a server spends the same on either. With two, the
+    fit can explain a workload whose requests are mostly cache hits (own tokens nearly
+    constant) by ``c0`` alone: on real vLLM on the CPU ``c_u`` fell from ~0.1 to 0.01 ms a
+    token late in runs, and the scorer then moved conversations off the server holding
+    their prefix (up to 75 of 288 later turns in a run). Off by default: in the replay
+    (GPU-like servers, where queued prefill batches well and so costs less a token than
+    the request's own) it met the TTFT target at 4 of 36 points instead of 6 and lost the
+    shared-prefix 16 req/s win (-63% became +7%; bench_ttft.py --predicted, docs/replay.md)."""
     work_weight: float = 2.0
     """The prefill a pick adds also delays every later request on that endpoint: the score
     charges ``work_weight x c_u x u`` on top of the request's own predicted TTFT (0: greedy,
@@ -307,6 +317,9 @@ class PredictedTtftScorer:
     def _learn(self, x: tuple[float, ...], y: float) -> None:
         lam = self.params.forgetting
         z = [v / s for v, s in zip(x, self._scale, strict=True)]
+        shared = self.params.shared_prefill_cost
+        if shared:  # one coefficient (slot 1) for own and queued prefill; slot 2 follows it
+            z[1], z[2] = z[1] + z[2], 0.0
         xtx, xty = self._xtx, self._xty
         for i in range(_FEATURES):
             row = xtx[i]
@@ -321,3 +334,5 @@ class PredictedTtftScorer:
         if all(math.isfinite(c) for c in coef):
             # costs cannot be negative; a negative fit means the data cannot tell yet
             self.coef = [max(0.0, c) for c in coef]
+            if shared:
+                self.coef[2] = self.coef[1]

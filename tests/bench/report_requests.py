@@ -58,6 +58,22 @@ def waiting_at_arrival(rows: list[dict[str, Any]]) -> list[int]:
     return out
 
 
+def moves(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """(turns sent to another server than the conversation's turn before, those of them
+    that found less than half their prompt cached, turns after the first)."""
+    by = {(r.get("round", 0), r["user"], r["turn"]): r for r in rows}
+    moved = lost = later = 0
+    for (k, user, turn), r in by.items():
+        before = by.get((k, user, turn - 1))
+        if before is None:
+            continue
+        later += 1
+        if r["upstream"] != before["upstream"]:
+            moved += 1
+            lost += r["cached_tokens"] < r["prompt_tokens"] / 2
+    return moved, lost, later
+
+
 def report(name: str, rows: list[dict[str, Any]]) -> None:
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     print(f"== {name}")
@@ -91,6 +107,12 @@ def report(name: str, rows: list[dict[str, Any]]) -> None:
         print(f"  by requests still waiting for a first token on that server at arrival{pool}: "
               f"{cells}")
         print(f"  arrivals with 3 or more ahead: {sum(1 for n in ahead if n >= 3)} of {len(ok)}")
+        rounds = {r.get("round", 0) for r in ok}
+        fronts = {k: {r["upstream"] for r in ok if r.get("round", 0) == k} for k in rounds}
+        if all(len(f) > 1 for f in fronts.values()):  # behind one front (a router): unknown
+            moved, lost, later = moves(ok)
+            print(f"  conversations moved: {moved} of {later} later turns went to another server "
+                  f"than the turn before, {lost} of them with under half the prompt cached")
 
 
 def across_runs(dirs: list[Path]) -> None:

@@ -131,3 +131,24 @@ def test_count_own_running_sees_requests_no_scrape_has_seen() -> None:
     for s in sent[3:]:
         own.post_response(s, PickResult((ep(A),), s), ResponseInfo(499))  # cancelled: released
     assert own.active == {} and own.features(state("q", 400), ep(A, running=1))[3] == 1.0
+
+
+def test_shared_prefill_cost_fits_one_cost_for_own_and_queued_tokens() -> None:
+    # mostly cache hits (own uncached tokens nearly constant) behind a varying queue: the
+    # truth is 0.05 s + 2e-4 s per prefill token, own or queued
+    sc = PredictedTtftScorer("t", PredictedTtftParams(shared_prefill_cost=True))
+    rng = random.Random(3)
+    for i in range(300):
+        ahead = state(f"q{i}", 4 * rng.randrange(0, 3_000))
+        sc.score(ahead, [ep(A)])
+        sc.post_pick(ahead, PickResult((ep(A),), ahead))
+        queued = sc.outstanding.get(A, 0.0)
+        hit = state(f"h{i}", 64_000, {A: 1000 - rng.randrange(0, 3)})  # 0-192 chars uncached
+        sc.score(hit, [ep(A)])
+        sc.post_pick(hit, PickResult((ep(A),), hit))
+        own = 16_000 - 16 * hit.prefix.matched[A]  # 64 chars a block, 4 a token
+        sc.post_first_token(hit, PickResult((ep(A),), hit), 0.05 + 2e-4 * (own + queued))
+        # the one ahead had nothing queued before it: its own tokens are the queue seen
+        sc.post_first_token(ahead, PickResult((ep(A),), ahead), 0.05 + 2e-4 * queued)
+    assert sc.coef[1] == sc.coef[2]
+    assert abs(sc.coef[1] - 2e-4) < 2e-5 and abs(sc.coef[0] - 0.05) < 0.02
