@@ -35,7 +35,8 @@ def register(subparsers: Any) -> None:
             "stdout (plus epp_grpcs, all of them, with --epp-replicas > 1; a summary goes to "
             "stderr) and serves until Ctrl-C / SIGTERM. With --demo, "
             "drives a shared-prefix multi-turn chat workload through epp and through random "
-            "routing instead (fresh replicas each time) and prints the comparison."
+            "routing instead (fresh replicas each time; with --rounds N, the same servers for every "
+            "run, N rounds) and prints the comparison."
         ),
         formatter_class=HelpFormatter,
     )
