@@ -217,3 +217,14 @@ async def test_precise_mode_feeds_every_epp_replica_with_every_servers_events(
             [r.emulator.publisher.seq for r in reps], [heard(p) for p in producers])  # type: ignore[arg-type]
     finally:
         await stack.stop()
+
+
+async def test_the_stack_gives_epp_its_scrape_period() -> None:
+    from simulator.stack import start_stack
+
+    stack = await start_stack(dataclasses.replace(FAST, replicas=1, scrape_interval_s=2.5))
+    try:
+        scrapers = [h._scraper for h in stack._inline if hasattr(h, "grpc_port")]
+        assert [s.options.interval_s for s in scrapers] == [2.5]
+    finally:
+        await stack.stop()
