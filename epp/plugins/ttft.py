@@ -297,8 +297,8 @@ class PredictedTtftScorer:
             return
         target, x, predicted = entry
         self.errors.add(predicted, ttft)
-        if self.errors.count >= _LOG_FIRST and time.monotonic() - self._logged_s >= _LOG_PERIOD_S:
-            self._logged_s = time.monotonic()
+        if self.errors.count >= _LOG_FIRST and (now := time.monotonic()) - self._logged_s >= _LOG_PERIOD_S:
+            self._logged_s = now
             c = self.coef
             log.info(
                 "predicted-ttft model after %d responses: %.0f ms + %.3f ms per uncached token "

@@ -215,7 +215,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         fair=args.fair,
         sglang_behind_gateway=args.sglang_behind_gateway,
         routing_nice=args.routing_nice,
-        scrape_interval_s=(getattr(args, "scrape_intervals", ()) or (None,))[0],
+        scrape_interval_s=args.scrape_intervals[0] if args.scrape_intervals else None,
     )
 
 
@@ -249,10 +249,13 @@ def run(args: argparse.Namespace) -> int:
                              "expected seconds, comma-separated") from None  # fmt: skip
         if any(not 0 < x <= 3600 for x in args.scrape_intervals):
             raise ValueError("--epp-scrape-interval-s: periods must be in (0, 3600] seconds")
-        if len(args.scrape_intervals) > 1 and not args.demo:
-            raise ValueError("several --epp-scrape-interval-s values are for --demo")
-        if "," in args.config and not args.demo:
-            raise ValueError("several --config values are for --demo (one epp run each)")
+        several = "," in args.config or len(args.scrape_intervals) > 1
+        if several and not args.demo:
+            raise ValueError("several --config or --epp-scrape-interval-s values are for --demo "
+                             "(one epp run each)")  # fmt: skip
+        if several and (args.prefix == "precise" or args.epp_replicas > 1):
+            raise ValueError("several --config or --epp-scrape-interval-s values: one epp "
+                             "replica and --prefix approx")  # fmt: skip
         if args.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
         if args.rounds > 1 and args.prefix == "precise":

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -81,10 +81,13 @@ def variants(
             for i in intervals:
                 label = "epp" + (f" {Path(c).stem}" if len(configs) > 1 else "")
                 label += f" scrape {i:g} s" if len(intervals) > 1 else ""
-                epps.append(replace(base, config=c, scrape_interval_s=i, label=label))
+                epps.append(
+                    dataclasses.replace(base, config=c, scrape_interval_s=i, label=label)
+                )
         out = []
         for policy in policies:
-            out += epps if policy == "epp" else variants(replace(base, config=""), (policy,))
+            other = dataclasses.replace(base, config="")
+            out += epps if policy == "epp" else variants(other, (policy,))
         return out
     out = []
     for policy in policies:

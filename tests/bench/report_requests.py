@@ -14,7 +14,7 @@ over runs and in how many runs the first policy (epp) had the lower server TTFT 
 than each other policy. One run's spread on this machine is as large as the differences
 between policies, so verdicts need several.
 
-    python tests/bench/report_requests.py DIR_OR_FILE [...]
+    python tests/bench/report_requests.py DIR_OR_FILE [...] [--alias NAME=COLUMN] [--across-only]
 """
 
 from __future__ import annotations
@@ -115,20 +115,21 @@ def report(name: str, rows: list[dict[str, Any]]) -> None:
                   f"than the turn before, {lost} of them with under half the prompt cached")
 
 
-def across_runs(dirs: list[Path]) -> None:
-    """The runs' demo.json side by side, and how often the first policy came out ahead."""
+def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
+    """The runs' demo.json side by side, and how often the first policy came out ahead.
+    ``alias`` renames columns (one policy named differently in different experiments)."""
+    alias = alias or {}
     runs = []
     for d in dirs:
         file = d / "demo.json"
         if not file.is_file():
             continue
         doc = json.loads(file.read_text())
-        if "by_round" not in doc:
-            runs.append((d.name, {r["policy"]: r for r in doc["runs"]}))
-            continue
-        for k in sorted({r["round"] for r in doc["by_round"]}):  # --rounds: each its own run
-            runs.append((f"{d.name}#{k + 1}",
-                         {r["policy"]: r for r in doc["by_round"] if r["round"] == k}))
+        rows = [{**r, "round": r.get("round", 0)} for r in doc.get("by_round", doc["runs"])]
+        for k in sorted({r["round"] for r in rows}):  # --rounds: each round its own run
+            name = d.name if "by_round" not in doc else f"{d.name}#{k + 1}"
+            runs.append((name, {alias.get(r["policy"], r["policy"]): r
+                                for r in rows if r["round"] == k}))  # fmt: skip
     if len(runs) < 2:
         return
     policies = list(dict.fromkeys(p for _, by in runs for p in by))
@@ -163,10 +164,22 @@ def across_runs(dirs: list[Path]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", type=Path, help="demo --out-dir or requests.jsonl")
+    ap.add_argument("--alias", action="append", default=[], metavar="NAME=COLUMN",
+                    help="in the runs side by side, count policy NAME as COLUMN (the same "
+                    "policy under another label in another experiment); repeatable")
+    ap.add_argument("--across-only", action="store_true",
+                    help="only the runs side by side, not each run's requests")
     args = ap.parse_args()
-    for path in args.paths:
-        report(str(path), load(path))
-    across_runs([p for p in args.paths if p.is_dir()])
+    alias = {}
+    for item in args.alias:
+        name, sep, column = item.partition("=")
+        if not sep:
+            ap.error(f"--alias {item!r}: expected NAME=COLUMN")
+        alias[name] = column
+    if not args.across_only:
+        for path in args.paths:
+            report(str(path), load(path))
+    across_runs([p for p in args.paths if p.is_dir()], alias)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ serves, SSE with usage, ``cached_tokens`` (whole blocks only) feeding epp's lear
 scraper on the real /metrics page (names, ``engine`` label, ``cache_config_info`` sizing the
 prefix index), the precise producer (the servers' KV events over ZMQ carry exactly the block
 keys epp computes from the request with the model's tokenizer and chat template; vLLM's own
-hash functions agree for both algorithms), and a server killed mid-run leaving the rotation.
+hash functions agree for both algorithms), the prefix-cache reset the demo's rounds use, and a
+server killed mid-run leaving the rotation.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from epp.request.types import ApiKind, InferenceRequest
 from simulator import vllm
 from simulator.gateway import UPSTREAM_HOST_HEADER
 from simulator.stack import Stack, StackOptions, start_stack
+from simulator.stack.stack import ModelServers
 from tests.e2e.conftest import post
 
 MODEL = "tiny"
@@ -251,6 +253,26 @@ async def test_vllm_hash_functions_agree_with_epps_for_both_algorithms() -> None
         ours = VllmBlockHasher(32, algo)  # type: ignore[arg-type]
         assert ours.keys(tokens).keys == theirs[algo][0]
         assert ours.keys(tokens, cache_salt="tenant-a").keys == theirs[algo][1]
+
+
+async def test_the_stack_empties_a_real_servers_prefix_cache(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    """What the demo's ``--rounds`` does between runs: vLLM in dev mode (the stack's server
+    environment) serves ``POST /reset_prefix_cache``, and the same prompt then misses."""
+    url = stack.replica_urls[0]
+    body = {"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": "Reset?"}]}  # fmt: skip
+
+    async def cached() -> int:
+        status, _, raw = await post(http, url + "/v1/chat/completions", body)
+        assert status == 200, raw
+        return int(json.loads(raw)["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    await cached()
+    assert await cached() > 0
+    await ModelServers([url], None).reset_prefix_caches()
+    assert await cached() == 0
 
 
 async def test_a_killed_server_leaves_the_rotation(stack: Stack, http: aiohttp.ClientSession) -> None:
