@@ -96,7 +96,7 @@ _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 """Top-level sections read by other layers (``epp.config.request_control``,
 ``epp.datastore.static``) from ``EppConfig.raw``."""
 
-SHIPPED = ("default", "filter-chain", "predicted-ttft")
+SHIPPED = ("default", "filter-chain", "predicted-ttft", "cache-aware")
 
 
 def _camel(name: str) -> str:
@@ -299,7 +299,7 @@ def _check_prefix(prefix: PrefixIndexConfig, where: str) -> None:
 
 
 def load_config(path: str | Path) -> EppConfig:
-    """Read a config file; a shipped profile name (``default``, ``filter-chain``) works too."""
+    """Read a config file; a shipped profile name (``SHIPPED``) works too."""
     text_path = Path(path)
     if not text_path.exists() and str(path) in SHIPPED:
         return shipped_config(str(path))

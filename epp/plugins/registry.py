@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from epp.plugins import filters, pickers, scorers, ttft
+from epp.plugins import cacheaware, filters, pickers, scorers, ttft
 from epp.prefix.precise import PRECISE_PREFIX_PRODUCER, PreciseIndexConfig, PrecisePrefixProducer
 from epp.prefix.producer import PrefixIndexConfig, PrefixProducer
 from epp.scheduling.interfaces import DataProducer, Filter, Picker, Scorer
@@ -53,6 +53,12 @@ _ALL: dict[str, PluginType[Any]] = {
         ttft.PredictedTtftScorer, ttft.PredictedTtftParams, "scorer",
         "lowest predicted time to first token (uncached tokens, queued prefill, running "
         "requests; cost model fitted online)", reads_prefix=True,
+    ),
+    "cache-aware-scorer": PluginType(
+        cacheaware.CacheAwareScorer, cacheaware.CacheAwareParams, "scorer",
+        "the SGLang router's cache_aware rule: the endpoint holding a prefix match over 0.3 of "
+        "the prompt, else the one sent the least uncached text; load alone when imbalanced",
+        reads_prefix=True,
     ),
     "queue-scorer": PluginType(
         scorers.QueueScorer, scorers.QueueScorerParams, "scorer",

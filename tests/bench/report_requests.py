@@ -1,7 +1,11 @@
 """Where a demo run's time to first token went, from its ``requests.jsonl`` (``epp-sim stack
 --demo --out-dir DIR`` writes one): per policy, client TTFT by conversation turn (turn 0
 prefills the group's system prompt cold) and by how many requests were still waiting for
-their first token on the same server when the request arrived.
+their first token on the same server when the request arrived, and a least-squares fit of
+the client TTFT on what each request met on arrival (its own uncached tokens, the requests
+ahead of it waiting for a first token on the same server, their uncached tokens, the
+requests decoding there, and those waiting on the other servers): what the time to first
+token on this stack is made of, to compare with the predicted-TTFT scorer's model.
 
 "Still waiting" uses the client's view of each request: from its start to its first token.
 The SGLang router policy does not say which server it picked (no upstream header), so its
@@ -56,6 +60,53 @@ def waiting_at_arrival(rows: list[dict[str, Any]]) -> list[int]:
         done = sum(1 for s, first in spans if s < t and first <= t)
         out.append(earlier - done)
     return out
+
+
+def arrival_features(rows: list[dict[str, Any]]) -> list[list[float]]:
+    """For each row (one run): 1, its uncached k-tokens, and on its upstream at its start the
+    requests waiting for a first token, their uncached k-tokens, the requests decoding; then
+    the requests waiting for a first token on the other upstreams."""
+    out = []
+    for r in rows:
+        t = r["start_s"]
+        own_n = own_k = decoding = other_n = 0.0
+        for o in rows:
+            if o is r or not o["start_s"] < t < o["start_s"] + o["e2e_s"]:
+                continue
+            waiting = t < o["start_s"] + o["ttft_s"]
+            if o["upstream"] != r["upstream"]:
+                other_n += waiting
+            elif waiting:
+                own_n += 1
+                own_k += (o["prompt_tokens"] - o["cached_tokens"]) / 1e3
+            else:
+                decoding += 1
+        out.append([1.0, (r["prompt_tokens"] - r["cached_tokens"]) / 1e3, own_n, own_k,
+                    decoding, other_n])  # fmt: skip
+    return out
+
+
+FIT_TERMS = ("base", "per 1k own uncached tokens", "per request waiting ahead",
+             "per 1k tokens waiting ahead", "per request decoding", "per request waiting elsewhere")  # fmt: skip
+
+
+def explain(ok: list[dict[str, Any]]) -> str:
+    """The least-squares fit of client TTFT on ``arrival_features`` (all rounds pooled)."""
+    import numpy as np
+
+    x: list[list[float]] = []
+    y: list[float] = []
+    for k in sorted({r.get("round", 0) for r in ok}):
+        run = [r for r in ok if r.get("round", 0) == k]
+        x += arrival_features(run)
+        y += [r["ttft_s"] for r in run]
+    a, b = np.array(x), np.array(y)
+    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    resid = b - a @ coef
+    r2 = 1 - float(resid @ resid) / float(((b - b.mean()) ** 2).sum())
+    terms = ", ".join(f"{c * 1e3:.0f} ms {t}" if t != "base" else f"{c * 1e3:.0f} ms"
+                      for c, t in zip(coef, FIT_TERMS, strict=True))  # fmt: skip
+    return f"{terms}; residual {np.sqrt(resid @ resid / len(b)) * 1e3:.0f} ms rms, R2 {r2:.2f}"
 
 
 def moves(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
@@ -113,6 +164,7 @@ def report(name: str, rows: list[dict[str, Any]]) -> None:
             moved, lost, later = moves(ok)
             print(f"  conversations moved: {moved} of {later} later turns went to another server "
                   f"than the turn before, {lost} of them with under half the prompt cached")
+            print(f"  client TTFT fit: {explain(ok)}")
 
 
 def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
