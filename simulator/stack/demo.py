@@ -23,6 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from simulator.stack import cpu
 from simulator.stack.driver import run_workload
 from simulator.stack.report import (
     ReplicaCounters,
@@ -133,18 +134,20 @@ async def run_policy(
             if progress is not None and task is not None:
                 progress.advance(task)
 
-        cpu0 = cpu_times()
+        by_role = cpu.roles()
+        cpu0, roles0 = cpu_times(), cpu.sample(by_role)
         records = await run_workload(
             stack.gateway_url, workload, options.model, on_done=advance, servers=stack.replica_urls
         )
         steal = steal_share(cpu0, cpu_times())
+        used = cpu.used(roles0, cpu.sample(by_role))
         counters = await scrape_replicas(stack.replica_urls)
     finally:
         await stack.stop()
     if before:
         counters = [after.minus(b) for after, b in zip(counters, before, strict=True)]
     summary = summarize(label, records, counters)
-    return dataclasses.replace(summary, cpu_steal=steal, round=round_)
+    return dataclasses.replace(summary, cpu_steal=steal, round=round_, cpu_s=used)
 
 
 async def warm_up(servers: ModelServers, workload: SharedPrefixWorkload, model: str) -> None:
@@ -253,7 +256,9 @@ async def run_demo(
     )
     console.print(
         "hit rate = vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total over all "
-        f"replicas; TTFT measured by the client from the SSE stream (wall clock; {clock})."
+        f"replicas; TTFT measured by the client from the SSE stream (wall clock; {clock}); "
+        "CPU per request of each part during the workload, from /proc (gw: the development "
+        "gateway and the workload driver, one process)."
     )
     plot = json_path = None
     if out_dir is not None:

@@ -127,6 +127,9 @@ class RunSummary:
     """The demo's round (``--rounds``), from 0."""
     counters: list[ReplicaCounters] = field(default_factory=list, repr=False)
     """The servers' counters over the run (``merge_runs`` adds them up)."""
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds each role of the stack used during the workload (``simulator.stack.cpu``:
+    vllm, epp, router, gateway+client); empty where ``/proc`` is not readable."""
 
     @property
     def imbalance(self) -> float:
@@ -178,8 +181,25 @@ def merge_runs(runs: Sequence[RunSummary]) -> RunSummary:
         counters = [a.plus(b) for a, b in zip(counters, s.counters, strict=True)]
     records = RunRecords([r for s in runs for r in s.records], sum(s.wall_s for s in runs))
     steal = [s.cpu_steal for s in runs if not math.isnan(s.cpu_steal)]
+    cpu: dict[str, float] = {}
+    for s in runs:
+        for role, seconds in s.cpu_s.items():
+            cpu[role] = cpu.get(role, 0.0) + seconds
     merged = summarize(runs[0].policy, records, counters)
-    return replace(merged, cpu_steal=statistics.fmean(steal) if steal else float("nan"))
+    return replace(merged, cpu_steal=statistics.fmean(steal) if steal else float("nan"), cpu_s=cpu)
+
+
+CPU_ROLES = {"vllm": "vllm", "emulator": "emulator", "epp": "epp", "router": "router",
+             "gateway+client": "gw"}  # fmt: skip
+"""Roles in the order printed, and their short names in the table."""
+
+
+def cpu_per_request(s: RunSummary) -> str:
+    """CPU ms per request by role ("vllm 71, epp 5.2, gw 14"), the roles in use."""
+    if not s.cpu_s or not s.requests:
+        return "n/a"
+    return ", ".join(f"{short} {s.cpu_s[role] * 1e3 / s.requests:.3g}"
+                     for role, short in CPU_ROLES.items() if s.cpu_s.get(role, 0.0) > 0)  # fmt: skip
 
 
 def _server_mean(replicas: Sequence[ReplicaCounters]) -> float:
@@ -229,6 +249,7 @@ def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
         ("wall time", [f"{s.wall_s:.1f} s" for s in runs]),
         ("requests per replica", [loads(s) for s in runs]),
         ("errors", [f"{s.errors} of {s.requests}" for s in runs]),
+        ("CPU ms per request", [cpu_per_request(s) for s in runs]),
         ("CPU stolen by the host", [
             "n/a" if math.isnan(s.cpu_steal) else f"{s.cpu_steal:.1%}" for s in runs
         ]),

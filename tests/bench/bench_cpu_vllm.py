@@ -41,52 +41,28 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-TICK = os.sysconf("SC_CLK_TCK")
 CONFIGS = [("random", "full-duplex"), ("epp", "full-duplex"), ("epp", "streamed"), ("epp", "none")]
 
 
-def cpu_s(pid: int) -> float:
-    """utime + stime of one process (threads included), seconds."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def processes() -> list[tuple[int, int, int, str]]:
-    """(pid, ppid, pgid, cmdline) of every process."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        out.append((int(d.name), int(stat[1]), int(stat[2]), cmd))
-    return out
-
-
 def components(stack_pid: int) -> dict[str, list[int]]:
-    """The stack's processes by role: gateway (the stack process), epp, vllm-N (groups)."""
+    """The stack's processes by role (``simulator.stack.cpu``), the gateway being the stack
+    process and each vLLM server counted apart (vllm-N: its process group)."""
+    from simulator.stack.cpu import processes, role_of
+
     procs = processes()
     roles: dict[str, list[int]] = {"gateway": [stack_pid]}
-    children = [p for p in procs if p[1] == stack_pid]
-    for pid, _, _, cmd in children:
-        if "simulator.stack.child" in cmd and " epp" in cmd:
-            roles["epp"] = [pid]
-        elif "simulator.stack.child" in cmd and " replicas" in cmd:
-            roles["emulator"] = [pid]  # --engine emulator: all replicas in one process
-    servers = sorted(pid for pid, _, _, cmd in children if "vllm.entrypoints" in cmd)
-    for i, leader in enumerate(servers):
+    servers = []
+    for pid, ppid, _, cmd in procs:
+        if ppid != stack_pid:
+            continue
+        role = role_of(cmd)
+        if role == "vllm":
+            servers.append(pid)
+        elif role in ("epp", "emulator"):
+            roles[role] = [pid]
+    for i, leader in enumerate(sorted(servers)):
         roles[f"vllm-{i}"] = [p[0] for p in procs if p[2] == leader]
     return roles
-
-
-def sample(roles: dict[str, list[int]]) -> dict[str, float]:
-    return {role: sum(cpu_s(p) for p in pids) for role, pids in roles.items()}
 
 
 async def server_ttft(urls: list[str]) -> tuple[float, float]:
@@ -123,6 +99,8 @@ async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str,
 
     proc, described = start_stack(policy, mode, args)
     try:
+        from simulator.stack.cpu import sample
+
         roles = components(proc.pid)
         await asyncio.sleep(2.0)  # first scrapes, connections
         c0, t0 = sample(roles), time.monotonic()

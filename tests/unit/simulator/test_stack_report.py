@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 from simulator.stack.report import ReplicaCounters, _server_mean, _server_quantile
 
@@ -33,7 +34,7 @@ def test_steal_share_is_the_stolen_part_of_the_machine_time() -> None:
 
 def test_a_run_on_shared_servers_counts_its_own_difference_and_rounds_add_up() -> None:
     from simulator.stack.driver import RequestRecord, RunRecords
-    from simulator.stack.report import RunSummary, merge_runs, summarize
+    from simulator.stack.report import RunSummary, cpu_per_request, merge_runs, summarize
 
     def counters(q: float, h: float, n: float, s: float, fast: float) -> ReplicaCounters:
         return ReplicaCounters("a", q, h, n, s, n, ((0.1, fast), (math.inf, n)))
@@ -46,7 +47,8 @@ def test_a_run_on_shared_servers_counts_its_own_difference_and_rounds_add_up() -
     def summary(round_: int, c: ReplicaCounters, ttft_s: float, wall_s: float) -> RunSummary:
         records = [RequestRecord(0, 0, 0, 0.0, ttft_s, ttft_s, 200) for _ in range(2)]
         s = summarize("epp", RunRecords(records, wall_s), [c])
-        return dataclasses.replace(s, round=round_, cpu_steal=0.01 * (round_ + 1))
+        return dataclasses.replace(s, round=round_, cpu_steal=0.01 * (round_ + 1),
+                                   cpu_s={"vllm": 0.2 * (round_ + 1), "epp": 0.01})  # fmt: skip
 
     one = summary(0, run, 0.05, 1.0)
     two = summary(1, counters(100, 25, 4, 2.0, 0), 0.5, 3.0)
@@ -56,4 +58,34 @@ def test_a_run_on_shared_servers_counts_its_own_difference_and_rounds_add_up() -
     assert merged.per_replica_requests == [8]
     assert math.isclose(merged.server_ttft_mean_ms, 1000 * 2.4 / 8)
     assert math.isclose(merged.cpu_steal, 0.015)
+    assert merged.cpu_s == {"vllm": 0.2 + 0.4, "epp": 0.02}
+    assert cpu_per_request(merged) == "vllm 150, epp 5"  # ms per request, roles in use
     assert merged.ttft_p50_ms in (50.0, 500.0)
+
+
+def test_the_stacks_processes_are_told_apart_by_role() -> None:
+    import subprocess
+    import sys
+
+    from simulator.stack import cpu
+
+    # a child whose command line reads like epp's (simulator.stack.child ... epp), burning
+    # CPU until it is killed
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass",
+                              "simulator.stack.child", "epp"])  # fmt: skip
+    try:
+        roles = cpu.roles()
+        if not roles.get("gateway+client") or not cpu.processes():  # no /proc here
+            return
+        assert roles["epp"] == [child.pid]
+        before = cpu.sample(roles)
+        deadline = time.monotonic() + 10
+        while cpu.used(before, cpu.sample(roles))["epp"] < 0.05 and time.monotonic() < deadline:
+            time.sleep(0.01)  # polls until the child's CPU shows (bounded by the deadline)
+        assert cpu.used(before, cpu.sample(roles))["epp"] >= 0.05
+    finally:
+        child.kill()
+        child.wait()
+    assert cpu.role_of("python -m vllm.entrypoints.openai.api_server --model m") == "vllm"
+    assert cpu.role_of("sglang::router") == "router"
+    assert cpu.role_of("bash") == "other"
