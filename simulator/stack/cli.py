@@ -68,10 +68,11 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     g.add_argument(
         "--policy",
-        choices=["epp", "random", "round-robin", "sglang"],
+        choices=["epp", "random", "round-robin", "sglang", "sglang-random"],
         default="epp",
         help="who picks the replica (random / round-robin bypass epp; sglang: the SGLang "
-        "router in front of the servers instead of the gateway)",
+        "router's cache_aware policy in front of the servers instead of the gateway; "
+        "sglang-random: the router picking at random, which isolates its path from its rule)",
     )
     g.add_argument(
         "--epp-replicas",
@@ -137,7 +138,8 @@ def register(subparsers: Any) -> None:
         default="random",
         help="the policies epp is compared with, comma-separated: random, round-robin, sglang "
         "(the SGLang router's cache_aware policy in front of the servers instead of the "
-        "gateway; installed into the vLLM environment on first use)",
+        "gateway; installed into the vLLM environment on first use), sglang-random (the "
+        "router picking at random: its path without its rule)",
     )
     d.add_argument(
         "--sglang-behind-gateway", action="store_true",
@@ -269,8 +271,10 @@ def run(args: argparse.Namespace) -> int:
         workload = workload_from_args(args) if args.demo else None
         baselines = tuple(b.strip() for b in args.baseline.split(",") if b.strip())
         for b in baselines:
-            if b not in ("random", "round-robin", "sglang"):
-                raise WorkloadError(f"--baseline {b!r}: expected random, round-robin or sglang")
+            if b not in ("random", "round-robin", "sglang", "sglang-random"):
+                raise WorkloadError(
+                    f"--baseline {b!r}: expected random, round-robin, sglang or sglang-random"
+                )
         if args.demo and args.policy in baselines:
             raise WorkloadError("--policy and --baseline must differ for the demo")
         args.baselines = baselines

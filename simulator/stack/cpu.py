@@ -28,7 +28,7 @@ def cpu_s(pid: int) -> float:
 
 def processes() -> list[tuple[int, int, int, str]]:
     """(pid, ppid, pgid, command line) of every process."""
-    out = []
+    out: list[tuple[int, int, int, str]] = []
     try:
         entries = list(Path("/proc").iterdir())
     except OSError:

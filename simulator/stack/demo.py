@@ -52,8 +52,9 @@ class DemoResult:
 
 def label_of(options: StackOptions) -> str:
     """A run's column name: the policy, and for several epp replicas their count and sync."""
-    if options.policy == "sglang":
-        return "SGLang router" + (" (via epp)" if options.sglang_behind_gateway else "")
+    if options.policy in ("sglang", "sglang-random"):
+        rule = " random" if options.policy == "sglang-random" else ""
+        return f"SGLang router{rule}" + (" (via epp)" if options.sglang_behind_gateway else "")
     if options.policy != "epp":
         return f"{options.policy} (via epp)" if options.fair else options.policy
     precise = " precise" if options.prefix == "precise" else ""

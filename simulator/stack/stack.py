@@ -150,10 +150,16 @@ class EppReplica:
     """Index sync address (host:port), None when sync is off."""
 
 
+ROUTER_POLICIES = {"sglang": "cache_aware", "sglang-random": "random"}
+"""Stack policies served by the SGLang router, and the router's policy for each
+(``sglang-random``: the router picking at random, to compare its path with epp's)."""
+
+
 @dataclass
 class RouterFront:
     """The SGLang router in front of the servers, in place of the gateway (policy
-    ``sglang``): its own process, the servers as its workers, ``cache_aware``."""
+    ``sglang``, ``cache_aware``, or ``sglang-random``): its own process, the servers as its
+    workers."""
 
     child: _Child
     url: str
@@ -370,7 +376,7 @@ async def _poll(check: Any, deadline: float, what: str) -> None:
 
 def _log_dir(options: StackOptions) -> Path | None:
     """Where child processes log (a fresh temporary folder unless one is given)."""
-    if options.isolation != "process" and options.engine != "vllm" and options.policy != "sglang":
+    if options.isolation != "process" and options.engine != "vllm" and options.policy not in ROUTER_POLICIES:
         return options.log_dir
     if options.log_dir is None:
         import tempfile
@@ -553,7 +559,7 @@ def _picker_config(policy: str, log_dir: Path | None) -> str:
 
 
 async def _start_sglang_router(
-    urls: list[str], log_dir: Path | None, deadline: float
+    urls: list[str], log_dir: Path | None, deadline: float, policy: str = "cache_aware"
 ) -> RouterFront:
     from simulator import vllm
 
@@ -571,7 +577,7 @@ async def _start_sglang_router(
     try:
         proc = await asyncio.create_subprocess_exec(
             str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-            "--port", str(port), "--policy", "cache_aware", "--worker-urls", *urls,
+            "--port", str(port), "--policy", policy, "--worker-urls", *urls,
             stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
         )  # fmt: skip
     finally:
@@ -657,8 +663,9 @@ async def start_stack(options: StackOptions) -> Stack:
         if policy == "epp":
             epps = await _start_epps(options, config, endpoints, log_dir, children, inline, deadline)
 
-        if policy == "sglang":
-            front = await _start_sglang_router(replica_urls, log_dir, deadline)
+        if policy in ROUTER_POLICIES:
+            front = await _start_sglang_router(replica_urls, log_dir, deadline,
+                                               ROUTER_POLICIES[policy])  # fmt: skip
             if not options.sglang_behind_gateway:
                 return Stack(options, front, replica_urls, epps, log_dir, children, inline)
             children.append(front.child)

@@ -18,15 +18,16 @@ from tests.e2e.conftest import post
 pytestmark = pytest.mark.vllm
 
 
-@pytest.mark.parametrize("behind", [False, True])
+@pytest.mark.parametrize(("policy", "behind"),
+                         [("sglang", False), ("sglang", True), ("sglang-random", True)])  # fmt: skip
 async def test_the_router_serves_with_and_without_the_gateway_hop(
-    behind: bool, tmp_path: Path
+    policy: str, behind: bool, tmp_path: Path
 ) -> None:
     reason = vllm.setup_missing() or vllm.available()
     if reason:
         pytest.skip(reason)
     stack = await start_stack(StackOptions(
-        replicas=2, policy="sglang", sglang_behind_gateway=behind, isolation="inline",
+        replicas=2, policy=policy, sglang_behind_gateway=behind, isolation="inline",
         log_dir=tmp_path,
     ))  # fmt: skip
     try:
@@ -43,5 +44,8 @@ async def test_the_router_serves_with_and_without_the_gateway_hop(
             assert upstream and upstream not in stack.endpoints()
         else:  # the clients talk to the router itself: no gateway, no epp
             assert stack.epps == [] and UPSTREAM_HOST_HEADER not in {h.lower() for h in headers}
+        # the router runs the policy asked for (its start-up line names it)
+        log = (tmp_path / "sglang-router.log").read_text(errors="replace")
+        assert ("policy: Random" if policy == "sglang-random" else "policy: CacheAware") in log
     finally:
         await stack.stop()
