@@ -12,7 +12,7 @@ cached tuple that is rebuilt only after a change, so a scheduling decision costs
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
@@ -181,6 +181,27 @@ class Datastore:
 
     def in_flight(self) -> Mapping[EndpointId, int]:
         return {eid: e.in_flight for eid, e in self._entries.items()}
+
+    def in_flight_view(self) -> Mapping[EndpointId, int]:
+        """The in-flight counts as a live read-only mapping (no copy: the Director hands it
+        to every scheduling cycle, ``CycleState.in_flight``)."""
+        return _InFlightView(self._entries)
+
+
+class _InFlightView(Mapping[EndpointId, int]):
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: dict[EndpointId, _Entry]) -> None:
+        self._entries = entries
+
+    def __getitem__(self, key: EndpointId) -> int:
+        return self._entries[key].in_flight
+
+    def __iter__(self) -> Iterator[EndpointId]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def _with_pending(e: Endpoint, pending: int) -> Endpoint:

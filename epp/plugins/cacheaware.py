@@ -11,22 +11,19 @@ others 0 (ties keep 1 each; the picker breaks them).
 
 Where it differs from the router: the prefix match is epp's (the approximate index's
 chunk match, or KV events, whichever producer runs) instead of the router's character
-radix tree; load is the requests epp has in flight there (as the router counts its own);
+radix tree; load is the requests epp has in flight there (``CycleState.in_flight``, the
+Director's count, as the router counts its own);
 "tree size" is the unmatched characters sent to the endpoint, never shrunk (the router's
 tree is capped at 2^26 characters a worker, which a run here never reaches).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from epp.datastore.endpoint import Endpoint, EndpointId
-from epp.scheduling.types import CycleState, PickResult, ResponseInfo
-
-_MAX_ACTIVE = 100_000
-"""Requests remembered as in flight; beyond it (responses never reported) the oldest go."""
+from epp.scheduling.types import CycleState, PickResult
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,14 +40,13 @@ class CacheAwareScorer:
     def __init__(self, name: str, params: CacheAwareParams) -> None:
         self.name = name
         self.params = params
-        self.in_flight: dict[EndpointId, int] = {}
         self.sent_chars: dict[EndpointId, float] = {}
         """Per endpoint, the prompt characters sent there beyond their prefix match."""
-        self._active: OrderedDict[str, EndpointId] = OrderedDict()
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         p = self.params
-        loads = [self.in_flight.get(e.id, 0) for e in endpoints]
+        in_flight = state.in_flight
+        loads = [in_flight.get(e.id, 0) for e in endpoints]
         hi, lo = max(loads, default=0), min(loads, default=0)
         if hi - lo > p.balance_abs_threshold and hi > lo * p.balance_rel_threshold:
             return [1.0 if n == lo else 0.0 for n in loads]
@@ -68,30 +64,9 @@ class CacheAwareScorer:
         prefix = state.prefix
         unmatched = len(state.request.prompt) - prefix.matched.get(target, 0) * prefix.block_chars
         self.sent_chars[target] = self.sent_chars.get(target, 0.0) + max(0, unmatched)
-        rid = state.request.request_id
-        if rid in self._active:
-            return
-        self._active[rid] = target
-        self.in_flight[target] = self.in_flight.get(target, 0) + 1
-        if len(self._active) > _MAX_ACTIVE:
-            self._end(next(iter(self._active)))
-
-    def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
-        self._end(state.request.request_id)
-
-    def _end(self, rid: str) -> None:
-        target = self._active.pop(rid, None)
-        if target is None:
-            return
-        left = self.in_flight.get(target, 0) - 1
-        if left > 0:
-            self.in_flight[target] = left
-        else:
-            self.in_flight.pop(target, None)
 
     def observe_endpoint(self, endpoint: Endpoint) -> None:
         pass
 
     def remove_endpoint(self, endpoint_id: EndpointId) -> None:
-        self.in_flight.pop(endpoint_id, None)
         self.sent_chars.pop(endpoint_id, None)

@@ -84,6 +84,7 @@ class Director:
         flow: FlowControlConfig | None = None,
     ) -> None:
         self._datastore = datastore
+        self._in_flight = datastore.in_flight_view()
         self._scheduler = scheduler
         self._saturation = saturation
         self._metrics = metrics
@@ -111,7 +112,7 @@ class Director:
             return 0.0
         if flow.cfg.saturation == "concurrency":
             return saturation.concurrency_level(
-                endpoints, self._datastore.in_flight(), flow.cfg.max_concurrency
+                endpoints, self._in_flight, flow.cfg.max_concurrency
             )
         return saturation.thresholds_level(endpoints, self._saturation, self._clock())
 
@@ -123,7 +124,7 @@ class Director:
             return False  # no endpoint: route() answers 503 at once
         if flow.cfg.saturation == "concurrency":
             return saturation.concurrency(
-                endpoints, self._datastore.in_flight(), flow.cfg.max_concurrency, reserved
+                endpoints, self._in_flight, flow.cfg.max_concurrency, reserved
             )
         return saturation.thresholds(endpoints, self._saturation, self._clock(), reserved)
 
@@ -198,8 +199,9 @@ class Director:
             )
         t0 = time.perf_counter()
         result = self._scheduler.schedule(
-            request, endpoints, now_s, fallbacks=self._fallbacks, commit=False
-        )
+            request, endpoints, now_s, fallbacks=self._fallbacks, commit=False,
+            in_flight=self._in_flight,
+        )  # fmt: skip
         scheduling_s = time.perf_counter() - t0
         targets = result.targets
         destination = targets[0].id if len(targets) == 1 else ",".join(e.id for e in targets)

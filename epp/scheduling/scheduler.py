@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from epp.datastore.endpoint import Endpoint, EndpointId
@@ -74,17 +74,22 @@ class Scheduler:
         fallbacks: int = 0,
         *,
         commit: bool = True,
+        in_flight: Mapping[EndpointId, int] | None = None,
     ) -> PickResult:
         """Pick an endpoint (and up to ``fallbacks`` more) for ``request``.
 
         With ``commit`` (the default) the post-pick hooks run at once (the pick is recorded in
         the prefix index). A server may pass ``commit=False`` and call ``commit(result)``
         once its reply is on the wire, taking that work off the request's critical path.
-        Raises ``Unavailable`` when ``endpoints`` is empty or the filters leave none.
+        ``in_flight``: the caller's requests in flight per endpoint, for plugins that read
+        them (``CycleState.in_flight``). Raises ``Unavailable`` when ``endpoints`` is empty or
+        the filters leave none.
         """
         if not endpoints:
             raise Unavailable("no ready endpoint in the pool")
         state = CycleState(request, now_s, self.rng)
+        if in_flight is not None:
+            state.in_flight = in_flight
         t0 = time.perf_counter()
         for producer in self.producers:
             producer.prepare(state, endpoints)

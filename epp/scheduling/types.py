@@ -50,6 +50,9 @@ class CycleState:
     post-response hooks, which must not read another producer's keys)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent in each plugin (and in ``prefix``) during this cycle."""
+    in_flight: Mapping[EndpointId, int] = field(default_factory=lambda: _NO_MATCH)
+    """Requests epp has in flight per endpoint (the Director's, ``Datastore.in_flight_view``;
+    empty when the caller keeps none)."""
 
 
 @dataclass(slots=True, frozen=True)

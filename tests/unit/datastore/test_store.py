@@ -12,10 +12,12 @@ def test_in_flight_accounting_keeps_every_other_field() -> None:
         Metrics(waiting=3, scraped_at_s=1.0), metrics_port=9000, stale=True,
     )
     store = Datastore()
+    view = store.in_flight_view()  # live: taken before anything is counted
     store.upsert(e)
     store.request_started(e.id)
     store.request_started(e.id)
     store.request_finished(e.id)
+    assert dict(view) == {e.id: 1} and view.get(EndpointId("gone:1"), 0) == 0
     got = store.get(e.id)
     assert got == dataclasses.replace(e, pending=2)
     assert got is not None and got.queue == 3 + 2 and store.in_flight() == {e.id: 1}

@@ -44,16 +44,51 @@ def test_a_match_over_the_threshold_goes_to_its_holder_else_to_the_least_sent() 
 
 
 def test_load_alone_decides_when_imbalanced_and_responses_release_it() -> None:
-    sc = CacheAwareScorer("c", CacheAwareParams(balance_abs_threshold=2, balance_rel_threshold=1.5))
-    sent = [state(f"r{i}", 640) for i in range(4)]
-    for s in sent:
-        send(sc, s, A)
-    assert sc.in_flight == {A: 4}
-    # A holds the whole prompt, but 4 in flight against 0 is imbalanced
-    assert sc.score(state("x", 640, {A: 10}), [ep(A), ep(B)]) == [0.0, 1.0]
-    for s in sent[:2]:
-        sc.post_response(s, PickResult((ep(A),), s), ResponseInfo(200))
-    assert sc.in_flight == {A: 2}
-    assert sc.score(state("x", 640, {A: 10}), [ep(A), ep(B)]) == [1.0, 0.0]
-    sc.remove_endpoint(A)
-    assert sc.in_flight == {} and A not in sc.sent_chars
+    # through the Director, whose in-flight count (Datastore.in_flight_view) the scorer reads
+    from prometheus_client import CollectorRegistry
+
+    from epp.config.loader import parse_config
+    from epp.datastore.store import Datastore
+    from epp.observability.metrics import EppMetrics
+    from epp.requestcontrol.director import Director, Routing
+    from epp.wiring import build_scheduler
+
+    cfg = parse_config({
+        "plugins": [{"type": "cache-aware-scorer",
+                     "parameters": {"balanceAbsThreshold": 3, "balanceRelThreshold": 1.5}},
+                    {"type": "max-score-picker"}],
+        "schedulingProfiles": [{"name": "p", "plugins": [
+            {"pluginRef": "cache-aware-scorer", "weight": 1}, {"pluginRef": "max-score-picker"}]}],
+    })  # fmt: skip
+    ds = Datastore()
+    ds.replace_all([ep(A), ep(B)])
+    director = Director(ds, build_scheduler(cfg, rng=random.Random(1)), cfg.saturation,
+                        EppMetrics(CollectorRegistry()), clock=lambda: 1.0)  # fmt: skip
+    prompt = "the same long prompt " * 40
+
+    def route(rid: str) -> Routing:
+        routing = director.route(InferenceRequest(rid, "m", prompt), None)
+        director.settle(routing)  # as the server does once the reply is sent: the pick is recorded
+        return routing
+
+    first = route("r0")
+    holder = first.target_id
+    other = B if holder == A else A
+    # the prompt is now held by one endpoint: while loads are balanced it goes there...
+    sent = [first] + [route(f"r{i}") for i in (1, 2, 3)]
+    assert [r.target_id for r in sent] == [holder] * 4
+    assert ds.in_flight() == {holder: 4, other: 0}
+    # ...until 4 in flight against 0 is imbalanced (gap over 3, and over 1.5x): load decides,
+    # though the prefix is on the first
+    assert route("r4").target_id == other
+    for r in sent[:3]:
+        director.finish(r, ResponseInfo(200))
+    assert ds.in_flight() == {holder: 1, other: 1}
+    sc = director._scheduler.plugin(CacheAwareScorer)
+    assert sc is not None
+    # balanced again (the scorer reads the Director's live counts): the prefix decides
+    s = state("x", 640, {holder: 10})
+    s.in_flight = ds.in_flight_view()
+    assert sc.score(s, [ep(holder), ep(other)]) == [1.0, 0.0]
+    sc.remove_endpoint(holder)
+    assert holder not in sc.sent_chars
