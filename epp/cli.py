@@ -152,10 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--engine", default="", choices=["vllm", "sglang"],
                    help="engine of the --endpoints servers: vllm or sglang (chooses the metric "
                    "names scraped; default vllm)")
-    g.add_argument("--scrape-interval-s", type=_number(0, strict=True), default=0.2,
-                   help="seconds between /metrics scrapes of each endpoint (between scrapes "
-                   "the requests epp sent carry the load signal; a model server renders its "
-                   "page on every scrape)")
+    g.add_argument("--scrape-interval-s", type=_number(0, strict=True), default=None,
+                   help="seconds between /metrics scrapes of each endpoint (default: the "
+                   "config's scraping.intervalSeconds: 0.2, or 1 for --config predicted-ttft); "
+                   "between scrapes the requests epp sent carry the load signal, and a model "
+                   "server renders its page on every scrape")
     g.add_argument("--scrape-budget-per-s", type=_number(0, strict=False), default=500.0,
                    help="most scrapes per second over the whole pool (0 = no limit): past "
                    "interval x budget endpoints (100 at the defaults) each endpoint's period "
@@ -278,6 +279,22 @@ def _sync_tls(args: argparse.Namespace) -> SyncTls | None:
     return SyncTls(args.sync_cert, args.sync_key, args.sync_ca, args.sync_server_name)
 
 
+def _scrape_interval(args: argparse.Namespace, cfg: EppConfig) -> float:
+    """``--scrape-interval-s`` when given, else the config's ``scraping.intervalSeconds``."""
+    interval: float = cfg.scraping.interval_seconds
+    if args.scrape_interval_s is not None:
+        interval = args.scrape_interval_s
+        stale_s = cfg.saturation.metrics_staleness_seconds
+        if interval >= stale_s:
+            log.warning("--scrape-interval-s %g is not shorter than the config's "
+                        "saturation.metricsStalenessSeconds (%g): endpoints will look stale "
+                        "between scrapes", interval, stale_s)
+    log.info("scraping each endpoint every %g s (%s)", interval,
+             "--scrape-interval-s" if args.scrape_interval_s is not None
+             else f"{cfg.source} scraping.intervalSeconds")
+    return interval
+
+
 def _check_tls_files(args: argparse.Namespace) -> None:
     if not (args.cert or args.key):
         return
@@ -329,7 +346,7 @@ async def serve(args: argparse.Namespace) -> int:
         processing_mode=_MODES[args.processing_mode],
         scrape=not args.no_scrape,
         scraping=ScrapeOptions(
-            interval_s=args.scrape_interval_s,
+            interval_s=_scrape_interval(args, cfg),
             budget_per_s=args.scrape_budget_per_s,
             timeout_s=args.scrape_timeout_s,
             path=args.metrics_path,

@@ -16,6 +16,7 @@ Format (an ``EndpointPickerConfig``, as the Gateway API Inference Extension uses
       - pluginRef: max-score-picker
     prefixIndex: {...}            # optional, see PrefixIndexConfig
     saturation: {...}             # optional, see SaturationConfig
+    scraping: {intervalSeconds: 1} # optional, see ScrapingConfig (default 0.2)
 
 Filters run in the order the profile lists them; scorers need a ``weight``; exactly one
 picker; data producers (``approx-prefix-cache-producer``) run for every request and are not
@@ -41,6 +42,7 @@ import yaml
 from epp import schema
 from epp.config.request_control import RequestControlConfig, parse_request_control
 from epp.datastore.endpoint import Endpoint
+from epp.datastore.scraper import ScrapingConfig
 from epp.datastore.static import endpoints_from_config
 from epp.errors import ConfigError
 from epp.flowcontrol.controller import FlowControlConfig
@@ -78,6 +80,8 @@ class EppConfig:
     prefix: PrefixIndexConfig = field(default_factory=PrefixIndexConfig)
     """The approximate prefix producer's settings (``prefixIndex``, or its parameters)."""
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
+    scraping: ScrapingConfig = field(default_factory=ScrapingConfig)
+    """The ``scraping`` section: the scrape period this profile wants."""
     request_control: RequestControlConfig = field(default_factory=RequestControlConfig)
     """The ``requestControl`` section."""
     flow_control: FlowControlConfig = field(default_factory=FlowControlConfig)
@@ -91,7 +95,7 @@ class EppConfig:
 log = logging.getLogger(__name__)
 
 _KNOWN_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "prefixIndex", "saturation",
-              "flowControl"}
+              "flowControl", "scraping"}
 _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 """Top-level sections read by other layers (``epp.config.request_control``,
 ``epp.datastore.static``) from ``EppConfig.raw``."""
@@ -126,12 +130,16 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
         _check_prefix(sp.params, f"plugins.{sp.name}.parameters")
     if approx:
         prefix = approx[0].params
+    saturation = build_params(SaturationConfig, data.get("saturation"), "saturation")
+    scraping = build_params(ScrapingConfig, data.get("scraping"), "scraping")
+    _check_scraping(scraping, saturation)
     return EppConfig(
         plugins=plugins,
         profile=profile,
         producers=producers,
         prefix=prefix,
-        saturation=build_params(SaturationConfig, data.get("saturation"), "saturation"),
+        saturation=saturation,
+        scraping=scraping,
         request_control=parse_request_control(data),
         flow_control=build_params(FlowControlConfig, data.get("flowControl"), "flowControl"),
         static_endpoints=tuple(endpoints_from_config(data)),
@@ -296,6 +304,19 @@ def _check_prefix(prefix: PrefixIndexConfig, where: str) -> None:
     for fname in ("capacity_per_endpoint_chunks", "max_entries", "ttl_seconds", "chars_per_token"):
         if getattr(prefix, fname) <= 0:
             raise ConfigError(f"{where}.{_camel(fname)}", "must be positive")
+
+
+def _check_scraping(scraping: ScrapingConfig, saturation: SaturationConfig) -> None:
+    interval = scraping.interval_seconds
+    if interval <= 0:
+        raise ConfigError("scraping.intervalSeconds", "must be positive")
+    if interval >= saturation.metrics_staleness_seconds:
+        raise ConfigError(
+            "scraping.intervalSeconds",
+            f"{interval:g} s is not shorter than saturation.metricsStalenessSeconds "
+            f"({saturation.metrics_staleness_seconds:g} s): every endpoint would look stale "
+            "between two scrapes",
+        )
 
 
 def load_config(path: str | Path) -> EppConfig:

@@ -53,6 +53,7 @@ __all__ = [
     "MetricsScraper",
     "ScrapeError",
     "ScrapeOptions",
+    "ScrapingConfig",
     "parse_metrics",
 ]  # fmt: skip
 
@@ -68,9 +69,24 @@ class ScrapeMetrics(Protocol):
     def task_failed(self, kind: str) -> None: ...
 
 
+DEFAULT_INTERVAL_S = 0.2
+
+
+@dataclass(slots=True, frozen=True)
+class ScrapingConfig:
+    """The config's ``scraping:`` section: the scrape period a scheduling profile wants.
+
+    A profile that reads the scraped load directly (the default one: queue and KV-use
+    scorers) needs it fresh; one that carries the load in its own accounting between scrapes
+    (``predicted-ttft``) is as good at 1 s, and every scrape costs the model server CPU it
+    would spend on prefill. ``epp serve --scrape-interval-s`` overrides it."""
+
+    interval_seconds: float = DEFAULT_INTERVAL_S
+
+
 @dataclass(slots=True, frozen=True)
 class ScrapeOptions:
-    interval_s: float = 0.2
+    interval_s: float = DEFAULT_INTERVAL_S
     """Shortest period between two scrapes of one endpoint. 200 ms: the replay loses nothing
     against 50 ms (README, "Benchmarks"), and a model server renders its page a quarter as
     often (vLLM spends ~7 ms of CPU on each: at 20 Hz, 0.14 of a core per server)."""

@@ -73,7 +73,9 @@ def register(subparsers: Any) -> None:
                    help="most requests decoding together per replica; the rest wait")
     p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens,
                    help="uncached prompt tokens admitted per engine step")
-    p.add_argument("--scrape-interval", type=float, default=d.scrape_interval_s, help="seconds between metric scrapes")
+    p.add_argument("--scrape-interval", type=float, default=d.scrape_interval_s,
+                   help="seconds between metric scrapes (default: each epp config's "
+                   "scraping.intervalSeconds: 0.2, 1 for predicted-ttft)")
     p.add_argument("--seed", type=int, default=d.seed,
                    help="seed of the policies' random choices (random, tie-breaks)")
     w = p.add_argument_group("where an index built from what the router sent goes wrong")

@@ -85,6 +85,8 @@ class Policy:
 
     name = "policy"
     needs_metrics = False
+    scrape_interval_s: float | None = None
+    """The scrape period the policy asks for (None: the replay's default)."""
     wants_events = False
     """Reads the replicas' KV-cache events (``kv_events``)."""
 
@@ -259,6 +261,7 @@ class _EppBase(Policy):
 
     def __init__(self, cluster: Cluster, cfg: EppConfig, scheduler: Scheduler) -> None:
         self.cfg = cfg
+        self.scrape_interval_s = cfg.scraping.interval_seconds
         self.model = cluster.model
         self.ids = list(cluster.endpoint_ids)
         self.index_of = {eid: i for i, eid in enumerate(self.ids)}

@@ -2,8 +2,9 @@
 
 Clock: simulated seconds from 0, jumped from event to event. Events are arrivals (in trace
 order), the replicas' own events (``Engine.next_event_time``: admissions, first tokens,
-finishes) and metric scrapes every ``scrape_interval_s`` (200 ms by default, as a production
-scraper polls ``/metrics``).
+finishes) and metric scrapes every ``scrape_interval_s`` (by default the period the policy's
+epp config asks for, ``scraping.intervalSeconds``: 200 ms, 1 s for ``predicted-ttft``; as a
+production scraper polls ``/metrics``).
 
 For each arrival at ``t``:
 
@@ -34,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from epp.datastore.endpoint import EndpointId, Metrics
+from epp.datastore.scraper import DEFAULT_INTERVAL_S
 from epp.prefix.kvevents import EventBatch, Kind, KvEvent
 from epp.request.types import ApiKind
 from epp.scheduling.types import ResponseInfo
@@ -52,7 +54,9 @@ class ReplayConfig:
     kv_blocks: int = 4096
     """KV blocks per replica (4,096 x 16 tokens = 65,536 tokens)."""
     block_size_tokens: int = 16
-    scrape_interval_s: float = 0.2
+    scrape_interval_s: float | None = None
+    """Seconds between metric scrapes; None: the policy's own (an epp config's
+    ``scraping.intervalSeconds``), else 200 ms."""
     max_num_seqs: int = 32
     max_batched_tokens: int = 8192
     seed: int = 0
@@ -80,7 +84,8 @@ class ReplayConfig:
         for name in ("replicas", "kv_blocks", "block_size_tokens", "max_num_seqs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"replay setting {name!r} must be > 0")
-        if self.scrape_interval_s <= 0 or self.sample_interval_s <= 0:
+        if (self.scrape_interval_s is not None and self.scrape_interval_s <= 0) \
+                or self.sample_interval_s <= 0:
             raise ValueError("scrape and sample intervals must be > 0")
         if self.routers < 1:
             raise ValueError("replay setting 'routers' must be >= 1")
@@ -133,6 +138,8 @@ class ReplayResult:
     ttft_predictions: list[tuple[float, float]] = field(default_factory=list)
     """(predicted, observed) TTFT of every response a policy's cost model predicted
     (``predicted-ttft-scorer``), for its prediction error."""
+    scrape_interval_s: float = math.nan
+    """The scrape period the policy saw (nan: it reads no metrics)."""
 
 
 @dataclass(slots=True)
@@ -161,7 +168,7 @@ class Replayer:
         wall0 = time.perf_counter()
         run = _Run(cfg, factory)
         self.engines = run.engines
-        interval = cfg.scrape_interval_s
+        interval = cfg.scrape_interval_s or run.policy.scrape_interval_s or DEFAULT_INTERVAL_S
         last_scrape = -math.inf
         needs_metrics = run.policy.needs_metrics
         restarts = sorted(cfg.restarts)
@@ -191,6 +198,7 @@ class Replayer:
             name or run.policy.name, cfg, run.outcomes, run.sample_times, run.loads, run.peak,
             time.perf_counter() - wall0,
             [pair for p in run.policies for pair in p.ttft_predictions()],
+            interval if needs_metrics else math.nan,
         )  # fmt: skip
 
 

@@ -51,6 +51,8 @@ class PolicyStats:
     observed| in seconds (nan without such a model)."""
     ttft_pred_rel_p50: float = float("nan")
     ttft_pred_abs_mean_s: float = float("nan")
+    scrape_interval_s: float = float("nan")
+    """The scrape period the policy saw (nan: it reads no metrics)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +101,7 @@ def summarize(result: ReplayResult) -> PolicyStats:
         ttft_pred_count=len(pred),
         ttft_pred_rel_p50=pct(rel, 50),
         ttft_pred_abs_mean_s=float(err.mean()) if err.size else float("nan"),
+        scrape_interval_s=result.scrape_interval_s,
     )
 
 

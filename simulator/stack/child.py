@@ -83,7 +83,7 @@ async def start_epps(
                 metrics_port=0,
                 sync=SyncOptions(port=0) if share else None,
                 scraping=ScrapeOptions(
-                    interval_s=scrape_interval_s or ScrapeOptions().interval_s
+                    interval_s=scrape_interval_s or cfg.scraping.interval_seconds
                 ),
             )
             handles.append(await start_server(cfg, pool, options))

@@ -228,3 +228,10 @@ async def test_the_stack_gives_epp_its_scrape_period() -> None:
         assert [s.options.interval_s for s in scrapers] == [2.5]
     finally:
         await stack.stop()
+    # without one, epp scrapes at the period its config asks for
+    stack = await start_stack(dataclasses.replace(FAST, replicas=1, config="predicted-ttft"))
+    try:
+        scrapers = [h._scraper for h in stack._inline if hasattr(h, "grpc_port")]
+        assert [s.options.interval_s for s in scrapers] == [1.0]
+    finally:
+        await stack.stop()

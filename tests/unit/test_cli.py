@@ -20,11 +20,23 @@ def test_byte_size_rejects_garbage() -> None:
 def test_serve_flags_and_defaults() -> None:
     args = build_parser().parse_args(["serve", "--endpoints", "10.0.0.1:8000"])
     assert (args.grpc_port, args.health_port, args.metrics_port) == (9002, 9003, 9090)
-    assert args.processing_mode == "full-duplex" and args.scrape_interval_s == 0.2
+    assert args.processing_mode == "full-duplex" and args.scrape_interval_s is None
     help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
     for flag in ("--grpc-port", "--health-port", "--metrics-port", "--config", "--endpoints", "--log-level",
                  "--cert", "--key", "--processing-mode", "--scrape-interval-s", "--fallbacks", "--max-body-bytes"):
         assert flag in help_text
+
+
+def test_the_scrape_period_is_the_flag_else_the_configs() -> None:
+    from epp.cli import _scrape_interval
+    from epp.config.loader import shipped_config
+
+    def period(argv: list[str], config: str) -> float:
+        args = build_parser().parse_args(["serve", "--endpoints", "10.0.0.1:8000", *argv])
+        return _scrape_interval(args, shipped_config(config))
+
+    assert period([], "default") == 0.2 and period([], "predicted-ttft") == 1.0
+    assert period(["--scrape-interval-s", "0.5"], "predicted-ttft") == 0.5
 
 
 def test_no_endpoints_is_a_startup_error(capsys: pytest.CaptureFixture[str]) -> None:

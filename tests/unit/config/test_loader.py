@@ -63,6 +63,21 @@ def test_bad_config_names_the_field(text: str, field: str) -> None:
     assert field in str(err.value)
 
 
+def test_the_scraping_section_sets_the_period_a_profile_wants() -> None:
+    assert default_config().scraping.interval_seconds == 0.2
+    assert shipped_config("predicted-ttft").scraping.interval_seconds == 1.0
+    assert shipped_config("cache-aware").scraping.interval_seconds == 1.0
+    assert loads_config(BASE + "scraping: {intervalSeconds: 0.5}\n").scraping.interval_seconds == 0.5
+    for bad, says in (("0", "must be positive"), ("2", "not shorter than saturation"),
+                      ("fast", "expected a number")):
+        with pytest.raises(ConfigError) as err:
+            loads_config(BASE + f"scraping: {{intervalSeconds: {bad}}}\n")
+        assert err.value.field == "scraping.intervalSeconds" and says in str(err.value)
+    # a longer staleness bound admits a longer period
+    cfg = loads_config(BASE + "scraping: {intervalSeconds: 2}\nsaturation: {metricsStalenessSeconds: 5}\n")
+    assert cfg.scraping.interval_seconds == 2.0
+
+
 def test_a_config_with_other_sections_only_keeps_the_default_profile() -> None:
     cfg = loads_config("requestControl: {fallbacks: 1}\nprefixIndex: {ttlSeconds: 30}\n")
     assert cfg.profile == default_config().profile

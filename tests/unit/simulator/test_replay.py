@@ -329,3 +329,33 @@ def test_the_predicted_ttft_policy_reports_its_prediction_error() -> None:
     assert sorted(p[1] for p in result.ttft_predictions) == pytest.approx(observed)
     assert 0 < stats.ttft_pred_rel_p50 < 1 and stats.ttft_pred_abs_mean_s > 0
     assert summarize(replay(small_shared_prefix(), "epp")).ttft_pred_count == 0
+
+
+@pytest.mark.parametrize(
+    "policy,replay_interval,expected",
+    [("epp", None, 0.2), ("epp:predicted-ttft", None, 1.0), ("epp:predicted-ttft", 0.5, 0.5),
+     ("random", None, float("nan"))],
+)
+def test_the_scrape_period_follows_the_epp_config_unless_the_replay_sets_one(
+    policy: str, replay_interval: float | None, expected: float
+) -> None:
+    workload = small_shared_prefix()
+    last_arrival = max(r.arrival_s for r in workload.requests())
+    _, factory = policy_factory(policy)
+    seen: list[float] = []
+
+    def counted(cluster: object) -> object:
+        p = factory(cluster)  # type: ignore[arg-type]
+        observe = p.observe
+        p.observe = lambda metrics, now: (seen.append(now), observe(metrics, now))[1]  # type: ignore[method-assign]
+        return p
+
+    config = ReplayConfig(replicas=4, kv_blocks=400, seed=7, scrape_interval_s=replay_interval)
+    result = Replayer(config).run(workload, counted)  # type: ignore[arg-type]
+    assert summarize(result).scrape_interval_s == pytest.approx(expected, nan_ok=True)
+    during = sorted({t for t in seen if t <= last_arrival})  # the drain scrapes at its own pace
+    if expected != expected:  # nan: a policy that reads no metrics is not scraped per arrival
+        assert during == []
+        return
+    assert all(abs(t / expected - round(t / expected)) < 1e-6 for t in during if t > 1e-9)
+    assert len(during) == pytest.approx(last_arrival / expected, abs=2)
