@@ -109,7 +109,8 @@ def register(subparsers: Any) -> None:
     g.add_argument("--max-num-seqs", type=int, default=None, help="batch size per replica (default: the emulator's, 32)")
     g.add_argument(
         "--epp-scrape-interval-s", default="", metavar="S[,S...]",
-        help="epp's period between two scrapes of a server's /metrics (default: epp's, 0.2); "
+        help="epp's period between two scrapes of a server's /metrics (default: the config's "
+        "scraping.intervalSeconds: 0.2, 1 for predicted-ttft and cache-aware); "
         "with --demo several, comma-separated: epp runs once per period, each a column",
     )  # fmt: skip
     g.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
