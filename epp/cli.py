@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "names scraped; default vllm)")
     g.add_argument("--scrape-interval-s", type=_number(0, strict=True), default=None,
                    help="seconds between /metrics scrapes of each endpoint (default: the "
-                   "config's scraping.intervalSeconds: 0.2, or 1 for --config predicted-ttft); "
+                   "config's scraping.intervalSeconds: 0.2, 1 for --config predicted-ttft and "
+                   "cache-aware); "
                    "between scrapes the requests epp sent carry the load signal, and a model "
                    "server renders its page on every scrape")
     g.add_argument("--scrape-budget-per-s", type=_number(0, strict=False), default=500.0,
