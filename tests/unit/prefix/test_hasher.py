@@ -96,3 +96,33 @@ def test_native_word_skipping_equals_the_python_loop(text: str, block: int, star
     native = ChunkHasher(block_chars=block, native=True)
     start = start_blocks * block
     assert native.extend(text, 7, start) == native.extend_python(text, 7, start)
+
+
+# each storage width of a str (Latin-1, BMP, astral) with ASCII runs long enough for the
+# native encoder's word-at-a-time steps, and blocks larger than its stack buffer
+per_kind = st.sampled_from(["é", "ÿ", "Ω", "日本", "\uffff", "🚀", "\U0010ffff"]).flatmap(
+    lambda wide: st.lists(
+        st.one_of(st.text(alphabet="abcdefgh ", min_size=1, max_size=30), st.just(wide)),
+        max_size=30,
+    ).map("".join)
+)
+
+
+@pytest.mark.skipif(not NATIVE, reason="native hashing extension not built on this machine")
+@given(per_kind, st.sampled_from([1, 3, 8, 64, 300]), st.integers(0, 2))
+def test_native_encoding_per_storage_width_equals_the_python_loop(
+    text: str, block: int, start_blocks: int
+) -> None:
+    native = ChunkHasher(block_chars=block, native=True)
+    start = start_blocks * block
+    assert native.extend(text, 11, start) == native.extend_python(text, 11, start)
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.skipif(
+    not NATIVE, reason="native hashing extension not built on this machine")), False])
+@pytest.mark.parametrize("text", ["ab\ud800cdefgh", "abcd\U0001f680\udfffxyz", "abcdé\udc00xyzw"])
+def test_a_lone_surrogate_in_a_hashed_chunk_raises_the_codec_error(native: bool, text: str) -> None:
+    hasher = ChunkHasher(block_chars=4, native=native)
+    with pytest.raises(UnicodeEncodeError, match="surrogates not allowed"):
+        hasher.hashes(text, SEED)
+    assert hasher.hashes(text[:2], SEED) == []  # a trailing partial chunk is never encoded
