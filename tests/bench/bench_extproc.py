@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -110,7 +111,8 @@ PHASES = [
 
 
 def _install_phase_timers() -> dict[str, list[float]]:
-    """Wrap each PHASES function with a perf_counter timer; SIGUSR1 prints and resets."""
+    """Wrap each PHASES function with a perf_counter timer and time the garbage collector's
+    passes per generation; SIGUSR1 prints and resets."""
     import importlib
 
     totals: dict[str, list[float]] = {}
@@ -134,6 +136,18 @@ def _install_phase_timers() -> dict[str, list[float]]:
         owner = getattr(module, owner_name) if owner_name else module
         for name in names.split("+"):
             setattr(owner, name, timed(attr, getattr(owner, name)))
+
+    gc_t0 = [0.0]
+
+    def gc_timer(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_t0[0] = time.perf_counter()
+        else:
+            acc = totals.setdefault(f"gc{info['generation']}", [0.0, 0])
+            acc[0] += time.perf_counter() - gc_t0[0]
+            acc[1] += 1
+
+    gc.callbacks.append(gc_timer)
 
     def report(*_: object) -> None:
         print(json.dumps({k: v[0] for k, v in totals.items()}), flush=True)
@@ -398,6 +412,8 @@ async def phases(requests: int, concurrency: int, mode: str) -> None:
           "phases are part of the one above):")
     for label, depth, _, attr in PHASES:
         print(f"  {'  ' * depth}{label:{44 - 2 * depth}} {epp_phases.get(attr, 0.0) * per:>6.0f}")
+    gcs = " / ".join(f"{epp_phases.get(f'gc{g}', 0.0) * per:.1f}" for g in range(3))
+    print(f"  {'garbage collection, generations 0 / 1 / 2':44} {gcs}")
 
 
 def main() -> None:
