@@ -241,6 +241,17 @@ class PrefixIndex:
             store = self._endpoints.get(endpoint_id)
             return self.default_capacity if store is None else store.capacity
 
+    def fill(self, endpoint_ids: Sequence[EndpointId]) -> list[float]:
+        """Per endpoint, the share of its LRU in use (0 for one nothing was recorded for):
+        how full epp believes its KV cache is with reusable prefixes."""
+        with self._lock:
+            stores = self._endpoints
+            out = []
+            for eid in endpoint_ids:
+                store = stores.get(eid)
+                out.append(0.0 if store is None else len(store) / store.capacity)
+            return out
+
     def sweep(self, now_s: float) -> int:
         """Remove expired entries (oldest first on every endpoint) and the chain roots no
         endpoint holds any more; returns how many entries expired."""

@@ -261,7 +261,8 @@ class PrecisePrefixProducer:
                 n = guess if ev is None else max(guess, precise.get(eid, 0))
             if n:
                 matched[eid] = n
-        match = PrefixMatch(keys, matched, keyed.block_size * 4)
+        # cache room as the approximate index sees it (it runs alongside, fed by every pick)
+        match = PrefixMatch(keys, matched, keyed.block_size * 4, approx.fill)
         state.matches[self._index_key] = PrefixMatch(keys, precise)
         state.matches[self.name] = match
         state.prefix = match

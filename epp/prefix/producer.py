@@ -112,7 +112,7 @@ class PrefixProducer:
         if not hashes:
             return
         matched = self.index.match(hashes, {e.id for e in endpoints}, state.now_s)
-        match = PrefixMatch(hashes, matched, self.hasher.block_chars)
+        match = PrefixMatch(hashes, matched, self.hasher.block_chars, self.index.fill)
         state.matches[self.name] = match
         state.prefix = match
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -20,6 +20,9 @@ class PrefixMatch:
     hashes: Sequence[int]
     matched: Mapping[EndpointId, int] = field(default_factory=lambda: _NO_MATCH)
     block_chars: int = 64
+    fill: Callable[[Sequence[EndpointId]], Sequence[float]] | None = None
+    """The producer's view of how full each endpoint's cache is (0..1), read on demand by
+    the scorers that weigh cache room (None: the producer keeps no such view)."""
 
     @property
     def total(self) -> int:

@@ -152,3 +152,26 @@ def test_shared_prefill_cost_fits_one_cost_for_own_and_queued_tokens() -> None:
         sc.post_first_token(ahead, PickResult((ep(A),), ahead), 0.05 + 2e-4 * queued)
     assert sc.coef[1] == sc.coef[2]
     assert abs(sc.coef[1] - 2e-4) < 2e-5 and abs(sc.coef[0] - 0.05) < 0.02
+
+
+def test_a_new_prefix_goes_where_the_cache_has_room() -> None:
+    # nothing cached anywhere, equal load: the emptier cache wins, by the room it has
+    fills = {A: 0.9, B: 0.2}
+    s = state("r1", 8000)
+    s.prefix = PrefixMatch(s.prefix.hashes, {}, 64, lambda ids: [fills[e] for e in ids])
+    scores = PredictedTtftScorer("t", PredictedTtftParams()).score(s, [ep(A), ep(B)])
+    assert scores[1] == 1.0 and scores[0] < 0.75
+    off = PredictedTtftScorer("t", PredictedTtftParams(fill_weight=0)).score(s, [ep(A), ep(B)])
+    assert off[0] == off[1] == 1.0
+    # equally full caches: the term vanishes, whatever their fill
+    s.prefix = PrefixMatch(s.prefix.hashes, {}, 64, lambda ids: [0.9] * len(ids))
+    assert PredictedTtftScorer("t", PredictedTtftParams()).score(s, [ep(A), ep(B)]) == [1.0, 1.0]
+
+
+def test_cache_room_weighs_only_the_uncached_tokens() -> None:
+    # the prompt is cached on the fuller A: little to write there, so A still wins
+    s = state("r1", 8000, {A: 120})  # 120 of 125 chunks
+    fills = {A: 0.9, B: 0.2}
+    s.prefix = PrefixMatch(s.prefix.hashes, s.prefix.matched, 64, lambda ids: [fills[e] for e in ids])
+    scores = PredictedTtftScorer("t", PredictedTtftParams()).score(s, [ep(A), ep(B)])
+    assert scores[0] == 1.0 and scores[1] < 0.5

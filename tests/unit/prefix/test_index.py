@@ -39,6 +39,18 @@ def test_match_counts_leading_chunks_per_endpoint() -> None:
     assert idx.match(chain(2, 6), [A, B, C], now_s=2.0) == {}
 
 
+def test_fill_is_the_share_of_the_endpoints_lru_in_use() -> None:
+    idx = PrefixIndex(capacity_chunks=400)
+    assert idx.fill([A]) == [0.0]  # nothing recorded
+    idx.record(A, chain(1, 100), now_s=1.0)
+    assert idx.fill([A, B]) == [0.25, 0.0]
+    idx.set_capacity(A, 200)
+    assert idx.fill([A]) == [0.5]
+    for tag in range(2, 10):
+        idx.record(A, chain(tag, 100), now_s=float(tag))
+    assert idx.fill([B, A]) == [0.0, 1.0]
+
+
 def test_partial_prefix_match_stops_at_divergence() -> None:
     idx = PrefixIndex()
     idx.record(A, chain(1, 8), now_s=1.0)

@@ -80,3 +80,19 @@ def test_the_lru_is_sized_by_the_characters_per_token_the_responses_report() -> 
     assert abs(producer.index.capacity(server.id) - 16_384 * 6.5 / 64) < 16
     s.on_response(result, ResponseInfo(prompt_tokens=3))  # too short to tell: ignored
     assert abs(producer.chars_per_token - 6.5) < 0.1
+
+
+def test_the_predicted_ttft_profile_places_new_prefixes_where_the_index_has_room() -> None:
+    from epp.config.loader import load_config
+
+    s = build_scheduler(load_config("predicted-ttft"), random.Random(0))
+    index = approx(s).index
+    two = EPS[:2]
+    for i in range(8):  # unrelated prompts, each answered before the next: equal load
+        fills = dict(zip([e.id for e in two], index.fill([e.id for e in two]), strict=True))
+        prompt = f"document {i}: " + f"{i} lorem ipsum dolor sit amet " * (40 + 10 * i)
+        result = s.schedule(InferenceRequest(f"r{i}", "m", prompt), two, float(i))
+        assert fills[result.target.id] == min(fills.values()), (i, fills)
+        s.on_first_token(result, 0.1)
+        s.on_response(result, ResponseInfo(200, ttft_s=0.1))
+    assert all(f > 0 for f in index.fill([e.id for e in two]))
