@@ -225,6 +225,15 @@ def test_live_endpoints_get_the_precise_count_others_the_approximate_one() -> No
     # A sends events: precise (3 of 4); B and C never did: the approximate ratio in blocks
     assert dict(state.prefix.matched) == {A: 3, C: 2}
     assert state.matches["precise"] is state.prefix
+    assert state.prefix.fill is None  # the approximate match carried no cache-room view
+
+
+def test_the_precise_match_passes_on_the_approximate_indexs_cache_room() -> None:
+    p, _ = producer()
+    fills = {A: 0.5, B: 0.0, C: 1.0}
+    approx = PrefixMatch([10], {A: 1}, 64, lambda ids: [fills[e] for e in ids])
+    state = prepare(p, [1, 2], approx=approx)
+    assert state.prefix.fill is not None and list(state.prefix.fill([C, A])) == [1.0, 0.5]
 
 
 def test_a_pick_sticks_speculatively_until_confirmed_or_lapsed() -> None:
