@@ -17,8 +17,10 @@ import gc
 import json
 import random
 import statistics
+import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 from epp.config.loader import default_config
 from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
@@ -29,6 +31,9 @@ from epp.prefix.producer import PrefixProducer
 from epp.request.types import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
 from epp.wiring import build_scheduler
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # for bench_extproc's prompts
 
 SIZES = {"1KB": 1024, "16KB": 16 * 1024, "220KB": 220 * 1024}
 POOLS = (8, 64, 256)
@@ -111,23 +116,24 @@ def bench_hash_only(size: int, reps: int, native: bool) -> float:
 
 
 def bench_hash_scripts(count: int = 2000) -> dict[str, float]:
-    """Microseconds to hash one 16 KB prompt fresh from the JSON parser (as epp gets it: no
-    UTF-8 form cached on the string yet), ASCII and mixed-script (bench_extproc.py's words),
-    and, for scale, a UTF-8 copy of the mixed-script prompt."""
-    rng = random.Random(3)
-    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda", "théta", "日本"]
-    mixed = [" ".join(rng.choice(words) for _ in range(2048))[: 16 * 1024] for _ in range(count)]
-    ascii_ = [p.encode("ascii", "replace").decode() for p in mixed]
+    """Microseconds to hash one of bench_extproc.py's 16 KB mixed-script prompts fresh from
+    the JSON parser (as epp gets it: no UTF-8 form cached on the string yet), the same prompt
+    made ASCII, and, for scale, a UTF-8 copy of the mixed-script one."""
+    from tests.bench.bench_extproc import make_bodies
+
+    mixed = [json.loads(b)["prompt"] for b in make_bodies(count)]
+    as_json = [json.dumps(p, ensure_ascii=False) for p in mixed]
+    ascii_json = [json.dumps(p.encode("ascii", "replace").decode()) for p in mixed]
     h, seed = ChunkHasher(), chain_seed("m")
     out: dict[str, float] = {}
-    for label, prompts, fn in (
-        ("ascii", ascii_, lambda t: h.hashes(t, seed)),
-        ("mixed-script", mixed, lambda t: h.hashes(t, seed)),
-        ("utf-8 copy of mixed-script", mixed, lambda t: t.encode()),
+    for label, source, fn in (
+        ("ascii", ascii_json, lambda t: h.hashes(t, seed)),
+        ("mixed-script", as_json, lambda t: h.hashes(t, seed)),
+        ("utf-8 copy of mixed-script", as_json, lambda t: t.encode()),
     ):
         best = float("inf")
         for _ in range(3):
-            fresh = [json.loads(json.dumps(p, ensure_ascii=False)) for p in prompts]
+            fresh = [json.loads(j) for j in source]
             t0 = time.perf_counter()
             for t in fresh:
                 fn(t)
