@@ -15,17 +15,19 @@ For a request of ``P`` prompt tokens and endpoint ``e``:
 * ``kv`` = its KV-cache use, and ``o`` = the share of its KV cache the request (and the
   work queued ahead) would need beyond what is free: it waits for blocks to be released.
 
-``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o``, and the decision's cost adds the delay its
-prefill imposes on later requests (``work_weight x c_u u``) and, where caches are unequally
-full, the room it takes (``fill_weight x work_weight x c_u u x (fill - lowest fill)``, fill =
-the share of the endpoint's cache the prefix index holds). The coefficients start at priors for a
-7-8B model on one A100-class GPU (``c_u = c_q`` ~ 1/11,000 s per token, ``c_r`` = 20 ms per
-running request, ``c0`` = 20 ms) and are refit by exponentially weighted least squares on
-what epp observes: for every response, the features it had at the pick and the time to its
-first body bytes. The endpoint with the lowest cost scores 1, the others ``best / theirs``.
-Parameters (``PredictedTtftParams``) are the priors, the forgetting factor, the prior's
-weight, ``work_weight`` and ``fill_weight``; nothing is weighted per deployment. Where it stands against the
-default profile: docs/replay.md (``tests/bench/bench_ttft.py``).
+``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o``, and the decision's cost
+adds the delay its prefill imposes on later requests (``work_weight x c_u u``), where caches
+are unequally full the room it takes (``fill_weight x work_weight x c_u u x (fill - lowest
+fill)``, fill = the share of the endpoint's cache the prefix index holds), and where they are
+full the prefixes its writes evict (``evict_weight x work_weight x c_u u x fill``). The
+coefficients start at priors for a 7-8B model on one A100-class GPU (``c_u = c_q`` ~ 1/11,000
+s per token, ``c_r`` = 20 ms per running request, ``c0`` = 20 ms) and are refit by
+exponentially weighted least squares on what epp observes: for every response, the features
+it had at the pick and the time to its first body bytes. The endpoint with the lowest cost
+scores 1, the others ``best / theirs``. Parameters (``PredictedTtftParams``) are the priors,
+the forgetting factor, the prior's weight, ``work_weight``, ``fill_weight`` and
+``evict_weight``; nothing is weighted per deployment. Where it stands against the default
+profile: docs/replay.md (``tests/bench/bench_ttft.py``).
 
 The scorer also reports its prediction error (``errors``), which the replay prints.
 """
@@ -120,6 +122,20 @@ class PredictedTtftParams:
     ``bench_ttft.py --workloads shared-prefix --seeds 12 --predicted FILE``).
     At 3 no point of the grid got worse (geometric mean of the p90s over the default's
     0.935 instead of 0.998). 0 turns it off."""
+    evict_weight: float = 2.0
+    """Where caches are full, every uncached token a pick writes pushes a token of some
+    other prefix out, and a later request that would have reused it prefills it again. The
+    score charges ``evict_weight x work_weight x c_u x u x fill`` on top (fill as for
+    ``fill_weight``, so nothing while the caches have room): with every cache full, a
+    cached prefix behind a queue wins more often against an idle endpoint that would
+    prefill the whole prompt. Over the replay's grid (3 seeds, bench_ttft.py) 2 moved the
+    geometric mean of the p90s over the default's from 0.935 to 0.914, the points at the
+    TTFT target from 5 to 6 of 36 and those at or above cache-aware's hit rate from 14 to
+    17: chat 12 req/s at 1,024 blocks -52% instead of -37%, RAG 8 req/s at 2,048 blocks
+    -6% instead of +8%, the trace at time scale 0.6 with 8,192 blocks -11% instead of +7%.
+    It costs RAG 8 req/s at 4,096 blocks (+18% instead of +12%) and the tail of the deepest
+    overload (trace 0.6 / 8,192 blocks: p99 215 s against 113 s). 1 lies between; 4 won
+    RAG 8 req/s at 2,048 blocks (-15%) and lost it at 8,192 (+33%). 0 turns it off."""
 
 
 @dataclass(slots=True)
@@ -238,10 +254,11 @@ class PredictedTtftScorer:
         cost = [t + f * w * x[1] for x, t, f in zip(feats, preds, factors, strict=True)]
         fill_of = state.prefix.fill
         k = self.params.fill_weight * w
-        if k > 0 and fill_of is not None and len(endpoints) > 1:
+        ev = self.params.evict_weight * w
+        if (k > 0 or ev > 0) and fill_of is not None and len(endpoints) > 1:
             fills = fill_of([e.id for e in endpoints])
             low = min(fills)
-            cost = [c + f * k * x[1] * (fill - low)
+            cost = [c + f * x[1] * (k * (fill - low) + ev * fill)
                     for c, x, f, fill in zip(cost, feats, factors, fills, strict=True)]  # fmt: skip
         best = min(cost)
         return [best / c for c in cost]

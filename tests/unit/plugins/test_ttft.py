@@ -161,9 +161,10 @@ def test_a_new_prefix_goes_where_the_cache_has_room() -> None:
     s.prefix = PrefixMatch(s.prefix.hashes, {}, 64, lambda ids: [fills[e] for e in ids])
     scores = PredictedTtftScorer("t", PredictedTtftParams()).score(s, [ep(A), ep(B)])
     assert scores[1] == 1.0 and scores[0] < 0.75
-    off = PredictedTtftScorer("t", PredictedTtftParams(fill_weight=0)).score(s, [ep(A), ep(B)])
-    assert off[0] == off[1] == 1.0
-    # equally full caches: the term vanishes, whatever their fill
+    off = PredictedTtftParams(fill_weight=0, evict_weight=0)
+    assert PredictedTtftScorer("t", off).score(s, [ep(A), ep(B)]) == [1.0, 1.0]
+    # equally full caches: the term vanishes, whatever their fill (and eviction costs the same
+    # everywhere)
     s.prefix = PrefixMatch(s.prefix.hashes, {}, 64, lambda ids: [0.9] * len(ids))
     assert PredictedTtftScorer("t", PredictedTtftParams()).score(s, [ep(A), ep(B)]) == [1.0, 1.0]
 
@@ -175,3 +176,26 @@ def test_cache_room_weighs_only_the_uncached_tokens() -> None:
     s.prefix = PrefixMatch(s.prefix.hashes, s.prefix.matched, 64, lambda ids: [fills[e] for e in ids])
     scores = PredictedTtftScorer("t", PredictedTtftParams()).score(s, [ep(A), ep(B)])
     assert scores[0] == 1.0 and scores[1] < 0.5
+
+
+def test_full_caches_make_the_tokens_a_pick_writes_cost_more() -> None:
+    # A holds 60 of the prompt's 125 chunks but has 3,500 tokens queued; B is idle and holds
+    # nothing. Alone, the queue outweighs the cached tokens and B wins. With both caches full,
+    # every uncached token written evicts a token of a prefix someone may reuse: B would write
+    # 2,000 tokens, A 1,040, and with evict_weight the cached prefix wins.
+    def pick(params: PredictedTtftParams, fill: float) -> list[float]:
+        sc = PredictedTtftScorer("t", params)
+        queued = state("queued", 14_000)
+        sc.score(queued, [ep(A)])
+        sc.post_pick(queued, PickResult((ep(A),), queued))
+        assert sc.outstanding[A] == 3_500
+        s = state("r1", 8_000, {A: 60})
+        s.prefix = PrefixMatch(s.prefix.hashes, s.prefix.matched, 64, lambda ids: [fill] * len(ids))
+        return list(sc.score(s, [ep(A), ep(B)]))
+
+    off = pick(PredictedTtftParams(evict_weight=0), 1.0)
+    assert off[1] == 1.0 and off[0] < 1.0
+    full = pick(PredictedTtftParams(evict_weight=2), 1.0)
+    assert full[0] == 1.0 and full[1] < 1.0
+    # empty caches: nothing is evicted, so the term is nothing
+    assert pick(PredictedTtftParams(evict_weight=2), 0.0) == off
