@@ -199,3 +199,25 @@ def test_full_caches_make_the_tokens_a_pick_writes_cost_more() -> None:
     assert full[0] == 1.0 and full[1] < 1.0
     # empty caches: nothing is evicted, so the term is nothing
     assert pick(PredictedTtftParams(evict_weight=2), 0.0) == off
+
+
+def test_prefill_under_way_makes_a_pick_that_joins_it_cost_more() -> None:
+    # A holds 60 of the prompt's 125 chunks (960 of 2,000 tokens) and is prefilling 1,500
+    # tokens epp sent; B is idle and holds nothing. A's saving outweighs its queue, unless
+    # the 1,040 tokens the request would prefill there are charged for slowing the 1,500
+    # under way (batched in the same steps).
+    def pick(params: PredictedTtftParams) -> list[float]:
+        sc = PredictedTtftScorer("t", params)
+        queued = state("queued", 6_000)
+        sc.score(queued, [ep(A)])
+        sc.post_pick(queued, PickResult((ep(A),), queued))
+        assert sc.outstanding[A] == 1_500
+        return list(sc.score(state("r1", 8_000, {A: 60}), [ep(A), ep(B)]))
+
+    off = pick(PredictedTtftParams(contention_weight=0))
+    assert off[0] == 1.0 and off[1] < 1.0
+    on = pick(PredictedTtftParams(contention_weight=2))
+    assert on[1] == 1.0 and on[0] < 1.0
+    # nothing under way on A: nothing to charge, whatever the weight
+    idle = PredictedTtftScorer("t", PredictedTtftParams(contention_weight=2))
+    assert idle.score(state("r2", 8_000, {A: 60}), [ep(A), ep(B)])[0] == 1.0
