@@ -266,11 +266,9 @@ class PredictedTtftScorer:
             if len(self._candidates) > 1024:  # scored but never picked (a filter after us)
                 del self._candidates[next(iter(self._candidates))]
         w = self.params.work_weight * self.coef[1]
-        cost = [t + f * w * x[1] for x, t, f in zip(feats, preds, factors, strict=True)]
-        if self.params.contention_weight > 0:
-            cw = self.params.contention_weight * self.coef[1]
-            cost = [c + f * cw * min(x[1], x[2])
-                    for c, x, f in zip(cost, feats, factors, strict=True)]  # fmt: skip
+        cw = self.params.contention_weight * self.coef[1]
+        cost = [t + f * (w * x[1] + cw * min(x[1], x[2]))
+                for x, t, f in zip(feats, preds, factors, strict=True)]  # fmt: skip
         fill_of = state.prefix.fill
         k = self.params.fill_weight * w
         ev = self.params.evict_weight * w
