@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.errors import BadRequest, NotFound, PayloadTooLarge
-from epp.request import flatten
+from epp.request import flatten, jsondoc
 from epp.request.control import ModelTarget, RequestControlConfig
 from epp.request.types import API_PATHS, ApiKind, InferenceRequest
 
@@ -143,11 +143,9 @@ class RequestParser:
         if len(body) > self.max_body_bytes:
             raise PayloadTooLarge(self.too_large_message(len(body)))
         try:
-            text = body.decode("utf-8")
+            doc = jsondoc.loads(body)
         except UnicodeDecodeError as exc:
             raise BadRequest(f"request body is not valid UTF-8 (bad byte at offset {exc.start})") from None
-        try:
-            doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise BadRequest(
                 f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
@@ -180,6 +178,7 @@ class RequestParser:
         out_body = body
         rewritten = target != model
         if rewritten:
+            doc = jsondoc.strict(body)  # integers exact in what is written back
             doc["model"] = target
             out_body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 

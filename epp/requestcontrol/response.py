@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from epp.request import jsondoc
 from epp.scheduling.types import ResponseInfo
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class ResponseReader:
         if not self._held:
             return chunk
         if isinstance(doc, dict) and doc.get("model") == json.loads(self._from):
+            doc = jsondoc.strict(body)  # integers exact in what is written back
             doc["model"] = json.loads(self._to)
             return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
         return body
@@ -138,8 +140,8 @@ class ResponseReader:
 
     def _read_json(self, body: bytes) -> Any:
         try:
-            doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
+            doc = jsondoc.loads(body)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             log.debug("response body is not usable JSON; no usage read")
             return None
         if isinstance(doc, dict):
@@ -184,8 +186,8 @@ class ResponseReader:
         if not data or data == b"[DONE]":
             return
         try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError, RecursionError):
+            doc = jsondoc.loads(data)
+        except (ValueError, RecursionError):
             return
         if isinstance(doc, dict):
             usage = doc.get("usage")

@@ -142,6 +142,43 @@ def bench_hash_scripts(count: int = 2000) -> dict[str, float]:
     return out
 
 
+def bench_json_reading(count: int = 2000) -> dict[str, tuple[float, float]]:
+    """Microseconds to read a body, the standard library's ``json.loads(body.decode())``
+    against epp's reader (``epp.request.jsondoc``), each body distinct (cold, as served):
+    bench_extproc.py's 16 KB mixed-script prompt bodies, the same made ASCII, and an SSE stream
+    of 64 completion events (each ``data:`` line parsed, as the response reader does)."""
+    from epp.request import jsondoc
+    from tests.bench.bench_extproc import make_bodies
+
+    mixed = [[b] for b in make_bodies(count)]
+    ascii_ = [[b.decode().encode("ascii", "replace")] for [b] in mixed]
+    streams = [
+        [json.dumps({"id": f"c{i}", "object": "text_completion", "model": "m",
+                     "choices": [{"index": 0, "text": f" tok{i}-{k}", "finish_reason": None}]}
+                    ).encode() for k in range(64)]
+        for i in range(count // 8)
+    ]
+
+    def stdlib(b: bytes) -> object:
+        return json.loads(b.decode())
+
+    out: dict[str, tuple[float, float]] = {}
+    for label, source in (("16 KB mixed-script request", mixed),
+                          ("16 KB ASCII request", ascii_),
+                          ("SSE stream, 64 events", streams)):
+        best = {}
+        for name, fn in (("stdlib", stdlib), ("epp", jsondoc.loads)):
+            best[name] = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                for docs in source:
+                    for b in docs:
+                        fn(b)
+                best[name] = min(best[name], (time.perf_counter() - t0) / len(source) * 1e6)
+        out[label] = (best["stdlib"], best["epp"])
+    return out
+
+
 def bytes_per_entry(target_entries: int) -> tuple[int, float]:
     """Fill an index with ``target_entries`` (chunk, endpoint) entries; measure its heap."""
     endpoints = 64
@@ -186,6 +223,9 @@ def main() -> None:
     scripts = bench_hash_scripts(300 if args.quick else 2000)
     print("hashing a 16 KB prompt fresh from the JSON parser: "
           + ", ".join(f"{k} {v:.1f} us" for k, v in scripts.items()))
+    for label, (std_us, epp_us) in bench_json_reading(300 if args.quick else 2000).items():
+        print(f"reading JSON, {label}: standard library {std_us:.1f} us, epp (orjson, "
+              f"standard library on refusal) {epp_us:.1f} us ({epp_us / std_us:.2f})")
     entries = 200_000 if args.quick else 1_000_000
     count, per = bytes_per_entry(entries)
     print(f"index memory: {count:,} entries, {per:.1f} bytes per (chunk, endpoint) entry")

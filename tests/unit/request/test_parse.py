@@ -153,3 +153,29 @@ def test_long_paths_and_ids_are_cut_in_messages() -> None:
     assert len(info.value.message) < 400
     r = parser().headers_only("/v1/models", {"x-request-id": "i" * 100_000})
     assert len(r.request_id) == 256
+
+
+@pytest.mark.parametrize(
+    ("raw", "expect"),
+    [
+        # documents orjson refuses and the standard library reads: still accepted, as is
+        (b'{"model":"m","prompt":"x","temperature":NaN}', "nan"),
+        (b'{"model":"m","prompt":"x","top_p":1e400}', "inf"),
+    ],
+)
+def test_what_the_standard_library_accepts_stays_accepted(raw: bytes, expect: str) -> None:
+    parsed = parser().parse("/v1/completions", H, raw)
+    assert parsed.request.prompt == "x" and parsed.body == raw
+    assert expect in repr(parsed.request.body)
+
+
+def test_a_rewritten_body_keeps_integers_beyond_64_bits_exact() -> None:
+    big = 2**70 + 1
+    p = parser(model_rewrites={"m": (ModelTarget("served"),)})
+    parsed = p.parse("/v1/completions", H, body(model="m", prompt="x", seed=big))
+    assert json.loads(parsed.body) == {"model": "served", "prompt": "x", "seed": big}
+
+
+def test_a_body_in_another_unicode_encoding_is_refused() -> None:
+    with pytest.raises(BadRequest, match="UTF-8"):
+        parser().parse("/v1/completions", H, json.dumps({"model": "m", "prompt": "x"}).encode("utf-16"))

@@ -48,6 +48,17 @@ def test_json_usage_passthrough_and_rewrite() -> None:
     assert json.loads(out)["model"] == "alias" and json.loads(out)["usage"] == USAGE
 
 
+def test_usage_is_read_where_only_the_standard_library_reads_the_body_and_a_rewrite_is_exact() -> None:
+    # NaN: orjson refuses it, the standard library reads it; 2**70: exact in the rewrite
+    raw = b'{"model":"served","logprob":NaN,"seed":1180591620717411303425,"usage":' + json.dumps(
+        USAGE).encode() + b"}"
+    r = ResponseReader(200, sse=False)
+    assert feed_all(r, raw, 7) == raw and r.info().cached_tokens == 6
+    r = ResponseReader(200, sse=False, served_model="served", client_model="alias")
+    out = json.loads(feed_all(r, raw, 7))
+    assert out["model"] == "alias" and out["seed"] == 2**70 + 1
+
+
 def test_non_json_and_missing_usage_are_harmless() -> None:
     r = ResponseReader(500, sse=False)
     assert r.feed(b"upstream exploded", True) == b"upstream exploded"

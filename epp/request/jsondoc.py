@@ -1,0 +1,34 @@
+"""JSON from clients and model servers, parsed fast without changing what is accepted.
+
+orjson parses a 16 KB prompt body (UTF-8 check included) in about a third of the time the
+standard library takes to decode and parse it, and an SSE event in about a quarter. Where
+orjson refuses a text (``NaN``, ``Infinity``, a number beyond a double, a lone surrogate
+escape, nesting past 1,024 levels, invalid UTF-8) the standard library decides, so the set of
+accepted documents and every error message stay the standard library's.
+
+One difference remains in documents both accept: an integer beyond 64 bits reads as a float.
+epp reads no such field (token counts and ids are bounded far below), and a body that epp
+re-serializes is parsed again by the standard library first (:func:`strict`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+
+def loads(data: bytes) -> Any:
+    """The document in the UTF-8 text ``data``; raises what ``json.loads(data.decode())``
+    raises: ``UnicodeDecodeError``, ``json.JSONDecodeError``, ``ValueError`` (an integer of
+    more than 4,300 digits), ``RecursionError``."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data.decode("utf-8"))
+
+
+def strict(data: bytes) -> Any:
+    """The standard library's reading, integers exact: for a document epp writes back."""
+    return json.loads(data.decode("utf-8"))
