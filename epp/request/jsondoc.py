@@ -3,13 +3,14 @@
 orjson reads a 16 KB ASCII prompt body (UTF-8 check included) in half the time the standard
 library takes to decode and parse it, and an SSE stream's events in about a quarter; text in
 other scripts costs the same either way (``tests/bench/bench_scheduling.py`` prints all
-three). Where orjson refuses a text (``NaN``, ``Infinity``, a number beyond a double, a lone surrogate
-escape, nesting past 1,024 levels, invalid UTF-8) the standard library decides, so the set of
-accepted documents and every error message stay the standard library's.
+three). Where orjson refuses a text (``NaN``, ``Infinity``, a number beyond a double, a lone
+surrogate escape, nesting past 1,024 levels, invalid UTF-8) the standard library decides, so
+the set of accepted documents and every error message stay the standard library's.
 
 One difference remains in documents both accept: an integer beyond 64 bits reads as a float.
 epp reads no such field (token counts and ids are bounded far below), and a body that epp
-re-serializes is parsed again by the standard library first (:func:`strict`).
+may re-serialize (a model rewrite is configured or asked for) is read with :func:`strict`
+instead.
 """
 
 from __future__ import annotations

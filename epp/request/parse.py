@@ -142,8 +142,11 @@ class RequestParser:
         api = self.check_headers(path, headers)
         if len(body) > self.max_body_bytes:
             raise PayloadTooLarge(self.too_large_message(len(body)))
+        # a body that may be written back (a model rewrite) is read exactly, once
+        forced = self.trust_control_headers and MODEL_REWRITE_HEADER in headers
+        read = jsondoc.strict if forced or self._config.model_rewrites else jsondoc.loads
         try:
-            doc = jsondoc.loads(body)
+            doc = read(body)
         except UnicodeDecodeError as exc:
             raise BadRequest(f"request body is not valid UTF-8 (bad byte at offset {exc.start})") from None
         except json.JSONDecodeError as exc:
@@ -178,7 +181,6 @@ class RequestParser:
         out_body = body
         rewritten = target != model
         if rewritten:
-            doc = jsondoc.strict(body)  # integers exact in what is written back
             doc["model"] = target
             out_body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 

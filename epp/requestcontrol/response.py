@@ -119,7 +119,6 @@ class ResponseReader:
         if not self._held:
             return chunk
         if isinstance(doc, dict) and doc.get("model") == json.loads(self._from):
-            doc = jsondoc.strict(body)  # integers exact in what is written back
             doc["model"] = json.loads(self._to)
             return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
         return body
@@ -140,7 +139,8 @@ class ResponseReader:
 
     def _read_json(self, body: bytes) -> Any:
         try:
-            doc = jsondoc.loads(body)
+            # a body written back (``_held``) is read exactly: integers past 64 bits stay ints
+            doc = jsondoc.strict(body) if self._held else jsondoc.loads(body)
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             log.debug("response body is not usable JSON; no usage read")
             return None
