@@ -148,7 +148,8 @@ class Datastore:
         routable = self._routable
         if routable is None:
             fresh = tuple(e for e in snap if not e.stale)
-            routable = self._routable = fresh if fresh else snap
+            # all fresh (or none): the snapshot itself, so a per-request patch keeps it cached
+            routable = self._routable = fresh if 0 < len(fresh) < len(snap) else snap
         return routable
 
     def get(self, endpoint_id: EndpointId) -> Endpoint | None:

@@ -284,6 +284,7 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str)
     bodies = make_bodies(requests)
     warm = bodies[: min(200, requests)]
     runs: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
+    cpu: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (server, client) s/request
     pages = start_pages(ENDPOINTS) if mode == "scraped" else None
     procs = {"noop": start("noop"), "epp": start("epp", pages[1] if pages else None)}
     try:
@@ -302,7 +303,14 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str)
                         # a server resumed from SIGSTOP first catches up (epp rescrapes,
                         # marks and clears stale endpoints) before it is measured
                         await drive(port, warm[:100], 4)
+                        proc = procs[kind][0]
+                        s0, c0 = sum(thread_cpu_s(proc.pid).values()), os.times()
                         runs.setdefault((kind, c), []).append(await drive(port, bodies, c))
+                        s1, c1 = sum(thread_cpu_s(proc.pid).values()), os.times()
+                        cpu.setdefault((kind, c), []).append((
+                            (s1 - s0) / len(bodies),
+                            (c1.user + c1.system - c0.user - c0.system) / len(bodies),
+                        ))
                     finally:
                         for p in others:
                             p.send_signal(signal.SIGCONT)
@@ -329,6 +337,25 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str)
         for kind in ("noop", "epp"):
             rps, p50, p99 = summary(kind, c)
             print(f"{kind:6} {c:>4} {rps:>8.0f} {p50 * 1e3:>8.3f} {p99 * 1e3:>8.3f}")
+    for c in concurrencies:
+        # Each round's pair ran back to back, so its ratio cancels most of the machine's drift
+        # between rounds (other tenants: the no-op alone moves by 20-30% from round to round).
+        # CPU per request (server, all threads, and the client, from /proc and os.times) is
+        # steadier than rates on a shared machine; with client and server sharing the two
+        # cores, (client + no-op) / (client + epp) is the throughput ratio CPU alone allows.
+        pairs = list(zip(runs[("noop", c)], runs[("epp", c)], strict=True))
+        ratios = [e[0] / n[0] for n, e in pairs]
+        print(f"concurrency {c:>2}, req/s per round (noop / epp): "
+              + ", ".join(f"{n[0]:.0f} / {e[0]:.0f}" for n, e in pairs)
+              + f"; paired ratios: median {statistics.median(ratios):.2f}, "
+              f"range {min(ratios):.2f}-{max(ratios):.2f}")
+        n_srv = statistics.median(x[0] for x in cpu[("noop", c)])
+        n_cli = statistics.median(x[1] for x in cpu[("noop", c)])
+        e_srv = statistics.median(x[0] for x in cpu[("epp", c)])
+        e_cli = statistics.median(x[1] for x in cpu[("epp", c)])
+        print(f"concurrency {c:>2}, us of CPU per request (server + client): "
+              f"noop {n_srv * 1e6:.0f} + {n_cli * 1e6:.0f}, epp {e_srv * 1e6:.0f} + "
+              f"{e_cli * 1e6:.0f}; CPU-bound ratio {(n_srv + n_cli) / (e_srv + e_cli):.2f}")
     for c in concurrencies:
         n_rps, n_p50, n_p99 = summary("noop", c)
         e_rps, e_p50, e_p99 = summary("epp", c)
