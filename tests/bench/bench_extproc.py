@@ -22,6 +22,8 @@ server's rounds.
 
     python tests/bench/bench_extproc.py [--requests 1000] [--concurrency 1,16] [--rounds 3]
                                         [--metrics injected,scraped]
+    python tests/bench/bench_extproc.py --phases      # CPU per thread, epp's handling per phase
+    python tests/bench/bench_extproc.py --calibrate 0,150,300  # no-op burning N us vs no-op
 """
 
 from __future__ import annotations
@@ -51,7 +53,10 @@ ENDPOINTS = 32
 # --- servers (run in a subprocess) -------------------------------------------------------
 
 
-async def serve_noop() -> None:
+async def serve_noop(spin_us: float = 0.0) -> None:
+    """The no-op ext_proc server; ``spin_us`` > 0 makes it burn that much CPU on its event
+    loop when a request body is complete (``--calibrate``: what a server whose only cost is
+    that much handling per request reads against the plain no-op)."""
     import grpc
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -69,6 +74,10 @@ async def serve_noop() -> None:
                 if kind == "request_body":
                     body += msg.request_body.body
                     if msg.request_body.end_of_stream:
+                        if spin_us:
+                            until = time.perf_counter() + spin_us * 1e-6
+                            while time.perf_counter() < until:
+                                pass
                         await write(convert.routed_headers_response("10.0.0.1:8000", len(body)))
                         await write(convert.streamed_request_body(bytes(body), True))
                 elif kind == "response_headers":
@@ -255,8 +264,11 @@ async def drive(port: int, bodies: list[bytes], concurrency: int) -> tuple[float
 
 def start(kind: str, ports: list[int] | None = None, phases: bool = False
           ) -> tuple[subprocess.Popen[str], int]:
+    """``kind``: "noop", "epp" or "spin:N" (the no-op burning N us per request)."""
     extra = ["--scraped-ports", ",".join(map(str, ports))] if ports else []
     extra += ["--phases"] if phases else []
+    if kind.startswith("spin:"):
+        kind, extra = "noop", [*extra, "--spin-us", kind.partition(":")[2]]
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", kind, *extra], stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -279,20 +291,24 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
-async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str) -> None:
-    """noop and epp up at once; rounds alternate noop/epp so machine noise hits both alike."""
+async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
+                contender: str = "epp") -> None:
+    """noop and epp (or ``contender``, see ``start``) up at once; rounds alternate noop/epp
+    (and which goes first) so machine noise hits both alike."""
     bodies = make_bodies(requests)
     warm = bodies[: min(200, requests)]
     runs: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
     cpu: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (server, client) s/request
     pages = start_pages(ENDPOINTS) if mode == "scraped" else None
-    procs = {"noop": start("noop"), "epp": start("epp", pages[1] if pages else None)}
+    procs = {"noop": start("noop"), "epp": start(contender, pages[1] if pages else None)}
     try:
         for _, port in procs.values():
             await drive(port, warm, 4)
-        for _ in range(rounds):
+        for r in range(rounds):
             for c in concurrencies:
-                for kind, (_, port) in procs.items():
+                # who goes first alternates: measured back to back, two identical no-op
+                # servers read 0.90 at concurrency 1 with a fixed order
+                for kind, (_, port) in list(procs.items())[:: -1 if r % 2 else 1]:
                     # the idle server is stopped while the other is measured: epp's background
                     # work (scraping, and the page server answering it) must not slow the no-op
                     # server's rounds, nor the no-op's idle polling epp's
@@ -329,6 +345,9 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str)
 
     how = ("metrics injected (no scraping)" if mode == "injected" else
            "scraping on: each endpoint serves the real vLLM page, default scrape settings")
+    if contender != "epp":
+        mode = f"no-op burning {contender.partition(':')[2]} us per request"
+        how = "in place of epp"
     print(f"ext_proc bench [{mode}]: {ENDPOINTS} endpoints, {how}, {PROMPT_BYTES // 1024} KB "
           f"prompts, {requests} requests x {rounds} rounds per cell (medians), "
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")
@@ -459,10 +478,16 @@ def main() -> None:
                     help="instead of the comparison: CPU per request per thread (client, noop, "
                          "epp) and epp's handling per phase, at the highest --concurrency, "
                          "for each --metrics mode")
+    ap.add_argument("--calibrate", default="", metavar="US,US,...",
+                    help="instead of epp: a no-op server that burns this many us of CPU per "
+                         "request on its event loop, against the plain no-op, for each value: "
+                         "the ratios a server whose whole cost is that much handling reaches "
+                         "on this machine (compare epp's handling, --phases)")
     ap.add_argument("--scraped-ports", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--spin-us", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve == "noop":
-        asyncio.run(serve_noop())
+        asyncio.run(serve_noop(args.spin_us))
     elif args.serve == "epp":
         asyncio.run(serve_epp([int(p) for p in args.scraped_ports.split(",") if p],
                               phases=args.phases))
@@ -473,6 +498,10 @@ def main() -> None:
                 print(f"[scraped] skipped: {PAGE} not found")
                 continue
             asyncio.run(phases(args.requests, top, mode))
+    elif args.calibrate:
+        for us in args.calibrate.split(","):
+            asyncio.run(bench(args.requests, [int(c) for c in args.concurrency.split(",")],
+                              args.rounds, "injected", contender=f"spin:{float(us):g}"))
     else:
         for mode in args.metrics.split(","):
             if mode == "scraped" and not PAGE.exists():
