@@ -226,6 +226,22 @@ def make_bodies(n: int) -> list[bytes]:
     return bodies
 
 
+SSE_EVENTS = 0
+"""``--sse-events``: 0, the reply is one JSON body; N, an SSE stream of N events, one chunk each."""
+
+
+def sse_events(n: int, usage: dict[str, object]) -> list[bytes]:
+    """A chat completion streamed as vLLM streams it: one ``data:`` event per token, the
+    last with ``usage`` (``stream_options.include_usage``), then ``[DONE]``."""
+    out = [b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "model": "m",
+                                   "choices": [{"index": 0, "delta": {"content": f" w{i}"}}]}
+                                  ).encode() + b"\n\n" for i in range(n)]  # fmt: skip
+    if out:
+        out[-1] += (b"data: " + json.dumps({"choices": [], "usage": usage}).encode()
+                    + b"\n\ndata: [DONE]\n\n")  # fmt: skip
+    return out
+
+
 async def drive(port: int, bodies: list[bytes], concurrency: int) -> tuple[float, list[float]]:
     import grpc
 
@@ -233,8 +249,10 @@ async def drive(port: int, bodies: list[bytes], concurrency: int) -> tuple[float
 
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     await channel.channel_ready()
-    answer = json.dumps({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 4000, "completion_tokens": 16,
-                         "prompt_tokens_details": {"cached_tokens": 3000}}}).encode()
+    usage = {"prompt_tokens": 4000, "completion_tokens": 16,
+             "prompt_tokens_details": {"cached_tokens": 3000}}
+    answer = json.dumps({"choices": [{"text": "ok"}], "usage": usage}).encode()
+    events = sse_events(SSE_EVENTS, usage)
     latencies: list[float] = []
     queue = list(reversed(bodies))
 
@@ -246,8 +264,15 @@ async def drive(port: int, bodies: list[bytes], concurrency: int) -> tuple[float
         await s.recv()
         latencies.append(time.perf_counter() - t0)
         await s.recv()
-        await s.send(ec.response_headers(), ec.response_body(answer, True))
-        await s.recv_n(2)
+        if events:  # a streamed reply: one chunk per event, each answered before the next
+            await s.send(ec.response_headers(content_type="text/event-stream"))
+            await s.recv()
+            for i, event in enumerate(events):
+                await s.send(ec.response_body(event, i == len(events) - 1))
+                await s.recv()
+        else:
+            await s.send(ec.response_headers(), ec.response_body(answer, True))
+            await s.recv_n(2)
         await s.call.done_writing()
         await s.call.code()
 
@@ -348,6 +373,8 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
     if contender != "epp":
         mode = f"no-op burning {contender.partition(':')[2]} us per request"
         how = "in place of epp"
+    if SSE_EVENTS:
+        how += f", replies streamed as {SSE_EVENTS} SSE events"
     print(f"ext_proc bench [{mode}]: {ENDPOINTS} endpoints, {how}, {PROMPT_BYTES // 1024} KB "
           f"prompts, {requests} requests x {rounds} rounds per cell (medians), "
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")
@@ -483,9 +510,14 @@ def main() -> None:
                          "request on its event loop, against the plain no-op, for each value: "
                          "the ratios a server whose whole cost is that much handling reaches "
                          "on this machine (compare epp's handling, --phases)")
+    ap.add_argument("--sse-events", type=int, default=0, metavar="N",
+                    help="stream each reply as N SSE events, one ext_proc message each, as a "
+                         "streamed chat completion reaches epp (default 0: one JSON body)")
     ap.add_argument("--scraped-ports", default="", help=argparse.SUPPRESS)
     ap.add_argument("--spin-us", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global SSE_EVENTS
+    SSE_EVENTS = args.sse_events
     if args.serve == "noop":
         asyncio.run(serve_noop(args.spin_us))
     elif args.serve == "epp":
