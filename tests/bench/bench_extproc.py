@@ -226,10 +226,6 @@ def make_bodies(n: int) -> list[bytes]:
     return bodies
 
 
-SSE_EVENTS = 0
-"""``--sse-events``: 0, the reply is one JSON body; N, an SSE stream of N events, one chunk each."""
-
-
 def sse_events(n: int, usage: dict[str, object]) -> list[bytes]:
     """A chat completion streamed as vLLM streams it: one ``data:`` event per token, the
     last with ``usage`` (``stream_options.include_usage``), then ``[DONE]``."""
@@ -242,7 +238,9 @@ def sse_events(n: int, usage: dict[str, object]) -> list[bytes]:
     return out
 
 
-async def drive(port: int, bodies: list[bytes], concurrency: int) -> tuple[float, list[float]]:
+async def drive(port: int, bodies: list[bytes], concurrency: int, sse: int = 0
+                ) -> tuple[float, list[float]]:
+    """``sse``: 0, each reply is one JSON body; N, an SSE stream of N events, one chunk each."""
     import grpc
 
     from tests.integration import envoy_client as ec
@@ -252,7 +250,7 @@ async def drive(port: int, bodies: list[bytes], concurrency: int) -> tuple[float
     usage = {"prompt_tokens": 4000, "completion_tokens": 16,
              "prompt_tokens_details": {"cached_tokens": 3000}}
     answer = json.dumps({"choices": [{"text": "ok"}], "usage": usage}).encode()
-    events = sse_events(SSE_EVENTS, usage)
+    events = sse_events(sse, usage)
     latencies: list[float] = []
     queue = list(reversed(bodies))
 
@@ -317,7 +315,7 @@ def pct(values: list[float], p: float) -> float:
 
 
 async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
-                contender: str = "epp") -> None:
+                contender: str = "epp", sse: int = 0) -> None:
     """noop and epp (or ``contender``, see ``start``) up at once; rounds alternate noop/epp
     (and which goes first) so machine noise hits both alike."""
     bodies = make_bodies(requests)
@@ -346,7 +344,7 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
                         await drive(port, warm[:100], 4)
                         proc = procs[kind][0]
                         s0, c0 = sum(thread_cpu_s(proc.pid).values()), os.times()
-                        runs.setdefault((kind, c), []).append(await drive(port, bodies, c))
+                        runs.setdefault((kind, c), []).append(await drive(port, bodies, c, sse))
                         s1, c1 = sum(thread_cpu_s(proc.pid).values()), os.times()
                         cpu.setdefault((kind, c), []).append((
                             (s1 - s0) / len(bodies),
@@ -373,8 +371,8 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
     if contender != "epp":
         mode = f"no-op burning {contender.partition(':')[2]} us per request"
         how = "in place of epp"
-    if SSE_EVENTS:
-        how += f", replies streamed as {SSE_EVENTS} SSE events"
+    if sse:
+        how += f", replies streamed as {sse} SSE events"
     print(f"ext_proc bench [{mode}]: {ENDPOINTS} endpoints, {how}, {PROMPT_BYTES // 1024} KB "
           f"prompts, {requests} requests x {rounds} rounds per cell (medians), "
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")
@@ -427,7 +425,7 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
-async def phases(requests: int, concurrency: int, mode: str) -> None:
+async def phases(requests: int, concurrency: int, mode: str, sse: int = 0) -> None:
     """Where the CPU goes per request at one concurrency: per thread of the client and of each
     server (from /proc), and epp's own handling per phase, timed inside the live server.
     ``mode`` "scraped": epp scrapes pages served by another process (its CPU is not counted
@@ -456,7 +454,7 @@ async def phases(requests: int, concurrency: int, mode: str) -> None:
                     assert proc.stdout is not None
                     proc.stdout.readline()
                 before, c0 = thread_cpu_s(proc.pid), os.times()
-                rates[kind], _ = await drive(port, bodies, concurrency)
+                rates[kind], _ = await drive(port, bodies, concurrency, sse)
                 after, c1 = thread_cpu_s(proc.pid), os.times()
             finally:
                 for p in others:
@@ -516,8 +514,6 @@ def main() -> None:
     ap.add_argument("--scraped-ports", default="", help=argparse.SUPPRESS)
     ap.add_argument("--spin-us", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global SSE_EVENTS
-    SSE_EVENTS = args.sse_events
     if args.serve == "noop":
         asyncio.run(serve_noop(args.spin_us))
     elif args.serve == "epp":
@@ -529,18 +525,19 @@ def main() -> None:
             if mode == "scraped" and not PAGE.exists():
                 print(f"[scraped] skipped: {PAGE} not found")
                 continue
-            asyncio.run(phases(args.requests, top, mode))
+            asyncio.run(phases(args.requests, top, mode, args.sse_events))
     elif args.calibrate:
         for us in args.calibrate.split(","):
             asyncio.run(bench(args.requests, [int(c) for c in args.concurrency.split(",")],
-                              args.rounds, "injected", contender=f"spin:{float(us):g}"))
+                              args.rounds, "injected", contender=f"spin:{float(us):g}",
+                              sse=args.sse_events))
     else:
         for mode in args.metrics.split(","):
             if mode == "scraped" and not PAGE.exists():
                 print(f"[scraped] skipped: {PAGE} not found")
                 continue
             asyncio.run(bench(args.requests, [int(c) for c in args.concurrency.split(",")],
-                              args.rounds, mode))
+                              args.rounds, mode, sse=args.sse_events))
 
 
 if __name__ == "__main__":
