@@ -6,7 +6,8 @@ Sections and plugin parameters are frozen dataclasses owned by their packages
 :func:`build` derives a strict pydantic model once (camelCase keys, snake_case accepted, no
 unknown keys, no silent coercion: ``2.5`` is not an integer, ``1`` is not ``true``), validates
 the YAML mapping with it and returns the dataclass. Numbers must not be negative unless the
-class says otherwise in ``__config_signed__``.
+class says otherwise in ``__config_signed__``; ``__config_min__`` (field name -> lowest
+value) sets a higher floor.
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ def build(cls: type[T], raw: Any, where: str) -> T:
         v = getattr(params, f.name)
         if f.name not in signed and isinstance(v, int | float) and not isinstance(v, bool) and v < 0:
             raise ConfigError(f"{where}.{to_camel(f.name)}", f"must not be negative, got {v}")
+    for name, low in getattr(cls, "__config_min__", {}).items():
+        v = getattr(params, name)
+        if v < low:
+            raise ConfigError(f"{where}.{to_camel(name)}", f"must be >= {low:g}, got {v!r}")
     return params
 
 

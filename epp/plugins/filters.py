@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from epp.datastore.endpoint import Endpoint
 from epp.plugins.scorers import lora_tier
@@ -86,6 +87,52 @@ class LoraAffinityFilter:
         if best == 3:
             return endpoints
         return [e for e, t in zip(endpoints, tiers, strict=True) if t == best]
+
+
+@dataclass(slots=True, frozen=True)
+class BoundedLoadParams:
+    load_factor: float = 1.25
+    """An endpoint may hold at most this many times the mean load, this request included
+    (KubeAI's default for its prefix hash ring)."""
+    min_in_flight: int = 0
+    """An endpoint with fewer requests in flight than this always qualifies (0: KubeAI's
+    rule). At light load the mean is one or two requests, and the bound alone moves a prompt
+    off the endpoint holding its prefix while that endpoint is far from busy."""
+
+    __config_min__: ClassVar[dict[str, float]] = {"load_factor": 1.0}
+
+
+class BoundedLoadFilter:
+    """Bounded loads, as consistent hashing with bounded loads (KubeAI's PrefixHash) bounds
+    its ring walk: keep the endpoints that, given this request, would hold at most
+    ``load_factor`` x the candidates' mean load, so no prefix, however hot, piles its
+    requests onto one endpoint while others idle. Load is the requests epp has in flight
+    there (its own accounting: exact between scrapes, and per epp replica, as KubeAI's is).
+    Keeps all when no load is recorded (the first requests, or a caller that keeps no
+    in-flight counts); where none is under the bound, the least loaded."""
+
+    def __init__(self, name: str, params: BoundedLoadParams) -> None:
+        self.name = name
+        self.params = params
+
+    def filter(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+        if len(endpoints) < 2:
+            return endpoints
+        in_flight = state.in_flight
+        loads = [in_flight.get(e.id, 0) for e in endpoints]
+        total = sum(loads)
+        if total == 0:
+            return endpoints
+        # the mean with this request added is (total + 1) / n
+        bound = max((total + 1) / len(endpoints) * self.params.load_factor,
+                    self.params.min_in_flight)  # fmt: skip
+        kept = [e for e, load in zip(endpoints, loads, strict=True) if load + 1 <= bound]
+        if kept:
+            return kept
+        # loads level and few endpoints (two with one request each, a factor of 1.25): none
+        # stays under the bound, so the least loaded ones share the excess
+        low = min(loads)
+        return [e for e, load in zip(endpoints, loads, strict=True) if load == low]
 
 
 @dataclass(slots=True, frozen=True)

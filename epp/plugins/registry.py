@@ -80,6 +80,10 @@ _ALL: dict[str, PluginType[Any]] = {
         filters.LoadThresholdFilter, filters.LoadThresholdParams, "filter",
         "keep queue <= 5 and KV use <= 0.8 (all if none)",
     ),
+    "bounded-load-filter": PluginType(
+        filters.BoundedLoadFilter, filters.BoundedLoadParams, "filter",
+        "keep endpoints within 1.25 x the mean in-flight load (KubeAI's bounded loads)",
+    ),
     "least-queue-filter": PluginType(
         filters.LeastQueueFilter, filters.NoParams, "filter", "keep the shortest-queue band",
     ),

@@ -52,6 +52,10 @@ def test_defaults_and_camel_case_parameters() -> None:
         (BASE.replace("- type: prefix-cache-scorer",
                       "- type: prefix-cache-scorer\n  parameters: {minMatchChunks: true}"),
          "plugins[0].parameters.minMatchChunks"),
+        (BASE.replace("- type: max-score-picker",
+                      "- type: bounded-load-filter\n  parameters: {loadFactor: 0.9}\n"
+                      "- type: max-score-picker"),
+         "plugins[1].parameters.loadFactor"),
         ("kind: Other\n" + BASE, "kind"),
         ("plugins: [", "<yaml>"),
     ],

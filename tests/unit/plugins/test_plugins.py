@@ -113,6 +113,39 @@ def test_longest_prefix_filter() -> None:
     assert f.filter(state(matched={}), eps) == eps
 
 
+def test_bounded_load_filter_keeps_endpoints_under_the_bound_on_their_mean_load() -> None:
+    f = filters.BoundedLoadFilter("bl", filters.BoundedLoadParams())  # 1.25 x the mean
+    eps = [ep(0), ep(1), ep(2), ep(3)]
+
+    def kept(loads: list[int]) -> list[int]:
+        s = state()
+        s.in_flight = {e.id: n for e, n in zip(eps, loads, strict=True)}
+        return [eps.index(e) for e in f.filter(s, eps)]
+
+    assert kept([0, 0, 0, 0]) == [0, 1, 2, 3]  # nothing in flight: no bound
+    # 16 + 1 in flight over 4: the bound is 1.25 x 4.25 = 5.3; taking this request, the
+    # endpoints at 3, 4 and 1 stay within it, the one at 8 would not
+    assert kept([3, 8, 4, 1]) == [0, 2, 3]
+    assert kept([5, 0, 0, 0]) == [1, 2, 3]
+    assert kept([1, 1, 2, 2]) == [0, 1]  # bound 2.19: 2 + 1 is over it
+    # level: 1 + 1 is over 1.25 x 5 / 4 everywhere, so the least loaded (all) are kept
+    assert kept([1, 1, 1, 1]) == [0, 1, 2, 3]
+    assert kept([2, 1, 1, 1]) == [1, 2, 3]  # none within 1.88: the least loaded
+    # load_factor 2: an endpoint may take twice its share
+    wide = filters.BoundedLoadFilter("bl", filters.BoundedLoadParams(load_factor=2.0))
+    s = state()
+    s.in_flight = {e.id: n for e, n in zip(eps, [2, 1, 1, 1], strict=True)}
+    assert wide.filter(s, eps) == eps  # 2 + 1 <= 2 x 6 / 4
+    s.in_flight = {e.id: n for e, n in zip(eps, [5, 0, 0, 0], strict=True)}
+    assert wide.filter(s, eps) == eps[1:]  # 5 + 1 > 2 x 6 / 4
+    # minInFlight: under it an endpoint always qualifies, however far above the mean
+    floor = filters.BoundedLoadFilter("bl", filters.BoundedLoadParams(min_in_flight=4))
+    s.in_flight = {e.id: n for e, n in zip(eps, [3, 0, 0, 0], strict=True)}
+    assert floor.filter(s, eps) == eps
+    s.in_flight = {e.id: n for e, n in zip(eps, [4, 0, 0, 0], strict=True)}
+    assert floor.filter(s, eps) == eps[1:]
+
+
 def test_max_score_picker_breaks_ties_at_random_and_orders_fallbacks() -> None:
     p = pickers.MaxScorePicker("m", pickers.PickerParams())
     eps = [ep(0), ep(1), ep(2)]

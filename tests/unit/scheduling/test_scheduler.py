@@ -41,6 +41,36 @@ def test_shared_prefix_follows_the_first_pick() -> None:
         assert again == first
 
 
+def test_a_bounded_load_filter_moves_a_shared_prefix_off_an_endpoint_past_its_share() -> None:
+    from epp.config.loader import loads_config
+
+    cfg = loads_config("""
+plugins:
+- type: bounded-load-filter
+  parameters: {loadFactor: 1.5, minInFlight: 2}
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: bounded
+  plugins:
+  - pluginRef: bounded-load-filter
+  - pluginRef: prefix-cache-scorer
+  - pluginRef: max-score-picker
+""")
+    s = build_scheduler(cfg, random.Random(0))
+    eps = pool(4)
+    in_flight = {e.id: 0 for e in eps}
+    first = s.schedule(req(SYSTEM + "q0"), eps, 1.0, in_flight=in_flight).target
+    picks = []
+    for i in range(1, 8):  # every request stays in flight
+        in_flight[first.id if not picks else picks[-1].id] += 1
+        picks.append(s.schedule(req(SYSTEM + f"q{i}"), eps, 1.0 + i, in_flight=in_flight).target)
+    # the prefix holder takes requests up to the floor (2 in flight), then has more than 1.5x
+    # the mean and the next ones go elsewhere, where the prefix is recorded in turn
+    assert picks[0] == first and picks[1] != first
+    assert max(in_flight.values()) <= 3
+
+
 def test_without_shared_prefix_load_decides() -> None:
     s = build_scheduler(default_config(), random.Random(0))
     eps = pool(4)
