@@ -217,8 +217,15 @@ class RequestStream:
 
         A stream that ends before the response is complete counts as ``cancelled``: gRPC does
         not tell a client cancel from an early half-close, and both mean nobody is waiting.
+        With response body mode NONE the response is complete once its headers came: the
+        stream's end is the exchange's.
         """
         self.after_replies()
+        if self._phase is Phase.RESPONSE_BODY and self._response_mode == convert.NONE:
+            # response_body_mode NONE: Envoy sends no body and ends the stream when the
+            # exchange ends, so the response finished with the status its headers gave (epp
+            # cannot tell a client that left mid-response from one that did not)
+            self._finish()
         routing = self._routing
         if routing is not None and not routing.released:
             self._director.abandon(routing, "cancelled")

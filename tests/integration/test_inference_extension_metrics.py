@@ -51,3 +51,41 @@ async def test_a_request_moves_the_inference_extension_metrics() -> None:
         assert len(info) == 1 and info[0].value == 1
     finally:
         await stop_epp(e)
+
+
+async def test_with_response_body_mode_none_a_request_ends_with_its_status_not_cancelled() -> None:
+    """Envoy sends no response body to epp in mode NONE and ends the stream with the exchange:
+    the request is done with the status of its response headers."""
+    e = await start_epp()
+    try:
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers(modes=(ec.FULL_DUPLEX, ec.NONE)), ec.request_body(BODY, True))
+        await s.recv_n(2)
+        reg = e.handle.registry
+        await s.send(ec.response_headers(status=200))
+        await s.recv()
+        assert reg.get_sample_value("inference_objective_running_requests", {"model_name": "m"}) == 1
+        assert await s.close() == grpc.StatusCode.OK
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "200"}) == 1
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "cancelled"}) is None
+        labels = {"model_name": "m", "target_model_name": "m"}
+        assert reg.get_sample_value("inference_objective_request_duration_seconds_count", labels) == 1
+        assert reg.get_sample_value("inference_objective_running_requests", {"model_name": "m"}) == 0
+        assert sum(e.handle.datastore.in_flight().values()) == 0
+
+        s = ec.Stream(e.channel)  # an upstream error status is that status
+        await s.send(ec.request_headers(modes=(ec.FULL_DUPLEX, ec.NONE)), ec.request_body(BODY, True))
+        await s.recv_n(2)
+        await s.send(ec.response_headers(status=503))
+        await s.recv()
+        assert await s.close() == grpc.StatusCode.OK
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "503"}) == 1
+
+        s = ec.Stream(e.channel)  # a stream that ends before the response headers: cancelled
+        await s.send(ec.request_headers(modes=(ec.FULL_DUPLEX, ec.NONE)), ec.request_body(BODY, True))
+        await s.recv_n(2)
+        assert await s.close() == grpc.StatusCode.OK
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "cancelled"}) == 1
+        assert sum(e.handle.datastore.in_flight().values()) == 0
+    finally:
+        await stop_epp(e)
