@@ -20,7 +20,7 @@ Envoy waits before it can forward the request. Throughput = whole streams per se
 one server is measured the other is stopped (SIGSTOP), so epp's scraping never slows the no-op
 server's rounds.
 
-    python tests/bench/bench_extproc.py [--requests 1000] [--concurrency 1,16] [--rounds 3]
+    python tests/bench/bench_extproc.py [--requests 1000] [--concurrency 1,16] [--rounds 6]
                                         [--metrics injected,scraped]
     python tests/bench/bench_extproc.py --phases      # CPU per thread, epp's handling per phase
     python tests/bench/bench_extproc.py --calibrate 0,150,300  # no-op burning N us vs no-op
@@ -496,7 +496,8 @@ def main() -> None:
     ap.add_argument("--serve", choices=["noop", "epp"], help=argparse.SUPPRESS)
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--concurrency", default="1,16")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=6,
+                    help="alternating rounds per server and concurrency (medians; default 6)")
     ap.add_argument("--metrics", default="injected,scraped",
                     help="comma-separated modes: injected, scraped")
     ap.add_argument("--phases", action="store_true",
