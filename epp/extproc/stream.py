@@ -96,6 +96,7 @@ class RequestStream:
         "_budget",
         "_deferred",
         "_director",
+        "_finish_later",
         "_first",
         "_first_body_s",
         "_headers",
@@ -146,6 +147,7 @@ class RequestStream:
         self._held: tuple[ParsedRequest, int, bool, bool] | None = None
         self._observing = False
         self._first_body_s = 0.0
+        self._finish_later = False
 
     @property
     def phase(self) -> Phase:
@@ -196,6 +198,9 @@ class RequestStream:
 
         Records the pick in the prefix index and observes the scheduling metrics.
         """
+        if self._finish_later:
+            self._finish_later = False
+            self._finish()
         routing = self._deferred
         if routing is None:
             return
@@ -387,7 +392,8 @@ class RequestStream:
                 self._director.first_token(routing, first - routing.started_s)
         data = chunk if reader is None else reader.feed(chunk, end)
         if end:
-            self._finish()
+            self._phase = Phase.DONE
+            self._finish_later = True  # learning and metrics once the reply is on the wire
         if mode == convert.FULL_DUPLEX_STREAMED:
             if data or end:
                 return [convert.streamed_response_body(data, end)]
