@@ -91,6 +91,17 @@ def test_snapshot_and_routable_follow_per_request_load_changes() -> None:
     assert [e.queue for e in store.snapshot()] == [1, 2, 2, 1]
 
 
+def test_with_every_endpoint_fresh_routable_is_the_snapshot_and_stays_cached() -> None:
+    store = Datastore(stale_after_s=2.0)
+    eps = [Endpoint(EndpointId(f"10.0.0.{i}:8000"), f"10.0.0.{i}", 8000) for i in range(3)]
+    store.replace_all(eps)
+    for e in eps:
+        store.update_metrics(e.id, Metrics(scraped_at_s=1.0))
+    assert store.routable() is store.snapshot()
+    store.request_started(eps[1].id)  # a request's load patch keeps it: no rebuild per request
+    assert store.routable() is store.snapshot() and store.routable()[1].queue == 1
+
+
 def test_a_never_scraped_endpoint_queues_its_requests_in_flight() -> None:
     store = Datastore()
     e = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)
