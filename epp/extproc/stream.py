@@ -196,19 +196,23 @@ class RequestStream:
     def after_replies(self) -> None:
         """Work that must not delay a reply: call once the replies of ``handle`` are sent.
 
-        Records the pick in the prefix index and observes the scheduling metrics.
+        Records the pick in the prefix index and observes the scheduling metrics; once the
+        response is complete, learns from it, observes its metrics and releases the request.
         """
+        routing = self._deferred
+        if routing is not None:
+            self._deferred = None
+            try:
+                self._director.settle(routing)
+            except Exception:  # a bug: the request is routed already; keep the stream alive
+                log.exception("settling request %s failed", routing.request.request_id)
         if self._finish_later:
             self._finish_later = False
-            self._finish()
-        routing = self._deferred
-        if routing is None:
-            return
-        self._deferred = None
-        try:
-            self._director.settle(routing)
-        except Exception:  # a bug: the request is routed already; keep the stream alive
-            log.exception("settling request %s failed", routing.request.request_id)
+            try:
+                self._settle_response()
+            except Exception:  # a bug: the reply is sent already; keep the stream alive
+                log.exception("finishing request %s failed",
+                              self._routing.request.request_id if self._routing else "?")
 
     def check_complete(self) -> None:
         """Envoy half-closed the stream: that is fine once the request body is complete."""
@@ -225,12 +229,12 @@ class RequestStream:
         With response body mode NONE the response is complete once its headers came: the
         stream's end is the exchange's.
         """
-        self.after_replies()
         if self._phase is Phase.RESPONSE_BODY and self._response_mode == convert.NONE:
             # response_body_mode NONE: Envoy sends no body and ends the stream when the
             # exchange ends, so the response finished with the status its headers gave (epp
             # cannot tell a client that left mid-response from one that did not)
             self._finish()
+        self.after_replies()
         routing = self._routing
         if routing is not None and not routing.released:
             self._director.abandon(routing, "cancelled")
@@ -392,8 +396,7 @@ class RequestStream:
                 self._director.first_token(routing, first - routing.started_s)
         data = chunk if reader is None else reader.feed(chunk, end)
         if end:
-            self._phase = Phase.DONE
-            self._finish_later = True  # learning and metrics once the reply is on the wire
+            self._finish()
         if mode == convert.FULL_DUPLEX_STREAMED:
             if data or end:
                 return [convert.streamed_response_body(data, end)]
@@ -415,7 +418,12 @@ class RequestStream:
         return out
 
     def _finish(self) -> None:
+        """The response is complete; what epp learns from it and its metrics run in
+        ``after_replies``, once the last reply is on the wire."""
         self._phase = Phase.DONE
+        self._finish_later = True
+
+    def _settle_response(self) -> None:
         routing = self._routing
         if routing is None:
             return
