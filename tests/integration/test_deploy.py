@@ -389,7 +389,9 @@ def test_envoy_bootstrap_parses_into_envoy_protos() -> None:
     assert (mode.request_trailer_mode, mode.response_trailer_mode) == (pm.SEND, pm.SEND)
     assert mode.request_body_mode == pm.FULL_DUPLEX_STREAMED
     assert mode.response_body_mode == pm.FULL_DUPLEX_STREAMED
-    assert ext_proc.failure_mode_allow and ext_proc.allow_mode_override
+    assert ext_proc.failure_mode_allow
+    # epp never sends mode_override, so the bootstrap does not let a processor change modes
+    assert not ext_proc.allow_mode_override
     assert ext_proc.message_timeout.ToMilliseconds() > 0
     epp_cluster_name = ext_proc.grpc_service.envoy_grpc.cluster_name
 
