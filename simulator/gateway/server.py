@@ -70,7 +70,9 @@ async def start_gateway(options: GatewayOptions) -> GatewayHandle:
 
     app = web.Application(client_max_size=0)
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # bodies pass through as the client sent them (Envoy decodes no content-encoding unless a
+    # decompressor filter is configured): epp sees the header and the bytes it would see
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)
     await site.start()

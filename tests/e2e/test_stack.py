@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
 import json
 import random
 
@@ -138,6 +139,26 @@ async def test_errors_from_epp_reach_the_client_with_their_status(
     assert UPSTREAM_HOST_HEADER not in headers  # answered by epp, no replica involved
     assert json.loads(raw)["error"]["type"] == error_type
 
+
+
+@pytest.mark.parametrize(
+    "data",
+    [gzip.compress(b'{"model": "m", "prompt": "hello"}'), b'{"model": "m", "prompt": "hello"}'],
+    ids=["gzip-body", "plain-body-labelled-gzip"],
+)
+async def test_a_compressed_request_body_gets_epps_400_not_a_gateway_500(
+    stack: Stack, http: aiohttp.ClientSession, data: bytes
+) -> None:
+    # the gateway passes the body and its content-encoding through, as Envoy does; epp routes
+    # only bodies it can read and says so (it once decoded gzip itself and failed with a 500)
+    async with http.post(
+        stack.gateway_url + "/v1/completions", data=data,
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+    ) as r:  # fmt: skip
+        assert r.status == 400
+        error = json.loads(await r.read())["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "content-encoding 'gzip'" in error["message"]
 
 SMALL = SharedPrefixWorkload(
     num_groups=6,
