@@ -24,6 +24,7 @@ server's rounds.
                                         [--metrics injected,scraped]
     python tests/bench/bench_extproc.py --phases      # CPU per thread, epp's handling per phase
     python tests/bench/bench_extproc.py --calibrate 0,150,300  # no-op burning N us vs no-op
+    python tests/bench/bench_extproc.py --config my-epp.yaml   # epp with another config
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ def _install_phase_timers() -> dict[str, list[float]]:
     return totals
 
 
-async def serve_epp(scraped_ports: list[int], phases: bool = False) -> None:
+async def serve_epp(scraped_ports: list[int], phases: bool = False, config: str = "") -> None:
+    from epp.config.loader import load_config
     from epp.datastore.endpoint import Endpoint, Metrics, endpoint_id
     from epp.server.runner import ServerOptions, start_server
 
@@ -182,7 +184,7 @@ async def serve_epp(scraped_ports: list[int], phases: bool = False) -> None:
     else:
         eps = [Endpoint(endpoint_id(f"10.0.{i // 250}.{i % 250 + 1}", 8000), f"10.0.{i // 250}.{i % 250 + 1}", 8000) for i in range(ENDPOINTS)]
     handle = await start_server(
-        None, eps,
+        load_config(config) if config else None, eps,
         ServerOptions(host="127.0.0.1", grpc_port=0, health_port=-1, metrics_port=-1,
                       scrape=bool(scraped_ports)),
         rng=random.Random(1),
@@ -285,11 +287,17 @@ async def drive(port: int, bodies: list[bytes], concurrency: int, sse: int = 0
     return len(bodies) / elapsed, latencies
 
 
+SETTINGS = {"config": ""}
+"""``config``: ``--config``, the config epp serves with (a file or a shipped name; "": the
+shipped default)."""
+
+
 def start(kind: str, ports: list[int] | None = None, phases: bool = False
           ) -> tuple[subprocess.Popen[str], int]:
     """``kind``: "noop", "epp" or "spin:N" (the no-op burning N us per request)."""
     extra = ["--scraped-ports", ",".join(map(str, ports))] if ports else []
     extra += ["--phases"] if phases else []
+    extra += ["--config", SETTINGS["config"]] if kind == "epp" and SETTINGS["config"] else []
     if kind.startswith("spin:"):
         kind, extra = "noop", [*extra, "--spin-us", kind.partition(":")[2]]
     proc = subprocess.Popen(
@@ -371,6 +379,8 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
     if contender != "epp":
         mode = f"no-op burning {contender.partition(':')[2]} us per request"
         how = "in place of epp"
+    elif SETTINGS["config"]:
+        how += f", epp --config {SETTINGS['config']}"
     if sse:
         how += f", replies streamed as {sse} SSE events"
     print(f"ext_proc bench [{mode}]: {ENDPOINTS} endpoints, {how}, {PROMPT_BYTES // 1024} KB "
@@ -470,7 +480,8 @@ async def phases(requests: int, concurrency: int, mode: str, sse: int = 0) -> No
             proc.terminate()
             proc.wait()
     per = 1e6 / requests
-    print(f"ext_proc CPU per request [{mode} metrics, concurrency {concurrency}, {requests} "
+    config = f", epp --config {SETTINGS['config']}" if SETTINGS["config"] else ""
+    print(f"ext_proc CPU per request [{mode} metrics{config}, concurrency {concurrency}, {requests} "
           f"requests, {os.cpu_count()} CPUs shared by client and server]: noop "
           f"{rates['noop']:.0f} req/s, epp {rates['epp']:.0f} req/s "
           f"({rates['epp'] / rates['noop']:.2f})")
@@ -512,14 +523,26 @@ def main() -> None:
     ap.add_argument("--sse-events", type=int, default=0, metavar="N",
                     help="stream each reply as N SSE events, one ext_proc message each, as a "
                          "streamed chat completion reaches epp (default 0: one JSON body)")
+    ap.add_argument("--config", default="", metavar="FILE",
+                    help="epp's config (a file or a shipped name, as epp serve --config; "
+                         "default: the shipped default): what epp costs with it")
     ap.add_argument("--scraped-ports", default="", help=argparse.SUPPRESS)
     ap.add_argument("--spin-us", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    SETTINGS["config"] = args.config
+    if args.config and not args.serve:
+        from epp.config.loader import load_config
+        from epp.errors import ConfigError
+
+        try:
+            load_config(args.config)  # a bad config fails here, with its error, not in a child
+        except ConfigError as exc:
+            ap.error(str(exc))
     if args.serve == "noop":
         asyncio.run(serve_noop(args.spin_us))
     elif args.serve == "epp":
         asyncio.run(serve_epp([int(p) for p in args.scraped_ports.split(",") if p],
-                              phases=args.phases))
+                              phases=args.phases, config=args.config))
     elif args.phases:
         top = max(int(c) for c in args.concurrency.split(","))
         for mode in args.metrics.split(","):
