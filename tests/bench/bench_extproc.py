@@ -25,6 +25,7 @@ server's rounds.
     python tests/bench/bench_extproc.py --phases      # CPU per thread, epp's handling per phase
     python tests/bench/bench_extproc.py --calibrate 0,150,300  # no-op burning N us vs no-op
     python tests/bench/bench_extproc.py --config my-epp.yaml   # epp with another config
+    python tests/bench/bench_extproc.py --sync-noop   # grpc's thread-pool server vs grpc.aio
 """
 
 from __future__ import annotations
@@ -95,6 +96,43 @@ async def serve_noop(spin_us: float = 0.0) -> None:
     await server.start()
     print(port, flush=True)
     await server.wait_for_termination()
+
+
+def serve_sync_noop() -> None:
+    """The same no-op on grpc's thread-pool server (``--sync-noop``): a handler thread per
+    stream iterating the requests and yielding the replies, instead of grpc.aio."""
+    from concurrent import futures
+
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+    from epp.extproc import convert
+
+    class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+        def Process(self, it, context):  # type: ignore[no-untyped-def]
+            body = bytearray()
+            for msg in it:
+                kind = msg.WhichOneof("request")
+                if kind == "request_body":
+                    body += msg.request_body.body
+                    if msg.request_body.end_of_stream:
+                        yield convert.routed_headers_response("10.0.0.1:8000", len(body))
+                        yield convert.streamed_request_body(bytes(body), True)
+                elif kind == "response_headers":
+                    yield convert.RESPONSE_HEADERS_CONTINUE
+                elif kind == "response_body":
+                    b = msg.response_body
+                    yield convert.streamed_response_body(b.body, b.end_of_stream)
+                elif kind != "request_headers":
+                    yield pb.ProcessingResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+    pb_grpc.add_ExternalProcessorServicer_to_server(Noop(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    server.wait_for_termination()
 
 
 PHASES = [
@@ -294,7 +332,8 @@ shipped default)."""
 
 def start(kind: str, ports: list[int] | None = None, phases: bool = False
           ) -> tuple[subprocess.Popen[str], int]:
-    """``kind``: "noop", "epp" or "spin:N" (the no-op burning N us per request)."""
+    """``kind``: "noop", "epp", "spin:N" (the no-op burning N us per request) or "sync" (the
+    no-op on grpc's thread-pool server)."""
     extra = ["--scraped-ports", ",".join(map(str, ports))] if ports else []
     extra += ["--phases"] if phases else []
     extra += ["--config", SETTINGS["config"]] if kind == "epp" and SETTINGS["config"] else []
@@ -376,7 +415,10 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
 
     how = ("metrics injected (no scraping)" if mode == "injected" else
            "scraping on: each endpoint serves the real vLLM page, default scrape settings")
-    if contender != "epp":
+    if contender == "sync":
+        mode = "no-op on grpc's thread-pool server"
+        how = "in place of epp"
+    elif contender != "epp":
         mode = f"no-op burning {contender.partition(':')[2]} us per request"
         how = "in place of epp"
     elif SETTINGS["config"]:
@@ -504,7 +546,7 @@ async def phases(requests: int, concurrency: int, mode: str, sse: int = 0) -> No
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--serve", choices=["noop", "epp"], help=argparse.SUPPRESS)
+    ap.add_argument("--serve", choices=["noop", "epp", "sync"], help=argparse.SUPPRESS)
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--rounds", type=int, default=6,
@@ -520,6 +562,9 @@ def main() -> None:
                          "request on its event loop, against the plain no-op, for each value: "
                          "the ratios a server whose whole cost is that much handling reaches "
                          "on this machine (compare epp's handling, --phases)")
+    ap.add_argument("--sync-noop", action="store_true",
+                    help="instead of epp: the same no-op on grpc's thread-pool server (a "
+                         "handler thread per stream) against the grpc.aio one epp is built on")
     ap.add_argument("--sse-events", type=int, default=0, metavar="N",
                     help="stream each reply as N SSE events, one ext_proc message each, as a "
                          "streamed chat completion reaches epp (default 0: one JSON body)")
@@ -540,6 +585,8 @@ def main() -> None:
             ap.error(str(exc))
     if args.serve == "noop":
         asyncio.run(serve_noop(args.spin_us))
+    elif args.serve == "sync":
+        serve_sync_noop()
     elif args.serve == "epp":
         asyncio.run(serve_epp([int(p) for p in args.scraped_ports.split(",") if p],
                               phases=args.phases, config=args.config))
@@ -550,6 +597,9 @@ def main() -> None:
                 print(f"[scraped] skipped: {PAGE} not found")
                 continue
             asyncio.run(phases(args.requests, top, mode, args.sse_events))
+    elif args.sync_noop:
+        asyncio.run(bench(args.requests, [int(c) for c in args.concurrency.split(",")],
+                          args.rounds, "injected", contender="sync", sse=args.sse_events))
     elif args.calibrate:
         for us in args.calibrate.split(","):
             asyncio.run(bench(args.requests, [int(c) for c in args.concurrency.split(",")],
