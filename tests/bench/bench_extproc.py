@@ -42,7 +42,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -55,15 +57,45 @@ ENDPOINTS = 32
 # --- servers (run in a subprocess) -------------------------------------------------------
 
 
-async def serve_noop(spin_us: float = 0.0) -> None:
-    """The no-op ext_proc server; ``spin_us`` > 0 makes it burn that much CPU on its event
-    loop when a request body is complete (``--calibrate``: what a server whose only cost is
-    that much handling per request reads against the plain no-op)."""
-    import grpc
+def noop_replier(spin_us: float = 0.0) -> Callable[[Any, bytearray], list[Any]]:
+    """The no-op server's answer to one ext_proc message (``body`` collects the request body):
+    a fixed destination, every body echoed, no parsing and no scheduling. ``spin_us`` > 0
+    burns that much CPU when the request body is complete (``--calibrate``)."""
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
     from epp.extproc import convert
+
+    def replies(msg: Any, body: bytearray) -> list[Any]:
+        kind = msg.WhichOneof("request")
+        if kind == "request_body":
+            body += msg.request_body.body
+            if not msg.request_body.end_of_stream:
+                return []
+            if spin_us:
+                until = time.perf_counter() + spin_us * 1e-6
+                while time.perf_counter() < until:
+                    pass
+            return [convert.routed_headers_response("10.0.0.1:8000", len(body)),
+                    convert.streamed_request_body(bytes(body), True)]  # fmt: skip
+        if kind == "response_headers":
+            return [convert.RESPONSE_HEADERS_CONTINUE]
+        if kind == "response_body":
+            b = msg.response_body
+            return [convert.streamed_response_body(b.body, b.end_of_stream)]
+        if kind == "request_headers":
+            return []
+        return [pb.ProcessingResponse()]
+
+    return replies
+
+
+async def serve_noop(spin_us: float = 0.0) -> None:
+    """The no-op ext_proc server on grpc.aio; ``spin_us``: see :func:`noop_replier` (what a
+    server whose only cost is that much handling per request reads against the plain no-op)."""
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+    replies = noop_replier(spin_us)
 
     class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         # context.read / context.write, as epp's service does: in grpc.aio that is ~12% more
@@ -72,23 +104,8 @@ async def serve_noop(spin_us: float = 0.0) -> None:
             body = bytearray()
             read, write, eof = context.read, context.write, grpc.aio.EOF
             while (msg := await read()) is not eof:
-                kind = msg.WhichOneof("request")
-                if kind == "request_body":
-                    body += msg.request_body.body
-                    if msg.request_body.end_of_stream:
-                        if spin_us:
-                            until = time.perf_counter() + spin_us * 1e-6
-                            while time.perf_counter() < until:
-                                pass
-                        await write(convert.routed_headers_response("10.0.0.1:8000", len(body)))
-                        await write(convert.streamed_request_body(bytes(body), True))
-                elif kind == "response_headers":
-                    await write(convert.RESPONSE_HEADERS_CONTINUE)
-                elif kind == "response_body":
-                    b = msg.response_body
-                    await write(convert.streamed_response_body(b.body, b.end_of_stream))
-                elif kind != "request_headers":
-                    await write(pb.ProcessingResponse())
+                for reply in replies(msg, body):
+                    await write(reply)
 
     server = grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(Noop(), server)
@@ -104,28 +121,15 @@ def serve_sync_noop() -> None:
     from concurrent import futures
 
     import grpc
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-    from epp.extproc import convert
+    replies = noop_replier()
 
     class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         def Process(self, it, context):  # type: ignore[no-untyped-def]
             body = bytearray()
             for msg in it:
-                kind = msg.WhichOneof("request")
-                if kind == "request_body":
-                    body += msg.request_body.body
-                    if msg.request_body.end_of_stream:
-                        yield convert.routed_headers_response("10.0.0.1:8000", len(body))
-                        yield convert.streamed_request_body(bytes(body), True)
-                elif kind == "response_headers":
-                    yield convert.RESPONSE_HEADERS_CONTINUE
-                elif kind == "response_body":
-                    b = msg.response_body
-                    yield convert.streamed_response_body(b.body, b.end_of_stream)
-                elif kind != "request_headers":
-                    yield pb.ProcessingResponse()
+                yield from replies(msg, body)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     pb_grpc.add_ExternalProcessorServicer_to_server(Noop(), server)
