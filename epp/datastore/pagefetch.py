@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from typing import cast
 
 import httptools
 
@@ -52,8 +53,8 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a TCP connection's transport: asyncio's, or uvloop's (not a subclass of it)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.received = True

@@ -26,6 +26,7 @@ server's rounds.
     python tests/bench/bench_extproc.py --calibrate 0,150,300  # no-op burning N us vs no-op
     python tests/bench/bench_extproc.py --config my-epp.yaml   # epp with another config
     python tests/bench/bench_extproc.py --sync-noop   # grpc's thread-pool server vs grpc.aio
+    python tests/bench/bench_extproc.py --uvloop epp-vs-epp  # what uvloop's loop gives epp
 """
 
 from __future__ import annotations
@@ -329,16 +330,30 @@ async def drive(port: int, bodies: list[bytes], concurrency: int, sse: int = 0
     return len(bodies) / elapsed, latencies
 
 
-SETTINGS = {"config": ""}
+SETTINGS = {"config": "", "uvloop": ""}
 """``config``: ``--config``, the config epp serves with (a file or a shipped name; "": the
-shipped default)."""
+shipped default). ``uvloop``: ``--uvloop`` ("", "epp", "both" or "epp-vs-epp")."""
+
+UVLOOP_CHOICES = {
+    "epp": "epp on uvloop, the no-op on asyncio's loop",
+    "both": "epp and the no-op on uvloop",
+    "epp-vs-epp": "in the no-op's place epp on asyncio's loop, against epp on uvloop",
+}
 
 
-def start(kind: str, ports: list[int] | None = None, phases: bool = False
+def _uvloop_for(slot: str) -> bool:
+    """Whether the server in ``slot`` ("noop": the baseline, "epp") runs on uvloop."""
+    choice = SETTINGS["uvloop"]
+    return bool(choice) and (slot == "epp" or choice == "both")
+
+
+def start(kind: str, ports: list[int] | None = None, phases: bool = False, slot: str = ""
           ) -> tuple[subprocess.Popen[str], int]:
     """``kind``: "noop", "epp", "spin:N" (the no-op burning N us per request) or "sync" (the
-    no-op on grpc's thread-pool server)."""
+    no-op on grpc's thread-pool server); ``slot``: "noop" or "epp", where it is compared
+    (``--uvloop``: which slots run on uvloop)."""
     extra = ["--scraped-ports", ",".join(map(str, ports))] if ports else []
+    extra += ["--on-uvloop"] if _uvloop_for(slot or kind) else []
     extra += ["--phases"] if phases else []
     extra += ["--config", SETTINGS["config"]] if kind == "epp" and SETTINGS["config"] else []
     if kind.startswith("spin:"):
@@ -374,7 +389,10 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
     runs: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
     cpu: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (server, client) s/request
     pages = start_pages(ENDPOINTS) if mode == "scraped" else None
-    procs = {"noop": start("noop"), "epp": start(contender, pages[1] if pages else None)}
+    ports = pages[1] if pages else None
+    baseline = start("epp", ports, slot="noop") if SETTINGS["uvloop"] == "epp-vs-epp" else (
+        start("noop"))
+    procs = {"noop": baseline, "epp": start(contender, ports, slot="epp")}
     try:
         for _, port in procs.values():
             await drive(port, warm, 4)
@@ -429,6 +447,8 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
         how += f", epp --config {SETTINGS['config']}"
     if sse:
         how += f", replies streamed as {sse} SSE events"
+    if SETTINGS["uvloop"]:
+        how += f", --uvloop {SETTINGS['uvloop']}: {UVLOOP_CHOICES[SETTINGS['uvloop']]}"
     print(f"ext_proc bench [{mode}]: {ENDPOINTS} endpoints, {how}, {PROMPT_BYTES // 1024} KB "
           f"prompts, {requests} requests x {rounds} rounds per cell (medians), "
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")
@@ -575,10 +595,32 @@ def main() -> None:
     ap.add_argument("--config", default="", metavar="FILE",
                     help="epp's config (a file or a shipped name, as epp serve --config; "
                          "default: the shipped default): what epp costs with it")
+    ap.add_argument("--uvloop", choices=list(UVLOOP_CHOICES), default="",
+                    help="run servers on uvloop's event loop (pip install uvloop; not a "
+                         "dependency of epp): "
+                         + "; ".join(f"{k}: {v}" for k, v in UVLOOP_CHOICES.items()))
+    ap.add_argument("--on-uvloop", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--scraped-ports", default="", help=argparse.SUPPRESS)
     ap.add_argument("--spin-us", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     SETTINGS["config"] = args.config
+    SETTINGS["uvloop"] = args.uvloop
+    if args.uvloop:
+        if args.phases or args.calibrate or args.sync_noop:
+            ap.error("--uvloop goes with the comparison only (not --phases, --calibrate, "
+                     "--sync-noop)")
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            ap.error("--uvloop needs uvloop installed (./run pip install uvloop)")
+
+    def run(coro: Any) -> None:
+        if args.on_uvloop:
+            import uvloop
+
+            uvloop.run(coro)
+        else:
+            asyncio.run(coro)
     if args.config and not args.serve:
         from epp.config.loader import load_config
         from epp.errors import ConfigError
@@ -588,12 +630,12 @@ def main() -> None:
         except ConfigError as exc:
             ap.error(str(exc))
     if args.serve == "noop":
-        asyncio.run(serve_noop(args.spin_us))
+        run(serve_noop(args.spin_us))
     elif args.serve == "sync":
         serve_sync_noop()
     elif args.serve == "epp":
-        asyncio.run(serve_epp([int(p) for p in args.scraped_ports.split(",") if p],
-                              phases=args.phases, config=args.config))
+        run(serve_epp([int(p) for p in args.scraped_ports.split(",") if p],
+                      phases=args.phases, config=args.config))
     elif args.phases:
         top = max(int(c) for c in args.concurrency.split(","))
         for mode in args.metrics.split(","):
