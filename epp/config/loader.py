@@ -327,7 +327,9 @@ def load_config(path: str | Path) -> EppConfig:
     try:
         text = text_path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+        hint = "" if text_path.suffix or text_path.parent != Path(".") else (
+            f" (nor is it a shipped profile: {', '.join(SHIPPED)})")
+        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}{hint}") from None
     return loads_config(text, str(path))
 
 

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from epp.config.loader import default_config, loads_config, shipped_config
+from epp.config.loader import default_config, load_config, loads_config, shipped_config
 from epp.errors import ConfigError
 
 BASE = """
@@ -142,3 +144,16 @@ def test_a_producer_in_a_profile_is_an_error_naming_the_field() -> None:
             "plugins: [{type: approx-prefix-cache-producer}, {type: max-score-picker}]\n"
             "schedulingProfiles: [{plugins: [{pluginRef: approx-prefix-cache-producer}, {pluginRef: max-score-picker}]}]\n"
         )
+
+
+def test_a_missing_config_name_lists_the_shipped_profiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as bare:
+        load_config("predicted_ttft")  # a typo of a shipped name
+    assert "shipped profile: default, filter-chain, predicted-ttft, cache-aware" in str(bare.value)
+    with pytest.raises(ConfigError) as path:
+        load_config("my-epp.yaml")  # a file name: no profile list
+    assert "cannot read my-epp.yaml" in str(path.value)
+    assert "shipped profile" not in str(path.value)
