@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from epp.prefix.kvevents import Kind, KvEvent, encode
+from epp.supervise import spawn
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class KvEventPublisher:
 
     def start(self) -> None:
         if self.router is not None:
-            self._task = asyncio.get_running_loop().create_task(self._serve_replay())
+            self._task = spawn("kv-events-replay", self._serve_replay)
 
     def cache_event(self, kind: str, hashes: Sequence[int]) -> None:
         """The cache's event sink (``PrefixCache.events``)."""

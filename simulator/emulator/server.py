@@ -5,6 +5,10 @@ An asyncio task drives the engine in real time: it sleeps until the engine's nex
 futures of the requests that got their first token or finished. Handlers submit requests
 and wake the task. While streams are open the task also wakes every few milliseconds so
 that tokens flow as they are generated, not in one burst at the end.
+
+The task is supervised (``epp.supervise``): if a step raises, the requests in flight are
+answered 500 and dropped from the engine, and the loop starts again, so one bad step costs
+those requests, not every later one.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from epp.prefix.blockhash import VllmBlockHasher
 from epp.prefix.tokenize import ModelTokenizer, token_ids
+from epp.supervise import spawn
 from simulator.emulator import openai
 from simulator.emulator.config import EmulatorConfig
 from simulator.emulator.kvpublish import KvEventPublisher
@@ -100,7 +105,23 @@ class Emulator:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="emulator-engine")
+        self._task = spawn("emulator-engine", self._run, on_failure=self._engine_failed)
+
+    def _engine_failed(self, kind: str) -> None:
+        """An engine step raised: answer every request in flight 500 and drop it from the
+        engine (its state for them cannot be trusted), before the loop restarts."""
+        now = self._now()
+        for p in list(self._pending.values()):
+            with contextlib.suppress(Exception):
+                self.engine.abort(p.rid, now)
+            for fut in (p.first, p.done):
+                if not fut.done():
+                    fut.set_exception(
+                        ApiError(500, "the emulator's engine failed on this request's step")
+                    )
+            p.progress.set()
+        self._pending.clear()
+        self._streams.clear()
 
     def publish_events(self, endpoint: str, topic: str, replay_endpoint: str = "") -> None:
         """Publish the cache's changes as vLLM's KV-cache events (after the port is known:

@@ -102,6 +102,30 @@ async def test_completion_reports_usage_and_deterministic_text(
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
+async def test_a_failing_engine_step_answers_500_and_the_engine_loop_restarts(
+    emulator: RunningEmulator, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = emulator.emulator.engine
+    real_advance = engine.advance
+    failures = []
+
+    def advance_once_broken(now: float) -> Any:
+        engine.advance = real_advance  # type: ignore[method-assign]
+        failures.append(now)
+        raise RuntimeError("injected engine fault")
+
+    engine.advance = advance_once_broken  # type: ignore[method-assign]
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3}
+    status, failed = await post(http, emulator.url + "/v1/completions", body)
+    assert failures and status == 500
+    assert "engine failed" in failed["error"]["message"]
+    assert engine.num_running == 0 and engine.num_waiting == 0
+    assert "background task emulator-engine failed" in caplog.text
+    # the supervised loop restarted: the next request is served
+    status, served = await post(http, emulator.url + "/v1/completions", body)
+    assert status == 200 and served["usage"]["completion_tokens"] == 3
+
+
 async def test_reset_prefix_cache_empties_the_cache_and_keeps_the_counters(
     emulator: RunningEmulator, http: aiohttp.ClientSession
 ) -> None:
