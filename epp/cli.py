@@ -19,6 +19,7 @@ from epp.datastore.static import parse_endpoint_list
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.extproc import convert
+from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.observability.logging import setup_logging
 from epp.requestcontrol.response import MAX_JSON_BYTES, MAX_SSE_LINE_BYTES, ResponseLimits
@@ -134,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-buffered-bytes", type=byte_size, default=DEFAULT_MAX_BUFFERED_BYTES,
                    help="request-body bytes all open streams may hold together; a request "
                    "that would pass it gets 503 (bounds memory under many slow uploads)")
+    g.add_argument("--max-open-streams", type=_number(1, strict=False, integer=True),
+                   default=DEFAULT_MAX_OPEN_STREAMS,
+                   help="ext_proc streams (HTTP requests in flight through Envoy) open at once; "
+                   "a new one past it is answered 503 (each holds ~25 KB even idle)")
     g.add_argument("--max-sse-line-bytes", type=byte_size, default=MAX_SSE_LINE_BYTES,
                    help="longest line of a streamed (SSE) response epp holds to read usage "
                    "from; a longer one is forwarded as it comes, unread")
@@ -290,9 +295,12 @@ def _scrape_interval(args: argparse.Namespace, cfg: EppConfig) -> float:
             log.warning("--scrape-interval-s %g is not shorter than the config's "
                         "saturation.metricsStalenessSeconds (%g): endpoints will look stale "
                         "between scrapes", interval, stale_s)
-    log.info("scraping each endpoint every %g s (%s)", interval,
-             "--scrape-interval-s" if args.scrape_interval_s is not None
-             else f"{cfg.source} scraping.intervalSeconds")
+    if args.no_scrape:
+        log.info("not scraping (--no-scrape): load comes only from in-flight counts")
+    else:
+        log.info("scraping each endpoint every %g s (%s)", interval,
+                 "--scrape-interval-s" if args.scrape_interval_s is not None
+                 else f"{cfg.source} scraping.intervalSeconds")
     return interval
 
 
@@ -358,6 +366,7 @@ async def serve(args: argparse.Namespace) -> int:
         fallbacks=args.fallbacks,
         max_body_bytes=args.max_body_bytes,
         max_buffered_bytes=args.max_buffered_bytes,
+        max_open_streams=args.max_open_streams,
         trust_control_headers=args.trust_control_headers,
         pool_name=getattr(args, "pool_name", "") or "static",
         response_limits=ResponseLimits(args.max_response_json_bytes, args.max_sse_line_bytes),

@@ -4,22 +4,38 @@ One call per HTTP request. Messages go to a ``RequestStream``; its replies go ba
 A client that cancels either raises ``CancelledError`` into the generator or (grpc.aio does
 this) simply ends the request iterator; either way ``finally`` closes the request so nothing
 stays counted in flight.
+
+Open streams are bounded (``max_open_streams``): each holds ~25 KB even idle, and nothing in
+gRPC limits how many one client opens. A stream past the bound gets its first message (Envoy
+sends it as it opens the stream) answered with an ImmediateResponse 503, which Envoy returns
+to the client, and is ended. A stream that sends nothing within ``REFUSE_READ_S`` is ended
+with nothing; while ``max(64, max_open_streams // 16)`` refusals already wait for their first
+message, further streams end at once with ``RESOURCE_EXHAUSTED``, so refusing stays bounded
+too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.errors import Unavailable
+from epp.extproc.errors import immediate_response
 from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
 from epp.request.parse import RequestParser
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MAX_OPEN_STREAMS = 20_000
+"""~0.5 GB of idle streams; an HTTP request in flight through Envoy holds one stream."""
+REFUSE_READ_S = 1.0
+"""How long a stream past the bound may take to send its first message."""
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -30,8 +46,13 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         default_mode: int,
         budget: BodyBudget | None = None,
         limits: ResponseLimits = DEFAULT_LIMITS,
+        max_open_streams: int = DEFAULT_MAX_OPEN_STREAMS,
     ) -> None:
         self._parser = parser
+        self.max_open_streams = max_open_streams
+        self.refused_streams = 0
+        self._refusing = False
+        self._refusals_waiting = 0
         self._limits = limits
         self._director = director
         self._default_mode = default_mode
@@ -41,6 +62,12 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     async def Process(self, request_iterator: Any, context: Any) -> None:
         """One ext_proc stream, with the servicer context's ``read`` / ``write`` (cheaper in
         grpc.aio than an async generator of replies; the request iterator is unused)."""
+        if self.open_streams >= self.max_open_streams:
+            await self._refuse(context)
+            return
+        if self._refusing:
+            self._refusing = False
+            log.warning("ext_proc streams accepted again (%d open)", self.open_streams)
         stream = RequestStream(
             self._parser, self._director, self._default_mode, self.budget, self._limits
         )
@@ -63,6 +90,30 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         finally:
             self.open_streams -= 1
             stream.close()
+
+
+    async def _refuse(self, context: Any) -> None:
+        self.refused_streams += 1
+        if not self._refusing:
+            self._refusing = True
+            log.warning(
+                "%d ext_proc streams open, the most epp holds (--max-open-streams): new ones "
+                "are answered 503 until some end", self.open_streams,
+            )  # fmt: skip
+        self._director.rejected("", 503)
+        message = f"epp has {self.open_streams} requests open, the most it holds; retry shortly"
+        if self._refusals_waiting >= max(64, self.max_open_streams // 16):
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+        self._refusals_waiting += 1
+        try:
+            async with asyncio.timeout(REFUSE_READ_S):
+                first = await context.read()
+        except TimeoutError:
+            return
+        finally:
+            self._refusals_waiting -= 1
+        if first is not grpc.aio.EOF:
+            await context.write(immediate_response(Unavailable(message)))
 
 
 def add_to_server(service: ExtProcService, server: Any) -> None:

@@ -32,7 +32,7 @@ from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.extproc import convert
-from epp.extproc.service import ExtProcService, add_to_server
+from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS, ExtProcService, add_to_server
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
 from epp.kvevents.subscriber import KvEventSubscriber
 from epp.observability.metrics import EppMetrics
@@ -73,6 +73,8 @@ class ServerOptions:
     max_body_bytes: int | None = None
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     """Request-body bytes all open streams may hold together (503 past it)."""
+    max_open_streams: int = DEFAULT_MAX_OPEN_STREAMS
+    """ext_proc streams open at once; a new one past it is answered 503."""
     response_limits: ResponseLimits = field(default_factory=ResponseLimits)
     """What a model server's response may make epp hold while it reads usage from it."""
     pool_name: str = "static"
@@ -248,7 +250,7 @@ async def start_server(
         admission.on_cycle = cycle_hist.observe
     service = ExtProcService(
         parser, director, opts.processing_mode, BodyBudget(opts.max_buffered_bytes),
-        opts.response_limits,
+        opts.response_limits, opts.max_open_streams,
     )
     health_service = health.aio.HealthServicer()
 

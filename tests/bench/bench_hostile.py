@@ -10,20 +10,25 @@
    headers, body before headers, half-close), cancelled streams, 5,000 distinct models.
 3. Restart-to-warm: a replica whose peer holds a 1M-entry index starts with that peer in
    ``--peers``; the time from start to ready (the snapshot applied) and the entries it got.
+4. Idle ext_proc streams: one client opens streams that send their headers and nothing more,
+   up to ``--max-open-streams`` and 25% past it; RSS of ``epp serve`` per open stream, what
+   the streams past the bound got, and whether a normal request still routes.
 
-    python tests/bench/bench_hostile.py [--requests 20000] [--entries 1000000]
+    python tests/bench/bench_hostile.py [--requests 20000] [--entries 1000000] [--streams 4000]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import resource
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -322,16 +327,96 @@ async def warm_restart(entries: int) -> None:
         await a.stop(0)
 
 
+# --- 4. idle streams ---------------------------------------------------------------------
+
+
+def _serve_with_stream_bound(cap: int) -> tuple[subprocess.Popen[str], int]:
+    """``epp serve --max-open-streams cap`` and its gRPC port (read from its log)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epp.cli", "serve", "--grpc-port", "0", "--health-port", "-1",
+         "--metrics-port", "-1", "--endpoints", "127.0.0.1:9", "--no-scrape",
+         "--log-format", "text", "--max-open-streams", str(cap)],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.stderr is not None
+    port = 0
+    for line in proc.stderr:
+        if "epp serving: grpc=" in line:
+            port = int(line.split("grpc=")[1].split()[0])
+            break
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+    return proc, port
+
+
+async def idle_streams(cap: int) -> None:
+    import grpc
+
+    from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS
+    from tests.integration import envoy_client as ec
+
+    proc, port = _serve_with_stream_bound(cap)
+    body = json.dumps({"model": "m", "prompt": "hello " * 100}).encode()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await channel.channel_ready()
+            base = _rss_kb(proc.pid)
+            held = []
+            for _ in range(cap):
+                s = ec.Stream(channel)
+                await s.send(ec.request_headers())
+                held.append(s)
+            await asyncio.sleep(0.5)  # let the server take the last ones in
+            at_cap = _rss_kb(proc.pid)
+            per_stream = (at_cap - base) / cap
+            refused = other = 0
+            for _ in range(cap // 4):
+                s = ec.Stream(channel)
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    # epp answers a stream past the bound without reading it: the write
+                    # may find the call already complete
+                    await s.send(ec.request_headers())
+                reply = await s.call.read()
+                if reply is not grpc.aio.EOF and reply.immediate_response.status.code == 503:
+                    refused += 1
+                else:
+                    other += 1
+                    held.append(s)
+            past = _rss_kb(proc.pid)
+            for h in held:
+                h.call.cancel()
+            await asyncio.sleep(0.5)  # the cancels reach the server
+            s = ec.Stream(channel)
+            await s.send(ec.request_headers(), ec.request_body(body, True))
+            routed = ec.destination((await s.recv_n(2))[0])
+            s.call.cancel()
+        print(f"  RSS of epp serve {base / 1024:.1f} MB idle, {at_cap / 1024:.1f} MB with {cap:,} "
+              f"idle streams open: {per_stream:.1f} KB a stream (at the default bound, "
+              f"{DEFAULT_MAX_OPEN_STREAMS:,}: ~{per_stream * DEFAULT_MAX_OPEN_STREAMS / 1024:.0f} MB)")
+        print(f"  {cap // 4:,} streams past the bound: {refused:,} answered 503 at once, {other} "
+              f"otherwise; RSS {past / 1024:.1f} MB ({(past - at_cap) / 1024:+.1f} MB); "
+              f"after the idle ones closed, a request routes: {routed or 'NO'}")
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 async def main_async(args: argparse.Namespace) -> None:
     print(f"hostile-input bench, python {sys.version.split()[0]}, {os.cpu_count()} CPUs "
           "shared with other work")
-    print("1. event-loop stalls while scraping (probe: sleep(1 ms) lateness, "
-          f"{args.seconds:.0f} s each):")
-    await scrape_stalls(args.seconds)
-    print(f"2. epp serve memory over {args.requests} mostly hostile requests:")
-    await rss_over_requests(args.requests)
-    print("3. restart to warm:")
-    await warm_restart(args.entries)
+    part = args.only
+    if part in (None, "scrape"):
+        print("1. event-loop stalls while scraping (probe: sleep(1 ms) lateness, "
+              f"{args.seconds:.0f} s each):")
+        await scrape_stalls(args.seconds)
+    if part in (None, "requests"):
+        print(f"2. epp serve memory over {args.requests} mostly hostile requests:")
+        await rss_over_requests(args.requests)
+    if part in (None, "warm"):
+        print("3. restart to warm:")
+        await warm_restart(args.entries)
+    if part in (None, "streams"):
+        print(f"4. idle ext_proc streams (--max-open-streams {args.streams}):")
+        await idle_streams(args.streams)
 
 
 def main() -> None:
@@ -340,6 +425,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--entries", type=int, default=1_000_000)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--streams", type=int, default=4000,
+                    help="--max-open-streams for part 4; it opens that many idle streams")
+    ap.add_argument("--only", choices=["scrape", "requests", "warm", "streams"],
+                    help="run one part")
     args = ap.parse_args()
     if args.serve_pages:
         asyncio.run(serve_pages())

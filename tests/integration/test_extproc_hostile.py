@@ -103,6 +103,76 @@ async def test_buffered_bodies_are_bounded_across_streams() -> None:
         await stop_epp(e)
 
 
+async def test_open_streams_are_bounded_and_a_stream_past_the_bound_gets_503() -> None:
+    e = await start_epp(max_open_streams=2)
+    try:
+        service = e.handle.service
+        holders = []
+        for _ in range(2):  # idle: headers sent, the body never comes
+            s = ec.Stream(e.channel)
+            await s.send(ec.request_headers())
+            holders.append(s)
+        async with asyncio.timeout(5):
+            while service.open_streams < 2:
+                await asyncio.sleep(0.01)
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers())
+        reply = await s.recv()
+        assert reply.immediate_response.status.code == 503
+        assert b"the most it holds" in reply.immediate_response.body
+        assert await s.call.read() is grpc.aio.EOF and await s.call.code() == grpc.StatusCode.OK
+        assert service.refused_streams == 1 and service.open_streams == 2
+        for h in holders:
+            h.call.cancel()
+        async with asyncio.timeout(5):
+            while service.open_streams:
+                await asyncio.sleep(0.01)
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers(), ec.request_body(BODY, True))
+        assert ec.destination((await s.recv_n(2))[0])
+        s.call.cancel()
+    finally:
+        await stop_epp(e)
+
+
+async def test_refusing_streams_past_the_bound_is_bounded_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from epp.extproc import service as service_module
+
+    monkeypatch.setattr(service_module, "REFUSE_READ_S", 30.0)
+    e = await start_epp(max_open_streams=1)
+    try:
+        service = e.handle.service
+        holder = ec.Stream(e.channel)
+        await holder.send(ec.request_headers())
+        async with asyncio.timeout(5):
+            while service.open_streams < 1:
+                await asyncio.sleep(0.01)
+        silent = [ec.Stream(e.channel) for _ in range(64)]  # past the bound, sending nothing
+        for s in silent:
+            await s.call.wait_for_connection()
+        async with asyncio.timeout(5):
+            while service._refusals_waiting < 64:
+                await asyncio.sleep(0.01)
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers())
+        code, details = await aborted(s)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "the most it holds" in details
+        for s in silent:
+            s.call.cancel()
+        async with asyncio.timeout(5):
+            while service._refusals_waiting:
+                await asyncio.sleep(0.01)
+        monkeypatch.setattr(service_module, "REFUSE_READ_S", 0.05)
+        quiet = ec.Stream(e.channel)  # past the bound, silent: ended once its time is up
+        assert await aborted(quiet) == (grpc.StatusCode.OK, "")
+        assert service.refused_streams == 66
+        holder.call.cancel()
+    finally:
+        await stop_epp(e)
+
+
 async def test_client_control_headers_are_ignored_and_removed(epp: Epp) -> None:
     s = ec.Stream(epp.channel)
     await s.send(
