@@ -92,6 +92,10 @@ class ServerOptions:
     """Index sync with peer replicas (docs/sync.md); None: this replica learns alone."""
 
 
+HEALTH_MAX_CALLS = 256
+"""Health calls (probes' ``Check``, watchers' ``Watch``) open at once on the health port."""
+
+
 @dataclass
 class ServerHandle:
     grpc_port: int
@@ -260,14 +264,19 @@ async def start_server(
         ("grpc.max_send_message_length", msg_cap),
         ("grpc.so_reuseport", 0),
     ]
-    server = grpc.aio.server(options=grpc_options)
+    # gRPC's own bound on the calls open at once, over ext_proc's (see ExtProcService): room
+    # for its refusals and for health checks; a call past it gets RESOURCE_EXHAUSTED
+    rpc_cap = opts.max_open_streams + max(64, opts.max_open_streams // 16) + HEALTH_MAX_CALLS
+    server = grpc.aio.server(options=grpc_options, maximum_concurrent_rpcs=rpc_cap)
     add_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     grpc_port = _bind(server, f"{opts.host}:{opts.grpc_port}", opts)
     servers: list[Any] = [server]
     health_port = -1
     if opts.health_port >= 0:
-        hserver = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        hserver = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=HEALTH_MAX_CALLS
+        )
         health_pb2_grpc.add_HealthServicer_to_server(health_service, hserver)
         haddr = f"{opts.host}:{opts.health_port}"
         health_port = _listen(lambda: hserver.add_insecure_port(haddr), haddr, "--health-port")

@@ -173,6 +173,31 @@ async def test_refusing_streams_past_the_bound_is_bounded_too(
         await stop_epp(e)
 
 
+async def test_health_watchers_are_bounded_and_probes_still_answer(epp: Epp) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from epp.server.runner import HEALTH_MAX_CALLS
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.handle.health_port}") as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        watches = [stub.Watch(health_pb2.HealthCheckRequest(service="")) for _ in range(HEALTH_MAX_CALLS)]
+        for w in watches:  # each one is open on the server once its first status came
+            assert (await w.read()).status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Check(health_pb2.HealthCheckRequest(service=""))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        for w in watches:
+            w.cancel()
+        async with asyncio.timeout(5):  # the watchers' slots come back
+            while True:
+                try:
+                    resp = await stub.Check(health_pb2.HealthCheckRequest(service=""))
+                    break
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.01)
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
 async def test_client_control_headers_are_ignored_and_removed(epp: Epp) -> None:
     s = ec.Stream(epp.channel)
     await s.send(
