@@ -14,6 +14,7 @@ Definitions (over served requests; rejected ones are counted apart):
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -120,11 +121,11 @@ def stats_table(stats: Sequence[PolicyStats], title: str = "") -> Table:
         table.add_row(
             s.policy,
             f"{s.hit_rate:.1%}",
-            f"{s.ttft_p50_s:.2f}s",
-            f"{s.ttft_p90_s:.2f}s",
-            f"{s.ttft_p99_s:.2f}s",
-            f"{s.e2e_p50_s:.2f}s",
-            f"{s.e2e_p99_s:.2f}s",
+            _secs(s.ttft_p50_s, "s"),
+            _secs(s.ttft_p90_s, "s"),
+            _secs(s.ttft_p99_s, "s"),
+            _secs(s.e2e_p50_s, "s"),
+            _secs(s.e2e_p99_s, "s"),
             f"{s.throughput_tok_s:,.0f}",
             f"{s.queue_share:.0%}",
             f"{s.load_imbalance:.2f}",
@@ -133,6 +134,11 @@ def stats_table(stats: Sequence[PolicyStats], title: str = "") -> Table:
             *extra,
         )
     return table
+
+
+def _secs(value: float, unit: str) -> str:
+    """Seconds with two decimals, or "-" when no request finished (nan)."""
+    return "-" if math.isnan(value) else f"{value:.2f}{unit}"
 
 
 def _pred_error(s: PolicyStats) -> str:
@@ -148,8 +154,9 @@ def markdown_table(stats: Sequence[PolicyStats]) -> str:
         "| queue share | imbalance |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     rows = "".join(
-        f"| {s.policy} | {s.hit_rate:.1%} | {s.ttft_p50_s:.2f} s | {s.ttft_p90_s:.2f} s "
-        f"| {s.ttft_p99_s:.2f} s | {s.e2e_p50_s:.2f} s | {s.e2e_p99_s:.2f} s "
+        f"| {s.policy} | {s.hit_rate:.1%} | {_secs(s.ttft_p50_s, ' s')} "
+        f"| {_secs(s.ttft_p90_s, ' s')} | {_secs(s.ttft_p99_s, ' s')} "
+        f"| {_secs(s.e2e_p50_s, ' s')} | {_secs(s.e2e_p99_s, ' s')} "
         f"| {s.throughput_tok_s:,.0f} | {s.queue_share:.0%} | {s.load_imbalance:.2f} |\n"
         for s in stats
     )

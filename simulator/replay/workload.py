@@ -140,6 +140,25 @@ class _MooncakeRow:
     hash_ids: tuple[int, ...]
 
 
+def _mooncake_row(obj: Any) -> _MooncakeRow:
+    """One trace row, checked: a finite timestamp >= 0, a prompt of at least one token, an
+    output of zero or more, block ids >= 0 (the reasons name the field)."""
+    if not isinstance(obj, dict):
+        raise TypeError(f"a row is a JSON object, got {type(obj).__name__}")
+    timestamp = float(obj["timestamp"])
+    if not math.isfinite(timestamp) or timestamp < 0:
+        raise ValueError(f"timestamp {obj['timestamp']!r} is not a time >= 0 (ms)")
+    input_length, output_length = int(obj["input_length"]), int(obj["output_length"])
+    if input_length < 1:
+        raise ValueError(f"input_length {input_length} is below 1")
+    if output_length < 0:
+        raise ValueError(f"output_length {output_length} is negative")
+    hash_ids = tuple(int(h) for h in obj["hash_ids"])
+    if any(h < 0 for h in hash_ids):
+        raise ValueError("hash_ids holds a negative block id")
+    return _MooncakeRow(timestamp, input_length, output_length, hash_ids)
+
+
 class MooncakeTrace:
     """A Mooncake-format JSONL trace; ``time_scale`` multiplies every arrival time
     (0.5 replays it twice as fast)."""
@@ -159,13 +178,7 @@ class MooncakeTrace:
                 if not line.strip():
                     continue
                 try:
-                    obj = json.loads(line)
-                    row = _MooncakeRow(
-                        float(obj["timestamp"]),
-                        int(obj["input_length"]),
-                        int(obj["output_length"]),
-                        tuple(int(h) for h in obj["hash_ids"]),
-                    )
+                    row = _mooncake_row(json.loads(line.strip()))
                 except (ValueError, KeyError, TypeError) as exc:
                     raise ValueError(f"{path}:{lineno}: not a Mooncake trace row ({exc})") from None
                 rows.append(row)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from simulator.replay.policies import POLICY_NAMES, policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
@@ -228,6 +229,45 @@ def test_mooncake_blocks_become_shared_text_and_engine_blocks(tmp_path: Path) ->
     ha, hb = engine_block_hashes(a, 16, 0), engine_block_hashes(b, 16, 0)
     assert (len(ha), len(hb)) == (1100 // 16, 700 // 16)
     assert ha[:32] == hb[:32] and ha[32] != hb[32]
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ('{"timestamp": 0, "input_length": 10', "line 1 column"),
+        ('[1, 2]', "a row is a JSON object"),
+        ('{"timestamp": 0, "input_length": -10, "output_length": 5, "hash_ids": [1]}',
+         "input_length -10 is below 1"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": -1, "hash_ids": [1]}',
+         "output_length -1 is negative"),
+        ('{"timestamp": NaN, "input_length": 10, "output_length": 1, "hash_ids": [1]}',
+         "timestamp nan is not a time"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-3]}',
+         "negative block id"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "'hash_ids'"),
+    ],
+)
+def test_mooncake_rows_that_are_not_usable_are_named(tmp_path: Path, row: str, reason: str) -> None:
+    good = '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}'
+    path = tmp_path / "t.jsonl"
+    path.write_text(good + "\n\n" + row + "\n")
+    with pytest.raises(ValueError) as err:
+        MooncakeTrace.load(path)
+    assert "t.jsonl:3: not a Mooncake trace row" in str(err.value) and reason in str(err.value)
+
+
+def test_a_policy_with_no_finished_request_reports_dashes_not_nan() -> None:
+    from simulator.replay.report import markdown_table, stats_table
+
+    # larger than a replica's whole KV cache (400 blocks of 16 tokens): rejected everywhere
+    result = replay(ListWorkload([req(0, 0.0, prefix=1, tokens=8000)]), "epp")
+    stats = summarize(result)
+    assert stats.rejected == 1
+    text = markdown_table([stats])
+    assert "nan" not in text and "| - |" in text
+    rendered = Console(width=300, record=True)
+    rendered.print(stats_table([stats]))
+    assert "nan" not in rendered.export_text()
 
 
 def test_chat_turns_extend_the_previous_turn_with_its_reply() -> None:
