@@ -19,6 +19,7 @@ from epp.datastore.static import parse_endpoint_list
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.extproc import convert
+from epp.extproc.observer import DEFAULT_WAIT_S as OBSERVER_WAIT_S
 from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.observability.logging import setup_logging
@@ -135,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-buffered-bytes", type=byte_size, default=DEFAULT_MAX_BUFFERED_BYTES,
                    help="request-body bytes all open streams may hold together; a request "
                    "that would pass it gets 503 (bounds memory under many slow uploads)")
+    g.add_argument("--response-observer", action="store_true",
+                   help="responses come on a second ext_proc filter's stream in Envoy's "
+                   "observability_mode (send and go: Envoy does not wait for epp on each "
+                   "response chunk); the routing filter then skips the response. See "
+                   "docs/serve.md, deploy/envoy/envoy-observer.yaml")
+    g.add_argument("--response-observer-wait-s", type=_number(0, strict=True),
+                   default=OBSERVER_WAIT_S,
+                   help="with --response-observer: how long a routed request waits for its "
+                   "observer stream before it is released as unobserved")
     g.add_argument("--max-open-streams", type=_number(1, strict=False, integer=True),
                    default=DEFAULT_MAX_OPEN_STREAMS,
                    help="ext_proc streams (HTTP requests in flight through Envoy) open at once; "
@@ -367,6 +377,9 @@ async def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_buffered_bytes=args.max_buffered_bytes,
         max_open_streams=args.max_open_streams,
+        response_observer_wait_s=(
+            args.response_observer_wait_s if args.response_observer else 0.0
+        ),
         trust_control_headers=args.trust_control_headers,
         pool_name=getattr(args, "pool_name", "") or "static",
         response_limits=ResponseLimits(args.max_response_json_bytes, args.max_sse_line_bytes),

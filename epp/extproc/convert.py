@@ -12,6 +12,8 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+OBSERVE_HEADER = "x-epp-observe"
+"""The observer filter's token (see ``epp.extproc.observer``)."""
 
 BodySendMode = processing_mode_pb2.ProcessingMode.BodySendMode
 NONE = BodySendMode.NONE
@@ -76,9 +78,12 @@ def _fill_routing(
     destination: str,
     content_length: int | None,
     remove: Sequence[str],
+    observe_token: str,
 ) -> None:
     mutation = common.header_mutation
     _set_header(mutation, DESTINATION_HEADER, destination)
+    if observe_token:
+        _set_header(mutation, OBSERVE_HEADER, observe_token)
     if content_length is not None:
         _set_header(mutation, "content-length", str(content_length))
     if remove:
@@ -89,22 +94,30 @@ def _fill_routing(
 
 
 def routed_headers_response(
-    destination: str, content_length: int | None = None, remove: Sequence[str] = ()
+    destination: str,
+    content_length: int | None = None,
+    remove: Sequence[str] = (),
+    observe_token: str = "",
 ) -> pb.ProcessingResponse:
     """Reply to request headers carrying the routing decision (full duplex, header-only);
-    ``remove``: request headers the upstream must not see."""
+    ``remove``: request headers the upstream must not see; ``observe_token``: set as
+    ``x-epp-observe`` for the observer filter (``epp.extproc.observer``)."""
     msg = pb.ProcessingResponse()
-    _fill_routing(msg, msg.request_headers.response, destination, content_length, remove)
+    _fill_routing(
+        msg, msg.request_headers.response, destination, content_length, remove, observe_token
+    )
     return msg
 
 
 def routed_buffered_body_response(
-    destination: str, body: bytes | None, remove: Sequence[str] = ()
+    destination: str, body: bytes | None, remove: Sequence[str] = (), observe_token: str = ""
 ) -> pb.ProcessingResponse:
     """BUFFERED mode: route in the body reply; replace the body only when it changed."""
     msg = pb.ProcessingResponse()
     common = msg.request_body.response
-    _fill_routing(msg, common, destination, None if body is None else len(body), remove)
+    _fill_routing(
+        msg, common, destination, None if body is None else len(body), remove, observe_token
+    )
     if body is not None:
         common.body_mutation.body = body
     return msg

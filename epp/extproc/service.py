@@ -25,6 +25,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.errors import Unavailable
 from epp.extproc.errors import immediate_response
+from epp.extproc.observer import ResponseHandoff
 from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
 from epp.request.parse import RequestParser
 from epp.requestcontrol.director import Director
@@ -47,8 +48,11 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         budget: BodyBudget | None = None,
         limits: ResponseLimits = DEFAULT_LIMITS,
         max_open_streams: int = DEFAULT_MAX_OPEN_STREAMS,
+        handoff: ResponseHandoff | None = None,
     ) -> None:
         self._parser = parser
+        self.handoff = handoff
+        """Set with ``--response-observer``: responses come on an observer filter's stream."""
         self.max_open_streams = max_open_streams
         self.refused_streams = 0
         self._refusing = False
@@ -69,7 +73,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             self._refusing = False
             log.warning("ext_proc streams accepted again (%d open)", self.open_streams)
         stream = RequestStream(
-            self._parser, self._director, self._default_mode, self.budget, self._limits
+            self._parser, self._director, self._default_mode, self.budget, self._limits,
+            self.handoff,
         )
         self.open_streams += 1
         read, write, eof = context.read, context.write, grpc.aio.EOF

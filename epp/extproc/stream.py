@@ -39,6 +39,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, Unavailable
 from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
+from epp.extproc.observer import OBSERVE_HEADER, ResponseHandoff
 from epp.request.parse import CONTROL_HEADERS, ParsedRequest, RequestParser, echo
 from epp.request.types import InferenceRequest
 from epp.requestcontrol.director import Director, Routing
@@ -99,6 +100,7 @@ class RequestStream:
         "_finish_later",
         "_first",
         "_first_body_s",
+        "_handoff",
         "_headers",
         "_held",
         "_limits",
@@ -113,6 +115,7 @@ class RequestStream:
         "_status",
         "_strip",
         "_subset",
+        "_token",
         "awaiting",
     )
 
@@ -123,9 +126,13 @@ class RequestStream:
         default_mode: int,
         budget: BodyBudget | None = None,
         limits: ResponseLimits = DEFAULT_LIMITS,
+        handoff: ResponseHandoff | None = None,
     ) -> None:
         self._parser = parser
         self._limits = limits
+        self._handoff = handoff
+        self._token = ""
+        """Set when this stream routed and handed its response to an observer stream."""
         self._budget = budget if budget is not None else BodyBudget()
         self._strip: tuple[str, ...] = ()
         self._director = director
@@ -236,6 +243,8 @@ class RequestStream:
             self._finish()
         self.after_replies()
         routing = self._routing
+        if self._token and self._phase is Phase.ROUTED:
+            routing = None  # its response is the observer stream's (or the handoff's) now
         if routing is not None and not routing.released:
             self._director.abandon(routing, "cancelled")
         self._drop_body()
@@ -255,6 +264,11 @@ class RequestStream:
             self._phase = Phase.REQUEST_BODY  # no second request_headers after this
             raise BadRequest(f"{len(h.headers.headers)} request headers; at most {MAX_HEADERS}")
         headers = self._headers = convert.headers_to_dict(h.headers)
+        if msg.observability_mode and self._handoff is not None and OBSERVE_HEADER in headers:
+            # the observer filter's stream: the routing stream picked already
+            self._routing = self._handoff.claim(headers[OBSERVE_HEADER])
+            self._phase = Phase.ROUTED
+            return _NO_REPLY
         if not self._parser.trust_control_headers:
             self._strip = tuple(name for name in CONTROL_HEADERS if name in headers)
         self._path = headers.get(":path", "/")
@@ -264,7 +278,11 @@ class RequestStream:
             request = self._parser.headers_only(self._path, headers, body_seen=h.end_of_stream)
             routing = self._routing = self._deferred = self._director.route(request, self._subset)
             self._phase = Phase.ROUTED
-            return [convert.routed_headers_response(routing.destination, None, self._strip)]
+            return [
+                convert.routed_headers_response(
+                    routing.destination, None, self._strip, self._hand_off(routing)
+                )
+            ]
         self._phase = Phase.REQUEST_BODY
         self._parser.check_headers(self._path, headers)
         if mode == convert.FULL_DUPLEX_STREAMED:
@@ -348,13 +366,15 @@ class RequestStream:
         )
         self._phase = Phase.ROUTED
         body = parsed.body
+        token = self._hand_off(routing)
         if self._request_mode != convert.FULL_DUPLEX_STREAMED:
             return [
                 convert.routed_buffered_body_response(
-                    routing.destination, body if parsed.body_rewritten else None, self._strip
+                    routing.destination, body if parsed.body_rewritten else None, self._strip,
+                    token,
                 )
             ]
-        out = [convert.routed_headers_response(routing.destination, len(body), self._strip)]
+        out = [convert.routed_headers_response(routing.destination, len(body), self._strip, token)]
         if len(body) <= STREAMED_CHUNK_BYTES:
             out.append(convert.streamed_request_body(body, not trailers_follow))
             return out
@@ -365,9 +385,22 @@ class RequestStream:
             out.append(convert.streamed_request_body(piece, last and not trailers_follow))
         return out
 
+    def _hand_off(self, routing: Routing) -> str:
+        """With an observer filter (``--response-observer``), the token its stream claims
+        ``routing`` with; else ""."""
+        if self._handoff is None or self._observing:
+            return ""
+        self._token = self._handoff.offer(routing)
+        return self._token
+
     # --- response path -----------------------------------------------------------------
 
     def _response_headers(self, h: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        if self._token and self._handoff is not None:
+            # the response came here after all (the proxy sends it to both filters): the
+            # first stream to see it observes it
+            self._handoff.claim(self._token)
+            self._token = ""
         headers = convert.headers_to_dict(h.headers)
         status_text = headers.get(":status", "200")
         ok = status_text.isascii() and status_text.isdigit() and len(status_text) == 3

@@ -32,6 +32,7 @@ from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.extproc import convert
+from epp.extproc.observer import ResponseHandoff
 from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS, ExtProcService, add_to_server
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
 from epp.kvevents.subscriber import KvEventSubscriber
@@ -75,6 +76,9 @@ class ServerOptions:
     """Request-body bytes all open streams may hold together (503 past it)."""
     max_open_streams: int = DEFAULT_MAX_OPEN_STREAMS
     """ext_proc streams open at once; a new one past it is answered 503."""
+    response_observer_wait_s: float = 0.0
+    """> 0: responses come on a second ext_proc filter's stream in observability mode
+    (``epp.extproc.observer``); a routed request waits this long for it."""
     response_limits: ResponseLimits = field(default_factory=ResponseLimits)
     """What a model server's response may make epp hold while it reads usage from it."""
     pool_name: str = "static"
@@ -252,9 +256,14 @@ async def start_server(
         ds.on_metrics(lambda _endpoint: admission.wake())
         cycle_hist = metrics.flow_dispatch_cycle.labels(metrics.pool_name)
         admission.on_cycle = cycle_hist.observe
+    handoff = (
+        ResponseHandoff(director, opts.response_observer_wait_s)
+        if opts.response_observer_wait_s > 0
+        else None
+    )
     service = ExtProcService(
         parser, director, opts.processing_mode, BodyBudget(opts.max_buffered_bytes),
-        opts.response_limits, opts.max_open_streams,
+        opts.response_limits, opts.max_open_streams, handoff,
     )
     health_service = health.aio.HealthServicer()
 
@@ -412,6 +421,9 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
         flow = handle.director.flow
         if flow is not None:
             handle.metrics.flow_refresh(flow.queued_by(), handle.director.saturation_level())
+        handoff = handle.service.handoff
+        if handoff is not None:  # when no new request comes to expire what waits
+            handoff.expire()
         await asyncio.sleep(opts.housekeeping_interval_s)
 
 

@@ -1,0 +1,166 @@
+"""``--response-observer``: the routing filter's stream routes, a second filter's stream in
+Envoy's observability_mode carries the response (send and go). The streams are linked by the
+``x-epp-observe`` token epp sets on the request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from tests.integration import envoy_client as ec
+from tests.integration.extproc_fixtures import Epp, start_epp, stop_epp
+
+BODY = json.dumps({"model": "m", "prompt": "observe this please " * 40}).encode()
+SSE = (
+    b'data: {"choices":[{"text":"hel"}]}\n\n',
+    b'data: {"choices":[{"text":"lo"}],"usage":{"prompt_tokens":9,"completion_tokens":2,'
+    b'"prompt_tokens_details":{"cached_tokens":6}}}\n\ndata: [DONE]\n\n',
+)
+
+
+def in_flight(e: Epp) -> int:
+    return sum(e.handle.datastore.in_flight().values())
+
+
+def observed(msg: pb.ProcessingRequest) -> pb.ProcessingRequest:
+    msg.observability_mode = True
+    return msg
+
+
+async def route(e: Epp, extra: dict[str, str] | None = None) -> tuple[str, str]:
+    """The routing filter's stream: request headers and body, then it ends (response
+    headers SKIP, body NONE). Returns the destination and the token."""
+    s = ec.Stream(e.channel)
+    await s.send(ec.request_headers(extra=extra), ec.request_body(BODY, True))
+    headers, _ = await s.recv_n(2)
+    mutation = headers.request_headers.response.header_mutation
+    token = ec.header_value(mutation, "x-epp-observe")
+    assert token
+    assert await s.close() == grpc.StatusCode.OK
+    return ec.destination(headers) or "", token
+
+
+async def observe(e: Epp, token: str, chunks: tuple[bytes, ...] = SSE, complete: bool = True) -> None:
+    """The observer filter's stream: everything with observability_mode, no reply read."""
+    s = ec.Stream(e.channel)
+    msgs = [observed(ec.request_headers(extra={"x-epp-observe": token}, end_of_stream=True,
+                                        modes=(ec.NONE, ec.STREAMED)))]  # fmt: skip
+    msgs.append(observed(ec.response_headers(content_type="text/event-stream")))
+    for i, chunk in enumerate(chunks):
+        msgs.append(observed(ec.response_body(chunk, complete and i == len(chunks) - 1)))
+    await s.send(*msgs)
+    if complete:
+        await s.call.done_writing()
+        assert await s.call.read() is grpc.aio.EOF  # epp answers nothing in this mode
+        assert await s.call.code() == grpc.StatusCode.OK
+    else:
+        s.call.cancel()  # the client went away mid-response
+
+
+async def settled(e: Epp) -> None:
+    async with asyncio.timeout(5):
+        while in_flight(e):
+            await asyncio.sleep(0.01)
+
+
+async def test_the_observer_stream_carries_the_response_and_releases_the_request() -> None:
+    e = await start_epp(response_observer_wait_s=30.0)
+    try:
+        dest, token = await route(e)
+        # the routing stream ended; the request is still in flight, waiting for its response
+        assert e.handle.datastore.in_flight()[dest] == 1
+        await observe(e, token)
+        await settled(e)
+        reg = e.handle.registry
+        assert reg.get_sample_value("epp_usage_prompt_tokens_total", {"model": "m"}) == 9
+        assert reg.get_sample_value("epp_usage_cached_tokens_total", {"model": "m"}) == 6
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "200"}) == 1
+        handoff = e.handle.service.handoff
+        assert handoff is not None and handoff.claimed == 1 and len(handoff) == 0
+        # the same prompt again goes where the first went (the pick was recorded)
+        assert (await route(e))[0] == dest
+    finally:
+        await stop_epp(e)
+
+
+async def test_a_client_that_leaves_mid_response_is_released_as_cancelled() -> None:
+    e = await start_epp(response_observer_wait_s=30.0)
+    try:
+        _, token = await route(e)
+        await observe(e, token, SSE[:1], complete=False)
+        await settled(e)
+        reg = e.handle.registry
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "cancelled"}) == 1
+    finally:
+        await stop_epp(e)
+
+
+async def test_an_unclaimed_request_is_released_as_unobserved_and_a_stale_token_claims_nothing() -> None:
+    e = await start_epp(response_observer_wait_s=0.05)
+    try:
+        _, token = await route(e)
+        handoff = e.handle.service.handoff
+        assert handoff is not None
+        async with asyncio.timeout(5):  # the housekeeping loop expires it without traffic
+            while handoff.unobserved == 0:
+                await asyncio.sleep(0.01)
+        assert in_flight(e) == 0
+        await observe(e, token)  # too late: observed, nothing to release, nothing breaks
+        assert handoff.claimed == 0 and in_flight(e) == 0
+    finally:
+        await stop_epp(e)
+
+
+async def test_a_client_cannot_choose_the_token() -> None:
+    e = await start_epp(response_observer_wait_s=30.0)
+    try:
+        _, token = await route(e, extra={"x-epp-observe": "mine"})
+        assert token != "mine"
+        await observe(e, "mine")  # names nothing
+        handoff = e.handle.service.handoff
+        assert handoff is not None and handoff.claimed == 0 and in_flight(e) == 1
+        await observe(e, token)
+        await settled(e)
+    finally:
+        await stop_epp(e)
+
+
+async def test_a_response_sent_to_the_routing_stream_is_observed_there_once() -> None:
+    """A proxy that still sends the response to the routing filter: that stream observes
+    it; the observer stream, if any, then finds nothing to claim."""
+    e = await start_epp(response_observer_wait_s=30.0)
+    try:
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers(), ec.request_body(BODY, True))
+        headers, _ = await s.recv_n(2)
+        token = ec.header_value(headers.request_headers.response.header_mutation, "x-epp-observe")
+        assert token
+        await s.send(ec.response_headers(content_type="text/event-stream"),
+                     ec.response_body(SSE[0] + SSE[1], True))  # fmt: skip
+        await s.recv_n(2)
+        assert await s.close() == grpc.StatusCode.OK
+        await settled(e)
+        handoff = e.handle.service.handoff
+        assert handoff is not None and len(handoff) == 0
+        await observe(e, token)
+        assert handoff.claimed == 1  # the routing stream's own claim
+        assert e.handle.registry.get_sample_value(
+            "epp_requests_total", {"model": "m", "status": "200"}) == 1
+    finally:
+        await stop_epp(e)
+
+
+async def test_without_the_flag_no_token_is_set() -> None:
+    e = await start_epp()
+    try:
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers(), ec.request_body(BODY, True))
+        headers, _ = await s.recv_n(2)
+        assert ec.header_value(headers.request_headers.response.header_mutation, "x-epp-observe") is None
+        assert e.handle.service.handoff is None
+        s.call.cancel()
+    finally:
+        await stop_epp(e)
