@@ -47,8 +47,8 @@ _WARN_EVERY_S = 60.0
 class ResponseHandoff:
     """Routed requests waiting for the stream that observes their response, by token."""
 
-    __slots__ = ("_clock", "_director", "_ids", "_last_warning", "_pending", "_prefix",
-                 "claimed", "unobserved", "wait_s")  # fmt: skip
+    __slots__ = ("_clock", "_director", "_ids", "_last_foreign_warning", "_last_warning",
+                 "_pending", "_prefix", "claimed", "foreign", "unobserved", "wait_s")  # fmt: skip
 
     def __init__(
         self,
@@ -65,7 +65,9 @@ class ResponseHandoff:
         self._prefix = secrets.token_hex(6)
         self._ids = itertools.count(1)
         self._last_warning = -_WARN_EVERY_S
+        self._last_foreign_warning = -_WARN_EVERY_S
         self.claimed = 0
+        self.foreign = 0
         self.unobserved = 0
 
     def __len__(self) -> int:
@@ -81,9 +83,23 @@ class ResponseHandoff:
         return token
 
     def claim(self, token: str) -> Routing | None:
-        """The routing ``token`` names, once; None when unknown, expired or claimed."""
+        """The routing ``token`` names, once; None when unknown, expired or claimed. A token
+        of another epp process (its prefix is not ours) is counted in ``foreign`` and warned
+        of: the observer stream reached a replica that did not route the request."""
         entry = self._pending.pop(token, None)
         if entry is None:
+            if not token.startswith(self._prefix + "-"):
+                self.foreign += 1
+                now = self._clock()
+                if now - self._last_foreign_warning >= _WARN_EVERY_S:
+                    self._last_foreign_warning = now
+                    log.warning(
+                        "an observer stream named a request this epp did not route (%d so "
+                        "far): with several epp replicas, the observer filter must reach the "
+                        "replica that routed (docs/serve.md); that request's response is not "
+                        "learnt from, and its replica releases it after %.0f s",
+                        self.foreign, self.wait_s,
+                    )  # fmt: skip
             return None
         self.claimed += 1
         return entry[1]

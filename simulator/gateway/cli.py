@@ -28,6 +28,14 @@ def add_mode_flags(p: argparse.ArgumentParser) -> None:
         help="ext_proc response_body_mode (default: full-duplex with --mode "
         "full-duplex, streamed with --mode buffered so SSE still streams)",
     )
+    p.add_argument(
+        "--response-observer",
+        action="store_true",
+        help="send each response to epp on a second ext_proc stream in observability_mode "
+        "(send and go: chunks are not held for epp's reply), as a second Envoy ext_proc "
+        "filter does; the routing stream then skips the response (epp serve "
+        "--response-observer)",
+    )
 
 
 def modes_from_args(args: argparse.Namespace) -> tuple[int, int]:
@@ -88,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             endpoints=endpoints,
             request_mode=request,
             response_mode=response,
+            response_observer=args.response_observer,
             message_timeout_s=args.message_timeout_s,
             seed=args.seed,
         )

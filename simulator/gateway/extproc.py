@@ -9,6 +9,7 @@ reply that does not fit the phase is a protocol error, which the gateway turns i
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
 from simulator.gateway.headers import HeaderList
+
+log = logging.getLogger(__name__)
 
 BodyMode = processing_mode_pb2.ProcessingMode.BodySendMode
 NONE = BodyMode.NONE
@@ -141,6 +144,47 @@ class ExtProcStream:
             await self._call.done_writing()
             while await asyncio.wait_for(self._call.read(), self.timeout_s) is not grpc.aio.EOF:
                 pass
+        except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError):
+            self._call.cancel()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class ObserverStream:
+    """A ``Process`` call of an ext_proc filter in ``observability_mode``: every message is
+    sent without waiting for a reply (epp sends none) and a failure never fails the HTTP
+    exchange (Envoy's "send and go"); after the first failure the rest is dropped."""
+
+    def __init__(self, stub: pb_grpc.ExternalProcessorStub, close_timeout_s: float) -> None:
+        self._call = stub.Process()
+        self._first = True
+        self._broken = False
+        self._close_timeout_s = close_timeout_s
+
+    async def send(self, msg: pb.ProcessingRequest) -> None:
+        if self._broken:
+            return
+        msg.observability_mode = True
+        if self._first:
+            self._first = False
+            msg.protocol_config.request_body_mode = NONE
+            msg.protocol_config.response_body_mode = STREAMED
+        try:
+            await self._call.write(msg)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            self._broken = True
+            log.info("ext_proc observer stream failed: %s", _describe(exc))
+
+    async def close(self) -> None:
+        """Half-close and let the server end the call (Envoy's deferred close)."""
+        if self._broken or self._call.done():
+            return
+        try:
+            await self._call.done_writing()
+            async with asyncio.timeout(self._close_timeout_s):
+                while await self._call.read() is not grpc.aio.EOF:
+                    pass
         except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError):
             self._call.cancel()
 

@@ -35,7 +35,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from multidict import CIMultiDict
 
 from simulator.gateway import extproc as xp
-from simulator.gateway.extproc import ExtProcError, ExtProcStream, Immediate
+from simulator.gateway.extproc import ExtProcError, ExtProcStream, Immediate, ObserverStream
 from simulator.gateway.headers import HOP_BY_HOP, HeaderList
 from simulator.gateway.upstream import GatewayStats, NoUpstream, Upstream, Upstreams
 
@@ -62,6 +62,10 @@ class GatewayOptions:
     """Model servers (ip:port) for the baseline policies."""
     request_mode: int = xp.FULL_DUPLEX_STREAMED
     response_mode: int = xp.FULL_DUPLEX_STREAMED
+    response_observer: bool = False
+    """Responses go to a second ext_proc stream in observability_mode (a second Envoy ext_proc
+    filter after the routing one: request headers, then the response, STREAMED, sent without
+    waiting); the routing stream skips the response."""
     message_timeout_s: float = 10.0
     """Envoy's ext_proc ``message_timeout`` (Envoy's default is 0.2 s; generous here because
     the whole stack shares a laptop's cores)."""
@@ -227,8 +231,11 @@ class EppExchange:
         opts = self._opts
         target, stub = next(self._stubs)
         self._stats.by_extproc[target] += 1
-        stream = ExtProcStream(stub, opts.request_mode, opts.response_mode, opts.message_timeout_s)
+        observer = opts.response_observer
+        response_mode = xp.NONE if observer else opts.response_mode
+        stream = ExtProcStream(stub, opts.request_mode, response_mode, opts.message_timeout_s)
         closed = False
+        watcher: ObserverStream | None = None
         try:
             outcome = await self._request_path(stream, request, client_headers(request))
             if isinstance(outcome, Immediate):
@@ -239,11 +246,23 @@ class EppExchange:
                 return _immediate(outcome)
             destinations = self._destinations(stream, outcome.headers)
             has_body = request.body_exists or bool(outcome.body)
+            if observer:
+                # response headers SKIP, body NONE: the routing stream is done; the observer
+                # filter, next in the chain, sees the routed request's headers
+                await stream.close()
+                closed = True
+                watcher = await self._observe_request(outcome.headers, not has_body)
             upstream = await self._upstreams.open(
                 request.method, destinations, outcome.headers, outcome.body if has_body else None
             )
             async with upstream.response:
-                out = await self._response_path(stream, request, upstream)
+                if watcher is not None:
+                    out = await self._observed_response(watcher, request, upstream)
+                else:
+                    out = await self._response_path(stream, request, upstream)
+            if watcher is not None:
+                await watcher.close()
+                watcher = None
             await stream.close()
             closed = True
             return out
@@ -260,6 +279,8 @@ class EppExchange:
         finally:
             if not closed:
                 stream.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
     # --- request path ------------------------------------------------------------------
 
@@ -354,6 +375,36 @@ class EppExchange:
         return out
 
     # --- response path -----------------------------------------------------------------
+
+    async def _observe_request(self, headers: HeaderList, end_of_stream: bool) -> ObserverStream:
+        """The observer filter's stream (the next ext_proc host in turn, as Envoy's cluster
+        picks one per stream) with the routed request's headers."""
+        target, stub = next(self._stubs)
+        self._stats.by_extproc[target] += 1
+        watcher = ObserverStream(stub, self._opts.message_timeout_s)
+        await watcher.send(xp.request_headers(headers, end_of_stream))
+        return watcher
+
+    async def _observed_response(
+        self, watcher: ObserverStream, request: web.Request, upstream: Upstream
+    ) -> web.StreamResponse:
+        """The response passes unchanged; each piece goes to the observer as it is sent."""
+        up = upstream.response
+        headers = upstream_headers(up)
+        has_body = _has_body(request.method, up)
+        await watcher.send(xp.response_headers(headers, not has_body))
+        out = _response(up.status, headers, upstream.address)
+        await out.prepare(request)
+        if has_body:
+            ended = False
+            async for chunk in up.content.iter_any():
+                await out.write(chunk)
+                ended = up.content.at_eof()
+                await watcher.send(xp.response_body(chunk, ended))
+            if not ended:
+                await watcher.send(xp.response_body(b"", True))
+        await out.write_eof()
+        return out
 
     async def _response_path(
         self, stream: ExtProcStream, request: web.Request, upstream: Upstream

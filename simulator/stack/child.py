@@ -50,6 +50,7 @@ async def start_epps(
     host: str = "127.0.0.1",
     mesh_timeout_s: float = 30.0,
     scrape_interval_s: float | None = None,
+    response_observer: bool = False,
 ) -> list[Any]:
     """``count`` epp servers (epp's own ``start_server``) on free ports, scraping ``endpoints``.
 
@@ -62,6 +63,7 @@ async def start_epps(
     from epp.config.loader import default_config, load_config
     from epp.datastore.scraper import ScrapeOptions
     from epp.datastore.static import parse_endpoint_list
+    from epp.extproc.observer import DEFAULT_WAIT_S as OBSERVER_WAIT_S
     from epp.server.runner import ServerOptions, start_server
     from epp.sync.node import SyncOptions
 
@@ -85,6 +87,7 @@ async def start_epps(
                 scraping=ScrapeOptions(
                     interval_s=scrape_interval_s or cfg.scraping.interval_seconds
                 ),
+                response_observer_wait_s=OBSERVER_WAIT_S if response_observer else 0.0,
             )
             handles.append(await start_server(cfg, pool, options))
         if share:
@@ -146,7 +149,7 @@ async def _main(args: argparse.Namespace) -> None:
     else:
         handles = await start_epps(
             args.count, args.endpoints.split(","), args.config, sync=not args.no_sync,
-            scrape_interval_s=args.scrape_interval_s,
+            scrape_interval_s=args.scrape_interval_s, response_observer=args.response_observer,
         )
         print(json.dumps({"epps": [describe_epp(h) for h in handles]}), flush=True)
         try:
@@ -169,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="")
     p.add_argument("--no-sync", action="store_true", help="epp: replicas do not share their index")
     p.add_argument("--scrape-interval-s", type=float, default=None, help="epp: scrape period")
+    p.add_argument("--response-observer", action="store_true",
+                   help="epp: responses come on an observer filter's stream")
     p.add_argument("--log-level", default=os.environ.get("EPP_SIM_LOG_LEVEL", "WARNING"))
     args = p.parse_args(argv)
     logging.basicConfig(

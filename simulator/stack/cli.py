@@ -206,6 +206,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         model=args.model,
         request_mode=args.mode,
         response_mode=args.response_mode,
+        response_observer=args.response_observer,
         isolation="inline" if args.inline else "process",
         gateway_port=args.port,
         log_dir=args.log_dir,

@@ -58,6 +58,9 @@ class StackOptions:
     model: str = DEFAULT_MODEL
     request_mode: str = "full-duplex"
     response_mode: str | None = None
+    response_observer: bool = False
+    """Responses go to epp on a second ext_proc stream in observability mode (send and go;
+    ``epp serve --response-observer``), not through the routing stream."""
     isolation: str = "process"
     gateway_port: int = 0
     seed: int | None = None
@@ -614,6 +617,8 @@ async def _start_epps(
             argv.append("--no-sync")
         if options.scrape_interval_s:
             argv += ["--scrape-interval-s", str(options.scrape_interval_s)]
+        if options.response_observer:
+            argv.append("--response-observer")
         ch, info = await _spawn("epp", argv, log_dir, options.ready_timeout_s)
         children.append(ch)
         described = info["epps"]
@@ -623,6 +628,7 @@ async def _start_epps(
         handles = await child.start_epps(
             options.epp_replicas, endpoints, config, sync=options.sync,
             scrape_interval_s=options.scrape_interval_s,
+            response_observer=options.response_observer,
         )  # fmt: skip
         inline.extend(handles)
         described = [child.describe_epp(h) for h in handles]
@@ -641,6 +647,11 @@ async def start_stack(options: StackOptions) -> Stack:
         raise ValueError(f"epp_replicas must be at least 1, not {options.epp_replicas}")
     if options.isolation not in ("process", "inline"):
         raise ValueError(f"isolation must be 'process' or 'inline', not {options.isolation!r}")
+    if options.response_observer and options.epp_replicas > 1:
+        raise ValueError(
+            "--response-observer needs one epp replica: Envoy's ext_proc cluster picks a host "
+            "per stream, so the observer stream may reach a replica that did not route"
+        )
     if options.servers and options.prefix == "precise":
         raise ValueError("precise mode starts its own servers (they publish to this epp)")
     log_dir = _log_dir(options)
@@ -682,6 +693,7 @@ async def start_stack(options: StackOptions) -> Stack:
                 endpoints=tuple(endpoints),
                 request_mode=request_mode,
                 response_mode=response_mode,
+                response_observer=options.response_observer,
                 seed=options.seed,
             )
         )

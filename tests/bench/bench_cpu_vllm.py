@@ -13,8 +13,10 @@ workload is driven from this process, so the client's own CPU is not counted. Ph
 * ``request path``: the workload's CPU minus the background rate over the same time.
 
 Configurations: ``random`` (the gateway picks, no ext_proc), and ``epp`` with the response
-body sent to epp in ``full-duplex`` and ``streamed`` mode, and not at all (``none``: epp
-learns nothing from responses). Skips when real vLLM is not set up (``./run vllm-setup``).
+body sent to epp in ``full-duplex`` and ``streamed`` mode, not at all (``none``: epp learns
+nothing from responses), and on a second stream in observability mode (``observer``: ``epp
+serve --response-observer``; the response is sent to epp without waiting for it). Skips when
+real vLLM is not set up (``./run vllm-setup``).
 
 ``--stream-interval N`` starts the servers with vLLM's ``--stream-interval`` (fewer streamed
 chunks, each one ext_proc message each way); ``--configs`` picks some of the configurations;
@@ -41,7 +43,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-CONFIGS = [("random", "full-duplex"), ("epp", "full-duplex"), ("epp", "streamed"), ("epp", "none")]
+CONFIGS = [("random", "full-duplex"), ("epp", "full-duplex"), ("epp", "streamed"), ("epp", "none"),
+           ("epp", "observer")]
 
 
 def components(stack_pid: int) -> dict[str, list[int]]:
@@ -81,8 +84,9 @@ async def server_ttft(urls: list[str]) -> tuple[float, float]:
 
 def start_stack(policy: str, response_mode: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
     cmd = [sys.executable, "-m", "simulator.cli", "stack", "--engine", args.engine, "--replicas", "2",
-           "--policy", policy, "--response-mode", response_mode, "--vllm-kv-mib", str(args.kv_mib),
+           "--policy", policy, "--vllm-kv-mib", str(args.kv_mib),
            "--vllm-stream-interval", str(args.stream_interval)]  # fmt: skip
+    cmd += ["--response-observer"] if response_mode == "observer" else ["--response-mode", response_mode]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert proc.stdout is not None
@@ -185,7 +189,8 @@ def main() -> None:
                     help="emulator: 2 emulated replicas (one process) instead of real vLLM, for "
                     "a quick look at the gateway's and epp's share (default: vllm)")
     ap.add_argument("--configs", default=",".join(p if p == "random" else f"{p}:{m}" for p, m in CONFIGS),
-                    help="which to run, comma-separated: random, epp:<response mode> (default: all)")
+                    help="which to run, comma-separated: random, epp:<response mode> (full-duplex, "
+                    "streamed, none, observer) (default: all)")
     args = ap.parse_args()
     args.configs = [(c.partition(":")[0], c.partition(":")[2] or "full-duplex")
                     for c in args.configs.split(",") if c]

@@ -256,3 +256,43 @@ async def test_the_stack_gives_epp_its_scrape_period() -> None:
         assert [s.options.interval_s for s in scrapers] == [1.0]
     finally:
         await stack.stop()
+
+
+async def test_responses_observed_on_a_second_stream_route_learn_and_release(
+    http: aiohttp.ClientSession,
+) -> None:
+    """--response-observer through the gateway: the routing stream skips the response, an
+    observability-mode stream carries it; every request is claimed, learnt from (usage) and
+    released, and the streamed answer reaches the client intact."""
+    from simulator.stack import start_stack
+
+    stack = await start_stack(dataclasses.replace(FAST, replicas=2, response_observer=True))
+    try:
+        (epp,) = [h for h in stack._inline if hasattr(h, "grpc_port")]
+        body = {"model": model_of(stack), "messages": [{"role": "user", "content": "hi " * 200}],
+                "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        destinations = set()
+        for _ in range(3):
+            status, headers, raw = await post(http, stack.gateway_url + "/v1/chat/completions", body)
+            assert status == 200
+            events = _sse_events(raw)
+            assert events[-1] == "[DONE]" and json.loads(events[-2])["usage"]["completion_tokens"] == 8
+            destinations.add(headers[UPSTREAM_HOST_HEADER])
+        assert len(destinations) == 1  # the same prompt stays where its prefix is
+        handoff = epp.service.handoff
+        async with asyncio.timeout(5):  # the observer streams end just after the replies
+            while sum(epp.datastore.in_flight().values()):
+                await asyncio.sleep(0.01)
+        assert handoff.claimed >= 3 and handoff.unobserved == 0 and handoff.foreign == 0
+        usage = epp.registry.get_sample_value(
+            "epp_usage_completion_tokens_total", {"model": model_of(stack)})
+        assert usage is not None and usage >= 24
+    finally:
+        await stack.stop()
+
+
+async def test_the_stack_refuses_an_observer_with_several_epp_replicas() -> None:
+    from simulator.stack import start_stack
+
+    with pytest.raises(ValueError, match="one epp replica"):
+        await start_stack(dataclasses.replace(FAST, response_observer=True, epp_replicas=2))

@@ -413,6 +413,34 @@ def test_envoy_bootstrap_parses_into_envoy_protos() -> None:
     assert address.port_value == 9002
 
 
+def test_envoy_observer_bootstrap_routes_in_one_filter_and_observes_in_the_next() -> None:
+    from envoy.config.bootstrap.v3 import bootstrap_pb2
+    from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
+    from envoy.extensions.filters.network.http_connection_manager.v3 import (
+        http_connection_manager_pb2 as hcm_pb2,
+    )
+    from google.protobuf import json_format
+
+    raw = yaml.safe_load((DEPLOY / "envoy" / "envoy-observer.yaml").read_text())
+    bootstrap = json_format.ParseDict(raw, bootstrap_pb2.Bootstrap())
+    hcm = hcm_pb2.HttpConnectionManager()
+    assert bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    routing_filter, observer_filter, _router = hcm.http_filters
+    routing, observer = ext_proc_pb2.ExternalProcessor(), ext_proc_pb2.ExternalProcessor()
+    assert routing_filter.typed_config.Unpack(routing)
+    assert observer_filter.typed_config.Unpack(observer)
+    pm = processing_mode_pb2.ProcessingMode
+    r, o = routing.processing_mode, observer.processing_mode
+    # the routing filter never sees the response; the observer sees nothing it could change
+    assert not routing.observability_mode and observer.observability_mode
+    assert (r.request_header_mode, r.request_body_mode) == (pm.SEND, pm.FULL_DUPLEX_STREAMED)
+    assert (r.response_header_mode, r.response_body_mode) == (pm.SKIP, pm.NONE)
+    assert (o.request_header_mode, o.request_body_mode) == (pm.SEND, pm.NONE)
+    # observability_mode supports STREAMED bodies only
+    assert (o.response_header_mode, o.response_body_mode) == (pm.SEND, pm.STREAMED)
+    assert routing.grpc_service.envoy_grpc.cluster_name == observer.grpc_service.envoy_grpc.cluster_name
+
+
 # --- Grafana -----------------------------------------------------------------------------
 
 

@@ -56,8 +56,13 @@ async def observe(e: Epp, token: str, chunks: tuple[bytes, ...] = SSE, complete:
         await s.call.done_writing()
         assert await s.call.read() is grpc.aio.EOF  # epp answers nothing in this mode
         assert await s.call.code() == grpc.StatusCode.OK
-    else:
-        s.call.cancel()  # the client went away mid-response
+    else:  # the client goes away mid-response, once epp has the response in hand
+        handoff = e.handle.service.handoff
+        assert handoff is not None
+        async with asyncio.timeout(5):
+            while handoff.claimed == 0:
+                await asyncio.sleep(0.01)
+        s.call.cancel()
 
 
 async def settled(e: Epp) -> None:
@@ -109,7 +114,7 @@ async def test_an_unclaimed_request_is_released_as_unobserved_and_a_stale_token_
                 await asyncio.sleep(0.01)
         assert in_flight(e) == 0
         await observe(e, token)  # too late: observed, nothing to release, nothing breaks
-        assert handoff.claimed == 0 and in_flight(e) == 0
+        assert handoff.claimed == 0 and in_flight(e) == 0 and handoff.foreign == 0
     finally:
         await stop_epp(e)
 
@@ -119,9 +124,10 @@ async def test_a_client_cannot_choose_the_token() -> None:
     try:
         _, token = await route(e, extra={"x-epp-observe": "mine"})
         assert token != "mine"
-        await observe(e, "mine")  # names nothing
+        await observe(e, "mine")  # names nothing (and is no token of this epp's)
         handoff = e.handle.service.handoff
         assert handoff is not None and handoff.claimed == 0 and in_flight(e) == 1
+        assert handoff.foreign == 1
         await observe(e, token)
         await settled(e)
     finally:
