@@ -8,8 +8,9 @@ serves, SSE with usage, ``cached_tokens`` (whole blocks only) feeding epp's lear
 scraper on the real /metrics page (names, ``engine`` label, ``cache_config_info`` sizing the
 prefix index), the precise producer (the servers' KV events over ZMQ carry exactly the block
 keys epp computes from the request with the model's tokenizer and chat template; vLLM's own
-hash functions agree for both algorithms), the prefix-cache reset the demo's rounds use, and a
-server killed mid-run leaving the rotation.
+hash functions agree for both algorithms), the prefix-cache reset the demo's rounds use, responses read on an
+observability-mode stream (``--response-observer``), and a server killed mid-run leaving the
+rotation.
 """
 
 from __future__ import annotations
@@ -149,6 +150,49 @@ async def test_streamed_chat_carries_usage_and_epp_learns_cached_tokens(
     # tokenizer reads this English at more than the prior's 4 characters a token
     producer = epp.scheduler.plugin(PrefixProducer)
     assert producer is not None and producer.chars_per_token > 4.5
+
+
+async def test_responses_on_an_observer_stream_carry_real_usage_to_epp(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    """``--response-observer`` against the real servers (a second epp and gateway over the
+    module's vLLM servers): the streamed SSE and the JSON reply reach the client through the
+    gateway while epp reads them on an observability-mode stream; it claims every request,
+    learns vLLM's cached_tokens and releases all."""
+    observed = await start_stack(StackOptions(
+        engine="vllm", replicas=2, isolation="inline", model=MODEL, response_observer=True,
+        servers=tuple(stack.replica_urls), ready_timeout_s=60,
+    ))  # fmt: skip
+    try:
+        epp = epp_of(observed)
+        upstreams = []
+        for question in ("Is there a tracking number?", "Can it be left at the door?"):
+            body = {"model": MODEL, "max_tokens": 4, "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "messages": [{"role": "system", "content": SYSTEM + " (observed)"},
+                                 {"role": "user", "content": question}]}  # fmt: skip
+            async with http.post(observed.gateway_url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+                upstreams.append(r.headers[UPSTREAM_HOST_HEADER])
+                raw = await r.read()
+            assert raw.endswith(b"data: [DONE]\n\n")
+        status, _, raw = await post(http, observed.gateway_url + "/v1/completions",
+                                    {"model": MODEL, "prompt": SYSTEM + "Q3", "max_tokens": 4})  # fmt: skip
+        assert status == 200 and json.loads(raw)["usage"]["prompt_tokens"] > 100
+        assert upstreams[0] == upstreams[1]
+        handoff = epp.service.handoff
+        for _ in range(250):  # each observer stream ends just after its response
+            if not sum(epp.datastore.in_flight().values()):
+                break
+            await asyncio.sleep(0.02)
+        assert not sum(epp.datastore.in_flight().values())
+        assert handoff.claimed >= 3 and handoff.unobserved == 0
+        registry = epp.registry
+        cached = registry.get_sample_value("epp_usage_cached_tokens_total", {"model": MODEL})
+        assert cached is not None and cached > 0 and cached % 32 == 0
+        assert registry.get_sample_value("epp_requests_total", {"model": MODEL, "status": "200"}) >= 3
+    finally:
+        await observed.stop()
 
 
 async def test_a_request_in_progress_reads_as_running_not_waiting(
