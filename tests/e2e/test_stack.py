@@ -259,14 +259,16 @@ async def test_the_stack_gives_epp_its_scrape_period() -> None:
 
 
 async def test_responses_observed_on_a_second_stream_route_learn_and_release(
-    http: aiohttp.ClientSession,
+    http: aiohttp.ClientSession, mode: str
 ) -> None:
     """--response-observer through the gateway: the routing stream skips the response, an
     observability-mode stream carries it; every request is claimed, learnt from (usage) and
     released, and the streamed answer reaches the client intact."""
     from simulator.stack import start_stack
 
-    stack = await start_stack(dataclasses.replace(FAST, replicas=2, response_observer=True))
+    stack = await start_stack(
+        dataclasses.replace(FAST, replicas=2, response_observer=True, request_mode=mode)
+    )
     try:
         (epp,) = [h for h in stack._inline if hasattr(h, "grpc_port")]
         body = {"model": model_of(stack), "messages": [{"role": "user", "content": "hi " * 200}],
