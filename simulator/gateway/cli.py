@@ -10,7 +10,7 @@ from typing import Any
 
 from simulator.clihelp import HelpFormatter, stop_event
 from simulator.gateway.extproc import MODE_NAMES
-from simulator.gateway.proxy import POLICIES, GatewayOptions
+from simulator.gateway.proxy import DEFAULT_BUFFER_LIMIT_BYTES, POLICIES, GatewayOptions
 from simulator.gateway.server import start_gateway
 
 
@@ -79,6 +79,13 @@ def register(subparsers: Any) -> None:
         default=10.0,
         help="how long to wait for each ext_proc reply (Envoy's message_timeout)",
     )
+    p.add_argument(
+        "--buffer-limit-bytes",
+        type=int,
+        default=DEFAULT_BUFFER_LIMIT_BYTES,
+        help="largest body held whole (a BUFFERED body; a request body kept for a retry): "
+        "413 above it for a request, 500 for a response (Envoy's buffer limit)",
+    )
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the random policy (default: a new one each run)")
     p.set_defaults(run=run)
@@ -98,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             response_mode=response,
             response_observer=args.response_observer,
             message_timeout_s=args.message_timeout_s,
+            buffer_limit_bytes=args.buffer_limit_bytes,
             seed=args.seed,
         )
         asyncio.run(_serve(options))

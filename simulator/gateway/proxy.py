@@ -50,6 +50,9 @@ UPSTREAM_HOST_HEADER = "x-upstream-host"
 POLICIES = ("epp", "random", "round-robin")
 
 
+DEFAULT_BUFFER_LIMIT_BYTES = 32 << 20
+
+
 @dataclass(slots=True, frozen=True)
 class GatewayOptions:
     host: str = "127.0.0.1"
@@ -66,6 +69,10 @@ class GatewayOptions:
     """Responses go to a second ext_proc stream in observability_mode (a second Envoy ext_proc
     filter after the routing one: request headers, then the response, STREAMED, sent without
     waiting); the routing stream skips the response."""
+    buffer_limit_bytes: int = DEFAULT_BUFFER_LIMIT_BYTES
+    """Largest body the gateway holds whole (a BUFFERED body, the request body it keeps for a
+    retry on a fallback): 413 above it for a request, 500 for a response, as Envoy's buffer
+    limit does."""
     message_timeout_s: float = 10.0
     """Envoy's ext_proc ``message_timeout`` (Envoy's default is 0.2 s; generous here because
     the whole stack shares a laptop's cores)."""
@@ -76,6 +83,25 @@ class GatewayOptions:
     @property
     def extproc_targets(self) -> tuple[str, ...]:
         return tuple(t.strip() for t in self.extproc.split(",") if t.strip())
+
+
+class BodyTooLarge(Exception):
+    """A body the gateway must hold whole passed ``buffer_limit_bytes``."""
+
+    def __init__(self, what: str, limit: int, status: int) -> None:
+        super().__init__(f"{what} is larger than the gateway's buffer limit ({limit} bytes)")
+        self.status = status
+
+
+async def _read_bounded(
+    content: aiohttp.StreamReader, limit: int, what: str, status: int
+) -> bytes:
+    buf = bytearray()
+    async for chunk in content.iter_any():
+        buf += chunk
+        if len(buf) > limit:
+            raise BodyTooLarge(what, limit, status)
+    return bytes(buf)
 
 
 class Exchange(Protocol):
@@ -272,6 +298,11 @@ class EppExchange:
             return local_reply(500, f"ext_proc error: {exc}")
         except NoUpstream as exc:
             return local_reply(503, str(exc))
+        except BodyTooLarge as exc:
+            log.info("%s %s: %s", request.method, request.path, exc)
+            if exc.status == 413:
+                await _discard_body(request)
+            return local_reply(exc.status, str(exc))
         except ConnectionResetError:
             # The client went away mid-response: reset the ext_proc stream, as Envoy does.
             log.debug("%s %s: client disconnected", request.method, request.path)
@@ -295,7 +326,8 @@ class EppExchange:
         if isinstance(common, Immediate):
             return common
         headers.apply(common.header_mutation)
-        body = await request.read() if has_body else b""
+        limit = self._opts.buffer_limit_bytes
+        body = await _read_bounded(request.content, limit, "request body", 413) if has_body else b""
         if has_body and stream.request_mode == xp.BUFFERED:
             await stream.write(xp.request_body(body, True))
             common = xp.expect(await stream.read(), "request_body")
@@ -339,6 +371,10 @@ class EppExchange:
                         )
                     body += mutation.streamed_response.body
                     body_done = mutation.streamed_response.end_of_stream
+                    if len(body) > self._opts.buffer_limit_bytes:  # kept for a retry
+                        raise BodyTooLarge(
+                            "request body", self._opts.buffer_limit_bytes, 413
+                        )
                 else:
                     raise ExtProcError(
                         f"ext_proc protocol error: unexpected {kind} reply "
@@ -427,7 +463,9 @@ class EppExchange:
             touched = headers.apply(common.header_mutation)
             status = up.status
             if mode == xp.BUFFERED:
-                body = await up.read()
+                body = await _read_bounded(
+                    up.content, self._opts.buffer_limit_bytes, "response body", 500
+                )
                 await stream.write(xp.response_body(body, True))
                 common = xp.expect(await stream.read(), "response_body")
                 if isinstance(common, Immediate):
@@ -493,10 +531,15 @@ class BaselineExchange:
     """Policies ``random`` and ``round-robin``: no ext_proc, a plain load balancer."""
 
     def __init__(
-        self, pick: Callable[[], int], endpoints: Sequence[str], upstreams: Upstreams
+        self,
+        pick: Callable[[], int],
+        endpoints: Sequence[str],
+        upstreams: Upstreams,
+        buffer_limit_bytes: int = 0,
     ) -> None:
         if not endpoints:
             raise ValueError("baseline policies need --endpoints")
+        self._buffer_limit = buffer_limit_bytes or DEFAULT_BUFFER_LIMIT_BYTES
         self._pick = pick
         self._endpoints = list(endpoints)
         self._upstreams = upstreams
@@ -506,11 +549,18 @@ class BaselineExchange:
         n = len(self._endpoints)
         order = [self._endpoints[(first + i) % n] for i in range(n)]
         headers = client_headers(request)
-        body = await request.read() if request.body_exists else None
         try:
+            body = (
+                await _read_bounded(request.content, self._buffer_limit, "request body", 413)
+                if request.body_exists
+                else None
+            )
             upstream = await self._upstreams.open(request.method, order, headers, body)
         except NoUpstream as exc:
             return local_reply(503, str(exc))
+        except BodyTooLarge as exc:  # kept whole for a retry on the next server
+            await _discard_body(request)
+            return local_reply(exc.status, str(exc))
         async with upstream.response as up:
             out = _response(up.status, upstream_headers(up), upstream.address)
             await out.prepare(request)

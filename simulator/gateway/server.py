@@ -62,7 +62,7 @@ async def start_gateway(options: GatewayOptions) -> GatewayHandle:
         exchange = EppExchange(list(zip(targets, channels, strict=True)), upstreams, options, stats)
     else:
         pick = baseline_picker(options.policy, max(1, len(options.endpoints)), options.seed)
-        exchange = BaselineExchange(pick, options.endpoints, upstreams)
+        exchange = BaselineExchange(pick, options.endpoints, upstreams, options.buffer_limit_bytes)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         stats.requests += 1

@@ -175,6 +175,8 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
                 ":body": (await req.read()).decode(),
             }
         )
+        if req.path == "/big":  # a reply above the gateway's buffer limit
+            return web.Response(body=b"y" * (2 << 20), content_type="application/json")
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(req)
         for piece in (b"data: one\n\n", b"data: two\n\n"):
@@ -201,6 +203,7 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
             extproc=f"127.0.0.1:{port}",
             request_mode=mode,
             response_mode=FULL_DUPLEX_STREAMED if mode == FULL_DUPLEX_STREAMED else BUFFERED,
+            buffer_limit_bytes=1 << 20,  # Envoy's default per-connection buffer limit
         )
     )
     try:
@@ -288,6 +291,22 @@ async def test_immediate_response_reaches_a_client_still_sending_a_large_body(
     ) as r:
         assert (r.status, await r.read()) == (413, b'{"error": "no"}')
     assert rig.received == []
+
+
+async def test_a_request_body_past_the_buffer_limit_is_413_and_a_buffered_reply_500(
+    rig: Rig,
+) -> None:
+    # the whole body is held (BUFFERED, or kept for a retry in full duplex): bounded
+    status, _, body = await _call(rig.url, body=b"x" * (2 << 20))
+    assert status == 413 and b"buffer limit" in body
+    assert rig.received == []
+    status, _, body = await _call(rig.url, path="/big")
+    if rig.script.seen[0].protocol_config.response_body_mode == BUFFERED:
+        assert status == 500 and b"response body" in body
+    else:  # streamed through, never held whole
+        assert status == 200 and len(body) == 2 << 20
+    status, _, _ = await _call(rig.url)  # and the gateway keeps serving
+    assert status == 200
 
 
 async def test_response_body_mutations_reach_the_client(rig: Rig) -> None:
