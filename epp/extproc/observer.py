@@ -20,6 +20,14 @@ the client itself) releases its request as ``unobserved`` and is logged, so a mi
 proxy costs a warning, not a leaked in-flight count. Tokens are epp's own (a random prefix
 and a counter): a client cannot name another request's token, and the routing filter
 overwrites any ``x-epp-observe`` a client sent.
+
+Several replicas: Envoy picks an ext_proc host per stream, so the observer stream may reach
+a replica that did not route. With index sync on (docs/sync.md), that replica reads the
+response as the router would and sends what it saw to its peers as ``Observation``
+messages (claimed, first bytes, finished or ended) on the sync stream; the replica that
+issued the token applies them to its request (``apply_remote``) and the others ignore them.
+A remotely claimed request waits up to ``REMOTE_WAIT_S`` for its end (a peer that vanished
+mid-response). Without sync, such a stream is counted in ``foreign`` and warned of.
 """
 
 from __future__ import annotations
@@ -29,26 +37,38 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from epp.extproc.convert import OBSERVE_HEADER
 from epp.requestcontrol.director import Director, Routing
+from epp.scheduling.types import ResponseInfo
+from epp.sync.gen import sync_pb2
+
+Kind = sync_pb2.Observation.Kind
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_WAIT_S", "OBSERVE_HEADER", "ResponseHandoff"]
+__all__ = ["DEFAULT_WAIT_S", "OBSERVE_HEADER", "REMOTE_WAIT_S", "ResponseHandoff"]
 
 DEFAULT_WAIT_S = 10.0
 """How long a routed request waits for its observer stream (normally it comes within ms:
 the observer filter sees the request headers as soon as the routing filter lets them go)."""
 _WARN_EVERY_S = 60.0
+REMOTE_WAIT_S = 900.0
+"""How long a request another replica observes may take to end (then: ``unobserved``)."""
+
+
+def _bounded(value: int, top: int = (1 << 62)) -> int:
+    """A count as the wire takes it: 0..top."""
+    return min(max(0, value), top)
 
 
 class ResponseHandoff:
     """Routed requests waiting for the stream that observes their response, by token."""
 
     __slots__ = ("_clock", "_director", "_ids", "_last_foreign_warning", "_last_warning",
-                 "_pending", "_prefix", "claimed", "foreign", "unobserved", "wait_s")  # fmt: skip
+                 "_pending", "_prefix", "_remote", "claimed", "foreign", "forwarded", "publish",
+                 "remote_applied", "unobserved", "wait_s")  # fmt: skip
 
     def __init__(
         self,
@@ -69,9 +89,17 @@ class ResponseHandoff:
         self.claimed = 0
         self.foreign = 0
         self.unobserved = 0
+        self.forwarded = 0
+        """Observations of other replicas' requests sent to the peers."""
+        self.remote_applied = 0
+        """Peers' observations of this replica's requests applied."""
+        self._remote: OrderedDict[str, tuple[float, Routing, float | None]] = OrderedDict()
+        """Requests a peer observes: deadline, routing, first-bytes time (this clock)."""
+        self.publish: Callable[[sync_pb2.Observation], None] | None = None
+        """Set with index sync on: sends an observation to the peers (``SyncNode``)."""
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._remote)
 
     def offer(self, routing: Routing) -> str:
         """Hand ``routing`` over until its observer claims it; returns the token for the
@@ -88,7 +116,7 @@ class ResponseHandoff:
         of: the observer stream reached a replica that did not route the request."""
         entry = self._pending.pop(token, None)
         if entry is None:
-            if not token.startswith(self._prefix + "-"):
+            if not token.startswith(self._prefix + "-") and self.publish is None:
                 self.foreign += 1
                 now = self._clock()
                 if now - self._last_foreign_warning >= _WARN_EVERY_S:
@@ -104,9 +132,91 @@ class ResponseHandoff:
         self.claimed += 1
         return entry[1]
 
+    # --- another replica's request, observed here ----------------------------------------
+
+    def forwards(self, token: str) -> bool:
+        """Whether an observer stream with ``token`` (unknown here) reports to the peers:
+        index sync is on and the token is another process's."""
+        return self.publish is not None and not token.startswith(self._prefix + "-")
+
+    def observed(
+        self, token: str, kind: int, first_s: float | None = None, info: ResponseInfo | None = None
+    ) -> None:
+        """Send the peers what this replica saw of ``token``'s response."""
+        if self.publish is None:
+            return
+        msg = sync_pb2.Observation(token=token, kind=kind)  # type: ignore[arg-type]
+        # until it is sent the message carries the first bytes' stamp; the sender turns it
+        # into an age (negative: no bytes came)
+        msg.first_bytes_age_s = -1.0 if first_s is None else first_s
+        if info is not None:
+            msg.status = _bounded(info.status, 999)
+            msg.prompt_tokens = _bounded(info.prompt_tokens)
+            cached = info.cached_tokens
+            msg.cached_tokens = -1 if cached is None else _bounded(cached)
+            msg.completion_tokens = _bounded(info.completion_tokens)
+            msg.response_bytes = _bounded(info.response_bytes)
+            msg.generated_text = info.generated_text
+        self.forwarded += 1
+        self.publish(msg)
+
+    # --- this replica's request, observed by a peer ---------------------------------------
+
+    def apply_remote(self, observations: Sequence[sync_pb2.Observation]) -> None:
+        """A peer's observations (``SyncNode.on_observations``): act on those of this
+        replica's tokens; ignore the rest (another replica's, or already expired)."""
+        now = self._clock()
+        mine = self._prefix + "-"
+        director = self._director
+        for obs in observations:
+            token = obs.token
+            if not token.startswith(mine):
+                continue
+            kind = obs.kind
+            if kind == Kind.CLAIMED:
+                entry = self._pending.pop(token, None)
+                if entry is not None:
+                    self.claimed += 1
+                    self._remote[token] = (now + REMOTE_WAIT_S, entry[1], None)
+                continue
+            remote = self._remote.get(token)
+            if remote is None:
+                continue
+            self.remote_applied += 1
+            deadline, routing, first_s = remote
+            if kind == Kind.FIRST_BYTES:
+                first_s = now - max(0.0, obs.age_s)
+                self._remote[token] = (deadline, routing, first_s)
+                director.first_token(routing, first_s - routing.started_s)
+                continue
+            del self._remote[token]
+            if kind == Kind.ENDED:
+                director.abandon(routing, "cancelled")
+                continue
+            if obs.first_bytes_age_s >= 0:
+                first_s = now - obs.first_bytes_age_s
+            director.finish(routing, ResponseInfo(
+                status=obs.status,
+                prompt_tokens=obs.prompt_tokens,
+                cached_tokens=None if obs.cached_tokens < 0 else obs.cached_tokens,
+                completion_tokens=obs.completion_tokens,
+                generated_text=obs.generated_text,
+                response_bytes=obs.response_bytes,
+                ttft_s=None if first_s is None else first_s - routing.started_s,
+            ))  # fmt: skip
+
     def expire(self, now: float | None = None) -> int:
-        """Release what waited past ``wait_s`` (oldest first: deadlines only grow)."""
+        """Release what waited past ``wait_s`` (oldest first: deadlines only grow), and what
+        a peer claimed but never ended within ``REMOTE_WAIT_S``."""
         now = self._clock() if now is None else now
+        remote = self._remote
+        while remote:
+            token, (deadline, routing, _) = next(iter(remote.items()))
+            if deadline > now:
+                break
+            del remote[token]
+            self.unobserved += 1
+            self._director.abandon(routing, "unobserved")
         pending, expired = self._pending, 0
         while pending:
             token, (deadline, routing) = next(iter(pending.items()))

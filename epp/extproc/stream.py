@@ -39,7 +39,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, Unavailable
 from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
-from epp.extproc.observer import OBSERVE_HEADER, ResponseHandoff
+from epp.extproc.observer import OBSERVE_HEADER, Kind, ResponseHandoff
 from epp.request.parse import CONTROL_HEADERS, ParsedRequest, RequestParser, echo
 from epp.request.types import InferenceRequest
 from epp.requestcontrol.director import Director, Routing
@@ -109,6 +109,7 @@ class RequestStream:
         "_path",
         "_phase",
         "_reader",
+        "_remote",
         "_request_mode",
         "_response_mode",
         "_routing",
@@ -131,6 +132,9 @@ class RequestStream:
         self._parser = parser
         self._limits = limits
         self._handoff = handoff
+        self._remote = ""
+        """An observer stream of another replica's request (its token): what it reads goes
+        to the peers (``ResponseHandoff.observed``)."""
         self._token = ""
         """Set when this stream routed and handed its response to an observer stream."""
         self._budget = budget if budget is not None else BodyBudget()
@@ -242,6 +246,9 @@ class RequestStream:
             # cannot tell a client that left mid-response from one that did not)
             self._finish()
         self.after_replies()
+        if self._remote and self._handoff is not None:  # ended before the response did
+            self._handoff.observed(self._remote, Kind.ENDED)
+            self._remote = ""
         routing = self._routing
         if self._token and self._phase is Phase.ROUTED:
             routing = None  # its response is the observer stream's (or the handoff's) now
@@ -266,7 +273,11 @@ class RequestStream:
         headers = self._headers = convert.headers_to_dict(h.headers)
         if msg.observability_mode and self._handoff is not None and OBSERVE_HEADER in headers:
             # the observer filter's stream: the routing stream picked already
-            self._routing = self._handoff.claim(headers[OBSERVE_HEADER])
+            token = headers[OBSERVE_HEADER]
+            self._routing = self._handoff.claim(token)
+            if self._routing is None and self._handoff.forwards(token):
+                self._remote = token
+                self._handoff.observed(token, Kind.CLAIMED)
             self._phase = Phase.ROUTED
             return _NO_REPLY
         if not self._parser.trust_control_headers:
@@ -412,6 +423,9 @@ class RequestStream:
             self._reader = ResponseReader(
                 self._status, sse, req.model, req.original_model, self._limits
             )
+        elif self._remote:  # read for the replica that routed it (nothing to rewrite)
+            sse = "text/event-stream" in headers.get("content-type", "")
+            self._reader = ResponseReader(self._status, sse, "", "", self._limits)
         self._phase = Phase.RESPONSE_BODY
         if h.end_of_stream:
             self._finish()
@@ -427,6 +441,8 @@ class RequestStream:
             routing = self._routing
             if routing is not None:
                 self._director.first_token(routing, first - routing.started_s)
+            elif self._remote and self._handoff is not None:
+                self._handoff.observed(self._remote, Kind.FIRST_BYTES)
         data = chunk if reader is None else reader.feed(chunk, end)
         if end:
             self._finish()
@@ -459,6 +475,10 @@ class RequestStream:
     def _settle_response(self) -> None:
         routing = self._routing
         if routing is None:
+            if self._remote and self._handoff is not None and self._reader is not None:
+                first = self._first_body_s or None
+                self._handoff.observed(self._remote, Kind.FINISHED, first, self._reader.info())
+                self._remote = ""
             return
         reader = self._reader
         if reader is not None:

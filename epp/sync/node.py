@@ -15,7 +15,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from epp.prefix.producer import PrefixProducer
 from epp.supervise import spawn
 from epp.sync.apply import RemoteApplier
 from epp.sync.gen import sync_pb2, sync_pb2_grpc
-from epp.sync.outbox import Outbox, OutboxRead
+from epp.sync.outbox import ObservationBox, Outbox, OutboxRead
 from epp.sync.peers import HostPort, PeerSet, resolve_ips, watch_dns
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,7 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
         self.subscribers = 0
         self.snapshots = 0
         self.index: PrefixIndex | None = None
+        self.observations = ObservationBox()
 
     async def _admit(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         if request.replica_id == self.replica_id:
@@ -189,8 +190,8 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         await self._admit(request, context)
-        outbox = self._outbox
-        cursor = outbox.head
+        outbox, observations = self._outbox, self.observations
+        cursor, seen = outbox.head, observations.head
         self.subscribers += 1
         self._metrics.sync_subscribers.set(self.subscribers)
         log.info("sync subscriber %s connected (%s)", request.replica_id, context.peer())
@@ -200,18 +201,34 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
                 event = self._wakeup.event
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), self._opts.flush_interval_s)
+                observed = observations.read(seen, self._opts.batch_records)
+                seen = observed.next_cursor
                 while True:
                     read = outbox.read(cursor, self._opts.batch_records, _MAX_BATCH_CHUNKS)
-                    if not read.writes and not read.dropped:
+                    if not read.writes and not read.dropped and not observed.items:
                         break
                     cursor = read.next_cursor
-                    yield self._encode(read)
-                    if len(read.writes) < self._opts.batch_records:
+                    batch = self._encode(read)
+                    if observed.items:
+                        self._add_observations(batch, observed.items)
+                        observed = observations.read(seen, self._opts.batch_records)
+                        seen = observed.next_cursor
+                    yield batch
+                    if len(read.writes) < self._opts.batch_records and not observed.items:
                         break
         finally:
             self.subscribers -= 1
             self._metrics.sync_subscribers.set(self.subscribers)
             log.info("sync subscriber %s left", request.replica_id)
+
+    def _add_observations(self, batch: Any, items: list[tuple[Any, float]]) -> None:
+        now = self._clock()
+        for observation, stamp in items:
+            added = batch.observations.add()
+            added.CopyFrom(observation)
+            added.age_s = now - stamp
+            if added.first_bytes_age_s >= 0:  # carried as a stamp until now
+                added.first_bytes_age_s = max(0.0, now - added.first_bytes_age_s)
 
     def _encode(self, read: OutboxRead) -> Any:
         now = self._clock()
@@ -249,6 +266,8 @@ class SyncNode:
             self.replica_id, self.outbox, self._wakeup, options, metrics, clock
         )
         self.service.index = producer.index
+        self.on_observations: Callable[[Sequence[Any]], None] | None = None
+        """Peers' observations of responses (``ResponseHandoff.apply_remote``)."""
         self._clock = clock
         self.peers = PeerSet(self._follow, metrics.task_failed)
         self.connected: set[str] = set()
@@ -420,6 +439,8 @@ class SyncNode:
                             self.metrics.sync_peers_connected.set(len(self.connected))
                             log.info("sync: following %s (replica %s)", target, batch.replica_id)
                             failing, backoff = False, opts.backoff_initial_s
+                        if batch.observations and self.on_observations is not None:
+                            self.on_observations(batch.observations)
                         if batch.records:
                             res = self.applier.apply(batch.records)
                             self.metrics.sync_applied.inc(res.applied)

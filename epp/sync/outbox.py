@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from epp.datastore.endpoint import EndpointId
 
@@ -98,3 +99,43 @@ class Outbox:
             writes.append(OwnWrite(self._eids[i], hashes, self._stamps[i]))
             seq += 1
         return OutboxRead(writes, seq, dropped)
+
+
+@dataclass(slots=True, frozen=True)
+class ObservationRead:
+    items: list[tuple[Any, float]]
+    """``(observation, stamp_s)``, oldest first."""
+    next_cursor: int
+    dropped: int
+
+
+class ObservationBox:
+    """This replica's observations of other replicas' responses (``--response-observer``),
+    waiting to be streamed to its peers: a bounded ring with a cursor per reader, as the
+    outbox. An observation is a generated ``epp.sync.v1.Observation`` without its age, which
+    the sender fills in from the stamp."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self.capacity = capacity
+        self._items: list[tuple[Any, float]] = [(None, 0.0)] * capacity
+        self._head = 0
+
+    @property
+    def head(self) -> int:
+        return self._head
+
+    def append(self, observation: Any, now_s: float) -> None:
+        self._items[self._head % self.capacity] = (observation, now_s)
+        self._head += 1
+
+    def read(self, cursor: int, max_items: int) -> ObservationRead:
+        head = self._head
+        oldest = max(0, head - self.capacity)
+        dropped = 0
+        if cursor < oldest:
+            dropped, cursor = oldest - cursor, oldest
+        end = min(head, cursor + max_items)
+        items = [self._items[seq % self.capacity] for seq in range(cursor, end)]
+        return ObservationRead(items, end, dropped)

@@ -647,10 +647,11 @@ async def start_stack(options: StackOptions) -> Stack:
         raise ValueError(f"epp_replicas must be at least 1, not {options.epp_replicas}")
     if options.isolation not in ("process", "inline"):
         raise ValueError(f"isolation must be 'process' or 'inline', not {options.isolation!r}")
-    if options.response_observer and options.epp_replicas > 1:
+    if options.response_observer and options.epp_replicas > 1 and not options.sync:
         raise ValueError(
-            "--response-observer needs one epp replica: Envoy's ext_proc cluster picks a host "
-            "per stream, so the observer stream may reach a replica that did not route"
+            "--response-observer with several epp replicas needs their index sync (drop "
+            "--no-sync): Envoy's ext_proc cluster picks a host per stream, so the observer "
+            "stream may reach a replica that did not route, which reports over sync"
         )
     if options.servers and options.prefix == "precise":
         raise ValueError("precise mode starts its own servers (they publish to this epp)")

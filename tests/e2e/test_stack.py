@@ -293,8 +293,41 @@ async def test_responses_observed_on_a_second_stream_route_learn_and_release(
         await stack.stop()
 
 
-async def test_the_stack_refuses_an_observer_with_several_epp_replicas() -> None:
+async def test_observer_streams_on_the_other_replica_report_over_sync(
+    http: aiohttp.ClientSession,
+) -> None:
+    """Two epp replicas: the gateway sends each observer stream to the next ext_proc host,
+    i.e. always the replica that did not route; it reports to the router over index sync."""
     from simulator.stack import start_stack
 
-    with pytest.raises(ValueError, match="one epp replica"):
-        await start_stack(dataclasses.replace(FAST, response_observer=True, epp_replicas=2))
+    stack = await start_stack(
+        dataclasses.replace(FAST, replicas=2, response_observer=True, epp_replicas=2)
+    )
+    try:
+        epps = [h for h in stack._inline if hasattr(h, "grpc_port")]
+        body = {"model": model_of(stack), "messages": [{"role": "user", "content": "ho " * 200}],
+                "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        for _ in range(4):
+            status, _, raw = await post(http, stack.gateway_url + "/v1/chat/completions", body)
+            assert status == 200 and _sse_events(raw)[-1] == "[DONE]"
+        async with asyncio.timeout(5):
+            while any(sum(e.datastore.in_flight().values()) for e in epps):
+                await asyncio.sleep(0.01)
+        handoffs = [e.service.handoff for e in epps]
+        assert sum(h.forwarded for h in handoffs) >= 4 * 3  # claimed, first bytes, finished
+        assert sum(h.remote_applied for h in handoffs) >= 4 * 2
+        assert all(h.unobserved == 0 and h.foreign == 0 for h in handoffs)
+        learnt = sum(e.registry.get_sample_value("epp_usage_completion_tokens_total",
+                                                 {"model": model_of(stack)}) or 0 for e in epps)  # fmt: skip
+        assert learnt >= 4 * 8
+    finally:
+        await stack.stop()
+
+
+async def test_the_stack_refuses_an_observer_over_replicas_without_sync() -> None:
+    from simulator.stack import start_stack
+
+    with pytest.raises(ValueError, match="needs their index sync"):
+        await start_stack(
+            dataclasses.replace(FAST, response_observer=True, epp_replicas=2, sync=False)
+        )

@@ -170,3 +170,62 @@ async def test_without_the_flag_no_token_is_set() -> None:
         s.call.cancel()
     finally:
         await stop_epp(e)
+
+
+# --- several replicas: the observer stream reaches one that did not route ---------------
+
+
+async def _synced_pair() -> list[Epp]:
+    from tests.integration.extproc_fixtures import pool
+    from tests.integration.test_sync import connect, connected, sync_options, until
+
+    pair = [await start_epp(pool(4), sync=sync_options(), response_observer_wait_s=30.0)
+            for _ in range(2)]  # fmt: skip
+    connect(pair)
+    await until(lambda: connected(pair[0], pair[1:]) and connected(pair[1], pair[:1]),
+                "peers connected")  # fmt: skip
+    return pair
+
+
+async def test_a_peer_observes_what_another_replica_routed_and_reports_it_back() -> None:
+    router, observer = await _synced_pair()
+    try:
+        dest, token = await route(router)
+        await observe(observer, token)
+        await settled(router)  # released on the router, by the peer's report
+        reg = router.handle.registry
+        assert reg.get_sample_value("epp_usage_prompt_tokens_total", {"model": "m"}) == 9
+        assert reg.get_sample_value("epp_usage_cached_tokens_total", {"model": "m"}) == 6
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "200"}) == 1
+        mine, theirs = router.handle.service.handoff, observer.handle.service.handoff
+        assert mine is not None and theirs is not None
+        assert mine.claimed == 1 and mine.remote_applied == 2 and len(mine) == 0
+        assert theirs.forwarded == 3 and theirs.foreign == 0 and in_flight(observer) == 0
+        # the pick was recorded on the router: the same prompt goes there again
+        assert (await route(router))[0] == dest
+    finally:
+        for e in (router, observer):
+            await stop_epp(e)
+
+
+async def test_a_peer_that_loses_the_client_mid_response_releases_the_request_as_cancelled() -> None:
+    router, observer = await _synced_pair()
+    try:
+        _, token = await route(router)
+        s = ec.Stream(observer.channel)
+        await s.send(observed(ec.request_headers(extra={"x-epp-observe": token}, end_of_stream=True,
+                                                 modes=(ec.NONE, ec.STREAMED))),
+                     observed(ec.response_headers(content_type="text/event-stream")),
+                     observed(ec.response_body(SSE[0], False)))  # fmt: skip
+        handoff = observer.handle.service.handoff
+        assert handoff is not None
+        async with asyncio.timeout(5):
+            while handoff.forwarded < 2:  # claimed, first bytes
+                await asyncio.sleep(0.01)
+        s.call.cancel()
+        await settled(router)
+        reg = router.handle.registry
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "cancelled"}) == 1
+    finally:
+        for e in (router, observer):
+            await stop_epp(e)

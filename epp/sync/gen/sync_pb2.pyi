@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -31,14 +32,50 @@ class SubscribeRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
 
 class RecordBatch(_message.Message):
-    __slots__ = ("replica_id", "records", "dropped")
+    __slots__ = ("replica_id", "records", "dropped", "observations")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     records: _containers.RepeatedCompositeFieldContainer[Record]
     dropped: int
-    def __init__(self, replica_id: _Optional[str] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., dropped: _Optional[int] = ...) -> None: ...
+    observations: _containers.RepeatedCompositeFieldContainer[Observation]
+    def __init__(self, replica_id: _Optional[str] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., dropped: _Optional[int] = ..., observations: _Optional[_Iterable[_Union[Observation, _Mapping]]] = ...) -> None: ...
+
+class Observation(_message.Message):
+    __slots__ = ("token", "kind", "age_s", "first_bytes_age_s", "status", "prompt_tokens", "cached_tokens", "completion_tokens", "response_bytes", "generated_text")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CLAIMED: _ClassVar[Observation.Kind]
+        FIRST_BYTES: _ClassVar[Observation.Kind]
+        FINISHED: _ClassVar[Observation.Kind]
+        ENDED: _ClassVar[Observation.Kind]
+    CLAIMED: Observation.Kind
+    FIRST_BYTES: Observation.Kind
+    FINISHED: Observation.Kind
+    ENDED: Observation.Kind
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BYTES_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TEXT_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    kind: Observation.Kind
+    age_s: float
+    first_bytes_age_s: float
+    status: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    response_bytes: int
+    generated_text: str
+    def __init__(self, token: _Optional[str] = ..., kind: _Optional[_Union[Observation.Kind, str]] = ..., age_s: _Optional[float] = ..., first_bytes_age_s: _Optional[float] = ..., status: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., response_bytes: _Optional[int] = ..., generated_text: _Optional[str] = ...) -> None: ...
 
 class Record(_message.Message):
     __slots__ = ("endpoint_id", "hashes", "age_s")
