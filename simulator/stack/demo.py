@@ -99,6 +99,8 @@ def variants(
             out.append(dataclasses.replace(options, prefix="approx"))
         elif base.prefix == "precise":
             out += [dataclasses.replace(options, prefix="approx"), options]
+        elif base.epp_replicas > 1 and base.response_observer:
+            out.append(dataclasses.replace(options, sync=True))  # observers report over sync
         elif base.epp_replicas > 1:
             out += [
                 dataclasses.replace(options, sync=True),

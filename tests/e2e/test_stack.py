@@ -331,3 +331,12 @@ async def test_the_stack_refuses_an_observer_over_replicas_without_sync() -> Non
         await start_stack(
             dataclasses.replace(FAST, response_observer=True, epp_replicas=2, sync=False)
         )
+
+
+def test_the_demo_runs_observers_over_replicas_with_sync_only() -> None:
+    from simulator.stack.demo import variants
+
+    base = dataclasses.replace(FAST, epp_replicas=2)
+    assert [o.sync for o in variants(base, ("epp",))] == [True, False]
+    observed = variants(dataclasses.replace(base, response_observer=True), ("epp",))
+    assert [(o.sync, o.response_observer) for o in observed] == [(True, True)]
