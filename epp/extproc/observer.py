@@ -67,8 +67,8 @@ class ResponseHandoff:
     """Routed requests waiting for the stream that observes their response, by token."""
 
     __slots__ = ("_clock", "_director", "_ids", "_last_foreign_warning", "_last_warning",
-                 "_pending", "_prefix", "_remote", "claimed", "foreign", "forwarded", "publish",
-                 "remote_applied", "unobserved", "wait_s")  # fmt: skip
+                 "_pending", "_prefix", "_remote", "claimed", "claimed_by_peer", "foreign",
+                 "forwarded", "publish", "remote_applied", "unobserved", "wait_s")  # fmt: skip
 
     def __init__(
         self,
@@ -91,12 +91,24 @@ class ResponseHandoff:
         self.unobserved = 0
         self.forwarded = 0
         """Observations of other replicas' requests sent to the peers."""
+        self.claimed_by_peer = 0
+        """Of ``claimed``: by a peer's observer stream (reported over sync)."""
         self.remote_applied = 0
         """Peers' observations of this replica's requests applied."""
         self._remote: OrderedDict[str, tuple[float, Routing, float | None]] = OrderedDict()
         """Requests a peer observes: deadline, routing, first-bytes time (this clock)."""
         self.publish: Callable[[sync_pb2.Observation], None] | None = None
         """Set with index sync on: sends an observation to the peers (``SyncNode``)."""
+
+    def counts(self) -> dict[str, int]:
+        """Running totals by outcome (``epp_response_observer_requests``)."""
+        return {
+            "claimed": self.claimed - self.claimed_by_peer,
+            "claimed_by_peer": self.claimed_by_peer,
+            "unobserved": self.unobserved,
+            "foreign": self.foreign,
+            "forwarded": self.forwarded,
+        }
 
     def __len__(self) -> int:
         return len(self._pending) + len(self._remote)
@@ -177,6 +189,7 @@ class ResponseHandoff:
                 entry = self._pending.pop(token, None)
                 if entry is not None:
                     self.claimed += 1
+                    self.claimed_by_peer += 1
                     self._remote[token] = (now + REMOTE_WAIT_S, entry[1], None)
                 continue
             remote = self._remote.get(token)

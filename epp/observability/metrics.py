@@ -155,6 +155,18 @@ class EppMetrics:
         self.sync_subscribers = Gauge(
             "epp_sync_subscribers", "Peers currently subscribed to this replica.", registry=r
         )
+        # --- responses on an observer filter's stream (--response-observer) ---
+        self.observer = Counter(
+            "epp_response_observer_requests",
+            "Routed requests by how their response was observed (--response-observer): "
+            "'claimed' (an observer stream on this replica), 'claimed_by_peer' (on a peer, "
+            "reported over sync), 'unobserved' (none came in time: released), 'foreign' "
+            "(an observer stream here named another replica's request and sync is off), "
+            "'forwarded' (observations of peers' requests sent to them).",
+            ["outcome"],
+            registry=r,
+        )
+        self._observer_seen: dict[str, int] = {}
         self._inference_extension_metrics(r)
         self.sync_dropped_slow = self.sync_dropped.labels("slow_subscriber")
         self.sync_dropped_unknown = self.sync_dropped.labels("unknown_endpoint")
@@ -388,6 +400,16 @@ class EppMetrics:
         c[2].inc(completion)
 
     # --- periodic refresh --------------------------------------------------------------
+
+    def observer_refresh(self, counts: dict[str, int]) -> None:
+        """Periodic: the observer handoff's running counts (plain ints on the request
+        path) into ``epp_response_observer_requests``."""
+        seen = self._observer_seen
+        for outcome, total in counts.items():
+            delta = total - seen.get(outcome, 0)
+            if delta > 0:
+                self.observer.labels(outcome).inc(delta)
+                seen[outcome] = total
 
     def refresh_pool(
         self,

@@ -429,6 +429,7 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
         handoff = handle.service.handoff
         if handoff is not None:  # when no new request comes to expire what waits
             handoff.expire()
+            handle.metrics.observer_refresh(handoff.counts())
         await asyncio.sleep(opts.housekeeping_interval_s)
 
 

@@ -203,6 +203,17 @@ async def test_a_peer_observes_what_another_replica_routed_and_reports_it_back()
         assert theirs.forwarded == 3 and theirs.foreign == 0 and in_flight(observer) == 0
         # the pick was recorded on the router: the same prompt goes there again
         assert (await route(router))[0] == dest
+        async with asyncio.timeout(5):  # the housekeeping loop exports the counts
+            while reg.get_sample_value("epp_response_observer_requests_total",
+                                       {"outcome": "claimed_by_peer"}) != 1:  # fmt: skip
+                await asyncio.sleep(0.02)
+        forwarded = observer.handle.registry.get_sample_value(
+            "epp_response_observer_requests_total", {"outcome": "forwarded"})
+        async with asyncio.timeout(5):
+            while forwarded != 3:
+                await asyncio.sleep(0.02)
+                forwarded = observer.handle.registry.get_sample_value(
+                    "epp_response_observer_requests_total", {"outcome": "forwarded"})
     finally:
         for e in (router, observer):
             await stop_epp(e)
