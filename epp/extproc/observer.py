@@ -179,44 +179,48 @@ class ResponseHandoff:
         replica's tokens; ignore the rest (another replica's, or already expired)."""
         now = self._clock()
         mine = self._prefix + "-"
-        director = self._director
         for obs in observations:
-            token = obs.token
-            if not token.startswith(mine):
-                continue
-            kind = obs.kind
-            if kind == Kind.CLAIMED:
-                entry = self._pending.pop(token, None)
-                if entry is not None:
-                    self.claimed += 1
-                    self.claimed_by_peer += 1
-                    self._remote[token] = (now + REMOTE_WAIT_S, entry[1], None)
-                continue
-            remote = self._remote.get(token)
-            if remote is None:
-                continue
-            self.remote_applied += 1
-            deadline, routing, first_s = remote
-            if kind == Kind.FIRST_BYTES:
-                first_s = now - max(0.0, obs.age_s)
-                self._remote[token] = (deadline, routing, first_s)
-                director.first_token(routing, first_s - routing.started_s)
-                continue
-            del self._remote[token]
-            if kind == Kind.ENDED:
-                director.abandon(routing, "cancelled")
-                continue
-            if obs.first_bytes_age_s >= 0:
-                first_s = now - obs.first_bytes_age_s
-            director.finish(routing, ResponseInfo(
-                status=obs.status,
-                prompt_tokens=obs.prompt_tokens,
-                cached_tokens=None if obs.cached_tokens < 0 else obs.cached_tokens,
-                completion_tokens=obs.completion_tokens,
-                generated_text=obs.generated_text,
-                response_bytes=obs.response_bytes,
-                ttft_s=None if first_s is None else first_s - routing.started_s,
-            ))  # fmt: skip
+            if obs.token.startswith(mine):
+                try:
+                    self._apply_one(obs, now)
+                except Exception:  # a bug: keep the sync stream and the other observations
+                    log.exception("applying a peer's observation of %s failed", obs.token)
+
+    def _apply_one(self, obs: sync_pb2.Observation, now: float) -> None:
+        token, kind = obs.token, obs.kind
+        if kind == Kind.CLAIMED:
+            entry = self._pending.pop(token, None)
+            if entry is not None:
+                self.claimed += 1
+                self.claimed_by_peer += 1
+                self._remote[token] = (now + REMOTE_WAIT_S, entry[1], None)
+            return
+        remote = self._remote.get(token)
+        if remote is None:  # expired, or the claim was lost
+            return
+        self.remote_applied += 1
+        deadline, routing, first_s = remote
+        director = self._director
+        if kind == Kind.FIRST_BYTES:
+            first_s = now - max(0.0, obs.age_s)
+            self._remote[token] = (deadline, routing, first_s)
+            director.first_token(routing, first_s - routing.started_s)
+            return
+        del self._remote[token]
+        if kind == Kind.ENDED:
+            director.abandon(routing, "cancelled")
+            return
+        if obs.first_bytes_age_s >= 0:
+            first_s = now - obs.first_bytes_age_s
+        director.finish(routing, ResponseInfo(
+            status=obs.status,
+            prompt_tokens=obs.prompt_tokens,
+            cached_tokens=None if obs.cached_tokens < 0 else obs.cached_tokens,
+            completion_tokens=obs.completion_tokens,
+            generated_text=obs.generated_text,
+            response_bytes=obs.response_bytes,
+            ttft_s=None if first_s is None else first_s - routing.started_s,
+        ))  # fmt: skip
 
     def expire(self, now: float | None = None) -> int:
         """Release what waited past ``wait_s`` (oldest first: deadlines only grow), and what

@@ -75,3 +75,60 @@ def test_what_waits_past_the_wait_is_released_oldest_first(caplog: pytest.LogCap
 def test_the_wait_must_be_positive() -> None:
     with pytest.raises(ValueError, match="observer wait"):
         make(wait_s=0)
+
+
+class Lifecycle(Abandons):
+    def __init__(self, fail_finish: bool = False) -> None:
+        super().__init__()
+        self.finished: list[tuple[Any, Any]] = []
+        self.first: list[tuple[Any, float]] = []
+        self.fail_finish = fail_finish
+
+    def finish(self, routing: Any, info: Any) -> None:
+        if self.fail_finish:
+            raise RuntimeError("a bug")
+        self.finished.append((routing, info))
+
+    def first_token(self, routing: Any, ttft_s: float) -> None:
+        self.first.append((routing, ttft_s))
+
+
+class Started:
+    def __init__(self, name: str, started_s: float) -> None:
+        self.name, self.started_s = name, started_s
+
+
+def test_peer_observations_act_on_this_replicas_tokens_only(caplog: pytest.LogCaptureFixture) -> None:
+    from epp.sync.gen import sync_pb2
+
+    kind = sync_pb2.Observation.Kind
+    clock, director = Clock(), Lifecycle()
+    handoff = ResponseHandoff(cast(Director, director), 5.0, clock)
+    a = cast(Routing, Started("a", 100.0))
+    token = handoff.offer(a)
+    other = ResponseHandoff(cast(Director, Lifecycle()), 5.0, clock).offer(routing("x"))
+    clock.now = 101.0
+    obs = sync_pb2.Observation
+    handoff.apply_remote([
+        obs(token=other, kind=kind.CLAIMED),  # another replica's: ignored
+        obs(token=token, kind=kind.CLAIMED),
+        obs(token=token, kind=kind.FIRST_BYTES, age_s=0.25),
+    ])  # fmt: skip
+    assert handoff.claimed_by_peer == 1 and director.first == [(a, 0.75)]
+    clock.now += 100  # past the local wait: a peer-claimed request waits for its end
+    handoff.expire()
+    assert director.calls == []
+    handoff.apply_remote([obs(token=token, kind=kind.FINISHED, status=200, prompt_tokens=9,
+                              cached_tokens=-1, first_bytes_age_s=-1, generated_text="hi")])  # fmt: skip
+    ((routing_, info),) = director.finished
+    assert routing_ is a and info.prompt_tokens == 9 and info.cached_tokens is None
+    assert info.generated_text == "hi" and info.ttft_s == pytest.approx(0.75)
+    assert len(handoff) == 0 and handoff.counts()["claimed_by_peer"] == 1
+    # a failing application is logged; the next observation is still applied
+    failing = ResponseHandoff(cast(Director, Lifecycle(fail_finish=True)), 5.0, clock)
+    t1, t2 = failing.offer(routing("1")), failing.offer(routing("2"))
+    failing.apply_remote([obs(token=t1, kind=kind.CLAIMED), obs(token=t2, kind=kind.CLAIMED)])
+    with caplog.at_level(logging.ERROR):
+        failing.apply_remote([obs(token=t1, kind=kind.FINISHED), obs(token=t2, kind=kind.ENDED)])
+    assert "applying a peer's observation" in caplog.text
+    assert cast(Lifecycle, failing._director).calls == [("2", "cancelled")]
