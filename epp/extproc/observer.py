@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -56,6 +57,10 @@ the observer filter sees the request headers as soon as the routing filter lets 
 _WARN_EVERY_S = 60.0
 REMOTE_WAIT_S = 900.0
 """How long a request another replica observes may take to end (then: ``unobserved``)."""
+
+
+_TOKEN = re.compile(r"[0-9a-f]{12}-[0-9a-f]{1,16}")
+"""What ``offer`` issues: the process's prefix (6 random bytes), a counter in hex."""
 
 
 def _bounded(value: int, top: int = (1 << 62)) -> int:
@@ -148,8 +153,12 @@ class ResponseHandoff:
 
     def forwards(self, token: str) -> bool:
         """Whether an observer stream with ``token`` (unknown here) reports to the peers:
-        index sync is on and the token is another process's."""
-        return self.publish is not None and not token.startswith(self._prefix + "-")
+        index sync is on and the token has the shape of another epp process's."""
+        return (
+            self.publish is not None
+            and not token.startswith(self._prefix + "-")
+            and _TOKEN.fullmatch(token) is not None
+        )
 
     def observed(
         self, token: str, kind: int, first_s: float | None = None, info: ResponseInfo | None = None

@@ -132,3 +132,15 @@ def test_peer_observations_act_on_this_replicas_tokens_only(caplog: pytest.LogCa
         failing.apply_remote([obs(token=t1, kind=kind.FINISHED), obs(token=t2, kind=kind.ENDED)])
     assert "applying a peer's observation" in caplog.text
     assert cast(Lifecycle, failing._director).calls == [("2", "cancelled")]
+
+
+def test_only_token_shaped_values_of_other_processes_are_forwarded() -> None:
+    handoff, _, _ = make()
+    handoff.publish = lambda _obs: None
+    other = make()[0].offer(routing("x"))
+    assert handoff.forwards(other)
+    assert not handoff.forwards(handoff.offer(routing("y")))  # its own
+    for garbage in ("mine", "", "x" * 300, other + "-1", other.upper()):
+        assert not handoff.forwards(garbage)
+    handoff.publish = None
+    assert not handoff.forwards(other)  # no sync: nothing to forward to
