@@ -416,10 +416,15 @@ def test_envoy_bootstrap_parses_into_envoy_protos() -> None:
 def test_envoy_observer_bootstrap_routes_in_one_filter_and_observes_in_the_next() -> None:
     from envoy.config.bootstrap.v3 import bootstrap_pb2
     from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
+    from envoy.extensions.filters.http.router.v3 import router_pb2
     from envoy.extensions.filters.network.http_connection_manager.v3 import (
         http_connection_manager_pb2 as hcm_pb2,
     )
+    from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
     from google.protobuf import json_format
+
+    # ParseDict resolves each typed_config against the types imported so far
+    assert router_pb2.Router and http_protocol_options_pb2.HttpProtocolOptions
 
     raw = yaml.safe_load((DEPLOY / "envoy" / "envoy-observer.yaml").read_text())
     bootstrap = json_format.ParseDict(raw, bootstrap_pb2.Bootstrap())
@@ -438,6 +443,7 @@ def test_envoy_observer_bootstrap_routes_in_one_filter_and_observes_in_the_next(
     assert (o.request_header_mode, o.request_body_mode) == (pm.SEND, pm.NONE)
     # observability_mode supports STREAMED bodies only
     assert (o.response_header_mode, o.response_body_mode) == (pm.SEND, pm.STREAMED)
+    assert o.response_trailer_mode == pm.SEND  # a response with trailers ends there
     assert routing.grpc_service.envoy_grpc.cluster_name == observer.grpc_service.envoy_grpc.cluster_name
 
 
