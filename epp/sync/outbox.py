@@ -34,6 +34,17 @@ class OutboxRead:
     """Writes between the cursor and the oldest one still held: lost to this reader."""
 
 
+def _window(head: int, capacity: int, cursor: int, most: int) -> tuple[int, int, int]:
+    """A reader's next window of a ring that has seen ``head`` items and holds the last
+    ``capacity``: (first, end, dropped), where ``dropped`` items fell out of the ring
+    between ``cursor`` and the oldest one still held."""
+    oldest = max(0, head - capacity)
+    dropped = 0
+    if cursor < oldest:
+        dropped, cursor = oldest - cursor, oldest
+    return cursor, min(head, cursor + most), dropped
+
+
 def _no_wakeup() -> None:
     return None
 
@@ -80,12 +91,7 @@ class Outbox:
     def read(self, cursor: int, max_records: int, max_chunks: int = 1 << 62) -> OutboxRead:
         """Writes from ``cursor`` on: at most ``max_records``, and no more chunks than
         ``max_chunks`` (unless the first write alone exceeds it)."""
-        head = self._head
-        oldest = max(0, head - self.capacity)
-        dropped = 0
-        if cursor < oldest:
-            dropped, cursor = oldest - cursor, oldest
-        end = min(head, cursor + max_records)
+        cursor, end, dropped = _window(self._head, self.capacity, cursor, max_records)
         cap = self.capacity
         writes: list[OwnWrite] = []
         chunks = 0
@@ -131,11 +137,6 @@ class ObservationBox:
         self._head += 1
 
     def read(self, cursor: int, max_items: int) -> ObservationRead:
-        head = self._head
-        oldest = max(0, head - self.capacity)
-        dropped = 0
-        if cursor < oldest:
-            dropped, cursor = oldest - cursor, oldest
-        end = min(head, cursor + max_items)
+        cursor, end, dropped = _window(self._head, self.capacity, cursor, max_items)
         items = [self._items[seq % self.capacity] for seq in range(cursor, end)]
         return ObservationRead(items, end, dropped)

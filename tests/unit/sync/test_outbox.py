@@ -96,3 +96,17 @@ def test_every_write_is_either_delivered_in_order_or_counted_as_dropped(
     got += [w.stamp_s for w in read.writes]
     assert got == sorted(got) and len(set(got)) == len(got)
     assert len(got) + dropped == n
+
+
+def test_the_observation_ring_keeps_the_newest_and_counts_what_a_reader_missed() -> None:
+    from epp.sync.outbox import ObservationBox
+
+    box = ObservationBox(capacity=4)
+    start = box.head
+    for i in range(10):
+        box.append(f"o{i}", float(i))
+    read = box.read(start, 3)
+    assert read.dropped == 6 and [o for o, _ in read.items] == ["o6", "o7", "o8"]
+    rest = box.read(read.next_cursor, 3)
+    assert rest.dropped == 0 and rest.items == [("o9", 9.0)] and rest.next_cursor == box.head
+    assert box.read(box.head, 3).items == []
