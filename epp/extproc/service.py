@@ -96,7 +96,6 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             self.open_streams -= 1
             stream.close()
 
-
     async def _refuse(self, context: Any) -> None:
         self.refused_streams += 1
         if not self._refusing:

@@ -349,9 +349,8 @@ async def _start_rest(
         handle.sync = SyncNode(opts.sync, producer, ds, metrics)
         handoff = handle.service.handoff
         if handoff is not None:  # observer streams that reach another replica report here
-            node = handle.sync
-            handoff.publish = lambda obs: node.service.observations.append(obs, time.monotonic())
-            node.on_observations = handoff.apply_remote
+            handoff.publish = handle.sync.publish_observation
+            handle.sync.on_observations = handoff.apply_remote
         try:
             handle.sync_port = await handle.sync.start(opts.host)
         except (RuntimeError, OSError):

@@ -201,20 +201,17 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
                 event = self._wakeup.event
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), self._opts.flush_interval_s)
-                observed = observations.read(seen, self._opts.batch_records)
-                seen = observed.next_cursor
+                most = self._opts.batch_records
                 while True:
-                    read = outbox.read(cursor, self._opts.batch_records, _MAX_BATCH_CHUNKS)
+                    read = outbox.read(cursor, most, _MAX_BATCH_CHUNKS)
+                    observed = observations.read(seen, most)
                     if not read.writes and not read.dropped and not observed.items:
                         break
-                    cursor = read.next_cursor
+                    cursor, seen = read.next_cursor, observed.next_cursor
                     batch = self._encode(read)
-                    if observed.items:
-                        self._add_observations(batch, observed.items)
-                        observed = observations.read(seen, self._opts.batch_records)
-                        seen = observed.next_cursor
+                    self._add_observations(batch, observed.items)
                     yield batch
-                    if len(read.writes) < self._opts.batch_records and not observed.items:
+                    if len(read.writes) < most and len(observed.items) < most:
                         break
         finally:
             self.subscribers -= 1
@@ -222,6 +219,8 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
             log.info("sync subscriber %s left", request.replica_id)
 
     def _add_observations(self, batch: Any, items: list[tuple[Any, float]]) -> None:
+        if not items:
+            return
         now = self._clock()
         for observation, stamp in items:
             added = batch.observations.add()
@@ -318,6 +317,11 @@ class SyncNode:
                  sorted(self.peers.addresses) or "none",
                  f", resolving {self.options.peer_dns}" if self.options.peer_dns else "")
         return self.port
+
+    def publish_observation(self, observation: Any) -> None:
+        """Queue an observation of a peer's request for every subscriber (stamped now on
+        this node's clock; sent with its age)."""
+        self.service.observations.append(observation, self._clock())
 
     def refresh_metrics(self) -> None:
         """Periodic (housekeeping): counters the request path keeps as plain ints."""

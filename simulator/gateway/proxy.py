@@ -23,7 +23,7 @@ import itertools
 import logging
 import random
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -190,17 +190,21 @@ def _check_length(headers: HeaderList, body: bytes, where: str) -> None:
 
 
 async def _pump(
-    stream: ExtProcStream,
+    send: Callable[[pb.ProcessingRequest], Awaitable[None]],
     content: aiohttp.StreamReader,
     message: Callable[[bytes, bool], pb.ProcessingRequest],
+    forward: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> None:
-    """Send body chunks as they arrive (no waiting), ``end_of_stream`` on the last one."""
+    """Send body chunks as they arrive (no waiting), ``end_of_stream`` on the last one;
+    ``forward``: pass each chunk on first (the observer mode's client)."""
     ended = False
     async for chunk in content.iter_any():
+        if forward is not None:
+            await forward(chunk)
         ended = content.at_eof()
-        await stream.write(message(chunk, ended))
+        await send(message(chunk, ended))
     if not ended:
-        await stream.write(message(b"", True))
+        await send(message(b"", True))
 
 
 _DISCARD_LIMIT_BYTES = 64 << 20
@@ -344,7 +348,7 @@ class EppExchange:
         has_body = request.body_exists
         await stream.write(xp.request_headers(headers, not has_body))
         sender = (
-            asyncio.create_task(_pump(stream, request.content, xp.request_body))
+            asyncio.create_task(_pump(stream.write, request.content, xp.request_body))
             if has_body
             else None
         )
@@ -432,13 +436,7 @@ class EppExchange:
         out = _response(up.status, headers, upstream.address)
         await out.prepare(request)
         if has_body:
-            ended = False
-            async for chunk in up.content.iter_any():
-                await out.write(chunk)
-                ended = up.content.at_eof()
-                await watcher.send(xp.response_body(chunk, ended))
-            if not ended:
-                await watcher.send(xp.response_body(b"", True))
+            await _pump(watcher.send, up.content, xp.response_body, forward=out.write)
         await out.write_eof()
         return out
 
@@ -451,7 +449,7 @@ class EppExchange:
         mode = stream.response_mode if has_body else xp.NONE
         await stream.write(xp.response_headers(headers, not has_body))
         sender = (
-            asyncio.create_task(_pump(stream, up.content, xp.response_body))
+            asyncio.create_task(_pump(stream.write, up.content, xp.response_body))
             if mode == xp.FULL_DUPLEX_STREAMED
             else None
         )

@@ -4,14 +4,14 @@ Envoy's observability_mode carries the response (send and go). The streams are l
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from tests.integration import envoy_client as ec
-from tests.integration.extproc_fixtures import Epp, start_epp, stop_epp
+from tests.integration.extproc_fixtures import Epp, pool, start_epp, stop_epp
+from tests.integration.test_sync import connect, connected, sync_options, until
 
 BODY = json.dumps({"model": "m", "prompt": "observe this please " * 40}).encode()
 SSE = (
@@ -19,6 +19,12 @@ SSE = (
     b'data: {"choices":[{"text":"lo"}],"usage":{"prompt_tokens":9,"completion_tokens":2,'
     b'"prompt_tokens_details":{"cached_tokens":6}}}\n\ndata: [DONE]\n\n',
 )
+
+
+def outcome(e: Epp, name: str) -> float | None:
+    return e.handle.registry.get_sample_value(
+        "epp_response_observer_requests_total", {"outcome": name}
+    )
 
 
 def in_flight(e: Epp) -> int:
@@ -59,16 +65,12 @@ async def observe(e: Epp, token: str, chunks: tuple[bytes, ...] = SSE, complete:
     else:  # the client goes away mid-response, once epp has the response in hand
         handoff = e.handle.service.handoff
         assert handoff is not None
-        async with asyncio.timeout(5):
-            while handoff.claimed == 0:
-                await asyncio.sleep(0.01)
+        await until(lambda: handoff.claimed > 0, "the observer stream claimed the request")
         s.call.cancel()
 
 
 async def settled(e: Epp) -> None:
-    async with asyncio.timeout(5):
-        while in_flight(e):
-            await asyncio.sleep(0.01)
+    await until(lambda: in_flight(e) == 0, "the request released")
 
 
 async def test_the_observer_stream_carries_the_response_and_releases_the_request() -> None:
@@ -109,9 +111,8 @@ async def test_an_unclaimed_request_is_released_as_unobserved_and_a_stale_token_
         _, token = await route(e)
         handoff = e.handle.service.handoff
         assert handoff is not None
-        async with asyncio.timeout(5):  # the housekeeping loop expires it without traffic
-            while handoff.unobserved == 0:
-                await asyncio.sleep(0.01)
+        # the housekeeping loop expires it without traffic
+        await until(lambda: handoff.unobserved > 0, "the request expired")
         assert in_flight(e) == 0
         await observe(e, token)  # too late: observed, nothing to release, nothing breaks
         assert handoff.claimed == 0 and in_flight(e) == 0 and handoff.foreign == 0
@@ -176,9 +177,6 @@ async def test_without_the_flag_no_token_is_set() -> None:
 
 
 async def _synced_pair() -> list[Epp]:
-    from tests.integration.extproc_fixtures import pool
-    from tests.integration.test_sync import connect, connected, sync_options, until
-
     pair = [await start_epp(pool(4), sync=sync_options(), response_observer_wait_s=30.0)
             for _ in range(2)]  # fmt: skip
     connect(pair)
@@ -203,17 +201,9 @@ async def test_a_peer_observes_what_another_replica_routed_and_reports_it_back()
         assert theirs.forwarded == 3 and theirs.foreign == 0 and in_flight(observer) == 0
         # the pick was recorded on the router: the same prompt goes there again
         assert (await route(router))[0] == dest
-        async with asyncio.timeout(5):  # the housekeeping loop exports the counts
-            while reg.get_sample_value("epp_response_observer_requests_total",
-                                       {"outcome": "claimed_by_peer"}) != 1:  # fmt: skip
-                await asyncio.sleep(0.02)
-        forwarded = observer.handle.registry.get_sample_value(
-            "epp_response_observer_requests_total", {"outcome": "forwarded"})
-        async with asyncio.timeout(5):
-            while forwarded != 3:
-                await asyncio.sleep(0.02)
-                forwarded = observer.handle.registry.get_sample_value(
-                    "epp_response_observer_requests_total", {"outcome": "forwarded"})
+        # the housekeeping loops export the counts
+        await until(lambda: outcome(router, "claimed_by_peer") == 1, "the router's count")
+        await until(lambda: outcome(observer, "forwarded") == 3, "the observer's count")
     finally:
         for e in (router, observer):
             await stop_epp(e)
@@ -230,9 +220,7 @@ async def test_a_peer_that_loses_the_client_mid_response_releases_the_request_as
                      observed(ec.response_body(SSE[0], False)))  # fmt: skip
         handoff = observer.handle.service.handoff
         assert handoff is not None
-        async with asyncio.timeout(5):
-            while handoff.forwarded < 2:  # claimed, first bytes
-                await asyncio.sleep(0.01)
+        await until(lambda: handoff.forwarded >= 2, "claimed and first bytes forwarded")
         s.call.cancel()
         await settled(router)
         reg = router.handle.registry
