@@ -37,13 +37,18 @@ from dataclasses import dataclass, field
 from epp.datastore.endpoint import EndpointId, Metrics
 from epp.datastore.scraper import DEFAULT_INTERVAL_S
 from epp.prefix.kvevents import EventBatch, Kind, KvEvent
-from epp.request.types import ApiKind
 from epp.scheduling.types import ResponseInfo
-from simulator.model.cache import PrefixCache, model_seed, text_block_hashes
+from simulator.model.cache import PrefixCache, model_seed
 from simulator.model.cost import CostModel
 from simulator.model.engine import Engine, EngineConfig, EngineRequest, RequestTooLarge
 from simulator.replay.policies import Arrival, Cluster, Policy, PolicyFactory
-from simulator.replay.workload import TraceRequest, Workload, engine_block_hashes, reply_text
+from simulator.replay.workload import (
+    TraceRequest,
+    Workload,
+    engine_block_hashes,
+    final_block_hashes,
+    reply_text,
+)
 
 _EVENT_KINDS = {"stored": Kind.STORED, "removed": Kind.REMOVED, "cleared": Kind.CLEARED}
 
@@ -391,7 +396,6 @@ class _Run:
     def _start(self, arrival: Arrival, replica: int, t: float) -> None:
         """The request reaches ``replica`` at ``t``."""
         req = arrival.request
-        bs = self.cfg.block_size_tokens
         outcome = self.pending.pop(req.request_id)
         outcome.replica = replica
         outcome.dispatched_s = t
@@ -399,9 +403,7 @@ class _Run:
         if router >= 0:
             self.in_flight[router][replica] += 1
         reply = reply_text(req)
-        final = None
-        if req.api is ApiKind.CHAT and reply:
-            final = text_block_hashes(req.prompt + "<|assistant|>" + reply, bs, self.seed)
+        final = final_block_hashes(req, reply, self.cfg.block_size_tokens, self.seed)
         ereq = EngineRequest(req.request_id, req.prompt_tokens, arrival.block_hashes,
                              req.output_tokens, final)  # fmt: skip
         self.live[req.request_id] = _Live(arrival, outcome, reply)

@@ -129,6 +129,17 @@ def reply_text(request: TraceRequest) -> str:
     return generate_text(request.prompt, request.output_tokens)
 
 
+def final_block_hashes(
+    request: TraceRequest, reply: str, block_size_tokens: int, seed: int
+) -> list[int] | None:
+    """The blocks a replica keeps cached once a chat request's reply ends (its prompt, the
+    assistant marker and ``reply``), which the conversation's next turn starts with; None
+    where the cache keeps only the prompt's blocks."""
+    if request.api is not ApiKind.CHAT or not reply:
+        return None
+    return text_block_hashes(request.prompt + "<|assistant|>" + reply, block_size_tokens, seed)
+
+
 # --- Mooncake ---------------------------------------------------------------------------
 
 
@@ -543,6 +554,7 @@ __all__ = [
     "Workload",
     "build_generator",
     "engine_block_hashes",
+    "final_block_hashes",
     "reply_text",
     "scaled_rate",
 ]
