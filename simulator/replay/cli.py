@@ -22,6 +22,7 @@ from rich.progress import (
 from epp.config.loader import default_config, load_config
 from epp.errors import ConfigError
 from simulator.clihelp import HelpFormatter
+from simulator.replay.bound import bound_percentile, ttft_lower_bounds
 from simulator.replay.policies import POLICY_NAMES, policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
 from simulator.replay.report import PolicyStats, print_table, summarize
@@ -207,6 +208,13 @@ def run(args: argparse.Namespace) -> int:
     if sweep is None:
         results, stats = _run_policies(workload, config, specs, epp_cfg, console, progress)
         print_table(stats, console, title=_title(workload, config))
+        bounds = ttft_lower_bounds(workload.requests(), config.cost, config.block_size_tokens,
+                                   config.model)  # fmt: skip
+        p50, p90, p99 = (bound_percentile(bounds, config.kv_blocks, q) for q in (50, 90, 99))
+        console.print(
+            f"TTFT no policy beats (simulator/replay/bound.py): p50 {p50:.2f}s, p90 {p90:.2f}s, "
+            f"p99 {p99:.2f}s", highlight=False,
+        )  # fmt: skip
         rows = [s.to_json() for s in stats]
         if args.plot_dir:
             from simulator.replay.plots import write_plots

@@ -109,3 +109,14 @@ def test_the_bound_holds_on_the_mooncake_trace_in_overload(policy: str) -> None:
         assert o.first_token_s - o.arrival_s >= by_id[o.request_id].bound_s - 1e-9
     p90 = summarize(result).ttft_p90_s
     assert bound_percentile(bounds, config.kv_blocks, 90) <= p90
+
+
+def test_the_replay_prints_the_bound_under_its_table(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulator.cli import main
+
+    assert main(["replay", "--workload", "chat", "--set", "num_sessions=8", "--policies",
+                 "epp", "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("TTFT no policy beats"))
+    p50, p90, p99 = (float(x.split()[-1].rstrip("s,")) for x in line.split(": ")[1].split(", "))
+    assert 0 < p50 <= p90 <= p99
