@@ -27,6 +27,8 @@ server's rounds.
     python tests/bench/bench_extproc.py --config my-epp.yaml   # epp with another config
     python tests/bench/bench_extproc.py --sync-noop   # grpc's thread-pool server vs grpc.aio
     python tests/bench/bench_extproc.py --uvloop epp-vs-epp  # what uvloop's loop gives epp
+    python tests/bench/bench_extproc.py --without route,record   # epp with parts of its work
+                                                                 # taken out (see WITHOUT)
 """
 
 from __future__ import annotations
@@ -164,6 +166,74 @@ PHASES = [
 ]
 
 
+WITHOUT = {
+    # --without PART: epp's server with that part of its per-request work taken out, to show
+    # what the ratios would be if it cost nothing (a ceiling for optimizing it, not a mode
+    # epp can run in)
+    "parse": "the request body is parsed and validated once; every later request reuses it",
+    "route": "the first request's decision is reused: no hashing, index match, scoring or pick",
+    "record": "the pick is not recorded in the prefix index (nor scheduling metrics observed)",
+    "response": "response bodies pass through unread (no usage, no reply text)",
+    "learn": "the scheduler learns nothing from responses (on_response is a no-op)",
+    "metrics": "no request-path Prometheus metrics",
+}
+
+
+def _take_out(parts: list[str]) -> None:
+    """Replace the named parts of epp's request path (``WITHOUT``) with next to nothing."""
+    from epp.observability.metrics import EppMetrics
+    from epp.request import parse
+    from epp.requestcontrol import director, response
+    from epp.scheduling.scheduler import Scheduler
+
+    def nothing(*_: object, **__: object) -> None:
+        return None
+
+    if "parse" in parts:
+        first_parse: list[Any] = []
+        real_parse = parse.RequestParser.parse
+
+        def parse_once(self: Any, path: str, headers: Any, body: bytes) -> Any:
+            if not first_parse:
+                first_parse.append(real_parse(self, path, headers, body))
+            return parse.ParsedRequest(first_parse[0].request, body, False)
+
+        parse.RequestParser.parse = parse_once  # type: ignore[method-assign]
+    if "route" in parts:
+        first_route: list[Any] = []
+        real_route = director.Director._route
+
+        def route_once(self: Any, request: Any, subset: Any, request_bytes: int) -> Any:
+            if not first_route:
+                first_route.append(real_route(self, request, subset, request_bytes))
+            r = first_route[0]
+            self._datastore.request_started(r.target_id)
+            return director.Routing(request, r.result, r.destination, time.monotonic(), 0.0,
+                                    request_bytes)  # fmt: skip
+
+        director.Director._route = route_once  # type: ignore[method-assign]
+    if "record" in parts:
+        def settle(self: Any, routing: Any) -> None:
+            routing.settled = True
+
+        director.Director.settle = settle  # type: ignore[method-assign]
+    if "response" in parts:
+        response.ResponseReader.feed = lambda self, chunk, end: chunk  # type: ignore[method-assign]
+    if "learn" in parts:
+        Scheduler.on_response = nothing  # type: ignore[method-assign]
+    if "metrics" in parts:
+        for name in ("objective_done", "request_done", "plugin_timings", "usage",
+                     "request_running"):  # fmt: skip
+            setattr(EppMetrics, name, nothing)
+        real_init = EppMetrics.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            real_init(self, *args, **kwargs)
+            self.scheduled = self.schedule_failed = self.observe_scheduling = nothing
+
+        EppMetrics.__init__ = init  # type: ignore[method-assign]
+
+
 def _install_phase_timers() -> dict[str, list[float]]:
     """Wrap each PHASES function with a perf_counter timer and time the garbage collector's
     passes per generation; SIGUSR1 prints and resets."""
@@ -211,13 +281,16 @@ def _install_phase_timers() -> dict[str, list[float]]:
     return totals
 
 
-async def serve_epp(scraped_ports: list[int], phases: bool = False, config: str = "") -> None:
+async def serve_epp(scraped_ports: list[int], phases: bool = False, config: str = "",
+                    without: list[str] | None = None) -> None:
     from epp.config.loader import load_config
     from epp.datastore.endpoint import Endpoint, Metrics, endpoint_id
     from epp.server.runner import ServerOptions, start_server
 
     if phases:
         _install_phase_timers()
+    if without:
+        _take_out(without)
 
     if scraped_ports:
         # while the no-op server is measured this process is stopped (SIGSTOP), so each
@@ -330,9 +403,10 @@ async def drive(port: int, bodies: list[bytes], concurrency: int, sse: int = 0
     return len(bodies) / elapsed, latencies
 
 
-SETTINGS = {"config": "", "uvloop": ""}
+SETTINGS = {"config": "", "uvloop": "", "without": ""}
 """``config``: ``--config``, the config epp serves with (a file or a shipped name; "": the
-shipped default). ``uvloop``: ``--uvloop`` ("", "epp", "both" or "epp-vs-epp")."""
+shipped default). ``uvloop``: ``--uvloop`` ("", "epp", "both" or "epp-vs-epp").
+``without``: ``--without``, the parts taken out of epp (comma-separated, ``WITHOUT``)."""
 
 UVLOOP_CHOICES = {
     "epp": "epp on uvloop, the no-op on asyncio's loop",
@@ -356,6 +430,7 @@ def start(kind: str, ports: list[int] | None = None, phases: bool = False, slot:
     extra += ["--on-uvloop"] if _uvloop_for(slot or kind) else []
     extra += ["--phases"] if phases else []
     extra += ["--config", SETTINGS["config"]] if kind == "epp" and SETTINGS["config"] else []
+    extra += ["--without", SETTINGS["without"]] if kind == "epp" and SETTINGS["without"] else []
     if kind.startswith("spin:"):
         kind, extra = "noop", [*extra, "--spin-us", kind.partition(":")[2]]
     proc = subprocess.Popen(
@@ -445,6 +520,8 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
         how = "in place of epp"
     elif SETTINGS["config"]:
         how += f", epp --config {SETTINGS['config']}"
+    if contender == "epp" and SETTINGS["without"]:
+        how += f", epp without {SETTINGS['without']} (--without: a ceiling, not a mode of epp)"
     if sse:
         how += f", replies streamed as {sse} SSE events"
     if SETTINGS["uvloop"]:
@@ -599,12 +676,20 @@ def main() -> None:
                     help="run servers on uvloop's event loop (pip install uvloop; not a "
                          "dependency of epp): "
                          + "; ".join(f"{k}: {v}" for k, v in UVLOOP_CHOICES.items()))
+    ap.add_argument("--without", default="", metavar="PART,...",
+                    help="take these parts of epp's per-request work out, to show what the "
+                         "ratios would be if they cost nothing: "
+                         + "; ".join(f"{k}: {v}" for k, v in WITHOUT.items()))
     ap.add_argument("--on-uvloop", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--scraped-ports", default="", help=argparse.SUPPRESS)
     ap.add_argument("--spin-us", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     SETTINGS["config"] = args.config
     SETTINGS["uvloop"] = args.uvloop
+    without = [p.strip() for p in args.without.split(",") if p.strip()]
+    if unknown := [p for p in without if p not in WITHOUT]:
+        ap.error(f"--without: unknown part {unknown[0]!r}; choose from {', '.join(WITHOUT)}")
+    SETTINGS["without"] = ",".join(without)
     if args.uvloop:
         if args.phases or args.calibrate or args.sync_noop:
             ap.error("--uvloop goes with the comparison only (not --phases, --calibrate, "
@@ -635,7 +720,7 @@ def main() -> None:
         serve_sync_noop()
     elif args.serve == "epp":
         run(serve_epp([int(p) for p in args.scraped_ports.split(",") if p],
-                      phases=args.phases, config=args.config))
+                      phases=args.phases, config=args.config, without=without))
     elif args.phases:
         top = max(int(c) for c in args.concurrency.split(","))
         for mode in args.metrics.split(","):
