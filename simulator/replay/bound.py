@@ -71,15 +71,14 @@ def ttft_lower_bounds(
         blocks = engine_block_hashes(req, bs, seed)
         prompts.append(blocks)
         final = final_block_hashes(req, reply_text(req), bs, seed)
-        t = req.arrival_s
-        # the reply's blocks are cached when it ends: after at least the least prefill and
-        # one decode step per output token
-        t_final = t + cost.prefill_s(0) + req.output_tokens * cost.decode_step_s(1)
-        brought = [(h, t) for h in blocks]
+        # the prompt's blocks come with the request; the reply's when it ends, after at
+        # least the least prefill and one decode step per output token
+        brought = dict.fromkeys(blocks, req.arrival_s)
         if final is not None:
-            prompt_blocks = set(blocks)
-            brought += [(h, t_final) for h in final if h not in prompt_blocks]
-        for h, t in brought:
+            ends = req.arrival_s + cost.prefill_s(0) + req.output_tokens * cost.decode_step_s(1)
+            for h in final:
+                brought.setdefault(h, ends)
+        for h, t in brought.items():
             seen = first.get(h)
             if seen is None:
                 first[h] = (t, i)
