@@ -137,6 +137,19 @@ class PrefixCache:
         self.events: CacheEventSink | None = None
         """Where KV-cache events go (the emulator's publisher, the replay's event feed)."""
 
+    def clone(self) -> PrefixCache:
+        """An independent copy of the cache's state, with no event sink: a what-if run on it
+        (``Engine.first_token_if``) changes nothing here and reports nothing."""
+        c = PrefixCache(self.num_blocks, self.block_size_tokens)
+        c._ref = dict(self._ref)
+        c._cached = self._cached.copy()
+        c._held = {k: _Held(list(h.hashes), h.anon_blocks) for k, h in self._held.items()}
+        c._anon = self._anon
+        c._free = self._free
+        c.queries_tokens = self.queries_tokens
+        c.hits_tokens = self.hits_tokens
+        return c
+
     # -- read-only views -------------------------------------------------------------------
 
     @property

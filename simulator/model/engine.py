@@ -40,6 +40,7 @@ Requests submitted at the same instant are admitted together, at the boundary th
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from collections import deque
@@ -213,6 +214,40 @@ class Engine:
         self._first = []
         self._finished = []
         return result
+
+    def clone(self) -> Engine:
+        """An independent copy of the engine and its cache (no event sink)."""
+        e = Engine(self.cache.clone(), self.cost, self.config)
+        seqs = {id(s): copy.copy(s) for s in (*self._waiting, *self._running.values())}
+        e._waiting = deque(seqs[id(s)] for s in self._waiting)
+        e._waiting_ids = set(self._waiting_ids)
+        e._running = {rid: seqs[id(s)] for rid, s in self._running.items()}
+        e._finish_heap = list(self._finish_heap)
+        e._steps = self._steps
+        e._order = self._order
+        e._adapters_running = dict(self._adapters_running)
+        e._seg_start = self._seg_start
+        e._seg_end = self._seg_end
+        e._seg_prefill_s = self._seg_prefill_s
+        e._seg_step_s = self._seg_step_s
+        e._seg_steps = self._seg_steps
+        e._seg_admitted = [seqs[id(s)] for s in self._seg_admitted]
+        e._first = list(self._first)
+        e._finished = list(self._finished)
+        e.completed = self.completed
+        return e
+
+    def first_token_if(self, request: EngineRequest, now: float) -> float:
+        """When ``request``, submitted at ``now``, would get its first token if nothing else
+        arrived: run on a clone, this engine unchanged. Raises :class:`RequestTooLarge`."""
+        what_if = self.clone()
+        what_if.submit(request, now)
+        rid = request.request_id
+        while (t := what_if.next_event_time()) is not None:
+            for first in what_if.advance(t).first_tokens:
+                if first.request_id == rid:
+                    return first.time_s
+        raise AssertionError("a submitted request always gets its first token")
 
     # -- state for metrics and policies ----------------------------------------------------
 

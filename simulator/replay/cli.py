@@ -64,7 +64,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast; generators: use --set rate=)")
     p.add_argument("--limit", type=_non_negative_int, default=0,
                    help="replay only the first N trace requests (0 = all)")
-    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated; epp:FILE / precise:FILE / oracle:FILE name a config")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated; epp:FILE / precise:FILE / oracle:FILE name a config; "
+                   "also ttft-oracle (each request to the replica whose what-if run gives its "
+                   "first token soonest: slow, not in the default set)")
     p.add_argument("--config", help="epp scheduling config (file or shipped name) for epp, precise and oracle "
                    "(default: the shipped 'default')")
     p.add_argument("--replicas", type=int, default=d.replicas, help="emulated replicas")

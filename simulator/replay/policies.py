@@ -28,6 +28,12 @@
   what was sent where: a match ratio above 0.3 routes to the replica holding the match, else
   to the replica with the smallest tree. The prompt is then inserted for the chosen replica.
   (SGLang's size-capped tree eviction, 2^26 characters per worker, is not modelled.)
+* ``ttft-oracle`` (not in the default set: it costs a what-if run per replica per request):
+  the replica that would give this request its first token soonest, read from a what-if run
+  of each replica's engine (``Engine.first_token_if``: its true cache and queue, nothing else
+  arriving); ties to the fewest requests in flight. Greedy: the best each request can get,
+  not the best schedule (it does not spare what later requests would reuse); a reference for
+  what routing on true TTFTs gains.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from epp.requestcontrol.director import Director, Routing
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import CycleState, PrefixMatch, ResponseInfo
 from epp.wiring import build_producers, build_scheduler
-from simulator.model.engine import Engine
+from simulator.model.engine import Engine, EngineRequest, RequestTooLarge
 from simulator.model.tokens import CHARS_PER_TOKEN
 from simulator.replay.radix import ApproxRadixTree
 from simulator.replay.workload import TraceRequest
@@ -441,6 +447,29 @@ class OracleProducer:
 
 
 
+class TtftOraclePolicy(Policy):
+    name = "ttft-oracle"
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.engines = cluster.engines
+        self.in_flight = cluster.in_flight
+        self.rng = random.Random(cluster.seed)
+
+    def pick(self, arrival: Arrival, now_s: float) -> int:
+        req = arrival.request
+        probe = EngineRequest(req.request_id, req.prompt_tokens, arrival.block_hashes,
+                              req.output_tokens)  # fmt: skip
+        try:
+            firsts = [e.first_token_if(probe, now_s) for e in self.engines]
+        except RequestTooLarge:  # too large for every replica: the replayer rejects it
+            return _least_loaded(self.in_flight, self.rng)
+        soonest = min(firsts)
+        best = [i for i, t in enumerate(firsts) if t == soonest]
+        if len(best) == 1:
+            return best[0]
+        return best[_least_loaded([self.in_flight[i] for i in best], self.rng)]
+
+
 POLICY_NAMES = (
     "epp",
     "precise",
@@ -452,6 +481,9 @@ POLICY_NAMES = (
     "round-robin",
     "random",
 )
+
+EXTRA_POLICY_NAMES = ("ttft-oracle",)
+"""Policies the replay runs only when named (``--policies``)."""
 
 PolicyFactory = Callable[[Cluster], Policy]
 _EPP_POLICIES: dict[str, Callable[[Cluster, EppConfig], Policy]] = {
@@ -474,7 +506,9 @@ def policy_factory(spec: str, default_cfg: EppConfig | None = None) -> tuple[str
         "session-affinity": SessionAffinityPolicy,
         "chwbl": ChwblPolicy,
         "cache-aware": CacheAwarePolicy,
+        "ttft-oracle": TtftOraclePolicy,
     }
     if name not in simple or arg:
-        raise ValueError(f"unknown policy {spec!r} (known: {', '.join(POLICY_NAMES)})")
+        known = ", ".join((*POLICY_NAMES, *EXTRA_POLICY_NAMES))
+        raise ValueError(f"unknown policy {spec!r} (known: {known})")
     return spec, simple[name]

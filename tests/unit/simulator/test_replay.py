@@ -212,6 +212,30 @@ def test_precise_reads_the_true_cache() -> None:
     assert result.outcomes[1].cached_tokens >= 240
 
 
+def test_ttft_oracle_takes_the_cached_prefix_unless_its_replica_is_busy_prefilling() -> None:
+    # r2 shares r0's prefix: it goes where r0 went; r3 shares r1's prefix, but arrives while a
+    # long prompt (r4, sent just before to r1's replica as the only idle-looking choice) is
+    # prefilling there, and elsewhere it starts at once
+    quiet = [req(0, 0.0, prefix=1), req(1, 0.5, prefix=2), req(2, 1.0, prefix=1)]
+    result = replay(ListWorkload(quiet), "ttft-oracle", ReplayConfig(replicas=2, kv_blocks=4000))
+    p = picks(result)
+    assert p[2] == p[0]
+    assert result.outcomes[2].cached_tokens >= 240
+    busy = [req(0, 0.0, prefix=1), req(1, 5.0, prefix=1, tokens=3500), req(2, 5.001, prefix=1)]
+    result = replay(ListWorkload(busy), "ttft-oracle", ReplayConfig(replicas=2, kv_blocks=4000))
+    p = picks(result)
+    assert p[1] == p[0]  # the long prompt takes the cached prefix
+    assert p[2] != p[1]  # its 0.3 s prefill there costs more than recomputing 256 tokens
+    waited = result.outcomes[2].first_token_s - result.outcomes[2].arrival_s
+    assert waited < 0.1
+
+
+def test_ttft_oracle_is_named_only_on_request() -> None:
+    assert "ttft-oracle" not in POLICY_NAMES
+    with pytest.raises(ValueError, match="ttft-oracle"):
+        policy_factory("nope")
+
+
 # --- workloads --------------------------------------------------------------------------------
 
 

@@ -191,3 +191,43 @@ def test_replay_is_deterministic_and_every_request_finishes(
     first = run()
     assert first == run()
     assert sum(1 for e in first if e[2] == -1) == len(items)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.0, 0.5), st.integers(16, 1200), st.integers(1, 40),
+                       st.integers(0, 3)), min_size=1, max_size=25),  # fmt: skip
+    st.integers(0, 24),
+)
+def test_a_clone_runs_as_the_engine_would_and_a_what_if_leaves_the_engine_unchanged(
+    arrivals: list[tuple[float, int, int, int]], cut: int
+) -> None:
+    """Drive two identical engines; part way through, clone one and ask it a what-if. The
+    clone replays the rest exactly as the original does; the what-if equals the first token
+    the probe really gets when it is submitted and nothing else arrives; the engine asked is
+    unchanged (it ends exactly as its twin)."""
+    timeline = sorted((t, i, tokens, out, family) for i, (t, tokens, out, family)
+                      in enumerate(arrivals))  # fmt: skip
+    cut = min(cut, len(timeline))
+    a, b = make_engine(max_num_seqs=4, num_blocks=300), make_engine(max_num_seqs=4, num_blocks=300)
+    for engine in (a, b):
+        for t, i, tokens, out, family in timeline[:cut]:
+            engine.submit(req(f"r{i}", tokens, out, family), now=t)
+    now = timeline[cut - 1][0] if cut else 0.0
+    probe = req("probe", 400, 5, family=1)
+    predicted = a.first_token_if(probe, now)
+    clone = a.clone()
+    clone.submit(probe, now)
+    assert drain(clone)[0]["probe"] == pytest.approx(predicted)
+    twin = b.clone()
+    for engine in (a, b, twin):
+        for t, i, tokens, out, family in timeline[cut:]:
+            engine.submit(req(f"r{i}", tokens, out, family), now=max(t, now))
+    assert drain(a) == drain(b) == drain(twin)
+    assert a.cache.hits_tokens == b.cache.hits_tokens == twin.cache.hits_tokens
+
+
+def test_a_what_if_too_large_for_the_cache_says_so() -> None:
+    engine = make_engine(num_blocks=10)
+    with pytest.raises(RequestTooLarge):
+        engine.first_token_if(req("big", tokens=2000), 0.0)
