@@ -196,7 +196,7 @@ def test_replay_is_deterministic_and_every_request_finishes(
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(st.tuples(st.floats(0.0, 0.5), st.integers(16, 1200), st.integers(1, 40),
-                       st.integers(0, 3)), min_size=1, max_size=25),  # fmt: skip
+                       st.integers(0, 3)), min_size=1, max_size=25),
     st.integers(0, 24),
 )
 def test_a_clone_runs_as_the_engine_would_and_a_what_if_leaves_the_engine_unchanged(
