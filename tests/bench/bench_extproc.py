@@ -189,24 +189,29 @@ def _take_out(parts: list[str]) -> None:
     def nothing(*_: object, **__: object) -> None:
         return None
 
+    def first_of(real: Callable[..., Any]) -> Callable[..., Any]:
+        """``real``'s answer to its first call, returned for every later call."""
+        first: list[Any] = []
+
+        def once(*args: Any) -> Any:
+            if not first:
+                first.append(real(*args))
+            return first[0]
+
+        return once
+
     if "parse" in parts:
-        first_parse: list[Any] = []
-        real_parse = parse.RequestParser.parse
+        parsed = first_of(parse.RequestParser.parse)
 
         def parse_once(self: Any, path: str, headers: Any, body: bytes) -> Any:
-            if not first_parse:
-                first_parse.append(real_parse(self, path, headers, body))
-            return parse.ParsedRequest(first_parse[0].request, body, False)
+            return parse.ParsedRequest(parsed(self, path, headers, body).request, body, False)
 
         parse.RequestParser.parse = parse_once  # type: ignore[method-assign]
     if "route" in parts:
-        first_route: list[Any] = []
-        real_route = director.Director._route
+        routed = first_of(director.Director._route)
 
         def route_once(self: Any, request: Any, subset: Any, request_bytes: int) -> Any:
-            if not first_route:
-                first_route.append(real_route(self, request, subset, request_bytes))
-            r = first_route[0]
+            r = routed(self, request, subset, request_bytes)
             self._datastore.request_started(r.target_id)
             return director.Routing(request, r.result, r.destination, time.monotonic(), 0.0,
                                     request_bytes)  # fmt: skip
