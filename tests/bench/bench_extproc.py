@@ -29,6 +29,7 @@ server's rounds.
     python tests/bench/bench_extproc.py --uvloop epp-vs-epp  # what uvloop's loop gives epp
     python tests/bench/bench_extproc.py --without route,record   # epp with parts of its work
                                                                  # taken out (see WITHOUT)
+    python tests/bench/bench_extproc.py --without learn --baseline epp  # ... against epp itself
 """
 
 from __future__ import annotations
@@ -408,10 +409,12 @@ async def drive(port: int, bodies: list[bytes], concurrency: int, sse: int = 0
     return len(bodies) / elapsed, latencies
 
 
-SETTINGS = {"config": "", "uvloop": "", "without": ""}
+SETTINGS = {"config": "", "uvloop": "", "without": "", "baseline": "noop"}
 """``config``: ``--config``, the config epp serves with (a file or a shipped name; "": the
 shipped default). ``uvloop``: ``--uvloop`` ("", "epp", "both" or "epp-vs-epp").
-``without``: ``--without``, the parts taken out of epp (comma-separated, ``WITHOUT``)."""
+``without``: ``--without``, the parts taken out of epp (comma-separated, ``WITHOUT``).
+``baseline``: ``--baseline``, in the no-op's place: "noop", or "epp" (epp as it is, same
+config, nothing taken out)."""
 
 UVLOOP_CHOICES = {
     "epp": "epp on uvloop, the no-op on asyncio's loop",
@@ -435,7 +438,9 @@ def start(kind: str, ports: list[int] | None = None, phases: bool = False, slot:
     extra += ["--on-uvloop"] if _uvloop_for(slot or kind) else []
     extra += ["--phases"] if phases else []
     extra += ["--config", SETTINGS["config"]] if kind == "epp" and SETTINGS["config"] else []
-    extra += ["--without", SETTINGS["without"]] if kind == "epp" and SETTINGS["without"] else []
+    # the baseline slot's epp (--baseline epp, --uvloop epp-vs-epp) has nothing taken out
+    taken = kind == "epp" and slot != "noop" and SETTINGS["without"]
+    extra += ["--without", SETTINGS["without"]] if taken else []
     if kind.startswith("spin:"):
         kind, extra = "noop", [*extra, "--spin-us", kind.partition(":")[2]]
     proc = subprocess.Popen(
@@ -470,7 +475,8 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
     cpu: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (server, client) s/request
     pages = start_pages(ENDPOINTS) if mode == "scraped" else None
     ports = pages[1] if pages else None
-    baseline = start("epp", ports, slot="noop") if SETTINGS["uvloop"] == "epp-vs-epp" else (
+    as_epp = SETTINGS["uvloop"] == "epp-vs-epp" or SETTINGS["baseline"] == "epp"
+    baseline = start("epp", ports, slot="noop") if as_epp else (
         start("noop"))
     procs = {"noop": baseline, "epp": start(contender, ports, slot="epp")}
     try:
@@ -531,6 +537,8 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
         how += f", replies streamed as {sse} SSE events"
     if SETTINGS["uvloop"]:
         how += f", --uvloop {SETTINGS['uvloop']}: {UVLOOP_CHOICES[SETTINGS['uvloop']]}"
+    if SETTINGS["baseline"] == "epp":
+        how += ", --baseline epp: in the no-op's place (row 'noop') epp as it is"
     print(f"ext_proc bench [{mode}]: {ENDPOINTS} endpoints, {how}, {PROMPT_BYTES // 1024} KB "
           f"prompts, {requests} requests x {rounds} rounds per cell (medians), "
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")
@@ -561,9 +569,12 @@ async def bench(requests: int, concurrencies: list[int], rounds: int, mode: str,
     for c in concurrencies:
         n_rps, n_p50, n_p99 = summary("noop", c)
         e_rps, e_p50, e_p99 = summary("epp", c)
-        print(f"[{mode}] concurrency {c:>2}: epp/noop throughput {e_rps / n_rps:.2f} "
-              f"(target >= 0.80), added p50 {(e_p50 - n_p50) * 1e3:.3f} ms, added p99 "
-              f"{(e_p99 - n_p99) * 1e3:.3f} ms" + (" (target p50 <= 0.3 ms)" if c == 1 else ""))
+        targets = SETTINGS["baseline"] == "noop" and contender == "epp"
+        print(f"[{mode}] concurrency {c:>2}: epp/noop throughput {e_rps / n_rps:.2f}"
+              + (" (target >= 0.80)" if targets else "")
+              + f", added p50 {(e_p50 - n_p50) * 1e3:.3f} ms, added p99 "
+              f"{(e_p99 - n_p99) * 1e3:.3f} ms"
+              + (" (target p50 <= 0.3 ms)" if c == 1 and targets else ""))
 
 
 def thread_cpu_s(pid: int) -> dict[str, float]:
@@ -685,6 +696,11 @@ def main() -> None:
                     help="take these parts of epp's per-request work out, to show what the "
                          "ratios would be if they cost nothing: "
                          + "; ".join(f"{k}: {v}" for k, v in WITHOUT.items()))
+    ap.add_argument("--baseline", choices=["noop", "epp"], default="noop",
+                    help="what the comparison measures against: noop (default), or epp: epp "
+                         "as it is (same --config, nothing taken out) in the no-op's place, so "
+                         "that with --without the ratios are what the parts cost epp itself "
+                         "(steadier than two comparisons with the no-op)")
     ap.add_argument("--on-uvloop", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--scraped-ports", default="", help=argparse.SUPPRESS)
     ap.add_argument("--spin-us", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -695,6 +711,10 @@ def main() -> None:
     if unknown := [p for p in without if p not in WITHOUT]:
         ap.error(f"--without: unknown part {unknown[0]!r}; choose from {', '.join(WITHOUT)}")
     SETTINGS["without"] = ",".join(without)
+    SETTINGS["baseline"] = args.baseline
+    if args.baseline == "epp" and (args.phases or args.calibrate or args.sync_noop or args.uvloop):
+        ap.error("--baseline epp goes with the comparison only (not --phases, --calibrate, "
+                 "--sync-noop or --uvloop)")
     if args.uvloop:
         if args.phases or args.calibrate or args.sync_noop:
             ap.error("--uvloop goes with the comparison only (not --phases, --calibrate, "
