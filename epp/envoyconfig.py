@@ -1,0 +1,347 @@
+"""The Envoy bootstrap epp is made for: one generator for what ``deploy/envoy/`` ships, what
+``epp envoy-config`` prints and what the local stack and the real-Envoy tests run.
+
+The request path (docs/envoy.md)::
+
+    client -> listener -> ext_proc (epp) -> router -> pool cluster -> the model server epp named
+
+* **The pool cluster** lists the model servers (``ip:port``, or a DNS name whose A records are
+  the servers, e.g. a headless Service). Its load balancer is Envoy's ``override_host``
+  policy: the host comes from epp's ``x-gateway-destination-endpoint`` (header, or the
+  ``envoy.lb`` metadata epp also sets; a comma-separated list's later entries are fallbacks
+  tried on retries), and without one, from the fallback policy (least-request by default).
+  A client can only ever name a host of the pool. Without a pool (``pool=()``) the cluster is
+  ``ORIGINAL_DST`` on that header, as the Inference Extension's standalone example does: any
+  ``ip:port`` epp names, but nothing to fall back to.
+* **Fail open** (``failure="open"``, the default): when no epp answers (all down, refused,
+  timed out), Envoy skips ext_proc and the request goes to the fallback policy; routing by epp
+  resumes on the next request that reaches one. Envoy can only fail open before it has sent
+  the request body to ext_proc, and in ``FULL_DUPLEX_STREAMED`` it sends the body at once,
+  before it learns that the stream failed, so fail-open needs ``BUFFERED`` request bodies
+  (Envoy sends the body after epp answered the headers). epp reads the whole body before it
+  picks in either mode. ``failure="closed"`` answers 500 instead (any request mode).
+* **The epp cluster**: HTTP/2, gRPC health checks every second and outlier detection, so a
+  dead replica leaves the rotation within ~1-2 s; circuit breakers far above Envoy's default
+  of 1,024 concurrent requests (each HTTP request holds one ext_proc stream).
+* **Baselines** (``routing`` random / round-robin / least-request): no ext_proc at all, the
+  pool cluster balanced by that policy: what "without epp" means in the demo.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+UPSTREAM_HOST_HEADER = "x-upstream-host"
+"""Response header naming the server that answered (``%UPSTREAM_HOST%``), when asked for."""
+ROUTINGS = ("epp", "random", "round-robin", "least-request")
+REQUEST_BODY_MODES = ("buffered", "full-duplex")
+RESPONSE_MODES = ("full-duplex", "observer", "none")
+FAILURE_MODES = ("open", "closed")
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+"""The listener's buffer limit: Envoy answers 413 to a buffered request body above it. The
+same as ``epp serve --max-body-bytes``'s default."""
+
+_LB_EXTENSIONS = {
+    "random": ("envoy.load_balancing_policies.random", "random.v3.Random"),
+    "round-robin": ("envoy.load_balancing_policies.round_robin", "round_robin.v3.RoundRobin"),
+    "least-request": (
+        "envoy.load_balancing_policies.least_request",
+        "least_request.v3.LeastRequest",
+    ),
+}
+_TYPE = "type.googleapis.com/envoy.extensions."
+_HUGE = 1_000_000
+"""Circuit-breaker thresholds: no limit of Envoy's own below what the servers can take."""
+
+
+@dataclass(slots=True, frozen=True)
+class EnvoyOptions:
+    listen_address: str = "0.0.0.0"
+    listen_port: int = 8081
+    admin_port: int = 19000
+    """Envoy's admin interface, on 127.0.0.1 only (0 = any free port)."""
+    epp: tuple[str, ...] = ("127.0.0.1:9002",)
+    """epp's ext_proc address(es), ``host:port``; a DNS name is resolved (all its records)."""
+    pool: tuple[str, ...] = ()
+    """The model servers, ``host:port``. Empty: an ``ORIGINAL_DST`` cluster (fail-closed)."""
+    routing: str = "epp"
+    failure: str = "open"
+    request_body: str = "buffered"
+    response: str = "full-duplex"
+    fallback_lb: str = "least-request"
+    """Who picks a server when epp named none (fail-open) or named servers that all failed."""
+    retries: int = 2
+    """Retries on a refused or reset connection (the next name in epp's list, else another
+    server from the fallback policy)."""
+    message_timeout_s: float = 5.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    upstream_host_header: bool = False
+    """Add ``x-upstream-host: ip:port`` to responses (the stack and tests read it)."""
+    epp_health_interval_s: float = 1.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the setting that cannot work."""
+        _choice("routing", self.routing, ROUTINGS)
+        _choice("failure", self.failure, FAILURE_MODES)
+        _choice("request_body", self.request_body, REQUEST_BODY_MODES)
+        _choice("response", self.response, RESPONSE_MODES)
+        _choice("fallback_lb", self.fallback_lb, tuple(_LB_EXTENSIONS))
+        for name, addrs in (("epp", self.epp), ("pool", self.pool)):
+            for a in addrs:
+                split_host_port(a, name)
+        if self.routing == "epp" and not self.epp:
+            raise ValueError("routing through epp needs its address (epp)")
+        if self.routing != "epp" and not self.pool:
+            raise ValueError(f"routing {self.routing!r} balances over the pool: list its servers")
+        if self.routing == "epp" and self.failure == "open":
+            if not self.pool:
+                raise ValueError(
+                    "failing open needs the pool's servers: with epp down Envoy balances over "
+                    "them itself (or choose failure 'closed')"
+                )
+            if self.request_body == "full-duplex":
+                raise ValueError(
+                    "failing open needs buffered request bodies: in full-duplex Envoy has "
+                    "already streamed the body to ext_proc when it learns epp is down, and "
+                    "then answers 500 (choose request body 'buffered' or failure 'closed')"
+                )
+        if self.retries < 0 or self.message_timeout_s <= 0 or self.max_request_bytes < 1:
+            raise ValueError("retries >= 0, message timeout > 0 and max request bytes >= 1")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def split_host_port(address: str, what: str = "address") -> tuple[str, int]:
+    host, sep, port = address.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what}: {address!r} is not host:port")
+    return host, int(port)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:g}s"
+
+
+def _lb_policy(name: str) -> dict[str, Any]:
+    extension, message = _LB_EXTENSIONS[name]
+    typed = {"@type": f"{_TYPE}load_balancing_policies.{message}"}
+    return {"policies": [{"typed_extension_config": {"name": extension, "typed_config": typed}}]}
+
+
+def _endpoints(name: str, addresses: tuple[str, ...]) -> dict[str, Any]:
+    hosts = [split_host_port(a) for a in addresses]
+    lb_endpoints = [
+        {"endpoint": {"address": {"socket_address": {"address": h, "port_value": p}}}}
+        for h, p in hosts
+    ]
+    return {"cluster_name": name, "endpoints": [{"lb_endpoints": lb_endpoints}]}
+
+
+def _discovery(addresses: tuple[str, ...]) -> str:
+    """STATIC when every address is an IP, else STRICT_DNS (every record is a host)."""
+    return "STATIC" if all(_is_ip(split_host_port(a)[0]) for a in addresses) else "STRICT_DNS"
+
+
+def _breakers() -> dict[str, Any]:
+    return {"thresholds": [{"max_connections": _HUGE, "max_pending_requests": _HUGE,
+                            "max_requests": _HUGE, "max_retries": _HUGE}]}  # fmt: skip
+
+
+def pool_cluster(o: EnvoyOptions) -> dict[str, Any]:
+    if not o.pool:
+        return {
+            "name": "pool",
+            "type": "ORIGINAL_DST",
+            "lb_policy": "CLUSTER_PROVIDED",
+            "connect_timeout": "5s",
+            "original_dst_lb_config": {"use_http_header": True,
+                                       "http_header_name": DESTINATION_HEADER},
+            "circuit_breakers": _breakers(),
+        }
+    if o.routing == "epp":
+        override = {
+            "@type": f"{_TYPE}load_balancing_policies.override_host.v3.OverrideHost",
+            "override_host_sources": [
+                {"header": DESTINATION_HEADER},
+                {"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]}},
+            ],
+            "fallback_policy": _lb_policy(o.fallback_lb),
+        }
+        policy = {"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.override_host", "typed_config": override}}]}  # fmt: skip
+    else:
+        policy = _lb_policy(o.routing)
+    return {
+        "name": "pool",
+        "type": _discovery(o.pool),
+        "connect_timeout": "5s",
+        "load_balancing_policy": policy,
+        "circuit_breakers": _breakers(),
+        "load_assignment": _endpoints("pool", o.pool),
+    }
+
+
+def epp_cluster(o: EnvoyOptions) -> dict[str, Any]:
+    interval = _duration(o.epp_health_interval_s)
+    return {
+        "name": "epp",
+        "type": _discovery(o.epp),
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": f"{_TYPE}upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {
+                    "connection_keepalive": {"interval": "30s", "timeout": "5s"}}},
+            }
+        },
+        # epp answers grpc.health.v1 for "" on its ext_proc port: NOT_SERVING while it drains
+        "health_checks": [{
+            "timeout": "1s", "interval": interval, "no_traffic_interval": interval,
+            "unhealthy_threshold": 1, "healthy_threshold": 1,
+            "grpc_health_check": {},
+        }],
+        # a replica whose streams fail to connect leaves the rotation before its health check
+        "outlier_detection": {
+            "consecutive_local_origin_failure": 2,
+            "split_external_local_origin_errors": True,
+            "interval": "1s", "base_ejection_time": "2s", "max_ejection_percent": 100,
+        },
+        "circuit_breakers": _breakers(),
+        "load_assignment": _endpoints("epp", o.epp),
+    }
+
+
+def _ext_proc_filter(o: EnvoyOptions) -> dict[str, Any]:
+    request_body = "BUFFERED" if o.request_body == "buffered" else "FULL_DUPLEX_STREAMED"
+    full_duplex = o.response == "full-duplex"
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": f"{_TYPE}filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"},
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": request_body,
+                # Envoy requires trailers sent in full-duplex
+                "request_trailer_mode": "SEND" if request_body != "BUFFERED" else "SKIP",
+                "response_header_mode": "SEND" if full_duplex else "SKIP",
+                "response_body_mode": "FULL_DUPLEX_STREAMED" if full_duplex else "NONE",
+                "response_trailer_mode": "SEND" if full_duplex else "SKIP",
+            },
+            "failure_mode_allow": o.failure == "open",
+            "message_timeout": _duration(o.message_timeout_s),
+            "mutation_rules": {"allow_all_routing": True},
+        },
+    }
+
+
+def _observer_filter() -> dict[str, Any]:
+    """The response goes to epp on a second stream that Envoy never waits for
+    (``epp serve --response-observer``)."""
+    return {
+        "name": "epp-response-observer",
+        "typed_config": {
+            "@type": f"{_TYPE}filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"},
+            "observability_mode": True,
+            "deferred_close_timeout": "5s",
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "NONE",
+                "request_trailer_mode": "SKIP",
+                "response_header_mode": "SEND",
+                "response_body_mode": "STREAMED",
+                "response_trailer_mode": "SEND",
+            },
+            "failure_mode_allow": True,
+        },
+    }
+
+
+def _route(o: EnvoyOptions) -> dict[str, Any]:
+    route: dict[str, Any] = {"cluster": "pool", "timeout": "0s", "idle_timeout": "300s"}
+    if o.retries and o.pool:
+        route["retry_policy"] = {
+            "retry_on": "connect-failure,reset-before-request",
+            "num_retries": o.retries,
+            "retry_host_predicate": [{
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {"@type": f"{_TYPE}retry.host.previous_hosts.v3.PreviousHostsPredicate"},
+            }],
+        }
+    vhost: dict[str, Any] = {"name": "all", "domains": ["*"],
+                             "routes": [{"match": {"prefix": "/"}, "route": route}]}  # fmt: skip
+    if o.upstream_host_header:
+        vhost["response_headers_to_add"] = [{
+            "header": {"key": UPSTREAM_HOST_HEADER, "value": "%UPSTREAM_HOST%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }]  # fmt: skip
+    return {"name": "inference", "virtual_hosts": [vhost]}
+
+
+def envoy_config(o: EnvoyOptions) -> dict[str, Any]:
+    """The Envoy bootstrap for ``o`` (a plain dict; dump it as YAML or JSON)."""
+    o.validate()
+    filters: list[dict[str, Any]] = []
+    clusters = [pool_cluster(o)]
+    if o.routing == "epp":
+        filters.append(_ext_proc_filter(o))
+        if o.response == "observer":
+            filters.append(_observer_filter())
+        clusters.append(epp_cluster(o))
+    filters.append({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": f"{_TYPE}filters.http.router.v3.Router"}})  # fmt: skip
+    hcm = {
+        "@type": f"{_TYPE}filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "inference",
+        "codec_type": "AUTO",
+        # LLM responses stream for minutes: no idle or whole-request deadline of Envoy's own
+        "stream_idle_timeout": "0s",
+        "request_timeout": "0s",
+        "route_config": _route(o),
+        "http_filters": filters,
+    }
+    listener = {
+        "name": "inference",
+        "address": {"socket_address": {"address": o.listen_address, "port_value": o.listen_port}},
+        "per_connection_buffer_limit_bytes": o.max_request_bytes,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": hcm}]}],
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                 "port_value": o.admin_port}}},
+        "static_resources": {"listeners": [listener], "clusters": clusters},
+        # no cap of Envoy's own on downstream connections (silences its start-up warning)
+        "overload_manager": {"resource_monitors": [{
+            "name": "envoy.resource_monitors.global_downstream_max_connections",
+            "typed_config": {
+                "@type": f"{_TYPE}resource_monitors.downstream_connections.v3."
+                "DownstreamConnectionsConfig",
+                "max_active_downstream_connections": _HUGE,
+            },
+        }]},
+    }
+
+
+def render_yaml(o: EnvoyOptions, header: str = "") -> str:
+    """``envoy_config(o)`` as YAML, after ``header`` (comment lines)."""
+    import yaml
+
+    body = yaml.safe_dump(envoy_config(o), sort_keys=False, width=100)
+    return header + body
