@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+"""Dynamic metadata namespace whose ``x-gateway-destination-endpoint-subset`` list bounds
+epp's choice (the Inference Extension's subset hint), forwarded to epp when present."""
 UPSTREAM_HOST_HEADER = "x-upstream-host"
 """Response header naming the server that answered (``%UPSTREAM_HOST%``), when asked for."""
 ROUTINGS = ("epp", "random", "round-robin", "least-request")
@@ -245,6 +248,8 @@ def _ext_proc_filter(o: EnvoyOptions) -> dict[str, Any]:
             },
             "failure_mode_allow": o.failure == "open",
             "message_timeout": _duration(o.message_timeout_s),
+            # a subset of the pool set by an earlier filter (e.g. a gateway's) reaches epp
+            "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}},
             "mutation_rules": {"allow_all_routing": True},
         },
     }

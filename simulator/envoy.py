@@ -164,10 +164,12 @@ async def start_envoy(
     ready_timeout_s: float = 30.0,
     log_level: str = "warning",
     name: str = "envoy",
+    config: dict[str, Any] | None = None,
 ) -> RunningEnvoy:
-    """Envoy running ``options`` (ports may be 0), logging to ``workdir/NAME.log``."""
+    """Envoy running ``options`` (ports may be 0), logging to ``workdir/NAME.log``; ``config``:
+    the bootstrap to run instead of ``envoy_config(options)`` (tests edit it)."""
     binary = envoy_binary()
-    config_path, admin_path, log_path = _prepare(workdir, name, options)
+    config_path, admin_path, log_path = _prepare(workdir, name, options, config)
     err = open(log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child, closed below
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -189,11 +191,16 @@ async def start_envoy(
     return envoy
 
 
-def _prepare(workdir: Path, name: str, options: EnvoyOptions) -> tuple[Path, Path, Path]:
+def _prepare(
+    workdir: Path, name: str, options: EnvoyOptions, config: dict[str, Any] | None
+) -> tuple[Path, Path, Path]:
     """The config written, the admin address file cleared; (config, admin file, log)."""
+    import yaml
+
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / f"{name}.yaml"
-    config_path.write_text(render_yaml(options), encoding="utf-8")
+    text = render_yaml(options) if config is None else yaml.safe_dump(config, sort_keys=False)
+    config_path.write_text(text, encoding="utf-8")
     admin_path = workdir / f"{name}.admin"
     admin_path.unlink(missing_ok=True)
     return config_path, admin_path, workdir / f"{name}.log"

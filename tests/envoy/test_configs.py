@@ -1,0 +1,103 @@
+"""Every Envoy config the project ships is the generator's output and real Envoy accepts it
+(``envoy --mode validate``), as do the generator's other combinations."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epp.envoyconfig import EnvoyOptions, envoy_config, render_yaml
+from tests.envoy.conftest import require_envoy
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((ROOT / "deploy" / "envoy").glob("*.yaml"))
+
+
+def _generator():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "gen_envoy_configs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _validate(path: Path) -> None:
+    done = subprocess.run(
+        [str(require_envoy()), "--mode", "validate", "-c", str(path), "-l", "error"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_every_shipped_config_is_listed_by_the_generator() -> None:
+    assert {p.name for p in SHIPPED} == set(_generator().SHIPPED)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_a_shipped_config_is_the_generators_output_and_envoy_accepts_it(path: Path) -> None:
+    assert path.read_text() == _generator().render(path.name), (
+        "regenerate with: ./run python scripts/gen_envoy_configs.py"
+    )
+    _validate(path)
+
+
+VARIANTS = {
+    "fail-open, full-duplex responses": EnvoyOptions(pool=("10.0.0.1:8000", "10.0.0.2:8000")),
+    "observer": EnvoyOptions(pool=("10.0.0.1:8000",), response="observer"),
+    "no response processing": EnvoyOptions(pool=("10.0.0.1:8000",), response="none"),
+    "dns names": EnvoyOptions(epp=("epp.ns.svc.cluster.local:9002",),
+                              pool=("vllm.ns.svc.cluster.local:8000",)),
+    "fail-closed with a pool": EnvoyOptions(pool=("10.0.0.1:8000",), failure="closed",
+                                            request_body="full-duplex"),
+    "original-dst": EnvoyOptions(failure="closed"),
+    "random baseline": EnvoyOptions(routing="random", pool=("10.0.0.1:8000",)),
+    "round-robin baseline": EnvoyOptions(routing="round-robin", pool=("10.0.0.1:8000",)),
+    "several epp replicas": EnvoyOptions(epp=("10.0.1.1:9002", "10.0.1.2:9002"),
+                                         pool=("10.0.0.1:8000",), upstream_host_header=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_envoy_accepts_every_combination_of_the_generator(name: str, tmp_path: Path) -> None:
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_yaml(VARIANTS[name]))
+    _validate(path)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (EnvoyOptions(), "needs the pool's servers"),
+        (EnvoyOptions(pool=("10.0.0.1:8000",), request_body="full-duplex"), "buffered"),
+        (EnvoyOptions(routing="random"), "list its servers"),
+        (EnvoyOptions(pool=("10.0.0.1",)), "not host:port"),
+        (EnvoyOptions(pool=("10.0.0.1:8000",), response="streamed"), "response must be"),
+    ],
+)
+def test_a_combination_that_cannot_work_is_refused_with_the_reason(
+    options: EnvoyOptions, words: str
+) -> None:
+    with pytest.raises(ValueError, match=words):
+        envoy_config(options)
+
+
+def test_the_shipped_default_fails_open_over_an_override_host_pool() -> None:
+    """What the rest of the tier relies on, read from the shipped file."""
+    raw = yaml.safe_load((ROOT / "deploy" / "envoy" / "envoy.yaml").read_text())
+    hcm = raw["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = hcm["http_filters"][0]["typed_config"]
+    assert ext_proc["failure_mode_allow"] is True
+    assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"
+    assert ext_proc["processing_mode"]["response_body_mode"] == "FULL_DUPLEX_STREAMED"
+    clusters = {c["name"]: c for c in raw["static_resources"]["clusters"]}
+    policy = clusters["pool"]["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    assert policy["name"] == "envoy.load_balancing_policies.override_host"
+    epp = clusters["epp"]
+    assert epp["health_checks"][0]["grpc_health_check"] == {}
+    # Envoy's default circuit breaker caps a cluster at 1,024 concurrent requests: each HTTP
+    # request holds one ext_proc stream, so the default would cap the gateway
+    assert epp["circuit_breakers"]["thresholds"][0]["max_requests"] > 100_000

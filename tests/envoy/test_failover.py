@@ -1,0 +1,137 @@
+"""epp down, epp back, one of two epp replicas killed under load: through real Envoy with the
+bootstrap ``epp envoy-config`` prints."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from epp.envoyconfig import UPSTREAM_HOST_HEADER
+from tests.envoy.conftest import chat, pool
+
+pytestmark = pytest.mark.e2e
+
+
+@dataclass
+class Outcome:
+    started_s: float
+    status: int
+    upstream: str
+
+
+@dataclass
+class Load:
+    """Closed-loop load: ``workers`` clients, each sending its next request when the last
+    one ended, until stopped; every outcome is kept with its start time."""
+
+    url: str
+    http: aiohttp.ClientSession
+    workers: int = 6
+    outcomes: list[Outcome] = field(default_factory=list)
+    in_flight: int = 0
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def _worker(self, k: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            started = time.monotonic()
+            self.in_flight += 1
+            try:
+                async with self.http.post(
+                    self.url + "/v1/chat/completions",
+                    json=chat(f"worker {k} request {i}: " + "tell me about bread " * 30),
+                ) as r:
+                    await r.read()
+                    status, upstream = r.status, r.headers.get(UPSTREAM_HOST_HEADER, "")
+            except aiohttp.ClientError:
+                status, upstream = 0, ""
+            finally:
+                self.in_flight -= 1
+            self.outcomes.append(Outcome(started, status, upstream))
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        await asyncio.gather(*(self._worker(k) for k in range(self.workers)))
+
+
+async def test_with_epp_killed_requests_are_served_and_routing_resumes_when_it_returns(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with pool(tmp_path) as p:
+        epp = p.epps[0]
+        stop = asyncio.Event()
+        load = Load(p.url, http)
+        task = asyncio.create_task(load.run_until(stop))
+        await asyncio.sleep(1.0)  # routed by epp
+        assert await epp.routed() > 0
+        killed_at = time.monotonic()
+        epp.kill()
+        await epp.proc.wait()  # type: ignore[union-attr]
+        await asyncio.sleep(2.0)  # the outage
+        back_at = time.monotonic()
+        await epp.start()  # the same port
+        before = await epp.routed()
+        while await epp.routed() <= before:
+            assert time.monotonic() - back_at < 15, "epp never routed again"
+            await asyncio.sleep(0.05)  # readiness poll
+        resumed_s = time.monotonic() - back_at
+        stop.set()
+        await task
+    during = [o for o in load.outcomes if killed_at <= o.started_s < back_at]
+    assert len(during) >= 20
+    served = sum(o.status == 200 for o in during)
+    # Envoy skipped ext_proc and balanced over the pool itself
+    assert served == len(during), [o.status for o in during if o.status != 200]
+    assert {o.upstream for o in during} <= set(p.endpoints())
+    assert len({o.upstream for o in during}) > 1
+    assert resumed_s < 5.0
+    failed = [o.status for o in load.outcomes if o.status != 200]
+    # only requests in flight through epp when it was killed may fail (their stream died)
+    assert len(failed) <= load.workers, failed
+
+
+async def test_fail_closed_answers_500_when_epp_is_down(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with pool(tmp_path, request_body="full-duplex", failure="closed") as p:
+        async with http.post(p.url + "/v1/chat/completions", json=chat("hello")) as r:
+            assert r.status == 200
+        p.epps[0].kill()
+        await p.epps[0].proc.wait()  # type: ignore[union-attr]
+        statuses = []
+        for i in range(5):
+            async with http.post(p.url + "/v1/chat/completions", json=chat(f"hi {i}")) as r:
+                statuses.append(r.status)
+    assert statuses == [500] * 5
+
+
+async def test_one_of_two_epp_replicas_killed_under_load_fails_only_its_in_flight_requests(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with pool(tmp_path, epps=2) as p:
+        stop = asyncio.Event()
+        load = Load(p.url, http, workers=8)
+        task = asyncio.create_task(load.run_until(stop))
+        await asyncio.sleep(1.5)
+        victim, survivor = p.epps
+        routed_before = await survivor.routed()
+        in_flight_at_kill = load.in_flight
+        killed_at = time.monotonic()
+        victim.kill()
+        await asyncio.sleep(3.0)
+        stop.set()
+        await task
+        assert await survivor.routed() > routed_before  # the survivor took over
+        streams = await p.envoy.host_stats("epp")
+    after = [o for o in load.outcomes if o.started_s > killed_at]
+    assert len(after) >= 30
+    assert all(o.status == 200 for o in after), [o.status for o in after if o.status != 200]
+    failed = [o for o in load.outcomes if o.status != 200]
+    assert len(failed) <= in_flight_at_kill
+    assert not streams[victim.address]["healthy"]  # health checks took it out
