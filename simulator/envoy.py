@@ -183,7 +183,8 @@ async def start_envoy(
     deadline = time.monotonic() + ready_timeout_s
     try:
         await _wait_ready(envoy, admin_path, deadline)
-        if options.routing == "epp":
+        clusters = (config or {}).get("static_resources", {}).get("clusters", [])
+        if options.routing == "epp" and (config is None or any(c.get("name") == "epp" for c in clusters)):
             await envoy.wait_epp_healthy(deadline)
     except BaseException:
         await envoy.stop()

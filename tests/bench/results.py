@@ -1,0 +1,77 @@
+"""Benchmark results as files: ``docs/results/NAME.md`` (the table, with the command line, the
+commit, the date and the machine that made it) and ``NAME.json`` (the figures). Regenerating a
+table is running the command at its top again."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor()
+    mem_gib = 0.0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = int(line.split()[1]) / (1 << 20)
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem_gib, 1),
+            "os": platform.platform(), "python": platform.python_version()}  # fmt: skip
+
+
+def commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("+changes" if dirty else "")
+
+
+def write_result(name: str, title: str, markdown: str, data: dict[str, Any],
+                 argv: list[str] | None = None) -> Path:  # fmt: skip
+    """Write ``docs/results/NAME.md`` and ``NAME.json``; returns the .md path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    argv = sys.argv if argv is None else argv
+    script = Path(argv[0]).resolve()
+    try:
+        script_name = str(script.relative_to(ROOT))
+    except ValueError:
+        script_name = str(script)
+    command = "./run python " + " ".join(shlex.quote(a) for a in [script_name, *argv[1:]])
+    stamp = {"command": command, "commit": commit(),
+             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine()}  # fmt: skip
+    m = stamp["machine"]
+    header = (
+        f"# {title}\n\n"
+        f"Made by `{command}` at commit {stamp['commit']} on {stamp['date']}, on "
+        f"{m['cores']} cores ({m['cpu'] or 'unknown CPU'}), {m['memory_gib']} GiB, "
+        f"{m['os']}, Python {m['python']}. Run the command again to regenerate this page.\n\n"
+    )
+    md = RESULTS / f"{name}.md"
+    md.write_text(header + markdown.rstrip() + "\n", encoding="utf-8")
+    (RESULTS / f"{name}.json").write_text(
+        json.dumps({**stamp, "results": data}, indent=1) + "\n", encoding="utf-8"
+    )
+    return md
