@@ -83,12 +83,11 @@ async def serve_noop(pool: list[str]) -> None:
     class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         async def Process(self, it, context):  # type: ignore[no-untyped-def]
             read, write, eof = context.read, context.write, grpc.aio.EOF
-            request_mode = response_mode = None
+            request_mode = None
             body = bytearray()
             while (msg := await read()) is not eof:
                 if request_mode is None:
-                    cfg = msg.protocol_config
-                    request_mode, response_mode = cfg.request_body_mode, cfg.response_body_mode
+                    request_mode = msg.protocol_config.request_body_mode
                 if request_mode == convert.NONE:  # the observer's stream: nothing to answer
                     continue
                 kind = msg.WhichOneof("request")
@@ -129,9 +128,36 @@ async def serve_noop(pool: list[str]) -> None:
 # --- the upstreams: a second Envoy ------------------------------------------------------
 
 
+def filtered_page(page: str) -> str:
+    """The page as vLLM renders it for epp's ``?name[]=...`` query: only those families."""
+    from urllib.parse import unquote
+
+    from epp.datastore.metricsparse import VLLM, query_for
+
+    wanted = {unquote(q.partition("=")[2]) for q in query_for(VLLM)[1:].split("&")}
+    keep, out = False, []
+    for line in page.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            keep = line.split()[2] in wanted
+        elif not line.startswith("#"):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            keep = any(name == w or name.startswith(w + "_") for w in wanted)
+        if keep:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def upstream_config(ports: list[int], page: str) -> dict[str, Any]:
+    """8 listeners answering every request at once; /metrics is the real vLLM page, only the
+    families asked for when the query names them (as vLLM's Prometheus client does)."""
+    metrics_type = [{"header": {"key": "content-type", "value": "text/plain; version=0.0.4"}}]
+
     def listener(port: int) -> dict[str, Any]:
         routes = [
+            {"match": {"prefix": "/metrics", "query_parameters": [
+                {"name": "name[]", "present_match": True}]},
+             "direct_response": {"status": 200, "body": {"inline_string": filtered_page(page)}},
+             "response_headers_to_add": metrics_type},
             {"match": {"prefix": "/metrics"},
              "direct_response": {"status": 200, "body": {"inline_string": page}},
              "response_headers_to_add": [{"header": {"key": "content-type",
@@ -218,13 +244,15 @@ async def measure(envoy_options: Any, server_pid: int | None, url_script: Path, 
     envoy = await start_envoy(envoy_options, workdir, name="front")
     try:
         url = envoy.url
-        warm = subprocess.run(["wrk", "-t1", f"-c{concurrency}", "-d1s", "-s", str(url_script), url],
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        warm = await asyncio.to_thread(
+            subprocess.run, ["wrk", "-t1", f"-c{concurrency}", "-d1s", "-s", str(url_script), url],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
         assert warm.returncode == 0, warm.stderr
         before = await envoy.counters("http.inference.ext_proc.failure_mode_allowed")
         c0 = (cpu_s(envoy.proc.pid), cpu_s(server_pid) if server_pid else 0.0)
-        done = subprocess.run(
-            ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "--latency", "-s", str(url_script),
+        done = await asyncio.to_thread(
+            subprocess.run, ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "--latency", "-s", str(url_script),
              url], capture_output=True, text=True, check=False,
         )  # fmt: skip
         c1 = (cpu_s(envoy.proc.pid), cpu_s(server_pid) if server_pid else 0.0)

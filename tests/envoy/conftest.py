@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import socket
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from epp.envoyconfig import EnvoyOptions
+from epp.envoyconfig import UPSTREAM_HOST_HEADER, EnvoyOptions
 from simulator.emulator import RunningEmulator
 from simulator.envoy import (
     EnvoyUnavailable,
@@ -185,4 +184,46 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+@dataclass
+class Outcome:
+    started_s: float
+    status: int
+    upstream: str
+
+
+@dataclass
+class Load:
+    """Closed-loop load: ``workers`` clients, each sending its next request when the last
+    one ended, until stopped; every outcome is kept with its start time."""
+
+    url: str
+    http: aiohttp.ClientSession
+    workers: int = 6
+    outcomes: list[Outcome] = field(default_factory=list)
+    in_flight: int = 0
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def _worker(self, k: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            started = time.monotonic()
+            self.in_flight += 1
+            try:
+                async with self.http.post(
+                    self.url + "/v1/chat/completions",
+                    json=chat(f"worker {k} request {i}: " + "tell me about bread " * 30),
+                ) as r:
+                    await r.read()
+                    status, upstream = r.status, r.headers.get(UPSTREAM_HOST_HEADER, "")
+            except aiohttp.ClientError:
+                status, upstream = 0, ""
+            finally:
+                self.in_flight -= 1
+            self.outcomes.append(Outcome(started, status, upstream))
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        await asyncio.gather(*(self._worker(k) for k in range(self.workers)))
