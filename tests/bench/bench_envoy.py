@@ -155,7 +155,7 @@ def upstream_config(ports: list[int], page: str) -> dict[str, Any]:
     def listener(port: int) -> dict[str, Any]:
         routes = [
             {"match": {"prefix": "/metrics", "query_parameters": [
-                {"name": "name[]", "present_match": True}]},
+                {"name": "name%5B%5D", "present_match": True}]},
              "direct_response": {"status": 200, "body": {"inline_string": filtered_page(page)}},
              "response_headers_to_add": metrics_type},
             {"match": {"prefix": "/metrics"},
