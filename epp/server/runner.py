@@ -52,6 +52,10 @@ from epp.wiring import build_scheduler
 
 log = logging.getLogger(__name__)
 
+LIVENESS = "liveness"
+READY_SERVICES = ("", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+"""gRPC health service names answered on both gRPC ports (ext_proc and health)."""
+
 SourceStarter = Callable[[Datastore], Any]
 """Starts an endpoint source (static list, Kubernetes) feeding the datastore. May return an
 object with an async or sync ``stop()``."""
@@ -136,12 +140,16 @@ class ServerHandle:
         return producer.index
 
     async def update_health(self) -> None:
+        """``liveness``: serving (the process runs its loop); ``readiness``, ``""`` and the
+        ext_proc service: serving once the pool is known (a source delivered its first full
+        list of endpoints). The names are the Inference Extension's endpoint-picker protocol."""
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if self.datastore.synced
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        for service in READY_SERVICES:
             await self.health.set(service, status)
 
     async def stop(self, grace_s: float | None = None) -> None:
@@ -306,7 +314,9 @@ async def start_server(
         _servers=servers,
         _options=opts,
     )
-    await handle.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    for service in READY_SERVICES:
+        await handle.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await handle.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
     for s in servers:
         await s.start()
     try:

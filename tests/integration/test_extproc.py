@@ -451,19 +451,29 @@ async def test_health_serving_then_not_serving_on_stop() -> None:
         await stop_epp(e)
 
 
-async def test_health_not_serving_until_endpoints_known() -> None:
+@pytest.mark.parametrize("port", ["grpc_port", "health_port"])
+async def test_readiness_not_serving_until_endpoints_known_liveness_serving_throughout(
+    port: str,
+) -> None:
+    """The Inference Extension's endpoint-picker protocol names health services ``liveness``
+    and ``readiness``; ``""`` follows readiness (Envoy's ext_proc cluster checks it)."""
     e = await start_epp(endpoints=[])
     e.handle.datastore.synced = False
     await e.handle.update_health()
-    ch = grpc.aio.insecure_channel(f"127.0.0.1:{e.handle.grpc_port}")
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{getattr(e.handle, port)}")
+    serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                            health_pb2.HealthCheckResponse.NOT_SERVING)  # fmt: skip
+
+    async def status(service: str) -> int:
+        return int((await stub.Check(health_pb2.HealthCheckRequest(service=service))).status)
+
     try:
         stub = health_pb2_grpc.HealthStub(ch)
-        resp = await stub.Check(health_pb2.HealthCheckRequest(service=""))
-        assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert [await status(s) for s in ("liveness", "readiness", "")] == [
+            serving, not_serving, not_serving]  # fmt: skip
         e.handle.datastore.replace_all(pool(2))
         await e.handle.update_health()
-        resp = await stub.Check(health_pb2.HealthCheckRequest(service=""))
-        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        assert [await status(s) for s in ("liveness", "readiness", "")] == [serving] * 3
     finally:
         await ch.close()
         await stop_epp(e)
