@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = serve.add_argument_group("scheduling and requests")
     g.add_argument("--config", default="",
                    help="YAML config file, or a shipped profile name (default, filter-chain, "
-                   "predicted-ttft, cache-aware); default: the shipped 'default' profile")
+                   "predicted-ttft, cache-aware, conformance: the Inference Extension's test "
+                   "hooks, never for production); default: the shipped 'default' profile")
     g.add_argument("--processing-mode", choices=sorted(_MODES), default="full-duplex",
                    help="request/response body mode assumed when Envoy sends no protocol_config "
                    "(Envoy >= 1.33 sends it; it then wins)")

@@ -100,7 +100,7 @@ _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 """Top-level sections read by other layers (``epp.config.request_control``,
 ``epp.datastore.static``) from ``EppConfig.raw``."""
 
-SHIPPED = ("default", "filter-chain", "predicted-ttft", "cache-aware")
+SHIPPED = ("default", "filter-chain", "predicted-ttft", "cache-aware", "conformance")
 
 
 def _camel(name: str) -> str:

@@ -12,6 +12,7 @@ after the scheduler sees it.
           - {model: chat-v3, weight: 10}
       modelPriorities: {batch-summarizer: -1}
       objectives: {premium: 10, batch: -1}   # x-gateway-inference-objective -> priority
+      servedEndpointHeader: ""       # response header naming the endpoint epp routed to
 
 Every field is optional. Errors name the field (``requestControl.modelRewrites.chat[1].weight``).
 """
@@ -55,6 +56,7 @@ class _Section(BaseModel):
                                         Field(min_length=1)]] = {}  # fmt: skip
     model_priorities: dict[str, int] = {}
     objectives: dict[str, int] = {}
+    served_endpoint_header: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]*$")] = ""
 
 
 def parse_request_control(raw: Mapping[str, Any] | None) -> RequestControlConfig:
@@ -77,4 +79,5 @@ def parse_request_control(raw: Mapping[str, Any] | None) -> RequestControlConfig
         model_rewrites=MappingProxyType(rewrites),
         model_priorities=MappingProxyType(dict(parsed.model_priorities)),
         objective_priorities=MappingProxyType(dict(parsed.objectives)),
+        served_endpoint_header=parsed.served_endpoint_header,
     )

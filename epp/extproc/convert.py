@@ -153,5 +153,12 @@ REQUEST_HEADERS_CONTINUE = pb.ProcessingResponse(request_headers=pb.HeadersRespo
 REQUEST_BODY_CONTINUE = pb.ProcessingResponse(request_body=pb.BodyResponse())
 REQUEST_TRAILERS_CONTINUE = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
 RESPONSE_HEADERS_CONTINUE = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+
+
+def response_headers_with(key: str, value: str) -> pb.ProcessingResponse:
+    """Continue the response with one header set (the served-endpoint header)."""
+    msg = pb.ProcessingResponse()
+    _set_header(msg.response_headers.response.header_mutation, key, value)
+    return msg
 RESPONSE_BODY_CONTINUE = pb.ProcessingResponse(response_body=pb.BodyResponse())
 RESPONSE_TRAILERS_CONTINUE = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())

@@ -429,6 +429,9 @@ class RequestStream:
         self._phase = Phase.RESPONSE_BODY
         if h.end_of_stream:
             self._finish()
+        served = self._parser.served_endpoint_header
+        if served and routing is not None:  # the conformance profile's read-back
+            return [convert.response_headers_with(served, routing.destination.split(",")[0])]
         return [convert.RESPONSE_HEADERS_CONTINUE]
 
     def _response_body(self, b: pb.HttpBody) -> list[pb.ProcessingResponse]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from epp.plugins import cacheaware, filters, pickers, scorers, ttft
+from epp.plugins import cacheaware, conformance, filters, pickers, scorers, ttft
 from epp.prefix.precise import PRECISE_PREFIX_PRODUCER, PreciseIndexConfig, PrecisePrefixProducer
 from epp.prefix.producer import PrefixIndexConfig, PrefixProducer
 from epp.scheduling.interfaces import DataProducer, Filter, Picker, Scorer
@@ -106,6 +106,16 @@ _ALL: dict[str, PluginType[Any]] = {
     ),
     "round-robin-picker": PluginType(
         pickers.RoundRobinPicker, pickers.PickerParams, "picker", "cycle through endpoints",
+    ),
+    # the conformance profile's test hooks (epp/plugins/conformance.py): never in production
+    "header-endpoint-selection-filter": PluginType(
+        conformance.HeaderEndpointSelectionFilter, conformance.SelectionParams, "filter",
+        "conformance tests only: keep the endpoints the test-epp-endpoint-selection header "
+        "names, in its order",
+    ),
+    "first-picker": PluginType(
+        conformance.FirstPicker, conformance.FirstPickerParams, "picker",
+        "the candidates in the order given (the first is the target)",
     ),
 }
 

@@ -26,5 +26,8 @@ class RequestControlConfig:
     )
     model_priorities: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     objective_priorities: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    served_endpoint_header: str = ""
+    """A response header set to the endpoint epp routed the request to ('' = none; the
+    conformance profile: ``x-conformance-test-served-endpoint``)."""
 
 

@@ -87,6 +87,11 @@ class RequestParser:
 
     # --- before the body ---------------------------------------------------------------
 
+    @property
+    def served_endpoint_header(self) -> str:
+        """The response header naming the endpoint routed to ('' = none: requestControl)."""
+        return self._config.served_endpoint_header
+
     def check_headers(self, path: str, headers: Mapping[str, str]) -> ApiKind:
         """Validate what can be validated before the body arrives (the request has a body)."""
         api = api_for_path(path)
@@ -134,6 +139,7 @@ class RequestParser:
             prompt="",
             api=ApiKind.NONE,
             priority=self._priority(headers, ""),
+            headers=headers,
         )
 
     # --- the body ----------------------------------------------------------------------
@@ -194,6 +200,7 @@ class RequestParser:
             priority=self._priority(headers, model, target),
             stream=doc.get("stream") is True,
             original_model=model if rewritten else "",
+            headers=headers,
             body=doc,
         )
         return ParsedRequest(request, out_body, rewritten)

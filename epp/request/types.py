@@ -45,6 +45,10 @@ class InferenceRequest:
     stream: bool = False
     original_model: str = ""
     """The ``model`` the client sent, when it was rewritten; responses map back to it."""
+    headers: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """The request headers as Envoy sent them (lower-case names; repeated ones joined with
+    commas), for plugins that read one (e.g. the conformance profile's endpoint selection).
+    Read-only."""
     body: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     """The parsed JSON body (for producers that need more than the flattened prompt: the
     precise producer applies the model's chat template to ``messages``). Read-only."""

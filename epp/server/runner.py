@@ -314,8 +314,8 @@ async def start_server(
         _servers=servers,
         _options=opts,
     )
-    for service in READY_SERVICES:
-        await handle.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in READY_SERVICES:
+        await handle.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await handle.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
     for s in servers:
         await s.start()
