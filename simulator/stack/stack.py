@@ -756,7 +756,7 @@ async def start_stack(options: StackOptions) -> Stack:
             router = [front.url.removeprefix("http://")]
             epps = await _start_epps(options, _picker_config("random", log_dir), router,
                                      log_dir, children, inline, deadline)  # fmt: skip
-            policy = "epp"
+            policy, endpoints = "epp", router  # the gateway's pool: the router alone
         gateway = await _start_front(options, policy, epps, endpoints, log_dir)
         stack = Stack(options, gateway, replica_urls, epps, log_dir, children, inline)
         try:
