@@ -2,7 +2,10 @@
 workload through epp and at random), written to docs/results/demo.md with the command, commit,
 date and machine.
 
-    ./run python tests/bench/bench_demo.py [stack flags, e.g. --engine vllm --replicas 2]
+    ./run python tests/bench/bench_demo.py [--result-name NAME] [stack flags, e.g.
+        --engine vllm --replicas 2]
+
+``--result-name`` (default ``demo``) names the file under docs/results/.
 """
 
 from __future__ import annotations
@@ -33,9 +36,15 @@ ROWS = [
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    name = "demo"
+    if "--result-name" in args:
+        i = args.index("--result-name")
+        name = args[i + 1]
+        del args[i : i + 2]
     out = Path(tempfile.mkdtemp(prefix="bench-demo-"))
     cmd = [str(Path(sys.executable).with_name("epp-sim")), "stack", "--demo", "--out-dir", str(out),
-           *sys.argv[1:]]  # fmt: skip
+           *args]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=ROOT)
     demo = json.loads((out / "demo.json").read_text())
     runs = demo["runs"]
@@ -47,11 +56,14 @@ def main() -> None:
         f"\nWorkload: {w['num_groups']} system prompts of {w['system_prompt_len']} tokens x "
         f"{w['num_prompts_per_group']} users x {w['num_turns']} turns, {w['concurrency']} "
         f"conversations at a time; {demo['replicas']} servers, fresh for each policy (cold "
-        f"caches); gateway: real Envoy ({demo['mode']} request bodies). Hit rate from the servers' "
+        f"caches, or the same servers emptied between runs with --rounds: {demo['rounds']}); "
+        f"gateway: real Envoy ({demo['mode']} request bodies). Hit rate from the servers' "
         "vllm:prefix_cache_hits_total / queries_total; client TTFT from the SSE stream; server "
         "TTFT from vllm:time_to_first_token_seconds; CPU from /proc per process role.\n"
     )
-    path = write_result("demo", "The demo: epp vs random routing on the local stack",
+    title = ("The demo: epp vs random routing on the local stack" if name == "demo"
+             else f"The demo workload on the local stack: {' '.join(args)}")  # fmt: skip
+    path = write_result(name, title,
                         head + body + notes, demo, argv=[__file__, *sys.argv[1:]])  # fmt: skip
     print(f"wrote {path.relative_to(ROOT)}")
 
