@@ -197,6 +197,8 @@ class EnvoyGateway:
     """Real Envoy in front of epp (or balancing alone, for the baselines)."""
 
     envoy: RunningEnvoy
+    scratch: Path | None = None
+    """A temporary folder made for Envoy's config and log (removed on stop)."""
 
     @property
     def url(self) -> str:
@@ -208,6 +210,10 @@ class EnvoyGateway:
 
     async def stop(self) -> None:
         await self.envoy.stop()
+        if self.scratch is not None:
+            import shutil
+
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 @dataclass
@@ -686,13 +692,15 @@ async def _start_front(
     if options.gateway == "envoy":
         import tempfile
 
-        folder = log_dir or Path(tempfile.mkdtemp(prefix="epp-stack-"))
+        scratch = None if log_dir else Path(tempfile.mkdtemp(prefix="epp-envoy-"))
+        folder = log_dir or scratch
+        assert folder is not None
         envoy_options = options.envoy_options(policy, [e.grpc for e in epps], endpoints)
         try:
             envoy = await start_envoy(envoy_options, folder, ready_timeout_s=options.ready_timeout_s)
         except EnvoyUnavailable as exc:
             raise StackError(str(exc)) from None
-        return EnvoyGateway(envoy)
+        return EnvoyGateway(envoy, scratch)
     request_mode, response_mode = options.modes()
     return await start_gateway(
         GatewayOptions(
