@@ -34,6 +34,11 @@ if [ -z "$($B images -q "$BASE" 2>/dev/null)" ]; then
     ctr=$($B from scratch)
     mnt=$($B mount "$ctr")
     tar -C "$mnt" -xf "$work/rootfs.tar"
+    # the base trusts what this machine trusts (a TLS-intercepting proxy's CA, where there is
+    # one), so that pip inside the build reaches PyPI as pip here does
+    if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+        cp /etc/ssl/certs/ca-certificates.crt "$mnt/etc/ssl/certs/ca-certificates.crt"
+    fi
     $B umount "$ctr" >/dev/null
     $B commit --quiet "$ctr" "$BASE" >/dev/null
     $B rm "$ctr" >/dev/null
@@ -41,7 +46,8 @@ if [ -z "$($B images -q "$BASE" 2>/dev/null)" ]; then
 fi
 echo "building $IMAGE from deploy/Containerfile (buildah, vfs, chroot)..." >&2
 $B bud --quiet --isolation chroot --layers=false -f deploy/Containerfile \
-    --build-arg BASE="$BASE" -t "$IMAGE" . >/dev/null
+    --build-arg BASE="$BASE" --build-arg PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    -t "$IMAGE" . >/dev/null
 size=$($B images --format '{{.Size}}' "$IMAGE" | head -1)
 base_size=$($B images --format '{{.Size}}' "$BASE" | head -1)
 echo "image $IMAGE built in $(( $(date +%s) - t0 )) s: $size (the base, Debian $SUITE minbase with python3: $base_size)"
