@@ -13,6 +13,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
+def _require_extras() -> None:
+    """epp-sim's dependencies are the ``sim`` extra: say so instead of an ImportError."""
+    import importlib.util
+
+    missing = [m for m in ("rich", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"epp-sim needs {', '.join(missing)}: pip install 'epp[sim]'")
+
+
 def _emulate(subparsers: Any) -> None:
     from simulator.emulator.cli import register
 
@@ -31,12 +40,17 @@ def _stack(subparsers: Any) -> None:
     register(subparsers)
 
 
+def _replay(subparsers: Any) -> None:
+    from simulator.replay import register
+
+    register(subparsers)
+
+
 SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "emulate": _emulate,
     "gateway": _gateway,
     "stack": _stack,
-    "replay": __import__("simulator.replay").replay.register,
-    # "gateway": ..., "stack": ..., "replay": ...
+    "replay": _replay,
 }
 
 
@@ -55,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _require_extras()
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"

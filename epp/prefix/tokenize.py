@@ -26,8 +26,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
-
 log = logging.getLogger(__name__)
 
 _MAX_TEMPLATE_CHARS = 1 << 20
@@ -65,6 +63,13 @@ class ModelTokenizer:
         tok_file = directory / "tokenizer.json"
         if not tok_file.is_file():
             raise TokenizerError(f"{directory}: no tokenizer.json")
+        try:  # the precise extra (pip install 'epp[precise]'): imported only when used
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise TokenizerError(
+                "the precise prefix producer needs the tokenizers and Jinja2 packages: "
+                "pip install 'epp[precise]'"
+            ) from None
         try:
             self.tokenizer = Tokenizer.from_file(str(tok_file))
         except Exception as exc:  # the tokenizers library raises its own Exception type
