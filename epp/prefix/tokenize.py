@@ -199,7 +199,13 @@ class TokenizerPool:
         self._loaded: dict[str, ModelTokenizer | None] = {}
 
     def check(self) -> None:
-        """Load every explicitly named tokenizer now (start-up: a bad path fails loudly)."""
+        """Load every explicitly named tokenizer now (start-up: a bad path fails loudly), and
+        fail at once when the libraries of the precise extra are not installed."""
+        import importlib.util
+
+        if any(importlib.util.find_spec(m) is None for m in ("tokenizers", "jinja2")):
+            raise TokenizerError("the precise prefix producer needs the tokenizers and Jinja2 "
+                                 "packages: pip install 'epp[precise]'")  # fmt: skip
         for model, path in self.paths.items():
             self._loaded[model] = ModelTokenizer(Path(path))
 
