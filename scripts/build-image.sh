@@ -30,6 +30,9 @@ if [ -z "$($B images -q "$BASE" 2>/dev/null)" ]; then
     echo "making the base: Debian $SUITE with python3 (mmdebstrap)..." >&2
     work=$(mktemp -d)
     mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
+        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+        --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/*' \
         "$SUITE" "$work/rootfs.tar"
     ctr=$($B from scratch)
     mnt=$($B mount "$ctr")
