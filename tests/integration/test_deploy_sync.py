@@ -3,11 +3,18 @@ headless Service over the epp pods, --peer-dns naming it, the sync port and POD_
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import dataclasses
 import subprocess
+from pathlib import Path
 
+import grpc
 import pytest
 
 from epp.cli import build_parser, sync_options
+from epp.sync.gen import sync_pb2, sync_pb2_grpc
+from tests.integration.extproc_fixtures import pool, start_epp, stop_epp
 from tests.integration.test_deploy import (
     CHART,
     VALUES,
@@ -18,6 +25,9 @@ from tests.integration.test_deploy import (
     tool,
     validate_schema,
 )
+from tests.integration.test_sync import connect, connected, until
+from tests.integration.test_sync import sync_options as fast_sync
+from tests.integration.test_sync_security import make_pki, needs_openssl
 
 
 def render(*args: str) -> list[dict]:  # type: ignore[type-arg]
@@ -94,5 +104,66 @@ def test_sync_tls_comes_from_a_secret_and_its_flags_are_accepted() -> None:
     opts = sync_options(build_parser().parse_args([*args, "--endpoints", "10.0.0.1:8000"]))
     assert opts is not None and opts.tls is not None and opts.tls.server_name == "epp-sync"
     assert opts.warm_timeout_s == 10 and opts.max_subscribers == 32
-    plain = container(render("--set", "replicaCount=3"))
+    plain = container(render("--set", "replicaCount=3", "--set", "sync.tls.generate=false"))
     assert not any(a.startswith("--sync-cert") for a in plain["args"])
+
+
+def test_the_network_policy_admits_the_gateway_epp_and_monitoring_each_to_its_port() -> None:
+    docs = render("--set", "replicaCount=2")
+    validate_schema(docs)
+    policy = one(docs, "NetworkPolicy")
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    rules = {tuple(p["port"] for p in r["ports"]): r["from"] for r in policy["spec"]["ingress"]}
+    gateway = rules[(9002, 9003)]
+    assert gateway[0]["podSelector"]["matchExpressions"][0]["key"] == (
+        "gateway.networking.k8s.io/gateway-name")
+    (peers,) = rules[(9004,)]  # sync: epp's own pods only
+    assert peers == {"podSelector": {"matchLabels": policy["spec"]["podSelector"]["matchLabels"]}}
+    assert (9090,) in rules
+    assert not by_kind(render("--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+@needs_openssl
+async def test_the_default_chart_authenticates_sync_refusing_strangers_and_fake_peers(
+    tmp_path: Path,
+) -> None:
+    """Installed with defaults and two replicas, the chart generates a CA and a certificate
+    and gives every pod --sync-cert/--sync-key/--sync-ca: epp started with exactly those
+    settings serves its peer, and refuses a plaintext subscriber, a subscriber with another
+    CA's certificate, and a peer that cannot show a certificate from the chart's CA."""
+    docs = render("--set", "replicaCount=2")
+    (secret,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("sync-tls")]
+    assert secret["type"] == "kubernetes.io/tls"
+    files = {}
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        files[key] = tmp_path / key
+        files[key].write_bytes(base64.b64decode(secret["data"][key]))
+    c = container(docs)
+    mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "sync-tls")
+    args = [a.replace(mount, str(tmp_path)) for a in c["args"]]
+    opts = sync_options(build_parser().parse_args([*args, "--endpoints", "10.0.0.1:8000"]))
+    assert opts is not None and opts.tls is not None
+    tls = opts.tls
+    a = await start_epp(pool(4), sync=dataclasses.replace(fast_sync(), tls=tls))
+    b = await start_epp(pool(4), sync=dataclasses.replace(fast_sync(), tls=tls))
+    fake = await start_epp(pool(4), sync=dataclasses.replace(
+        fast_sync(), tls=make_pki(tmp_path, "stranger")))  # fmt: skip
+    try:
+        connect([a, b])
+        await until(lambda: connected(b, [a]), "b follows a with the chart's certificate")
+        target = f"127.0.0.1:{a.handle.sync_port}"
+        async with grpc.aio.insecure_channel(target) as ch:  # an unauthenticated subscriber
+            call = sync_pb2_grpc.IndexSyncStub(ch).Subscribe(sync_pb2.SubscribeRequest(replica_id="x"))
+            with pytest.raises(grpc.aio.AioRpcError):
+                await call.read()
+        # a fake peer: b is pointed at it and never accepts its stream
+        assert b.handle.sync is not None and fake.handle.sync is not None
+        b.handle.sync.peers.update([target, f"127.0.0.1:{fake.handle.sync_port}"])
+        fake.handle.sync.peers.update([target])  # nor does a accept it as a subscriber
+        await asyncio.sleep(1.0)  # several connection attempts with backoff
+        assert not connected(b, [fake]) and connected(b, [a])
+        assert not connected(fake, [a])
+    finally:
+        for r in (a, b, fake):
+            await stop_epp(r)

@@ -89,3 +89,12 @@ precisePrefix.enabled.
 {{- .Values.scheduling.config -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secret holding the sync port's certificate ("" = plaintext). */}}
+{{- define "epp.syncTlsSecret" -}}
+{{- if .Values.sync.tls.secretName -}}
+{{- .Values.sync.tls.secretName -}}
+{{- else if .Values.sync.tls.generate -}}
+{{- printf "%s-sync-tls" (include "epp.fullname" . | trunc 54 | trimSuffix "-") -}}
+{{- end -}}
+{{- end -}}
