@@ -10,7 +10,6 @@ real Envoy to an emulated model server.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,12 +52,12 @@ async def main(command: list[str]) -> int:
     ports = {"grpc": free_port(), "health": free_port(), "metrics": free_port()}
     argv = [a.format(endpoints=endpoint, **ports) for a in command]
     print("starting:", " ".join(argv), flush=True)
-    proc = subprocess.Popen(argv)
+    proc = await asyncio.create_subprocess_exec(*argv)
     failures = []
     try:
         deadline = time.monotonic() + 60
         while await health(ports["grpc"], "readiness") != "SERVING":
-            if proc.poll() is not None:
+            if proc.returncode is not None:
                 print(f"epp exited with {proc.returncode}")
                 return 1
             if time.monotonic() > deadline:
@@ -95,9 +94,10 @@ async def main(command: list[str]) -> int:
     finally:
         proc.terminate()
         try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
+            await asyncio.wait_for(proc.wait(), 15)
+        except TimeoutError:
             proc.kill()
+            await proc.wait()
         for r in reps:
             await r.close()
     print("image smoke test: " + ("FAILED: " + ", ".join(failures) if failures else "passed"))
