@@ -90,7 +90,7 @@ class ScrapingConfig:
 class ScrapeOptions:
     interval_s: float = DEFAULT_INTERVAL_S
     """Shortest period between two scrapes of one endpoint. 200 ms: the replay loses nothing
-    against 50 ms (README, "Benchmarks"), and a model server renders its page a quarter as
+    against 50 ms (docs/research/2026-11-26-readme-lab-notebook.md, "Benchmarks"), and a model server renders its page a quarter as
     often (vLLM spends ~7 ms of CPU on each: at 20 Hz, 0.14 of a core per server)."""
     budget_per_s: float = 500.0
     """Most scrapes per second over the whole pool; 0 = no limit."""
