@@ -19,12 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def health(port: int, service: str) -> str:
@@ -46,6 +40,7 @@ async def main(command: list[str]) -> int:
     from epp.envoyconfig import EnvoyOptions
     from simulator.envoy import start_envoy, with_ports
     from simulator.stack import child
+    from simulator.vllm import free_port
 
     reps = await child.start_replicas(1, 20.0, "meta-llama/Llama-3.1-8B-Instruct", None, None)
     endpoint = reps[0].url.removeprefix("http://")

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from epp.datastore.endpoint import Endpoint
+from epp.plugins.pickers import PickerParams
 from epp.scheduling.types import CycleState
 
 SELECTION_HEADER = "test-epp-endpoint-selection"
@@ -50,15 +51,10 @@ class HeaderEndpointSelectionFilter:
         return kept
 
 
-@dataclass(slots=True, frozen=True)
-class FirstPickerParams:
-    pass
-
-
 class FirstPicker:
     """The candidates in the order given: the first is the target, the next the fallbacks."""
 
-    def __init__(self, name: str, params: FirstPickerParams) -> None:
+    def __init__(self, name: str, params: PickerParams) -> None:
         self.name = name
 
     def pick(

@@ -114,7 +114,7 @@ _ALL: dict[str, PluginType[Any]] = {
         "names, in its order",
     ),
     "first-picker": PluginType(
-        conformance.FirstPicker, conformance.FirstPickerParams, "picker",
+        conformance.FirstPicker, pickers.PickerParams, "picker",
         "the candidates in the order given (the first is the target)",
     ),
 }

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -31,6 +30,7 @@ from simulator.envoy import (
     with_ports,
 )
 from simulator.stack import child
+from simulator.vllm import free_port
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -49,10 +49,6 @@ def _envoy_present() -> None:
     require_envoy()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
