@@ -10,8 +10,8 @@ import random
 from collections.abc import Sequence
 
 from epp.config.loader import EppConfig
+from epp.framework.interfaces import DataProducer
 from epp.plugins.registry import FILTERS, PICKERS, PRODUCERS, SCORERS
-from epp.scheduling.interfaces import DataProducer
 from epp.scheduling.profile import Profile, WeightedScorer
 from epp.scheduling.scheduler import Scheduler
 

@@ -41,17 +41,15 @@ import yaml
 
 from epp import schema
 from epp.config.request_control import RequestControlConfig, parse_request_control
-from epp.datastore.endpoint import Endpoint
 from epp.datastore.scraper import ScrapingConfig
 from epp.datastore.static import endpoints_from_config
 from epp.errors import ConfigError
 from epp.flowcontrol.controller import FlowControlConfig
-from epp.plugins.registry import APPROX_PREFIX_PRODUCER, PLUGIN_TYPES
-from epp.prefix.precise import PRECISE_PREFIX_PRODUCER
-from epp.prefix.producer import PrefixIndexConfig
+from epp.framework.endpoint import Endpoint
+from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
 from epp.scheduling.saturation import SaturationConfig
 
-__all__ = ["EppConfig", "PluginSpec", "PrefixIndexConfig", "ProfileSpec", "SaturationConfig",
+__all__ = ["EppConfig", "PluginSpec", "ProfileSpec", "SaturationConfig",
            "default_config", "load_config", "loads_config", "parse_config", "shipped_config"]
 
 
@@ -77,8 +75,6 @@ class EppConfig:
     profile: ProfileSpec
     producers: tuple[str, ...] = ()
     """Data producers (by plugin name): they run for every request, before the profile."""
-    prefix: PrefixIndexConfig = field(default_factory=PrefixIndexConfig)
-    """The approximate prefix producer's settings (``prefixIndex``, or its parameters)."""
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
     scraping: ScrapingConfig = field(default_factory=ScrapingConfig)
     """The ``scraping`` section: the scrape period this profile wants."""
@@ -94,8 +90,10 @@ class EppConfig:
 
 log = logging.getLogger(__name__)
 
-_KNOWN_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "prefixIndex", "saturation",
-              "flowControl", "scraping"}
+_SECTIONS = {pt.section: pt for pt in PLUGIN_TYPES.values() if pt.section}
+"""Top-level sections that give a plugin type's parameters (``prefixIndex``)."""
+_KNOWN_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "saturation",
+              "flowControl", "scraping", *_SECTIONS}
 _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 """Top-level sections read by other layers (``epp.config.request_control``,
 ``epp.datastore.static``) from ``EppConfig.raw``."""
@@ -123,13 +121,8 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
     plugins = _plugins(data)
     producers = _producers(plugins, data, source)
     profile = _profile(data.get("schedulingProfiles"), plugins)
-    prefix = build_params(PrefixIndexConfig, data.get("prefixIndex"), "prefixIndex")
-    _check_prefix(prefix, "prefixIndex")
-    approx = [sp for sp in plugins.values() if sp.type == APPROX_PREFIX_PRODUCER]
-    for sp in approx:
-        _check_prefix(sp.params, f"plugins.{sp.name}.parameters")
-    if approx:
-        prefix = approx[0].params
+    for section, pt in _SECTIONS.items():  # validated even when no plugin uses it
+        _checked(build_params(pt.params, data.get(section), section), section)
     saturation = build_params(SaturationConfig, data.get("saturation"), "saturation")
     scraping = build_params(ScrapingConfig, data.get("scraping"), "scraping")
     _check_scraping(scraping, saturation)
@@ -137,7 +130,6 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
         plugins=plugins,
         profile=profile,
         producers=producers,
-        prefix=prefix,
         saturation=saturation,
         scraping=scraping,
         request_control=parse_request_control(data),
@@ -199,9 +191,10 @@ def _plugins(data: Mapping[str, Any]) -> dict[str, PluginSpec]:
             raise ConfigError(f"{where}.name", f"duplicate plugin name {name!r}")
         pt = PLUGIN_TYPES[ptype]
         raw_params = item.get("parameters")
-        if ptype == APPROX_PREFIX_PRODUCER:  # the prefixIndex section, overridden by these
-            raw_params = _merged(data.get("prefixIndex"), raw_params, f"{where}.parameters")
-        params: Any = build_params(pt.params, raw_params, f"{where}.parameters")
+        if pt.section:  # the type's section, overridden by these
+            raw_params = _merged(data.get(pt.section), raw_params, f"{where}.parameters")
+        params = _checked(build_params(pt.params, raw_params, f"{where}.parameters"),
+                          f"{where}.parameters")  # fmt: skip
         plugins[name] = PluginSpec(name, ptype, pt.kind, params)
     return plugins
 
@@ -209,32 +202,51 @@ def _plugins(data: Mapping[str, Any]) -> dict[str, PluginSpec]:
 def _producers(
     plugins: dict[str, PluginSpec], data: Mapping[str, Any], source: str
 ) -> tuple[str, ...]:
-    """The configured data producers; the approximate prefix producer is added (to
-    ``plugins`` too) when a plugin reads the prefix match and no producer is configured."""
+    """The data producers, in the order they run: every producer after those providing what
+    it reads. The producer the registry names as the default for some data is added (to
+    ``plugins`` too, its parameters from its section) when a plugin reads that data and no
+    configured producer provides it."""
     producers = [n for n, sp in plugins.items() if sp.kind == "producer"]
-    if not producers and any(PLUGIN_TYPES[sp.type].reads_prefix for sp in plugins.values()):
-        # configs written before producers were plugins (and the Go EPP's) name only the
-        # prefix scorer: add the producer it reads, configured by the prefixIndex section
-        log.info("config %s: a plugin reads the prefix match and no producer is configured; "
-                 "adding %s (settings: prefixIndex)", source, APPROX_PREFIX_PRODUCER)
-        params = build_params(PrefixIndexConfig, data.get("prefixIndex"), "prefixIndex")
-        plugins[APPROX_PREFIX_PRODUCER] = PluginSpec(
-            APPROX_PREFIX_PRODUCER, APPROX_PREFIX_PRODUCER, "producer", params
-        )
-        producers = [APPROX_PREFIX_PRODUCER]
-    precise = [n for n in producers if plugins[n].type == PRECISE_PREFIX_PRODUCER]
-    approx = [n for n in producers if plugins[n].type == APPROX_PREFIX_PRODUCER]
-    if precise and not approx and any(plugins[n].params.approximate_fallback for n in precise):
-        log.info("config %s: %s falls back to the approximate index; adding %s (settings: "
-                 "prefixIndex)", source, PRECISE_PREFIX_PRODUCER, APPROX_PREFIX_PRODUCER)
-        params = build_params(PrefixIndexConfig, data.get("prefixIndex"), "prefixIndex")
-        plugins[APPROX_PREFIX_PRODUCER] = PluginSpec(
-            APPROX_PREFIX_PRODUCER, APPROX_PREFIX_PRODUCER, "producer", params
-        )
-        approx = [APPROX_PREFIX_PRODUCER]
-    # the approximate match first: the precise producer reads it for its fallback
-    others = [n for n in producers if n not in precise and n not in approx]
-    return (*approx, *others, *precise)
+    pending = list(plugins.values())
+    while pending:  # an added producer may read data of its own
+        sp = pending.pop(0)
+        for data_key in PLUGIN_TYPES[sp.type].reads(sp.params):
+            if any(data_key in _provides(plugins[n]) for n in producers):
+                continue
+            ptype = DEFAULT_PRODUCERS[data_key]
+            pt = PLUGIN_TYPES[ptype]
+            where = pt.section or ptype
+            log.info("config %s: %s reads %s and no producer provides it; adding %s "
+                     "(settings: %s)", source, sp.name, data_key, ptype, where)  # fmt: skip
+            params = _checked(build_params(pt.params, data.get(pt.section), where), where)
+            added = PluginSpec(ptype, ptype, "producer", params)
+            plugins[ptype] = added
+            producers.append(ptype)
+            pending.append(added)
+    ordered: list[str] = []
+    while producers:  # next: the first producer that reads nothing a remaining one provides
+        ready = next((n for n in producers if not _waits(plugins[n], producers, plugins)),
+                     producers[0])  # fmt: skip
+        producers.remove(ready)
+        ordered.append(ready)
+    return tuple(ordered)
+
+
+def _waits(spec: PluginSpec, producers: list[str], plugins: Mapping[str, PluginSpec]) -> bool:
+    reads = set(PLUGIN_TYPES[spec.type].reads(spec.params))
+    return any(reads & _provides(plugins[m]) for m in producers if m != spec.name)
+
+
+def _provides(spec: PluginSpec) -> set[str]:
+    return set(PLUGIN_TYPES[spec.type].provides)
+
+
+def _checked(params: Any, where: str) -> Any:
+    """Run the parameters' own ``check(where)`` (rules the field types cannot say)."""
+    check = getattr(params, "check", None)
+    if check is not None:
+        check(where)
+    return params
 
 
 def _profile(profiles: Any, plugins: Mapping[str, PluginSpec]) -> ProfileSpec:
@@ -296,14 +308,6 @@ def _merged(section: Any, params: Any, where: str) -> Any:
     if not isinstance(params, Mapping):
         return params
     return {**section, **params}
-
-
-def _check_prefix(prefix: PrefixIndexConfig, where: str) -> None:
-    if prefix.block_chars < 1:
-        raise ConfigError(f"{where}.blockChars", "must be at least 1")
-    for fname in ("capacity_per_endpoint_chunks", "max_entries", "ttl_seconds", "chars_per_token"):
-        if getattr(prefix, fname) <= 0:
-            raise ConfigError(f"{where}.{_camel(fname)}", "must be positive")
 
 
 def _check_scraping(scraping: ScrapingConfig, saturation: SaturationConfig) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from epp.datastore.endpoint import Metrics
+from epp.framework.endpoint import Metrics
 
 MAX_NUMBER_CHARS = 40
 MAX_COUNT = 1_000_000

@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.datastore.metricsparse import (
     ENGINES,
     SGLANG,
@@ -43,6 +42,7 @@ from epp.datastore.metricsparse import (
 )
 from epp.datastore.pagefetch import DEFAULT_MAX_BYTES, PageFetcher
 from epp.datastore.store import Datastore
+from epp.framework.endpoint import Endpoint, EndpointId
 from epp.supervise import spawn
 
 __all__ = [
@@ -84,6 +84,7 @@ class ScrapingConfig:
     ``epp serve --scrape-interval-s`` overrides it."""
 
     interval_seconds: float = DEFAULT_INTERVAL_S
+    """Seconds between two scrapes of an endpoint's /metrics (shorter than ``saturation.metricsStalenessSeconds``)."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StringConstraints
 
-from epp.datastore.endpoint import ENGINE_LABEL, Endpoint, endpoint_id, parse_endpoint_id
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
+from epp.framework.endpoint import ENGINE_LABEL, Endpoint, endpoint_id, parse_endpoint_id
 from epp.schema import STRICT, validate
 
 CONFIG_SECTION = "staticEndpoints"

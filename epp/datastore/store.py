@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 
 RemovalListener = Callable[[EndpointId], None]
 MetricsListener = Callable[[Endpoint], None]

@@ -41,8 +41,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from epp.extproc.convert import OBSERVE_HEADER
+from epp.framework.types import ResponseInfo
 from epp.requestcontrol.director import Director, Routing
-from epp.scheduling.types import ResponseInfo
 from epp.sync.gen import sync_pb2
 
 Kind = sync_pb2.Observation.Kind

@@ -40,8 +40,8 @@ from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, Unavaila
 from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
 from epp.extproc.observer import OBSERVE_HEADER, Kind, ResponseHandoff
+from epp.framework.request import InferenceRequest
 from epp.request.parse import CONTROL_HEADERS, ParsedRequest, RequestParser, echo
-from epp.request.types import InferenceRequest
 from epp.requestcontrol.director import Director, Routing
 from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits, ResponseReader
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from epp.request.types import InferenceRequest
+from epp.framework.request import InferenceRequest
 
 DEFAULT_FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 
@@ -41,6 +41,7 @@ class FlowControlConfig:
     """The ``flowControl:`` config section (docs/flow-control.md)."""
 
     enabled: bool = False
+    """Queue requests in epp while the pool is saturated, instead of sending them on."""
     fairness_header: str = DEFAULT_FAIRNESS_HEADER
     """The header naming a request's flow (tenant); without it the flow is the model."""
     saturation: Literal["thresholds", "concurrency"] = "thresholds"
@@ -48,13 +49,18 @@ class FlowControlConfig:
     (queue = waiting + sent since the last scrape); ``concurrency``: every endpoint has
     ``maxConcurrency`` requests in flight from epp."""
     max_concurrency: int = 8
+    """``concurrency`` saturation: requests in flight from epp per endpoint."""
     fairness: Literal["round-robin", "global-strict"] = "round-robin"
+    """Between flows of a band: take turns, or the oldest request of any flow first."""
     ordering: Literal["fcfs", "edf"] = "fcfs"
     """Inside a flow: arrival order, or earliest deadline (the deadline is the queue-time
     limit, shortened by a request's own ``x-gateway-request-deadline-ms`` header)."""
     max_queue_seconds: float = 30.0
+    """A request queued this long is answered 503 (or 429 when shed)."""
     max_requests: int = 10_000
+    """Requests queued at once, all bands."""
     max_bytes: int = 512 << 20
+    """Request-body bytes queued at once, all bands."""
     band_max_requests: int = 0
     """Per priority band (0: ``maxRequests``)."""
     band_max_bytes: int = 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.framework.endpoint import Endpoint, EndpointId
 from epp.scheduling.saturation import SaturationConfig, endpoint_fresh, endpoint_saturated
 
 

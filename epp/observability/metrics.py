@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.framework.endpoint import Endpoint, EndpointId
 from epp.observability.hotpath import LightCounter, LightHistogram
 
 _DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300)

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epp.datastore.endpoint import Endpoint, EndpointId
-from epp.scheduling.types import CycleState, PickResult
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.types import CycleState, PickResult
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,6 +34,7 @@ class CacheAwareParams:
     balance_abs_threshold: int = 64
     """With ``balance_rel_threshold``: the load gap at which load alone decides."""
     balance_rel_threshold: float = 1.5
+    """With ``balance_abs_threshold``: the ratio of the busiest to the idlest endpoint's load at which load alone decides."""
 
 
 class CacheAwareScorer:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epp.datastore.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
+from epp.framework.types import CycleState
 from epp.plugins.pickers import PickerParams
-from epp.scheduling.types import CycleState
 
 SELECTION_HEADER = "test-epp-endpoint-selection"
 
@@ -29,6 +29,7 @@ SELECTION_HEADER = "test-epp-endpoint-selection"
 @dataclass(slots=True, frozen=True)
 class SelectionParams:
     header: str = SELECTION_HEADER
+    """The request header listing the endpoints (ip or ip:port, comma-separated, in order)."""
 
 
 class HeaderEndpointSelectionFilter:

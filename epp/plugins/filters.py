@@ -7,15 +7,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from epp.datastore.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
+from epp.framework.types import CycleState
 from epp.plugins.scorers import lora_tier
-from epp.scheduling.types import CycleState
 
 
 @dataclass(slots=True, frozen=True)
 class LoadThresholdParams:
     queue_threshold: int = 5
+    """Keep endpoints with at most this many requests waiting."""
     kv_cache_threshold: float = 0.8
+    """Keep endpoints using at most this share of their KV cache."""
 
 
 class LoadThresholdFilter:
@@ -138,6 +140,7 @@ class BoundedLoadFilter:
 @dataclass(slots=True, frozen=True)
 class LongestPrefixParams:
     min_match_chunks: int = 1
+    """Below this many matched chunks no endpoint counts as holding the prefix (all are kept)."""
 
 
 class LongestPrefixFilter:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epp.datastore.endpoint import Endpoint
-from epp.scheduling.types import CycleState
+from epp.framework.endpoint import Endpoint
+from epp.framework.types import CycleState
 
 
 @dataclass(slots=True, frozen=True)

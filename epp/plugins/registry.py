@@ -2,6 +2,11 @@
 
 One registry per plugin kind, each typed by the kind's protocol, so building a profile needs
 no casts; ``PLUGIN_TYPES`` is their union for the config loader.
+
+Producers are matched to their readers by the data they provide, not by name: a plugin
+declares what it ``reads`` (e.g. ``PREFIX_MATCH``), a producer what it ``provides``, and
+``DEFAULT_PRODUCERS`` names the producer the loader adds when a plugin reads data no
+configured producer provides. Adding a plugin is one entry here (docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -10,10 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from epp.framework.interfaces import DataProducer, Filter, Picker, Scorer
 from epp.plugins import cacheaware, conformance, filters, pickers, scorers, ttft
-from epp.prefix.precise import PRECISE_PREFIX_PRODUCER, PreciseIndexConfig, PrecisePrefixProducer
-from epp.prefix.producer import PrefixIndexConfig, PrefixProducer
-from epp.scheduling.interfaces import DataProducer, Filter, Picker, Scorer
+from epp.plugins.approxprefix import APPROX_PREFIX_PRODUCER, PrefixIndexConfig, PrefixProducer
+from epp.plugins.preciseprefix import (
+    PRECISE_PREFIX_PRODUCER,
+    PreciseIndexConfig,
+    PrecisePrefixProducer,
+)
 
 T = TypeVar("T")
 
@@ -24,41 +33,67 @@ class PluginType(Generic[T]):
     params: type
     kind: str  # "producer" | "filter" | "scorer" | "picker"
     summary: str
-    reads_prefix: bool = False
-    """Reads the prefix match: a prefix producer must run (added implicitly if absent)."""
+    reads: Callable[[Any], tuple[str, ...]] = lambda _params: ()
+    """The data it reads, given its parameters: a producer providing each must run (the
+    default one is added when the config has none)."""
+    provides: tuple[str, ...] = ()
+    """A producer: the data it attaches to the cycle state."""
+    section: str = ""
+    """A top-level config section whose fields are the defaults of its parameters (the
+    plugin's own ``parameters`` override them)."""
 
 
-APPROX_PREFIX_PRODUCER = "approx-prefix-cache-producer"
+PREFIX_MATCH = "prefix-match"
+"""``CycleState.prefix``: the leading prompt chunks each endpoint holds."""
+APPROX_INDEX = "approximate-prefix-index"
+"""The index learnt from routing and replies (what index sync shares)."""
+
+
+def _reads_prefix(_params: Any) -> tuple[str, ...]:
+    return (PREFIX_MATCH,)
+
+
+def _precise_reads(params: PreciseIndexConfig) -> tuple[str, ...]:
+    return (APPROX_INDEX,) if params.approximate_fallback else ()
 
 PRODUCERS: dict[str, PluginType[DataProducer]] = {
     APPROX_PREFIX_PRODUCER: PluginType(
         PrefixProducer.from_params, PrefixIndexConfig, "producer",
         "hashes the prompt in chunks, looks up which endpoint recently received them, records "
         "each pick and reply (parameters: the prefixIndex section's fields)",
+        provides=(PREFIX_MATCH, APPROX_INDEX), section="prefixIndex",
     ),
     PRECISE_PREFIX_PRODUCER: PluginType(
         PrecisePrefixProducer.from_params, PreciseIndexConfig, "producer",
         "tokenizes the request, keys its blocks as vLLM does and matches them against the "
         "servers' KV-cache events; the approximate index covers servers without events "
         "(docs/precise-prefix.md)",
+        reads=_precise_reads, provides=(PREFIX_MATCH,),
     ),
 }
+
+DEFAULT_PRODUCERS: dict[str, str] = {
+    PREFIX_MATCH: APPROX_PREFIX_PRODUCER,
+    APPROX_INDEX: APPROX_PREFIX_PRODUCER,
+}
+"""Data -> the producer type added when a plugin reads it and no configured producer
+provides it."""
 
 _ALL: dict[str, PluginType[Any]] = {
     "prefix-cache-scorer": PluginType(
         scorers.PrefixCacheScorer, scorers.PrefixCacheScorerParams, "scorer",
-        "matched leading chunks / request chunks, from the prefix index", reads_prefix=True,
+        "matched leading chunks / request chunks, from the prefix index", reads=_reads_prefix,
     ),
     "predicted-ttft-scorer": PluginType(
         ttft.PredictedTtftScorer, ttft.PredictedTtftParams, "scorer",
         "lowest predicted time to first token (uncached tokens, queued prefill, running "
-        "requests; cost model fitted online)", reads_prefix=True,
+        "requests; cost model fitted online)", reads=_reads_prefix,
     ),
     "cache-aware-scorer": PluginType(
         cacheaware.CacheAwareScorer, cacheaware.CacheAwareParams, "scorer",
         "the SGLang router's cache_aware rule: the endpoint holding a prefix match over 0.3 of "
         "the prompt, else the one sent the least uncached text; load alone when imbalanced",
-        reads_prefix=True,
+        reads=_reads_prefix,
     ),
     "queue-scorer": PluginType(
         scorers.QueueScorer, scorers.QueueScorerParams, "scorer",
@@ -92,7 +127,7 @@ _ALL: dict[str, PluginType[Any]] = {
     ),
     "longest-prefix-filter": PluginType(
         filters.LongestPrefixFilter, filters.LongestPrefixParams, "filter",
-        "keep the endpoints holding the longest prefix", reads_prefix=True,
+        "keep the endpoints holding the longest prefix", reads=_reads_prefix,
     ),
     "max-score-picker": PluginType(
         pickers.MaxScorePicker, pickers.PickerParams, "picker", "highest score, random tie-break",

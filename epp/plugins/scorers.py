@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epp.datastore.endpoint import Endpoint
-from epp.scheduling.types import CycleState
+from epp.framework.endpoint import Endpoint
+from epp.framework.types import CycleState
 
 NEUTRAL = 0.5
 
@@ -88,9 +88,13 @@ class KvCacheUtilizationScorer:
 @dataclass(slots=True, frozen=True)
 class LoraAffinityScorerParams:
     running: float = 1.0
+    """Score of an endpoint already running the request's adapter."""
     free_slot: float = 0.8
+    """Score of one with a free adapter slot."""
     waiting: float = 0.6
+    """Score of one with the adapter waiting to load."""
     none: float = 0.0
+    """Score of one with neither."""
 
 
 class LoraAffinityScorer:

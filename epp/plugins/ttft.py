@@ -43,8 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from epp.datastore.endpoint import Endpoint, EndpointId
-from epp.scheduling.types import CycleState, PickResult, ResponseInfo
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.types import CycleState, PickResult, ResponseInfo
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class PredictedTtftParams:
     step time grows with the batch (vLLM on CPU), where arrivals onto a server with several
     requests in flight wait longest."""
     learn: bool = True
+    """Fit the cost model online from observed first tokens (else keep the starting coefficients)."""
     prefill_timeout_s: float = 600.0
     """A request whose first token was not reported this long after the pick no longer
     counts as prefill queued on its endpoint."""

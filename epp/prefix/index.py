@@ -34,7 +34,7 @@ import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from epp.datastore.endpoint import EndpointId
+from epp.framework.endpoint import EndpointId
 from epp.prefix.lru import ChunkStore, store_factory
 
 

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from epp.datastore.endpoint import EndpointId
+from epp.framework.endpoint import EndpointId
 
 CONFIRMED = 0.0
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 from epp.errors import EppError, Overloaded, Unavailable
 from epp.flowcontrol.controller import FlowController, QueuedRequest
-from epp.request.types import InferenceRequest
+from epp.framework.request import InferenceRequest
 
 log = logging.getLogger(__name__)
 

@@ -24,17 +24,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.datastore.store import Datastore
 from epp.errors import EppError, Overloaded, Unavailable
 from epp.flowcontrol import saturation
 from epp.flowcontrol.controller import FlowControlConfig, FlowController
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.request import InferenceRequest
+from epp.framework.types import PickResult, ResponseInfo
 from epp.observability.metrics import EppMetrics
-from epp.request.types import InferenceRequest
 from epp.requestcontrol.admission import Admission
 from epp.scheduling.saturation import SaturationConfig, pool_saturated
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.types import PickResult, ResponseInfo
 
 log = logging.getLogger(__name__)
 

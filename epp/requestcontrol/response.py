@@ -18,8 +18,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from epp.framework.types import ResponseInfo
 from epp.request import jsondoc
-from epp.scheduling.types import ResponseInfo
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epp.datastore.endpoint import Endpoint
-from epp.scheduling.interfaces import Filter, Picker, Scorer
-from epp.scheduling.types import CycleState
+from epp.framework.endpoint import Endpoint
+from epp.framework.interfaces import Filter, Picker, Scorer
+from epp.framework.types import CycleState
 
 
 @dataclass(slots=True, frozen=True)

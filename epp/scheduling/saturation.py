@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epp.datastore.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 
 
 @dataclass(slots=True, frozen=True)
@@ -13,8 +13,11 @@ class SaturationConfig:
     """The ``saturation:`` config section."""
 
     queue_threshold: int = 5
+    """An endpoint with more requests waiting (scraped, plus those epp sent since) is saturated."""
     kv_cache_threshold: float = 0.8
+    """An endpoint using more of its KV cache (0-1) is saturated."""
     metrics_staleness_seconds: float = 2.0
+    """Metrics older than this make an endpoint count as saturated (unknown)."""
 
 
 def endpoint_fresh(endpoint: Endpoint, cfg: SaturationConfig, now_s: float) -> bool:

@@ -4,7 +4,7 @@
 ``schedule`` runs the data producers (the prefix match), then the profile (filters ->
 weighted scorers -> picker); ``commit`` runs the post-pick hooks (recording the pick);
 ``on_response`` the post-response hooks. Which plugin implements which hook is sorted out
-once, here, from the protocols in ``epp.scheduling.interfaces``. Plugins are built from the
+once, here, from the protocols in ``epp.framework.interfaces``. Plugins are built from the
 config by ``epp.wiring``. Never blocks on I/O: endpoints and their metrics are values.
 """
 
@@ -15,20 +15,21 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.errors import Unavailable
-from epp.request.types import InferenceRequest
-from epp.scheduling.interfaces import (
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.interfaces import (
     DataProducer,
     EndpointListener,
+    Lifecycle,
     PostFirstToken,
     PostPick,
     PostResponse,
     RequestPreparer,
     Sweeper,
 )
+from epp.framework.request import InferenceRequest
+from epp.framework.types import CycleState, PickResult, ResponseInfo
 from epp.scheduling.profile import Profile
-from epp.scheduling.types import CycleState, PickResult, ResponseInfo
 
 P = TypeVar("P")
 
@@ -48,6 +49,8 @@ class Scheduler:
         self._listeners = [p for p in plugins if isinstance(p, EndpointListener)]
         self._sweepers = [p for p in plugins if isinstance(p, Sweeper)]
         self._preparers = [p for p in self.producers if isinstance(p, RequestPreparer)]
+        self.lifecycle = tuple(p for p in plugins if isinstance(p, Lifecycle))
+        """Plugins with background work: the server starts and stops them."""
 
     @property
     def prepares(self) -> bool:
@@ -126,6 +129,11 @@ class Scheduler:
     def remove_endpoint(self, endpoint_id: EndpointId) -> None:
         for listener in self._listeners:
             listener.remove_endpoint(endpoint_id)
+
+    @property
+    def sweep_interval_s(self) -> float:
+        """The shortest interval a sweeper asks for (5 s when none sweeps)."""
+        return min((s.sweep_interval_s for s in self._sweepers), default=5.0)
 
     def sweep(self, now_s: float) -> int:
         return sum(s.sweep(now_s) for s in self._sweepers)

@@ -15,7 +15,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from epp.config.loader import EppConfig, default_config
 from epp.config.request_control import RequestControlConfig
-from epp.datastore.endpoint import Endpoint
 from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
@@ -35,19 +34,16 @@ from epp.extproc import convert
 from epp.extproc.observer import ResponseHandoff
 from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS, ExtProcService, add_to_server
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
-from epp.kvevents.subscriber import KvEventSubscriber
+from epp.framework.endpoint import Endpoint
+from epp.framework.interfaces import Lifecycle, PluginContext
 from epp.observability.metrics import EppMetrics
-from epp.observability.precise import PreciseCollector
-from epp.plugins.registry import APPROX_PREFIX_PRODUCER
 from epp.prefix.index import PrefixIndex
-from epp.prefix.precise import PrecisePrefixProducer
-from epp.prefix.producer import PrefixProducer
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.response import ResponseLimits
 from epp.scheduling.scheduler import Scheduler
 from epp.supervise import spawn
-from epp.sync.node import SyncNode, SyncOptions, WarmStart
+from epp.sync.node import SharedIndex, SyncNode, SyncOptions, WarmStart
 from epp.wiring import build_scheduler
 
 log = logging.getLogger(__name__)
@@ -125,19 +121,20 @@ class ServerHandle:
     _options: ServerOptions = field(default_factory=ServerOptions)
     sync: SyncNode | None = None
     sync_port: int = -1
-    kv_events: KvEventSubscriber | None = None
-    """The precise prefix producer's KV-event subscriber (when the config has one)."""
+    _started: list[Lifecycle] = field(default_factory=list)
+    """Plugins whose ``start`` ran (stopped in reverse order)."""
     warm: WarmStart | None = None
     """What this replica fetched from a peer at start (index sync)."""
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def index(self) -> PrefixIndex:
-        """The approximate prefix producer's index (raises when the config has none)."""
-        producer = self.scheduler.plugin(PrefixProducer)
-        if producer is None:
-            raise LookupError(f"the config has no {APPROX_PREFIX_PRODUCER}")
-        return producer.index
+        """The shared prefix index (the approximate producer's; raises when the config has
+        no plugin that owns one)."""
+        owner = self.scheduler.plugin(SharedIndex)  # type: ignore[type-abstract]
+        if owner is None:
+            raise LookupError("the config has no plugin owning a shared prefix index")
+        return owner.index
 
     async def update_health(self) -> None:
         """``liveness``: serving (the process runs its loop); ``readiness``, ``""`` and the
@@ -178,8 +175,12 @@ class ServerHandle:
             await server.stop(0)
         if self._scraper is not None:
             await self._scraper.stop()
-        if self.kv_events is not None:
-            await self.kv_events.close()
+        for plugin in reversed(self._started):
+            try:
+                await plugin.stop()
+            except Exception:  # one plugin's failed stop must not keep the others running
+                log.exception("plugin %s: stop failed", plugin.name)
+        self._started.clear()
         for source in self._sources:
             stop = getattr(source, "stop", None)
             if stop is not None:
@@ -349,12 +350,12 @@ async def _start_rest(
     if endpoints:
         ds.replace_all(endpoints)
     if opts.sync is not None:
-        producer = sched.plugin(PrefixProducer)
+        producer = sched.plugin(SharedIndex)  # type: ignore[type-abstract]
         if producer is None:
             raise ConfigError(
                 "--peers/--peer-dns",
-                f"index sync shares the {APPROX_PREFIX_PRODUCER} plugin's index, and the "
-                "config has none",
+                "index sync shares the approximate prefix index (a plugin owning a shared "
+                "index, such as approx-prefix-cache-producer), and the config has none",
             )
         handle.sync = SyncNode(opts.sync, producer, ds, metrics)
         handoff = handle.service.handoff
@@ -369,12 +370,7 @@ async def _start_rest(
                 f"cannot listen on {opts.host}:{opts.sync.port} (--sync-port): port in use "
                 "or address not local"
             ) from None
-    precise = sched.plugin(PrecisePrefixProducer)
-    if precise is not None:
-        handle.kv_events = KvEventSubscriber(precise, on_failure=metrics.task_failed)
-        precise.on_endpoints(handle.kv_events.endpoint_changed)
-        handle.registry.register(PreciseCollector(precise))
-        handle._tasks.append(spawn("kv-events", handle.kv_events.run, on_failure=metrics.task_failed))
+    await _start_plugins(handle)
     for start in sources:
         result = start(ds)
         if asyncio.iscoroutine(result):
@@ -398,7 +394,7 @@ async def _start_rest(
             "flow-dispatch", handle.director.admission.run, on_failure=metrics.task_failed,
         ))
     handle._tasks.append(spawn(
-        "index-sweep", functools.partial(_sweeper, sched, cfg.prefix.sweep_interval_seconds),
+        "index-sweep", functools.partial(_sweeper, sched, sched.sweep_interval_s),
         on_failure=metrics.task_failed,
     ))
     log.info(
@@ -406,6 +402,23 @@ async def _start_rest(
         handle.grpc_port, handle.health_port, handle.metrics_port, handle.sync_port, len(ds),
         convert.BodySendMode.Name(opts.processing_mode),
     )
+
+
+async def _start_plugins(handle: ServerHandle) -> None:
+    """Start the plugins with background work (``Lifecycle``), in the profile's order; their
+    tasks are supervised and cancelled on stop, their collectors served on /metrics."""
+    failed = handle.metrics.task_failed
+
+    def spawn_task(kind: str, run: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        task = spawn(kind, run, on_failure=failed)
+        handle._tasks.append(task)
+        return task
+
+    ctx = PluginContext(spawn=spawn_task, register=handle.registry.register, on_failure=failed)
+    for plugin in handle.scheduler.lifecycle:
+        await plugin.start(ctx)
+        handle._started.append(plugin)
+        log.info("plugin %s started", plugin.name)
 
 
 def _version() -> str:
@@ -427,8 +440,8 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
     logged, counted and the loop restarted)."""
     while True:
         await handle.update_health()
-        producer = handle.scheduler.plugin(PrefixProducer)
-        stats = None if producer is None else producer.index.stats()
+        owner = handle.scheduler.plugin(SharedIndex)  # type: ignore[type-abstract]
+        stats = None if owner is None else owner.index.stats()
         handle.metrics.refresh_pool(handle.datastore.snapshot(), stats, handle.datastore.in_flight())
         if handle.sync is not None:
             handle.sync.refresh_metrics()

@@ -17,14 +17,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 
 from epp.datastore.store import Datastore
+from epp.framework.endpoint import EndpointId
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
-from epp.prefix.producer import PrefixProducer
 from epp.supervise import spawn
 from epp.sync.apply import RemoteApplier
 from epp.sync.gen import sync_pb2, sync_pb2_grpc
@@ -37,6 +37,29 @@ _MAX_MESSAGE_BYTES = 64 << 20
 _MAX_BATCH_CHUNKS = 65_536
 """Hashes per message (512 KiB of fixed64): a batch of long prompts is split, not refused."""
 _SELF = "subscribed to itself"
+
+RecordSink = Callable[[EndpointId, Sequence[int], float], None]
+"""Told of each index write the replica makes itself: endpoint, chain hashes, stamp."""
+
+
+@runtime_checkable
+class SharedIndex(Protocol):
+    """What index sync shares, implemented by the plugin that owns the index (the
+    approximate prefix producer): the server looks for it among the plugins by this
+    protocol, not by name."""
+
+    name: str
+
+    @property
+    def index(self) -> PrefixIndex: ...
+
+    def subscribe(self, sink: RecordSink) -> Callable[[], None]:
+        """Hear of every index write this replica makes itself; returns the unsubscribe."""
+        ...
+
+    def apply_remote(self, endpoint_id: EndpointId, hashes: Sequence[int], stamp_s: float) -> None:
+        """Store a peer's write (never republished)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -247,7 +270,7 @@ class SyncNode:
     def __init__(
         self,
         options: SyncOptions,
-        producer: PrefixProducer,
+        producer: SharedIndex,
         datastore: Datastore,
         metrics: EppMetrics,
         clock: Callable[[], float] = time.monotonic,

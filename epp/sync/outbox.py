@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from epp.datastore.endpoint import EndpointId
+from epp.framework.endpoint import EndpointId
 
 
 @dataclass(slots=True, frozen=True)

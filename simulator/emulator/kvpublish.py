@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import zmq
 import zmq.asyncio
 
-from epp.prefix.kvevents import Kind, KvEvent, encode
+from epp.plugins.preciseprefix.events import Kind, KvEvent, encode
 from epp.supervise import spawn
 
 log = logging.getLogger(__name__)

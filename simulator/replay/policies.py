@@ -47,17 +47,21 @@ import xxhash
 from prometheus_client import CollectorRegistry
 
 from epp.config.loader import EppConfig, default_config, load_config
-from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.datastore.store import Datastore
+from epp.framework.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.request import InferenceRequest
+from epp.framework.types import CycleState, PrefixMatch, ResponseInfo
 from epp.observability.metrics import EppMetrics
+from epp.plugins.preciseprefix import (
+    PRECISE_PREFIX_PRODUCER,
+    PreciseIndexConfig,
+    PrecisePrefixProducer,
+)
+from epp.plugins.preciseprefix.events import EventBatch
 from epp.plugins.ttft import PredictedTtftScorer
 from epp.prefix.blockhash import BlockKeys
-from epp.prefix.kvevents import EventBatch
-from epp.prefix.precise import PRECISE_PREFIX_PRODUCER, PreciseIndexConfig, PrecisePrefixProducer
-from epp.request.types import InferenceRequest
 from epp.requestcontrol.director import Director, Routing
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.types import CycleState, PrefixMatch, ResponseInfo
 from epp.wiring import build_producers, build_scheduler
 from simulator.model.engine import Engine, EngineRequest, RequestTooLarge
 from simulator.model.tokens import CHARS_PER_TOKEN
@@ -285,7 +289,7 @@ class _EppBase(Policy):
         )  # fmt: skip
         self.settled: list[tuple[Arrival, int | None, str]] = []
         self.routings: dict[str, Routing] = {}
-        self.sweep_interval_s = cfg.prefix.sweep_interval_seconds
+        self.sweep_interval_s = scheduler.sweep_interval_s
         self.next_sweep_s = self.sweep_interval_s
 
     def observe(self, metrics: Sequence[Metrics], now_s: float) -> None:

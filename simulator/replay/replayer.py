@@ -34,10 +34,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from epp.datastore.endpoint import EndpointId, Metrics
 from epp.datastore.scraper import DEFAULT_INTERVAL_S
-from epp.prefix.kvevents import EventBatch, Kind, KvEvent
-from epp.scheduling.types import ResponseInfo
+from epp.framework.endpoint import EndpointId, Metrics
+from epp.framework.types import ResponseInfo
+from epp.plugins.preciseprefix.events import EventBatch, Kind, KvEvent
 from simulator.model.cache import PrefixCache, model_seed
 from simulator.model.cost import CostModel
 from simulator.model.engine import Engine, EngineConfig, EngineRequest, RequestTooLarge

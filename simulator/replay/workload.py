@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from epp.request.types import ApiKind
+from epp.framework.request import ApiKind
 from simulator.model.cache import text_block_hashes
 from simulator.model.tokens import CHARS_PER_TOKEN, generate_text
 

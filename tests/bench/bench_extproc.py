@@ -150,7 +150,7 @@ PHASES = [
      "RequestStream._request_body"),
     ("parse and validate the JSON body", 1, "epp.request.parse", "RequestParser.parse"),
     ("route", 1, "epp.requestcontrol.director", "Director.route"),
-    ("prefix: hash the prompt, match the index", 2, "epp.prefix.producer",
+    ("prefix: hash the prompt, match the index", 2, "epp.plugins.approxprefix.producer",
      "PrefixProducer.prepare"),
     ("filters, scorers, picker", 2, "epp.scheduling.profile", "Profile.run"),
     ("build the routing reply (protobuf)", 1, "epp.extproc.convert", "routed_headers_response"),
@@ -290,7 +290,7 @@ def _install_phase_timers() -> dict[str, list[float]]:
 async def serve_epp(scraped_ports: list[int], phases: bool = False, config: str = "",
                     without: list[str] | None = None) -> None:
     from epp.config.loader import load_config
-    from epp.datastore.endpoint import Endpoint, Metrics, endpoint_id
+    from epp.framework.endpoint import Endpoint, Metrics, endpoint_id
     from epp.server.runner import ServerOptions, start_server
 
     if phases:

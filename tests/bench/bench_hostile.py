@@ -151,9 +151,9 @@ async def _probe(seconds: float) -> list[float]:
 async def scrape_stalls(seconds: float) -> None:
     from prometheus_client import CollectorRegistry
 
-    from epp.datastore.endpoint import Endpoint, endpoint_id
     from epp.datastore.scraper import MetricsScraper
     from epp.datastore.store import Datastore
+    from epp.framework.endpoint import Endpoint, endpoint_id
     from epp.observability.metrics import EppMetrics
 
     proc, first_line = _start([sys.executable, __file__, "--serve-pages"])
@@ -291,7 +291,7 @@ async def warm_restart(entries: int) -> None:
     import dataclasses
 
     from epp.config.loader import loads_config, shipped_config
-    from epp.datastore.endpoint import Endpoint, endpoint_id
+    from epp.framework.endpoint import Endpoint, endpoint_id
     from epp.server.runner import ServerOptions, start_server
     from epp.sync.node import SyncOptions
     from epp.sync.peers import HostPort

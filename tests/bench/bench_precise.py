@@ -98,9 +98,9 @@ def routing(quick: bool) -> None:
 
 def cost() -> None:
     from epp.config.loader import parse_config
-    from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
-    from epp.prefix.precise import PrecisePrefixProducer, TokenizingKeyer
-    from epp.request.types import ApiKind, InferenceRequest
+    from epp.framework.endpoint import Endpoint, EndpointId, Metrics
+    from epp.framework.request import ApiKind, InferenceRequest
+    from epp.plugins.preciseprefix import PrecisePrefixProducer, TokenizingKeyer
     from epp.wiring import build_scheduler
     from simulator import vllm
 

@@ -23,12 +23,12 @@ import tracemalloc
 from pathlib import Path
 
 from epp.config.loader import default_config
-from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.datastore.store import Datastore
+from epp.framework.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.request import InferenceRequest
+from epp.plugins.approxprefix import PrefixProducer
 from epp.prefix.hasher import NATIVE, ChunkHasher, chain_seed
 from epp.prefix.index import PrefixIndex
-from epp.prefix.producer import PrefixProducer
-from epp.request.types import InferenceRequest
 from epp.scheduling.scheduler import Scheduler
 from epp.wiring import build_scheduler
 

@@ -96,9 +96,9 @@ async def epp_scraper(
     without asking for only the families epp reads, as before ``?name[]=``)."""
     from prometheus_client import CollectorRegistry
 
-    from epp.datastore.endpoint import Endpoint, endpoint_id
     from epp.datastore.scraper import MetricsScraper
     from epp.datastore.store import Datastore
+    from epp.framework.endpoint import Endpoint, endpoint_id
     from epp.observability.metrics import EppMetrics
 
     ds = Datastore()

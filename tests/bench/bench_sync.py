@@ -29,11 +29,11 @@ import random
 from dataclasses import dataclass, field
 
 from epp.config.loader import default_config
-from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
-from epp.prefix.producer import PrefixProducer
-from epp.request.types import InferenceRequest
+from epp.framework.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.request import InferenceRequest
+from epp.framework.types import ResponseInfo
+from epp.plugins.approxprefix import PrefixProducer
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.types import ResponseInfo
 from epp.sync.apply import RemoteApplier
 from epp.sync.outbox import Outbox
 from epp.wiring import build_scheduler

@@ -193,7 +193,7 @@ async def test_precise_mode_feeds_every_epp_replica_with_every_servers_events(
     other one routed; and the same chat routes the same way from either replica."""
     from pathlib import Path
 
-    from epp.prefix.precise import PrecisePrefixProducer
+    from epp.plugins.preciseprefix import PrecisePrefixProducer
     from simulator.stack import start_stack
     from tests.wordlevel import write_tokenizer
 

@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry
 
 from epp.config.loader import default_config
 from epp.config.request_control import RequestControlConfig
-from epp.datastore.endpoint import Endpoint, Metrics, endpoint_id
 from epp.datastore.store import Datastore
 from epp.errors import EppError
 from epp.extproc import convert
 from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
+from epp.framework.endpoint import Endpoint, Metrics, endpoint_id
 from epp.observability.metrics import EppMetrics
 from epp.request.parse import RequestParser
 from epp.requestcontrol.director import Director

@@ -12,7 +12,7 @@ import grpc
 import yaml
 
 from epp.config.loader import EppConfig, default_config, parse_config
-from epp.datastore.endpoint import Endpoint, Metrics, endpoint_id
+from epp.framework.endpoint import Endpoint, Metrics, endpoint_id
 from epp.server.runner import ServerHandle, ServerOptions, start_server
 
 

@@ -253,7 +253,7 @@ def test_helm_pool_values_add_pdb_and_service_monitor() -> None:
 
 def test_helm_precise_values_add_the_producer_epp_accepts_and_mount_tokenizers() -> None:
     from epp.config.loader import parse_config
-    from epp.prefix.precise import PreciseIndexConfig
+    from epp.plugins.preciseprefix import PreciseIndexConfig
 
     values = ["-f", str(CHART / "ci" / "precise-values.yaml")]
     assert "0 chart(s) failed" in run(tool("helm"), "lint", "--strict", str(CHART), *values)

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.datastore.endpoint import Metrics
+from epp.framework.endpoint import Metrics
 from tests.integration import envoy_client as ec
 from tests.integration.extproc_fixtures import (
     Epp,

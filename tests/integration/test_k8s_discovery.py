@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from epp.datastore.endpoint import EndpointId
 from epp.datastore.kubernetes import (
     DiscoveryError,
     KubernetesSource,
@@ -16,6 +15,7 @@ from epp.datastore.kubernetes import (
     api_client_for,
 )
 from epp.datastore.store import Datastore
+from epp.framework.endpoint import EndpointId
 from tests.fake_k8s import OBJECTIVES, PODS, POOLS, FakeKubeApi, objective, pod, pool
 
 FAST = WatchTiming(

@@ -17,10 +17,10 @@ import pytest_asyncio
 import zmq
 import zmq.asyncio
 
-from epp.datastore.endpoint import Endpoint, EndpointId
-from epp.kvevents.subscriber import KvEventSubscriber
-from epp.prefix.precise import PreciseIndexConfig, PrecisePrefixProducer
-from epp.request.types import ApiKind, InferenceRequest
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.request import ApiKind, InferenceRequest
+from epp.plugins.preciseprefix import PreciseIndexConfig, PrecisePrefixProducer
+from epp.plugins.preciseprefix.subscriber import KvEventSubscriber
 from simulator.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from tests.wordlevel import write_tokenizer
 
@@ -153,7 +153,7 @@ async def test_garbage_on_the_event_socket_is_counted_and_reading_goes_on(tokeni
     ctx = zmq.asyncio.Context()
     pub = ctx.socket(zmq.PUB)
     pub.connect(sub.bound_endpoint)
-    from epp.prefix.kvevents import Kind, KvEvent, encode
+    from epp.plugins.preciseprefix.events import Kind, KvEvent, encode
 
     good = encode(f"kv@{eid}@m", 0, 1.0, [KvEvent(Kind.STORED, [1, 2], "GPU", None, 16)])
     try:
@@ -180,7 +180,7 @@ async def test_epp_serve_keys_off_the_event_loop_and_routes_by_events(tokenizer:
     the pick follows the blocks an endpoint's events announced, and a fresh prompt's pick is
     held speculatively for the next one (before any event)."""
     from epp.config.loader import default_config
-    from epp.prefix.kvevents import EventBatch, Kind, KvEvent
+    from epp.plugins.preciseprefix.events import EventBatch, Kind, KvEvent
     from tests.integration import envoy_client as ec
     from tests.integration.extproc_fixtures import config_with, start_epp, stop_epp
 

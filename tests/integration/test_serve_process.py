@@ -16,8 +16,8 @@ import grpc
 import pytest
 from aiohttp import web
 
-from epp.datastore.endpoint import Endpoint, endpoint_id
 from epp.datastore.scraper import ScrapeOptions
+from epp.framework.endpoint import Endpoint, endpoint_id
 from epp.server.runner import ServerOptions, start_server
 from tests.http_app import serve_app
 from tests.integration import envoy_client as ec

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from epp.datastore.endpoint import EndpointId
+from epp.framework.endpoint import EndpointId
 from epp.sync.node import SyncNode, SyncOptions
 from tests.integration import envoy_client as ec
 from tests.integration.extproc_fixtures import Epp, pool, start_epp, stop_epp

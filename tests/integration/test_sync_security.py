@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from epp.datastore.endpoint import EndpointId
+from epp.framework.endpoint import EndpointId
 from epp.sync.gen import sync_pb2, sync_pb2_grpc
 from epp.sync.node import SyncTls
 from epp.sync.peers import HostPort

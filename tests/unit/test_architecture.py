@@ -84,3 +84,97 @@ def test_simulator_reaches_the_request_lifecycle_only_through_the_director() -> 
             if isinstance(node, ast.Attribute) and node.attr in lifecycle:
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
+
+
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(a.name for a in node.names)
+    return names
+
+
+def test_the_ground_floor_imports_no_other_epp_package() -> None:
+    """epp.framework (the value types and the plugin interfaces) stands on nothing of epp:
+    the datastore, the scheduler and every plugin stand on it."""
+    edges = package_imports()
+    assert edges.get("framework", set()) == set()
+    assert "framework" in edges["scheduling"] and "framework" in edges["datastore"]
+
+
+COMPOSITION_ROOTS = {
+    "epp/plugins/registry.py",  # the one place plugin types are named
+    "epp/wiring.py",  # builds the scheduler from the config and the registry
+    "simulator/replay/policies.py",  # the replay's policies: builds schedulers as wiring does
+}
+WIRE_FORMATS = {"epp.plugins.preciseprefix.events"}
+"""vLLM's KV-event wire format: the emulator publishes it and the replayer feeds it."""
+
+
+def test_no_module_imports_a_plugin_outside_the_registry_and_the_composition_roots() -> None:
+    offenders = []
+    for top in ("epp", "simulator"):
+        for path in (ROOT / top).rglob("*.py"):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith("epp/plugins/") or rel in COMPOSITION_ROOTS:
+                continue
+            for name in _imports(path):
+                if name == "epp.plugins.registry" or name in WIRE_FORMATS:
+                    continue
+                if name.startswith("epp.plugins"):
+                    offenders.append(f"{rel}: {name}")
+    assert offenders == []
+
+
+def test_a_plugin_imports_no_other_plugin() -> None:
+    """Each plugin is self-contained: it may share a module of its own kind's helpers
+    (pickers' parameters, the LoRA tiers of the scorers), never another plugin's package."""
+    offenders = []
+    for path in (ROOT / "epp" / "plugins").rglob("*.py"):
+        rel = path.relative_to(ROOT / "epp" / "plugins")
+        if rel.name == "registry.py":
+            continue
+        own = rel.parts[0] if len(rel.parts) > 1 else None
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[:2] != ["epp", "plugins"] or len(parts) < 3:
+                continue
+            if (ROOT / "epp" / "plugins" / parts[2]).is_dir() and parts[2] != own:
+                offenders.append(f"{rel}: {name}")
+    assert offenders == []
+
+
+def _code_strings(path: Path) -> set[str]:
+    """String constants of a module that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        node.value for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and id(node) not in docstrings
+    }
+
+
+def test_the_runner_and_the_loader_name_no_plugin() -> None:
+    """The server starts plugins through the Lifecycle hook and finds the shared index by
+    protocol; the loader adds default producers by the data they provide (the registry's
+    DEFAULT_PRODUCERS): neither names a plugin type or class."""
+    from epp.plugins.registry import PLUGIN_TYPES
+
+    names = set(PLUGIN_TYPES)
+    classes = {pt.factory.__qualname__.split(".")[0] for pt in PLUGIN_TYPES.values()}
+    for rel in ("epp/server/runner.py", "epp/config/loader.py"):
+        path = ROOT / rel
+        assert not _code_strings(path) & names, rel
+        identifiers = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+        assert not identifiers & classes, rel
+        assert not [n for n in _imports(path)
+                    if n.startswith("epp.plugins") and n != "epp.plugins.registry"], rel

@@ -25,10 +25,10 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from epp.framework.request import ApiKind, InferenceRequest
+from epp.plugins.approxprefix import PrefixProducer
+from epp.plugins.preciseprefix import PrecisePrefixProducer
 from epp.prefix.blockhash import VllmBlockHasher
-from epp.prefix.precise import PrecisePrefixProducer
-from epp.prefix.producer import PrefixProducer
-from epp.request.types import ApiKind, InferenceRequest
 from simulator import vllm
 from simulator.gateway import UPSTREAM_HOST_HEADER
 from simulator.stack import Stack, StackOptions, start_stack

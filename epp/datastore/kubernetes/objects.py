@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from epp.datastore.endpoint import Endpoint, endpoint_id
+from epp.framework.endpoint import Endpoint, endpoint_id
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from typing import Any
 
 from kubernetes import client, config
 
-from epp.datastore.endpoint import Endpoint, EndpointId
 from epp.datastore.kubernetes.objects import (
     DEFAULT_TIMING,
     OBJECTIVE_GROUP,
@@ -47,6 +46,7 @@ from epp.datastore.kubernetes.objects import (
 from epp.datastore.kubernetes.reflector import _Delta, _Listed, _Reflector
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
+from epp.framework.endpoint import Endpoint, EndpointId
 
 log = logging.getLogger(__name__)
 

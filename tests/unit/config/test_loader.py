@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from epp.config.loader import default_config, load_config, loads_config, shipped_config
+from epp.config.loader import EppConfig, default_config, load_config, loads_config, shipped_config
 from epp.errors import ConfigError
+from epp.plugins.approxprefix import PrefixIndexConfig
 
 BASE = """
 plugins:
@@ -20,6 +21,13 @@ schedulingProfiles:
 """
 
 
+def approx(cfg: EppConfig) -> PrefixIndexConfig:
+    """The approximate producer's parameters (the prefixIndex section, or its own)."""
+    params = cfg.plugins["approx-prefix-cache-producer"].params
+    assert isinstance(params, PrefixIndexConfig)
+    return params
+
+
 def test_shipped_configs_load() -> None:
     d = default_config()
     assert d.profile.scorers == (
@@ -32,8 +40,8 @@ def test_shipped_configs_load() -> None:
 
 def test_defaults_and_camel_case_parameters() -> None:
     cfg = loads_config(BASE + "prefixIndex: {blockChars: 32, ttlSeconds: 60}\n")
-    assert cfg.prefix.block_chars == 32 and cfg.prefix.ttl_seconds == 60.0
-    assert cfg.prefix.capacity_per_endpoint_chunks == 31_250
+    assert approx(cfg).block_chars == 32 and approx(cfg).ttl_seconds == 60.0
+    assert approx(cfg).capacity_per_endpoint_chunks == 31_250
     assert cfg.saturation.queue_threshold == 5 and cfg.saturation.kv_cache_threshold == 0.8
 
 
@@ -87,7 +95,7 @@ def test_the_scraping_section_sets_the_period_a_profile_wants() -> None:
 def test_a_config_with_other_sections_only_keeps_the_default_profile() -> None:
     cfg = loads_config("requestControl: {fallbacks: 1}\nprefixIndex: {ttlSeconds: 30}\n")
     assert cfg.profile == default_config().profile
-    assert cfg.prefix.ttl_seconds == 30.0 and cfg.raw["requestControl"] == {"fallbacks": 1}
+    assert approx(cfg).ttl_seconds == 30.0 and cfg.raw["requestControl"] == {"fallbacks": 1}
     with pytest.raises(ConfigError) as info:
         loads_config(BASE.split("schedulingProfiles:")[0].replace("plugins:", "x:") + "schedulingProfiles: []\n")
     assert info.value.field == "plugins"
@@ -101,7 +109,7 @@ def test_yaml_errors_name_the_file() -> None:
 
 def test_unknown_top_level_section_is_named_in_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     cfg = loads_config(BASE + "prefixIndx: {blockChars: 32}\nrequestControl: {fallbacks: 1}\n", "my.yaml")
-    assert cfg.prefix.block_chars == 64  # the misspelt section is not applied...
+    assert approx(cfg).block_chars == 64  # the misspelt section is not applied...
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "'prefixIndx'" in warnings[0] and "my.yaml" in warnings[0]
 

@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from epp.datastore.endpoint import Endpoint, endpoint_id
 from epp.datastore.metricsparse import VLLM, PageParser, ScrapeError, sample_lines
 from epp.datastore.pagefetch import PageFetcher
 from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
+from epp.framework.endpoint import Endpoint, endpoint_id
 from epp.observability.metrics import EppMetrics
 
 GOOD = (

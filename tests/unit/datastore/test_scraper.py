@@ -7,7 +7,6 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.datastore.endpoint import ENGINE_LABEL, Endpoint, endpoint_id
 from epp.datastore.scraper import (
     SGLANG,
     VLLM,
@@ -17,6 +16,7 @@ from epp.datastore.scraper import (
     parse_metrics,
 )
 from epp.datastore.store import Datastore
+from epp.framework.endpoint import ENGINE_LABEL, Endpoint, endpoint_id
 from epp.observability.metrics import EppMetrics
 from tests.http_app import serve_app
 

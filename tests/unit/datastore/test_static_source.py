@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from epp.datastore.endpoint import ENGINE_LABEL
 from epp.datastore.static import StaticSource, endpoints_from_config, parse_endpoint_list
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
+from epp.framework.endpoint import ENGINE_LABEL
 
 
 def test_flag_list() -> None:

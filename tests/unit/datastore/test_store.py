@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.datastore.store import Datastore
+from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 
 
 def test_in_flight_accounting_keeps_every_other_field() -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from epp.flowcontrol.controller import FlowControlConfig, FlowController, QueuedRequest
-from epp.request.types import InferenceRequest
+from epp.framework.request import InferenceRequest
 
 
 class Pool:
@@ -156,8 +156,8 @@ def test_nothing_is_lost(n: int) -> None:
 
 
 def test_the_thresholds_detector_fails_open_without_fresh_metrics() -> None:
-    from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
     from epp.flowcontrol.saturation import thresholds
+    from epp.framework.endpoint import Endpoint, EndpointId, Metrics
     from epp.scheduling.saturation import SaturationConfig
 
     cfg = SaturationConfig(queue_threshold=2, metrics_staleness_seconds=1.0)

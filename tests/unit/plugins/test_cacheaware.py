@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import random
 
-from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.request import InferenceRequest
+from epp.framework.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 from epp.plugins.cacheaware import CacheAwareParams, CacheAwareScorer
-from epp.request.types import InferenceRequest
-from epp.scheduling.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 
 A, B, C = (EndpointId(f"10.0.0.{i}:8000") for i in (1, 2, 3))
 

@@ -5,10 +5,10 @@ from collections import Counter
 
 import pytest
 
-from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.request import InferenceRequest
+from epp.framework.types import CycleState, PrefixMatch
 from epp.plugins import filters, pickers, scorers
-from epp.request.types import InferenceRequest
-from epp.scheduling.types import CycleState, PrefixMatch
 
 
 def ep(

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.request import InferenceRequest
+from epp.framework.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 from epp.plugins.ttft import PredictedTtftParams, PredictedTtftScorer
-from epp.request.types import InferenceRequest
-from epp.scheduling.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 
 A, B = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000")
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.datastore.endpoint import EndpointId
+from epp.framework.endpoint import EndpointId
 from epp.prefix import index as index_module
 from epp.prefix import lru
 from epp.prefix.index import PrefixIndex

@@ -5,13 +5,13 @@ import random
 import pytest
 
 from epp.config.loader import default_config, shipped_config
-from epp.datastore.endpoint import Endpoint, EndpointId, Metrics
 from epp.errors import Unavailable
-from epp.prefix.producer import PrefixProducer
-from epp.request.types import ApiKind, InferenceRequest
+from epp.framework.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.request import ApiKind, InferenceRequest
+from epp.framework.types import ResponseInfo
+from epp.plugins.approxprefix import PrefixProducer
 from epp.scheduling.saturation import pool_saturated
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.types import ResponseInfo
 from epp.wiring import build_scheduler
 
 SYSTEM = "You are a helpful assistant. " * 40

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from epp.datastore.endpoint import EndpointId
+from epp.framework.endpoint import EndpointId
+from epp.plugins.approxprefix import PrefixProducer
 from epp.prefix.hasher import ChunkHasher
 from epp.prefix.index import PrefixIndex
-from epp.prefix.producer import PrefixProducer
 from epp.sync.apply import RemoteApplier, stamp_from_age
 from epp.sync.gen import sync_pb2
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.datastore.endpoint import EndpointId
+from epp.framework.endpoint import EndpointId
 from epp.sync.outbox import Outbox
 
 E = EndpointId("10.0.0.1:8000")

@@ -12,18 +12,28 @@
   ``PostResponse`` (the response is complete: learn from its usage and text),
   ``EndpointListener`` (an endpoint's metrics arrived / it left the pool) and ``Sweeper``
   (periodic housekeeping off the request path).
+* **Lifecycle** (``Lifecycle.start`` / ``stop``): a plugin with background work (a
+  subscription, a model it fits, metrics it exports) starts it when the server starts and
+  stops it when the server stops, through the ``PluginContext`` it is handed (supervised
+  tasks, the metrics registry). The server knows no plugin by name: it starts whatever
+  implements the hook. The replay does not start plugins (it has no event loop of its own
+  and drives their data directly).
 
 Any plugin may implement any hooks; the scheduler sorts them out once, when it is built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from epp.datastore.endpoint import Endpoint, EndpointId
-from epp.request.types import InferenceRequest
-from epp.scheduling.types import CycleState, PickResult, ResponseInfo
+from prometheus_client.registry import Collector
+
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.request import InferenceRequest
+from epp.framework.types import CycleState, PickResult, ResponseInfo
 
 
 @runtime_checkable
@@ -113,6 +123,39 @@ class EndpointListener(Protocol):
 
 @runtime_checkable
 class Sweeper(Protocol):
+    @property
+    def sweep_interval_s(self) -> float:
+        """How often it wants ``sweep`` called (the server and the replay take the shortest
+        interval among the plugins)."""
+        ...
+
     def sweep(self, now_s: float) -> int:
         """Periodic cleanup (may run in a worker thread); returns what it removed."""
+        ...
+
+
+@dataclass(slots=True, frozen=True)
+class PluginContext:
+    """What the server hands a plugin's ``Lifecycle.start``."""
+
+    spawn: Callable[[str, Callable[[], Awaitable[None]]], asyncio.Task[None]]
+    """Run a long-lived loop under supervision (a failure is logged, counted in
+    ``epp_background_task_failures_total{task}`` and the loop restarted with backoff); the
+    server cancels it when it stops."""
+    register: Callable[[Collector], None]
+    """Add a Prometheus collector to epp's /metrics."""
+    on_failure: Callable[[str], None]
+    """Count a failure of kind ``kind`` in ``epp_background_task_failures_total``."""
+
+
+@runtime_checkable
+class Lifecycle(Protocol):
+    name: str
+
+    async def start(self, ctx: PluginContext) -> None:
+        """Start background work; a raise fails the server's start with the error."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop it (called once, in reverse start order, after requests drained)."""
         ...

@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from epp.datastore.endpoint import Endpoint, EndpointId
-from epp.request.types import InferenceRequest
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.request import InferenceRequest
 
 _NO_MATCH: Mapping[EndpointId, int] = MappingProxyType({})
 

@@ -15,11 +15,15 @@ tokenizing and keying, per keyed request).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from epp.prefix.precise import PrecisePrefixProducer, TokenizingKeyer
+from epp.plugins.preciseprefix.keyer import TokenizingKeyer
+
+if TYPE_CHECKING:
+    from epp.plugins.preciseprefix.producer import PrecisePrefixProducer
 
 
 class PreciseCollector(Collector):

@@ -22,7 +22,7 @@ the server's events arrive; the events confirm them, or they lapse. When the res
 confirmed: vLLM announces a block when it stores it, never when it is hit, so this is how
 blocks stored before epp subscribed (or lost in a gap) come back into the index.
 
-Events arrive through :meth:`apply` (``epp.kvevents.subscriber`` reads the sockets and calls
+Events arrive through :meth:`apply` (``epp.plugins.preciseprefix.subscriber`` reads the sockets and calls
 it; the replay calls it with the simulated engines' events). Sequence numbers are checked
 per publisher: a gap returns the first missing number so that the caller can fetch it from
 the server's replay socket (:meth:`apply_replayed`); without one the endpoint resyncs. A
@@ -36,124 +36,25 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
 
-from epp.datastore.endpoint import Endpoint, EndpointId
-from epp.prefix.blockhash import DEFAULT_NONE_HASH_SEED, BlockKeys, HashAlgo, VllmBlockHasher
-from epp.prefix.kvevents import EventBatch, Kind
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.interfaces import PluginContext
+from epp.framework.request import InferenceRequest
+from epp.framework.types import CycleState, PickResult, PrefixMatch, ResponseInfo
+from epp.plugins.preciseprefix.events import EventBatch, Kind
+from epp.plugins.preciseprefix.keyer import BlockKeyer, TokenizingKeyer
+from epp.plugins.preciseprefix.metrics import PreciseCollector
+from epp.plugins.preciseprefix.params import PreciseIndexConfig
+from epp.plugins.preciseprefix.subscriber import KvEventSubscriber
+from epp.prefix.blockhash import BlockKeys
 from epp.prefix.kvindex import KvBlockIndex
-from epp.prefix.tokenize import TokenizerPool, token_ids
-from epp.request.types import InferenceRequest
-from epp.scheduling.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 
 log = logging.getLogger(__name__)
 
-PRECISE_PREFIX_PRODUCER = "precise-prefix-cache-producer"
 _MAX_PREPARED = 4096
-
-
-@dataclass(slots=True, frozen=True)
-class PreciseIndexConfig:
-    """Parameters of a ``precise-prefix-cache-producer`` plugin (docs/precise-prefix.md)."""
-
-    block_size: int = 16
-    """The servers' ``--block-size`` (vLLM's default is 16)."""
-    hash_algo: HashAlgo = "sha256_cbor"
-    """The servers' ``--prefix-caching-hash-algo``: ``sha256_cbor`` or vLLM's default ``sha256``."""
-    none_hash_seed: str = DEFAULT_NONE_HASH_SEED
-    """The servers' ``PYTHONHASHSEED`` when they set one."""
-    tokenizers: dict[str, str] = field(default_factory=dict)
-    """Model name -> tokenizer directory (``tokenizer.json``, ``tokenizer_config.json``)."""
-    tokenizer_dir: str = ""
-    """A mounted directory: ``<dir>/<model>/tokenizer.json``, or one model's files at its top."""
-    lora_paths: dict[str, str] = field(default_factory=dict)
-    """LoRA adapter name -> its path on the servers (part of vLLM's block hash)."""
-    max_blocks: int = 0
-    """Key at most this many leading blocks of a prompt; 0 keys all of them."""
-    speculative_ttl_seconds: float = 10.0
-    """How long a pick counts as held before the server's events confirm it. Long enough
-    to cover a request's wait in the server's queue (its blocks are announced when it is
-    admitted): in the replay 2 s lost a point of hit rate under queueing, 10 s did not."""
-    resync_seconds: float = 120.0
-    """After an unrepaired gap, the endpoint also uses the approximate index this long."""
-    max_entries: int = 8_000_000
-    """Global cap on (block, endpoint) entries."""
-    mediums: list[str] = field(default_factory=lambda: ["GPU"])
-    """Storage tiers whose blocks count as cached (vLLM reports GPU even on CPU servers)."""
-    events_mode: Literal["connect", "bind"] = "connect"
-    """``connect``: epp subscribes to each endpoint's PUB socket at ``eventsPort`` (servers
-    bind ``tcp://*:PORT``; any number of epp replicas may subscribe). ``bind``: epp binds
-    ``eventsEndpoint`` and servers connect to it, told apart by their topic."""
-    events_port: int = 5557
-    events_endpoint: str = "tcp://*:5557"
-    topic_prefix: str = "kv@"
-    """Bind mode: a topic ``<prefix><ip>:<port>@<model>`` names the endpoint ``ip:port``."""
-    replay_port: int = 0
-    """Each server's ``replay_endpoint`` port (a ROUTER socket); 0: no replay, gaps resync."""
-    replay_timeout_seconds: float = 1.0
-    queue_batches: int = 4096
-    """Event batches waiting to be applied; beyond it the oldest are dropped (a gap)."""
-    approximate_fallback: bool = True
-    """Run the approximate producer too (added before this one when the config has none):
-    it scores servers without events and those resyncing."""
-
-
-class BlockKeyer(Protocol):
-    def keys(self, request: InferenceRequest) -> BlockKeys | str:
-        """The request's block keys, or the reason it cannot be keyed."""
-        ...
-
-
-class TokenizingKeyer:
-    """Keys a request as a vLLM server will: tokenizer and chat template, then block hashes."""
-
-    def __init__(self, params: PreciseIndexConfig) -> None:
-        self.hasher = VllmBlockHasher(params.block_size, params.hash_algo, params.none_hash_seed)
-        self.pool = TokenizerPool(params.tokenizers, params.tokenizer_dir)
-        self.lora_paths = dict(params.lora_paths)
-        self.max_blocks = params.max_blocks
-        self.seconds = 0.0
-        self.count = 0
-
-    def keys(self, request: InferenceRequest) -> BlockKeys | str:
-        body = request.body
-        if body is None:
-            return "no-body"
-        # a model with a tokenizer of its own is a base model (a name without
-        # requestControl.baseModels reads as an adapter); a configured LoRA is hashed with
-        # its name and path, as vLLM does, and tokenized by its base model's tokenizer
-        lora: tuple[str, str] | None = None
-        tok = None
-        path = self.lora_paths.get(request.adapter) if request.adapter else None
-        if path is not None:
-            lora = (request.adapter, path)
-            tok = self.pool.get(self._base_model(request))
-        elif request.adapter and not self.pool.named(request.model):
-            return "lora-path-unknown"
-        else:
-            tok = self.pool.get(request.model)
-        if tok is None:
-            return "no-tokenizer"
-        t0 = time.perf_counter()
-        ids = token_ids(tok, request.api.value, body)
-        if ids is None:
-            return "not-reproducible"
-        keys = self.hasher.keys(ids, cache_salt=request.cache_salt, lora=lora,
-                                max_blocks=self.max_blocks)  # fmt: skip
-        self.seconds += time.perf_counter() - t0
-        self.count += 1
-        return keys
-
-    def _base_model(self, request: InferenceRequest) -> str:
-        # an adapter's tokenizer is its base model's: the pool's only model, or the adapter's
-        # own entry when one is configured
-        if request.adapter in self.pool.paths:
-            return request.adapter
-        return next(iter(self.pool.paths), request.model)
 
 
 @dataclass(slots=True)
@@ -212,6 +113,9 @@ class PrecisePrefixProducer:
         self._prepared: dict[int, tuple[InferenceRequest, BlockKeys | str]] = {}
         """Keys computed by ``prepare_request`` (a worker thread), by request identity."""
         self._prepared_lock = threading.Lock()
+        self.subscriber: KvEventSubscriber | None = None
+        """The KV-event subscriber, while the server runs this plugin (``start``)."""
+        self.sweep_interval_s = 5.0
 
     @classmethod
     def from_params(cls, name: str, params: PreciseIndexConfig) -> PrecisePrefixProducer:
@@ -219,6 +123,21 @@ class PrecisePrefixProducer:
         if isinstance(producer.keyer, TokenizingKeyer):
             producer.keyer.pool.check()
         return producer
+
+    # --- the lifecycle: the KV-event subscription and the metrics ---------------------
+
+    async def start(self, ctx: PluginContext) -> None:
+        """Subscribe to the servers' KV-cache events (a supervised ``kv-events`` task and one
+        reader per endpoint in connect mode) and export the ``epp_kv_events_*`` /
+        ``epp_precise_*`` metrics."""
+        self.subscriber = KvEventSubscriber(self, on_failure=ctx.on_failure)
+        self.on_endpoints(self.subscriber.endpoint_changed)
+        ctx.register(PreciseCollector(self))
+        ctx.spawn("kv-events", self.subscriber.run)
+
+    async def stop(self) -> None:
+        if self.subscriber is not None:
+            await self.subscriber.close()
 
     # --- the request path ------------------------------------------------------------
 

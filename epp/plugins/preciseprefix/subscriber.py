@@ -9,7 +9,7 @@ Two modes (``eventsMode`` of the ``precise-prefix-cache-producer``):
 * ``bind``: one SUB socket bound at ``eventsEndpoint``; servers connect to it and are told
   apart by their topic (``kv@<ip>:<port>@<model>``).
 
-Each batch is decoded (``epp.prefix.kvevents``, bounded) and applied to the producer on the
+Each batch is decoded (``epp.plugins.preciseprefix.events``, bounded) and applied to the producer on the
 event loop; the loop yields between batches, so an event storm delays events, never
 requests. ZMQ's receive high-water mark (``queueBatches``) bounds what waits: a subscriber
 that falls behind loses batches, which the producer sees as a sequence gap. A gap is
@@ -27,14 +27,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
 
-from epp.datastore.endpoint import EndpointId
-from epp.prefix.kvevents import MAX_MESSAGE_BYTES, BadMessage, EventBatch, decode
-from epp.prefix.precise import PreciseIndexConfig, PrecisePrefixProducer
+from epp.framework.endpoint import EndpointId
+from epp.plugins.preciseprefix.events import MAX_MESSAGE_BYTES, BadMessage, EventBatch, decode
+from epp.plugins.preciseprefix.params import PreciseIndexConfig
 from epp.supervise import spawn
+
+if TYPE_CHECKING:
+    from epp.plugins.preciseprefix.producer import PrecisePrefixProducer
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from epp.datastore.endpoint import Endpoint, EndpointId
+from epp.errors import ConfigError
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.request import ApiKind, InferenceRequest
+from epp.framework.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 from epp.prefix.hasher import ChunkHasher, chain_seed
 from epp.prefix.index import PrefixIndex
-from epp.request.types import ApiKind, InferenceRequest
-from epp.scheduling.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 
 # A server reporting fewer than this share of the cached tokens the index predicted (and at
 # least two chunks fewer) holds less than we think (requests in flight pin KV blocks, so its
@@ -31,6 +32,8 @@ _CPT_DECAY = 0.98
 """Weight kept by the past per response in the learnt characters per token (~50 responses)."""
 _CPT_MIN_TOKENS = 32
 _CPT_RANGE = (1.0, 16.0)
+APPROX_PREFIX_PRODUCER = "approx-prefix-cache-producer"
+
 
 @dataclass(slots=True, frozen=True)
 class PrefixIndexConfig:
@@ -58,6 +61,16 @@ class PrefixIndexConfig:
     responses' usage, and shrink an endpoint's LRU when the server reports far fewer cached
     tokens than the index predicted."""
 
+    def check(self, where: str) -> None:
+        """Rules the field types cannot say (the config loader calls it)."""
+        if self.block_chars < 1:
+            raise ConfigError(f"{where}.blockChars", "must be at least 1")
+        for fname, camel in (("capacity_per_endpoint_chunks", "capacityPerEndpointChunks"),
+                             ("max_entries", "maxEntries"), ("ttl_seconds", "ttlSeconds"),
+                             ("chars_per_token", "charsPerToken")):  # fmt: skip
+            if getattr(self, fname) <= 0:
+                raise ConfigError(f"{where}.{camel}", "must be positive")
+
 
 RecordSink = Callable[[EndpointId, Sequence[int], float], None]
 """Told of each index write this replica makes itself: endpoint, chain hashes, stamp (the
@@ -76,6 +89,8 @@ class PrefixProducer:
     chars_per_token: float = 4.0
     learn_from_responses: bool = True
     name: str = "approx-prefix-cache-producer"
+    sweep_interval_s: float = 5.0
+    """How often expired entries are swept (``sweepIntervalSeconds``)."""
     _listeners: list[RecordSink] = field(default_factory=list)
     _base_capacity: dict[EndpointId, int] = field(default_factory=dict)
     _cpt_chars: float = 0.0
@@ -92,6 +107,7 @@ class PrefixProducer:
             ChunkHasher(params.block_chars, params.max_chunks), index,
             chars_per_token=params.chars_per_token,
             learn_from_responses=params.learn_from_responses, name=name,
+            sweep_interval_s=params.sweep_interval_seconds,
         )  # fmt: skip
 
     def subscribe(self, sink: RecordSink) -> Callable[[], None]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from epp.datastore.endpoint import Endpoint, EndpointId
-from epp.observability.precise import PreciseCollector
-from epp.prefix.kvevents import EventBatch, Kind, KvEvent
-from epp.prefix.precise import PreciseIndexConfig, PrecisePrefixProducer
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.plugins.preciseprefix import PreciseIndexConfig, PrecisePrefixProducer
+from epp.plugins.preciseprefix.events import EventBatch, Kind, KvEvent
+from epp.plugins.preciseprefix.metrics import PreciseCollector
 
 
 def test_counters_are_exported_with_their_labels() -> None:

@@ -1,5 +1,5 @@
 """Decoding of the KV-cache events vLLM (and SGLang) publish over ZMQ. Pure: bytes in,
-values out; the sockets live in ``epp.kvevents.subscriber``.
+values out; the sockets live in ``epp.plugins.preciseprefix.subscriber``.
 
 Wire format (vLLM 0.32 ``vllm/distributed/kv_events.py``): one message = three frames,
 ``topic``, ``seq`` (8-byte big-endian, +1 per message per publisher) and a msgpack array

@@ -1,0 +1,66 @@
+"""Keying a request as a vLLM server will: its tokenizer and chat template, then vLLM's
+block hashes (``epp.prefix.tokenize``, ``epp.prefix.blockhash``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from epp.framework.request import InferenceRequest
+from epp.plugins.preciseprefix.params import PreciseIndexConfig
+from epp.prefix.blockhash import BlockKeys, VllmBlockHasher
+from epp.prefix.tokenize import TokenizerPool, token_ids
+
+
+class BlockKeyer(Protocol):
+    def keys(self, request: InferenceRequest) -> BlockKeys | str:
+        """The request's block keys, or the reason it cannot be keyed."""
+        ...
+
+
+class TokenizingKeyer:
+    """Keys a request as a vLLM server will: tokenizer and chat template, then block hashes."""
+
+    def __init__(self, params: PreciseIndexConfig) -> None:
+        self.hasher = VllmBlockHasher(params.block_size, params.hash_algo, params.none_hash_seed)
+        self.pool = TokenizerPool(params.tokenizers, params.tokenizer_dir)
+        self.lora_paths = dict(params.lora_paths)
+        self.max_blocks = params.max_blocks
+        self.seconds = 0.0
+        self.count = 0
+
+    def keys(self, request: InferenceRequest) -> BlockKeys | str:
+        body = request.body
+        if body is None:
+            return "no-body"
+        # a model with a tokenizer of its own is a base model (a name without
+        # requestControl.baseModels reads as an adapter); a configured LoRA is hashed with
+        # its name and path, as vLLM does, and tokenized by its base model's tokenizer
+        lora: tuple[str, str] | None = None
+        tok = None
+        path = self.lora_paths.get(request.adapter) if request.adapter else None
+        if path is not None:
+            lora = (request.adapter, path)
+            tok = self.pool.get(self._base_model(request))
+        elif request.adapter and not self.pool.named(request.model):
+            return "lora-path-unknown"
+        else:
+            tok = self.pool.get(request.model)
+        if tok is None:
+            return "no-tokenizer"
+        t0 = time.perf_counter()
+        ids = token_ids(tok, request.api.value, body)
+        if ids is None:
+            return "not-reproducible"
+        keys = self.hasher.keys(ids, cache_salt=request.cache_salt, lora=lora,
+                                max_blocks=self.max_blocks)  # fmt: skip
+        self.seconds += time.perf_counter() - t0
+        self.count += 1
+        return keys
+
+    def _base_model(self, request: InferenceRequest) -> str:
+        # an adapter's tokenizer is its base model's: the pool's only model, or the adapter's
+        # own entry when one is configured
+        if request.adapter in self.pool.paths:
+            return request.adapter
+        return next(iter(self.pool.paths), request.model)

@@ -1,0 +1,163 @@
+"""Write docs/config-reference.md from the schema: every top-level section and every plugin
+type of the registry, with each parameter's YAML name, type, default and the comment written
+beside the field in the code. tests/unit/config/test_config_reference.py fails when the file
+is stale. Run: ./run python scripts/gen_config_reference.py"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import sys
+import textwrap
+import typing
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+OUT = ROOT / "docs" / "config-reference.md"
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The string literal written under each field of a class (attribute docstrings)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    for stmt, nxt in zip(body, [*body[1:], None], strict=True):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return " \\| ".join(repr(a).replace("'", '"') for a in typing.get_args(tp))
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _default(f: dataclasses.Field[Any]) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "required"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value!r}`"
+
+
+def dataclass_table(cls: type) -> list[str]:
+    fields = [f for f in dataclasses.fields(cls) if not f.name.startswith("_")]  # type: ignore[arg-type]
+    if not fields:
+        return ["No parameters.", ""]
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    rows = ["| parameter | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for f in fields:
+        doc = docs.get(f.name, "").replace("|", "\\|")
+        rows.append(f"| `{_camel(f.name)}` | {_type_name(hints[f.name])} | {_default(f)} | {doc} |")
+    return [*rows, ""]
+
+
+def pydantic_table(model: Any) -> list[str]:
+    rows = ["| field | default |", "| --- | --- |"]
+    for name, info in model.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        rows.append(f"| `{_camel(name)}` | `{default!r}` |")
+    return [*rows, ""]
+
+
+def render() -> str:
+    from epp.config import request_control
+    from epp.datastore.scraper import ScrapingConfig
+    from epp.flowcontrol.controller import FlowControlConfig
+    from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
+    from epp.scheduling.saturation import SaturationConfig
+
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from the code by `./run python scripts/gen_config_reference.py` (a test",
+        "fails when it is stale); the guide is [configuration.md](configuration.md). Keys are",
+        "camelCase (snake_case is accepted); values are checked strictly (no coercion, no",
+        "unknown keys, numbers non-negative unless said otherwise) and every error names the",
+        "field.",
+        "",
+        "## Top-level sections",
+        "",
+    ]
+    sections: list[tuple[str, str, type]] = [
+        ("saturation", "when the pool counts as saturated (shedding, flow control)", SaturationConfig),
+        ("scraping", "the scrape period this config wants", ScrapingConfig),
+        ("flowControl", "admission queue, fairness and priority bands (docs/flow-control.md)",
+         FlowControlConfig),
+    ]
+    for pt in PLUGIN_TYPES.values():
+        if pt.section:
+            sections.append((pt.section, "defaults of the parameters of the plugin types "
+                             "listed with it below", pt.params))
+    for name, about, cls in sections:
+        out += [f"### `{name}`", "", about[0].upper() + about[1:] + ".", "", *dataclass_table(cls)]
+    out += [
+        "### `requestControl`", "",
+        "What epp does to a request before and after scheduling (model rewrites, priorities, "
+        "the body cap, fallbacks); the format with an example is in "
+        "`epp/config/request_control.py`.", "",
+        *pydantic_table(request_control._Section),
+        "### `staticEndpoints`", "",
+        "A fixed pool: a list of `ip:port` strings or `{address, port, labels}` mappings "
+        "(`epp/datastore/static.py`); `--endpoints` on the command line does the same.", "",
+        "## Plugin types", "",
+        "A plugin is listed under `plugins:` as `{type, name, parameters}`; filters, scorers "
+        "(with a `weight`) and the picker are referenced from the one scheduling profile; "
+        "data producers run for every request and are not referenced.", "",
+    ]
+    defaults = {v: k for k, v in DEFAULT_PRODUCERS.items()}
+    for kind in ("producer", "filter", "scorer", "picker"):
+        out += [f"### {kind.title()}s", ""]
+        for name, pt in PLUGIN_TYPES.items():
+            if pt.kind != kind:
+                continue
+            out += [f"#### `{name}`", "", pt.summary[0].upper() + pt.summary[1:] + ".", ""]
+            notes = []
+            if pt.provides:
+                notes.append("provides " + ", ".join(f"`{p}`" for p in pt.provides))
+            reads = pt.reads(pt.params())
+            if reads:
+                notes.append("reads " + ", ".join(f"`{r}`" for r in reads))
+            if name in defaults:
+                notes.append("added when a plugin reads what it provides and no producer is configured")
+            if pt.section:
+                notes.append(f"defaults from the `{pt.section}` section")
+            if notes:
+                out += ["; ".join(notes).capitalize() + ".", ""]
+            out += dataclass_table(pt.params)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main() -> None:
+    OUT.write_text(render())
+    print(f"wrote {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
