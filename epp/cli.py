@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from epp.config.loader import EppConfig, default_config, load_config
-from epp.config.request_control import DEFAULT_MAX_BODY_BYTES
 from epp.datastore.pagefetch import DEFAULT_MAX_BYTES as DEFAULT_MAX_PAGE_BYTES
 from epp.datastore.scraper import ScrapeOptions
 from epp.datastore.static import parse_endpoint_list
@@ -23,6 +22,7 @@ from epp.extproc.observer import DEFAULT_WAIT_S as OBSERVER_WAIT_S
 from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.observability.logging import setup_logging
+from epp.request.settings import DEFAULT_MAX_BODY_BYTES
 from epp.requestcontrol.response import MAX_JSON_BYTES, MAX_SSE_LINE_BYTES, ResponseLimits
 from epp.server.runner import ServerOptions, SourceStarter, start_server
 from epp.sync.node import SyncOptions, SyncTls

@@ -87,10 +87,10 @@ def pydantic_table(model: Any) -> list[str]:
 
 
 def render() -> str:
-    from epp.config import request_control
     from epp.datastore.scraper import ScrapingConfig
     from epp.flowcontrol.controller import FlowControlConfig
     from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
+    from epp.request import settings as request_control
     from epp.scheduling.saturation import SaturationConfig
 
     out = [
@@ -121,7 +121,7 @@ def render() -> str:
         "### `requestControl`", "",
         "What epp does to a request before and after scheduling (model rewrites, priorities, "
         "the body cap, fallbacks); the format with an example is in "
-        "`epp/config/request_control.py`.", "",
+        "`epp/request/settings.py`.", "",
         *pydantic_table(request_control._Section),
         "### `staticEndpoints`", "",
         "A fixed pool: a list of `ip:port` strings or `{address, port, labels}` mappings "

@@ -40,13 +40,13 @@ from typing import Any
 import yaml
 
 from epp import schema
-from epp.config.request_control import RequestControlConfig, parse_request_control
 from epp.datastore.scraper import ScrapingConfig
 from epp.datastore.static import endpoints_from_config
 from epp.errors import ConfigError
 from epp.flowcontrol.controller import FlowControlConfig
 from epp.framework.endpoint import Endpoint
 from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
+from epp.request.settings import RequestControlConfig, parse_request_control
 from epp.scheduling.saturation import SaturationConfig
 
 __all__ = ["EppConfig", "PluginSpec", "ProfileSpec", "SaturationConfig",
@@ -95,7 +95,7 @@ _SECTIONS = {pt.section: pt for pt in PLUGIN_TYPES.values() if pt.section}
 _KNOWN_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "saturation",
               "flowControl", "scraping", *_SECTIONS}
 _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
-"""Top-level sections read by other layers (``epp.config.request_control``,
+"""Top-level sections read by other layers (``epp.request.settings``,
 ``epp.datastore.static``) from ``EppConfig.raw``."""
 
 SHIPPED = ("default", "filter-chain", "predicted-ttft", "cache-aware", "conformance")

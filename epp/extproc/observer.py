@@ -39,17 +39,56 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
 
 from epp.extproc.convert import OBSERVE_HEADER
 from epp.framework.types import ResponseInfo
 from epp.requestcontrol.director import Director, Routing
-from epp.sync.gen import sync_pb2
 
-Kind = sync_pb2.Observation.Kind
+
+class Kind(IntEnum):
+    """What a replica saw of another replica's request (the sync wire format's
+    ``Observation.Kind`` has the same numbers)."""
+
+    CLAIMED = 0
+    """The observer stream has the request: the router stops waiting for one."""
+    FIRST_BYTES = 1
+    """The response's first body bytes came."""
+    FINISHED = 2
+    """The response is complete; the other fields say what it carried."""
+    ENDED = 3
+    """The observer stream ended before the response did (a client that left)."""
+
+
+@dataclass(slots=True)
+class Observation:
+    """One observation of a peer's request, as the handoff publishes and applies it. How it
+    travels is the publisher's business (index sync carries it, docs/sync.md)."""
+
+    token: str
+    kind: Kind
+    age_s: float = 0.0
+    """Seconds between the event and now (set by the receiver's transport)."""
+    first_bytes_age_s: float = -1.0
+    """Before sending: the first bytes' stamp (monotonic); received: their age; negative:
+    no bytes came."""
+    status: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = -1
+    """Negative: the response did not say."""
+    completion_tokens: int = 0
+    response_bytes: int = 0
+    generated_text: str = ""
+
+
+Publish = Callable[[Observation], None]
+"""Sends an observation to the pool's other replicas (``SyncNode.publish_observation``)."""
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_WAIT_S", "OBSERVE_HEADER", "REMOTE_WAIT_S", "ResponseHandoff"]
+__all__ = ["DEFAULT_WAIT_S", "OBSERVE_HEADER", "REMOTE_WAIT_S", "Kind", "Observation", "Publish",
+           "ResponseHandoff"]
 
 DEFAULT_WAIT_S = 10.0
 """How long a routed request waits for its observer stream (normally it comes within ms:
@@ -102,7 +141,7 @@ class ResponseHandoff:
         """Peers' observations of this replica's requests applied."""
         self._remote: OrderedDict[str, tuple[float, Routing, float | None]] = OrderedDict()
         """Requests a peer observes: deadline, routing, first-bytes time (this clock)."""
-        self.publish: Callable[[sync_pb2.Observation], None] | None = None
+        self.publish: Publish | None = None
         """Set with index sync on: sends an observation to the peers (``SyncNode``)."""
 
     def counts(self) -> dict[str, int]:
@@ -166,7 +205,7 @@ class ResponseHandoff:
         """Send the peers what this replica saw of ``token``'s response."""
         if self.publish is None:
             return
-        msg = sync_pb2.Observation(token=token, kind=kind)  # type: ignore[arg-type]
+        msg = Observation(token, Kind(kind))
         # until it is sent the message carries the first bytes' stamp; the sender turns it
         # into an age (negative: no bytes came)
         msg.first_bytes_age_s = -1.0 if first_s is None else first_s
@@ -183,7 +222,7 @@ class ResponseHandoff:
 
     # --- this replica's request, observed by a peer ---------------------------------------
 
-    def apply_remote(self, observations: Sequence[sync_pb2.Observation]) -> None:
+    def apply_remote(self, observations: Sequence[Observation]) -> None:
         """A peer's observations (``SyncNode.on_observations``): act on those of this
         replica's tokens; ignore the rest (another replica's, or already expired)."""
         now = self._clock()
@@ -195,7 +234,7 @@ class ResponseHandoff:
                 except Exception:  # a bug: keep the sync stream and the other observations
                     log.exception("applying a peer's observation of %s failed", obs.token)
 
-    def _apply_one(self, obs: sync_pb2.Observation, now: float) -> None:
+    def _apply_one(self, obs: Observation, now: float) -> None:
         token, kind = obs.token, obs.kind
         if kind == Kind.CLAIMED:
             entry = self._pending.pop(token, None)

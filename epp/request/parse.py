@@ -24,7 +24,7 @@ from typing import Any
 from epp.errors import BadRequest, NotFound, PayloadTooLarge
 from epp.framework.request import API_PATHS, ApiKind, InferenceRequest
 from epp.request import flatten, jsondoc
-from epp.request.control import ModelTarget, RequestControlConfig
+from epp.request.settings import ModelTarget, RequestControlConfig
 
 # A ``\uD800``-``\uDFFF`` escape: the only way JSON text carries a lone surrogate. Searched
 # only in a body holding a backslash at all (one memchr); bytes' own substring search of a

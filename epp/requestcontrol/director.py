@@ -26,14 +26,13 @@ from typing import Any
 
 from epp.datastore.store import Datastore
 from epp.errors import EppError, Overloaded, Unavailable
-from epp.flowcontrol import saturation
 from epp.flowcontrol.controller import FlowControlConfig, FlowController
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.request import InferenceRequest
 from epp.framework.types import PickResult, ResponseInfo
 from epp.observability.metrics import EppMetrics
 from epp.requestcontrol.admission import Admission
-from epp.scheduling.saturation import SaturationConfig, pool_saturated
+from epp.scheduling.saturation import SaturationConfig, detector, pool_saturated
 from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -96,6 +95,10 @@ class Director:
         """Flow control on the event loop (``epp serve``)."""
         if flow is not None and flow.enabled:
             self.flow = FlowController(flow, self.pool_full)
+        self._detector = detector(
+            flow.saturation if flow is not None else "thresholds", saturation, self._in_flight,
+            flow.max_concurrency if flow is not None else 0,
+        )  # fmt: skip
 
     def enable_admission(self, observe: Any = None) -> Admission:
         """``epp serve``: queued requests wait on the event loop (see ``Admission``)."""
@@ -106,27 +109,16 @@ class Director:
     def saturation_level(self) -> float:
         """For the gauge: the share of endpoints over a threshold, or of the concurrency
         slots in use."""
-        flow = self.flow
-        endpoints = self._datastore.routable()
-        if flow is None:
+        if self.flow is None:
             return 0.0
-        if flow.cfg.saturation == "concurrency":
-            return saturation.concurrency_level(
-                endpoints, self._in_flight, flow.cfg.max_concurrency
-            )
-        return saturation.thresholds_level(endpoints, self._saturation, self._clock())
+        return self._detector.level(self._datastore.routable(), self._clock())
 
     def pool_full(self, reserved: int) -> bool:
         """Flow control's saturation detector (``flowControl.saturation``)."""
-        flow = self.flow
         endpoints = self._datastore.routable()
-        if flow is None or not endpoints:
+        if self.flow is None or not endpoints:
             return False  # no endpoint: route() answers 503 at once
-        if flow.cfg.saturation == "concurrency":
-            return saturation.concurrency(
-                endpoints, self._in_flight, flow.cfg.max_concurrency, reserved
-            )
-        return saturation.thresholds(endpoints, self._saturation, self._clock(), reserved)
+        return self._detector.full(endpoints, reserved, self._clock())
 
     @property
     def prepares(self) -> bool:

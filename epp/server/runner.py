@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from epp.config.loader import EppConfig, default_config
-from epp.config.request_control import RequestControlConfig
 from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
@@ -39,6 +38,7 @@ from epp.framework.interfaces import Lifecycle, PluginContext
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
 from epp.request.parse import ObjectiveLookup, RequestParser
+from epp.request.settings import RequestControlConfig
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.response import ResponseLimits
 from epp.scheduling.scheduler import Scheduler

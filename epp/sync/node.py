@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import grpc
 
 from epp.datastore.store import Datastore
+from epp.extproc.observer import Kind, Observation
 from epp.framework.endpoint import EndpointId
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
@@ -245,12 +246,16 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
         if not items:
             return
         now = self._clock()
-        for observation, stamp in items:
-            added = batch.observations.add()
-            added.CopyFrom(observation)
-            added.age_s = now - stamp
-            if added.first_bytes_age_s >= 0:  # carried as a stamp until now
-                added.first_bytes_age_s = max(0.0, now - added.first_bytes_age_s)
+        for o, stamp in items:
+            # first_bytes_age_s is carried as a stamp until now (negative: no bytes came)
+            first = o.first_bytes_age_s
+            batch.observations.add(
+                token=o.token, kind=int(o.kind), age_s=now - stamp,
+                first_bytes_age_s=max(0.0, now - first) if first >= 0 else first,
+                status=o.status, prompt_tokens=o.prompt_tokens, cached_tokens=o.cached_tokens,
+                completion_tokens=o.completion_tokens, response_bytes=o.response_bytes,
+                generated_text=o.generated_text,
+            )  # fmt: skip
 
     def _encode(self, read: OutboxRead) -> Any:
         now = self._clock()
@@ -262,6 +267,16 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
             self._metrics.sync_dropped_slow.inc(read.dropped)
         self._metrics.sync_sent.inc(len(read.writes))
         return batch
+
+
+def _observation(o: Any) -> Observation:
+    """A received ``epp.sync.v1.Observation`` as the observer's value (an unknown kind from
+    a newer peer reads as ENDED: the request is released, not kept waiting)."""
+    kind = Kind(o.kind) if o.kind in Kind._value2member_map_ else Kind.ENDED
+    return Observation(
+        o.token, kind, o.age_s, o.first_bytes_age_s, o.status, o.prompt_tokens,
+        o.cached_tokens, o.completion_tokens, o.response_bytes, o.generated_text,
+    )
 
 
 class SyncNode:
@@ -288,7 +303,7 @@ class SyncNode:
             self.replica_id, self.outbox, self._wakeup, options, metrics, clock
         )
         self.service.index = producer.index
-        self.on_observations: Callable[[Sequence[Any]], None] | None = None
+        self.on_observations: Callable[[Sequence[Observation]], None] | None = None
         """Peers' observations of responses (``ResponseHandoff.apply_remote``)."""
         self._clock = clock
         self.peers = PeerSet(self._follow, metrics.task_failed)
@@ -341,7 +356,7 @@ class SyncNode:
                  f", resolving {self.options.peer_dns}" if self.options.peer_dns else "")
         return self.port
 
-    def publish_observation(self, observation: Any) -> None:
+    def publish_observation(self, observation: Observation) -> None:
         """Queue an observation of a peer's request for every subscriber (stamped now on
         this node's clock; sent with its age)."""
         self.service.observations.append(observation, self._clock())
@@ -467,7 +482,7 @@ class SyncNode:
                             log.info("sync: following %s (replica %s)", target, batch.replica_id)
                             failing, backoff = False, opts.backoff_initial_s
                         if batch.observations and self.on_observations is not None:
-                            self.on_observations(batch.observations)
+                            self.on_observations([_observation(o) for o in batch.observations])
                         if batch.records:
                             res = self.applier.apply(batch.records)
                             self.metrics.sync_applied.inc(res.applied)

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from epp.config.loader import default_config
-from epp.config.request_control import RequestControlConfig
 from epp.datastore.store import Datastore
 from epp.errors import EppError
 from epp.extproc import convert
@@ -29,6 +28,7 @@ from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
 from epp.framework.endpoint import Endpoint, Metrics, endpoint_id
 from epp.observability.metrics import EppMetrics
 from epp.request.parse import RequestParser
+from epp.request.settings import RequestControlConfig
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.response import ResponseReader
 from epp.wiring import build_scheduler

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import pytest
 
-from epp.extproc.observer import ResponseHandoff
+from epp.extproc.observer import Kind, Observation, ResponseHandoff
 from epp.requestcontrol.director import Director, Routing
 
 
@@ -99,16 +99,14 @@ class Started:
 
 
 def test_peer_observations_act_on_this_replicas_tokens_only(caplog: pytest.LogCaptureFixture) -> None:
-    from epp.sync.gen import sync_pb2
-
-    kind = sync_pb2.Observation.Kind
+    kind = Kind
     clock, director = Clock(), Lifecycle()
     handoff = ResponseHandoff(cast(Director, director), 5.0, clock)
     a = cast(Routing, Started("a", 100.0))
     token = handoff.offer(a)
     other = ResponseHandoff(cast(Director, Lifecycle()), 5.0, clock).offer(routing("x"))
     clock.now = 101.0
-    obs = sync_pb2.Observation
+    obs = Observation
     handoff.apply_remote([
         obs(token=other, kind=kind.CLAIMED),  # another replica's: ignored
         obs(token=token, kind=kind.CLAIMED),

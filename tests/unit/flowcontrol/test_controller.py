@@ -156,11 +156,13 @@ def test_nothing_is_lost(n: int) -> None:
 
 
 def test_the_thresholds_detector_fails_open_without_fresh_metrics() -> None:
-    from epp.flowcontrol.saturation import thresholds
     from epp.framework.endpoint import Endpoint, EndpointId, Metrics
-    from epp.scheduling.saturation import SaturationConfig
+    from epp.scheduling.saturation import SaturationConfig, ThresholdDetector
 
     cfg = SaturationConfig(queue_threshold=2, metrics_staleness_seconds=1.0)
+
+    def thresholds(endpoints: list[Endpoint], cfg: SaturationConfig, now_s: float, reserved: int) -> bool:
+        return ThresholdDetector(cfg).full(endpoints, reserved, now_s)
 
     def ep(waiting: int, scraped_at_s: float) -> Endpoint:
         return Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000,

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from epp.config.request_control import ModelTarget, RequestControlConfig
 from epp.errors import BadRequest, NotFound, PayloadTooLarge
 from epp.framework.request import ApiKind
 from epp.request.parse import RequestParser, api_for_path
+from epp.request.settings import ModelTarget, RequestControlConfig
 
 H = {"x-request-id": "r1"}
 

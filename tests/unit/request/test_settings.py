@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.config.request_control import ModelTarget, parse_request_control
 from epp.errors import ConfigError
+from epp.request.settings import ModelTarget, parse_request_control
 
 
 def test_defaults_and_full_section() -> None:

@@ -1,5 +1,6 @@
-"""The ``requestControl:`` section of the YAML config: what epp does to a request before and
-after the scheduler sees it.
+"""The ``requestControl:`` section of the YAML config, its values and its parser: what epp
+does to a request before and after the scheduler sees it (the Director that does it is
+``epp.requestcontrol``).
 
     requestControl:
       maxBodyBytes: 8388608          # 413 above this
@@ -20,16 +21,38 @@ Every field is optional. Errors name the field (``requestControl.modelRewrites.c
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, Field, StringConstraints
 
 from epp.errors import ConfigError
-from epp.request.control import DEFAULT_MAX_BODY_BYTES, ModelTarget, RequestControlConfig
 from epp.schema import STRICT, validate
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ModelTarget", "RequestControlConfig", "parse_request_control"]
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(slots=True, frozen=True)
+class ModelTarget:
+    model: str
+    weight: int = 1
+
+
+@dataclass(slots=True, frozen=True)
+class RequestControlConfig:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    fallbacks: int = 0
+    base_models: frozenset[str] = frozenset()
+    model_rewrites: Mapping[str, tuple[ModelTarget, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    model_priorities: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    objective_priorities: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    served_endpoint_header: str = ""
+    """A response header set to the endpoint epp routed the request to ('' = none; the
+    conformance profile: ``x-conformance-test-served-endpoint``)."""
+
 
 SECTION = "requestControl"
 
