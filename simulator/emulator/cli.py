@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from simulator.clihelp import HelpFormatter, stop_event
+from simulator.clihelp import HelpFormatter, deprecated_alias, stop_event
 from simulator.emulator.config import EmulatorConfig
 from simulator.emulator.server import start_emulator
 
@@ -30,8 +30,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default=d.host, help="address to listen on")
     p.add_argument("--port", type=int, default=d.port, help="port to listen on; 0 picks a free one")
     p.add_argument("--model", default=d.model, help="served model name (the base model)")
-    p.add_argument(
-        "--num-gpu-blocks",
+    kv_blocks = p.add_argument(
+        "--kv-blocks",
         type=int,
         default=d.num_gpu_blocks,
         help="KV cache size in blocks (capacity = blocks x block size tokens)",
@@ -86,6 +86,7 @@ def register(subparsers: Any) -> None:
                    help="event topic (default kv@HOST:PORT@MODEL)")  # fmt: skip
     p.add_argument("--kv-events-replay", default="", metavar="ZMQ_ENDPOINT",
                    help="bind a ROUTER socket there that replays missed event batches")  # fmt: skip
+    deprecated_alias(p, "--num-gpu-blocks", kv_blocks)
     p.set_defaults(run=run)
 
 
@@ -95,7 +96,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         host=args.host,
         port=args.port,
         model=args.model,
-        num_gpu_blocks=args.num_gpu_blocks,
+        num_gpu_blocks=args.kv_blocks,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens,

@@ -21,7 +21,7 @@ from rich.progress import (
 
 from epp.config.loader import default_config, load_config
 from epp.errors import ConfigError
-from simulator.clihelp import HelpFormatter
+from simulator.clihelp import HelpFormatter, deprecated_alias
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds
 from simulator.replay.policies import POLICY_NAMES, policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
@@ -76,7 +76,7 @@ def register(subparsers: Any) -> None:
                    help="most requests decoding together per replica; the rest wait")
     p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens,
                    help="uncached prompt tokens admitted per engine step")
-    p.add_argument("--scrape-interval", type=float, default=d.scrape_interval_s,
+    scrape = p.add_argument("--scrape-interval-s", type=float, default=d.scrape_interval_s,
                    help="seconds between metric scrapes (default: each epp config's "
                    "scraping.intervalSeconds: 0.2, 1 for predicted-ttft)")
     p.add_argument("--seed", type=int, default=d.seed,
@@ -95,10 +95,11 @@ def register(subparsers: Any) -> None:
                    help="seconds before a KV event reaches the precise policy")
     w.add_argument("--event-loss", type=float, default=d.event_loss,
                    help="share of KV-event batches lost (sequence gaps)")
-    p.add_argument("--sweep", help="param=v1,v2,... (rate, time_scale, replicas, kv_blocks, block_size, scrape_interval, weight.<scorer>)")
+    p.add_argument("--sweep", help="param=v1,v2,... (rate, time_scale, replicas, kv_blocks, block_size, scrape_interval_s, weight.<scorer>)")
     p.add_argument("--out", help="write the report as JSON (a list, one object per policy and sweep point)")
     p.add_argument("--plot-dir", help="write PNG plots there")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    deprecated_alias(p, "--scrape-interval", scrape)
     p.set_defaults(run=run)
 
 
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
             block_size_tokens=args.block_size,
             max_num_seqs=args.max_num_seqs,
             max_batched_tokens=args.max_batched_tokens,
-            scrape_interval_s=args.scrape_interval,
+            scrape_interval_s=args.scrape_interval_s,
             seed=args.seed,
             routers=args.routers,
             bypass_share=args.bypass_share,

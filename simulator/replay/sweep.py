@@ -1,7 +1,7 @@
 """``--sweep param=v1,v2,...``: replay once per value, one line per (value, policy).
 
 Parameters: ``rate`` (requests/s; a time scale for traces), ``time_scale`` (traces),
-``replicas``, ``kv_blocks``, ``block_size``, ``scrape_interval``, and
+``replicas``, ``kv_blocks``, ``block_size``, ``scrape_interval_s``, and
 ``weight.<scorer>`` (a weight of the epp config's profile, e.g. ``weight.queue-scorer``;
 applies to ``epp`` and ``precise``, which are built from that config).
 """
@@ -20,7 +20,8 @@ _CONFIG_FIELDS = {
     "replicas": ("replicas", int),
     "kv_blocks": ("kv_blocks", int),
     "block_size": ("block_size_tokens", int),
-    "scrape_interval": ("scrape_interval_s", float),
+    "scrape_interval_s": ("scrape_interval_s", float),
+    "scrape_interval": ("scrape_interval_s", float),  # the old spelling, for one release
 }
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from simulator.clihelp import HelpFormatter
+from simulator.clihelp import HelpFormatter, deprecated_alias
 from simulator.gateway.cli import add_mode_flags
 from simulator.stack.stack import DEFAULT_MODEL, Stack, StackError, StackOptions, start_stack
 from simulator.stack.workload import SharedPrefixWorkload, WorkloadError, load_inference_perf
@@ -53,7 +53,7 @@ def register(subparsers: Any) -> None:
                    help="model servers: the vLLM emulator, or real vLLM on the CPU serving a "
                    "tiny local model (installed into .venv-vllm on first use: ~2 min, 3.4 GB; "
                    "~40 s and ~1.5 GB per server; 2 servers suit 2 cores)")
-    g.add_argument("--vllm-kv-mib", type=int, default=64,
+    kv_mib = g.add_argument("--kv-mib", type=int, default=64,
                    help="with --engine vllm: KV cache per server, MiB (1 KiB a token for the tiny model)")
     g.add_argument("--vllm-stream-interval", type=int, default=1, metavar="N",
                    help="with --engine vllm: the servers' --stream-interval, tokens per streamed "
@@ -107,8 +107,8 @@ def register(subparsers: Any) -> None:
         help="KV cache blocks (16 tokens) per replica; small so that routing matters",
     )
     g.add_argument("--max-num-seqs", type=int, default=None, help="batch size per replica (default: the emulator's, 32)")
-    g.add_argument(
-        "--epp-scrape-interval-s", default="", metavar="S[,S...]",
+    scrape = g.add_argument(
+        "--scrape-interval-s", default="", metavar="S[,S...]",
         help="epp's period between two scrapes of a server's /metrics (default: the config's "
         "scraping.intervalSeconds: 0.2, 1 for predicted-ttft and cache-aware); "
         "with --demo several, comma-separated: epp runs once per period, each a column",
@@ -188,8 +188,8 @@ def register(subparsers: Any) -> None:
         "/reset_prefix_cache); prints each round and the table over all rounds. One run per "
         "policy (1, fresh servers each) leaves a drifting machine's slow minutes to chance",
     )  # fmt: skip
-    d.add_argument(
-        "--bypass", type=float, default=0.0, metavar="SHARE",
+    bypass = d.add_argument(
+        "--bypass-share", type=float, default=0.0, metavar="SHARE",
         help="share of requests sent straight to a random model server, past the gateway and "
         "epp (traffic epp does not see: another client or gateway); the same requests for "
         "every policy",
@@ -199,6 +199,9 @@ def register(subparsers: Any) -> None:
     )
     d.add_argument("--api", choices=["chat", "completion"], default=DEMO.api,
                    help="/v1/chat/completions or /v1/completions")
+    deprecated_alias(g, "--vllm-kv-mib", kv_mib)
+    deprecated_alias(g, "--epp-scrape-interval-s", scrape)
+    deprecated_alias(d, "--bypass", bypass)
     p.set_defaults(run=run)
 
 
@@ -221,7 +224,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         epp_replicas=args.epp_replicas,
         sync=not args.no_sync,
         engine=args.engine,
-        vllm_kv_cache_bytes=args.vllm_kv_mib << 20,
+        vllm_kv_cache_bytes=args.kv_mib << 20,
         vllm_stream_interval=args.vllm_stream_interval,
         prefix=args.prefix,
         fair=args.fair,
@@ -233,7 +236,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
 
 def workload_from_args(args: argparse.Namespace) -> SharedPrefixWorkload:
     if args.workload is not None:
-        return dataclasses.replace(load_inference_perf(args.workload), bypass_share=args.bypass)
+        return dataclasses.replace(load_inference_perf(args.workload), bypass_share=args.bypass_share)
     return dataclasses.replace(
         DEMO,
         num_groups=args.groups,
@@ -243,7 +246,7 @@ def workload_from_args(args: argparse.Namespace) -> SharedPrefixWorkload:
         question_len=args.question_len,
         output_len=args.output_len,
         concurrency=args.concurrency,
-        bypass_share=args.bypass,
+        bypass_share=args.bypass_share,
         api=args.api,
     )
 
@@ -254,19 +257,19 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--epp-replicas must be at least 1, not {args.epp_replicas}")
         try:
             args.scrape_intervals = tuple(
-                float(x) for x in args.epp_scrape_interval_s.split(",") if x.strip()
+                float(x) for x in args.scrape_interval_s.split(",") if x.strip()
             )
         except ValueError:
-            raise ValueError(f"--epp-scrape-interval-s {args.epp_scrape_interval_s!r}: "
+            raise ValueError(f"--scrape-interval-s {args.scrape_interval_s!r}: "
                              "expected seconds, comma-separated") from None  # fmt: skip
         if any(not 0 < x <= 3600 for x in args.scrape_intervals):
-            raise ValueError("--epp-scrape-interval-s: periods must be in (0, 3600] seconds")
+            raise ValueError("--scrape-interval-s: periods must be in (0, 3600] seconds")
         several = "," in args.config or len(args.scrape_intervals) > 1
         if several and not args.demo:
-            raise ValueError("several --config or --epp-scrape-interval-s values are for --demo "
+            raise ValueError("several --config or --scrape-interval-s values are for --demo "
                              "(one epp run each)")  # fmt: skip
         if several and (args.prefix == "precise" or args.epp_replicas > 1):
-            raise ValueError("several --config or --epp-scrape-interval-s values: one epp "
+            raise ValueError("several --config or --scrape-interval-s values: one epp "
                              "replica and --prefix approx")  # fmt: skip
         if args.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, not {args.rounds}")

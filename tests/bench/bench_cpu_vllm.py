@@ -84,7 +84,7 @@ async def server_ttft(urls: list[str]) -> tuple[float, float]:
 
 def start_stack(policy: str, response_mode: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
     cmd = [sys.executable, "-m", "simulator.cli", "stack", "--engine", args.engine, "--replicas", "2",
-           "--policy", policy, "--vllm-kv-mib", str(args.kv_mib),
+           "--policy", policy, "--kv-mib", str(args.kv_mib),
            "--vllm-stream-interval", str(args.stream_interval)]  # fmt: skip
     cmd += ["--response-observer"] if response_mode == "observer" else ["--response-mode", response_mode]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
