@@ -28,7 +28,7 @@ features it had at the pick and the time to its first body bytes. The endpoint w
 lowest cost scores 1, the others ``best / theirs``. Parameters (``PredictedTtftParams``) are
 the priors, the forgetting factor, the prior's weight, ``work_weight``, ``fill_weight``,
 ``evict_weight`` and ``contention_weight``; nothing is weighted per deployment. Where it
-stands against the default profile: docs/replay.md (``tests/bench/bench_ttft.py``).
+stands against the default profile: docs/replay.md (``bench/bench_ttft.py``).
 
 The scorer also reports its prediction error (``errors``), which the replay prints.
 """

@@ -24,7 +24,7 @@ loop may call them at once.
 
 Memory: with the native store an entry costs ~40 bytes (a 24-byte node and its hash-table
 slots); with the Python store, a dict slot and a key object (~75 bytes; the last-use time
-object is shared by all chunks recorded by one request). ``tests/bench/bench_scheduling.py``
+object is shared by all chunks recorded by one request). ``bench/bench_scheduling.py``
 prints the measured figure.
 """
 

@@ -2,7 +2,7 @@
 
 orjson reads a 16 KB ASCII prompt body (UTF-8 check included) in half the time the standard
 library takes to decode and parse it, and an SSE stream's events in about a quarter; text in
-other scripts costs the same either way (``tests/bench/bench_scheduling.py`` prints all
+other scripts costs the same either way (``bench/bench_scheduling.py`` prints all
 three). Where orjson refuses a text (``NaN``, ``Infinity``, a number beyond a double, a lone
 surrogate escape, nesting past 1,024 levels, invalid UTF-8) the standard library decides, so
 the set of accepted documents and every error message stay the standard library's.

@@ -4,7 +4,7 @@ Roles, from the process tree under one root (the process running the stack):
 ``vllm`` (every real vLLM server with its engine core and workers), ``epp`` (epp children),
 ``router`` (the SGLang router), ``envoy`` (real Envoy, the stack's gateway), ``emulator`` (emulated replicas in a child), and
 ``gateway+client`` (the root itself: the workload driver, the development gateway with
-``--gateway python``, and epp when it runs inline). ``tests/bench/bench_cpu_vllm.py`` and the
+``--gateway python``, and epp when it runs inline). ``bench/bench_cpu_vllm.py`` and the
 demo's per-run CPU row read it.
 """
 

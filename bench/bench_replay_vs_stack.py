@@ -7,7 +7,7 @@ loop follows the replay's seeded order); texts, arrival jitter and the random po
 differ. 4 replicas of 256 KV blocks (4k tokens) against 8 system prompts of 1,000 tokens, so
 routing decides what stays cached.
 
-    python tests/bench/bench_replay_vs_stack.py
+    python bench/bench_replay_vs_stack.py
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 RECIPE = """\
 load:
   type: constant
@@ -70,4 +70,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -11,7 +11,7 @@ p50 / p99 / max, and the tenant's share of the first tokens produced during the 
 (from each burst's start to 10 s after it) next to its share of the requests that arrived
 then.
 
-Run: ./run python tests/bench/bench_flow_control.py
+Run: ./run python bench/bench_flow_control.py
 """
 
 from __future__ import annotations

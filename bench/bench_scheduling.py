@@ -5,7 +5,7 @@ the default profile's scorers + pick + record the pick + count the request in fl
 "system prompts" of half the prompt length, each followed by a unique tail, so the index
 holds real matches on several endpoints. The index is warmed with 400 decisions first.
 
-Run: ./run python tests/bench/bench_scheduling.py [--quick]
+Run: ./run python bench/bench_scheduling.py [--quick]
 Targets (issue 2): p50 <= 50 us at 16 KB / 64 endpoints; <= 2 ms at 220 KB; <= 120 bytes
 per (chunk, endpoint) entry at 1M entries. Timings vary with machine load: read the ratios.
 """
@@ -32,7 +32,7 @@ from epp.prefix.index import PrefixIndex
 from epp.scheduling.scheduler import Scheduler
 from epp.wiring import build_scheduler
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for bench_extproc's prompts
 
 SIZES = {"1KB": 1024, "16KB": 16 * 1024, "220KB": 220 * 1024}
@@ -119,7 +119,7 @@ def bench_hash_scripts(count: int = 2000) -> dict[str, float]:
     """Microseconds to hash one of bench_extproc.py's 16 KB mixed-script prompts fresh from
     the JSON parser (as epp gets it: no UTF-8 form cached on the string yet), the same prompt
     made ASCII, and, for scale, a UTF-8 copy of the mixed-script one."""
-    from tests.bench.bench_extproc import make_bodies
+    from bench.bench_extproc import make_bodies
 
     mixed = [json.loads(b)["prompt"] for b in make_bodies(count)]
     as_json = [json.dumps(p, ensure_ascii=False) for p in mixed]
@@ -147,8 +147,8 @@ def bench_json_reading(count: int = 2000) -> dict[str, tuple[float, float]]:
     against epp's reader (``epp.request.jsondoc``), each body distinct (cold, as served):
     bench_extproc.py's 16 KB mixed-script prompt bodies, the same made ASCII, and an SSE stream
     of 64 completion events (each ``data:`` line parsed, as the response reader does)."""
+    from bench.bench_extproc import make_bodies
     from epp.request import jsondoc
-    from tests.bench.bench_extproc import make_bodies
 
     mixed = [[b] for b in make_bodies(count)]
     ascii_ = [[b.decode().encode("ascii", "replace")] for [b] in mixed]

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
@@ -123,7 +123,7 @@ def main() -> None:
     ]
     table = "\n".join(rows)
     print(table)
-    from tests.bench.results import write_result
+    from bench.results import write_result
 
     notes = (
         f"\n\nReal Envoy (one worker) with `epp envoy-config`'s bootstrap, `epp serve` "

@@ -14,7 +14,7 @@
    up to ``--max-open-streams`` and 25% past it; RSS of ``epp serve`` per open stream, what
    the streams past the bound got, and whether a normal request still routes.
 
-    python tests/bench/bench_hostile.py [--requests 20000] [--entries 1000000] [--streams 4000]
+    python bench/bench_hostile.py [--requests 20000] [--entries 1000000] [--streams 4000]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import zlib
 from pathlib import Path
 from typing import Self
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 NORMAL = (b'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n'

@@ -2,7 +2,7 @@
 workload through epp and at random), written to docs/results/demo.md with the command, commit,
 date and machine.
 
-    ./run python tests/bench/bench_demo.py [--result-name NAME] [stack flags, e.g.
+    ./run python bench/bench_demo.py [--result-name NAME] [stack flags, e.g.
         --engine vllm --replicas 2]
 
 ``--result-name`` (default ``demo``) names the file under docs/results/.
@@ -16,10 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.bench.results import write_result  # noqa: E402
+from bench.results import write_result  # noqa: E402
 
 ROWS = [
     ("prefix cache hit rate (servers' counters)", lambda r: f"{100 * r['hit_rate']:.1f}%"),
@@ -37,6 +37,9 @@ ROWS = [
 
 def main() -> None:
     args = sys.argv[1:]
+    if "-h" in args or "--help" in args:
+        print(__doc__.strip() + "\n\nStack flags: epp-sim stack --help")
+        return
     name = "demo"
     if "--result-name" in args:
         i = args.index("--result-name")

@@ -8,7 +8,7 @@ request names its tenant in ``x-gateway-inference-fairness-id`` and streams, so 
 client's, from the moment it sent the request (epp's queue included). Printed per tenant:
 requests, served, answered with an error (status and reason), TTFT p50 / p99 / max.
 
-Run: ./run python tests/bench/bench_flow_control_stack.py
+Run: ./run python bench/bench_flow_control_stack.py
 """
 
 from __future__ import annotations
@@ -123,4 +123,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

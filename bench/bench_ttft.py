@@ -26,7 +26,7 @@ target, and the last line says at how many points that is so.
 run gives its first token soonest: what routing on true TTFTs gets, greedily) and counts the
 points where it is 10% below the default's p90.
 
-Run: ./run python tests/bench/bench_ttft.py [--quick] [--seeds 3] [--ttft-oracle]
+Run: ./run python bench/bench_ttft.py [--quick] [--seeds 3] [--ttft-oracle]
                                             [--workloads mooncake,chat,rag,shared-prefix]
 """
 
@@ -54,7 +54,7 @@ from simulator.replay.workload import (
     scaled_rate,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 POLICIES = {"default": "epp", "predicted": "epp:predicted-ttft", "cache-aware": "cache-aware",
             "oracle": "oracle"}  # fmt: skip
 

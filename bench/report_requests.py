@@ -18,7 +18,7 @@ over runs and in how many runs the first policy (epp) had the lower server TTFT 
 than each other policy. One run's spread on this machine is as large as the differences
 between policies, so verdicts need several.
 
-    python tests/bench/report_requests.py DIR_OR_FILE [...] [--alias NAME=COLUMN] [--across-only]
+    python bench/report_requests.py DIR_OR_FILE [...] [--alias NAME=COLUMN] [--across-only]
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Part 2, cost: tokenizing (DeepSeek-V3's tokenizer and chat template, from the ti
 real-vLLM tier builds; skipped without it) and keying a 16 KB prompt, against a whole
 scheduling decision with the precise producer on (8 endpoints).
 
-Run: ./run python tests/bench/bench_precise.py [--quick]
+Run: ./run python bench/bench_precise.py [--quick]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from simulator.replay.replayer import ReplayConfig, Replayer
 from simulator.replay.report import summarize
 from simulator.replay.workload import DEFAULT_TRACE, MooncakeTrace, Workload, build_generator
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("epp", "precise", "oracle")
 
 

