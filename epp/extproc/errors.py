@@ -52,20 +52,25 @@ def error_body(error: BaseException) -> bytes:
     return json.dumps({"error": body}).encode()
 
 
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+"""Set on an error that has a reason (flow control's ``queue-full``, ``queue-timeout``...,
+shedding's): llm-d's response header for why a request was not served."""
+
+
+def _header(key: str, value: bytes) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, raw_value=value))
+
+
 def immediate_response(error: BaseException) -> pb.ProcessingResponse:
     kind = error_kind(error)
+    headers = [_header("content-type", b"application/json")]
+    reason = error.reason if isinstance(error, errors.EppError) else ""
+    if reason:
+        headers.append(_header(DROPPED_REASON_HEADER, reason.encode()))
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=kind.status),
-            headers=pb.HeaderMutation(
-                set_headers=[
-                    base_pb2.HeaderValueOption(
-                        header=base_pb2.HeaderValue(
-                            key="content-type", raw_value=b"application/json"
-                        )
-                    )
-                ]
-            ),
+            headers=pb.HeaderMutation(set_headers=headers),
             body=error_body(error),
             details=f"epp_{kind.type}",
         )

@@ -33,7 +33,9 @@ from typing import Any, Literal
 
 from epp.framework.request import InferenceRequest
 
-DEFAULT_FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+DEFAULT_FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+FAIRNESS_HEADER_ALIAS = "x-gateway-inference-fairness-id"
+"""Read when the default header is absent (the Inference Extension's name for it)."""
 
 
 @dataclass(slots=True, frozen=True)

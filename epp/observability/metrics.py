@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.observability.hotpath import LightCounter, LightHistogram
+from epp.observability.llmd import LlmdNames
 
 _DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300)
 _NTPOT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.5, 1, 5)
@@ -274,6 +275,16 @@ class EppMetrics:
             "or of the concurrency slots in use (1: requests queue).", ["inference_pool"],
             registry=r,
         )
+        # llm-d's names for all of the above, read from them at scrape time (llmd.py)
+        r.register(LlmdNames([
+            self.objective_requests, self.objective_errors, self.objective_duration,
+            self.objective_ntpot, self.objective_request_sizes, self.objective_response_sizes,
+            self.objective_input_tokens, self.objective_output_tokens, self.objective_running,
+            self.pool_average_kv, self.pool_average_queue, self.pool_pod_queue,
+            self.pool_ready_pods, self.extension_info, self.scheduler_attempts,
+            self.scheduling_duration, self.flow_queue_size, self.flow_queue_bytes,
+            self.flow_queue_duration, self.flow_dispatch_cycle, self.flow_pool_saturation,
+        ]))  # fmt: skip
         self._flow_labels: set[tuple[str, ...]] = set()
         self.pool_name = "static"
         self._objective_children: dict[tuple[str, str], tuple[Any, ...]] = {}

@@ -34,14 +34,25 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 log = logging.getLogger(__name__)
 
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
-CONTROL_HEADERS = (MODEL_REWRITE_HEADER, OBJECTIVE_HEADER)
+OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+OBJECTIVE_HEADERS = (OBJECTIVE_HEADER, "x-gateway-inference-objective")
+"""llm-d's name first; the Inference Extension's ``x-gateway-`` name is its alias."""
+CONTROL_HEADERS = (MODEL_REWRITE_HEADER, *OBJECTIVE_HEADERS)
 """Headers that steer epp. Honoured only with ``trust_control_headers`` (a proxy in front
 sets or strips them); otherwise a client could pick its own model or priority."""
 REQUEST_ID_HEADER = "x-request-id"
 MAX_ECHO_CHARS = 120
 """Client-supplied text quoted in an error message (a path, a header) is cut to this."""
 MAX_REQUEST_ID_CHARS = 256
+
+def first_header(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    """The value of the first of ``names`` the request carries (a name and its aliases)."""
+    for name in names:
+        value = headers.get(name)
+        if value is not None:
+            return value
+    return None
+
 
 ObjectiveLookup = Callable[[str], "int | None"]
 """Objective name -> priority, or None when the objective is unknown."""
@@ -217,7 +228,7 @@ class RequestParser:
         return _weighted(targets, self._rng)
 
     def _priority(self, headers: Mapping[str, str], *models: str) -> int:
-        objective = headers.get(OBJECTIVE_HEADER) if self.trust_control_headers else None
+        objective = first_header(headers, OBJECTIVE_HEADERS) if self.trust_control_headers else None
         if objective:
             prio = self._objective_lookup(objective)
             if prio is not None:

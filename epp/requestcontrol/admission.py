@@ -18,7 +18,12 @@ import time
 from collections.abc import Callable, Mapping
 
 from epp.errors import EppError, Overloaded, Unavailable
-from epp.flowcontrol.controller import FlowController, QueuedRequest
+from epp.flowcontrol.controller import (
+    DEFAULT_FAIRNESS_HEADER,
+    FAIRNESS_HEADER_ALIAS,
+    FlowController,
+    QueuedRequest,
+)
 from epp.framework.request import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -70,7 +75,10 @@ class Admission:
         """Return when the request may be routed; raise the rejection otherwise."""
         c = self.controller
         now = self.clock()
-        flow = headers.get(c.cfg.fairness_header) or request.model
+        flow = headers.get(c.cfg.fairness_header) or (
+            headers.get(FAIRNESS_HEADER_ALIAS) if c.cfg.fairness_header == DEFAULT_FAIRNESS_HEADER
+            else None
+        ) or request.model
         deadline = None
         raw = headers.get(DEADLINE_HEADER)
         if raw and raw.isdigit():

@@ -41,9 +41,11 @@ async def epp() -> AsyncIterator[Epp]:
     await stop_epp(e)
 
 
-async def open_request(epp: Epp, n: int, tenant: str = "t1") -> ec.Stream:
+async def open_request(epp: Epp, n: int, tenant: str = "t1",
+                       header: str = "x-gateway-inference-fairness-id") -> ec.Stream:
+    """``header``: the Inference Extension's name (an alias) or llm-d's."""
     s = ec.Stream(epp.channel)
-    headers = ec.request_headers(extra={"x-gateway-inference-fairness-id": tenant})
+    headers = ec.request_headers(extra={header: tenant})
     await s.send(headers, ec.request_body(body(n), True))
     return s
 
@@ -56,8 +58,9 @@ async def test_a_queued_request_waits_for_room_then_routes(epp: Epp) -> None:
     assert ec.destination(reply) == "10.0.0.1:8000"  # the one slot
     second = await open_request(epp, 2)
     await until(lambda: flow.count == 1)  # queued: no reply, the loop keeps serving
-    third = await open_request(epp, 3, tenant="t2")
+    third = await open_request(epp, 3, tenant="t2", header="x-llm-d-inference-fairness-id")
     await until(lambda: flow.count == 2)
+    assert sorted(k[0] for k in flow.queued_by()) == ["t1", "t2"]  # two flows, one per name
     first.call.cancel()  # the first request ends: its slot goes to the queue's head
     reply2 = (await second.recv_n(2))[0]
     assert ec.destination(reply2) == "10.0.0.1:8000"
@@ -112,6 +115,8 @@ async def test_a_full_queue_answers_429_and_shutdown_answers_the_queue() -> None
     reply = await full.recv()
     assert reply.immediate_response.status.code == 429
     assert json.loads(reply.immediate_response.body)["error"]["reason"] == "queue-full"
+    sent = {h.header.key: h.header.raw_value for h in reply.immediate_response.headers.set_headers}
+    assert sent["x-llm-d-request-dropped-reason"] == b"queue-full"  # llm-d's header for it
     first.call.cancel()  # so that the server's grace period covers only the queued one
     await until(lambda: flow.reserved == 0 and flow.count <= 1)
     if flow.count == 0:  # the slot freed and the queued request was routed: queue another

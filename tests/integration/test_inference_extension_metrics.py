@@ -6,9 +6,11 @@ import json
 
 import grpc
 
+from epp.observability.llmd import LLMD_LABELS, LLMD_NAMES
 from tests.integration import envoy_client as ec
 from tests.integration.extproc_fixtures import start_epp, stop_epp
 
+LLMD_LABELS_BACK = {v: k for k, v in LLMD_LABELS.items()}
 BODY = json.dumps({"model": "m", "prompt": "hello " * 100}).encode()
 ANSWER = json.dumps({"choices": [{"text": "ok"}],
                      "usage": {"prompt_tokens": 120, "completion_tokens": 8}}).encode()  # fmt: skip
@@ -49,6 +51,22 @@ async def test_a_request_moves_the_inference_extension_metrics() -> None:
         assert len(pods) == 4
         info = [s for m in reg.collect() if m.name == "inference_extension_info" for s in m.samples]
         assert len(info) == 1 and info[0].value == 1
+
+        # llm-d's names carry the same samples (labels renamed where llm-d renamed them)
+        families = {m.name: m for m in reg.collect()}
+        for old_name, new_name in LLMD_NAMES.items():
+            assert new_name in families, new_name
+            old_samples = sorted((x.name.replace(old_name, ""), sorted(x.labels.items()), x.value)
+                                 for x in families[old_name].samples)
+            new_samples = sorted((x.name.replace(new_name, ""),
+                                  sorted((LLMD_LABELS_BACK.get(k, k), v) for k, v in x.labels.items()),
+                                  x.value) for x in families[new_name].samples)
+            assert old_samples == new_samples, new_name
+        assert reg.get_sample_value("llm_d_epp_request_total", labels) == 1
+        assert reg.get_sample_value("llm_d_epp_request_input_tokens_sum", labels) == 120
+        assert reg.get_sample_value("llm_d_epp_ready_endpoints", {"name": "static"}) == 4
+        assert len([x for x in families["llm_d_epp_per_endpoint_queue_size"].samples
+                    if "model_server_endpoint" in x.labels]) == 4
     finally:
         await stop_epp(e)
 

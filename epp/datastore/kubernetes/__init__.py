@@ -9,7 +9,6 @@ off); ``source`` applies the changes to the datastore on the serving loop; ``fla
 from epp.datastore.kubernetes.flags import add_kubernetes_flags, source_from_args
 from epp.datastore.kubernetes.objects import (
     OBJECTIVE_GROUP,
-    OBJECTIVE_HEADER,
     OBJECTIVE_PLURAL,
     OBJECTIVE_VERSION,
     POOL_GROUP,
@@ -33,7 +32,6 @@ from epp.datastore.kubernetes.source import (
 
 __all__ = [
     "OBJECTIVE_GROUP",
-    "OBJECTIVE_HEADER",
     "OBJECTIVE_PLURAL",
     "OBJECTIVE_VERSION",
     "POOL_GROUP",

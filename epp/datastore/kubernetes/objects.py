@@ -20,7 +20,6 @@ POOL_PLURAL = "inferencepools"
 OBJECTIVE_GROUP = "inference.networking.x-k8s.io"
 OBJECTIVE_VERSION = "v1alpha2"
 OBJECTIVE_PLURAL = "inferenceobjectives"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
 
 RawObject = Mapping[str, Any]
 

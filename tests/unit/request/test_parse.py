@@ -7,7 +7,7 @@ import pytest
 
 from epp.errors import BadRequest, NotFound, PayloadTooLarge
 from epp.framework.request import ApiKind
-from epp.request.parse import RequestParser, api_for_path
+from epp.request.parse import CONTROL_HEADERS, RequestParser, api_for_path
 from epp.request.settings import ModelTarget, RequestControlConfig
 
 H = {"x-request-id": "r1"}
@@ -96,6 +96,10 @@ def test_priority_from_objective_header_then_model_config() -> None:
     assert get({}, "other") == 0
     p.set_objective_lookup(lambda name: -5 if name == "dyn" else None)
     assert get({"x-gateway-inference-objective": "dyn"}, "other") == -5
+    # llm-d's name, and it wins over the x-gateway- alias when both come
+    assert get({"x-llm-d-inference-objective": "dyn"}, "other") == -5
+    assert get({"x-llm-d-inference-objective": "dyn", "x-gateway-inference-objective": "gold"},
+               "other") == -5
 
 
 def test_base_model_is_not_an_adapter_and_stream_salt_are_read() -> None:
@@ -111,9 +115,11 @@ def test_headers_only_request() -> None:
 
 def test_control_headers_from_untrusted_clients_are_ignored() -> None:
     p = parser(model_priorities={"m": 3}, objective_priorities={"gold": 9})
-    hdrs = {"x-gateway-model-name-rewrite": "stolen", "x-gateway-inference-objective": "gold"}
+    hdrs = {"x-gateway-model-name-rewrite": "stolen", "x-gateway-inference-objective": "gold",
+            "x-llm-d-inference-objective": "gold"}
     r = p.parse("/v1/completions", hdrs, body(model="m", prompt="x")).request
     assert (r.model, r.priority) == ("m", 3)
+    assert set(CONTROL_HEADERS) == set(hdrs)  # all of them are stripped before forwarding
     assert p.headers_only("/v1/models", hdrs).model == ""
 
 
