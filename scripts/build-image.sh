@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=0
 [ "${1:-}" = "--smoke" ] && SMOKE=1
-IMAGE=${EPP_IMAGE:-localhost/epp:$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}
+IMAGE=${EPP_IMAGE:-epp:$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}
 BASE=localhost/epp-base:bookworm
 SUITE=${EPP_IMAGE_SUITE:-bookworm}
 B="buildah --storage-driver vfs"

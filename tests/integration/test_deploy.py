@@ -38,6 +38,7 @@ CRD_KINDS = {
     "GatewayClass",
     "ServiceMonitor",
     "PodMonitor",
+    "DestinationRule",
 }
 
 EXPECTED_PLUGINS = [
@@ -125,6 +126,10 @@ def validate_crd_structure(doc: Doc) -> None:
         assert spec["gatewayClassName"] and spec["listeners"], where
     elif kind == "GatewayClass":
         assert "/" in spec["controllerName"], where
+    elif kind == "DestinationRule":
+        assert doc["apiVersion"] == "networking.istio.io/v1", where
+        assert spec["host"].endswith(".svc.cluster.local"), where
+        assert spec["trafficPolicy"]["tls"]["mode"] in ("DISABLE", "SIMPLE", "MUTUAL"), where
     elif kind in ("ServiceMonitor", "PodMonitor"):
         assert doc["apiVersion"] == "monitoring.coreos.com/v1", where
         endpoints = spec.get("endpoints") or spec.get("podMetricsEndpoints")
@@ -334,7 +339,8 @@ def test_example_manifests_are_valid(path: Path) -> None:
 def test_every_gateway_routes_to_the_pool_the_overlay_creates() -> None:
     pool = docs_of((DEPLOY / "kustomize/overlays/pool-discovery/inferencepool.yaml").read_text())
     pool_name = pool[0]["metadata"]["name"]
-    gateways = sorted((DEPLOY / "gateways").glob("*/*.yaml"))
+    gateways = sorted(p for p in (DEPLOY / "gateways").glob("*/*.yaml")
+                      if by_kind(docs_of(p.read_text()), "Gateway"))  # fmt: skip
     assert {p.parent.name for p in gateways} == {"istio", "envoy-gateway", "kgateway"}
     for path in gateways:
         docs = docs_of(path.read_text())
@@ -522,3 +528,28 @@ def test_grafana_dashboard_covers_every_metric_and_no_unknown_one() -> None:
     assert len(ids) == len(set(ids))
     for panel in panels:
         assert panel["datasource"]["uid"] == "${datasource}"
+
+
+def test_the_chart_kustomize_and_the_image_build_agree_on_the_image_name() -> None:
+    """What deploy/Containerfile and ./run image build (epp:<version>) is what both installs
+    run by default."""
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    built = f"epp:{version.group(1)}"
+    assert "IMAGE=${EPP_IMAGE:-epp:" in (ROOT / "scripts" / "build-image.sh").read_text()
+    assert f"-t {built} ." in (DEPLOY / "Containerfile").read_text()
+    chart = one(docs_of(run(tool("helm"), "template", "llama", str(CHART))), "Deployment")
+    assert chart["spec"]["template"]["spec"]["containers"][0]["image"] == built
+    kustomized = one(docs_of(run(tool("kubectl"), "kustomize", str(DEPLOY / "kustomize" / "base"))),
+                     "Deployment")  # fmt: skip
+    assert kustomized["spec"]["template"]["spec"]["containers"][0]["image"] == built
+
+
+def test_the_istio_tls_rule_names_the_service_the_chart_makes() -> None:
+    """deploy/gateways/istio/epp-tls.yaml is for a release named llama in default, as the
+    walk-through installs it."""
+    rule = one(docs_of((DEPLOY / "gateways/istio/epp-tls.yaml").read_text()), "DestinationRule")
+    docs = docs_of(run(tool("helm"), "template", "llama", str(CHART), "-n", "default",
+                       "--set", "extProc.tls.enabled=true"))  # fmt: skip
+    service = client_service(docs)["metadata"]["name"]
+    assert rule["spec"]["host"] == f"{service}.default.svc.cluster.local"

@@ -167,3 +167,38 @@ async def test_the_default_chart_authenticates_sync_refusing_strangers_and_fake_
     finally:
         for r in (a, b, fake):
             await stop_epp(r)
+
+
+async def test_ext_proc_tls_from_the_chart_serves_with_the_generated_certificate(
+    tmp_path: Path,
+) -> None:
+    """extProc.tls.enabled: the chart generates a CA and a certificate for the Service's DNS
+    names and passes --cert/--key; epp started with exactly those flags serves ext_proc over
+    TLS that verifies against the CA under the Service's name, and refuses plaintext."""
+    assert not [d for d in by_kind(render(), "Secret") if "extproc" in d["metadata"]["name"]]
+    docs = render("--set", "extProc.tls.enabled=true")
+    validate_schema(docs)
+    (secret,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("extproc-tls")]
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        (tmp_path / key).write_bytes(base64.b64decode(secret["data"][key]))
+    c = container(docs)
+    mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "extproc-tls")
+    args = build_parser().parse_args(
+        [a.replace(mount, str(tmp_path)) for a in c["args"] if a.startswith(("serve", "--cert", "--key"))]
+    )
+    epp = await start_epp(cert_file=args.cert, key_file=args.key)
+    service = one(docs, "Service")["metadata"]["name"]
+    creds = grpc.ssl_channel_credentials(root_certificates=(tmp_path / "ca.crt").read_bytes())
+    target = f"127.0.0.1:{epp.handle.grpc_port}"
+    try:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        name = ("grpc.ssl_target_name_override", f"{service}.models.svc")
+        async with grpc.aio.secure_channel(target, creds, options=[name]) as ch:
+            reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        async with grpc.aio.insecure_channel(target) as ch:  # plaintext is refused
+            with pytest.raises(grpc.aio.AioRpcError):
+                await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+    finally:
+        await stop_epp(epp)

@@ -90,6 +90,13 @@ precisePrefix.enabled.
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret holding the ext_proc port's certificate ("" = plaintext). */}}
+{{- define "epp.extProcTlsSecret" -}}
+{{- if .Values.extProc.tls.enabled -}}
+{{- .Values.extProc.tls.secretName | default (printf "%s-extproc-tls" (include "epp.fullname" . | trunc 50 | trimSuffix "-")) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The Secret holding the sync port's certificate ("" = plaintext). */}}
 {{- define "epp.syncTlsSecret" -}}
 {{- if .Values.sync.tls.secretName -}}
