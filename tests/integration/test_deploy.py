@@ -608,8 +608,8 @@ def walkthrough_commands() -> list[list[str]]:
     text = (ROOT / "docs" / "kubernetes.md").read_text()
     commands = []
     for block in re.findall(r"```sh\n(.*?)```", text, re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split("#", 1)[0].strip()
+        for raw in block.replace("\\\n", " ").splitlines():
+            line = raw.split("#", 1)[0].strip()
             if line:
                 commands.append(shlex.split(line))
     return commands
