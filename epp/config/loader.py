@@ -98,7 +98,7 @@ _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 """Top-level sections read by other layers (``epp.request.settings``,
 ``epp.datastore.static``) from ``EppConfig.raw``."""
 
-SHIPPED = ("default", "filter-chain", "predicted-ttft", "cache-aware", "conformance")
+SHIPPED = ("default", "prefix-load", "filter-chain", "predicted-ttft", "cache-aware", "conformance")
 
 
 def _camel(name: str) -> str:

@@ -121,7 +121,12 @@ def test_cache_capacity_is_respected(policy: str) -> None:
     ids=["shared-prefix", "chat"],
 )
 def test_precise_hit_rate_bounds_every_other_policy(workload: object) -> None:
-    rates = {p: summarize(replay(workload, p)).hit_rate for p in POLICY_NAMES}
+    """With the profile that weighs only prefix and load (prefix-load), knowing the servers'
+    caches from their events gives the top hit rate. (The default trades hit rate for TTFT
+    through its cost model, so there the oracle's exact knowledge may place differently.)"""
+    family = {"epp", "precise", "oracle"}
+    rates = {p: summarize(replay(workload, f"{p}:prefix-load" if p in family else p)).hit_rate
+             for p in POLICY_NAMES}
     assert rates["precise"] > 0.3
     for policy, rate in rates.items():
         assert rate <= rates["precise"] + 1e-9, (policy, rates)
@@ -392,7 +397,7 @@ def test_the_predicted_ttft_policy_reports_its_prediction_error() -> None:
     observed = sorted(o.first_token_s - o.dispatched_s for o in result.outcomes)
     assert sorted(p[1] for p in result.ttft_predictions) == pytest.approx(observed)
     assert 0 < stats.ttft_pred_rel_p50 < 1 and stats.ttft_pred_abs_mean_s > 0
-    assert summarize(replay(small_shared_prefix(), "epp")).ttft_pred_count == 0
+    assert summarize(replay(small_shared_prefix(), "epp:prefix-load")).ttft_pred_count == 0
 
 
 @pytest.mark.parametrize(
