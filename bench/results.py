@@ -75,3 +75,36 @@ def write_result(name: str, title: str, markdown: str, data: dict[str, Any],
         json.dumps({**stamp, "results": data}, indent=1) + "\n", encoding="utf-8"
     )
     return md
+
+
+def record(argv: list[str]) -> int:
+    """``python bench/results.py NAME SCRIPT [args]``: run a benchmark that prints its figures
+    and keep what it printed as ``docs/results/NAME.md`` (stamped like the pages the
+    benchmarks write themselves), so a figure a doc quotes has its page and its command.
+    ``./run bench NAME --record [args]`` does this for ``bench/bench_NAME.py``."""
+    if len(argv) < 2:
+        print("usage: results.py NAME SCRIPT [args]", file=sys.stderr)
+        return 2
+    name, script, *args = argv
+    done = subprocess.run([sys.executable, script, *args], cwd=ROOT, check=False,
+                          stdout=subprocess.PIPE, text=True)  # fmt: skip
+    sys.stdout.write(done.stdout)
+    if done.returncode != 0:
+        print(f"{script} failed ({done.returncode}): nothing recorded", file=sys.stderr)
+        return done.returncode
+    doc = (ast_docstring(ROOT / script) or "").split("\n\n")[0]
+    body = f"{' '.join(doc.split())}\n\nWhat it printed:\n\n```\n{done.stdout.rstrip()}\n```\n"
+    path = write_result(name, f"{Path(script).stem}: {name}", body,
+                        {"stdout": done.stdout}, argv=["bench/results.py", name, script, *args])  # fmt: skip
+    print(f"recorded {path.relative_to(ROOT)}")
+    return 0
+
+
+def ast_docstring(path: Path) -> str | None:
+    import ast
+
+    return ast.get_docstring(ast.parse(path.read_text()))
+
+
+if __name__ == "__main__":
+    sys.exit(record(sys.argv[1:]))

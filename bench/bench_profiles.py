@@ -1,0 +1,281 @@
+"""Every shipped profile against the default, the baselines, ``ttft-oracle`` and the TTFT
+bound, on every workload the replay has: the table that shows the default is the best epp
+has, or where it is not.
+
+Workloads (``simulator.replay``): the shared Mooncake trace (8 replicas; its pace and 4/3 of
+it; 4,096 / 8,192 / 16,384 KV blocks), and the chat, RAG and shared-prefix generators (4
+replicas; three loads x three KV sizes, as ``bench_ttft.py``), plus one point per workload
+with four epp replicas that do not share what they learn (``--routers 4``, arrivals
+round-robin). Per point and policy: prefix-cache hit rate and TTFT p90, each point run with
+``--seeds`` seeds (mean hit rate, median p90): a seed draws the generator's workload
+(sessions, documents, arrival times) and the replayer's random choices; the trace is fixed.
+
+Policies: the shipped profiles (``default``; ``prefix-load``, the default until 0.2;
+``predicted-ttft``; ``filter-chain``; ``cache-aware`` as an epp profile), the baselines
+(SGLang's ``cache-aware`` router, ``least-load``, ``round-robin``, ``random``, ``chwbl``),
+with ``--ttft-oracle`` the ``ttft-oracle`` policy (each request where a what-if run gives its
+first token soonest; on the generated workloads only: a what-if run per replica per request
+on the trace's 15k-token prompts takes hours), and ``bound``: a TTFT p90 no policy can beat
+(``simulator.replay.bound``).
+
+The verdicts at the end are issue 40's: at every point the default's p90 within 1.02x the
+better of the two profiles it replaced (``prefix-load``, ``predicted-ttft``), its hit rate
+within 0.5 point of the best policy's, and, where ``ttft-oracle`` is 10% or more below the
+default, how much of that headroom the default closes against ``prefix-load``.
+
+``--quick`` is the CI-sized version (a few small points, the shipped profiles only, four
+seeds); with ``--check`` it exits 1 when the default's TTFT p90 (what it optimises; hit
+rates are reported) is more than 5% and 5 ms above another shipped profile's at any point.
+``tests/unit/simulator/test_default_profile.py`` runs it.
+
+Run: ./run bench profiles [--quick] [--check] [--seeds 3] [--ttft-oracle] [--workloads ...]
+     [--result-name profiles]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from simulator.replay.bound import bound_percentile, ttft_lower_bounds  # noqa: E402
+from simulator.replay.policies import policy_factory  # noqa: E402
+from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
+from simulator.replay.report import summarize  # noqa: E402
+from simulator.replay.workload import (  # noqa: E402
+    DEFAULT_TRACE,
+    MooncakeTrace,
+    Workload,
+    build_generator,
+    scaled_rate,
+)
+
+PROFILES = {"default": "epp", "prefix-load": "epp:prefix-load",
+            "predicted-ttft": "epp:predicted-ttft", "filter-chain": "epp:filter-chain",
+            "cache-aware-profile": "epp:cache-aware"}  # fmt: skip
+BASELINES = {"sglang": "cache-aware", "least-load": "least-load", "round-robin": "round-robin",
+             "random": "random", "chwbl": "chwbl"}  # fmt: skip
+REPLACED = ("prefix-load", "predicted-ttft")
+"""The two profiles the default must match or beat (issue 40)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    workload: str
+    load: float
+    kv_blocks: int
+    replicas: int
+    routers: int = 1
+
+    @property
+    def label(self) -> str:
+        unit = "x" if self.workload == "mooncake" else "/s"
+        extra = f", {self.routers} routers" if self.routers > 1 else ""
+        return f"{self.workload} {self.load:g}{unit} {self.kv_blocks} KV{extra}"
+
+
+def grid(names: list[str], quick: bool) -> list[Point]:
+    if quick:
+        full = [Point("chat", 8, 1024, 4), Point("rag", 8, 4096, 4),
+                Point("shared-prefix", 16, 1024, 4), Point("shared-prefix", 8, 2048, 4, routers=4),
+                Point("mooncake", 0.75, 8192, 8)]  # fmt: skip
+        return [p for p in full if p.workload in names]
+    spec = {
+        "mooncake": ((1.0, 0.75), (4096, 8192, 16384), 8, (1.0, 8192)),
+        "chat": ((4.0, 8.0, 12.0), (1024, 2048, 4096), 4, (8.0, 2048)),
+        "rag": ((2.0, 4.0, 8.0), (2048, 4096, 8192), 4, (4.0, 4096)),
+        "shared-prefix": ((4.0, 8.0, 16.0), (1024, 2048, 4096), 4, (8.0, 2048)),
+    }
+    points = []
+    for name in names:
+        loads, kvs, replicas, (r_load, r_kv) = spec[name]
+        points += [Point(name, load, kv, replicas) for load in loads for kv in kvs]
+        points.append(Point(name, r_load, r_kv, replicas, routers=4))
+    return points
+
+
+def workload_of(point: Point, quick: bool, seed: int = 0) -> Workload:
+    """The point's workload; a generator's draws (sessions, documents, arrival times) come
+    from ``seed``, so seeds sample the workload as well as the policies' random choices."""
+    if point.workload == "mooncake":
+        return MooncakeTrace.load(ROOT / DEFAULT_TRACE, point.load, 1000 if quick else 0)
+    params: dict[str, Any] = {"seed": seed}
+    if quick:
+        params |= {"chat": {"num_sessions": 32}, "rag": {"num_requests": 192},
+                   "shared-prefix": {"num_prompts_per_group": 12}}[point.workload]  # fmt: skip
+    return scaled_rate(build_generator(point.workload, params), point.load)
+
+
+def config_of(point: Point, seed: int) -> ReplayConfig:
+    return ReplayConfig(replicas=point.replicas, kv_blocks=point.kv_blocks, seed=seed,
+                        routers=point.routers)  # fmt: skip
+
+
+def run_one(job: tuple[Point, str, str, int, bool]) -> tuple[Point, str, float, float]:
+    point, label, spec, seed, quick = job
+    name, factory = policy_factory(spec)
+    workload = workload_of(point, quick, seed)
+    s = summarize(Replayer(config_of(point, seed)).run(workload, factory, name))
+    return point, label, s.hit_rate, s.ttft_p90_s
+
+
+def bound_of(job: tuple[Point, bool, int]) -> tuple[Point, float]:
+    """The TTFT bound's p90, the median over the seeds' workloads."""
+    point, quick, seeds = job
+    cfg = config_of(point, 0)
+    p90s = []
+    for seed in range(seeds if point.workload != "mooncake" else 1):
+        bounds = ttft_lower_bounds(workload_of(point, quick, seed).requests(), cfg.cost,
+                                   cfg.block_size_tokens, cfg.model)  # fmt: skip
+        p90s.append(bound_percentile(bounds, point.kv_blocks, 90))
+    return point, statistics.median(p90s)
+
+
+def measure(points: list[Point], policies: dict[str, str], seeds: int,
+            quick: bool) -> tuple[dict[Point, dict[str, tuple[float, float]]], dict[Point, float]]:  # fmt: skip
+    jobs = [(pt, label, spec, seed, quick) for pt in points for label, spec in policies.items()
+            for seed in range(seeds)
+            if not (label == "ttft-oracle" and pt.workload == "mooncake")]  # fmt: skip
+    runs: dict[Point, dict[str, list[tuple[float, float]]]] = {}
+    with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+        for pt, label, hit, p90 in pool.map(run_one, jobs):
+            runs.setdefault(pt, {}).setdefault(label, []).append((hit, p90))
+        bounds = dict(pool.map(bound_of, [(pt, quick, seeds) for pt in points]))
+    table = {pt: {label: (statistics.mean(h for h, _ in rs), statistics.median(p for _, p in rs))
+                  for label, rs in cell.items()} for pt, cell in runs.items()}  # fmt: skip
+    return table, bounds
+
+
+def _cell(hit: float, p90: float) -> str:
+    return f"{100 * hit:.1f}% / {p90:.2f}"
+
+
+def render(points: list[Point], table: dict[Point, dict[str, tuple[float, float]]],
+           bounds: dict[Point, float], policies: dict[str, str]) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    """The markdown table and the verdicts."""
+    others = [p for p in policies if p != "default"]
+    head = "| point | default | " + " | ".join(others) + " | bound p90 | default vs best of " \
+           + " & ".join(REPLACED) + " |\n"  # fmt: skip
+    head += "|---|" + "---:|" * (len(others) + 3) + "\n"
+    rows = []
+    fails_p90, fails_hit, headroom, closed = [], [], 0, 0
+    ratios = []
+    for pt in points:
+        cell = table[pt]
+        d_hit, d_p90 = cell["default"]
+        best_replaced = min(cell[p][1] for p in REPLACED)
+        ratio = d_p90 / best_replaced if best_replaced > 0 else math.nan
+        ratios.append(ratio)
+        if ratio > 1.02:
+            fails_p90.append(pt.label)
+        best_hit = max(h for h, _ in cell.values())
+        if d_hit < best_hit - 0.005:
+            best = max(cell, key=lambda p: cell[p][0])
+            fails_hit.append(f"{pt.label} ({100 * d_hit:.1f}% vs {best} {100 * best_hit:.1f}%)")
+        if "ttft-oracle" in cell:
+            oracle = cell["ttft-oracle"][1]
+            old = cell["prefix-load"][1]
+            if oracle <= 0.9 * old:
+                headroom += 1
+                closed += (old - d_p90) >= 0.5 * (old - oracle)
+        row = f"| {pt.label} | **{_cell(d_hit, d_p90)}** | "
+        row += " | ".join(_cell(*cell[p]) if p in cell else "-" for p in others)
+        row += f" | {bounds[pt]:.2f} | {ratio:.2f} |"
+        rows.append(row)
+    n = len(points)
+    geo = math.exp(statistics.mean(math.log(r) for r in ratios if r > 0))
+    verdicts = [
+        f"- TTFT p90 within 1.02x the better of {' and '.join(REPLACED)}: {n - len(fails_p90)} "
+        f"of {n} points (geometric mean of the ratio {geo:.3f})"
+        + (f"; not at: {', '.join(fails_p90)}" if fails_p90 else ""),
+        f"- hit rate within 0.5 point of the best policy's: {n - len(fails_hit)} of {n} points"
+        + (f"; not at: {'; '.join(fails_hit)}" if fails_hit else ""),
+    ]
+    if any("ttft-oracle" in table[pt] for pt in points):
+        verdicts.append(f"- points where ttft-oracle's p90 is 10% or more below prefix-load's: "
+                        f"{headroom}; the default closes half of that gap or more at {closed}")
+    md = ("Each cell: hit rate / TTFT p90 (s); the default's in bold. Mean hit rate and median "
+          "p90 over the seeds.\n\n" + head + "\n".join(rows) + "\n\n" + "\n".join(verdicts) + "\n")
+    data = {"points": [{"point": pt.label, "workload": pt.workload, "load": pt.load,
+                        "kv_blocks": pt.kv_blocks, "replicas": pt.replicas, "routers": pt.routers,
+                        "bound_p90": bounds[pt],
+                        "policies": {p: {"hit": h, "p90": v} for p, (h, v) in table[pt].items()}}
+                       for pt in points],
+            "fails_p90": fails_p90, "fails_hit": fails_hit, "geomean_ratio": geo}  # fmt: skip
+    return md, data
+
+
+def check(points: list[Point], table: dict[Point, dict[str, tuple[float, float]]]) -> list[str]:
+    """Where the default loses to another shipped profile by more than seed noise."""
+    losses = []
+    for pt in points:
+        cell = table[pt]
+        d_p90 = cell["default"][1]
+        for p in PROFILES:
+            if p == "default" or p not in cell:
+                continue
+            p90 = cell[p][1]
+            if d_p90 > 1.05 * p90 + 0.005:
+                losses.append(f"{pt.label}: default p90 {d_p90:.3f}s vs {p} {p90:.3f}s")
+    return losses
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
+    ap.add_argument("--quick", action="store_true",
+                    help="the CI-sized sweep: five small points, the shipped profiles, 4 seeds")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 when the default loses to another shipped profile beyond noise")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per point (3; quick: 4)")
+    ap.add_argument("--workloads", default="mooncake,chat,rag,shared-prefix",
+                    help="comma-separated: mooncake, chat, rag, shared-prefix")
+    ap.add_argument("--ttft-oracle", action="store_true", help="add the ttft-oracle policy")
+    ap.add_argument("--result-name", default="", help="write docs/results/NAME.md and .json")
+    args = ap.parse_args()
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = set(names) - {"mooncake", "chat", "rag", "shared-prefix"}
+    if unknown:
+        ap.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    if "mooncake" in names and not (ROOT / DEFAULT_TRACE).exists():
+        print(f"(trace {ROOT / DEFAULT_TRACE} not found: no Mooncake points)")
+        names.remove("mooncake")
+    seeds = args.seeds or (4 if args.quick else 3)
+    policies = dict(PROFILES)
+    if not args.quick:
+        policies.update(BASELINES)
+    if args.ttft_oracle:
+        policies["ttft-oracle"] = "ttft-oracle"
+    points = grid(names, args.quick)
+    table, bounds = measure(points, policies, seeds, args.quick)
+    md, data = render(points, table, bounds, policies)
+    print(md)
+    if args.result_name:
+        from bench.results import write_result
+
+        path = write_result(args.result_name, "The default profile against every shipped "
+                            "profile, the baselines and the TTFT bound, in the replay", md,
+                            {**data, "seeds": seeds, "quick": args.quick})  # fmt: skip
+        print(f"wrote {path.relative_to(ROOT)}")
+    if args.check:
+        losses = check(points, table)
+        for loss in losses:
+            print("LOSS", loss)
+        if losses:
+            return 1
+        print("the default is at or above every other shipped profile at every point")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
