@@ -27,8 +27,9 @@ refit by exponentially weighted least squares on what epp observes: for every re
 features it had at the pick and the time to its first body bytes. The endpoint with the
 lowest cost scores 1, the others ``best / theirs``. Parameters (``PredictedTtftParams``) are
 the priors, the forgetting factor, the prior's weight, ``work_weight``, ``fill_weight``,
-``evict_weight`` and ``contention_weight``; nothing is weighted per deployment. Where it
-stands against the default profile: docs/replay.md (``bench/bench_ttft.py``).
+``evict_weight`` and ``contention_weight``; nothing is weighted per deployment. The default
+profile uses it with prefix, queue and KV scores (docs/configuration.md); the measurements
+behind each parameter's default: docs/research/2026-11-26-predicted-ttft-parameters.md.
 
 The scorer also reports its prediction error (``errors``), which the replay prints.
 """
@@ -77,18 +78,13 @@ class PredictedTtftParams:
     calibration_rate: float = 0.0
     """How fast an endpoint's speed factor follows its observed / predicted TTFT ratio (a
     slower GPU, a busier host): predictions for it are the shared model's times that factor.
-    0 (the default): one model for every endpoint. Off because on identical replicas it
-    reads transient queueing as slowness: in the replay 0.05 and even 0.005 lost most of the
-    scorer's wins (bench_ttft.py: targets met at 1 and 3 of 36 points instead of 6). Meant for
-    pools of unequal servers (mixed GPUs), which the replay does not model yet; a unit test
-    shows a 3x slower server told apart at 0.1."""
+    0 (the default): one model for every endpoint; on identical replicas a factor reads
+    transient queueing as slowness. Meant for pools of unequal servers (mixed GPUs)."""
     count_own_running: bool = False
     """Count as running on an endpoint the requests epp sent there whose response has not
     ended, when that is more than the scraped ``running`` (a burst epp just sent is in no
-    scrape yet). Off by default: in the replay (GPU-like servers, where a larger decode batch
-    costs little) it met the TTFT target at 5 of 36 points instead of 6. For servers whose
-    step time grows with the batch (vLLM on CPU), where arrivals onto a server with several
-    requests in flight wait longest."""
+    scrape yet). For servers whose step time grows with the batch (vLLM on CPU); off for
+    GPU-like servers, where a larger decode batch costs little."""
     learn: bool = True
     """Fit the cost model online from observed first tokens (else keep the starting coefficients)."""
     prefill_timeout_s: float = 600.0
@@ -96,62 +92,28 @@ class PredictedTtftParams:
     counts as prefill queued on its endpoint."""
     shared_prefill_cost: bool = False
     """Fit one cost per prefill token for the request's own uncached tokens and the queued
-    ones ahead of it (``c_u = c_q``), as a server spends the same on either. With two, the
-    fit can explain a workload whose requests are mostly cache hits (own tokens nearly
-    constant) by ``c0`` alone: on real vLLM on the CPU ``c_u`` fell from ~0.1 to 0.01 ms a
-    token late in runs, and the scorer then moved conversations off the server holding
-    their prefix (up to 75 of 288 later turns in a run). Off by default: in the replay
-    (GPU-like servers, where queued prefill batches well and so costs less a token than
-    the request's own) it met the TTFT target at 4 of 36 points instead of 6 and lost the
-    shared-prefix 16 req/s win (-63% became +7%; bench_ttft.py --predicted, docs/replay.md)."""
+    ones ahead of it (``c_u = c_q``), as a server spends the same on either; with two, a
+    workload of mostly cache hits can fit ``c_u`` near zero (seen on real vLLM on the CPU).
+    Off by default: on GPU-like servers queued prefill batches well and costs less a token."""
     work_weight: float = 2.0
     """The prefill a pick adds also delays every later request on that endpoint: the score
     charges ``work_weight x c_u x u`` on top of the request's own predicted TTFT (0: greedy,
-    the request alone). In the replay, 0 lost 10 points of hit rate on the Mooncake trace,
-    1 lost 1-3 points against 2, and 3 gained nothing over 2 (bench_ttft.py)."""
+    the request alone)."""
     fill_weight: float = 3.0
     """Uncached tokens written where the cache is fuller push out sooner what later requests
-    would reuse, and a prefix placed in a cache without room is the one later evicted and
-    recomputed elsewhere. The score charges ``fill_weight x work_weight x c_u x u x (fill -
-    lowest fill)`` among the candidates (fill: the share of the endpoint's cache the prefix
-    index holds, from the prefix producer): new prefixes go where there is room (SGLang's
-    cache-aware policy sends unmatched requests to the smallest cache for the same reason),
-    and the term vanishes once every cache is equally full. In the replay's shared-prefix
-    workload at the KV limit (16 prompt groups, 16 req/s, 1,024 blocks; bench_ttft.py), 0
-    placed five groups on one replica in most seeds, which then split and evicted each
-    other's prefixes; over 12 seeds the median TTFT p90 there was 1.67 s at 0, 1.53 s at 2,
-    0.11 s at 3 and 0.12 s at 4 (the default profile 0.30 s, cache-aware 0.11 s;
-    ``bench_ttft.py --workloads shared-prefix --seeds 12 --predicted FILE``).
-    At 3 no point of the grid got worse (geometric mean of the p90s over the default's
-    0.935 instead of 0.998). 0 turns it off."""
+    would reuse: the score charges ``fill_weight x work_weight x c_u x u x (fill - lowest
+    fill)`` among the candidates (fill: the share of the endpoint's cache the prefix index
+    holds), so new prefixes go where there is room; the term vanishes once every cache is
+    equally full. 0 turns it off."""
     evict_weight: float = 2.0
-    """Where caches are full, every uncached token a pick writes pushes a token of some
-    other prefix out, and a later request that would have reused it prefills it again. The
-    score charges ``evict_weight x work_weight x c_u x u x fill`` on top (fill as for
-    ``fill_weight``, so nothing while the caches have room): with every cache full, a
-    cached prefix behind a queue wins more often against an idle endpoint that would
-    prefill the whole prompt. Over the replay's grid (3 seeds, bench_ttft.py) 2 moved the
-    geometric mean of the p90s over the default's from 0.935 to 0.914, the points at the
-    TTFT target from 5 to 6 of 36 and those at or above cache-aware's hit rate from 14 to
-    17: chat 12 req/s at 1,024 blocks -52% instead of -37%, RAG 8 req/s at 2,048 blocks
-    -6% instead of +8%, the trace at time scale 0.6 with 8,192 blocks -11% instead of +7%.
-    It costs RAG 8 req/s at 4,096 blocks (+18% instead of +12%) and the tail of the deepest
-    overload (trace 0.6 / 8,192 blocks: p99 215 s against 113 s). 1 lies between; 4 won
-    RAG 8 req/s at 2,048 blocks (-15%) and lost it at 8,192 (+33%). 0 turns it off."""
+    """Where caches are full, every uncached token a pick writes pushes a token of some other
+    prefix out: the score charges ``evict_weight x work_weight x c_u x u x fill`` on top (so
+    nothing while the caches have room). 0 turns it off."""
     contention_weight: float = 2.0
     """A server that batches prefill chunks (vLLM's chunked prefill) runs a request that
-    arrives while others are prefilling in the same steps as theirs, and each step takes
-    longer: its uncached tokens delay the prefills under way by up to as many tokens. The
-    score charges ``contention_weight x c_u x min(u, q)``: nothing on an endpoint with no
-    prefill queued, at most the request's own prefill again. In the replay's RAG workload
-    at 8 req/s without it, 144 of 512 requests went to a replica already prefilling while
-    another had nothing to prefill (the default profile: 110), to reuse a cached document,
-    and such arrivals waited 0.09 s more each. Over the grid (3 seeds, bench_ttft.py) 2
-    gave the geometric mean 0.916 against 0.914 at 0 (targets 6 and 17 of 36 either way)
-    and cut the worst losses: RAG 8 req/s -13% / +10% / +9% instead of -6% / +18% / +16%,
-    the trace at 0.6 / 8,192 p99 176 s instead of 215 s; it gives up part of two Mooncake
-    wins (0.75 / 4,096 +4% instead of -5%, 0.6 / 8,192 -1% instead of -11%). 1 lay between
-    on RAG. 0 turns it off."""
+    arrives while others are prefilling in the same steps as theirs: the score charges
+    ``contention_weight x c_u x min(u, q)``, nothing on an endpoint with no prefill queued.
+    0 turns it off."""
 
 
 @dataclass(slots=True)

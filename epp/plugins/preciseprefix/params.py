@@ -31,7 +31,7 @@ class PreciseIndexConfig:
     speculative_ttl_seconds: float = 10.0
     """How long a pick counts as held before the server's events confirm it. Long enough
     to cover a request's wait in the server's queue (its blocks are announced when it is
-    admitted): in the replay 2 s lost a point of hit rate under queueing, 10 s did not."""
+    admitted)."""
     resync_seconds: float = 120.0
     """After an unrepaired gap, the endpoint also uses the approximate index this long."""
     max_entries: int = 8_000_000
