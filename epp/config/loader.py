@@ -98,7 +98,8 @@ _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 """Top-level sections read by other layers (``epp.request.settings``,
 ``epp.datastore.static``) from ``EppConfig.raw``."""
 
-SHIPPED = ("default", "prefix-load", "filter-chain", "predicted-ttft", "cache-aware", "conformance")
+SHIPPED = ("default", "prefix-load", "predicted-blend", "filter-chain", "predicted-ttft", "cache-aware",
+           "conformance")
 
 
 def _camel(name: str) -> str:

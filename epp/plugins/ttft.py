@@ -27,8 +27,8 @@ refit by exponentially weighted least squares on what epp observes: for every re
 features it had at the pick and the time to its first body bytes. The endpoint with the
 lowest cost scores 1, the others ``best / theirs``. Parameters (``PredictedTtftParams``) are
 the priors, the forgetting factor, the prior's weight, ``work_weight``, ``fill_weight``,
-``evict_weight`` and ``contention_weight``; nothing is weighted per deployment. The default
-profile uses it with prefix, queue and KV scores (docs/configuration.md); the measurements
+``evict_weight`` and ``contention_weight``; nothing is weighted per deployment. The
+predicted-blend profile uses it with prefix, queue and KV scores (docs/configuration.md); the measurements
 behind each parameter's default: docs/research/2026-11-26-predicted-ttft-parameters.md.
 
 The scorer also reports its prediction error (``errors``), which the replay prints.

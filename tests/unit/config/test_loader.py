@@ -31,10 +31,11 @@ def approx(cfg: EppConfig) -> PrefixIndexConfig:
 def test_shipped_configs_load() -> None:
     d = default_config()
     assert d.profile.scorers == (
-        ("predicted-ttft-scorer", 8.0), ("prefix-cache-scorer", 3.0), ("queue-scorer", 2.0),
-        ("kv-cache-utilization-scorer", 2.0),
+        ("prefix-cache-scorer", 3.0), ("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0),
     )
-    assert shipped_config("prefix-load").profile.scorers == d.profile.scorers[1:]
+    assert shipped_config("prefix-load").profile.scorers == d.profile.scorers
+    blend = shipped_config("predicted-blend").profile.scorers
+    assert blend == (("predicted-ttft-scorer", 8.0), *d.profile.scorers)
     assert d.profile.picker == "max-score-picker"
     fc = shipped_config("filter-chain")
     assert fc.profile.filters == ("lora-affinity-filter", "load-threshold-filter", "longest-prefix-filter")
@@ -162,7 +163,7 @@ def test_a_missing_config_name_lists_the_shipped_profiles(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as bare:
         load_config("predicted_ttft")  # a typo of a shipped name
-    assert "shipped profile: default, prefix-load, filter-chain, predicted-ttft, cache-aware" in str(bare.value)
+    assert "shipped profile: default, prefix-load, predicted-blend, filter-chain, predicted-ttft" in str(bare.value)
     with pytest.raises(ConfigError) as path:
         load_config("my-epp.yaml")  # a file name: no profile list
     assert "cannot read my-epp.yaml" in str(path.value)
