@@ -27,7 +27,7 @@ default, how much of that headroom the default closes against ``prefix-load``.
 ``--quick`` is the CI-sized version (a few small points, the shipped profiles only, four
 seeds); with ``--check`` it exits 1 when the default's TTFT p90 (what it optimises; hit
 rates are reported) is more than 5% and 5 ms above another shipped profile's at any point.
-``tests/unit/simulator/test_default_profile.py`` runs it.
+Not in CI yet: today's default fails it (``predicted-blend`` and ``predicted-ttft`` beat it).
 
 Run: ./run bench profiles [--quick] [--check] [--seeds 3] [--ttft-oracle] [--workloads ...]
      [--result-name profiles]
