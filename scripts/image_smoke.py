@@ -19,8 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-
-
 async def health(port: int, service: str) -> str:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -28,7 +26,8 @@ async def health(port: int, service: str) -> str:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         try:
             r = await health_pb2_grpc.HealthStub(ch).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=2)
+                health_pb2.HealthCheckRequest(service=service), timeout=2
+            )
         except grpc.aio.AioRpcError as exc:
             return exc.code().name
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
@@ -70,16 +69,31 @@ async def main(command: list[str]) -> int:
             Path(tempfile.mkdtemp(prefix="image-smoke-")))  # fmt: skip
         try:
             async with aiohttp.ClientSession() as http:
-                body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "max_tokens": 4,
-                        "messages": [{"role": "user", "content": "hello from the image"}]}
+                body = {
+                    "model": "meta-llama/Llama-3.1-8B-Instruct",
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "hello from the image"}],
+                }
                 async with http.post(envoy.url + "/v1/chat/completions", json=body) as r:
-                    print(f"request through Envoy: HTTP {r.status}, served by "
-                          f"{r.headers.get('x-upstream-host')}")
+                    print(
+                        f"request through Envoy: HTTP {r.status}, served by "
+                        f"{r.headers.get('x-upstream-host')}"
+                    )
                     if r.status != 200:
                         failures.append(f"HTTP {r.status}")
-                async with http.get(f"http://127.0.0.1:{ports['metrics']}/metrics") as r:
-                    routed = sum(float(line.rsplit(" ", 1)[1]) for line in (await r.text()).splitlines()
-                                 if line.startswith('epp_requests_total{'))
+                # epp counts a request when its response stream ends, which Envoy may send on
+                # after the client has its reply: poll for a few seconds.
+                routed = 0.0
+                until = time.monotonic() + 10
+                while routed < 1 and time.monotonic() < until:
+                    async with http.get(f"http://127.0.0.1:{ports['metrics']}/metrics") as r:
+                        routed = sum(
+                            float(line.rsplit(" ", 1)[1])
+                            for line in (await r.text()).splitlines()
+                            if line.startswith("epp_requests_total{")
+                        )
+                    if routed < 1:
+                        await asyncio.sleep(0.2)
             print(f"routed by epp in the image: {routed:g} request(s)")
             stats = await envoy.counters("http.inference.ext_proc.failure_mode_allowed")
             if routed < 1 or sum(stats.values()):
