@@ -8,8 +8,8 @@ For a request of ``P`` prompt tokens and endpoint ``e``:
 * ``q`` = prefill work queued ahead of it: the uncached tokens of the requests epp sent
   there whose first token has not come back (the ``post_first_token`` hook: in ``epp
   serve`` the first response bytes, in the replay the engine's first token), or, when the
-  server reports more (other routers, traffic past epp), ``(waiting + sent since the last
-  scrape) x`` the mean uncached tokens of a request (learnt);
+  server reports more (other routers, traffic past epp), ``waiting x`` the mean uncached
+  tokens of a request (learnt);
 * ``r`` = requests decoding there (``running``), whose decode steps share the GPU and
   whose slots new requests wait for;
 * ``kv`` = its KV-cache use, and ``o`` = the share of its KV cache the request (and the
@@ -28,7 +28,7 @@ features it had at the pick and the time to its first body bytes. The endpoint w
 lowest cost scores 1, the others ``best / theirs``. Parameters (``PredictedTtftParams``) are
 the priors, the forgetting factor, the prior's weight, ``work_weight``, ``fill_weight``,
 ``evict_weight`` and ``contention_weight``; nothing is weighted per deployment. The
-predicted-blend profile uses it with prefix, queue and KV scores (docs/configuration.md); the measurements
+default profile uses it with prefix, queue and KV scores (docs/configuration.md); the measurements
 behind each parameter's default: docs/research/2026-11-26-predicted-ttft-parameters.md.
 
 The scorer also reports its prediction error (``errors``), which the replay prints.
@@ -200,8 +200,10 @@ class PredictedTtftScorer:
         u = max(0.0, prompt_tokens - matched)
         m = e.metrics
         # prefill queued ahead: what epp sent and has not seen prefilled, or what the server
-        # reports waiting when that is more (other routers, traffic past epp)
-        q = max(self.outstanding.get(e.id, 0.0), (m.waiting + e.pending) * self.mean_uncached)
+        # reports waiting when that is more (other routers, traffic past epp). Not the
+        # requests sent since the last scrape (``e.pending``): epp's own are in
+        # ``outstanding`` until their first token, and once it came they wait no more
+        q = max(self.outstanding.get(e.id, 0.0), m.waiting * self.mean_uncached)
         r = float(m.running)
         if p.count_own_running:
             r = max(r, float(self.active.get(e.id, 0)))

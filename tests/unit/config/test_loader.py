@@ -31,11 +31,11 @@ def approx(cfg: EppConfig) -> PrefixIndexConfig:
 def test_shipped_configs_load() -> None:
     d = default_config()
     assert d.profile.scorers == (
-        ("prefix-cache-scorer", 3.0), ("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0),
+        ("predicted-ttft-scorer", 8.0), ("prefix-cache-scorer", 3.0), ("queue-scorer", 2.0),
+        ("kv-cache-utilization-scorer", 2.0),
     )
-    assert shipped_config("prefix-load").profile.scorers == d.profile.scorers
-    blend = shipped_config("predicted-blend").profile.scorers
-    assert blend == (("predicted-ttft-scorer", 8.0), *d.profile.scorers)
+    assert shipped_config("predicted-blend").profile.scorers == d.profile.scorers
+    assert shipped_config("prefix-load").profile.scorers == d.profile.scorers[1:]
     assert d.profile.picker == "max-score-picker"
     fc = shipped_config("filter-chain")
     assert fc.profile.filters == ("lora-affinity-filter", "load-threshold-filter", "longest-prefix-filter")

@@ -1,0 +1,39 @@
+"""The default profile is the best epp ships: the CI-sized sweep of bench/bench_profiles.py
+(five small points of the replay, every shipped profile, four seeds) finds no point where
+another shipped profile's TTFT p90 beats the default's by more than seed noise (5% and
+5 ms). The replay is deterministic per seed, so this is a quality check, not a timing one.
+The full table: docs/results/profiles.md (./run bench profiles --ttft-oracle)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def sweep() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_profiles", ROOT / "bench" / "bench_profiles.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_profiles"] = module  # its worker processes look it up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_shipped_profile_beats_the_default_on_the_quick_sweep() -> None:
+    bp = sweep()
+    names = ["chat", "rag", "shared-prefix", "mooncake"]
+    if not (ROOT / bp.DEFAULT_TRACE).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{ROOT / bp.DEFAULT_TRACE} missing in CI (../shared/traces)")
+        names.remove("mooncake")
+    points = bp.grid(names, quick=True)
+    table, _bounds = bp.measure(points, bp.PROFILES, seeds=4, quick=True)
+    assert set(table) == set(points) and all(set(c) == set(bp.PROFILES) for c in table.values())
+    assert bp.check(points, table) == []
