@@ -251,7 +251,61 @@ def build_parser() -> argparse.ArgumentParser:
     if _k8s is not None:
         _k8s.add_kubernetes_flags(serve)
     _add_envoy_config(sub)
+    _add_pd_sidecar(sub)
     return parser
+
+
+def _add_pd_sidecar(sub: Any) -> None:
+    from epp.sidecar.proxy import CONNECTORS
+
+    p = sub.add_parser(
+        "pd-sidecar",
+        help="run the decode-side proxy of prefill/decode disaggregation, next to vLLM",
+        description="Proxy a decoding model server: a request carrying x-prefiller-host-port "
+        "(set by epp's disagg-profile-handler) is prefilled on that server first "
+        "(max_tokens 1), then decoded locally with the KV cache the prefill produced; a "
+        "prefill that fails or times out is decoded locally instead (counted). Speaks llm-d's "
+        "routing-sidecar protocol. See docs/disaggregation.md.",
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("--port", type=_port, default=8000, help="port the gateway routes to")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument("--decoder", default="http://127.0.0.1:8200",
+                   help="the local (decoding) server's base URL")
+    p.add_argument("--connector", choices=CONNECTORS, default="shared-storage",
+                   help="how KV moves from prefiller to decoder: 'shared-storage' (vLLM's "
+                   "ExampleConnector, LMCache: nothing passes) or 'nixlv2' (vLLM's "
+                   "NixlConnector: kv_transfer_params pass through the sidecar)")
+    p.add_argument("--prefill-timeout-s", type=_number(0, strict=True), default=60.0,
+                   help="after this the request is decoded locally instead")
+    p.add_argument("--allowed-prefillers", default="",
+                   help="comma-separated networks (CIDR) prefiller addresses must be in; "
+                   "default: private addresses only")
+    p.add_argument("--max-body-bytes", type=byte_size, default=16 << 20,
+                   help="largest request body accepted")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level")
+    p.add_argument("--log-format", default="json", choices=["json", "text"],
+                   help="JSON lines (production) or plain text")
+
+
+async def _pd_sidecar(args: argparse.Namespace) -> int:
+    from epp.sidecar.proxy import SidecarConfig, parse_networks, run
+
+    try:
+        nets = parse_networks(args.allowed_prefillers)
+    except ValueError as exc:
+        print(f"epp pd-sidecar: --allowed-prefillers: {exc}", file=sys.stderr)
+        return 2
+    cfg = SidecarConfig(decoder=args.decoder, connector=args.connector,
+                        prefill_timeout_s=args.prefill_timeout_s, allowed_prefillers=nets,
+                        max_body_bytes=args.max_body_bytes)  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await run(cfg, args.host, args.port, stop)
+    return 0
 
 
 def _add_envoy_config(sub: Any) -> None:
@@ -483,6 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0
     setup_logging(args.log_level, json_lines=args.log_format == "json")
+    if args.command == "pd-sidecar":
+        return asyncio.run(_pd_sidecar(args))
     if args.command == "serve":
         try:
             return asyncio.run(serve(args))

@@ -125,15 +125,18 @@ def render() -> str:
         *pydantic_table(request_control._Section),
         "### `staticEndpoints`", "",
         "A fixed pool: a list of `ip:port` strings or `{address, port, labels}` mappings "
-        "(`epp/datastore/static.py`); `--endpoints` on the command line does the same.", "",
+        "(`epp/datastore/static.py`), with `role: prefill|decode|prefill-decode` for "
+        "disaggregated pools (the `llm-d.ai/role` label); `--endpoints` on the command line "
+        "does the same.", "",
         "## Plugin types", "",
         "A plugin is listed under `plugins:` as `{type, name, parameters}`; filters, scorers "
-        "(with a `weight`) and the picker are referenced from the one scheduling profile; "
-        "data producers run for every request and are not referenced.", "",
+        "(with a `weight`) and the picker are referenced from a scheduling profile; data "
+        "producers run for every request and are not referenced. With several profiles, a "
+        "profile handler runs them and names the deciders it asks (docs/disaggregation.md).", "",
     ]
     defaults = {v: k for k, v in DEFAULT_PRODUCERS.items()}
-    for kind in ("producer", "filter", "scorer", "picker"):
-        out += [f"### {kind.title()}s", ""]
+    for kind in ("producer", "filter", "scorer", "picker", "decider", "handler"):
+        out += [f"### {'Profile handler' if kind == 'handler' else kind.title()}s", ""]
         for name, pt in PLUGIN_TYPES.items():
             if pt.kind != kind:
                 continue

@@ -8,7 +8,8 @@ Format (an ``EndpointPickerConfig``, as the Gateway API Inference Extension uses
     - type: prefix-cache-scorer
       parameters: {minMatchChunks: 1}
     - type: max-score-picker
-    schedulingProfiles:           # exactly one profile, referring to instances by name
+    schedulingProfiles:           # one profile, referring to instances by name (several
+                                  # with a profile handler: disaggregated serving)
     - name: default
       plugins:
       - pluginRef: prefix-cache-scorer
@@ -20,7 +21,9 @@ Format (an ``EndpointPickerConfig``, as the Gateway API Inference Extension uses
 
 Filters run in the order the profile lists them; scorers need a ``weight``; exactly one
 picker; data producers (``approx-prefix-cache-producer``) run for every request and are not
-referenced by the profile. Parameter names are camelCase in YAML (snake_case is accepted too).
+referenced by the profile. With more than one profile, exactly one profile handler
+(``disagg-profile-handler``) names which profile is primary and which deciders it asks; deciders
+and handlers are not referenced by profiles either. Parameter names are camelCase in YAML (snake_case is accepted too).
 Sections and parameters are validated by pydantic (``epp.schema``, strict: no silent
 coercion), and every error names the field, e.g.
 ``config field 'plugins[2].parameters.minMatchChunks': expected an integer, got true``.
@@ -73,6 +76,11 @@ class ProfileSpec:
 class EppConfig:
     plugins: Mapping[str, PluginSpec]
     profile: ProfileSpec
+    """The primary profile: the only one, or the one the handler routes with."""
+    other_profiles: tuple[ProfileSpec, ...] = ()
+    """With a profile handler: the profiles it may run besides the primary one."""
+    handler: str = ""
+    """The profile handler's plugin name, when the config has several profiles."""
     producers: tuple[str, ...] = ()
     """Data producers (by plugin name): they run for every request, before the profile."""
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
@@ -99,7 +107,7 @@ _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 ``epp.datastore.static``) from ``EppConfig.raw``."""
 
 SHIPPED = ("default", "prefix-load", "predicted-blend", "filter-chain", "predicted-ttft", "cache-aware",
-           "conformance")
+           "conformance", "pd")
 
 
 def _camel(name: str) -> str:
@@ -121,7 +129,7 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
     data = _top_level(data, source)
     plugins = _plugins(data)
     producers = _producers(plugins, data, source)
-    profile = _profile(data.get("schedulingProfiles"), plugins)
+    profile, others, handler = _profiles(data.get("schedulingProfiles"), plugins)
     for section, pt in _SECTIONS.items():  # validated even when no plugin uses it
         _checked(build_params(pt.params, data.get(section), section), section)
     saturation = build_params(SaturationConfig, data.get("saturation"), "saturation")
@@ -130,6 +138,8 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
     return EppConfig(
         plugins=plugins,
         profile=profile,
+        other_profiles=others,
+        handler=handler,
         producers=producers,
         saturation=saturation,
         scraping=scraping,
@@ -250,20 +260,56 @@ def _checked(params: Any, where: str) -> Any:
     return params
 
 
-def _profile(profiles: Any, plugins: Mapping[str, PluginSpec]) -> ProfileSpec:
-    if not isinstance(profiles, list) or len(profiles) != 1:
-        raise ConfigError("schedulingProfiles", "expected a list with exactly one profile")
-    prof = profiles[0]
+def _profiles(
+    profiles: Any, plugins: Mapping[str, PluginSpec]
+) -> tuple[ProfileSpec, tuple[ProfileSpec, ...], str]:
+    """The primary profile, the others, and the handler's name ("" with one profile)."""
+    if not isinstance(profiles, list) or not profiles:
+        raise ConfigError("schedulingProfiles", "expected a non-empty list of profiles")
+    specs: dict[str, ProfileSpec] = {}
+    for i, prof in enumerate(profiles):
+        spec = _profile(prof, plugins, f"schedulingProfiles[{i}]", len(profiles) == 1)
+        if spec.name in specs:
+            raise ConfigError(f"schedulingProfiles[{i}].name", f"duplicate profile name {spec.name!r}")
+        specs[spec.name] = spec
+    handlers = [sp for sp in plugins.values() if sp.kind == "handler"]
+    if len(handlers) > 1:
+        raise ConfigError("plugins", f"more than one profile handler: {', '.join(h.name for h in handlers)}")
+    if not handlers:
+        if len(specs) > 1:
+            raise ConfigError("schedulingProfiles", "several profiles need a profile handler "
+                              "in 'plugins' (e.g. disagg-profile-handler) to choose between them")
+        return next(iter(specs.values())), (), ""
+    handler = handlers[0]
+    where = f"plugin {handler.name!r} parameters"
+    names = handler.params.profile_names()
+    for name in names:
+        if name not in specs:
+            raise ConfigError(where, f"names profile {name!r}, which schedulingProfiles does not define "
+                              f"(defined: {', '.join(specs)})")
+    for name, kind in handler.params.plugin_refs():
+        ref = plugins.get(name)
+        if ref is None or ref.kind != kind:
+            raise ConfigError(where, f"names {kind} {name!r}, which 'plugins' does not list as a {kind}")
+    unused = [n for n in specs if n not in names]
+    if unused:
+        raise ConfigError("schedulingProfiles", f"profile(s) {', '.join(unused)} not run by {handler.name}")
+    return specs[names[0]], tuple(specs[n] for n in names[1:]), handler.name
+
+
+def _profile(prof: Any, plugins: Mapping[str, PluginSpec], at: str, only: bool) -> ProfileSpec:
     if not isinstance(prof, Mapping):
-        raise ConfigError("schedulingProfiles[0]", "expected a mapping")
+        raise ConfigError(at, "expected a mapping")
+    if not only and not isinstance(prof.get("name"), str):
+        raise ConfigError(f"{at}.name", "each of several profiles needs a name")
     refs = prof.get("plugins")
     if not isinstance(refs, list) or not refs:
-        raise ConfigError("schedulingProfiles[0].plugins", "expected a non-empty list")
+        raise ConfigError(f"{at}.plugins", "expected a non-empty list")
     filters: list[str] = []
     scorers: list[tuple[str, float]] = []
     pickers: list[str] = []
     for j, ref in enumerate(refs):
-        where = f"schedulingProfiles[0].plugins[{j}]"
+        where = f"{at}.plugins[{j}]"
         spec = _ref(ref, plugins, where)
         if spec.kind == "scorer":
             weight = _coerce_weight(ref.get("weight", 1), f"{where}.weight")
@@ -279,7 +325,7 @@ def _profile(profiles: Any, plugins: Mapping[str, PluginSpec]) -> ProfileSpec:
                 raise ConfigError(f"{where}.pluginRef", f"a second picker {spec.name!r}; a profile has one")
             pickers.append(spec.name)
     if not pickers:
-        raise ConfigError("schedulingProfiles[0].plugins", "no picker (add e.g. max-score-picker)")
+        raise ConfigError(f"{at}.plugins", "no picker (add e.g. max-score-picker)")
     return ProfileSpec(str(prof.get("name", "default")), tuple(filters), tuple(scorers), pickers[0])
 
 
@@ -295,6 +341,11 @@ def _ref(ref: Any, plugins: Mapping[str, PluginSpec], where: str) -> PluginSpec:
             f"{where}.pluginRef",
             f"{name!r} is a data producer: producers run for every request, list them "
             "under 'plugins' only",
+        )
+    if spec.kind in ("decider", "handler"):
+        raise ConfigError(
+            f"{where}.pluginRef",
+            f"{name!r} is a {spec.kind}: the profile handler uses it, list it under 'plugins' only",
         )
     return spec
 

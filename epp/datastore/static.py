@@ -3,9 +3,12 @@
     staticEndpoints:
       - 10.0.0.1:8000
       - {address: 10.0.0.2, port: 8000, metricsPort: 9000, engine: sglang, labels: {zone: a}}
+      - {address: 10.0.0.3, port: 8000, role: prefill}
 
 An entry may carry ``engine`` (``vllm`` by default, or ``sglang``): it picks the metric names
-the scraper reads. ``metricsPort`` defaults to the serving port.
+the scraper reads. ``metricsPort`` defaults to the serving port. ``role`` (``prefill``,
+``decode``, ``prefill-decode``) is its role in a disaggregated pool: the ``llm-d.ai/role``
+label pods carry (docs/disaggregation.md).
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ from pydantic import BaseModel, Field, StringConstraints
 
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
-from epp.framework.endpoint import ENGINE_LABEL, Endpoint, endpoint_id, parse_endpoint_id
+from epp.framework.endpoint import (
+    ENGINE_LABEL,
+    ROLE_LABEL,
+    Endpoint,
+    endpoint_id,
+    parse_endpoint_id,
+)
 from epp.schema import STRICT, validate
 
 CONFIG_SECTION = "staticEndpoints"
@@ -45,6 +54,8 @@ class _StaticEndpoint(BaseModel):
     engine: Literal["", "vllm", "sglang"] = ""
     """An unknown engine would be scraped for vLLM's metric names, never matching."""
     labels: dict[str, str] = {}
+    role: Literal["", "prefill", "decode", "prefill-decode", "both"] = ""
+    """Shorthand for the ``llm-d.ai/role`` label."""
 
 
 def endpoints_from_config(raw: Mapping[str, Any] | None) -> list[Endpoint]:
@@ -62,7 +73,10 @@ def endpoints_from_config(raw: Mapping[str, Any] | None) -> list[Endpoint]:
         if not isinstance(item, Mapping):
             raise ConfigError(where, "must be 'ip:port' or a mapping with address and port")
         e: _StaticEndpoint = validate(_StaticEndpoint, dict(item), where)
-        out.append(_endpoint(e.address, e.port, e.metrics_port, e.engine, dict(e.labels)))
+        labels = dict(e.labels)
+        if e.role:
+            labels[ROLE_LABEL] = e.role
+        out.append(_endpoint(e.address, e.port, e.metrics_port, e.engine, labels))
     return _unique(out, CONFIG_SECTION)
 
 

@@ -168,6 +168,16 @@ class Datastore:
         entry.endpoint = _with_pending(entry.endpoint, entry.pending)
         self._replace_in_snapshot(entry.endpoint)
 
+    def request_sent(self, endpoint_id: EndpointId) -> None:
+        """Work epp sent there whose end it will not see (a disaggregated prefill, which the
+        decoder's sidecar runs): counted as sent since the last scrape, not as in flight."""
+        entry = self._entries.get(endpoint_id)
+        if entry is None or not entry.endpoint.metrics.known:
+            return  # never scraped: no scrape would ever reset the count
+        entry.pending += 1
+        entry.endpoint = _with_pending(entry.endpoint, entry.pending)
+        self._replace_in_snapshot(entry.endpoint)
+
     def request_finished(self, endpoint_id: EndpointId) -> None:
         entry = self._entries.get(endpoint_id)
         if entry is None or entry.in_flight == 0:

@@ -79,9 +79,12 @@ def _fill_routing(
     content_length: int | None,
     remove: Sequence[str],
     observe_token: str,
+    extra: Sequence[tuple[str, str]] = (),
 ) -> None:
     mutation = common.header_mutation
     _set_header(mutation, DESTINATION_HEADER, destination)
+    for key, value in extra:
+        _set_header(mutation, key, value)
     if observe_token:
         _set_header(mutation, OBSERVE_HEADER, observe_token)
     if content_length is not None:
@@ -98,26 +101,34 @@ def routed_headers_response(
     content_length: int | None = None,
     remove: Sequence[str] = (),
     observe_token: str = "",
+    extra: Sequence[tuple[str, str]] = (),
 ) -> pb.ProcessingResponse:
     """Reply to request headers carrying the routing decision (full duplex, header-only);
     ``remove``: request headers the upstream must not see; ``observe_token``: set as
-    ``x-epp-observe`` for the observer filter (``epp.extproc.observer``)."""
+    ``x-epp-observe`` for the observer filter (``epp.extproc.observer``); ``extra``: request
+    headers to set (``x-prefiller-host-port``)."""
     msg = pb.ProcessingResponse()
     _fill_routing(
-        msg, msg.request_headers.response, destination, content_length, remove, observe_token
-    )
+        msg, msg.request_headers.response, destination, content_length, remove, observe_token,
+        extra,
+    )  # fmt: skip
     return msg
 
 
 def routed_buffered_body_response(
-    destination: str, body: bytes | None, remove: Sequence[str] = (), observe_token: str = ""
+    destination: str,
+    body: bytes | None,
+    remove: Sequence[str] = (),
+    observe_token: str = "",
+    extra: Sequence[tuple[str, str]] = (),
 ) -> pb.ProcessingResponse:
     """BUFFERED mode: route in the body reply; replace the body only when it changed."""
     msg = pb.ProcessingResponse()
     common = msg.request_body.response
     _fill_routing(
-        msg, common, destination, None if body is None else len(body), remove, observe_token
-    )
+        msg, common, destination, None if body is None else len(body), remove, observe_token,
+        extra,
+    )  # fmt: skip
     if body is not None:
         common.body_mutation.body = body
     return msg

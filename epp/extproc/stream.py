@@ -41,7 +41,7 @@ from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
 from epp.extproc.observer import OBSERVE_HEADER, Kind, ResponseHandoff
 from epp.framework.request import InferenceRequest
-from epp.request.parse import CONTROL_HEADERS, ParsedRequest, RequestParser, echo
+from epp.request.parse import CONTROL_HEADERS, PREFILLER_HEADER, ParsedRequest, RequestParser, echo
 from epp.requestcontrol.director import Director, Routing
 from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits, ResponseReader
 
@@ -282,6 +282,8 @@ class RequestStream:
             return _NO_REPLY
         if not self._parser.trust_control_headers:
             self._strip = tuple(name for name in CONTROL_HEADERS if name in headers)
+        if PREFILLER_HEADER in headers:  # only epp's P/D handler says where to prefill
+            self._strip = (*self._strip, PREFILLER_HEADER)
         self._path = headers.get(":path", "/")
         self._subset = convert.subset_hint(msg.metadata_context)
         mode = self._request_mode
@@ -291,7 +293,8 @@ class RequestStream:
             self._phase = Phase.ROUTED
             return [
                 convert.routed_headers_response(
-                    routing.destination, None, self._strip, self._hand_off(routing)
+                    routing.destination, None, self._removed(routing), self._hand_off(routing),
+                    routing.headers,
                 )
             ]
         self._phase = Phase.REQUEST_BODY
@@ -381,11 +384,12 @@ class RequestStream:
         if self._request_mode != convert.FULL_DUPLEX_STREAMED:
             return [
                 convert.routed_buffered_body_response(
-                    routing.destination, body if parsed.body_rewritten else None, self._strip,
-                    token,
+                    routing.destination, body if parsed.body_rewritten else None,
+                    self._removed(routing), token, routing.headers,
                 )
             ]
-        out = [convert.routed_headers_response(routing.destination, len(body), self._strip, token)]
+        out = [convert.routed_headers_response(routing.destination, len(body), self._removed(routing),
+                                               token, routing.headers)]  # fmt: skip
         if len(body) <= STREAMED_CHUNK_BYTES:
             out.append(convert.streamed_request_body(body, not trailers_follow))
             return out
@@ -395,6 +399,14 @@ class RequestStream:
             last = start + STREAMED_CHUNK_BYTES >= len(body)
             out.append(convert.streamed_request_body(piece, last and not trailers_follow))
         return out
+
+    def _removed(self, routing: Routing) -> tuple[str, ...]:
+        """The request headers to strip: the client's control headers, less any epp sets
+        itself (a set header overwrites the client's value)."""
+        if not routing.headers:
+            return self._strip
+        own = {key for key, _ in routing.headers}
+        return tuple(name for name in self._strip if name not in own)
 
     def _hand_off(self, routing: Routing) -> str:
         """With an observer filter (``--response-observer``), the token its stream claims

@@ -11,6 +11,8 @@ EndpointId = NewType("EndpointId", str)
 """``ip:port`` of a model server; the value epp writes into ``x-gateway-destination-endpoint``."""
 
 ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+ROLE_LABEL = "llm-d.ai/role"
+"""Disaggregated serving: ``prefill``, ``decode`` or ``prefill-decode`` (llm-d's label)."""
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 

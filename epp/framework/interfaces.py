@@ -12,6 +12,11 @@
   ``PostResponse`` (the response is complete: learn from its usage and text),
   ``EndpointListener`` (an endpoint's metrics arrived / it left the pool) and ``Sweeper``
   (periodic housekeeping off the request path).
+* A **profile handler** (``ProfileHandler``), when the config has more than one profile,
+  decides which profiles run for a request and what their picks mean: disaggregated
+  serving runs the decode profile, asks a decider whether a separate prefill is worth it,
+  then runs the prefill profile (``epp/plugins/disagg``). Without one, the single profile
+  runs.
 * **Lifecycle** (``Lifecycle.start`` / ``stop``): a plugin with background work (a
   subscription, a model it fits, metrics it exports) starts it when the server starts and
   stops it when the server stops, through the ``PluginContext`` it is handed (supervised
@@ -33,7 +38,7 @@ from prometheus_client.registry import Collector
 
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.request import InferenceRequest
-from epp.framework.types import CycleState, PickResult, ResponseInfo
+from epp.framework.types import CycleState, HandlerResult, PickResult, ProfileResult, ResponseInfo
 
 
 @runtime_checkable
@@ -62,6 +67,27 @@ class Picker(Protocol):
         self, state: CycleState, endpoints: Sequence[Endpoint], scores: Sequence[float], count: int
     ) -> list[Endpoint]:
         """Up to ``count`` endpoints, best first: the target, then fallbacks."""
+        ...
+
+
+RunProfile = Callable[[str, Sequence[Endpoint], int], ProfileResult]
+"""Run the named profile over these endpoints for up to ``count`` targets (the scheduler
+hands this to a profile handler)."""
+
+
+@runtime_checkable
+class ProfileHandler(Protocol):
+    name: str
+
+    @property
+    def profiles(self) -> tuple[str, ...]:
+        """The profiles it runs, the primary (where the request is routed) first."""
+        ...
+
+    def handle(
+        self, state: CycleState, endpoints: Sequence[Endpoint], run: RunProfile, count: int
+    ) -> HandlerResult:
+        """Run the profiles this request needs; never raises for a missing optional stage."""
         ...
 
 

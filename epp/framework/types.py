@@ -65,6 +65,27 @@ class ScoredEndpoint:
 
 
 @dataclass(slots=True, frozen=True)
+class ProfileResult:
+    """What one profile's run chose: ``targets`` best first (empty: the filters left none);
+    ``candidates`` survived the filters, ``totals`` their weighted scores, aligned."""
+
+    targets: list[Endpoint]
+    candidates: Sequence[Endpoint]
+    totals: Sequence[float]
+
+
+@dataclass(slots=True, frozen=True)
+class HandlerResult:
+    """A profile handler's outcome: the primary profile's result (where the request is
+    routed), and, for disaggregated serving, the endpoint(s) chosen to prefill it elsewhere
+    and the decision taken (a metrics label: ``split``, ``local``, ...)."""
+
+    primary: ProfileResult
+    prefill: tuple[Endpoint, ...] = ()
+    decision: str = ""
+
+
+@dataclass(slots=True, frozen=True)
 class PickResult:
     """The outcome of a cycle: ``targets[0]`` is the pick, the rest are fallbacks in order.
 
@@ -76,6 +97,15 @@ class PickResult:
     state: CycleState
     candidates: Sequence[Endpoint] = ()
     totals: Sequence[float] = ()
+    prefill: tuple[Endpoint, ...] = ()
+    """Disaggregated serving: the endpoint to run the prefill on (first), when the profile
+    handler chose to split the request; empty otherwise (the target does it all)."""
+    decision: str = ""
+    """The profile handler's decision, when one runs (``split``, ``local``, ...)."""
+
+    @property
+    def prefiller(self) -> Endpoint | None:
+        return self.prefill[0] if self.prefill else None
 
     @property
     def target(self) -> Endpoint:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from epp.framework.interfaces import DataProducer, Filter, Picker, Scorer
-from epp.plugins import cacheaware, conformance, filters, pickers, scorers, ttft
+from epp.framework.interfaces import DataProducer, Filter, Picker, ProfileHandler, Scorer
+from epp.plugins import cacheaware, conformance, disagg, filters, pickers, scorers, ttft
 from epp.plugins.approxprefix import APPROX_PREFIX_PRODUCER, PrefixIndexConfig, PrefixProducer
 from epp.plugins.preciseprefix import (
     PRECISE_PREFIX_PRODUCER,
@@ -31,7 +31,7 @@ T = TypeVar("T")
 class PluginType(Generic[T]):
     factory: Callable[[str, Any], T]
     params: type
-    kind: str  # "producer" | "filter" | "scorer" | "picker"
+    kind: str  # "producer" | "filter" | "scorer" | "picker" | "decider" | "handler"
     summary: str
     reads: Callable[[Any], tuple[str, ...]] = lambda _params: ()
     """The data it reads, given its parameters: a producer providing each must run (the
@@ -142,6 +142,36 @@ _ALL: dict[str, PluginType[Any]] = {
     "round-robin-picker": PluginType(
         pickers.RoundRobinPicker, pickers.PickerParams, "picker", "cycle through endpoints",
     ),
+    # prefill/decode disaggregation (epp/plugins/disagg, docs/disaggregation.md)
+    "prefill-filter": PluginType(
+        disagg.PrefillFilter, disagg.RoleFilterParams, "filter",
+        "keep endpoints that may prefill (llm-d.ai/role prefill, prefill-decode, or unlabelled)",
+    ),
+    "decode-filter": PluginType(
+        disagg.DecodeFilter, disagg.RoleFilterParams, "filter",
+        "keep endpoints that may decode (llm-d.ai/role decode, prefill-decode, or unlabelled)",
+    ),
+    "always-disagg-pd-decider": PluginType(
+        disagg.AlwaysDecider, disagg.NoDeciderParams, "decider", "split every request",
+    ),
+    "never-disagg-pd-decider": PluginType(
+        disagg.NeverDecider, disagg.NoDeciderParams, "decider", "split no request",
+    ),
+    "prefix-based-pd-decider": PluginType(
+        disagg.PrefixBasedDecider, disagg.PrefixDeciderParams, "decider",
+        "split when the decoder lacks more than nonCachedTokens of the prompt",
+        reads=_reads_prefix,
+    ),
+    "cache-aware-pd-decider": PluginType(
+        disagg.CacheAwareDecider, disagg.CacheAwareDeciderParams, "decider",
+        "as prefix-based, and only when the prefiller holds as much of the prompt as the decoder",
+        reads=_reads_prefix,
+    ),
+    "disagg-profile-handler": PluginType(
+        disagg.DisaggProfileHandler, disagg.DisaggParams, "handler",
+        "decode profile, then the prefill profile when the decider splits the request; the "
+        "prefiller goes to the decoder in x-prefiller-host-port",
+    ),
     # the conformance profile's test hooks (epp/plugins/conformance.py): never in production
     "header-endpoint-selection-filter": PluginType(
         conformance.HeaderEndpointSelectionFilter, conformance.SelectionParams, "filter",
@@ -157,4 +187,8 @@ _ALL: dict[str, PluginType[Any]] = {
 FILTERS: dict[str, PluginType[Filter]] = {k: v for k, v in _ALL.items() if v.kind == "filter"}
 SCORERS: dict[str, PluginType[Scorer]] = {k: v for k, v in _ALL.items() if v.kind == "scorer"}
 PICKERS: dict[str, PluginType[Picker]] = {k: v for k, v in _ALL.items() if v.kind == "picker"}
+DECIDERS: dict[str, PluginType[disagg.handler.Decider]] = {
+    k: v for k, v in _ALL.items() if v.kind == "decider"
+}
+HANDLERS: dict[str, PluginType[ProfileHandler]] = {k: v for k, v in _ALL.items() if v.kind == "handler"}
 PLUGIN_TYPES: dict[str, PluginType[Any]] = {**PRODUCERS, **_ALL}

@@ -37,6 +37,9 @@ MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 OBJECTIVE_HEADERS = (OBJECTIVE_HEADER, "x-gateway-inference-objective")
 """llm-d's name first; the Inference Extension's ``x-gateway-`` name is its alias."""
+PREFILLER_HEADER = "x-prefiller-host-port"
+"""Set by epp on a request its P/D handler split: where the decoder's sidecar runs the
+prefill (llm-d's name). Stripped from every client request, trusted or not."""
 CONTROL_HEADERS = (MODEL_REWRITE_HEADER, *OBJECTIVE_HEADERS)
 """Headers that steer epp. Honoured only with ``trust_control_headers`` (a proxy in front
 sets or strips them); otherwise a client could pick its own model or priority."""

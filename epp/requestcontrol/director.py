@@ -31,6 +31,7 @@ from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.request import InferenceRequest
 from epp.framework.types import PickResult, ResponseInfo
 from epp.observability.metrics import EppMetrics
+from epp.request.parse import PREFILLER_HEADER
 from epp.requestcontrol.admission import Admission
 from epp.scheduling.saturation import SaturationConfig, detector, pool_saturated
 from epp.scheduling.scheduler import Scheduler
@@ -52,6 +53,8 @@ class Routing:
     started_s: float
     scheduling_s: float = 0.0
     request_bytes: int = 0
+    headers: tuple[tuple[str, str], ...] = ()
+    """Request headers epp sets for the upstream (``x-prefiller-host-port``)."""
     released: bool = False
     settled: bool = False
 
@@ -198,13 +201,18 @@ class Director:
         targets = result.targets
         destination = targets[0].id if len(targets) == 1 else ",".join(e.id for e in targets)
         self._datastore.request_started(targets[0].id)
+        headers: tuple[tuple[str, str], ...] = ()
+        prefiller = result.prefiller
+        if prefiller is not None:  # the decoder's sidecar sends it the prefill
+            headers = ((PREFILLER_HEADER, prefiller.id),)
+            self._datastore.request_sent(prefiller.id)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "routed request %s model=%s api=%s prompt_chars=%d -> %s",
                 request.request_id, request.model, request.api.value, len(request.prompt),
                 destination,
             )
-        return Routing(request, result, destination, now_s, scheduling_s, request_bytes)
+        return Routing(request, result, destination, now_s, scheduling_s, request_bytes, headers)
 
     def settle(self, routing: Routing) -> None:
         """After the routing reply was sent: record the pick, observe scheduling metrics."""

@@ -8,20 +8,13 @@ from dataclasses import dataclass
 
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import Filter, Picker, Scorer
-from epp.framework.types import CycleState
+from epp.framework.types import CycleState, ProfileResult
 
 
 @dataclass(slots=True, frozen=True)
 class WeightedScorer:
     scorer: Scorer
     weight: float
-
-
-@dataclass(slots=True, frozen=True)
-class ProfileResult:
-    targets: list[Endpoint]
-    candidates: Sequence[Endpoint]
-    totals: Sequence[float]
 
 
 class Profile:

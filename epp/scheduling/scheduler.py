@@ -2,7 +2,8 @@
 ``epp-sim replay`` alike).
 
 ``schedule`` runs the data producers (the prefix match), then the profile (filters ->
-weighted scorers -> picker); ``commit`` runs the post-pick hooks (recording the pick);
+weighted scorers -> picker), or, with several profiles, the profile handler that runs them
+(disaggregated serving: decode, then an optional prefill); ``commit`` runs the post-pick hooks (recording the pick);
 ``on_response`` the post-response hooks. Which plugin implements which hook is sorted out
 once, here, from the protocols in ``epp.framework.interfaces``. Plugins are built from the
 config by ``epp.wiring``. Never blocks on I/O: endpoints and their metrics are values.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from epp.errors import Unavailable
@@ -24,11 +25,12 @@ from epp.framework.interfaces import (
     PostFirstToken,
     PostPick,
     PostResponse,
+    ProfileHandler,
     RequestPreparer,
     Sweeper,
 )
 from epp.framework.request import InferenceRequest
-from epp.framework.types import CycleState, PickResult, ResponseInfo
+from epp.framework.types import CycleState, PickResult, ProfileResult, ResponseInfo
 from epp.scheduling.profile import Profile
 
 P = TypeVar("P")
@@ -36,12 +38,34 @@ P = TypeVar("P")
 
 class Scheduler:
     def __init__(
-        self, profile: Profile, producers: Sequence[DataProducer], rng: random.Random
+        self,
+        profile: Profile,
+        producers: Sequence[DataProducer],
+        rng: random.Random,
+        *,
+        profiles: Sequence[Profile] = (),
+        handler: ProfileHandler | None = None,
     ) -> None:
+        """``profile`` runs for every request, unless a ``handler`` is given: it then runs
+        the ``profiles`` (by name; ``profile`` is its primary one) as it decides."""
         self.profile = profile
+        self.profiles = {p.name: p for p in (profile, *profiles)}
+        self.handler = handler
+        if handler is not None:
+            missing = [n for n in handler.profiles if n not in self.profiles]
+            if missing:
+                raise ValueError(f"{handler.name} runs profiles that are not built: {missing}")
         self.producers = tuple(producers)
         self.rng = rng
-        plugins: list[object] = [*self.producers, *profile.plugins()]
+        plugins: list[object] = list(self.producers)
+        seen: set[int] = {id(p) for p in plugins}
+        for prof in self.profiles.values():  # a plugin shared by two profiles is hooked once
+            for p in prof.plugins():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    plugins.append(p)
+        if handler is not None:
+            plugins.append(handler)
         self.plugins = tuple(plugins)
         self._post_pick = [p for p in plugins if isinstance(p, PostPick)]
         self._post_response = [p for p in plugins if isinstance(p, PostResponse)]
@@ -97,13 +121,29 @@ class Scheduler:
         for producer in self.producers:
             producer.prepare(state, endpoints)
         state.timings["prefix"] = time.perf_counter() - t0
-        outcome = self.profile.run(state, endpoints, 1 + max(0, fallbacks))
+        count = 1 + max(0, fallbacks)
+        if self.handler is None:
+            outcome = self.profile.run(state, endpoints, count)
+            prefill: tuple[Endpoint, ...] = ()
+            decision = ""
+        else:
+            handled = self.handler.handle(state, endpoints, self._run_profile(state), count)
+            outcome, prefill, decision = handled.primary, handled.prefill, handled.decision
         if not outcome.targets:
             raise Unavailable("no endpoint passed the filters")
-        result = PickResult(tuple(outcome.targets), state, outcome.candidates, outcome.totals)
+        result = PickResult(tuple(outcome.targets), state, outcome.candidates, outcome.totals,
+                            prefill, decision)  # fmt: skip
         if commit:
             self.commit(result)
         return result
+
+    def _run_profile(self, state: CycleState) -> Callable[[str, Sequence[Endpoint], int], ProfileResult]:
+        profiles = self.profiles
+
+        def run(name: str, endpoints: Sequence[Endpoint], count: int) -> ProfileResult:
+            return profiles[name].run(state, endpoints, count)
+
+        return run
 
     def commit(self, result: PickResult) -> None:
         """Run the post-pick hooks of a ``schedule(..., commit=False)`` result."""

@@ -60,6 +60,10 @@ class ServerOptions:
     stream_interval: int = 1
     """vLLM's ``--stream-interval``: tokens per streamed chunk after the first (the first and
     last chunks go out at once). 1 is vLLM's default, one SSE event per token."""
+    shared_kv_dir: str = ""
+    """Prefill/decode disaggregation: share KV through this directory with vLLM's
+    ExampleConnector (``kv_both``: the server writes what it prefills and loads what it finds
+    there); '' = off."""
 
 
 def vllm_home() -> Path:
@@ -216,6 +220,13 @@ def server_command(
         cmd += ["--kv-events-config", json.dumps({
             "enable_kv_cache_events": True, "publisher": "zmq",
             "endpoint": options.kv_events_endpoint, "topic": f"kv@127.0.0.1:{port}@{options.model_name}",
+        })]  # fmt: skip
+    if options.shared_kv_dir:
+        import json
+
+        cmd += ["--kv-transfer-config", json.dumps({
+            "kv_connector": "ExampleConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": options.shared_kv_dir},
         })]  # fmt: skip
     return cmd
 

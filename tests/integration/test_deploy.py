@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from epp.config.loader import loads_config
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "charts" / "epp"
@@ -64,7 +66,7 @@ def tool(name: str) -> str:
 
 
 def run(*argv: str) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
     assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stderr}{done.stdout}"
     return done.stdout
 
@@ -171,8 +173,9 @@ def validate_crd_structure(doc: Doc) -> None:
         assert spec["selector"]["matchLabels"], where
 
 
-def check_epp_manifests(docs: list[Doc], *, pool: bool) -> None:
-    """What a cluster needs from epp's manifests, whichever tool rendered them."""
+def check_epp_manifests(docs: list[Doc], *, pool: bool, config: str = "") -> None:
+    """What a cluster needs from epp's manifests, whichever tool rendered them; the
+    scheduling config is the shipped default, or the file ``config`` when given."""
     validate_schema(docs)
     deployment = one(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -188,12 +191,17 @@ def check_epp_manifests(docs: list[Doc], *, pool: bool) -> None:
     assert mounts["config"] == "/etc/epp"
     config_map = one(docs, "ConfigMap")
     assert config_volume["configMap"]["name"] == config_map["metadata"]["name"]
-    scheduling = yaml.safe_load(config_map["data"]["config.yaml"])
+    text = config_map["data"]["config.yaml"]
+    loads_config(text)  # epp starts with it
+    scheduling = yaml.safe_load(text)
     assert scheduling["kind"] == "EndpointPickerConfig"
-    assert [p["type"] for p in scheduling["plugins"]] == EXPECTED_PLUGINS
-    (profile,) = scheduling["schedulingProfiles"]
-    (shipped,) = shipped_default()["schedulingProfiles"]
-    assert profile["plugins"] == shipped["plugins"]  # the shipped default, weights and all
+    if config:
+        assert scheduling == yaml.safe_load((ROOT / config).read_text())
+    else:
+        assert [p["type"] for p in scheduling["plugins"]] == EXPECTED_PLUGINS
+        (profile,) = scheduling["schedulingProfiles"]
+        (shipped,) = shipped_default()["schedulingProfiles"]
+        assert profile["plugins"] == shipped["plugins"]  # the shipped default, weights and all
 
     sc = container["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True
@@ -392,6 +400,29 @@ def test_vllm_example_matches_the_pool_and_caches_prefixes() -> None:
     ports = {p["containerPort"] for p in container["ports"]}
     assert pool["spec"]["targetPorts"][0]["number"] in ports
     assert container["readinessProbe"]
+
+
+def test_pd_example_has_both_roles_and_a_sidecar_on_the_pool_port() -> None:
+    """The P/D example: prefillers serve vLLM on the pool's port; decoders put epp's
+    pd-sidecar (the chart's image) there in front of vLLM; both share the pool's label."""
+    docs = by_kind(docs_of((DEPLOY / "examples" / "vllm-pd-deployment.yaml").read_text()), "Deployment")
+    pods = {d["spec"]["template"]["metadata"]["labels"]["llm-d.ai/role"]: d["spec"]["template"]
+            for d in docs}  # fmt: skip
+    assert set(pods) == {"prefill", "decode"}
+    apps = {p["metadata"]["labels"]["app"] for p in pods.values()}
+    assert apps == {"vllm-llama3-8b-instruct-pd"}
+    (prefill,) = pods["prefill"]["spec"]["containers"]
+    assert "--port=8000" in prefill["args"]
+    sidecar, server = pods["decode"]["spec"]["containers"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert sidecar["image"] == f"{values['image']['repository']}:{chart['appVersion']}"
+    assert sidecar["command"] == ["epp", "pd-sidecar"] and "--port=8000" in sidecar["args"]
+    decoder = next(a for a in sidecar["args"] if a.startswith("--decoder="))
+    assert decoder.endswith(":8200") and "--port=8200" in server["args"]
+    from epp.cli import build_parser  # the sidecar's flags parse as written
+
+    build_parser().parse_args(["pd-sidecar", *sidecar["args"]])
 
 
 # --- Envoy -------------------------------------------------------------------------------
@@ -625,14 +656,16 @@ def test_every_manifest_the_walkthrough_installs_renders_and_validates() -> None
     assert len(installs) >= 2 and "deploy/examples/vllm-deployment.yaml" in applied
     for path in applied:
         validate_schema(docs_of((ROOT / path).read_text()))
-    examples = {one(docs_of(p.read_text()), "Deployment")["metadata"]["name"]: p
-                for p in (DEPLOY / "examples").glob("*.yaml")}  # fmt: skip
+    examples = {d["spec"]["template"]["metadata"]["labels"]["app"]: p
+                for p in (DEPLOY / "examples").glob("*.yaml")
+                for d in by_kind(docs_of(p.read_text()), "Deployment")}  # fmt: skip
     for command in installs:
         release, chart, *flags = command[2:]
         assert (ROOT / chart).resolve() == CHART.resolve()
         docs = docs_of(run(tool("helm"), "template", release, str(CHART), *flags))
-        check_epp_manifests(docs, pool=True)
+        files = [f.split("=", 1)[1] for f in flags if f.startswith("scheduling.config=")]
+        check_epp_manifests(docs, pool=True, config=files[0] if files else "")
         pool = one(docs, "InferencePool")
         labels = pool["spec"]["selector"]["matchLabels"]
-        servers = one(docs_of(examples[labels["app"]].read_text()), "Deployment")
-        assert labels.items() <= servers["spec"]["template"]["metadata"]["labels"].items()
+        for servers in by_kind(docs_of(examples[labels["app"]].read_text()), "Deployment"):
+            assert labels.items() <= servers["spec"]["template"]["metadata"]["labels"].items()

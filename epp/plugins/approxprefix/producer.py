@@ -137,6 +137,8 @@ class PrefixProducer:
         if own is not None and own.hashes:
             hashes = own.hashes
             self._record(result.target.id, hashes, state.now_s)
+            for prefiller in result.prefill:  # disaggregated: the prefiller computed it too
+                self._record(prefiller.id, hashes, state.now_s)
 
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
         if not self.learn_from_responses or info.status >= 400:

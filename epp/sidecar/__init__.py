@@ -1,0 +1,1 @@
+"""The decode-side sidecar of disaggregated serving (``epp pd-sidecar``): see ``proxy``."""
