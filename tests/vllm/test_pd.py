@@ -6,7 +6,8 @@ What it shows: every request is answered; for the requests epp split, the decode
 the prompt's KV the prefiller wrote (``vllm:external_prefix_cache_hits_total``) and epp's and
 the sidecar's counters say so; with the prefiller killed mid-run, requests are still
 answered (decoded locally, counted). Skips with the reason when the vLLM environment is not
-set up (``./run vllm-setup``; CI sets it up).
+set up (``./run vllm-setup``; CI sets it up). ``./run test tests/vllm/test_pd.py -s`` prints
+the figures.
 """
 
 from __future__ import annotations
@@ -172,6 +173,9 @@ async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: 
         split = await metric(http, s.epp_metrics, "epp_pd_decisions_total", 'decision="split"')
         prefilled = await metric(http, sidecar_metrics, "epp_sidecar_prefill_total", 'outcome="ok"')
         external = await metric(http, decoder_metrics, "vllm:external_prefix_cache_hits_total")
+        print(f"\nP/D on real vLLM: {split:g} of 4 requests split, {prefilled:g} prefilled remotely, "
+              f"decoder's external prefix-cache hits {external:g} tokens "
+              f"({external / max(split, 1):.0f} a split request)")
         assert split == 4 and prefilled == 4
         # the decoder loaded what the prefiller wrote: ~700 tokens a request, whole blocks
         assert external >= 4 * 512, external
@@ -182,4 +186,7 @@ async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: 
         failed = await metric(http, sidecar_metrics, "epp_sidecar_prefill_total", 'outcome="failed"')
         no_prefiller = await metric(http, s.epp_metrics, "epp_pd_decisions_total",
                                     'decision="no-prefiller"')  # fmt: skip
+        print(f"prefiller killed: {sum(st == 200 for st, _ in after)} of 4 answered; "
+              f"{failed:g} prefills failed and decoded locally, {no_prefiller:g} not split "
+              "(no ready prefiller)")
         assert failed + no_prefiller == 4, (failed, no_prefiller)
