@@ -64,6 +64,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast; generators: use --set rate=)")
     p.add_argument("--limit", type=_non_negative_int, default=0,
                    help="replay only the first N trace requests (0 = all)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="leave out trace rows that do not parse (counted, the first named) "
+                   "instead of stopping at the first")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated; epp:FILE / precise:FILE / oracle:FILE name a config; "
                    "also ttft-oracle (each request to the replica whose what-if run gives its "
                    "first token soonest: slow, not in the default set)")
@@ -148,7 +151,11 @@ def build_workload(args: argparse.Namespace) -> Workload:
     path = Path(args.trace) if args.trace else DEFAULT_TRACE
     if not path.exists():
         raise ValueError(f"trace {path} not found (pass --trace or --workload)")
-    return MooncakeTrace.load(path, args.time_scale, args.limit)
+    trace = MooncakeTrace.load(path, args.time_scale, args.limit, args.skip_bad_rows)
+    if trace.skipped:
+        print(f"epp-sim replay: skipped {len(trace.skipped)} bad row(s) of {path}, the first: "
+              f"{trace.skipped[0]}", file=sys.stderr)  # fmt: skip
+    return trace
 
 
 def _run_policies(

@@ -174,16 +174,23 @@ class MooncakeTrace:
     """A Mooncake-format JSONL trace; ``time_scale`` multiplies every arrival time
     (0.5 replays it twice as fast)."""
 
-    def __init__(self, rows: Sequence[_MooncakeRow], time_scale: float = 1.0, name: str = "mooncake"):
+    def __init__(self, rows: Sequence[_MooncakeRow], time_scale: float = 1.0, name: str = "mooncake",
+                 skipped: Sequence[str] = ()):  # fmt: skip
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.rows = list(rows)
         self.time_scale = time_scale
         self.name = name
+        self.skipped = list(skipped)
+        """With ``skip_bad_rows``: why each skipped line was skipped (``path:line: reason``)."""
 
     @classmethod
-    def load(cls, path: str | Path, time_scale: float = 1.0, limit: int = 0) -> MooncakeTrace:
+    def load(cls, path: str | Path, time_scale: float = 1.0, limit: int = 0,
+             skip_bad_rows: bool = False) -> MooncakeTrace:  # fmt: skip
+        """Read a trace; a bad row raises ValueError naming its line, or with
+        ``skip_bad_rows`` is left out and listed in ``skipped``."""
         rows: list[_MooncakeRow] = []
+        skipped: list[str] = []
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -191,15 +198,21 @@ class MooncakeTrace:
                 try:
                     row = _mooncake_row(json.loads(line.strip()))
                 except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{path}:{lineno}: not a Mooncake trace row ({exc})") from None
+                    why = f"{path}:{lineno}: not a Mooncake trace row ({exc})"
+                    if not skip_bad_rows:
+                        raise ValueError(why + "; --skip-bad-rows leaves such rows out") from None
+                    skipped.append(why)
+                    continue
                 rows.append(row)
                 if limit and len(rows) >= limit:
                     break
+        if not rows:
+            raise ValueError(f"{path}: no trace rows" + (f" ({len(skipped)} bad)" if skipped else ""))
         rows.sort(key=lambda r: r.timestamp_ms)
-        return cls(rows, time_scale, name=Path(path).stem)
+        return cls(rows, time_scale, name=Path(path).stem, skipped=skipped)
 
     def with_time_scale(self, time_scale: float) -> MooncakeTrace:
-        return MooncakeTrace(self.rows, time_scale, self.name)
+        return MooncakeTrace(self.rows, time_scale, self.name, self.skipped)
 
     @property
     def duration_s(self) -> float:

@@ -285,6 +285,28 @@ def test_mooncake_rows_that_are_not_usable_are_named(tmp_path: Path, row: str, r
     assert "t.jsonl:3: not a Mooncake trace row" in str(err.value) and reason in str(err.value)
 
 
+def test_bad_trace_rows_are_skipped_and_counted_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulator.cli import main
+
+    good = '{"timestamp": %d, "input_length": 600, "output_length": 2, "hash_ids": [1, 2]}'
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join([good % 0, '{"timestamp": 1', good % 5, "[]", good % 9]) + "\n")
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: .*--skip-bad-rows"):
+        MooncakeTrace.load(path)
+    trace = MooncakeTrace.load(path, skip_bad_rows=True)
+    assert len(trace) == 3 and [w.split(": ")[0][-9:] for w in trace.skipped] == ["t.jsonl:2", "t.jsonl:4"]
+    assert trace.with_time_scale(2.0).skipped == trace.skipped
+    assert main(["replay", "--policies", "random", "--no-progress", "--trace", str(path),
+                 "--skip-bad-rows"]) == 0  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert "skipped 2 bad row(s)" in err and "t.jsonl:2" in err
+    (tmp_path / "bad.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match=r"no trace rows \(1 bad\)"):
+        MooncakeTrace.load(tmp_path / "bad.jsonl", skip_bad_rows=True)
+
+
 def test_a_policy_with_no_finished_request_reports_dashes_not_nan() -> None:
     from simulator.replay.report import markdown_table, stats_table
 
