@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from epp.framework.interfaces import DataProducer, Filter, Picker, ProfileHandler, Scorer
-from epp.plugins import cacheaware, conformance, disagg, filters, pickers, scorers, ttft
+from epp.plugins import cacheaware, conformance, disagg, filters, pickers, scorers, session, ttft
 from epp.plugins.approxprefix import APPROX_PREFIX_PRODUCER, PrefixIndexConfig, PrefixProducer
 from epp.plugins.preciseprefix import (
     PRECISE_PREFIX_PRODUCER,
@@ -102,6 +102,11 @@ _ALL: dict[str, PluginType[Any]] = {
     "kv-cache-utilization-scorer": PluginType(
         scorers.KvCacheUtilizationScorer, scorers.KvCacheScorerParams, "scorer",
         "1 - KV-cache use",
+    ),
+    "session-affinity-scorer": PluginType(
+        session.SessionAffinityScorer, session.SessionAffinityParams, "scorer",
+        "the endpoint that served the session's last request (session id from a header or "
+        "the body) until it saturates",
     ),
     "lora-affinity-scorer": PluginType(
         scorers.LoraAffinityScorer, scorers.LoraAffinityScorerParams, "scorer",
