@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from epp.config.loader import EppConfig, default_config, load_config
+from epp.config.loader import SHIPPED, EppConfig, default_config, load_config
 from epp.datastore.pagefetch import DEFAULT_MAX_BYTES as DEFAULT_MAX_PAGE_BYTES
 from epp.datastore.scraper import ScrapeOptions
 from epp.datastore.static import parse_endpoint_list
@@ -121,9 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = serve.add_argument_group("scheduling and requests")
     g.add_argument("--config", default="",
-                   help="YAML config file, or a shipped profile name (default, filter-chain, "
-                   "predicted-ttft, cache-aware, conformance: the Inference Extension's test "
-                   "hooks, never for production); default: the shipped 'default' profile")
+                   help="YAML config file, or a shipped profile name ("
+                   + ", ".join(SHIPPED) + "; conformance carries the Inference Extension's test "
+                   "hooks, never for production; docs/configuration.md); default: the shipped "
+                   "'default' profile")
     g.add_argument("--processing-mode", choices=sorted(_MODES), default="full-duplex",
                    help="request/response body mode assumed when Envoy sends no protocol_config "
                    "(Envoy >= 1.33 sends it; it then wins)")

@@ -26,7 +26,17 @@ def _camel(name: str) -> str:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The string literal written under each field of a class (attribute docstrings)."""
+    """The string literal written under each field of a class (attribute docstrings),
+    its base classes' included."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if base is not object:
+            docs.update(_own_field_docs(base))
+    docs.update(_own_field_docs(cls))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):

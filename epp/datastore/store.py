@@ -164,8 +164,11 @@ class Datastore:
         if entry is None:
             return
         entry.in_flight += 1
-        entry.pending += 1
-        entry.endpoint = _with_pending(entry.endpoint, entry.pending)
+        self._set_pending(entry, entry.pending + 1)
+
+    def _set_pending(self, entry: _Entry, pending: int) -> None:
+        entry.pending = pending
+        entry.endpoint = _with_pending(entry.endpoint, pending)
         self._replace_in_snapshot(entry.endpoint)
 
     def request_sent(self, endpoint_id: EndpointId) -> None:
@@ -174,9 +177,7 @@ class Datastore:
         entry = self._entries.get(endpoint_id)
         if entry is None or not entry.endpoint.metrics.known:
             return  # never scraped: no scrape would ever reset the count
-        entry.pending += 1
-        entry.endpoint = _with_pending(entry.endpoint, entry.pending)
-        self._replace_in_snapshot(entry.endpoint)
+        self._set_pending(entry, entry.pending + 1)
 
     def request_finished(self, endpoint_id: EndpointId) -> None:
         entry = self._entries.get(endpoint_id)
@@ -186,9 +187,7 @@ class Datastore:
         if not entry.endpoint.metrics.known and entry.pending > 0:
             # never scraped (--no-scrape, or /metrics unreachable from the start): no scrape
             # will reset pending, so it tracks the requests in flight instead
-            entry.pending -= 1
-            entry.endpoint = _with_pending(entry.endpoint, entry.pending)
-            self._replace_in_snapshot(entry.endpoint)
+            self._set_pending(entry, entry.pending - 1)
 
     def in_flight(self) -> Mapping[EndpointId, int]:
         return {eid: e.in_flight for eid, e in self._entries.items()}

@@ -82,31 +82,17 @@ class PrefixBasedDecider:
 
 
 @dataclass(slots=True, frozen=True)
-class CacheAwareDeciderParams:
-    non_cached_tokens: int = 256
-    """Split only when the decoder lacks more than this many of the prompt's tokens."""
+class CacheAwareDeciderParams(PrefixDeciderParams):
     slack_tokens: int = 0
     """Split when the prefiller lacks at most this many tokens more than the decoder."""
-    chars_per_token: float = 4.0
-    """To read prompt lengths and prefix matches (characters) as tokens."""
-
-    def check(self, where: str) -> None:
-        from epp.errors import ConfigError
-
-        if self.chars_per_token <= 0:
-            raise ConfigError(f"{where}.charsPerToken", "must be positive")
 
 
-class CacheAwareDecider:
+class CacheAwareDecider(PrefixBasedDecider):
+    params: CacheAwareDeciderParams
+
     def __init__(self, name: str, params: CacheAwareDeciderParams) -> None:
-        self.name = name
+        super().__init__(name, params)
         self.params = params
-
-    def split(self, state: CycleState, decoder: Endpoint) -> bool:
-        p = self.params
-        if p.non_cached_tokens <= 0:
-            return False
-        return uncached_tokens(state, decoder, p.chars_per_token) > p.non_cached_tokens
 
     def confirm(self, state: CycleState, decoder: Endpoint, prefiller: Endpoint) -> bool:
         p = self.params
