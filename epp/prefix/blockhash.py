@@ -60,6 +60,7 @@ class BlockKeys:
     keys: list[int]
     block_size: int
     num_tokens: int
+    """The sequence's tokens (when cut at a block limit, possibly only those keyed)."""
 
 
 class VllmBlockHasher:
@@ -100,16 +101,33 @@ class VllmBlockHasher:
         n = len(token_ids) // bs
         if max_blocks:
             n = min(n, max_blocks)
+        out, _ = self.chain(self.none_hash, token_ids[: n * bs], 0, cache_salt=cache_salt, lora=lora)
+        return BlockKeys(out, bs, len(token_ids))
+
+    def chain(
+        self,
+        parent: bytes,
+        token_ids: Sequence[int],
+        first_block: int,
+        *,
+        cache_salt: str = "",
+        lora: tuple[str, str] | None = None,
+    ) -> tuple[list[int], bytes]:
+        """Continue a chain: the event keys of the full blocks of ``token_ids`` (a trailing
+        partial block is ignored), the first of them block number ``first_block`` of its
+        sequence, hashed after the digest ``parent`` (``none_hash`` at the start). Returns
+        the keys and the digest of the last full block (``parent`` when there is none)."""
+        bs = self.block_size
+        n = len(token_ids) // bs
         encode = self._encode
-        parent = self.none_hash
         out: list[int] = []
         tokens = tuple(token_ids[: n * bs])
         lora_key: tuple[Any, ...] = () if lora is None else (("lora", lora[0], lora[1]),)
         for i in range(n):
             extra: tuple[Any, ...] | None = lora_key
-            if i == 0 and cache_salt:
+            if first_block + i == 0 and cache_salt:
                 extra = (*lora_key, ("cache_salt", cache_salt))
             block = tokens[i * bs : (i + 1) * bs]
             parent = _sha256(encode((parent, block, extra or None))).digest()
             out.append(int.from_bytes(parent[-8:], "big"))
-        return BlockKeys(out, bs, len(token_ids))
+        return out, parent

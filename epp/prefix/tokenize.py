@@ -19,8 +19,10 @@ the Responses API) returns ``None``: the approximate index scores that request.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -109,6 +111,88 @@ class ModelTokenizer:
                 self._template = env.from_string(template)
             except Exception as exc:  # jinja2's TemplateSyntaxError and friends
                 raise TokenizerError(f"{directory}: chat template does not compile: {exc}") from None
+        self._cuts = self._cut_pattern(template if isinstance(template, str) else "")
+        self._special_prefix_only = self._specials_only_prepend()
+
+    # --- segments: where a rendered prompt can be tokenized piece by piece ---------------
+
+    def _cut_pattern(self, template: str) -> re.Pattern[str] | None:
+        """The special tokens a rendered prompt may be cut before, as one pattern, or None.
+
+        The tokenizer splits its input at added tokens before normalizing and
+        pre-tokenizing it, so the text between two of them is tokenized on its own: a prompt
+        cut just before one encodes, piece by piece, to the same ids as whole. That holds
+        for a token matched verbatim (not ``normalized``, ``lstrip`` or ``single_word``),
+        and not for a pre-tokenizer that marks only the input's first word (Metaspace's
+        ``prepend_scheme: first``); a probe checks it. The cuts are the special tokens the
+        chat template writes, and BOS/EOS."""
+        try:
+            spec = json.loads(self.tokenizer.to_str())
+        except ValueError:
+            return None
+        if "first" in json.dumps(spec.get("pre_tokenizer")):  # Metaspace prepend_scheme=first
+            return None
+        names = {self.bos_token, self.eos_token} - {""}
+        for added in spec.get("added_tokens") or ():
+            content = added.get("content", "")
+            if added.get("lstrip") or added.get("single_word") or not content:
+                names.discard(content)
+                continue
+            if content in template:
+                names.add(content)
+        if not names:
+            return None
+        pattern = re.compile("|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)))
+        for name in names:  # the probe: whole and piecewise must agree
+            probe = f"Hi there,\n  {name} 12 words\n\n{name}{name}next  line {name}"
+            whole = self.tokenizer.encode(probe, add_special_tokens=False).ids
+            cuts = [m.start() for m in pattern.finditer(probe)]
+            pieces = [probe[a:b] for a, b in zip([0, *cuts], [*cuts, len(probe)], strict=True) if b > a]
+            split = [i for e in self.tokenizer.encode_batch(pieces, add_special_tokens=False)
+                     for i in e.ids]  # fmt: skip
+            if split != whole:
+                log.info("precise prefix: %s cannot be tokenized piecewise at %r: the token "
+                         "cache reuses whole prompts only", self.directory, name)  # fmt: skip
+                return None
+        return pattern
+
+    def _specials_only_prepend(self) -> bool:
+        """The post-processor's special tokens (with ``add_special_tokens``) all come before
+        the text, so only a prompt's first piece carries them."""
+        plain = self.encode("hello", False)
+        full = self.encode("hello", True)
+        return full[len(full) - len(plain) :] == plain
+
+    def segments(self, text: str, add_special_tokens: bool) -> list[str]:
+        """``text`` cut before each of the special tokens it can be cut at (one piece when
+        there are none): the pieces encode, the first with ``add_special_tokens`` and the
+        others without, to the ids of the whole."""
+        cuts = self._cuts
+        if cuts is None or (add_special_tokens and not self._special_prefix_only):
+            return [text]
+        starts = [m.start() for m in cuts.finditer(text)]
+        if not starts:
+            return [text]
+        bounds = [0, *starts, len(text)]
+        return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+    def disable_segments(self) -> None:
+        """Tokenize prompts whole from now on (a piecewise encoding disagreed)."""
+        self._cuts = None
+
+    def encode_pieces(self, pieces: Sequence[str], first: bool, add_special_tokens: bool) -> list[list[int]]:
+        """The ids of each piece: ``first`` says the first piece starts the prompt (it takes
+        the special tokens when asked for)."""
+        if not pieces:
+            return []
+        out: list[list[int]] = []
+        rest = pieces
+        if first:
+            out.append(self.encode(pieces[0], add_special_tokens))
+            rest = pieces[1:]
+        if rest:
+            out.extend(e.ids for e in self.tokenizer.encode_batch(list(rest), add_special_tokens=False))
+        return out
 
     @property
     def has_chat_template(self) -> bool:
@@ -124,19 +208,6 @@ class ModelTokenizer:
         if add_special_tokens and self.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids.insert(0, bos)
         return ids
-
-    def completion_ids(self, body: Mapping[str, Any]) -> list[int] | None:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            special = body.get("add_special_tokens", True)
-            return self.encode(prompt, special is not False)
-        if isinstance(prompt, list) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            return list(prompt)
-        return None
 
     def render_chat(self, body: Mapping[str, Any]) -> str | None:
         """The chat template's text for ``body``, or None when it cannot be reproduced."""
@@ -178,12 +249,40 @@ class ModelTokenizer:
                     text = text[: cut + len(last.strip())]
         return text
 
-    def chat_ids(self, body: Mapping[str, Any]) -> list[int] | None:
-        text = self.render_chat(body)
-        if text is None:
+    def prompt_text(self, api_value: str, body: Mapping[str, Any]) -> tuple[str, bool] | list[int] | None:
+        """What the server tokenizes for a request body of API ``api_value``: the text and
+        whether it takes the special tokens, or the token ids a completion prompt gives,
+        or None when it cannot be reproduced."""
+        if api_value == "chat_completions":
+            text = self.render_chat(body)
+            if text is None:
+                return None
+            return text, body.get("add_special_tokens", False) is True
+        if api_value != "completions":
             return None
-        special = body.get("add_special_tokens", False)
-        return self.encode(text, special is True)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return prompt, body.get("add_special_tokens", True) is not False
+        if isinstance(prompt, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            return list(prompt)
+        return None
+
+    def ids(self, api_value: str, body: Mapping[str, Any]) -> list[int] | None:
+        """The prompt's token ids for a request body of API ``api_value``, or None."""
+        prompt = self.prompt_text(api_value, body)
+        if prompt is None or isinstance(prompt, list):
+            return prompt
+        return self.encode(*prompt)
+
+    def completion_ids(self, body: Mapping[str, Any]) -> list[int] | None:
+        return self.ids("completions", body)
+
+    def chat_ids(self, body: Mapping[str, Any]) -> list[int] | None:
+        return self.ids("chat_completions", body)
 
 
 class TokenizerPool:
@@ -247,8 +346,4 @@ class TokenizerPool:
 
 def token_ids(tok: ModelTokenizer, api_value: str, body: Mapping[str, Any]) -> Sequence[int] | None:
     """The prompt's token ids for a request body of API ``api_value``, or None."""
-    if api_value == "completions":
-        return tok.completion_ids(body)
-    if api_value == "chat_completions":
-        return tok.chat_ids(body)
-    return None
+    return tok.ids(api_value, body)

@@ -474,11 +474,145 @@ class TenantsWorkload:
             )  # fmt: skip
 
 
+@dataclass(slots=True, frozen=True)
+class AgenticParams:
+    """Agent sessions: a long system prompt (tool schemas), then turns whose context grows by
+    the model's reply and the tool's output each time, until ``max_context`` tokens; now and
+    then a turn fans out into parallel sub-agents that share the parent's context."""
+
+    num_sessions: int = 32
+    rate: float = 0.25
+    """Sessions started per second (Poisson)."""
+    min_turns: int = 10
+    max_turns: int = 60
+    """A session's turns, uniform in [min_turns, max_turns] (fewer if max_context ends it)."""
+    num_system_prompts: int = 4
+    system_prompt_len: int = 4096
+    tool_output_len: int = 1500
+    """Mean tokens a tool's output adds (uniform between 0.2x and 1.8x)."""
+    output_len: int = 200
+    """The model's reply (a tool call) per turn."""
+    turn_gap_s: float = 5.0
+    """Mean seconds between an agent's consecutive calls (exponential): its reply being
+    generated and the tool running. The trace is open-loop, as a recorded trace is."""
+    subagent_share: float = 0.08
+    """Chance that a turn fans out into sub-agents before the session goes on."""
+    subagents: int = 3
+    subagent_turns: int = 4
+    task_len: int = 200
+    """The task a sub-agent gets after its parent's context."""
+    max_context: int = 100_000
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class _AgentTurn:
+    arrival_s: float
+    agent: str
+    parent: str
+    """The agent whose context a sub-agent's first turn starts from ('' otherwise)."""
+    first: bool
+    last: bool
+    tool_tokens: int
+
+
+class AgenticWorkload:
+    """Requests of agent sessions (:class:`AgenticParams`), in arrival order. Session ``s3``
+    has agent ``s3``; its sub-agents are ``s3.1``, ``s3.2``...: each request's
+    ``session_id`` is its agent (what a client sends as its session header)."""
+
+    name = "agentic"
+
+    def __init__(self, p: AgenticParams):
+        if p.min_turns < 1 or p.max_turns < p.min_turns:
+            raise ValueError("workload 'agentic': need 1 <= min_turns <= max_turns")
+        self.p = p
+
+    def _plan(self) -> list[_AgentTurn]:
+        p = self.p
+        rng = random.Random(p.seed)
+        turns: list[_AgentTurn] = []
+        start = 0.0
+        for s in range(p.num_sessions):
+            start += rng.expovariate(p.rate)
+            t = start
+            context = p.system_prompt_len
+            n = rng.randint(p.min_turns, p.max_turns)
+            agent = f"s{s}"
+            forks = 0
+            own: list[_AgentTurn] = []
+            for k in range(n):
+                tool = int(p.tool_output_len * rng.uniform(0.2, 1.8)) if k else 0
+                if context + tool + p.output_len > p.max_context:
+                    break
+                own.append(_AgentTurn(t, agent, "", k == 0, False, tool))
+                context += tool + p.output_len
+                t += rng.expovariate(1.0 / p.turn_gap_s)
+                if k and p.subagents and rng.random() < p.subagent_share:
+                    forks += 1
+                    end = t
+                    for j in range(p.subagents):
+                        sub = f"{agent}.{forks}.{j}"
+                        ts = t + rng.random() * 0.2  # launched together
+                        for m in range(p.subagent_turns):
+                            tool_s = int(p.tool_output_len * rng.uniform(0.2, 1.8)) if m else 0
+                            own.append(_AgentTurn(ts, sub, agent if m == 0 else "", m == 0,
+                                                  m == p.subagent_turns - 1, tool_s))  # fmt: skip
+                            ts += rng.expovariate(1.0 / p.turn_gap_s)
+                        end = max(end, ts)
+                    t = end  # the parent goes on when its sub-agents are done
+            if own:
+                last = max(i for i, x in enumerate(own) if x.agent == agent)
+                own[last].last = True
+            turns.extend(own)
+        turns.sort(key=lambda x: x.arrival_s)
+        return turns
+
+    def __len__(self) -> int:
+        return len(self._plan())
+
+    def requests(self) -> Iterator[TraceRequest]:
+        p = self.p
+        systems = ["<|system|>" + random_text(p.seed << 40 | 10 << 32 | k, _chars(p.system_prompt_len))
+                   for k in range(p.num_system_prompts)]  # fmt: skip
+        latest: dict[str, TraceRequest] = {}
+        """Each agent's latest request (a main agent's stays: its sub-agents fork from it)."""
+        for i, turn in enumerate(self._plan()):
+            agent = turn.agent
+            key = p.seed << 40 | 11 << 32 | (i & 0xFFFFFFFF)
+            task = "<|user|>" + random_text(key, _chars(p.task_len))
+            if turn.first and turn.parent:  # a sub-agent: its parent's context, then a task
+                parent = latest[turn.parent]
+                base = parent.prompt + "<|assistant|>" + reply_text(parent) + task
+            elif turn.first:
+                session = int(agent[1:].split(".")[0])
+                base = systems[session % p.num_system_prompts] + task
+            else:
+                prev = latest[agent]
+                base = (prev.prompt + "<|assistant|>" + reply_text(prev)
+                        + "<|tool|>" + random_text(key, _chars(turn.tool_tokens)))  # fmt: skip
+            request = TraceRequest(
+                request_id=f"r{i}",
+                arrival_s=turn.arrival_s,
+                prompt_tokens=-(-len(base) // CHARS_PER_TOKEN),
+                output_tokens=p.output_len,
+                prompt=base,
+                session_id=agent,
+                api=ApiKind.CHAT,
+            )
+            yield request
+            if turn.last and "." in agent:  # a finished sub-agent
+                latest.pop(agent, None)
+            else:
+                latest[agent] = request
+
+
 GENERATORS: dict[str, tuple[type, Any]] = {
     "shared-prefix": (SharedPrefixParams, SharedPrefixWorkload),
     "chat": (ChatParams, ChatWorkload),
     "rag": (RagParams, RagWorkload),
     "tenants": (TenantsParams, TenantsWorkload),
+    "agentic": (AgenticParams, AgenticWorkload),
 }
 
 
@@ -556,6 +690,8 @@ def scaled_rate(workload: Workload, rate: float) -> Workload:
 
 __all__ = [
     "DEFAULT_TRACE",
+    "AgenticParams",
+    "AgenticWorkload",
     "ChatParams",
     "ChatWorkload",
     "MooncakeTrace",

@@ -9,7 +9,8 @@ from typing import Protocol
 from epp.framework.request import InferenceRequest
 from epp.plugins.preciseprefix.params import PreciseIndexConfig
 from epp.prefix.blockhash import BlockKeys, VllmBlockHasher
-from epp.prefix.tokenize import TokenizerPool, token_ids
+from epp.prefix.keycache import PrefixKeyCache
+from epp.prefix.tokenize import TokenizerPool
 
 
 class BlockKeyer(Protocol):
@@ -26,8 +27,13 @@ class TokenizingKeyer:
         self.pool = TokenizerPool(params.tokenizers, params.tokenizer_dir)
         self.lora_paths = dict(params.lora_paths)
         self.max_blocks = params.max_blocks
+        self.cache = (PrefixKeyCache(self.hasher, params.key_cache_tokens,
+                                     params.key_cache_verify_every)
+                      if params.key_cache_tokens > 0 else None)  # fmt: skip
         self.seconds = 0.0
         self.count = 0
+        self.tokens = 0
+        """Tokens of the prompts keyed."""
 
     def keys(self, request: InferenceRequest) -> BlockKeys | str:
         body = request.body
@@ -49,13 +55,20 @@ class TokenizingKeyer:
         if tok is None:
             return "no-tokenizer"
         t0 = time.perf_counter()
-        ids = token_ids(tok, request.api.value, body)
-        if ids is None:
+        prompt = tok.prompt_text(request.api.value, body)
+        if prompt is None:
             return "not-reproducible"
-        keys = self.hasher.keys(ids, cache_salt=request.cache_salt, lora=lora,
-                                max_blocks=self.max_blocks)  # fmt: skip
+        salt = request.cache_salt
+        if isinstance(prompt, list):  # token ids: nothing to tokenize
+            keys = self.hasher.keys(prompt, cache_salt=salt, lora=lora, max_blocks=self.max_blocks)
+        elif self.cache is not None:
+            keys = self.cache.keys(tok, *prompt, cache_salt=salt, lora=lora, max_blocks=self.max_blocks)
+        else:
+            keys = self.hasher.keys(tok.encode(*prompt), cache_salt=salt, lora=lora,
+                                    max_blocks=self.max_blocks)  # fmt: skip
         self.seconds += time.perf_counter() - t0
         self.count += 1
+        self.tokens += keys.num_tokens
         return keys
 
     def _base_model(self, request: InferenceRequest) -> str:

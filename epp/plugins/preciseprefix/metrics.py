@@ -9,7 +9,11 @@ block-size, index-full, unknown-topic, unknown-endpoint, unknown-type, reader-er
 ``epp_precise_index_blocks`` entries held, ``epp_precise_index_blocks_refused_total``,
 ``epp_precise_speculative_expired_total``; ``epp_precise_unkeyed_requests_total{reason}``
 (requests the approximate index scored instead); ``epp_precise_tokenize_seconds`` (a summary:
-tokenizing and keying, per keyed request).
+tokenizing and keying, per keyed request); the key cache's
+``epp_precise_key_cache_tokens_total{source}`` (prompt tokens whose keys were ``reused`` or
+``encoded``), ``epp_precise_key_cache_tokens_held``, ``epp_precise_key_cache_nodes``,
+``epp_precise_key_cache_evictions_total``, ``epp_precise_key_cache_verifications_total
+{outcome}`` (``match`` / ``mismatch``: piecewise keying then turned off for that tokenizer).
 """
 
 from __future__ import annotations
@@ -91,3 +95,30 @@ class PreciseCollector(Collector):
                 "Tokenizing, templating and keying a request.",
                 count_value=keyer.count, sum_value=keyer.seconds,
             )  # fmt: skip
+            cache = keyer.cache
+            if cache is not None:
+                cs = cache.stats
+                tokens = CounterMetricFamily(
+                    "epp_precise_key_cache_tokens",
+                    "Prompt tokens keyed, by whether their keys were reused from the key cache "
+                    "or tokenized and hashed.", labels=["source"],
+                )  # fmt: skip
+                tokens.add_metric(["reused"], cs.tokens_reused)
+                tokens.add_metric(["encoded"], cs.tokens_encoded)
+                yield tokens
+                yield GaugeMetricFamily("epp_precise_key_cache_tokens_held",
+                                        "Tokens (with node overhead) the key cache holds.",
+                                        value=cache.size)  # fmt: skip
+                yield GaugeMetricFamily("epp_precise_key_cache_nodes",
+                                        "Prompt pieces the key cache holds.", value=cache.nodes)  # fmt: skip
+                yield CounterMetricFamily("epp_precise_key_cache_evictions",
+                                          "Pieces evicted from the key cache.",
+                                          value=cs.evicted_nodes)  # fmt: skip
+                checks = CounterMetricFamily(
+                    "epp_precise_key_cache_verifications",
+                    "Cached keyings checked against the whole prompt, by outcome.",
+                    labels=["outcome"],
+                )  # fmt: skip
+                checks.add_metric(["match"], cs.verified - cs.mismatches)
+                checks.add_metric(["mismatch"], cs.mismatches)
+                yield checks

@@ -28,6 +28,14 @@ class PreciseIndexConfig:
     """LoRA adapter name -> its path on the servers (part of vLLM's block hash)."""
     max_blocks: int = 0
     """Key at most this many leading blocks of a prompt; 0 keys all of them."""
+    key_cache_tokens: int = 16_000_000
+    """Prompt tokens whose block keys are kept (about 1.6 bytes a token at block size 16 on
+    agent prompts, measured by ``bench/bench_long_prompts.py``), so that a prompt extending a recent one (the
+    next turn of a conversation or an agent) is tokenized and hashed only past the known
+    part. 0 tokenizes every prompt whole."""
+    key_cache_verify_every: int = 1000
+    """One in this many prompts keyed from cached pieces is also keyed whole and compared
+    (a mismatch turns piecewise keying off for that tokenizer, logged and counted); 0 never."""
     speculative_ttl_seconds: float = 10.0
     """How long a pick counts as held before the server's events confirm it. Long enough
     to cover a request's wait in the server's queue (its blocks are announced when it is

@@ -1,0 +1,249 @@
+"""epp's CPU per request on long agentic prompts (issue 42): approximate and precise modes
+at 8k / 32k / 100k / 200k tokens and 8 / 96 / 512 endpoints.
+
+Each measured request is an agent's next turn: a conversation of N tokens whose first 90% is
+the session's previous prompt (keyed before, as the previous turn was), and whose last 10%
+is new (a tool call and its output, random each time). Sessions are distinct (6 per size);
+the indexes hold real matches (the precise index has each session's blocks on two endpoints,
+the approximate one learnt them from its own picks). One request = parse the JSON body as
+epp does + key it (precise: the model's chat template, tokenizer and vLLM's block hashes,
+DeepSeek-V3's tokenizer, block size 16) + schedule it with the shipped default profile's
+scorers over the pool. Timed by CPU time (process-wide, so the tokenizer's worker threads
+count) and wall time; medians.
+
+Columns: ``approx`` the default approximate mode; ``precise`` with the key cache (the known
+prefix's keys reused); ``whole`` precise with the key cache off (every prompt tokenized whole:
+what epp did before); and the key cache's memory after the run (tracemalloc), per token held.
+
+Run: ./run bench long_prompts [--quick]
+Targets (issue 42): at 100k tokens / 96 endpoints with a known 90k prefix, approx <= 2 ms and
+precise <= 20 ms of CPU per request; memory bounded (``keyCacheTokens``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from epp.config.loader import parse_config  # noqa: E402
+from epp.datastore.store import Datastore  # noqa: E402
+from epp.framework.endpoint import Endpoint, EndpointId, Metrics  # noqa: E402
+from epp.plugins.preciseprefix import PrecisePrefixProducer, TokenizingKeyer  # noqa: E402
+from epp.request.parse import RequestParser  # noqa: E402
+from epp.request.settings import RequestControlConfig  # noqa: E402
+from epp.wiring import build_scheduler  # noqa: E402
+
+SIZES = (8_000, 32_000, 100_000, 200_000)
+POOLS = (8, 96, 512)
+SESSIONS = 6
+WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "on", "with", "as", "by", "at",
+         "from", "order", "parcel", "shipping", "tool", "result", "json", "error", "file",
+         "line", "def", "return", "import", "class", "self", "value", "None", "True", "0", "1",
+         "12", "3.5", "(", ")", "{", "}", "[", "]", ":", ",", ".", "=", "==", "->", "#",
+         "path/to/file.py", "Traceback")
+PATH = "/v1/chat/completions"
+HEADERS = {"content-type": "application/json"}
+SCORERS = [("prefix-cache-scorer", 3), ("queue-scorer", 2), ("kv-cache-utilization-scorer", 2)]
+
+
+def words(rng: random.Random, n: int) -> str:
+    out = []
+    for i in range(n):
+        out.append(rng.choice(WORDS))
+        out.append("\n" if i % 17 == 16 else " ")
+    return "".join(out)
+
+
+def grow(rng: random.Random, tokens_per_word: float, target_tokens: int,
+         msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
+    """``msgs`` and turns after them (an assistant's tool call, the tool's output as the
+    next user turn) of about ``target_tokens`` tokens in all."""
+    out = list(msgs)
+    left = target_tokens / tokens_per_word  # words
+    while left > 0:
+        output = max(20, min(1500, int(left) - 40))
+        out.append({"role": "assistant", "content": f'<tool_call>{{"name": "run", "args": "{words(rng, 40)}"}}</tool_call>'})
+        out.append({"role": "user", "content": words(rng, output)})
+        left -= 40 + output
+    return out
+
+
+def session(rng: random.Random, tokens_per_word: float, tokens: int) -> list[dict[str, Any]]:
+    """A conversation of about ``tokens`` tokens: a system prompt, then tool turns."""
+    system = min(1500, int(tokens / tokens_per_word / 2))
+    rest = tokens - int(system * tokens_per_word)
+    return grow(rng, tokens_per_word, rest, [{"role": "system", "content": words(rng, system)}])
+
+
+def body(msgs: list[dict[str, Any]]) -> bytes:
+    return json.dumps({"model": "tiny", "messages": msgs, "max_tokens": 64}).encode()
+
+
+def config(mode: str, tokenizer: Path, key_cache: bool) -> Any:
+    plugins: list[dict[str, Any]] = []
+    if mode != "approx":
+        plugins.append({"type": "precise-prefix-cache-producer", "parameters": {
+            "blockSize": 16, "tokenizers": {"tiny": str(tokenizer)},
+            "keyCacheTokens": 16_000_000 if key_cache else 0}})  # fmt: skip
+    plugins += [{"type": name} for name, _ in SCORERS] + [{"type": "max-score-picker"}]
+    refs = [{"pluginRef": name, "weight": w} for name, w in SCORERS] + [{"pluginRef": "max-score-picker"}]
+    return parse_config({"plugins": plugins, "schedulingProfiles": [{"plugins": refs}]})
+
+
+def pool(n: int, rng: random.Random) -> list[Endpoint]:
+    return [Endpoint(EndpointId(f"10.1.{i // 250}.{i % 250}:8000"), f"10.1.{i // 250}.{i % 250}", 8000,
+                     metrics=Metrics(waiting=rng.randint(0, 4), kv_usage=rng.random() * 0.8,
+                                     scraped_at_s=1.0))
+            for i in range(n)]  # fmt: skip
+
+
+@dataclass
+class Measured:
+    cpu_ms: float
+    wall_ms: float
+    tokens: int = 0
+    """The measured prompts' mean length in tokens (precise mode)."""
+    encoded: int = 0
+    """Tokens tokenized per request (the rest came from the key cache)."""
+
+
+def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: float,
+            new_tokens: int, key_cache: bool = True) -> Measured:  # fmt: skip
+    """Median CPU and wall milliseconds per request."""
+    gc.collect()
+    rng = random.Random(size + n_pool)
+    sched = build_scheduler(config(mode, tokenizer, key_cache), random.Random(1))
+    parser = RequestParser(RequestControlConfig(max_body_bytes=64 << 20))
+    eps = pool(n_pool, rng)
+    store = Datastore()
+    for e in eps:
+        store.upsert(e)
+        sched.observe_endpoint(e)
+    precise = sched.plugin(PrecisePrefixProducer)
+    sessions = [session(rng, tpw, size - new_tokens) for _ in range(SESSIONS)]
+    now = 2.0
+
+    def decide(data: bytes) -> Any:
+        req = parser.parse(PATH, HEADERS, data).request
+        if precise is not None:
+            precise.prepare_request(req)
+        return sched.schedule(req, store.snapshot(), now)
+
+    # the previous turns: each session's prompt keyed once and placed (its blocks on two
+    # endpoints in the precise index; the approximate index learns from the pick)
+    for i, msgs in enumerate(sessions):
+        result = decide(body(msgs))
+        if precise is not None:
+            keyed = precise.keyer.keys(parser.parse(PATH, HEADERS, body(msgs)).request)
+            assert not isinstance(keyed, str), keyed
+            for e in (eps[i % n_pool], eps[(i + 1) % n_pool]):
+                precise.index.store(e.id, keyed.keys)
+        del result
+    warm_encoded = 0
+    if precise is not None and isinstance(precise.keyer, TokenizingKeyer):
+        precise.keyer.count = precise.keyer.tokens = 0
+        if precise.keyer.cache is not None:
+            warm_encoded = precise.keyer.cache.stats.tokens_encoded
+    cpu, wall = [], []
+    for r in range(reps):
+        now += 0.01
+        s = sessions[r % SESSIONS]
+        msgs = grow(rng, tpw, new_tokens, s)  # the new turn
+        data = body(msgs)
+        c0, w0 = time.process_time(), time.perf_counter()
+        decide(data)
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - w0)
+    out = Measured(statistics.median(cpu) * 1e3, statistics.median(wall) * 1e3)
+    if precise is not None and isinstance(precise.keyer, TokenizingKeyer):
+        keyer = precise.keyer
+        out.tokens = int(keyer.tokens / max(keyer.count, 1))
+        if keyer.cache is not None:
+            st = keyer.cache.stats
+            out.encoded = int((st.tokens_encoded - warm_encoded) / reps)
+    return out
+
+
+def key_cache_memory(tokenizer: Path, size: int, tpw: float) -> tuple[int, int, int]:
+    """Bytes tracemalloc sees the key cache allocate while keying SESSIONS sessions of
+    ``size`` tokens (each then a next turn), the tokens it holds, and its nodes."""
+    from epp.framework.request import ApiKind, InferenceRequest
+
+    sched = build_scheduler(config("precise", tokenizer, True), random.Random(1))
+    precise = sched.plugin(PrecisePrefixProducer)
+    assert precise is not None and isinstance(precise.keyer, TokenizingKeyer)
+    cache = precise.keyer.cache
+    assert cache is not None
+    rng = random.Random(3)
+    convs = [session(rng, tpw, size) for _ in range(SESSIONS)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for msgs in convs:
+        for m in (msgs, grow(rng, tpw, 2000, msgs)):
+            precise.keyer.keys(InferenceRequest("r", "tiny", "", api=ApiKind.CHAT,
+                                                body={"model": "tiny", "messages": m}))  # fmt: skip
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return held, cache.size, cache.nodes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="8k and 100k tokens, 8 and 96 endpoints")
+    args = ap.parse_args()
+    from simulator.vllm import ensure_tokenizer
+
+    tokenizer = ensure_tokenizer()
+    sizes = (8_000, 100_000) if args.quick else SIZES
+    pools = (8, 96) if args.quick else POOLS
+    reps = 6 if args.quick else 12
+    from epp.prefix.tokenize import ModelTokenizer
+
+    tok = ModelTokenizer(tokenizer)
+    sample = words(random.Random(0), 20_000)
+    c0 = time.process_time()
+    n_sample = len(tok.encode(sample, False))
+    us_per_token = (time.process_time() - c0) / n_sample * 1e6
+    tpw = n_sample / 20_000
+    print(f"# epp CPU per request on long agentic prompts ({platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, tokenizer: DeepSeek-V3's ({tokenizer}), "
+          f"{us_per_token:.2f} us of CPU per token on this text)")
+    print("A request is a session's previous prompt (keyed before) + a new turn of `new` tokens.")
+    print("CPU ms per request (wall ms), median of the requests: parse the body + key + schedule.")
+    print("`tokenizer` is what tokenizing the new tokens alone costs at the rate above.\n")
+    print(f"{'tokens':>8} {'new':>6} {'endpoints':>9} | {'approx':>15} | {'precise':>15} | {'whole':>17} "
+          f"| whole/precise | tokenizer")
+    for size in sizes:
+        for new in sorted({size // 10, 2_000}):
+            for n in pools:
+                a = measure("approx", size, n, tokenizer, reps, tpw, new)
+                p = measure("precise", size, n, tokenizer, reps, tpw, new)
+                w = measure("precise", size, n, tokenizer, max(3, reps // 3), tpw, new, key_cache=False)
+                print(f"{p.tokens:>8,} {p.encoded:>6,} {n:>9} | {a.cpu_ms:6.2f} ({a.wall_ms:6.2f}) | "
+                      f"{p.cpu_ms:6.2f} ({p.wall_ms:6.2f}) | {w.cpu_ms:7.1f} ({w.wall_ms:7.1f}) | "
+                      f"{w.cpu_ms / p.cpu_ms:12.1f}x | {p.encoded * us_per_token / 1e3:6.1f} ms", flush=True)
+    held, tokens, nodes = key_cache_memory(tokenizer, 100_000, tpw)
+    print(f"\nkey cache after {SESSIONS} sessions of ~100k tokens (+ a next turn each): {tokens:,} tokens held "
+          f"(with node overhead), {nodes:,} nodes, {held / 1e6:.1f} MB traced = {held / max(tokens, 1):.2f} "
+          f"bytes per token; bounded by keyCacheTokens (default 16M tokens, ~{16e6 * held / max(tokens, 1) / 1e6:.0f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
