@@ -4,11 +4,13 @@
       - 10.0.0.1:8000
       - {address: 10.0.0.2, port: 8000, metricsPort: 9000, engine: sglang, labels: {zone: a}}
       - {address: 10.0.0.3, port: 8000, role: prefill}
+      - {address: 10.0.0.4, port: 8001, rank: 1}
 
 An entry may carry ``engine`` (``vllm`` by default, or ``sglang``): it picks the metric names
 the scraper reads. ``metricsPort`` defaults to the serving port. ``role`` (``prefill``,
 ``decode``, ``prefill-decode``) is its role in a disaggregated pool: the ``llm-d.ai/role``
-label pods carry (docs/disaggregation.md).
+label pods carry (docs/disaggregation.md). ``rank`` is a data-parallel rank's index on its
+host (0 by default): its KV events are read at ``eventsPort + rank``, as vLLM offsets them.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class _StaticEndpoint(BaseModel):
     labels: dict[str, str] = {}
     role: Literal["", "prefill", "decode", "prefill-decode", "both"] = ""
     """Shorthand for the ``llm-d.ai/role`` label."""
+    rank: int = Field(0, ge=0, le=1023)
+    """Data-parallel rank (its KV events at ``eventsPort + rank``)."""
 
 
 def endpoints_from_config(raw: Mapping[str, Any] | None) -> list[Endpoint]:
@@ -76,11 +80,12 @@ def endpoints_from_config(raw: Mapping[str, Any] | None) -> list[Endpoint]:
         labels = dict(e.labels)
         if e.role:
             labels[ROLE_LABEL] = e.role
-        out.append(_endpoint(e.address, e.port, e.metrics_port, e.engine, labels))
+        out.append(_endpoint(e.address, e.port, e.metrics_port, e.engine, labels, e.rank))
     return _unique(out, CONFIG_SECTION)
 
 
-def _endpoint(host: str, port: int, metrics_port: int, engine: str, labels: dict[str, str]) -> Endpoint:
+def _endpoint(host: str, port: int, metrics_port: int, engine: str, labels: dict[str, str],
+              rank: int = 0) -> Endpoint:  # fmt: skip
     if engine:
         labels[ENGINE_LABEL] = engine
     return Endpoint(
@@ -89,6 +94,7 @@ def _endpoint(host: str, port: int, metrics_port: int, engine: str, labels: dict
         port=port,
         labels=MappingProxyType(labels),
         metrics_port=metrics_port,
+        rank=rank,
     )
 
 

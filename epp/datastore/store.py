@@ -216,4 +216,5 @@ class _InFlightView(Mapping[EndpointId, int]):
 
 def _with_pending(e: Endpoint, pending: int) -> Endpoint:
     """``dataclasses.replace`` for the per-request field, 4x cheaper (request path)."""
-    return Endpoint(e.id, e.address, e.port, e.labels, e.metrics, pending, e.metrics_port, e.stale)
+    return Endpoint(e.id, e.address, e.port, e.labels, e.metrics, pending, e.metrics_port, e.stale,
+                    e.rank)

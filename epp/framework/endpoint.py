@@ -66,6 +66,9 @@ class Endpoint:
     pending: int = 0
     metrics_port: int = 0
     stale: bool = False
+    rank: int = 0
+    """Data-parallel rank: the endpoint's index among its pod's ports (an InferencePool's
+    ``targetPorts``, one per rank). vLLM offsets a rank's KV-event and replay ports by it."""
     queue: int = field(init=False, default=0, compare=False)
     """Waiting requests, plus those epp sent since the last scrape could see them (derived;
     stored because every scheduling cycle reads it for every endpoint)."""

@@ -16,7 +16,17 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from epp.framework.interfaces import DataProducer, Filter, Picker, ProfileHandler, Scorer
-from epp.plugins import cacheaware, conformance, disagg, filters, pickers, scorers, session, ttft
+from epp.plugins import (
+    cacheaware,
+    conformance,
+    disagg,
+    filters,
+    pickers,
+    scorers,
+    session,
+    tokenload,
+    ttft,
+)
 from epp.plugins.approxprefix import APPROX_PREFIX_PRODUCER, PrefixIndexConfig, PrefixProducer
 from epp.plugins.preciseprefix import (
     PRECISE_PREFIX_PRODUCER,
@@ -107,6 +117,14 @@ _ALL: dict[str, PluginType[Any]] = {
         session.SessionAffinityScorer, session.SessionAffinityParams, "scorer",
         "the endpoint that served the session's last request (session id from a header or "
         "the body) until it saturates",
+    ),
+    "token-load-scorer": PluginType(
+        tokenload.TokenLoadScorer, tokenload.TokenLoadParams, "scorer",
+        "fewer tokens in flight (held in KV, prefill weighted higher) scores higher",
+    ),
+    "token-load-filter": PluginType(
+        tokenload.TokenLoadFilter, tokenload.TokenLoadParams, "filter",
+        "keep endpoints whose tokens in flight are under maxTokens / maxShare of KV (all if none)",
     ),
     "lora-affinity-scorer": PluginType(
         scorers.LoraAffinityScorer, scorers.LoraAffinityScorerParams, "scorer",

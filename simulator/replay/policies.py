@@ -68,6 +68,10 @@ from simulator.model.tokens import CHARS_PER_TOKEN
 from simulator.replay.radix import ApproxRadixTree
 from simulator.replay.workload import TraceRequest
 
+SESSION_HEADER = "x-session-id"
+"""The header a replayed request carries its session in (the workload's ``session_id``: a
+conversation, an agent), as a client would send it; ``session-affinity-scorer`` reads it."""
+
 
 @dataclass(slots=True, frozen=True)
 class Arrival:
@@ -303,8 +307,9 @@ class _EppBase(Policy):
             self.scheduler.sweep(now_s)
             self.next_sweep_s = now_s + self.sweep_interval_s
         r = arrival.request
+        headers = {SESSION_HEADER: r.session_id} if r.session_id else {}
         request = InferenceRequest(r.request_id, self.model, r.prompt, api=r.api,
-                                   priority=r.priority)  # fmt: skip
+                                   priority=r.priority, headers=headers)  # fmt: skip
         flow = self.director.flow
         if flow is not None:  # as epp serve's admission does, on the simulated clock
             offer = flow.offer(request, r.tenant or self.model, len(r.prompt), now_s)

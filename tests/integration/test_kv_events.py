@@ -20,6 +20,7 @@ import zmq.asyncio
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.request import ApiKind, InferenceRequest
 from epp.plugins.preciseprefix import PreciseIndexConfig, PrecisePrefixProducer
+from epp.plugins.preciseprefix.events import Kind, KvEvent, encode
 from epp.plugins.preciseprefix.subscriber import KvEventSubscriber
 from simulator.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from tests.wordlevel import write_tokenizer
@@ -261,3 +262,63 @@ async def test_a_reader_that_fails_is_counted_and_restarted(
     finally:
         await sub.close()
         await emu.close()
+
+
+def _two_free_ports(ctx: zmq.asyncio.Context) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket, int]:
+    """Two PUB sockets bound on consecutive ports (a rank's events port is offset by its rank)."""
+    for _ in range(50):
+        first = ctx.socket(zmq.PUB)
+        port = first.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=60000)
+        second = ctx.socket(zmq.PUB)
+        try:
+            second.bind(f"tcp://127.0.0.1:{port + 1}")
+        except zmq.ZMQError:
+            first.close(linger=0)
+            second.close(linger=0)
+            continue
+        return first, second, port
+    raise AssertionError("no two consecutive free ports")
+
+
+async def test_data_parallel_ranks_are_endpoints_with_their_own_event_sockets() -> None:
+    """Two ranks on one host (one address, two serving ports): each rank's events come from
+    eventsPort + rank and land on that rank's endpoint only; one rank's publisher dying leaves
+    the other's events flowing."""
+    ctx = zmq.asyncio.Context.instance()
+    pub0, pub1, port = _two_free_ports(ctx)
+    params = PreciseIndexConfig(block_size=16, events_port=port)
+    producer = PrecisePrefixProducer("precise", params)
+    sub = KvEventSubscriber(producer)
+    producer.on_endpoints(sub.endpoint_changed)
+    rank0, rank1 = EndpointId("127.0.0.1:9001"), EndpointId("127.0.0.1:9002")
+    producer.observe_endpoint(Endpoint(rank0, "127.0.0.1", 9001))
+    producer.observe_endpoint(Endpoint(rank1, "127.0.0.1", 9002, rank=1))
+    seq = [0, 0]
+
+    async def publish(sock: zmq.asyncio.Socket, rank: int, keys: list[int]) -> None:
+        await sock.send_multipart(encode("kv", seq[rank], 0.0, [KvEvent(Kind.STORED, keys, "GPU", None, 16)],
+                                         dp_rank=rank))  # fmt: skip
+        seq[rank] += 1
+
+    def holds(eid: EndpointId, keys: list[int]) -> bool:
+        return producer.index.match(keys, [eid], 0.0) == {eid: len(keys)}
+
+    try:
+        for i in range(400):  # PUB/SUB: batches before the subscriptions form are lost
+            await publish(pub0, 0, [1000 + i])
+            await publish(pub1, 1, [2000 + i])
+            await asyncio.sleep(0.01)
+            if holds(rank0, [1000 + i]) and holds(rank1, [2000 + i]):
+                break
+        await publish(pub0, 0, [11, 12])
+        await publish(pub1, 1, [21, 22])
+        await until(lambda: holds(rank0, [11, 12]) and holds(rank1, [21, 22]), "each rank's blocks")
+        assert producer.index.match([21, 22], [rank0], 0.0) == {}  # nothing crossed over
+        assert producer.index.match([11, 12], [rank1], 0.0) == {}
+        pub1.close(linger=0)  # rank 1's server dies
+        await publish(pub0, 0, [31])
+        await until(lambda: holds(rank0, [31]), "rank 0 still live")
+    finally:
+        pub0.close(linger=0)
+        pub1.close(linger=0)
+        await sub.close()

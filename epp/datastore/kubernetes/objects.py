@@ -106,15 +106,17 @@ def pod_is_member(pod: RawObject) -> bool:
 
 
 def pod_endpoints(pod: RawObject, spec: PoolSpec) -> list[Endpoint]:
-    """The endpoints a pod contributes: one per target port, or none."""
+    """The endpoints a pod contributes: one per target port (a data-parallel rank each, in
+    the order the pool lists them), or none."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
     if not spec.selects(labels) or not pod_is_member(pod):
         return []
     ip = str(pod["status"]["podIP"])
     frozen = MappingProxyType(dict(labels))
     return [
-        Endpoint(id=endpoint_id(ip, port), address=ip, port=port, labels=frozen, metrics_port=port)
-        for port in spec.target_ports
+        Endpoint(id=endpoint_id(ip, port), address=ip, port=port, labels=frozen, metrics_port=port,
+                 rank=rank)
+        for rank, port in enumerate(spec.target_ports)
     ]
 
 

@@ -109,6 +109,7 @@ class PrecisePrefixProducer:
         """Where ``prepare`` leaves the events-only match for ``post_pick``."""
         self._events: dict[EndpointId, _EndpointEvents] = {}
         self._known: set[EndpointId] = set()
+        self._ranks: dict[EndpointId, int] = {}
         self._endpoint_listeners: list[Callable[[EndpointId, bool], None]] = []
         self._prepared: dict[int, tuple[InferenceRequest, BlockKeys | str]] = {}
         """Keys computed by ``prepare_request`` (a worker thread), by request identity."""
@@ -350,15 +351,22 @@ class PrecisePrefixProducer:
         subscriber connects and disconnects with them)."""
         self._endpoint_listeners.append(listener)
 
+    def rank_of(self, endpoint_id: EndpointId) -> int:
+        """The endpoint's data-parallel rank (its event and replay ports are offset by it)."""
+        return self._ranks.get(endpoint_id, 0)
+
     def observe_endpoint(self, endpoint: Endpoint) -> None:
         if endpoint.id not in self._known:
             self._known.add(endpoint.id)
+            if endpoint.rank:
+                self._ranks[endpoint.id] = endpoint.rank
             for listener in self._endpoint_listeners:
                 listener(endpoint.id, True)
 
     def remove_endpoint(self, endpoint_id: EndpointId) -> None:
         if endpoint_id in self._known:
             self._known.discard(endpoint_id)
+            self._ranks.pop(endpoint_id, None)
             self._events.pop(endpoint_id, None)
             self.index.clear(endpoint_id)
             for listener in self._endpoint_listeners:

@@ -3,9 +3,12 @@
 Two modes (``eventsMode`` of the ``precise-prefix-cache-producer``):
 
 * ``connect`` (default): one SUB socket per endpoint, connected to
-  ``tcp://<endpoint ip>:<eventsPort>`` when the endpoint joins the pool and closed when it
-  leaves. Servers bind their PUB socket (``"endpoint": "tcp://*:5557"``), so any number of
-  epp replicas can listen to every server.
+  ``tcp://<endpoint ip>:<eventsPort + rank>`` when the endpoint joins the pool and closed
+  when it leaves. Servers bind their PUB socket (``"endpoint": "tcp://*:5557"``), so any
+  number of epp replicas can listen to every server. A data-parallel rank publishes on the
+  port offset by its rank (vLLM does this), and its endpoint carries that rank (its index
+  among the pool's ``targetPorts``, or a static endpoint's ``rank``): each rank is its own
+  endpoint, with its own socket, index entries and failures.
 * ``bind``: one SUB socket bound at ``eventsEndpoint``; servers connect to it and are told
   apart by their topic (``kv@<ip>:<port>@<model>``).
 
@@ -97,7 +100,8 @@ class KvEventSubscriber:
             self.on_failure(kind)
 
     async def _read_endpoint(self, endpoint_id: EndpointId) -> None:
-        address = f"tcp://{_host(endpoint_id)}:{self.params.events_port}"
+        port = self.params.events_port + self.producer.rank_of(endpoint_id)
+        address = f"tcp://{_host(endpoint_id)}:{port}"
         sock = self._socket()
         try:
             sock.connect(address)
@@ -147,7 +151,8 @@ class KvEventSubscriber:
 
     async def _replay(self, endpoint_id: EndpointId, start_seq: int) -> list[EventBatch] | None:
         """Every batch from ``start_seq`` on, from the server's replay socket, or None."""
-        address = f"tcp://{_host(endpoint_id)}:{self.params.replay_port}"
+        port = self.params.replay_port + self.producer.rank_of(endpoint_id)
+        address = f"tcp://{_host(endpoint_id)}:{port}"
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + 4096)

@@ -42,9 +42,9 @@ def test_pod_membership(obj: dict[str, Any], expected: list[str]) -> None:
 def test_one_endpoint_per_target_port_with_labels_and_metrics_port() -> None:
     spec = PoolSpec(match_labels={"app": "vllm"}, target_ports=(8000, 8001))
     eps = pod_endpoints(pod("a", "10.0.0.1", {"app": "vllm", "zone": "b"}), spec)
-    assert [(e.id, e.port, e.metrics_port) for e in eps] == [
-        ("10.0.0.1:8000", 8000, 8000),
-        ("10.0.0.1:8001", 8001, 8001),
+    assert [(e.id, e.port, e.metrics_port, e.rank) for e in eps] == [
+        ("10.0.0.1:8000", 8000, 8000, 0),
+        ("10.0.0.1:8001", 8001, 8001, 1),  # a data-parallel rank per port, in order
     ]
     assert dict(eps[0].labels) == {"app": "vllm", "zone": "b"}
 

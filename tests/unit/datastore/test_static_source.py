@@ -29,6 +29,9 @@ def test_config_section() -> None:
         {"staticEndpoints": ["10.0.0.1:8000", {"address": "10.0.0.2", "port": 8000, "metricsPort": 9000, "engine": "sglang", "labels": {"zone": "a"}}]}
     )
     assert eps[1].metrics_port == 9000 and eps[1].labels == {"zone": "a", ENGINE_LABEL: "sglang"}
+    ranks = endpoints_from_config({"staticEndpoints": [{"address": "10.0.0.2", "port": 8000},
+                                                       {"address": "10.0.0.2", "port": 8001, "rank": 1}]})  # fmt: skip
+    assert [e.rank for e in ranks] == [0, 1]
     with pytest.raises(ConfigError) as info:
         endpoints_from_config({"staticEndpoints": [{"address": "x", "port": 0}]})
     assert info.value.field == "staticEndpoints[0].port"

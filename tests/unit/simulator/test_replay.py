@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +20,10 @@ from simulator.replay.workload import (
     SharedPrefixParams,
     SharedPrefixWorkload,
     TraceRequest,
+    build_generator,
     engine_block_hashes,
     random_text,
+    reply_text,
 )
 
 TRACE = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -450,3 +453,27 @@ def test_the_scrape_period_follows_the_epp_config_unless_the_replay_sets_one(
         return
     assert all(abs(t / expected - round(t / expected)) < 1e-6 for t in during if t > 1e-9)
     assert len(during) == pytest.approx(last_arrival / expected, abs=2)
+
+
+def test_agent_sessions_grow_their_context_and_sub_agents_start_from_their_parents() -> None:
+    w = build_generator("agentic", {"num_sessions": 6, "rate": 1, "min_turns": 8, "max_turns": 12,
+                                    "subagent_share": 0.5, "max_context": 30_000,
+                                    "tool_output_len": 800, "system_prompt_len": 1000})  # fmt: skip
+    reqs = list(w.requests())
+    assert len(reqs) == len(w) and reqs == sorted(reqs, key=lambda r: r.arrival_s)
+    by_agent: dict[str, list[TraceRequest]] = {}
+    for r in reqs:
+        by_agent.setdefault(r.session_id, []).append(r)
+    mains = [a for a in by_agent if "." not in a]
+    subs = [a for a in by_agent if "." in a]
+    assert len(mains) == 6 and subs  # sub-agents were spawned
+    for agent, turns in by_agent.items():
+        for prev, nxt in itertools.pairwise(turns):  # each turn extends the last with its reply
+            assert nxt.prompt.startswith(prev.prompt + "<|assistant|>" + reply_text(prev) + "<|tool|>")
+        if "." in agent:  # a sub-agent starts from its parent's latest turn and reply
+            parent = [r for r in by_agent[agent.split(".")[0]] if r.arrival_s < turns[0].arrival_s][-1]
+            assert turns[0].prompt.startswith(parent.prompt + "<|assistant|>" + reply_text(parent))
+    assert max(r.prompt_tokens for r in by_agent[mains[0]]) <= 30_000 + 1_000  # max_context
+    # sessions of one system prompt share it; the epp default replays them with sessions on
+    result = Replayer(ReplayConfig(replicas=4, kv_blocks=4096)).run(w, policy_factory("epp:agentic")[1], "a")
+    assert summarize(result).hit_rate > 0.8
