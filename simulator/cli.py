@@ -46,11 +46,18 @@ def _replay(subparsers: Any) -> None:
     register(subparsers)
 
 
+def _trace(subparsers: Any) -> None:
+    from simulator.replay.tracecli import register
+
+    register(subparsers)
+
+
 SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "emulate": _emulate,
     "gateway": _gateway,
     "stack": _stack,
     "replay": _replay,
+    "trace": _trace,
 }
 
 

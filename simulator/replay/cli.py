@@ -26,6 +26,7 @@ from simulator.replay.bound import bound_percentile, ttft_lower_bounds
 from simulator.replay.policies import POLICY_NAMES, policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
 from simulator.replay.report import PolicyStats, print_table, summarize
+from simulator.replay.requestlog import RequestLog
 from simulator.replay.sweep import parse_sweep, sweep_points
 from simulator.replay.workload import (
     DEFAULT_TRACE,
@@ -44,14 +45,16 @@ def register(subparsers: Any) -> None:
         "replay",
         help="replay a trace against routing policies (offline, simulated time)",
         description=(
-            "Discrete-event replay of a Mooncake-format trace or a generated workload against "
+            "Discrete-event replay of a trace (a request log, JSONL or CSV, or Mooncake JSONL: "
+            "docs/replay.md) or a generated workload against "
             "N emulated replicas (prefix KV cache + cost model), once per routing policy; epp "
             "runs its real scheduler with the given config. Prints one table row per policy."
         ),
         formatter_class=HelpFormatter,
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--trace", help=f"Mooncake JSONL trace (default: {DEFAULT_TRACE} if present)")
+    src.add_argument("--trace", help=f"a request log (JSONL or CSV) or a Mooncake JSONL trace "
+                     f"(default: {DEFAULT_TRACE} if present)")
     src.add_argument("--workload", choices=sorted(GENERATORS), help="generated workload instead of a trace")
     p.add_argument(
         "--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
@@ -61,6 +64,10 @@ def register(subparsers: Any) -> None:
         "--workload-file",
         help="YAML generator parameters (flat, or an inference-perf config with data.shared_prefix)",
     )
+    p.add_argument("--trace-format", choices=("auto", "requests", "mooncake"), default="auto",
+                   help="the --trace file's format: auto reads Mooncake JSONL when the first row "
+                   "has exactly its four fields (timestamp in ms, input_length, output_length, "
+                   "hash_ids), else a request log (timestamp in seconds)")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast; generators: use --set rate=)")
     p.add_argument("--limit", type=_non_negative_int, default=0,
                    help="replay only the first N trace requests (0 = all)")
@@ -79,6 +86,9 @@ def register(subparsers: Any) -> None:
                    help="most requests decoding together per replica; the rest wait")
     p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens,
                    help="uncached prompt tokens admitted per engine step")
+    p.add_argument("--max-loras", type=int, default=d.max_loras,
+                   help="most distinct LoRA adapters a replica runs in one batch (vLLM --max-loras); "
+                   "a request for another waits")
     scrape = p.add_argument("--scrape-interval-s", type=float, default=d.scrape_interval_s,
                    help="seconds between metric scrapes (default: each epp config's "
                    "scraping.intervalSeconds: 0.2, 1 for predicted-ttft)")
@@ -131,6 +141,27 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+MOONCAKE_FIELDS = {"timestamp", "input_length", "output_length", "hash_ids"}
+
+
+def trace_format(path: Path, given: str = "auto") -> str:
+    """``mooncake`` or ``requests``: as given, else from the file (a CSV is a request log;
+    JSONL whose first row has exactly Mooncake's fields is Mooncake)."""
+    if given != "auto":
+        return given
+    if path.suffix.lower() == ".csv":
+        return "requests"
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    first = json.loads(line)
+                except ValueError:
+                    return "requests"  # the request-log reader names the bad line
+                return "mooncake" if isinstance(first, dict) and set(first) == MOONCAKE_FIELDS else "requests"
+    return "requests"
+
+
 def build_workload(args: argparse.Namespace) -> Workload:
     if (args.workload_file or args.params) and not args.workload:
         flag = "--workload-file" if args.workload_file else "--set"
@@ -151,7 +182,11 @@ def build_workload(args: argparse.Namespace) -> Workload:
     path = Path(args.trace) if args.trace else DEFAULT_TRACE
     if not path.exists():
         raise ValueError(f"trace {path} not found (pass --trace or --workload)")
-    trace = MooncakeTrace.load(path, args.time_scale, args.limit, args.skip_bad_rows)
+    trace: MooncakeTrace | RequestLog
+    if trace_format(path, args.trace_format) == "mooncake":
+        trace = MooncakeTrace.load(path, args.time_scale, args.limit, args.skip_bad_rows)
+    else:
+        trace = RequestLog.load(path, args.time_scale, args.limit, args.skip_bad_rows)
     if trace.skipped:
         print(f"epp-sim replay: skipped {len(trace.skipped)} bad row(s) of {path}, the first: "
               f"{trace.skipped[0]}", file=sys.stderr)  # fmt: skip
@@ -200,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
             block_size_tokens=args.block_size,
             max_num_seqs=args.max_num_seqs,
             max_batched_tokens=args.max_batched_tokens,
+            max_loras=args.max_loras,
             scrape_interval_s=args.scrape_interval_s,
             seed=args.seed,
             routers=args.routers,
@@ -258,7 +294,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _title(workload: Workload, config: ReplayConfig) -> str:
-    extra = f", time scale {workload.time_scale:g}" if isinstance(workload, MooncakeTrace) else ""
+    scale = getattr(workload, "time_scale", None)
+    extra = f", time scale {scale:g}" if scale is not None else ""
     kv = config.kv_blocks * config.block_size_tokens
     return (
         f"{workload.name}: {len(workload)} requests{extra}, {config.replicas} replicas x "

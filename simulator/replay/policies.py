@@ -308,8 +308,9 @@ class _EppBase(Policy):
             self.next_sweep_s = now_s + self.sweep_interval_s
         r = arrival.request
         headers = {SESSION_HEADER: r.session_id} if r.session_id else {}
-        request = InferenceRequest(r.request_id, self.model, r.prompt, api=r.api,
-                                   priority=r.priority, headers=headers)  # fmt: skip
+        # an adapter is the model the server is asked for (epp keys its prefixes apart)
+        request = InferenceRequest(r.request_id, r.adapter or self.model, r.prompt, api=r.api,
+                                   adapter=r.adapter, priority=r.priority, headers=headers)  # fmt: skip
         flow = self.director.flow
         if flow is not None:  # as epp serve's admission does, on the simulated clock
             offer = flow.offer(request, r.tenant or self.model, len(r.prompt), now_s)

@@ -64,6 +64,8 @@ class ReplayConfig:
     ``scraping.intervalSeconds``), else 200 ms."""
     max_num_seqs: int = 32
     max_batched_tokens: int = 8192
+    max_loras: int = 4
+    """Most distinct LoRA adapters a replica runs in one batch (vLLM ``--max-loras``)."""
     seed: int = 0
     model: str = "sim-model"
     sample_interval_s: float = 1.0
@@ -86,7 +88,7 @@ class ReplayConfig:
     """Share of KV-event batches lost on the way (sequence gaps)."""
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "kv_blocks", "block_size_tokens", "max_num_seqs"):
+        for name in ("replicas", "kv_blocks", "block_size_tokens", "max_num_seqs", "max_loras"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"replay setting {name!r} must be > 0")
         if (self.scrape_interval_s is not None and self.scrape_interval_s <= 0) \
@@ -213,7 +215,8 @@ class _Run:
     def __init__(self, cfg: ReplayConfig, factory: PolicyFactory) -> None:
         self.cfg = cfg
         n = cfg.replicas
-        engine_cfg = EngineConfig(max_num_seqs=cfg.max_num_seqs, max_batched_tokens=cfg.max_batched_tokens)
+        engine_cfg = EngineConfig(max_num_seqs=cfg.max_num_seqs, max_batched_tokens=cfg.max_batched_tokens,
+                                  max_loras=cfg.max_loras)  # fmt: skip
         self.max_loras = engine_cfg.max_loras
         self.engines = [
             Engine(PrefixCache(cfg.kv_blocks, cfg.block_size_tokens), cfg.cost, engine_cfg)
@@ -348,6 +351,8 @@ class _Run:
                 waiting=eng.num_waiting,
                 running=eng.num_running,
                 kv_usage=eng.kv_usage,
+                running_adapters=frozenset(eng.running_adapters()),
+                waiting_adapters=frozenset(eng.waiting_adapters()),
                 max_adapters=self.max_loras,
                 block_size_tokens=cfg.block_size_tokens,
                 num_gpu_blocks=reported,
@@ -405,7 +410,7 @@ class _Run:
         reply = reply_text(req)
         final = final_block_hashes(req, reply, self.cfg.block_size_tokens, self.seed)
         ereq = EngineRequest(req.request_id, req.prompt_tokens, arrival.block_hashes,
-                             req.output_tokens, final)  # fmt: skip
+                             req.output_tokens, final, req.adapter)  # fmt: skip
         self.live[req.request_id] = _Live(arrival, outcome, reply)
         try:
             self.engines[replica].submit(ereq, t)

@@ -14,7 +14,7 @@ from typing import Any
 
 from epp.config.loader import EppConfig
 from simulator.replay.replayer import ReplayConfig
-from simulator.replay.workload import MooncakeTrace, Workload, scaled_rate
+from simulator.replay.workload import Workload, scaled_rate
 
 _CONFIG_FIELDS = {
     "replicas": ("replicas", int),
@@ -70,9 +70,10 @@ def sweep_points(
         if spec.param == "rate":
             w = scaled_rate(workload, _sweep_value(spec.param, raw, float, positive=True))
         elif spec.param == "time_scale":
-            if not isinstance(workload, MooncakeTrace):
+            rescale = getattr(workload, "with_time_scale", None)
+            if rescale is None:
                 raise ValueError("time_scale applies to traces; use rate for generators")
-            w = workload.with_time_scale(_sweep_value(spec.param, raw, float, positive=True))
+            w = rescale(_sweep_value(spec.param, raw, float, positive=True))
         elif spec.param.startswith("weight."):
             e = with_weight(epp_config, spec.param.removeprefix("weight."), _sweep_value(spec.param, raw, float))
         else:

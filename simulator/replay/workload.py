@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import xxhash
 
 from epp.framework.request import ApiKind
-from simulator.model.cache import text_block_hashes
+from simulator.model.cache import model_seed, text_block_hashes
 from simulator.model.tokens import CHARS_PER_TOKEN, generate_text
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -65,6 +65,9 @@ class TraceRequest:
     tenant: str = ""
     """The fairness id (flow control's flow); '' = the model."""
     priority: int = 0
+    adapter: str = ""
+    """A LoRA adapter ('' = the base model): its own prefix cache on the engines, and the
+    request's model as epp sees it."""
 
 
 class Workload(Protocol):
@@ -109,6 +112,8 @@ def engine_block_hashes(request: TraceRequest, block_size_tokens: int, seed: int
     ``b`` is named ``b * per + j`` and passed to the cache as is; generated text is hashed
     with the emulator's :func:`text_block_hashes`, as the live emulator does.
     """
+    if request.adapter:  # vLLM keys an adapter's blocks apart from the base model's
+        seed = model_seed(request.adapter)
     if request.hash_ids:
         per = MOONCAKE_BLOCK_TOKENS // block_size_tokens
         n_full = request.prompt_tokens // block_size_tokens
@@ -118,7 +123,7 @@ def engine_block_hashes(request: TraceRequest, block_size_tokens: int, seed: int
             if len(out) >= n_full:
                 break
         del out[n_full:]
-        return out
+        return [h ^ seed for h in out] if request.adapter else out
     return text_block_hashes(request.prompt, block_size_tokens, seed)
 
 
@@ -137,6 +142,8 @@ def final_block_hashes(
     where the cache keeps only the prompt's blocks."""
     if request.api is not ApiKind.CHAT or not reply:
         return None
+    if request.adapter:
+        seed = model_seed(request.adapter)
     return text_block_hashes(request.prompt + "<|assistant|>" + reply, block_size_tokens, seed)
 
 
@@ -682,8 +689,9 @@ def _number(workload: str, key: str, value: Any, *, integer: bool) -> float | in
 
 def scaled_rate(workload: Workload, rate: float) -> Workload:
     """The same workload at another arrival rate (a time scale for traces)."""
-    if isinstance(workload, MooncakeTrace):
-        return workload.with_time_scale(workload.natural_rate() / rate)
+    rescale = getattr(workload, "with_time_scale", None)
+    if rescale is not None:  # a trace: Mooncake or a request log
+        return rescale(workload.natural_rate() / rate)  # type: ignore[attr-defined, no-any-return]
     p = workload.p  # type: ignore[attr-defined]
     return type(workload)(dataclasses.replace(p, rate=rate))  # type: ignore[call-arg]
 

@@ -1,0 +1,144 @@
+"""Other request logs as the replay's request log (:mod:`simulator.replay.requestlog`).
+
+Public LLM traces record when a request came and how long its prompt and answer were, not
+what it said; a converted row gets block ids of its own (``hash_ids``, 512 tokens each, never
+shared with another row), so it is replayed with no prefix reuse, which is all such a trace
+can tell. Where a log knows more (a conversation's turns), the rows say so.
+
+* ``mooncake``: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``,
+  ``hash_ids``): the same requests, times in seconds.
+
+Rows with ``hash_ids`` carry ``block_tokens`` (512), which also tells them from Mooncake rows.
+* ``azure``: Azure's LLM inference traces (2023, 2024; CSV ``TIMESTAMP``, ``ContextTokens``,
+  ``GeneratedTokens``).
+* ``burstgpt``: BurstGPT (CSV ``Timestamp`` seconds, ``Model``, ``Request tokens``,
+  ``Response tokens``; rows with a 0-token response are failures and are left out).
+* ``stack``: the local stack's ``requests.jsonl`` (``epp-sim stack --demo --out-dir``): each
+  user is a session whose turn ``n`` extends turn ``n - 1``'s prompt (the chat it was), users
+  of one group share their first turn's prompt head up to the shortest of them (the group's
+  system prompt).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from simulator.replay.workload import MOONCAKE_BLOCK_TOKENS
+
+FORMATS = ("mooncake", "azure", "burstgpt", "stack")
+
+
+class _Ids:
+    """Fresh block ids, never used by another row."""
+
+    def __init__(self) -> None:
+        self.next = 1 << 40
+
+    def take(self, tokens: int) -> list[int]:
+        n = max(1, -(-tokens // MOONCAKE_BLOCK_TOKENS))
+        out = list(range(self.next, self.next + n))
+        self.next += n
+        return out
+
+
+def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    obj = json.loads(line)
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{lineno}: not JSON ({exc})") from None
+                if not isinstance(obj, dict):
+                    raise ValueError(f"{path}:{lineno}: a row is a JSON object")
+                yield lineno, obj
+
+
+def _csv(path: Path, needed: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        header = [h.strip() for h in reader.fieldnames or ()]
+        missing = [n for n in needed if n not in header]
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(missing)} (has: {', '.join(header)})")
+        for row in reader:
+            yield reader.line_num, {(k or "").strip(): (v or "").strip() for k, v in row.items()}
+
+
+def _azure_time(text: str) -> float:
+    # "2023-11-16 18:15:46.6805900": seven fractional digits, more than datetime reads
+    head, _, frac = text.partition(".")
+    stamp = datetime.fromisoformat(head).timestamp()
+    return stamp + (float("0." + frac) if frac else 0.0)
+
+
+def convert(fmt: str, path: str | Path) -> Iterator[dict[str, Any]]:
+    """The rows of ``path`` (a ``fmt`` log) as request-log rows, in file order."""
+    path = Path(path)
+    ids = _Ids()
+    if fmt == "mooncake":
+        for _, r in _jsonl(path):
+            yield {"timestamp": float(r["timestamp"]) / 1000.0, "hash_ids": list(r["hash_ids"]),
+                   "input_length": int(r["input_length"]), "output_length": int(r["output_length"]),
+                   "block_tokens": MOONCAKE_BLOCK_TOKENS}  # fmt: skip
+    elif fmt == "azure":
+        for lineno, r in _csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens")):
+            try:
+                tokens = int(r["ContextTokens"])
+                yield {"timestamp": _azure_time(r["TIMESTAMP"]), "hash_ids": ids.take(tokens),
+                       "input_length": max(1, tokens), "output_length": int(r["GeneratedTokens"]),
+                       "block_tokens": MOONCAKE_BLOCK_TOKENS}  # fmt: skip
+            except ValueError as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+    elif fmt == "burstgpt":
+        for lineno, r in _csv(path, ("Timestamp", "Request tokens", "Response tokens")):
+            try:
+                tokens, out = int(r["Request tokens"]), int(r["Response tokens"])
+                if out == 0:  # a failed request
+                    continue
+                row: dict[str, Any] = {"timestamp": float(r["Timestamp"]), "hash_ids": ids.take(tokens),
+                                       "input_length": max(1, tokens), "output_length": out,
+                                       "block_tokens": MOONCAKE_BLOCK_TOKENS}  # fmt: skip
+                if r.get("Model"):
+                    row["model"] = r["Model"]
+                yield row
+            except ValueError as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+    elif fmt == "stack":
+        yield from _stack(path, ids)
+    else:
+        raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+
+
+def _stack(path: Path, ids: _Ids) -> Iterator[dict[str, Any]]:
+    rows = [r for _, r in _jsonl(path)]
+    for r in rows:
+        for key in ("user", "turn", "group", "start_s", "prompt_tokens"):
+            if key not in r:
+                raise ValueError(f"{path}: a row has no {key!r}: not the stack's requests.jsonl")
+    # a group's system prompt: the shortest first turn of its users, shared by all of them
+    firsts: dict[int, int] = {}
+    for r in rows:
+        if r["turn"] == 0 and r["prompt_tokens"]:
+            firsts[r["group"]] = min(firsts.get(r["group"], 1 << 30), int(r["prompt_tokens"]))
+    system = {g: ids.take(n - MOONCAKE_BLOCK_TOKENS) if n > MOONCAKE_BLOCK_TOKENS else []
+              for g, n in firsts.items()}  # fmt: skip
+    history: dict[int, list[int]] = {}
+    for r in sorted(rows, key=lambda x: (x["user"], x["turn"])):
+        tokens = int(r["prompt_tokens"]) or 1
+        prev = history.get(r["user"]) or list(system.get(r["group"], []))
+        have = len(prev) * MOONCAKE_BLOCK_TOKENS
+        blocks = prev + (ids.take(tokens - have) if tokens > have else [])
+        blocks = blocks[: max(1, -(-tokens // MOONCAKE_BLOCK_TOKENS))]
+        history[r["user"]] = blocks
+        r["_blocks"] = blocks
+    for r in sorted(rows, key=lambda x: x["start_s"]):
+        yield {"timestamp": float(r["start_s"]), "hash_ids": r["_blocks"],
+               "input_length": int(r["prompt_tokens"]) or 1,
+               "output_length": int(r.get("completion_tokens") or 1),
+               "block_tokens": MOONCAKE_BLOCK_TOKENS, "session": f"user-{r['user']}"}  # fmt: skip

@@ -1,0 +1,141 @@
+"""The replay's general trace format (request logs, JSONL and CSV), its converters and
+``epp-sim trace``: a log replays exactly as the workload it was written from, bad rows are
+named, adapters have prefix caches and batch slots of their own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main as sim_main
+from simulator.replay.cli import trace_format
+from simulator.replay.convert import convert
+from simulator.replay.policies import policy_factory
+from simulator.replay.replayer import ReplayConfig, Replayer
+from simulator.replay.report import summarize
+from simulator.replay.requestlog import RequestLog, write_request_log
+from simulator.replay.workload import (
+    MooncakeTrace,
+    TraceRequest,
+    build_generator,
+    engine_block_hashes,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "docs" / "examples" / "support-desk.jsonl"
+TRACE = ROOT / ".." / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+
+
+def replay(workload: object, policy: str = "epp", **cfg: int) -> tuple[float, float, float]:
+    name, factory = policy_factory(policy)
+    s = summarize(Replayer(ReplayConfig(**cfg)).run(workload, factory, name))  # type: ignore[arg-type]
+    return s.hit_rate, s.ttft_p50_s, s.ttft_p90_s
+
+
+def test_a_generated_workload_written_as_a_log_replays_identically(tmp_path: Path) -> None:
+    w = build_generator("agentic", {"num_sessions": 5, "rate": 1, "max_turns": 12,
+                                    "system_prompt_len": 800, "tool_output_len": 400})  # fmt: skip
+    path = tmp_path / "agents.jsonl"
+    assert write_request_log(w.requests(), path) == len(w)
+    log = RequestLog.load(path)
+    assert [(r.prompt, r.session_id, r.api, r.output_tokens) for r in log.requests()] == \
+        [(r.prompt, r.session_id, r.api, r.output_tokens) for r in w.requests()]  # fmt: skip
+    # the log's times start at its first row (the generator's at its first arrival): equal up
+    # to floating point
+    assert replay(log, replicas=4, kv_blocks=2048) == pytest.approx(replay(w, replicas=4, kv_blocks=2048), rel=1e-9)
+    half = log.with_time_scale(0.5)
+    assert [r.arrival_s for r in half.requests()] == [r.arrival_s * 0.5 for r in log.requests()]
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shared Mooncake trace is not present")
+def test_a_converted_mooncake_trace_replays_as_the_trace(tmp_path: Path) -> None:
+    head = tmp_path / "head.jsonl"
+    head.write_text("".join(TRACE.read_text(encoding="utf-8").splitlines(keepends=True)[:150]))
+    out = tmp_path / "head-requests.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in convert("mooncake", head)))
+    assert trace_format(head) == "mooncake" and trace_format(out) == "requests"
+    log, trace = RequestLog.load(out), MooncakeTrace.load(head)
+    assert [r.hash_ids for r in log.requests()] == [r.hash_ids for r in trace.requests()]
+    assert replay(log, kv_blocks=4096) == pytest.approx(replay(trace, kv_blocks=4096), rel=1e-9)
+
+
+def test_csv_logs_iso_times_token_ids_and_every_field(tmp_path: Path) -> None:
+    path = tmp_path / "log.csv"
+    path.write_text(
+        "timestamp,prompt,prompt_token_ids,output_length,session,adapter,tenant,priority,api\n"
+        "2026-11-26T10:00:01.5Z,hello there,,20,s1,ad-1,acme,2,chat\n"
+        "2026-11-26T10:00:00Z,,1 2 3 4 5,10,,,,,\n", encoding="utf-8")  # fmt: skip
+    first, second = RequestLog.load(path).requests()
+    assert (first.arrival_s, first.prompt_tokens, first.has_text) == (0.0, 5, False)
+    assert (second.arrival_s, second.session_id, second.adapter, second.tenant, second.priority) == \
+        (1.5, "s1", "ad-1", "acme", 2)  # fmt: skip
+    assert second.api.value == "chat_completions"
+
+
+@pytest.mark.parametrize(("row", "reason"), [
+    ('{"timestamp": 1, "prompt": "x"}', "no output_length"),
+    ('{"timestamp": 1, "output_length": 3}', "exactly one of prompt"),
+    ('{"timestamp": 1, "output_length": 3, "prompt": "x", "hash_ids": [1]}', "this one has prompt, hash_ids"),
+    ('{"timestamp": "yesterday", "output_length": 3, "prompt": "x"}', "neither seconds nor an ISO 8601"),
+    ('{"timestamp": 1, "output_length": 3, "hash_ids": [1, 2]}', "hash_ids need input_length"),
+    ('{"timestamp": 1, "output_length": 3, "messages": "hello"}', "'messages' must be a non-empty list"),
+    ('{"timestamp": 1, "output_length": -3, "prompt": "x"}', "output_length must be >= 0"),
+    ("[1, 2]", "a row is a JSON object"),
+])  # fmt: skip
+def test_bad_rows_are_named_and_can_be_skipped(tmp_path: Path, row: str, reason: str) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"timestamp": 0, "output_length": 1, "prompt": "fine"}\n' + row + "\n")
+    with pytest.raises(ValueError, match=r"log\.jsonl:2: not a request-log row") as info:
+        RequestLog.load(path)
+    assert reason in str(info.value) and "--skip-bad-rows" in str(info.value)
+    log = RequestLog.load(path, skip_bad_rows=True)
+    assert len(log) == 1 and len(log.skipped) == 1
+
+
+def test_an_adapters_blocks_are_its_own_and_adapters_wait_for_a_batch_slot() -> None:
+    base = TraceRequest("a", 0.0, 256, 8, "the same prompt " * 64)
+    lora = TraceRequest("b", 0.0, 256, 8, "the same prompt " * 64, adapter="ad-1")
+    other = TraceRequest("c", 0.0, 256, 8, "the same prompt " * 64, adapter="ad-2")
+    names = [set(engine_block_hashes(r, 16, 7)) for r in (base, lora, other)]
+    assert not (names[0] & names[1]) and not (names[1] & names[2])  # no hits across adapters
+    # one replica that runs one adapter at a time: the second adapter's request waits
+    reqs = [TraceRequest(f"r{i}", 0.0, 64, 200, f"prompt {i} " * 30, adapter=f"ad-{i % 2}") for i in range(4)]
+    log = RequestLog(reqs)
+    one, two = (summarize(Replayer(ReplayConfig(replicas=1, max_loras=k)).run(log, policy_factory("round-robin")[1],
+                                                                              "rr")) for k in (1, 2))  # fmt: skip
+    assert one.ttft_p90_s > 2 * two.ttft_p90_s
+
+
+def test_the_documented_example_replays_with_lora_affinity(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sim_main(["trace", "check", str(EXAMPLE)]) == 0
+    summary = capsys.readouterr().out
+    assert "sessions" in summary and "desk-0" in summary
+    code = sim_main(["replay", "--trace", str(EXAMPLE), "--replicas", "4", "--kv-blocks", "1024",
+                     "--max-loras", "2", "--no-progress", "--policies",
+                     f"epp,epp:{ROOT / 'docs/examples/lora-affinity.yaml'},round-robin"])  # fmt: skip
+    assert code == 0
+    table = capsys.readouterr().out
+    assert table.count("│ epp") == 2 and "round-robin" in table
+
+
+def test_trace_export_and_convert_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "chat.jsonl"
+    assert sim_main(["trace", "export", "--workload", "chat", "--set", "num_sessions=3", "--out", str(out)]) == 0
+    assert len(RequestLog.load(out)) == 18  # 3 sessions x 6 turns
+    burst = tmp_path / "burst.csv"
+    burst.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "5,ChatGPT,600,20,620,Conversation log\n7,GPT-4,100,0,100,API log\n")  # fmt: skip
+    assert sim_main(["trace", "convert", "--from", "burstgpt", str(burst), "--out", str(tmp_path / "b.jsonl")]) == 0
+    (row,) = RequestLog.load(tmp_path / "b.jsonl").requests()  # the failed request left out
+    assert (row.prompt_tokens, row.output_tokens, len(row.hash_ids)) == (600, 20, 2)
+    azure = tmp_path / "azure.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,4808,10\n2023-11-16 18:15:50.9951690,3180,8\n")  # fmt: skip
+    assert sim_main(["trace", "convert", "--from", "azure", str(azure), "--out", str(tmp_path / "a.jsonl")]) == 0
+    a, b = RequestLog.load(tmp_path / "a.jsonl").requests()
+    assert round(b.arrival_s, 3) == 4.315 and not set(a.hash_ids) & set(b.hash_ids)
+    capsys.readouterr()
+    assert sim_main(["trace", "convert", "--from", "azure", str(burst), "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert "no column TIMESTAMP" in capsys.readouterr().err
