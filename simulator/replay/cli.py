@@ -111,6 +111,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--sweep", help="param=v1,v2,... (rate, time_scale, replicas, kv_blocks, block_size, scrape_interval_s, weight.<scorer>)")
     p.add_argument("--out", help="write the report as JSON (a list, one object per policy and sweep point)")
     p.add_argument("--plot-dir", help="write PNG plots there")
+    p.add_argument("--out-dir", help="write report.json (results and every input: command, trace "
+                   "SHA-256, settings, epp config, version), report.csv, the plots and index.html there")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     deprecated_alias(p, "--scrape-interval", scrape)
     p.set_defaults(run=run)
@@ -251,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     progress = not args.no_progress and sys.stderr.isatty()
     rows: list[dict[str, Any]] = []
+    plots: list[Path] = []
+    bound: dict[str, float] = {}
     if sweep is None:
         results, stats = _run_policies(workload, config, specs, epp_cfg, console, progress)
         print_table(stats, console, title=_title(workload, config))
@@ -262,10 +266,12 @@ def run(args: argparse.Namespace) -> int:
             f"p99 {p99:.2f}s", highlight=False,
         )  # fmt: skip
         rows = [s.to_json() for s in stats]
-        if args.plot_dir:
+        bound = {"p50": p50, "p90": p90, "p99": p99}
+        for plot_dir in (d for d in (args.plot_dir, args.out_dir) if d):
             from simulator.replay.plots import write_plots
 
-            for path in write_plots(args.plot_dir, results, stats):
+            plots = write_plots(plot_dir, results, stats)
+            for path in plots:
                 console.print(f"wrote {path}")
     else:
         try:
@@ -290,6 +296,14 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {args.out}")
+    if args.out_dir:
+        from simulator.replay.output import inputs_of, write_outputs
+
+        trace = None if args.workload else str(args.trace or DEFAULT_TRACE)
+        inputs = inputs_of(workload, trace, config, specs, args.config, getattr(args, "argv", sys.argv[1:]))
+        for path in write_outputs(args.out_dir, inputs, rows, plots if sweep is None else (),
+                                  bound if sweep is None else None):  # fmt: skip
+            console.print(f"wrote {path}")
     return 0
 
 

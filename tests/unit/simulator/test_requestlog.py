@@ -4,7 +4,9 @@ named, adapters have prefix caches and batch slots of their own."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,29 @@ def test_trace_export_and_convert_from_the_command_line(tmp_path: Path, capsys: 
     capsys.readouterr()
     assert sim_main(["trace", "convert", "--from", "azure", str(burst), "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "no column TIMESTAMP" in capsys.readouterr().err
+
+
+def test_out_dir_records_every_input_and_its_command_reproduces_the_results(tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    args = ["replay", "--trace", str(EXAMPLE), "--replicas", "4", "--kv-blocks", "1024", "--max-loras", "2",
+            "--no-progress", "--policies", "epp,round-robin", "--out-dir", str(first)]  # fmt: skip
+    assert sim_main(args) == 0
+    report = json.loads((first / "report.json").read_text())
+    inputs = report["inputs"]
+    assert inputs["workload"]["sha256"] == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
+    assert inputs["replay"]["max_loras"] == 2 and inputs["policies"] == ["epp", "round-robin"]
+    assert inputs["epp_version"] and inputs["command"].startswith("epp-sim replay --trace")
+    assert [r["policy"] for r in report["results"]] == ["epp", "round-robin"]
+    assert (first / "report.csv").read_text().count("\n") == 3
+    page = (first / "index.html").read_text()
+    assert "ttft_cdf.png" in page and (first / "ttft_cdf.png").is_file() and "round-robin" in page
+    # the recorded command, run again, gives the same figures
+    again = shlex.split(inputs["command"])[1:]
+    again[again.index("--out-dir") + 1] = str(tmp_path / "second")
+    assert sim_main(again) == 0
+    second = json.loads((tmp_path / "second" / "report.json").read_text())
+
+    def figures(results: list[dict[str, object]]) -> list[dict[str, object]]:  # not the host's timings
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "sim_requests_per_s")} for r in results]
+
+    assert figures(second["results"]) == figures(report["results"])
