@@ -53,12 +53,19 @@ def _trace(subparsers: Any) -> None:
     register(subparsers)
 
 
+def _calibrate(subparsers: Any) -> None:
+    from simulator.calibrate import register
+
+    register(subparsers)
+
+
 SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "emulate": _emulate,
     "gateway": _gateway,
     "stack": _stack,
     "replay": _replay,
     "trace": _trace,
+    "calibrate": _calibrate,
 }
 
 

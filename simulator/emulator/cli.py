@@ -11,6 +11,7 @@ from typing import Any
 from simulator.clihelp import HelpFormatter, deprecated_alias, stop_event
 from simulator.emulator.config import EmulatorConfig
 from simulator.emulator.server import start_emulator
+from simulator.model.cost import load_profile
 
 
 def register(subparsers: Any) -> None:
@@ -63,6 +64,11 @@ def register(subparsers: Any) -> None:
         "latency metrics stay in modelled seconds",
     )
     p.add_argument(
+        "--cost", default="",
+        help="step costs: a preset (simulator/model/profiles: a100-llama3-8b, the default) or a "
+        "profile file epp-sim calibrate wrote",
+    )  # fmt: skip
+    p.add_argument(
         "--lora-adapters",
         default="",
         help="comma-separated LoRA adapter names served besides the base model "
@@ -92,7 +98,9 @@ def register(subparsers: Any) -> None:
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     adapters = tuple(a.strip() for a in args.lora_adapters.split(",") if a.strip())
+    extra = {"cost": load_profile(args.cost).cost} if args.cost else {}
     return EmulatorConfig(
+        **extra,
         host=args.host,
         port=args.port,
         model=args.model,

@@ -20,7 +20,11 @@ enough for routing studies. ``speedup`` divides every duration, so a test can ru
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,3 +60,73 @@ class CostModel:
     def decode_step_s(self, batch_size: int) -> float:
         """One decode step in which ``batch_size`` running requests each emit one token."""
         return (self.decode_base_s + self.decode_per_seq_s * batch_size) / self.speedup
+
+
+COST_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_cached_token_s", "decode_base_s",
+               "decode_per_seq_s")  # fmt: skip
+
+
+@dataclass(slots=True, frozen=True)
+class CostProfile:
+    """A cost model as data (a preset, or a file ``epp-sim calibrate`` writes): the step
+    costs, where they come from, and what the measured server held."""
+
+    name: str
+    cost: CostModel
+    source: str = ""
+    """Where the figures come from (a publication, or the calibration run)."""
+    server: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """What the measured server reported: ``kv_blocks``, ``block_size``, ``max_num_seqs``..."""
+
+
+def presets() -> list[str]:
+    """The shipped profiles' names (``simulator/model/profiles/*.yaml``)."""
+    root = resources.files("simulator.model").joinpath("profiles")
+    return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_profile(spec: str) -> CostProfile:
+    """A preset by name, or a profile file (YAML or JSON): ``cost:`` holds the five step-cost
+    fields (seconds; missing ones keep the default model's), ``name``, ``source`` and
+    ``server`` are optional. Errors name the file and field."""
+    import yaml
+
+    if spec in presets():
+        text = resources.files("simulator.model").joinpath(f"profiles/{spec}.yaml").read_text("utf-8")
+        where = f"preset {spec}"
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise ValueError(f"cost profile {spec!r}: no such file, and not a preset "
+                             f"({', '.join(presets())})")  # fmt: skip
+        text, where = path.read_text(encoding="utf-8"), str(path)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{where}: not YAML/JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("cost"), dict):
+        raise ValueError(f"{where}: expected a mapping with a 'cost' mapping")
+    values: dict[str, float] = {}
+    for key, value in doc["cost"].items():
+        if key not in COST_FIELDS:
+            raise ValueError(f"{where}: cost has no field {key!r} (fields: {', '.join(COST_FIELDS)})")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{where}: cost.{key} must be a number of seconds, got {value!r}")
+        values[key] = float(value)
+    try:
+        cost = CostModel(**values)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    server = doc.get("server") or {}
+    if not isinstance(server, dict):
+        raise ValueError(f"{where}: server must be a mapping")
+    return CostProfile(str(doc.get("name") or Path(spec).stem), cost, str(doc.get("source") or ""), server)
+
+
+def dump_profile(profile: CostProfile) -> str:
+    """The profile as YAML (what :func:`load_profile` reads back)."""
+    import yaml
+
+    doc = {"name": profile.name, "source": profile.source,
+           "cost": {k: getattr(profile.cost, k) for k in COST_FIELDS}, "server": profile.server}  # fmt: skip
+    return yaml.safe_dump(doc, sort_keys=False)

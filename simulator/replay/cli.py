@@ -22,6 +22,7 @@ from rich.progress import (
 from epp.config.loader import default_config, load_config
 from epp.errors import ConfigError
 from simulator.clihelp import HelpFormatter, deprecated_alias
+from simulator.model.cost import CostModel, load_profile
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds
 from simulator.replay.policies import POLICY_NAMES, policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
@@ -86,6 +87,9 @@ def register(subparsers: Any) -> None:
                    help="most requests decoding together per replica; the rest wait")
     p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens,
                    help="uncached prompt tokens admitted per engine step")
+    p.add_argument("--cost", default="",
+                   help="the replicas' step costs: a preset (a100-llama3-8b, the default) or a "
+                   "profile file epp-sim calibrate wrote (docs/replay.md)")
     p.add_argument("--max-loras", type=int, default=d.max_loras,
                    help="most distinct LoRA adapters a replica runs in one batch (vLLM --max-loras); "
                    "a request for another waits")
@@ -238,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             max_batched_tokens=args.max_batched_tokens,
             max_loras=args.max_loras,
+            cost=load_profile(args.cost).cost if args.cost else CostModel(),
             scrape_interval_s=args.scrape_interval_s,
             seed=args.seed,
             routers=args.routers,

@@ -1,0 +1,220 @@
+"""``epp-sim calibrate URL``: measure a running vLLM (or SGLang, or emulated) server and write
+a cost profile the replay and the emulator read (``--cost FILE``; ``simulator.model.cost``).
+
+What it measures, one request or batch at a time (the server should be otherwise idle):
+
+* **prefill**: the time to the first streamed token of prompts of each ``--lengths`` (token
+  ids, so the length is exact; fresh ids each time: nothing cached), then of the same prompt
+  again (all but its last block cached). A least-squares fit of
+  ``ttft = a + per_token * uncached + per_cached * cached``.
+* **decode**: ``B`` requests at once for each ``--batches`` size, each generating
+  ``--decode-tokens`` tokens (``ignore_eos``): the mean gap between a stream's tokens over
+  its middle half (the whole batch running) is one decode step of a batch of ``B``
+  (the median over the streams); a fit of ``step = decode_base + per_seq * B``.
+* **the server**: its KV blocks, block size and ``max_num_seqs`` where ``/metrics`` says them.
+
+The model's lone-request TTFT is ``prefill + decode_step(1)`` (simulator/model/engine.py), so
+``prefill_base = a - decode_step(1)``. What the client sees beyond the server (HTTP, the
+event loop) lands in ``prefill_base``. Each figure is the median of ``--repeats`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from simulator.clihelp import HelpFormatter
+from simulator.model.cost import CostModel, CostProfile, dump_profile
+
+MAX_RESPONSE_BYTES = 16 << 20
+
+
+@dataclass(slots=True)
+class Sample:
+    uncached: int
+    cached: int
+    ttft_s: float
+
+
+def fit_linear(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
+    """Least squares ``y = c0 + sum(c_i * x_i)`` (normal equations, small and dense)."""
+    rows = [[1.0, *x] for x in xs]
+    n = len(rows[0])
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
+    b = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(n)]
+    for col in range(n):  # Gaussian elimination with partial pivoting
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-18:
+            raise ValueError("the measurements do not determine the fit (vary the lengths)")
+        a[col], a[pivot] = a[pivot], a[col]
+        b[col], b[pivot] = b[pivot], b[col]
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for c in range(col, n):
+                a[r][c] -= f * a[col][c]
+            b[r] -= f * b[col]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (b[r] - sum(a[r][c] * out[c] for c in range(r + 1, n))) / a[r][r]
+    return out
+
+
+class Client:
+    def __init__(self, http: aiohttp.ClientSession, url: str, model: str) -> None:
+        self.http, self.url, self.model = http, url.rstrip("/"), model
+
+    async def stream(self, prompt: list[int], max_tokens: int) -> list[float]:
+        """Arrival times (perf_counter) of the streamed chunks carrying text, from the send."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                "ignore_eos": True, "temperature": 0}  # fmt: skip
+        t0 = time.perf_counter()
+        times: list[float] = []
+        async with self.http.post(self.url + "/v1/completions", json=body) as r:
+            if r.status != 200:
+                raise RuntimeError(f"{self.url}: HTTP {r.status}: {(await r.text())[:300]}")
+            size = 0
+            async for line in r.content:
+                size += len(line)
+                if size > MAX_RESPONSE_BYTES:
+                    raise RuntimeError(f"{self.url}: response over {MAX_RESPONSE_BYTES} bytes")
+                if line.startswith(b"data: {"):
+                    chunk = json.loads(line[6:])
+                    choices = chunk.get("choices") or []
+                    if choices and choices[0].get("text") is not None:
+                        times.append(time.perf_counter() - t0)
+        if not times:
+            raise RuntimeError(f"{self.url}: the stream carried no token")
+        return times
+
+
+async def server_info(http: aiohttp.ClientSession, url: str) -> tuple[str, dict[str, Any]]:
+    """The served model and what ``/metrics`` says of the cache."""
+    async with http.get(url.rstrip("/") + "/v1/models") as r:
+        if r.status != 200:
+            raise RuntimeError(f"{url}/v1/models: HTTP {r.status}")
+        models = (await r.json()).get("data") or []
+    if not models:
+        raise RuntimeError(f"{url}/v1/models lists no model")
+    server: dict[str, Any] = {}
+    try:
+        async with http.get(url.rstrip("/") + "/metrics") as r:
+            page = await r.read() if r.status == 200 else b""
+    except aiohttp.ClientError:
+        page = b""
+    if page:
+        from epp.datastore.metricsparse import SGLANG, VLLM, PageParser, ScrapeError
+
+        for names in (VLLM, SGLANG):
+            try:
+                m = PageParser(names).parse(page, 1.0)
+            except ScrapeError:  # not this engine's page
+                continue
+            if m.num_gpu_blocks:
+                server |= {"kv_blocks": m.num_gpu_blocks, "block_size": m.block_size_tokens}
+                break
+    return str(models[0]["id"]), server
+
+
+async def calibrate(url: str, lengths: Sequence[int], batches: Sequence[int], repeats: int,
+                    decode_tokens: int, progress: Any = print) -> CostProfile:  # fmt: skip
+    rng = random.Random()  # fresh prompts on every run: the server may remember the last one's
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(1000, 20000) for _ in range(n)]
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        model, server = await server_info(http, url)
+        client = Client(http, url, model)
+        await client.stream(fresh(16), 2)  # warm-up (first-request costs)
+        samples: list[Sample] = []
+        block = int(server.get("block_size") or 16)
+        for n in lengths:
+            for _ in range(repeats):
+                prompt = fresh(n)
+                first = (await client.stream(prompt, 1))[0]
+                again = (await client.stream(prompt, 1))[0]
+                cached = (n - 1) // block * block  # vLLM keeps the last token out of the hit
+                samples += [Sample(n, 0, first), Sample(n - cached, cached, again)]
+            progress(f"  prefill {n:>6} tokens: {statistics.median(s.ttft_s for s in samples[-2 * repeats::2]) * 1e3:8.1f} ms"
+                     f" uncached, {statistics.median(s.ttft_s for s in samples[-2 * repeats + 1::2]) * 1e3:8.1f} ms cached")  # fmt: skip
+        steps: dict[int, float] = {}
+        for b in batches:
+            gaps: list[float] = []
+            for _ in range(repeats):
+                runs = await asyncio.gather(*(client.stream(fresh(32), decode_tokens) for _ in range(b)))
+                for times in runs:  # the middle half: all of the batch admitted, none finished
+                    mid = times[len(times) // 4 : 3 * len(times) // 4]
+                    if len(mid) >= 2:
+                        gaps.append((mid[-1] - mid[0]) / (len(mid) - 1))
+            if not gaps:
+                raise RuntimeError("no token gaps measured: raise --decode-tokens")
+            steps[b] = statistics.median(gaps)
+            progress(f"  decode batch {b:>3}: {steps[b] * 1e3:8.2f} ms a step")
+    decode_base, per_seq = fit_linear([[b] for b in steps], list(steps.values()))
+    decode_base, per_seq = max(decode_base, 0.0), max(per_seq, 0.0)
+    a, per_token, per_cached = fit_linear([[s.uncached, s.cached] for s in samples], [s.ttft_s for s in samples])
+    cost = CostModel(
+        prefill_base_s=max(a - (decode_base + per_seq), 0.0), prefill_per_token_s=max(per_token, 0.0),
+        prefill_per_cached_token_s=max(per_cached, 0.0), decode_base_s=decode_base, decode_per_seq_s=per_seq,
+    )  # fmt: skip
+    source = (f"epp-sim calibrate {url} on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+              f"model {model}, prefill at {', '.join(map(str, lengths))} tokens, decode batches "
+              f"{', '.join(map(str, batches))}, {repeats} repeats")  # fmt: skip
+    return CostProfile(model, cost, source, server)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure a running server and write a cost profile for the replay",
+        description=__doc__.split("\n\n")[0] + " " + " ".join(__doc__.split("\n\n")[1:3]),
+        formatter_class=HelpFormatter,
+    )  # fmt: skip
+    p.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--out", required=True, help="the profile file to write (YAML)")
+    p.add_argument("--lengths", default="128,512,1024,2048", help="prompt lengths to prefill (tokens)")
+    p.add_argument("--batches", default="1,4,16", help="decode batch sizes")
+    p.add_argument("--repeats", type=int, default=3, help="runs per measurement (their median counts)")
+    p.add_argument("--decode-tokens", type=int, default=48, help="tokens each decode request generates")
+    p.set_defaults(run=run)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} expects comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{flag} expects integers >= 1, got {text!r}")
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        lengths, batches = _ints(args.lengths, "--lengths"), _ints(args.batches, "--batches")
+        if len(set(lengths)) < 2 or len(set(batches)) < 2:
+            raise ValueError("--lengths and --batches need two different values at least (a fit)")
+        if args.repeats < 1 or args.decode_tokens < 8:
+            raise ValueError("--repeats must be >= 1 and --decode-tokens >= 8")
+        print(f"calibrating {args.url}...")
+        profile = asyncio.run(calibrate(args.url, lengths, batches, args.repeats, args.decode_tokens))
+    except (ValueError, RuntimeError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        print(f"epp-sim calibrate: {exc}", file=sys.stderr)
+        return 2
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(dump_profile(profile))
+    c = profile.cost
+    print(f"wrote {args.out}: prefill {c.prefill_base_s * 1e3:.1f} ms + {c.prefill_per_token_s * 1e6:.1f} us/token "
+          f"(+ {c.prefill_per_cached_token_s * 1e6:.2f} us/cached token), decode {c.decode_base_s * 1e3:.2f} ms "
+          f"+ {c.decode_per_seq_s * 1e3:.3f} ms/sequence a step; server {profile.server or 'unreported'}")  # fmt: skip
+    return 0
