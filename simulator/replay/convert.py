@@ -13,7 +13,8 @@ Rows with ``hash_ids`` carry ``block_tokens`` (512), which also tells them from 
   ``GeneratedTokens``).
 * ``burstgpt``: BurstGPT (CSV ``Timestamp`` seconds, ``Model``, ``Request tokens``,
   ``Response tokens``; rows with a 0-token response are failures and are left out).
-* ``stack``: the local stack's ``requests.jsonl`` (``epp-sim stack --demo --out-dir``): each
+* ``stack``: the local stack's ``requests.jsonl`` (``epp-sim stack --demo --out-dir``; one
+  policy's run, the first round, ``--policy`` naming it when there are several): each
   user is a session whose turn ``n`` extends turn ``n - 1``'s prompt (the chat it was), users
   of one group share their first turn's prompt head up to the shortest of them (the group's
   system prompt).
@@ -77,8 +78,9 @@ def _azure_time(text: str) -> float:
     return stamp + (float("0." + frac) if frac else 0.0)
 
 
-def convert(fmt: str, path: str | Path) -> Iterator[dict[str, Any]]:
-    """The rows of ``path`` (a ``fmt`` log) as request-log rows, in file order."""
+def convert(fmt: str, path: str | Path, policy: str = "") -> Iterator[dict[str, Any]]:
+    """The rows of ``path`` (a ``fmt`` log) as request-log rows, in file order; ``policy``
+    picks one policy's run out of a stack log holding several."""
     path = Path(path)
     ids = _Ids()
     if fmt == "mooncake":
@@ -110,13 +112,25 @@ def convert(fmt: str, path: str | Path) -> Iterator[dict[str, Any]]:
             except ValueError as exc:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
     elif fmt == "stack":
-        yield from _stack(path, ids)
+        yield from _stack(path, ids, policy)
     else:
         raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
-def _stack(path: Path, ids: _Ids) -> Iterator[dict[str, Any]]:
+def _stack(path: Path, ids: _Ids, policy: str) -> Iterator[dict[str, Any]]:
     rows = [r for _, r in _jsonl(path)]
+    runs = sorted({(str(r.get("policy", "")), int(r.get("round", 0))) for r in rows})
+    if policy:
+        rows = [r for r in rows if r.get("policy") == policy]
+        if not rows:
+            raise ValueError(f"{path}: no run of policy {policy!r} (runs: {', '.join(p for p, _ in runs)})")
+        runs = sorted({(policy, int(r.get("round", 0))) for r in rows})
+    if len(runs) > 1:
+        first = runs[0]
+        if len({p for p, _ in runs}) > 1 and not policy:
+            raise ValueError(f"{path} holds the runs of several policies ({', '.join(sorted({p for p, _ in runs}))}): "
+                             "pick one with --policy")  # fmt: skip
+        rows = [r for r in rows if (str(r.get("policy", "")), int(r.get("round", 0))) == first]  # round 0
     for r in rows:
         for key in ("user", "turn", "group", "start_s", "prompt_tokens"):
             if key not in r:

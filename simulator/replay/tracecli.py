@@ -43,6 +43,7 @@ def register(subparsers: Any) -> None:
                     help="mooncake (JSONL), azure (Azure LLM inference CSV), burstgpt (CSV), "
                     "stack (the local stack's requests.jsonl)")
     cv.add_argument("input", help="the log to convert")
+    cv.add_argument("--policy", default="", help="stack: the policy whose run to take (a demo log holds several)")
     cv.add_argument("--out", required=True, help="the JSONL file to write")
     cv.set_defaults(run=_convert)
     ck = sub.add_parser("check", help="read a request log and summarise it (errors name the line)",
@@ -71,7 +72,7 @@ def _convert(args: argparse.Namespace) -> int:
     n = 0
     try:
         with open(args.out, "w", encoding="utf-8") as f:
-            for row in convert(args.fmt, args.input):
+            for row in convert(args.fmt, args.input, args.policy):
                 f.write(json.dumps(row) + "\n")
                 n += 1
     except (ValueError, KeyError, TypeError, OSError) as exc:

@@ -5,6 +5,7 @@ named, adapters have prefix caches and batch slots of their own."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import shlex
 from pathlib import Path
@@ -167,3 +168,29 @@ def test_out_dir_records_every_input_and_its_command_reproduces_the_results(tmp_
         return [{k: v for k, v in r.items() if k not in ("wall_s", "sim_requests_per_s")} for r in results]
 
     assert figures(second["results"]) == figures(report["results"])
+
+
+def test_a_stack_request_log_converts_to_sessions_whose_turns_extend(tmp_path: Path) -> None:
+    rows = []
+    for policy in ("epp", "random"):
+        for user in range(4):
+            for turn in range(3):
+                rows.append({"policy": policy, "round": 0, "user": user, "turn": turn, "group": user % 2,
+                             "start_s": user * 0.5 + turn * 3.0, "prompt_tokens": 1500 + 700 * turn,
+                             "completion_tokens": 40})  # fmt: skip
+    log = tmp_path / "requests.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="several policies"):
+        list(convert("stack", log))
+    with pytest.raises(ValueError, match="no run of policy 'sglang'"):
+        list(convert("stack", log, "sglang"))
+    out = tmp_path / "epp.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in convert("stack", log, "epp")))
+    reqs = list(RequestLog.load(out).requests())
+    assert len(reqs) == 12 and len({r.session_id for r in reqs}) == 4
+    by_user = {s: [r for r in reqs if r.session_id == s] for s in {r.session_id for r in reqs}}
+    for turns in by_user.values():
+        for prev, nxt in itertools.pairwise(turns):  # a turn's blocks start with the last one's
+            assert nxt.hash_ids[: len(prev.hash_ids)] == prev.hash_ids
+    firsts = {s: t[0].hash_ids for s, t in by_user.items()}
+    assert firsts["user-0"][:2] == firsts["user-2"][:2] != firsts["user-1"][:2]  # a group's system prompt
