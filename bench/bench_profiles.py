@@ -243,6 +243,10 @@ def main() -> int:
     ap.add_argument("--workloads", default="mooncake,chat,rag,shared-prefix",
                     help="comma-separated: mooncake, chat, rag, shared-prefix")
     ap.add_argument("--ttft-oracle", action="store_true", help="add the ttft-oracle policy")
+    ap.add_argument("--candidate", action="append", default=[], metavar="NAME=CONFIG",
+                    help="also run this epp config (a file or shipped name) as column NAME: a "
+                    "profile under study, not held to --check (repeatable)")
+    ap.add_argument("--no-baselines", action="store_true", help="leave the non-epp baselines out")
     ap.add_argument("--result-name", default="", help="write docs/results/NAME.md and .json")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -254,7 +258,12 @@ def main() -> int:
         names.remove("mooncake")
     seeds = args.seeds or (4 if args.quick else 3)
     policies = dict(PROFILES)
-    if not args.quick:
+    for item in args.candidate:
+        name, sep, spec = item.partition("=")
+        if not sep or not name or not spec:
+            ap.error(f"--candidate expects NAME=CONFIG, got {item!r}")
+        policies[name] = f"epp:{spec}"
+    if not args.quick and not args.no_baselines:
         policies.update(BASELINES)
     if args.ttft_oracle:
         policies["ttft-oracle"] = "ttft-oracle"

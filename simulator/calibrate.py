@@ -8,9 +8,10 @@ What it measures, one request or batch at a time (the server should be otherwise
   again (all but its last block cached). A least-squares fit of
   ``ttft = a + per_token * uncached + per_cached * cached``.
 * **decode**: ``B`` requests at once for each ``--batches`` size, each generating
-  ``--decode-tokens`` tokens (``ignore_eos``): the mean gap between a stream's tokens over
-  its middle half (the whole batch running) is one decode step of a batch of ``B``
-  (the median over the streams); a fit of ``step = decode_base + per_seq * B``.
+  ``--decode-tokens`` tokens (``ignore_eos``): a stream's time from its first token to its
+  last over ``decode-tokens - 1`` is one decode step of a batch of ``B`` (the median over
+  the streams; right whatever tokens a chunk carries, e.g. vLLM's ``--stream-interval``); a
+  fit of ``step = decode_base + per_seq * B``.
 * **the server**: its KV blocks, block size and ``max_num_seqs`` where ``/metrics`` says them.
 
 The model's lone-request TTFT is ``prefill + decode_step(1)`` (simulator/model/engine.py), so
@@ -153,10 +154,11 @@ async def calibrate(url: str, lengths: Sequence[int], batches: Sequence[int], re
             gaps: list[float] = []
             for _ in range(repeats):
                 runs = await asyncio.gather(*(client.stream(fresh(32), decode_tokens) for _ in range(b)))
-                for times in runs:  # the middle half: all of the batch admitted, none finished
-                    mid = times[len(times) // 4 : 3 * len(times) // 4]
-                    if len(mid) >= 2:
-                        gaps.append((mid[-1] - mid[0]) / (len(mid) - 1))
+                for times in runs:
+                    # from the first token to the last: decode_tokens - 1 steps, however the
+                    # server groups tokens into chunks (vLLM's --stream-interval)
+                    if len(times) >= 2:
+                        gaps.append((times[-1] - times[0]) / (decode_tokens - 1))
             if not gaps:
                 raise RuntimeError("no token gaps measured: raise --decode-tokens")
             steps[b] = statistics.median(gaps)

@@ -14,22 +14,24 @@ Rows with ``hash_ids`` carry ``block_tokens`` (512), which also tells them from 
 * ``burstgpt``: BurstGPT (CSV ``Timestamp`` seconds, ``Model``, ``Request tokens``,
   ``Response tokens``; rows with a 0-token response are failures and are left out).
 * ``stack``: the local stack's ``requests.jsonl`` (``epp-sim stack --demo --out-dir``; one
-  policy's run, the first round, ``--policy`` naming it when there are several): each
-  user is a session whose turn ``n`` extends turn ``n - 1``'s prompt (the chat it was), users
-  of one group share their first turn's prompt head up to the shortest of them (the group's
-  system prompt).
+  policy's run, the first round, ``--policy`` naming it when there are several), rebuilt as
+  the chat it was: each user is a session whose turn ``n`` is turn ``n - 1``'s prompt, its
+  reply and a question; the users of a group share its system prompt (the prompts' lengths
+  are the log's; the text is the emulator's, so the replay caches what the servers did).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import statistics
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from simulator.replay.workload import MOONCAKE_BLOCK_TOKENS
+from simulator.model.tokens import CHARS_PER_TOKEN, generate_text
+from simulator.replay.workload import MOONCAKE_BLOCK_TOKENS, random_text
 
 FORMATS = ("mooncake", "azure", "burstgpt", "stack")
 
@@ -112,12 +114,12 @@ def convert(fmt: str, path: str | Path, policy: str = "") -> Iterator[dict[str, 
             except ValueError as exc:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
     elif fmt == "stack":
-        yield from _stack(path, ids, policy)
+        yield from _stack(path, policy)
     else:
         raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
-def _stack(path: Path, ids: _Ids, policy: str) -> Iterator[dict[str, Any]]:
+def _stack(path: Path, policy: str) -> Iterator[dict[str, Any]]:
     rows = [r for _, r in _jsonl(path)]
     runs = sorted({(str(r.get("policy", "")), int(r.get("round", 0))) for r in rows})
     if policy:
@@ -135,24 +137,38 @@ def _stack(path: Path, ids: _Ids, policy: str) -> Iterator[dict[str, Any]]:
         for key in ("user", "turn", "group", "start_s", "prompt_tokens"):
             if key not in r:
                 raise ValueError(f"{path}: a row has no {key!r}: not the stack's requests.jsonl")
-    # a group's system prompt: the shortest first turn of its users, shared by all of them
+    # the prompts are rebuilt as text, as the stack's chat was: a group's system prompt, then
+    # each turn's question; turn n is turn n - 1's prompt, its reply and a new question. The
+    # question's length is the median growth between turns less the reply; the system prompt
+    # is the group's shortest first turn less one question.
+    by_turn = {(r["user"], r["turn"]): r for r in rows}
+    growth = [int(r["prompt_tokens"]) - int(prev["prompt_tokens"]) - int(prev.get("completion_tokens") or 1)
+              for r in rows if (prev := by_turn.get((r["user"], r["turn"] - 1))) is not None]  # fmt: skip
+    question = max(1, int(statistics.median(growth))) if growth else 64
     firsts: dict[int, int] = {}
     for r in rows:
-        if r["turn"] == 0 and r["prompt_tokens"]:
+        if r["turn"] == 0:
             firsts[r["group"]] = min(firsts.get(r["group"], 1 << 30), int(r["prompt_tokens"]))
-    system = {g: ids.take(n - MOONCAKE_BLOCK_TOKENS) if n > MOONCAKE_BLOCK_TOKENS else []
+    system = {g: "<|system|>" + random_text(0x5157 << 32 | g, max(1, n - question) * CHARS_PER_TOKEN)
               for g, n in firsts.items()}  # fmt: skip
-    history: dict[int, list[int]] = {}
+    history: dict[int, tuple[str, int]] = {}
+    out: list[tuple[float, dict[str, Any]]] = []
     for r in sorted(rows, key=lambda x: (x["user"], x["turn"])):
-        tokens = int(r["prompt_tokens"]) or 1
-        prev = history.get(r["user"]) or list(system.get(r["group"], []))
-        have = len(prev) * MOONCAKE_BLOCK_TOKENS
-        blocks = prev + (ids.take(tokens - have) if tokens > have else [])
-        blocks = blocks[: max(1, -(-tokens // MOONCAKE_BLOCK_TOKENS))]
-        history[r["user"]] = blocks
-        r["_blocks"] = blocks
-    for r in sorted(rows, key=lambda x: x["start_s"]):
-        yield {"timestamp": float(r["start_s"]), "hash_ids": r["_blocks"],
-               "input_length": int(r["prompt_tokens"]) or 1,
-               "output_length": int(r.get("completion_tokens") or 1),
-               "block_tokens": MOONCAKE_BLOCK_TOKENS, "session": f"user-{r['user']}"}  # fmt: skip
+        tokens = max(1, int(r["prompt_tokens"]))
+        output = int(r.get("completion_tokens") or 1)
+        prev = history.get(r["user"])
+        if prev is None:
+            base = system.get(r["group"], "")
+        else:
+            text, prev_out = prev
+            base = text + "<|assistant|>" + generate_text(text, prev_out)
+        want = tokens * CHARS_PER_TOKEN - len(base) - len("<|user|>")
+        key = 0x5158 << 40 | (r["user"] & 0xFFFFF) << 16 | (r["turn"] & 0xFFFF)
+        prompt = base + "<|user|>" + random_text(key, max(want, 4))
+        history[r["user"]] = (prompt, output)
+        out.append((float(r["start_s"]), {
+            "timestamp": float(r["start_s"]), "prompt": prompt, "api": "chat",
+            "input_length": tokens, "output_length": output, "session": f"user-{r['user']}",
+        }))  # fmt: skip
+    for _, row in sorted(out, key=lambda x: x[0]):
+        yield row

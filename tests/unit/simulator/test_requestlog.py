@@ -24,6 +24,7 @@ from simulator.replay.workload import (
     TraceRequest,
     build_generator,
     engine_block_hashes,
+    reply_text,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -189,8 +190,11 @@ def test_a_stack_request_log_converts_to_sessions_whose_turns_extend(tmp_path: P
     reqs = list(RequestLog.load(out).requests())
     assert len(reqs) == 12 and len({r.session_id for r in reqs}) == 4
     by_user = {s: [r for r in reqs if r.session_id == s] for s in {r.session_id for r in reqs}}
-    for turns in by_user.values():
-        for prev, nxt in itertools.pairwise(turns):  # a turn's blocks start with the last one's
-            assert nxt.hash_ids[: len(prev.hash_ids)] == prev.hash_ids
-    firsts = {s: t[0].hash_ids for s, t in by_user.items()}
-    assert firsts["user-0"][:2] == firsts["user-2"][:2] != firsts["user-1"][:2]  # a group's system prompt
+    for turns in by_user.values():  # each turn is the last one, its reply and a question
+        for prev, nxt in itertools.pairwise(turns):
+            assert nxt.prompt.startswith(prev.prompt + "<|assistant|>" + reply_text(prev))
+            assert nxt.prompt_tokens == prev.prompt_tokens + 700 and nxt.api.value == "chat_completions"
+    firsts = {s: t[0].prompt for s, t in by_user.items()}
+    system = 1500 - (700 - 40)  # the group's first turn less one question (growth less the reply)
+    assert firsts["user-0"][: system * 4] == firsts["user-2"][: system * 4]  # a group's system prompt
+    assert firsts["user-0"][:40] != firsts["user-1"][:40]
