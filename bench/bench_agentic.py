@@ -39,11 +39,12 @@ from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
 from simulator.replay.report import summarize  # noqa: E402
 from simulator.replay.workload import build_generator  # noqa: E402
 
-POLICIES = {"default": "epp", "+sessions": "epp", "+token load": "epp", "+both": "epp",
+POLICIES = {"default": "epp", "+sessions": "epp", "+token load (agentic)": "epp", "+both": "epp",
             "sticky (llm-d style)": "epp:sticky", "SGLang cache-aware": "cache-aware"}  # fmt: skip
-ADDED = {"+sessions": ("session-affinity-scorer",), "+token load": ("token-load-scorer",),
+ADDED = {"+sessions": ("session-affinity-scorer",), "+token load (agentic)": ("token-load-scorer",),
          "+both": ("session-affinity-scorer", "token-load-scorer")}
-"""The variants of the default: these scorers added to it, weight 1 each."""
+"""The variants of the default: these scorers added to it, weight 1 each (the default with
+token load is the shipped ``agentic`` profile)."""
 
 
 def variant(name: str) -> Any:

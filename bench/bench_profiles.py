@@ -63,7 +63,8 @@ from simulator.replay.workload import (  # noqa: E402
 PROFILES = {"default": "epp", "prefix-load": "epp:prefix-load",
             "predicted-blend": "epp:predicted-blend",
             "predicted-ttft": "epp:predicted-ttft", "filter-chain": "epp:filter-chain",
-            "cache-aware-profile": "epp:cache-aware", "sticky": "epp:sticky"}  # fmt: skip
+            "cache-aware-profile": "epp:cache-aware", "agentic": "epp:agentic",
+            "sticky": "epp:sticky"}  # fmt: skip
 BASELINES = {"sglang": "cache-aware", "least-load": "least-load", "round-robin": "round-robin",
              "random": "random", "chwbl": "chwbl"}  # fmt: skip
 REPLACED = ("prefix-load", "predicted-ttft")

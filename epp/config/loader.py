@@ -107,7 +107,7 @@ _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 ``epp.datastore.static``) from ``EppConfig.raw``."""
 
 SHIPPED = ("default", "prefix-load", "predicted-blend", "filter-chain", "predicted-ttft", "cache-aware",
-           "conformance", "pd", "sticky")
+           "conformance", "pd", "agentic", "sticky")
 
 
 def _camel(name: str) -> str:
