@@ -142,8 +142,8 @@ def _stack(path: Path, policy: str) -> Iterator[dict[str, Any]]:
     # question's length is the median growth between turns less the reply; the system prompt
     # is the group's shortest first turn less one question.
     by_turn = {(r["user"], r["turn"]): r for r in rows}
-    growth = [int(r["prompt_tokens"]) - int(prev["prompt_tokens"]) - int(prev.get("completion_tokens") or 1)
-              for r in rows if (prev := by_turn.get((r["user"], r["turn"] - 1))) is not None]  # fmt: skip
+    growth = [int(r["prompt_tokens"]) - int(last["prompt_tokens"]) - int(last.get("completion_tokens") or 1)
+              for r in rows if (last := by_turn.get((r["user"], r["turn"] - 1))) is not None]  # fmt: skip
     question = max(1, int(statistics.median(growth))) if growth else 64
     firsts: dict[int, int] = {}
     for r in rows:
