@@ -14,15 +14,22 @@ again is dropped after ``ttlSeconds``.
 * the filter: keeps endpoints whose load is at most ``maxTokens``, or, when the server
   reports its KV capacity, at most ``maxShare`` of it; all of them when none qualifies
   (llm-d's utilization filter, in tokens).
+
+The scorer exports what it counts: ``epp_endpoint_tokens_in_flight{endpoint,phase}`` (phase
+``held``: tokens the requests keep in KV; ``prefill``: prompt tokens before their first token).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
 from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.interfaces import PluginContext
 from epp.framework.types import CycleState, PickResult, ResponseInfo
 
 _CHARS_PER_TOKEN = 4
@@ -128,6 +135,12 @@ class TokenLoadScorer(_InFlightTokens):
         super().__init__(params)
         self.name = name
 
+    async def start(self, ctx: PluginContext) -> None:
+        ctx.register(_TokensCollector(self))
+
+    async def stop(self) -> None:
+        pass
+
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         w = self.params.prefill_weight
         loads = [self.load(e.id, w) for e in endpoints]
@@ -154,3 +167,19 @@ class TokenLoadFilter(_InFlightTokens):
                 continue
             kept.append(e)
         return kept or endpoints
+
+
+class _TokensCollector(Collector):
+    def __init__(self, tokens: _InFlightTokens) -> None:
+        self.tokens = tokens
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fam = GaugeMetricFamily(
+            "epp_endpoint_tokens_in_flight",
+            "Tokens of the requests epp has in flight on the endpoint (token-load-scorer): "
+            "held in KV, or still to prefill.", labels=["endpoint", "phase"],
+        )  # fmt: skip
+        for phase, counts in (("held", self.tokens.held), ("prefill", self.tokens.prefill)):
+            for eid, n in sorted(list(counts.items())):
+                fam.add_metric([eid, phase], n)
+        yield fam
