@@ -34,8 +34,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import aiohttp
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -54,21 +52,6 @@ DEMO = ["--engine", "vllm", "--replicas", "2", "--kv-mib", str(KV_MIB), "--vllm-
 REPLAY_POLICY = {"epp": "epp", "random": "random", "round-robin": "round-robin", "sglang": "cache-aware"}
 
 
-async def wait_up(url: str, proc: asyncio.subprocess.Process, log: Path, timeout_s: float = 300) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    async with aiohttp.ClientSession() as http:
-        while loop.time() < deadline:
-            if proc.returncode is not None:
-                raise RuntimeError(f"the vLLM server exited: {log.read_text(errors='replace')[-2000:]}")
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(f"{url}/health") as r:
-                    if r.status == 200:
-                        return
-            await asyncio.sleep(0.5)
-    raise RuntimeError(f"{url} not up after {timeout_s:g} s")
-
-
 async def calibrate_servers(n: int, logs: Path, together: bool) -> tuple[CostModel, dict[str, int]]:
     """Start ``n`` servers and calibrate them, all at once (``together``: each measured while
     the others are, as the live stack loads them together on this machine's cores) or one
@@ -80,16 +63,11 @@ async def calibrate_servers(n: int, logs: Path, together: bool) -> tuple[CostMod
     urls: list[str] = []
     try:
         for i in range(n):
-            port = vllm.free_port()
-            log = open(logs / f"calibrate-vllm-{i}.log", "wb")  # noqa: SIM115, ASYNC230 - the child's
-            procs.append(await asyncio.create_subprocess_exec(
-                *vllm.server_command(setup, port, options), stdin=asyncio.subprocess.DEVNULL,
-                stdout=log, stderr=log, start_new_session=True, env=vllm.server_env(i),
-            ))  # fmt: skip
-            log.close()
-            urls.append(f"http://127.0.0.1:{port}")
+            address, proc = await vllm.start_server(setup, i, options, logs / f"calibrate-vllm-{i}.log")
+            procs.append(proc)
+            urls.append(f"http://{address}")
         for i, url in enumerate(urls):
-            await wait_up(url, procs[i], logs / f"calibrate-vllm-{i}.log")
+            await vllm.wait_healthy(f"{url}/health", procs[i], logs / f"calibrate-vllm-{i}.log")
         print(f"calibrating {n} servers {'together' if together else 'one after the other'}...", flush=True)
 
         async def one(url: str) -> CostProfile:

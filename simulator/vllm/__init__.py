@@ -16,6 +16,8 @@ and build the tiny model (``build_tiny_model.py``, ~5 s, 70 MB). A server then s
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import platform
 import shutil
@@ -241,6 +243,44 @@ def server_env(index: int) -> dict[str, str]:
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", VLLM_SERVER_DEV_MODE="1")  # fmt: skip
     return env
+
+
+async def start_server(setup: VllmSetup, index: int, options: ServerOptions, log_path: Path,
+                       port: int = 0) -> tuple[str, asyncio.subprocess.Process]:  # fmt: skip
+    """Start server ``index`` (its own process group, output to ``log_path``); returns its
+    ``127.0.0.1:port`` and process. :func:`wait_healthy` waits for it."""
+    port = port or free_port()
+    log = open(log_path, "wb")  # noqa: SIM115, ASYNC230 - handed to the child, closed below
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *server_command(setup, port, options), stdin=asyncio.subprocess.DEVNULL,
+            stdout=log, stderr=log, start_new_session=True, env=server_env(index),
+        )  # fmt: skip
+    finally:
+        log.close()
+    return f"127.0.0.1:{port}", proc
+
+
+async def wait_healthy(url: str, proc: asyncio.subprocess.Process, log_path: Path,
+                       timeout_s: float = 300.0) -> None:  # fmt: skip
+    """Until ``url`` answers 200 (``/health``, ``/metrics``...); raises with the log's tail when
+    the process exits first, or after ``timeout_s``."""
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while True:
+            if proc.returncode is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]  # noqa: ASYNC240 - once, failing
+                raise RuntimeError(f"{url}: the process exited: {tail}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(url) as r:
+                    if r.status == 200:
+                        return
+            if loop.time() > deadline:
+                raise RuntimeError(f"{url} not up after {timeout_s:g} s")
+            await asyncio.sleep(0.5)
 
 
 def free_port() -> int:

@@ -15,7 +15,6 @@ import contextlib
 import os
 import signal
 import socket
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import yaml
 from epp.envoyconfig import UPSTREAM_HOST_HEADER, EnvoyOptions
 from simulator import vllm
 from simulator.envoy import start_envoy, with_ports
-from tests.vllm.test_pd import _wait, metric
+from tests.vllm.procs import kill_all, metric, start_epp
 
 pytestmark = [pytest.mark.vllm]
 MODEL = "tiny"
@@ -71,16 +70,11 @@ async def two_ranks(tmp_path: Path) -> AsyncIterator[Ranks]:
     try:
         ranks = []
         for rank in (0, 1):
-            port = vllm.free_port()
             options = vllm.ServerOptions(model_name=MODEL, kv_cache_bytes=16 << 20,
                                          kv_events_endpoint=f"tcp://*:{events + rank}")  # fmt: skip
-            log = open(tmp_path / f"vllm-{rank}.log", "wb")  # noqa: SIM115, ASYNC230 - handed to the child
-            procs.append(await asyncio.create_subprocess_exec(
-                *vllm.server_command(setup, port, options), stdin=asyncio.subprocess.DEVNULL,
-                stdout=log, stderr=log, start_new_session=True, env=vllm.server_env(rank),
-            ))  # fmt: skip
-            log.close()
-            ranks.append(f"127.0.0.1:{port}")
+            address, proc = await vllm.start_server(setup, rank, options, tmp_path / f"vllm-{rank}.log")
+            procs.append(proc)
+            ranks.append(address)
         config = {
             "plugins": [
                 {"type": "precise-prefix-cache-producer", "parameters": {
@@ -96,20 +90,11 @@ async def two_ranks(tmp_path: Path) -> AsyncIterator[Ranks]:
             "saturation": {"metricsStalenessSeconds": 2},
         }  # fmt: skip
         (tmp_path / "epp.yaml").write_text(yaml.safe_dump(config))
-        grpc_port, metrics_port = vllm.free_port(), vllm.free_port()
-        log = open(tmp_path / "epp.log", "ab")  # noqa: SIM115, ASYNC230 - handed to the child
-        epp = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1", "--grpc-port",
-            str(grpc_port), "--health-port", "-1", "--metrics-port", str(metrics_port),
-            "--log-format", "text", "--config", str(tmp_path / "epp.yaml"),
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        )  # fmt: skip
-        log.close()
+        epp, grpc_port, metrics_port = await start_epp(tmp_path / "epp.yaml", tmp_path / "epp.log")
         procs.append(epp)
-        async with aiohttp.ClientSession() as http:
-            for i, r in enumerate(ranks):
-                await _wait(http, f"http://{r}/health", procs[i], tmp_path / f"vllm-{i}.log", 300)
-            await _wait(http, f"http://127.0.0.1:{metrics_port}/metrics", epp, tmp_path / "epp.log", 30)
+        for i, r in enumerate(ranks):
+            await vllm.wait_healthy(f"http://{r}/health", procs[i], tmp_path / f"vllm-{i}.log")
+        await vllm.wait_healthy(f"http://127.0.0.1:{metrics_port}/metrics", epp, tmp_path / "epp.log", 30)
         envoy = await start_envoy(with_ports(EnvoyOptions(
             epp=(f"127.0.0.1:{grpc_port}",), pool=tuple(ranks), upstream_host_header=True,
         )), tmp_path)  # fmt: skip
@@ -118,10 +103,7 @@ async def two_ranks(tmp_path: Path) -> AsyncIterator[Ranks]:
     finally:
         if envoy is not None:
             await envoy.stop()
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        await kill_all(procs)
 
 
 def conversation(topic: str, turns: int) -> list[dict[str, str]]:

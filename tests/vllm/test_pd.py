@@ -16,8 +16,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ from epp.envoyconfig import UPSTREAM_HOST_HEADER, EnvoyOptions
 from epp.sidecar.proxy import SidecarConfig, run
 from simulator import vllm
 from simulator.envoy import start_envoy, with_ports
+from tests.vllm.procs import kill_all, metric, start_epp
 
 pytestmark = [pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,19 +41,6 @@ def prompt(topic: str) -> str:
     """~700 tokens, distinct from the first words: epp splits them (over 256 uncached)."""
     return (f"Write a short note on {topic}. " + f"Context about {topic}: " +
             " ".join(f"fact {i} about {topic} is worth remembering;" for i in range(90)))  # fmt: skip
-
-
-async def metric(http: aiohttp.ClientSession, url: str, name: str, labels: str = "") -> float:
-    async with http.get(url) as r:
-        text = await r.text()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        key, value = line.rsplit(" ", 1)
-        if key == name or (key.startswith(name + "{") and labels in key):
-            total += float(value)
-    return total
 
 
 @dataclass
@@ -71,28 +57,8 @@ class PdStack:
 
 
 async def _vllm(setup: vllm.VllmSetup, index: int, shared: Path, logs: Path) -> tuple[str, asyncio.subprocess.Process]:
-    port = vllm.free_port()
     options = vllm.ServerOptions(model_name=MODEL, kv_cache_bytes=16 << 20, shared_kv_dir=str(shared))
-    log = open(logs / f"vllm-{index}.log", "wb")  # noqa: SIM115, ASYNC230 - handed to the child
-    proc = await asyncio.create_subprocess_exec(
-        *vllm.server_command(setup, port, options), stdin=asyncio.subprocess.DEVNULL,
-        stdout=log, stderr=log, start_new_session=True, env=vllm.server_env(index),
-    )  # fmt: skip
-    log.close()
-    return f"127.0.0.1:{port}", proc
-
-
-async def _wait(http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process,
-                log: Path, timeout_s: float) -> None:  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert proc.returncode is None, log.read_text(errors="replace")[-3000:]
-        with contextlib.suppress(aiohttp.ClientError):
-            async with http.get(url) as r:
-                if r.status == 200:
-                    return
-        assert time.monotonic() < deadline, f"{url} not up after {timeout_s:g} s"
-        await asyncio.sleep(0.5)
+    return await vllm.start_server(setup, index, options, logs / f"vllm-{index}.log")
 
 
 @contextlib.asynccontextmanager
@@ -123,20 +89,11 @@ async def pd_stack(tmp_path: Path) -> AsyncIterator[PdStack]:
              "metricsPort": int(decoder.split(":")[1])},
         ]  # fmt: skip
         (tmp_path / "pd.yaml").write_text(yaml.safe_dump(config))
-        grpc_port, metrics_port = vllm.free_port(), vllm.free_port()
-        log = open(tmp_path / "epp.log", "ab")  # noqa: SIM115, ASYNC230 - handed to the child
-        epp = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1", "--grpc-port",
-            str(grpc_port), "--health-port", "-1", "--metrics-port", str(metrics_port),
-            "--log-format", "text", "--config", str(tmp_path / "pd.yaml"),
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        )  # fmt: skip
-        log.close()
+        epp, grpc_port, metrics_port = await start_epp(tmp_path / "pd.yaml", tmp_path / "epp.log")
         procs.append(epp)
-        async with aiohttp.ClientSession() as http:
-            await _wait(http, f"http://{prefiller}/health", p_proc, tmp_path / "vllm-0.log", 300)
-            await _wait(http, f"http://{decoder}/health", d_proc, tmp_path / "vllm-1.log", 300)
-            await _wait(http, f"http://127.0.0.1:{metrics_port}/metrics", epp, tmp_path / "epp.log", 30)
+        await vllm.wait_healthy(f"http://{prefiller}/health", p_proc, tmp_path / "vllm-0.log")
+        await vllm.wait_healthy(f"http://{decoder}/health", d_proc, tmp_path / "vllm-1.log")
+        await vllm.wait_healthy(f"http://127.0.0.1:{metrics_port}/metrics", epp, tmp_path / "epp.log", 30)
         envoy = await start_envoy(with_ports(EnvoyOptions(
             epp=(f"127.0.0.1:{grpc_port}",), pool=(prefiller, f"127.0.0.1:{side_port}"),
             upstream_host_header=True,
@@ -150,10 +107,7 @@ async def pd_stack(tmp_path: Path) -> AsyncIterator[PdStack]:
         stop.set()
         if sidecar_task is not None:
             await sidecar_task
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        await kill_all(procs)
 
 
 async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: Path) -> None:
