@@ -23,7 +23,6 @@ Rows with ``hash_ids`` carry ``block_tokens`` (512), which also tells them from 
 from __future__ import annotations
 
 import csv
-import json
 import statistics
 from collections.abc import Iterator
 from datetime import datetime
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.model.tokens import CHARS_PER_TOKEN, generate_text
-from simulator.replay.workload import MOONCAKE_BLOCK_TOKENS, random_text
+from simulator.replay.workload import MOONCAKE_BLOCK_TOKENS, json_lines, random_text
 
 FORMATS = ("mooncake", "azure", "burstgpt", "stack")
 
@@ -51,15 +50,12 @@ class _Ids:
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    obj = json.loads(line)
-                except ValueError as exc:
-                    raise ValueError(f"{path}:{lineno}: not JSON ({exc})") from None
-                if not isinstance(obj, dict):
-                    raise ValueError(f"{path}:{lineno}: a row is a JSON object")
-                yield lineno, obj
+        for lineno, value in json_lines(f):
+            if isinstance(value, Exception):
+                raise ValueError(f"{path}:{lineno}: {value}")
+            if not isinstance(value, dict):
+                raise ValueError(f"{path}:{lineno}: a row is a JSON object")
+            yield lineno, value
 
 
 def _csv(path: Path, needed: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:

@@ -44,10 +44,14 @@ from epp.errors import BadRequest
 from epp.framework.request import ApiKind
 from epp.request.flatten import chat_prompt
 from simulator.model.tokens import CHARS_PER_TOKEN, token_ids_text
-from simulator.replay.workload import MOONCAKE_BLOCK_TOKENS, TraceRequest, mooncake_block_text
+from simulator.replay.workload import (
+    MOONCAKE_BLOCK_TOKENS,
+    TraceRequest,
+    json_lines,
+    mooncake_block_text,
+    read_rows,
+)
 
-MAX_ROW_CHARS = 64 << 20
-"""A longer line is refused (a row is one request)."""
 PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids", "hash_ids")
 
 
@@ -146,8 +150,10 @@ def _prompt_of(obj: Mapping[str, Any]) -> tuple[str, int, ApiKind, tuple[int, ..
     return prompt, tokens, api, hash_ids, has_text
 
 
-def parse_row(obj: Mapping[str, Any], index: int) -> _Row:
+def parse_row(obj: Any, index: int) -> _Row:
     """One row, checked; the reasons name the field."""
+    if not isinstance(obj, Mapping):
+        raise TypeError("a row is a JSON object")
     if "timestamp" not in obj or obj["timestamp"] in ("", None):
         raise ValueError("no timestamp")
     at = _time(obj["timestamp"])
@@ -173,7 +179,7 @@ def parse_row(obj: Mapping[str, Any], index: int) -> _Row:
     return _Row(at, request)
 
 
-def _rows(path: Path) -> Iterator[tuple[int, Mapping[str, Any] | Exception]]:
+def _rows(path: Path) -> Iterator[tuple[int, Any]]:
     """(line, row or why it is not one) for each row of a JSONL or CSV file."""
     with open(path, encoding="utf-8", newline="") as f:
         if path.suffix.lower() == ".csv":
@@ -181,18 +187,7 @@ def _rows(path: Path) -> Iterator[tuple[int, Mapping[str, Any] | Exception]]:
             for row in reader:
                 yield reader.line_num, row
             return
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if len(line) > MAX_ROW_CHARS:
-                yield lineno, ValueError(f"a line of over {MAX_ROW_CHARS} characters")
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                yield lineno, ValueError(f"not JSON ({exc})")
-                continue
-            yield lineno, obj if isinstance(obj, dict) else TypeError("a row is a JSON object")
+        yield from json_lines(f)
 
 
 class RequestLog:
@@ -212,23 +207,8 @@ class RequestLog:
     def load(cls, path: str | Path, time_scale: float = 1.0, limit: int = 0,
              skip_bad_rows: bool = False) -> RequestLog:  # fmt: skip
         path = Path(path)
-        rows: list[_Row] = []
-        skipped: list[str] = []
-        for lineno, obj in _rows(path):
-            try:
-                if isinstance(obj, Exception):
-                    raise obj
-                rows.append(parse_row(obj, len(rows)))
-            except (ValueError, TypeError) as exc:
-                why = f"{path}:{lineno}: not a request-log row ({exc})"
-                if not skip_bad_rows:
-                    raise ValueError(why + "; --skip-bad-rows leaves such rows out") from None
-                skipped.append(why)
-                continue
-            if limit and len(rows) >= limit:
-                break
-        if not rows:
-            raise ValueError(f"{path}: no request rows" + (f" ({len(skipped)} bad)" if skipped else ""))
+        rows, skipped = read_rows(path, _rows(path), parse_row, "a request-log row", "request rows",
+                                  limit, skip_bad_rows)  # fmt: skip
         kinds = {type(r.at) for r in rows}
         if len(kinds) > 1:
             raise ValueError(f"{path}: timestamps mix seconds and ISO 8601 times")

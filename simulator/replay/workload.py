@@ -32,10 +32,10 @@ import dataclasses
 import json
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import xxhash
 
@@ -43,6 +43,9 @@ from epp.framework.request import ApiKind
 from simulator.model.cache import model_seed, text_block_hashes
 from simulator.model.tokens import CHARS_PER_TOKEN, generate_text
 
+T = TypeVar("T")
+MAX_ROW_CHARS = 64 << 20
+"""A trace line longer than this is refused (a row is one request)."""
 MOONCAKE_BLOCK_TOKENS = 512
 MOONCAKE_BLOCK_CHARS = MOONCAKE_BLOCK_TOKENS * CHARS_PER_TOKEN
 DEFAULT_TRACE = Path("..") / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -177,6 +180,45 @@ def _mooncake_row(obj: Any) -> _MooncakeRow:
     return _MooncakeRow(timestamp, input_length, output_length, hash_ids)
 
 
+def json_lines(lines: Iterable[str]) -> Iterator[tuple[int, Any]]:
+    """(line number, the line's JSON value, or why it is none) for each non-blank line; a
+    line over ``MAX_ROW_CHARS`` is refused unread (a row is one request)."""
+    for lineno, line in enumerate(lines, 1):
+        if len(line) > MAX_ROW_CHARS:
+            yield lineno, ValueError(f"a line of over {MAX_ROW_CHARS} characters")
+        elif line.strip():
+            try:
+                yield lineno, json.loads(line.strip())
+            except ValueError as exc:
+                yield lineno, ValueError(f"not JSON ({exc})")
+
+
+def read_rows(path: str | Path, raw: Iterable[tuple[int, Any]], parse: Callable[[Any, int], T],
+              what: str, plural: str, limit: int = 0, skip_bad_rows: bool = False) -> tuple[list[T], list[str]]:  # fmt: skip
+    """A trace's rows, each ``(line, value)`` of ``raw`` through ``parse(value, index)`` (a
+    value that is an exception is a bad row). A bad row raises ValueError naming its line and
+    ``--skip-bad-rows``, or with ``skip_bad_rows`` is left out and described in the second list;
+    no good row at all is an error."""
+    rows: list[T] = []
+    skipped: list[str] = []
+    for lineno, value in raw:
+        try:
+            if isinstance(value, Exception):
+                raise value
+            rows.append(parse(value, len(rows)))
+        except (ValueError, KeyError, TypeError) as exc:
+            why = f"{path}:{lineno}: not {what} ({exc})"
+            if not skip_bad_rows:
+                raise ValueError(why + "; --skip-bad-rows leaves such rows out") from None
+            skipped.append(why)
+            continue
+        if limit and len(rows) >= limit:
+            break
+    if not rows:
+        raise ValueError(f"{path}: no {plural}" + (f" ({len(skipped)} bad)" if skipped else ""))
+    return rows, skipped
+
+
 class MooncakeTrace:
     """A Mooncake-format JSONL trace; ``time_scale`` multiplies every arrival time
     (0.5 replays it twice as fast)."""
@@ -196,25 +238,9 @@ class MooncakeTrace:
              skip_bad_rows: bool = False) -> MooncakeTrace:  # fmt: skip
         """Read a trace; a bad row raises ValueError naming its line, or with
         ``skip_bad_rows`` is left out and listed in ``skipped``."""
-        rows: list[_MooncakeRow] = []
-        skipped: list[str] = []
         with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = _mooncake_row(json.loads(line.strip()))
-                except (ValueError, KeyError, TypeError) as exc:
-                    why = f"{path}:{lineno}: not a Mooncake trace row ({exc})"
-                    if not skip_bad_rows:
-                        raise ValueError(why + "; --skip-bad-rows leaves such rows out") from None
-                    skipped.append(why)
-                    continue
-                rows.append(row)
-                if limit and len(rows) >= limit:
-                    break
-        if not rows:
-            raise ValueError(f"{path}: no trace rows" + (f" ({len(skipped)} bad)" if skipped else ""))
+            rows, skipped = read_rows(path, json_lines(f), lambda obj, _i: _mooncake_row(obj),
+                                      "a Mooncake trace row", "trace rows", limit, skip_bad_rows)  # fmt: skip
         rows.sort(key=lambda r: r.timestamp_ms)
         return cls(rows, time_scale, name=Path(path).stem, skipped=skipped)
 
