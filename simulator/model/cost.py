@@ -14,7 +14,14 @@ Two linear laws, fitted by eye to published vLLM figures for Llama-3-8B on an A1
 The cost of one engine step that admits new requests is the sum of their prefills plus one
 decode step over the whole batch (prefill and decode share the step, as in vLLM's mixed
 batches). Attention's quadratic term is ignored: a 15k-token prompt costs 1.4 s, close
-enough for routing studies. ``speedup`` divides every duration, so a test can run a
+enough for routing studies.
+
+* **KV transfer** of a disaggregated prefill (prefiller -> decoder): ``kv_transfer_base_s +
+  kv_transfer_per_token_s * tokens``. Llama-3-8B's KV is 128 KiB a token (32 layers x 8 KV
+  heads x 128 x 2 (K, V) x 2 bytes); over a 200 Gb/s RDMA link (~25 GB/s, NIXL) that is
+  ~5 us a token, 10 ms for 2k tokens, plus ~2 ms of set-up and the sidecar's round trip.
+
+``speedup`` divides every duration, so a test can run a
 "GPU" 100x faster than real time with the same relative timings.
 """
 
@@ -34,6 +41,8 @@ class CostModel:
     prefill_per_cached_token_s: float = 0.000004
     decode_base_s: float = 0.015
     decode_per_seq_s: float = 0.0003
+    kv_transfer_base_s: float = 0.002
+    kv_transfer_per_token_s: float = 0.000005
     speedup: float = 1.0
 
     def __post_init__(self) -> None:
@@ -43,6 +52,8 @@ class CostModel:
             "prefill_per_cached_token_s",
             "decode_base_s",
             "decode_per_seq_s",
+            "kv_transfer_base_s",
+            "kv_transfer_per_token_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"cost model field {name!r} must be >= 0")
@@ -61,9 +72,13 @@ class CostModel:
         """One decode step in which ``batch_size`` running requests each emit one token."""
         return (self.decode_base_s + self.decode_per_seq_s * batch_size) / self.speedup
 
+    def kv_transfer_s(self, tokens: int) -> float:
+        """Time to move the KV of ``tokens`` prompt tokens from a prefiller to a decoder."""
+        return (self.kv_transfer_base_s + self.kv_transfer_per_token_s * tokens) / self.speedup
+
 
 COST_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_cached_token_s", "decode_base_s",
-               "decode_per_seq_s")  # fmt: skip
+               "decode_per_seq_s", "kv_transfer_base_s", "kv_transfer_per_token_s")  # fmt: skip
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,7 +101,7 @@ def presets() -> list[str]:
 
 
 def load_profile(spec: str) -> CostProfile:
-    """A preset by name, or a profile file (YAML or JSON): ``cost:`` holds the five step-cost
+    """A preset by name, or a profile file (YAML or JSON): ``cost:`` holds the step-cost
     fields (seconds; missing ones keep the default model's), ``name``, ``source`` and
     ``server`` are optional. Errors name the file and field."""
     import yaml

@@ -17,6 +17,10 @@ Scheduling, simplified from vLLM:
   running request never has to be preempted.
 * A step that admits requests lasts ``sum(prefill) + decode_step(batch)`` and gives the new
   requests their first token; otherwise the batch decodes, ``decode_step(batch)`` per token.
+* Disaggregated serving: a request carrying ``external_tokens`` (its prefill ran on another
+  server) loads those the local cache lacks instead of computing them; they count as cached
+  in its prefill cost and as vLLM's external prefix-cache hits. The transfer itself happens
+  before the request reaches the engine (its caller delays it, ``CostModel.kv_transfer_s``).
 
 Time advances in *segments* rather than single steps: while the batch does not change,
 ``k`` identical decode steps are one segment ending when the next request finishes
@@ -84,6 +88,10 @@ class EngineRequest:
     ``None``: only the prompt's blocks stay cached."""
     adapter: str = ""
     """LoRA adapter name, empty for the base model."""
+    external_tokens: int = 0
+    """Leading prompt tokens whose KV another server computed (a disaggregated prefill):
+    those the local cache lacks are loaded, not computed (vLLM's external prefix cache
+    hits), charged as cached tokens. The last prompt token is always computed."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,7 +99,8 @@ class FirstToken:
     request_id: str
     time_s: float
     cached_tokens: int
-    """Prompt tokens served from the prefix cache (``usage.prompt_tokens_details``)."""
+    """Prompt tokens served from the prefix cache or loaded from another server
+    (``usage.prompt_tokens_details``)."""
     admitted_s: float
     """When the request left the waiting queue."""
 
@@ -125,6 +134,9 @@ class _Seq:
     g0: int = 0
     """Engine step counter when the request joined the batch."""
     cached_tokens: int = 0
+    """Local prefix-cache hits plus ``external``."""
+    external: int = 0
+    """Tokens loaded from another server's prefill (beyond the local hits)."""
 
 
 class Engine:
@@ -157,6 +169,11 @@ class Engine:
         self._first: list[FirstToken] = []
         self._finished: list[Finished] = []
         self.completed = 0
+        self.external_queries_tokens = 0
+        """Prompt tokens looked up in another server's KV (vLLM
+        ``external_prefix_cache_queries``): the uncached part of requests that carry some."""
+        self.external_hits_tokens = 0
+        """...and the tokens loaded from there (``external_prefix_cache_hits``)."""
 
     # -- driving ---------------------------------------------------------------------------
 
@@ -235,6 +252,8 @@ class Engine:
         e._first = list(self._first)
         e._finished = list(self._finished)
         e.completed = self.completed
+        e.external_queries_tokens = self.external_queries_tokens
+        e.external_hits_tokens = self.external_hits_tokens
         return e
 
     def first_token_if(self, request: EngineRequest, now: float) -> float:
@@ -379,7 +398,14 @@ class Engine:
             self._waiting_ids.discard(req.request_id)
             seq.admitted_s = t
             seq.g0 = self._steps
-            seq.cached_tokens = alloc.hit_tokens
+            hit = alloc.hit_tokens
+            if req.external_tokens:
+                bs = cache.block_size_tokens
+                loadable = min(req.external_tokens, (req.num_prompt_tokens - 1) // bs * bs)
+                seq.external = max(0, loadable - hit)
+                self.external_queries_tokens += req.num_prompt_tokens - hit
+                self.external_hits_tokens += seq.external
+            seq.cached_tokens = hit + seq.external
             running[req.request_id] = seq
             heapq.heappush(
                 self._finish_heap, (self._steps + req.max_output_tokens, seq.order, req.request_id)
@@ -387,7 +413,7 @@ class Engine:
             if req.adapter:
                 adapters[req.adapter] = adapters.get(req.adapter, 0) + 1
             admitted.append(seq)
-            budget -= req.num_prompt_tokens - alloc.hit_tokens
+            budget -= req.num_prompt_tokens - seq.cached_tokens
         if skipped:
             waiting.extendleft(reversed(skipped))
         return admitted

@@ -24,8 +24,8 @@ from epp.errors import ConfigError
 from simulator.clihelp import HelpFormatter, deprecated_alias
 from simulator.model.cost import CostModel, load_profile
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds
-from simulator.replay.policies import POLICY_NAMES, policy_factory
-from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
+from simulator.replay.policies import POLICY_NAMES, ROLE_AWARE_POLICIES, policy_factory
+from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult, pd_roles
 from simulator.replay.report import PolicyStats, print_table, summarize
 from simulator.replay.requestlog import RequestLog
 from simulator.replay.sweep import parse_sweep, sweep_points
@@ -81,6 +81,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", help="epp scheduling config (file or shipped name) for epp, precise and oracle "
                    "(default: the shipped 'default')")
     p.add_argument("--replicas", type=int, default=d.replicas, help="emulated replicas")
+    p.add_argument(
+        "--pd",
+        metavar="P:D",
+        help="disaggregated serving: P prefill and D decode replicas (sets --replicas "
+        "to P+D; default --config pd, --policies epp); split requests prefill on a "
+        "prefiller, move their KV (--cost's kv_transfer_*) and decode on the decoder",
+    )
     p.add_argument("--kv-blocks", type=int, default=d.kv_blocks, help="KV blocks per replica")
     p.add_argument("--block-size", type=int, default=d.block_size_tokens, help="tokens per KV block")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
@@ -223,36 +230,55 @@ def _run_policies(
     return results, stats
 
 
+def _setup(args: argparse.Namespace) -> tuple[Workload, Any, list[str], ReplayConfig, Any]:
+    """The workload, the epp config, the policies, the replay settings and the sweep."""
+    workload = build_workload(args)
+    if not len(workload):
+        raise ValueError(f"workload {workload.name} has no requests")
+    roles = pd_roles(args.pd) if args.pd else ()
+    if roles:
+        args.replicas = len(roles)
+        if not args.config:
+            args.config = "pd"
+        if args.policies == DEFAULT_POLICIES:
+            args.policies = "epp"
+    epp_cfg = load_config(args.config) if args.config else default_config()
+    specs = [s.strip() for s in args.policies.split(",") if s.strip()]
+    for spec in specs:
+        policy_factory(spec, epp_cfg)  # fail fast on a bad name or config
+        if roles and spec.partition(":")[0] not in ROLE_AWARE_POLICIES:
+            raise ValueError(
+                f"policy {spec!r} does not read endpoint roles: with --pd, "
+                f"policies {', '.join(ROLE_AWARE_POLICIES)} (with a P/D config)"
+            )
+    config = ReplayConfig(
+        replicas=args.replicas,
+        kv_blocks=args.kv_blocks,
+        block_size_tokens=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_batched_tokens=args.max_batched_tokens,
+        max_loras=args.max_loras,
+        cost=load_profile(args.cost).cost if args.cost else CostModel(),
+        scrape_interval_s=args.scrape_interval_s,
+        seed=args.seed,
+        routers=args.routers,
+        bypass_share=args.bypass_share,
+        restarts=tuple(_restart(r) for r in args.restart),
+        reported_kv_blocks=args.reported_kv_blocks,
+        event_delay_s=args.event_delay,
+        event_loss=args.event_loss,
+        roles=roles,
+    )
+    sweep = parse_sweep(args.sweep) if args.sweep else None
+    return workload, epp_cfg, specs, config, sweep
+
+
 def run(args: argparse.Namespace) -> int:
     # Piped output gets a wide table rather than rich's 80-column default.
     console = Console() if sys.stdout.isatty() else Console(width=170)
     err = Console(stderr=True)
     try:
-        workload = build_workload(args)
-        if not len(workload):
-            raise ValueError(f"workload {workload.name} has no requests")
-        epp_cfg = load_config(args.config) if args.config else default_config()
-        specs = [s.strip() for s in args.policies.split(",") if s.strip()]
-        for spec in specs:
-            policy_factory(spec, epp_cfg)  # fail fast on a bad name or config
-        config = ReplayConfig(
-            replicas=args.replicas,
-            kv_blocks=args.kv_blocks,
-            block_size_tokens=args.block_size,
-            max_num_seqs=args.max_num_seqs,
-            max_batched_tokens=args.max_batched_tokens,
-            max_loras=args.max_loras,
-            cost=load_profile(args.cost).cost if args.cost else CostModel(),
-            scrape_interval_s=args.scrape_interval_s,
-            seed=args.seed,
-            routers=args.routers,
-            bypass_share=args.bypass_share,
-            restarts=tuple(_restart(r) for r in args.restart),
-            reported_kv_blocks=args.reported_kv_blocks,
-            event_delay_s=args.event_delay,
-            event_loss=args.event_loss,
-        )
-        sweep = parse_sweep(args.sweep) if args.sweep else None
+        workload, epp_cfg, specs, config, sweep = _setup(args)
     except (ValueError, OSError, ConfigError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2
@@ -316,7 +342,10 @@ def _title(workload: Workload, config: ReplayConfig) -> str:
     scale = getattr(workload, "time_scale", None)
     extra = f", time scale {scale:g}" if scale is not None else ""
     kv = config.kv_blocks * config.block_size_tokens
+    pd = ""
+    if config.disaggregated:
+        pd = f" ({config.roles.count('prefill')} prefill, {config.roles.count('decode')} decode)"
     return (
-        f"{workload.name}: {len(workload)} requests{extra}, {config.replicas} replicas x "
+        f"{workload.name}: {len(workload)} requests{extra}, {config.replicas} replicas{pd} x "
         f"{kv:,} KV tokens"
     )

@@ -26,8 +26,9 @@ from typing import Any
 import epp
 from simulator.replay.replayer import ReplayConfig
 
-COLUMNS = ("sweep", "policy", "hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s",
-           "e2e_p99_s", "throughput_tok_s", "queue_share", "load_imbalance", "rejected")  # fmt: skip
+COLUMNS = ("sweep", "policy", "hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s",
+           "tpot_p90_s", "e2e_p50_s", "e2e_p99_s", "throughput_tok_s", "queue_share", "load_imbalance",
+           "split_share", "rejected")  # fmt: skip
 
 
 def _sha256(path: Path) -> str:

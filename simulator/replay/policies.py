@@ -48,7 +48,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.config.loader import EppConfig, default_config, load_config
 from epp.datastore.store import Datastore
-from epp.framework.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.endpoint import ROLE_LABEL, Endpoint, EndpointId, Metrics
 from epp.framework.request import InferenceRequest
 from epp.framework.types import CycleState, PrefixMatch, ResponseInfo
 from epp.observability.metrics import EppMetrics
@@ -92,6 +92,8 @@ class Cluster:
     block_size_tokens: int
     model: str
     seed: int
+    roles: Sequence[str] = ()
+    """Per replica, its ``llm-d.ai/role`` label ("" or empty: none)."""
 
 
 class Policy:
@@ -103,6 +105,8 @@ class Policy:
     """The scrape period the policy asks for (None: the replay's default)."""
     wants_events = False
     """Reads the replicas' KV-cache events (``kv_events``)."""
+    knows_roles = False
+    """Reads the replicas' P/D roles and may split a request (``prefiller``)."""
 
     def pick(self, arrival: Arrival, now_s: float) -> int | None:
         """The replica, or None when the router holds the request (flow control's queue) or
@@ -112,6 +116,10 @@ class Policy:
     def poll(self, now_s: float) -> list[tuple[Arrival, int | None, str]]:
         """Requests the router released (replica) or rejected (None, reason) since."""
         return []
+
+    def prefiller(self, request_id: str) -> int | None:
+        """The replica to prefill the request just routed apart (disaggregated), if any."""
+        return None
 
     @property
     def holding(self) -> int:
@@ -272,6 +280,7 @@ class _EppBase(Policy):
     the Director, exactly as for a live request."""
 
     needs_metrics = True
+    knows_roles = True
 
     def __init__(self, cluster: Cluster, cfg: EppConfig, scheduler: Scheduler) -> None:
         self.cfg = cfg
@@ -280,9 +289,12 @@ class _EppBase(Policy):
         self.ids = list(cluster.endpoint_ids)
         self.index_of = {eid: i for i, eid in enumerate(self.ids)}
         self.store = Datastore(stale_after_s=cfg.saturation.metrics_staleness_seconds)
-        for eid in self.ids:
+        roles = list(cluster.roles) or [""] * len(self.ids)
+        for eid, role in zip(self.ids, roles, strict=True):
             host, _, port = eid.rpartition(":")
-            self.store.upsert(Endpoint(eid, host, int(port)))
+            self.store.upsert(
+                Endpoint(eid, host, int(port), labels={ROLE_LABEL: role} if role else {})
+            )
         self.scheduler = scheduler
         self.store.on_removed(scheduler.remove_endpoint)
         self.store.on_metrics(scheduler.observe_endpoint)
@@ -293,6 +305,7 @@ class _EppBase(Policy):
         )  # fmt: skip
         self.settled: list[tuple[Arrival, int | None, str]] = []
         self.routings: dict[str, Routing] = {}
+        self.prefillers: dict[str, int] = {}
         self.sweep_interval_s = scheduler.sweep_interval_s
         self.next_sweep_s = self.sweep_interval_s
 
@@ -328,7 +341,13 @@ class _EppBase(Policy):
         routing = self.director.route(request, None)
         self.director.settle(routing)  # in serve: once the routing reply is on the wire
         self.routings[request.request_id] = routing
+        prefiller = routing.result.prefiller
+        if prefiller is not None:
+            self.prefillers[request.request_id] = self.index_of[prefiller.id]
         return self.index_of[routing.target_id]
+
+    def prefiller(self, request_id: str) -> int | None:
+        return self.prefillers.pop(request_id, None)
 
     def poll(self, now_s: float) -> list[tuple[Arrival, int | None, str]]:
         self.now_s = now_s
@@ -491,6 +510,9 @@ POLICY_NAMES = (
     "round-robin",
     "random",
 )
+
+ROLE_AWARE_POLICIES = ("epp", "precise", "oracle")
+"""Policies that read P/D roles (epp's scheduler with a disaggregation config)."""
 
 EXTRA_POLICY_NAMES = ("ttft-oracle",)
 """Policies the replay runs only when named (``--policies``)."""

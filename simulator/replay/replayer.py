@@ -22,11 +22,21 @@ For each arrival at ``t``:
 
 Requests that arrive at the same instant share an engine step (the engine's own rule), so
 replicas are advanced to the float just before ``t``, never to ``t`` itself.
+
+Disaggregated serving (``ReplayConfig.roles``, ``--pd P:D``): replicas carry the
+``llm-d.ai/role`` label, and a request the policy splits (epp's ``disagg-profile-handler``)
+runs as the decoder's sidecar runs it: a prefill with one output token on the prefiller, the
+KV transfer (``CostModel.kv_transfer_s`` of the prompt's full blocks), then the request on
+the decoder, which loads the transferred blocks instead of computing them. The client's
+first token is the decoder's. A split makes the replicas depend on each other (a prefill's
+end submits to the decoder), so the replicas then advance event by event in time order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import heapq
 import math
 import random
 import time
@@ -40,7 +50,14 @@ from epp.framework.types import ResponseInfo
 from epp.plugins.preciseprefix.events import EventBatch, Kind, KvEvent
 from simulator.model.cache import PrefixCache, model_seed
 from simulator.model.cost import CostModel
-from simulator.model.engine import Engine, EngineConfig, EngineRequest, RequestTooLarge
+from simulator.model.engine import (
+    Engine,
+    EngineConfig,
+    EngineRequest,
+    Finished,
+    RequestTooLarge,
+    StepResult,
+)
 from simulator.replay.policies import Arrival, Cluster, Policy, PolicyFactory
 from simulator.replay.workload import (
     TraceRequest,
@@ -86,6 +103,9 @@ class ReplayConfig:
     """KV-cache events reach the routers this long after the engine stored or evicted."""
     event_loss: float = 0.0
     """Share of KV-event batches lost on the way (sequence gaps)."""
+    roles: tuple[str, ...] = ()
+    """Per replica, its ``llm-d.ai/role`` label (prefill, decode, prefill-decode; "" none);
+    empty: no roles (aggregated serving). See :func:`pd_roles`."""
 
     def __post_init__(self) -> None:
         for name in ("replicas", "kv_blocks", "block_size_tokens", "max_num_seqs", "max_loras"):
@@ -104,6 +124,31 @@ class ReplayConfig:
         for _, replica in self.restarts:
             if not 0 <= replica < self.replicas:
                 raise ValueError(f"restart of replica {replica}: there are {self.replicas}")
+        if self.roles:
+            if len(self.roles) != self.replicas:
+                raise ValueError(f"{len(self.roles)} roles for {self.replicas} replicas")
+            bad = set(self.roles) - {"", *ROLES}
+            if bad:
+                raise ValueError(f"unknown role(s) {sorted(bad)} (known: {', '.join(ROLES)})")
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(self.roles)
+
+
+ROLES = ("prefill", "decode", "prefill-decode", "both")
+
+
+def pd_roles(spec: str) -> tuple[str, ...]:
+    """``P:D`` -> P prefill replicas, then D decode replicas (``2:6``)."""
+    p, sep, d = spec.partition(":")
+    try:
+        np_, nd = int(p), int(d)
+    except ValueError:
+        np_ = nd = -1
+    if not sep or np_ < 1 or nd < 1:
+        raise ValueError(f"--pd {spec!r}: expected P:D, prefillers and decoders, both >= 1 (2:6)")
+    return ("prefill",) * np_ + ("decode",) * nd
 
 
 @dataclass(slots=True)
@@ -129,6 +174,12 @@ class Outcome:
     rejected: bool = False
     finished_count: int = 0
     """How many times a finish was reported (1 for a served request; tests check it)."""
+    prefiller: int = -1
+    """The replica that ran its prefill apart (disaggregated serving), -1: none."""
+    prefill_done_s: float = math.nan
+    """When that prefill ended (the KV transfer starts then)."""
+    prefill_cached_tokens: int = 0
+    """Prompt tokens that prefill found in the prefiller's cache."""
 
 
 @dataclass(slots=True)
@@ -154,7 +205,12 @@ class _Live:
     arrival: Arrival
     outcome: Outcome
     reply: str
+    decode: EngineRequest | None = None
+    """Split requests: what the decoder runs once the prefill's KV has arrived."""
 
+
+PREFILL_SUFFIX = "#prefill"
+"""Engine request id of a split request's prefill: the request's id and this."""
 
 ProgressFn = Callable[[int], None]
 
@@ -227,10 +283,14 @@ class _Run:
         """Per router, requests it sent to each replica and has not seen end."""
         self.policies: list[Policy] = [
             factory(Cluster(self.engines, ids, self.in_flight[k], cfg.block_size_tokens,
-                            cfg.model, cfg.seed + k))
+                            cfg.model, cfg.seed + k, cfg.roles))
             for k in range(cfg.routers)
         ]  # fmt: skip
         self.policy = self.policies[0]
+        if cfg.disaggregated and not self.policy.knows_roles:
+            raise ValueError(f"policy {self.policy.name!r} does not read endpoint roles: "
+                             "disaggregated replays (--pd) run epp, precise or oracle with a "
+                             "P/D config (--config pd)")  # fmt: skip
         self.seed = model_seed(cfg.model)
         self.live: dict[str, _Live] = {}
         self.outcomes: list[Outcome] = []
@@ -239,6 +299,10 @@ class _Run:
         self.peak = [0] * n
         self.next_sample = 0.0
         self.rng = random.Random(cfg.seed ^ 0x5EED)
+        # disaggregated serving: KV transfers on their way to a decoder
+        self.transfers: list[tuple[float, int, str]] = []
+        """Heap of (ready, order, request id)."""
+        self.transfer_order = 0
         self.arrivals = 0
         self.pending: dict[str, Outcome] = {}
         """Requests not yet at a replica (held by a router's flow control)."""
@@ -288,42 +352,100 @@ class _Run:
 
     def run_to(self, x: float) -> None:
         """Every replica runs to ``x``; finished requests go back to the policy in time order."""
-        done = []
-        live = self.live
-        for i, eng in enumerate(self.engines):
-            ne = eng.next_event_time()
-            if ne is None or ne > x:
-                continue
-            res = eng.advance(x)
-            for f in res.first_tokens:
-                entry = live[f.request_id]
-                o = entry.outcome
-                o.admitted_s = f.admitted_s
-                o.first_token_s = f.time_s
-                if o.router >= 0:
-                    self.policies[o.router].first_token(entry.arrival, f.time_s - o.dispatched_s,
-                                                        f.time_s)  # fmt: skip
-            for d in res.finished:
-                done.append((d.time_s, i, d))
+        if self.cfg.disaggregated:
+            self._run_events_to(x)
+        else:
+            done: list[tuple[float, int, Finished]] = []
+            for i, eng in enumerate(self.engines):
+                ne = eng.next_event_time()
+                if ne is not None and ne <= x:
+                    self._took(i, eng.advance(x), done)
+            self._settle(done)
         if self.wants_events and x != math.inf:
             self._flush_events(x)
-        if not done:
-            return
+        if self.holding and x != math.inf:
+            self.poll(x)  # room for held requests (they reach a replica at x)
+
+    def _run_events_to(self, x: float) -> None:
+        """Replicas that hand work to each other (prefill -> KV transfer -> decode) advance
+        one event at a time, the earliest first, so a decode starts at its transfer's end."""
+        engines = self.engines
+        transfers = self.transfers
+        while True:
+            soonest, which = math.inf, -1
+            for i, eng in enumerate(engines):
+                ne = eng.next_event_time()
+                if ne is not None and ne < soonest:
+                    soonest, which = ne, i
+            ready = transfers[0][0] if transfers else math.inf
+            if transfers and ready <= x and ready <= soonest:
+                _, _, rid = heapq.heappop(transfers)
+                self._decode(rid, ready)
+            elif which >= 0 and soonest <= x:
+                done: list[tuple[float, int, Finished]] = []
+                self._took(which, engines[which].advance(soonest), done)
+                self._settle(done)
+            else:
+                return
+
+    def _took(self, i: int, res: StepResult, done: list[tuple[float, int, Finished]]) -> None:
+        live = self.live
+        for f in res.first_tokens:
+            if f.request_id.endswith(PREFILL_SUFFIX):
+                continue  # the sidecar drops the prefiller's token
+            entry = live[f.request_id]
+            o = entry.outcome
+            o.admitted_s = f.admitted_s
+            o.first_token_s = f.time_s
+            if o.router >= 0:
+                self.policies[o.router].first_token(entry.arrival, f.time_s - o.dispatched_s,
+                                                    f.time_s)  # fmt: skip
+        for d in res.finished:
+            if d.request_id.endswith(PREFILL_SUFFIX):
+                self._prefilled(
+                    d.request_id.removesuffix(PREFILL_SUFFIX), d.time_s, d.cached_tokens
+                )
+            else:
+                done.append((d.time_s, i, d))
+
+    def _settle(self, done: list[tuple[float, int, Finished]]) -> None:
         if len(done) > 1:
             done.sort(key=lambda e: (e[0], e[1]))
+        live = self.live
         for t_done, i, d in done:
             entry = live.pop(d.request_id)
             o = entry.outcome
             o.finish_s = t_done
-            o.cached_tokens = d.cached_tokens
+            # a split request's compute saved is the prefiller's hits; the decoder reports
+            # what it loaded as cached too (as vLLM does), which the router learns from
+            o.cached_tokens = d.cached_tokens if o.prefiller < 0 else o.prefill_cached_tokens
             o.finished_count += 1
             if o.router >= 0:
                 self.in_flight[o.router][i] -= 1
                 info = ResponseInfo(200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply,
                                     ttft_s=o.first_token_s - o.dispatched_s)  # fmt: skip
                 self.policies[o.router].finished(entry.arrival, i, info, t_done)
-        if self.holding and x != math.inf:
-            self.poll(x)  # room for held requests (they reach a replica at x)
+
+    def _prefilled(self, request_id: str, t: float, cached_tokens: int) -> None:
+        """A split request's prefill ended: its KV (the prompt's full blocks) goes to the decoder."""
+        entry = self.live[request_id]
+        entry.outcome.prefill_done_s = t
+        entry.outcome.prefill_cached_tokens = cached_tokens
+        assert entry.decode is not None
+        full = (
+            entry.decode.num_prompt_tokens
+            // self.cfg.block_size_tokens
+            * self.cfg.block_size_tokens
+        )
+        self.transfer_order += 1
+        heapq.heappush(self.transfers, (t + self.cfg.cost.kv_transfer_s(full), self.transfer_order,
+                                        request_id))  # fmt: skip
+
+    def _decode(self, request_id: str, t: float) -> None:
+        """The KV arrived: the request runs on its decoder."""
+        entry = self.live[request_id]
+        assert entry.decode is not None
+        self.engines[entry.outcome.replica].submit(entry.decode, t)  # sized at the prefill
 
     def note_blocks(self) -> None:
         for i, eng in enumerate(self.engines):
@@ -411,9 +533,20 @@ class _Run:
         final = final_block_hashes(req, reply, self.cfg.block_size_tokens, self.seed)
         ereq = EngineRequest(req.request_id, req.prompt_tokens, arrival.block_hashes,
                              req.output_tokens, final, req.adapter)  # fmt: skip
-        self.live[req.request_id] = _Live(arrival, outcome, reply)
+        prefiller = self.policies[router].prefiller(req.request_id) if router >= 0 else None
+        entry = self.live[req.request_id] = _Live(arrival, outcome, reply)
         try:
-            self.engines[replica].submit(ereq, t)
+            if prefiller is None:
+                self.engines[replica].submit(ereq, t)
+            else:  # the decoder's sidecar: prefill there (one token), then decode here
+                outcome.prefiller = prefiller
+                entry.decode = dataclasses.replace(ereq, external_tokens=req.prompt_tokens)
+                decoder = self.engines[replica].cache
+                if decoder.blocks_for(req.prompt_tokens + req.output_tokens) > decoder.num_blocks:
+                    raise RequestTooLarge("too large for the decoder")
+                prefill = EngineRequest(req.request_id + PREFILL_SUFFIX, req.prompt_tokens,
+                                        arrival.block_hashes, 1, None, req.adapter)  # fmt: skip
+                self.engines[prefiller].submit(prefill, t)
         except RequestTooLarge:
             del self.live[req.request_id]
             outcome.rejected = True
@@ -426,7 +559,11 @@ class _Run:
     def drain(self) -> None:
         """Keep sampling while replicas work or routers hold requests, then run everything
         to the end."""
-        while self.holding or any(e.next_event_time() is not None for e in self.engines):
+        while (
+            self.holding
+            or self.transfers
+            or any(e.next_event_time() is not None for e in self.engines)
+        ):
             self.run_to(self.next_sample)
             self.scrape(self.next_sample)
             self.poll(self.next_sample)

@@ -3,9 +3,13 @@
 Definitions (over served requests; rejected ones are counted apart):
 
 * ``hit_rate``: token-weighted prefix-cache hit rate, ``sum(cached_tokens) /
-  sum(prompt_tokens)``, what ``vllm:prefix_cache_hits_total / queries_total`` reports;
+  sum(prompt_tokens)``, what ``vllm:prefix_cache_hits_total / queries_total`` reports (a
+  request prefilled apart counts the prefiller's hits: the decoder loads the rest);
 * TTFT: first token minus arrival; end-to-end (e2e): finish minus arrival;
 * ``throughput_tok_s``: output tokens / (last finish - first arrival);
+* TPOT (time per output token): ``(finish - first token) / (output tokens - 1)`` per request
+  of two or more output tokens, what a streaming client sees between tokens;
+* ``split_share``: share of requests prefilled apart (disaggregated serving);
 * ``queue_share``: ``sum(admitted - arrival) / sum(TTFT)``, the share of time to first
   token spent waiting in a replica's queue rather than computing the prefill;
 * ``load_imbalance``: max / mean of requests routed per replica (1.0 is perfectly even).
@@ -54,6 +58,9 @@ class PolicyStats:
     ttft_pred_abs_mean_s: float = float("nan")
     scrape_interval_s: float = float("nan")
     """The scrape period the policy saw (nan: it reads no metrics)."""
+    tpot_p50_s: float = float("nan")
+    tpot_p90_s: float = float("nan")
+    split_share: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +85,8 @@ def summarize(result: ReplayResult) -> PolicyStats:
         return float(np.percentile(a, q)) if a.size else float("nan")
 
     ttft_sum = float(ttft.sum())
+    multi = [o for o in served if o.output_tokens > 1]
+    tpot = np.array([(o.finish_s - o.first_token_s) / (o.output_tokens - 1) for o in multi])
     pred = np.array(result.ttft_predictions, dtype=float).reshape(-1, 2)
     observed = pred[:, 1]
     err = np.abs(pred[:, 0] - observed)
@@ -103,28 +112,36 @@ def summarize(result: ReplayResult) -> PolicyStats:
         ttft_pred_rel_p50=pct(rel, 50),
         ttft_pred_abs_mean_s=float(err.mean()) if err.size else float("nan"),
         scrape_interval_s=result.scrape_interval_s,
+        tpot_p50_s=pct(tpot, 50),
+        tpot_p90_s=pct(tpot, 90),
+        split_share=sum(o.prefiller >= 0 for o in served) / len(served) if served else 0.0,
     )
 
 
 def stats_table(stats: Sequence[PolicyStats], title: str = "") -> Table:
     table = Table(title=title or None)
     for col in (
-        "policy", "hit rate", "TTFT p50", "p90", "p99", "e2e p50", "e2e p99", "out tok/s",
-        "queue share", "imbalance", "rejected", "sim req/s",
+        "policy", "hit rate", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "e2e p99",
+        "out tok/s", "queue share", "imbalance", "rejected", "sim req/s",
     ):
         table.add_column(col, justify="left" if col == "policy" else "right")
+    splitting = any(s.split_share for s in stats)
+    if splitting:
+        table.add_column("split", justify="right")
     predicting = any(s.ttft_pred_count for s in stats)
     if predicting:
         table.add_column("TTFT pred. error", justify="right")
     for s in stats:
-        extra = [_pred_error(s)] if predicting else []
+        extra = [f"{s.split_share:.0%}"] if splitting else []
+        extra += [_pred_error(s)] if predicting else []
         table.add_row(
             s.policy,
             f"{s.hit_rate:.1%}",
             _secs(s.ttft_p50_s, "s"),
             _secs(s.ttft_p90_s, "s"),
             _secs(s.ttft_p99_s, "s"),
-            _secs(s.e2e_p50_s, "s"),
+            _ms(s.tpot_p50_s),
+            _ms(s.tpot_p90_s),
             _secs(s.e2e_p99_s, "s"),
             f"{s.throughput_tok_s:,.0f}",
             f"{s.queue_share:.0%}",
@@ -139,6 +156,10 @@ def stats_table(stats: Sequence[PolicyStats], title: str = "") -> Table:
 def _secs(value: float, unit: str) -> str:
     """Seconds with two decimals, or "-" when no request finished (nan)."""
     return "-" if math.isnan(value) else f"{value:.2f}{unit}"
+
+
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value * 1e3:.0f}ms"
 
 
 def _pred_error(s: PolicyStats) -> str:
