@@ -190,6 +190,12 @@ _ALL: dict[str, PluginType[Any]] = {
         "as prefix-based, and only when the prefiller holds as much of the prompt as the decoder",
         reads=_reads_prefix,
     ),
+    "load-aware-pd-decider": PluginType(
+        disagg.LoadAwareDecider, disagg.LoadAwareDeciderParams, "decider",
+        "as prefix-based, and only while the prefiller's waiting prompt tokens exceed the "
+        "decoder's by at most slackTokens (a busy prefiller stops taking prefills)",
+        reads=_reads_prefix,
+    ),
     "disagg-profile-handler": PluginType(
         disagg.DisaggProfileHandler, disagg.DisaggParams, "handler",
         "decode profile, then the prefill profile when the decider splits the request; the "

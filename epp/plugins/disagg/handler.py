@@ -96,6 +96,12 @@ class DisaggProfileHandler:
     def profiles(self) -> tuple[str, ...]:
         return self.params.profile_names()
 
+    @property
+    def bound(self) -> tuple[object, ...]:
+        """The plugins it runs outside the profiles (its decider): the scheduler calls their
+        request hooks too (the load-aware decider counts prefill work with them)."""
+        return () if self.decider is None else (self.decider,)
+
     def bind(self, plugins: Mapping[str, object]) -> None:
         """Take the decider the parameters name from the built plugins (``epp.wiring``)."""
         name = self.params.deciders.get("prefill")
@@ -137,7 +143,6 @@ class DisaggProfileHandler:
     def _decided(self, decode: ProfileResult, decision: str) -> HandlerResult:
         self.decisions[decision] += 1
         return HandlerResult(decode, (), decision)
-
     # --- lifecycle: export the decisions --------------------------------------------------
 
     async def start(self, ctx: PluginContext) -> None:

@@ -9,6 +9,7 @@ import random
 from types import MappingProxyType
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from epp.config.loader import loads_config, shipped_config
@@ -16,11 +17,12 @@ from epp.errors import ConfigError
 from epp.framework.endpoint import ROLE_LABEL, Endpoint, EndpointId, Metrics
 from epp.framework.interfaces import PluginContext
 from epp.framework.request import InferenceRequest
-from epp.framework.types import CycleState, PrefixMatch
+from epp.framework.types import CycleState, PrefixMatch, ResponseInfo
 from epp.plugins.disagg import (
     CacheAwareDecider,
     CacheAwareDeciderParams,
     DisaggProfileHandler,
+    LoadAwareDecider,
     stages,
 )
 from epp.plugins.disagg.roles import DecodeFilter, PrefillFilter, RoleFilterParams
@@ -110,6 +112,30 @@ def test_cache_aware_decider_keeps_local_what_the_prefiller_would_recompute() ->
     assert not decider.confirm(state, decoder, prefiller)
     state.prefix = PrefixMatch(hashes, {decoder.id: len(hashes) // 2, prefiller.id: len(hashes) // 2})
     assert decider.confirm(state, decoder, prefiller)
+
+
+def test_load_aware_decider_stops_splitting_while_the_prefiller_is_behind() -> None:
+    text = shipped_config("pd").raw
+    assert any(p["type"] == "load-aware-pd-decider" for p in text["plugins"])  # the shipped one
+    cfg = loads_config(yaml.safe_dump(text).replace("slackTokens: 32768", "slackTokens: 1000"))
+    sched = build_scheduler(cfg, random.Random(3))
+    pool = [ep(1, "prefill"), ep(2, "decode")]
+    decider = next(p for p in sched.plugins if isinstance(p, LoadAwareDecider))
+    prompts = [f"{i} {LONG}" for i in range(5)]  # ~640 tokens each, sharing nothing at the start
+    first = sched.schedule(request(prompts[0], "a"), pool, 1.0)
+    second = sched.schedule(request(prompts[1], "b"), pool, 1.1)
+    assert first.decision == second.decision == "split"
+    assert decider.waiting[EndpointId("10.0.0.1:8000")] == pytest.approx(2 * len(prompts[0]) / 4, rel=0.01)
+    # the prefiller is now ~1,280 tokens behind the decoder: a third would wait past the slack
+    third = sched.schedule(request(prompts[2], "c"), pool, 1.2)
+    assert third.decision == "local" and third.prefill == ()
+    assert decider.waiting[EndpointId("10.0.0.2:8000")] > 0  # prefilled on the decoder
+    # the first two get their first tokens: the prefiller caught up, splitting resumes
+    sched.on_first_token(first, 0.5)
+    sched.on_response(second, ResponseInfo(200))
+    sched.on_first_token(third, 0.5)
+    assert decider.waiting == {}
+    assert sched.schedule(request(prompts[3], "d"), pool, 2.0).decision == "split"
 
 
 def test_decisions_are_exported() -> None:
