@@ -332,14 +332,30 @@ def test_helm_rejects_static_mode_without_endpoints() -> None:
 # --- kustomize ---------------------------------------------------------------------------
 
 
-def test_there_are_three_overlays() -> None:
-    assert {p.name for p in OVERLAYS} == {"pool-discovery", "static-endpoints", "ha"}
+def test_there_are_four_overlays() -> None:
+    assert {p.name for p in OVERLAYS} == {"pool-discovery", "static-endpoints", "ha", "pd"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
 def test_kustomize_overlay_renders_valid_manifests(overlay: Path) -> None:
     docs = docs_of(run(tool("kubectl"), "kustomize", str(overlay)))
-    check_epp_manifests(docs, pool=overlay.name in ("pool-discovery", "ha"))
+    # the pd overlay installs the shipped pd profile (its copy must equal it)
+    config = "epp/config/profiles/pd.yaml" if overlay.name == "pd" else ""
+    check_epp_manifests(docs, pool=overlay.name in ("pool-discovery", "ha", "pd"), config=config)
+
+
+def test_pd_overlay_watches_the_pd_example_pool() -> None:
+    docs = docs_of(run(tool("kubectl"), "kustomize", str(DEPLOY / "kustomize/overlays/pd")))
+    pool = one(docs, "InferencePool")
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--pool-name={pool['metadata']['name']}" in args
+    example = by_kind(docs_of((DEPLOY / "examples/vllm-pd-deployment.yaml").read_text()), "Deployment")
+    roles = set()
+    for servers in example:
+        labels = servers["spec"]["template"]["metadata"]["labels"]
+        assert pool["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        roles.add(labels["llm-d.ai/role"])
+    assert roles == {"prefill", "decode"}
 
 
 def test_ha_overlay_wires_index_sync_between_replicas() -> None:
