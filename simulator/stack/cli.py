@@ -89,6 +89,12 @@ def register(subparsers: Any) -> None:
         "profile unless --config names another (docs/disaggregation.md); not with --demo",
     )  # fmt: skip
     g.add_argument(
+        "--pd-connector", choices=["shared-storage", "nixl"], default="shared-storage",
+        help="with --pd, how KV moves: a shared directory (vLLM's ExampleConnector, the "
+        "emulator's --kv-store), or with --engine vllm vLLM's NixlConnector over NIXL's UCX "
+        "backend in host memory (NIXL installed into the vLLM environment on first use, ~70 MB)",
+    )  # fmt: skip
+    g.add_argument(
         "--epp-replicas",
         type=int,
         default=1,
@@ -246,6 +252,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         routing_nice=args.routing_nice,
         scrape_interval_s=args.scrape_intervals[0] if args.scrape_intervals else None,
         pd=args.pd,
+        pd_connector=args.pd_connector,
     )
 
 

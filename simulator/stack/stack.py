@@ -118,6 +118,10 @@ class StackOptions:
     ExampleConnector, or the emulator's ``--kv-store``), an ``epp pd-sidecar`` in front of
     each decoder, and epp with the roles in its ``staticEndpoints`` and the ``pd`` profile
     unless ``config`` names another."""
+    pd_connector: str = "shared-storage"
+    """How KV moves with ``pd``: ``shared-storage`` (a directory: vLLM's ExampleConnector, the
+    emulator's ``--kv-store``) or ``nixl`` (real vLLM only: its NixlConnector over NIXL's UCX
+    backend, KV in host memory; the sidecar passes ``kv_transfer_params``)."""
 
     def modes(self) -> tuple[int, int]:
         """ext_proc request and response body modes (the response: full-duplex unless set)."""
@@ -471,9 +475,11 @@ async def _start_vllm(
     """N real vLLM servers (their own processes, one core each for OpenMP)."""
     from simulator import vllm
 
+    nixl = bool(options.pd) and options.pd_connector == "nixl"
     try:
         setup = await asyncio.to_thread(
-            vllm.ensure_vllm, lambda m: print(f"epp-sim stack: {m}", file=sys.stderr, flush=True)
+            vllm.ensure_nixl if nixl else vllm.ensure_vllm,
+            lambda m: print(f"epp-sim stack: {m}", file=sys.stderr, flush=True),
         )
     except vllm.VllmUnavailable as exc:
         raise StackError(f"real vLLM unavailable: {exc}") from None
@@ -484,18 +490,20 @@ async def _start_vllm(
         max_num_seqs=options.max_num_seqs or 32,
         stream_interval=options.vllm_stream_interval,
         kv_events_endpoint="" if precise is None else precise.events,  # '' = no events
-        shared_kv_dir=_kv_dir(options) if options.pd else "",
+        shared_kv_dir=_kv_dir(options) if options.pd and not nixl else "",
     )  # fmt: skip
     urls = []
     for i in range(options.replicas):
         port = vllm.free_port()
+        if nixl:  # each server its own NIXL side channel
+            server_options = dataclasses.replace(server_options, nixl_port=vllm.free_port())
         log_path = log_dir / f"vllm-{i}.log"
         err = open(log_path, "wb")  # noqa: SIM115, ASYNC230 - handed to the child, closed below
         try:
             proc = await asyncio.create_subprocess_exec(
                 *vllm.server_command(setup, port, server_options),
                 stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err,
-                start_new_session=True, env=vllm.server_env(i),
+                start_new_session=True, env=vllm.server_env(i, server_options),
                 preexec_fn=_normal_priority if options.routing_nice else None,
             )  # fmt: skip
         finally:
@@ -769,6 +777,11 @@ def _checked(options: StackOptions) -> StackOptions:
         n_pre, n_dec = pd_split(options.pd)
         if options.policy != "epp" or options.servers or options.prefix != "approx":
             raise ValueError("--pd runs epp (--policy epp) on servers it starts, approximate prefix")
+        if options.pd_connector not in ("shared-storage", "nixl"):
+            raise ValueError(f"--pd-connector: shared-storage or nixl, not {options.pd_connector!r}")
+        if options.pd_connector == "nixl" and options.engine != "vllm":
+            raise ValueError("--pd-connector nixl needs --engine vllm (the emulator shares KV "
+                             "through a directory)")  # fmt: skip
         options = dataclasses.replace(options, replicas=n_pre + n_dec, log_dir=_log_dir(options))
     return options
 
@@ -790,7 +803,7 @@ def _kv_dir(options: StackOptions) -> str:
 
 
 async def _start_sidecars(
-    decoders: list[str], log_dir: Path, children: list[_Child], deadline: float
+    decoders: list[str], connector: str, log_dir: Path, children: list[_Child], deadline: float
 ) -> list[str]:
     """``epp pd-sidecar`` in front of each decoder (its own process), ready; their host:port."""
     from simulator.vllm import free_port
@@ -803,7 +816,7 @@ async def _start_sidecars(
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "epp.cli", "pd-sidecar", "--host", "127.0.0.1", "--port",
-                str(port), "--decoder", url, "--connector", "shared-storage",
+                str(port), "--decoder", url, "--connector", connector,
                 stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
             )  # fmt: skip
         finally:
@@ -852,7 +865,8 @@ async def _start_routing(
     if options.pd:  # the gateway routes to the prefillers and the decoders' sidecars
         assert log_dir is not None
         n_pre = pd_split(options.pd)[0]
-        sidecars = await _start_sidecars(replica_urls[n_pre:], log_dir, children, deadline)
+        connector = "nixlv2" if options.pd_connector == "nixl" else "shared-storage"
+        sidecars = await _start_sidecars(replica_urls[n_pre:], connector, log_dir, children, deadline)
         config = _pd_config(options, replica_urls[:n_pre], replica_urls[n_pre:], sidecars, log_dir)
         epps = await _start_epps(options, config, [], log_dir, children, inline, deadline)
         return epps, endpoints[:n_pre] + sidecars, sidecars

