@@ -59,6 +59,12 @@ def _calibrate(subparsers: Any) -> None:
     register(subparsers)
 
 
+def _load(subparsers: Any) -> None:
+    from simulator.load import register
+
+    register(subparsers)
+
+
 SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "emulate": _emulate,
     "gateway": _gateway,
@@ -66,6 +72,7 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "replay": _replay,
     "trace": _trace,
     "calibrate": _calibrate,
+    "load": _load,
 }
 
 

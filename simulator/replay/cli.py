@@ -53,28 +53,7 @@ def register(subparsers: Any) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--trace", help=f"a request log (JSONL or CSV) or a Mooncake JSONL trace "
-                     f"(default: {DEFAULT_TRACE} if present)")
-    src.add_argument("--workload", choices=sorted(GENERATORS), help="generated workload instead of a trace")
-    p.add_argument(
-        "--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
-        help="generator parameter, e.g. --set num_groups=8 --set rate=4 (repeatable)",
-    )
-    p.add_argument(
-        "--workload-file",
-        help="YAML generator parameters (flat, or an inference-perf config with data.shared_prefix)",
-    )
-    p.add_argument("--trace-format", choices=("auto", "requests", "mooncake"), default="auto",
-                   help="the --trace file's format: auto reads Mooncake JSONL when the first row "
-                   "has exactly its four fields (timestamp in ms, input_length, output_length, "
-                   "hash_ids), else a request log (timestamp in seconds)")
-    p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast; generators: use --set rate=)")
-    p.add_argument("--limit", type=_non_negative_int, default=0,
-                   help="replay only the first N trace requests (0 = all)")
-    p.add_argument("--skip-bad-rows", action="store_true",
-                   help="leave out trace rows that do not parse (counted, the first named) "
-                   "instead of stopping at the first")
+    add_workload_args(p)
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated; epp:FILE / precise:FILE / oracle:FILE name a config; "
                    "also ttft-oracle (each request to the replica whose what-if run gives its "
                    "first token soonest: slow, not in the default set)")
@@ -127,6 +106,32 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     deprecated_alias(p, "--scrape-interval", scrape)
     p.set_defaults(run=run)
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """Where the requests come from: a trace or a generator (``build_workload`` reads them)."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", help=f"a request log (JSONL or CSV) or a Mooncake JSONL trace "
+                     f"(default: {DEFAULT_TRACE} if present)")
+    src.add_argument("--workload", choices=sorted(GENERATORS), help="generated workload instead of a trace")
+    p.add_argument(
+        "--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
+        help="generator parameter, e.g. --set num_groups=8 --set rate=4 (repeatable)",
+    )
+    p.add_argument(
+        "--workload-file",
+        help="YAML generator parameters (flat, or an inference-perf config with data.shared_prefix)",
+    )
+    p.add_argument("--trace-format", choices=("auto", "requests", "mooncake"), default="auto",
+                   help="the --trace file's format: auto reads Mooncake JSONL when the first row "
+                   "has exactly its four fields (timestamp in ms, input_length, output_length, "
+                   "hash_ids), else a request log (timestamp in seconds)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast; generators: use --set rate=)")
+    p.add_argument("--limit", type=_non_negative_int, default=0,
+                   help="replay only the first N trace requests (0 = all)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="leave out trace rows that do not parse (counted, the first named) "
+                   "instead of stopping at the first")
 
 
 def _non_negative_int(text: str) -> int:

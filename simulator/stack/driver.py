@@ -79,18 +79,19 @@ def request_body(
     return "/v1/completions", {**common, "prompt": prompt}
 
 
-async def _one(
+async def stream_one(
     session: aiohttp.ClientSession,
     url: str,
     body: dict[str, object],
     rec: RequestRecord,
     chat: bool,
+    headers: dict[str, str] | None = None,
 ) -> str:
     """Send one streaming request; fill ``rec``; return the generated text."""
     t0 = time.perf_counter()
     text: list[str] = []
     try:
-        async with session.post(url, json=body) as resp:
+        async with session.post(url, json=body, headers=headers) as resp:
             rec.status = resp.status
             rec.upstream = resp.headers.get(UPSTREAM_HOST_HEADER, "")
             if resp.status != 200:
@@ -159,7 +160,7 @@ async def run_workload(
         path, body = request_body(w, texts, conv, t, model)
         rec = RequestRecord(conv.user, t, group_of(w, conv.user), time.perf_counter() - t_start)
         base = target(conv.user, t)
-        answer = await _one(session, base + path, body, rec, w.api == "chat")
+        answer = await stream_one(session, base + path, body, rec, w.api == "chat")
         if base != gateway_url:
             rec.upstream = base.removeprefix("http://")
         conv.history.append((texts.questions[conv.user][t], answer))

@@ -1,0 +1,85 @@
+"""``epp-sim load``: a workload sent live at its arrival times, every request measured, and
+what a request carries (its session, its adapter, exact output lengths)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from aiohttp import web
+
+from simulator.emulator import EmulatorConfig, start_emulator
+from simulator.load import LoadOptions, body_of, run_load, summarize
+from simulator.replay.workload import TraceRequest, build_generator
+
+
+class ListWorkload:
+    name = "listed"
+
+    def __init__(self, items: list[TraceRequest]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def requests(self):  # type: ignore[no-untyped-def]
+        return iter(self.items)
+
+
+async def test_a_chat_workload_sent_live_is_measured_and_cached() -> None:
+    server = await start_emulator(EmulatorConfig(speedup=50.0, model="m"))
+    try:
+        workload = build_generator("chat", {"num_sessions": 6, "turns_per_session": 3, "rate": 40.0,
+                                            "output_len": 12, "system_prompt_len": 256})  # fmt: skip
+        sent = await run_load(server.url, workload, LoadOptions("m"))
+    finally:
+        await server.close()
+    assert len(sent) == len(workload) == 18
+    assert all(s.record.ok for s in sent), [s.record.error for s in sent if not s.record.ok]
+    assert all(s.record.completion_tokens == 12 for s in sent)  # ignore_eos: exact lengths
+    # open loop at the trace's times: the last request went out no sooner than it was due
+    last = max(sent, key=lambda s: s.request.arrival_s)
+    assert last.record.start_s >= last.request.arrival_s - 0.01
+    s = summarize(sent)
+    assert s.ok == 18 and s.hit_rate > 0.3  # later turns and shared system prompts hit
+    assert 0 < s.ttft_p50_s <= s.ttft_p90_s and s.tpot_p50_s > 0
+
+
+async def test_sessions_and_adapters_go_with_the_request(tmp_path: Path) -> None:
+    seen: list[tuple[str, dict[str, object]]] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append((request.headers.get("x-session-id", ""), body))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunk = {"choices": [{"index": 0, "text": "hi"}]}
+        usage = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1,
+                                          "prompt_tokens_details": {"cached_tokens": 4}}}  # fmt: skip
+        for data in (json.dumps(chunk), json.dumps(usage), "[DONE]"):
+            await resp.write(f"data: {data}\n\n".encode())
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    items = [TraceRequest("a", 0.0, 5, 3, "hello", session_id="s1", adapter="sql-lora"),
+             TraceRequest("b", 0.05, 5, 0, "hello again")]  # fmt: skip
+    try:
+        sent = await run_load(f"http://127.0.0.1:{port}", ListWorkload(items), LoadOptions("base"))
+    finally:
+        await runner.cleanup()
+    by_prompt = {body["prompt"]: (session, body) for session, body in seen}
+    session, body = by_prompt["hello"]
+    assert session == "s1" and body["model"] == "sql-lora" and body["max_tokens"] == 3
+    assert body["ignore_eos"] is True and body["stream"] is True
+    session, body = by_prompt["hello again"]
+    assert session == "" and body["model"] == "base" and body["max_tokens"] == 1  # at least one
+    assert summarize(sent).hit_rate == 0.8
+    assert body_of(items[0], LoadOptions("base", ignore_eos=False)).get("ignore_eos") is None
+    await asyncio.sleep(0)
