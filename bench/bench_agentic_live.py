@@ -3,7 +3,7 @@
 next to the same trace replayed offline.
 
 The point: 8 emulated replicas of 16,384 KV blocks (16 tokens), 24 agent sessions started
-0.25 a second, contexts growing to 32k tokens, sub-agents as the generator makes them. The
+0.25 a second, contexts growing to 24k tokens (the emulator serves 32k, the generator counts tokens its own way), sub-agents as the generator makes them. The
 live stack runs the emulated GPUs ``--speedup`` times faster than real time (4) and the
 trace is sent that much faster too (its session rate times 4, its think times over 4), so a
 live figure times 4 is in the replay's modelled seconds; the gateway, epp and the network
@@ -39,7 +39,7 @@ REPLICAS, KV_BLOCKS = 8, 16384
 
 def params(sessions: int, speedup: float) -> dict[str, Any]:
     return {"num_sessions": sessions, "rate": 0.25 * speedup, "turn_gap_s": 5.0 / speedup,
-            "max_context": 32_000, "seed": 0}  # fmt: skip
+            "max_context": 24_000, "seed": 0}  # fmt: skip
 
 
 async def live(profile: str, sessions: int, speedup: float) -> dict[str, float]:
