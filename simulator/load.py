@@ -162,7 +162,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "load",
         help="send a trace or a generated workload to a running gateway or server, live",
-        description=__doc__.split("\n\n")[1].replace("\n", " ") if __doc__ else "",
+        description=__doc__.split("\n\n")[1].replace("\n", " ").replace("``", "") if __doc__ else "",
         formatter_class=HelpFormatter,
     )
     p.add_argument("url", help="the gateway's (or a server's) base URL, e.g. the stack's gateway_url")
