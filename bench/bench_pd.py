@@ -31,17 +31,14 @@ import argparse
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from importlib import resources
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from epp.config.loader import default_config, parse_config  # noqa: E402
-from simulator.replay.policies import policy_factory  # noqa: E402
+from epp.config.loader import default_config  # noqa: E402
+from simulator.replay.policies import pd_config, policy_factory  # noqa: E402
 from simulator.replay.replayer import ReplayConfig, Replayer, pd_roles  # noqa: E402
 from simulator.replay.report import PolicyStats, summarize  # noqa: E402
 from simulator.replay.workload import MooncakeTrace, Workload, build_generator  # noqa: E402
@@ -70,17 +67,6 @@ DECIDERS = {
 SPLITS = ("2:6", "3:5", "4:4", "5:3")
 
 
-def pd_config(decider: str) -> Any:
-    """The shipped ``pd`` profile with ``DECIDERS[decider]``."""
-    kind, params = DECIDERS[decider]
-    doc = yaml.safe_load(resources.files("epp.config").joinpath("profiles/pd.yaml").read_text("utf-8"))
-    doc["plugins"] = [p for p in doc["plugins"] if not p["type"].endswith("-pd-decider")]
-    doc["plugins"].append({"type": kind, "parameters": params} if params else {"type": kind})
-    handler = next(p for p in doc["plugins"] if p["type"] == "disagg-profile-handler")
-    handler["parameters"]["deciders"] = {"prefill": kind}
-    return parse_config(doc, f"pd, decider {decider}")
-
-
 def workload(name: str, quick: bool) -> Workload:
     if name == "mooncake":
         return MooncakeTrace.load(TRACE, 1.0, 800 if quick else 0)
@@ -100,7 +86,7 @@ def run_one(job: tuple[str, str, str, bool]) -> tuple[str, str, str, dict[str, A
         name, factory = policy_factory("epp", default_config())
     else:
         cfg = ReplayConfig(replicas=GPUS, kv_blocks=KV_BLOCKS[wname], roles=pd_roles(split))
-        name, factory = policy_factory("epp", pd_config(decider))
+        name, factory = policy_factory("epp", pd_config(*DECIDERS[decider]))
     result = Replayer(cfg).run(work, factory, name)
     met = sum(
         o.first_token_s - o.arrival_s <= SLO_TTFT_S

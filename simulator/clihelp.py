@@ -47,3 +47,11 @@ def deprecated_alias(group: Any, old: str, new: argparse.Action) -> None:
     group.add_argument(old, dest=new.dest, type=new.type, metavar=new.metavar,
                        action=_Alias, help=argparse.SUPPRESS)
     new.help = f"{new.help or ''} (formerly {old})".strip()
+
+
+def parse_pd(spec: str) -> tuple[int, int]:
+    """``--pd P:D`` (the stack's and the replay's): P prefill and D decode servers, both >= 1."""
+    p, sep, d = spec.partition(":")
+    if sep and p.strip().isdigit() and d.strip().isdigit() and int(p) >= 1 and int(d) >= 1:
+        return int(p), int(d)
+    raise ValueError(f"--pd {spec!r}: expected P:D, prefill and decode servers, both >= 1 (2:6)")

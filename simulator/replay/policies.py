@@ -42,11 +42,12 @@ import bisect
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 from prometheus_client import CollectorRegistry
 
-from epp.config.loader import EppConfig, default_config, load_config
+from epp.config.loader import EppConfig, default_config, load_config, parse_config
 from epp.datastore.store import Datastore
 from epp.framework.endpoint import ROLE_LABEL, Endpoint, EndpointId, Metrics
 from epp.framework.request import InferenceRequest
@@ -521,6 +522,21 @@ PolicyFactory = Callable[[Cluster], Policy]
 _EPP_POLICIES: dict[str, Callable[[Cluster, EppConfig], Policy]] = {
     "epp": EppPolicy, "precise": PrecisePolicy, "oracle": OraclePolicy,
 }
+
+
+def pd_config(decider: str, params: dict[str, Any] | None = None) -> EppConfig:
+    """The shipped ``pd`` profile with another decider plugin type (and its parameters): the
+    P/D comparisons' variants (bench/bench_pd.py)."""
+    from importlib import resources
+
+    import yaml
+
+    doc = yaml.safe_load(resources.files("epp.config").joinpath("profiles/pd.yaml").read_text("utf-8"))
+    doc["plugins"] = [p for p in doc["plugins"] if not p["type"].endswith("-pd-decider")]
+    doc["plugins"].append({"type": decider, "parameters": params} if params else {"type": decider})
+    handler = next(p for p in doc["plugins"] if p["type"] == "disagg-profile-handler")
+    handler["parameters"]["deciders"] = {"prefill": decider}
+    return parse_config(doc, f"pd, decider {decider} {params or ''}")
 
 
 def policy_factory(spec: str, default_cfg: EppConfig | None = None) -> tuple[str, PolicyFactory]:

@@ -48,6 +48,7 @@ from epp.datastore.scraper import DEFAULT_INTERVAL_S
 from epp.framework.endpoint import EndpointId, Metrics
 from epp.framework.types import ResponseInfo
 from epp.plugins.preciseprefix.events import EventBatch, Kind, KvEvent
+from simulator.clihelp import parse_pd
 from simulator.model.cache import PrefixCache, model_seed
 from simulator.model.cost import CostModel
 from simulator.model.engine import (
@@ -141,14 +142,8 @@ ROLES = ("prefill", "decode", "prefill-decode", "both")
 
 def pd_roles(spec: str) -> tuple[str, ...]:
     """``P:D`` -> P prefill replicas, then D decode replicas (``2:6``)."""
-    p, sep, d = spec.partition(":")
-    try:
-        np_, nd = int(p), int(d)
-    except ValueError:
-        np_ = nd = -1
-    if not sep or np_ < 1 or nd < 1:
-        raise ValueError(f"--pd {spec!r}: expected P:D, prefillers and decoders, both >= 1 (2:6)")
-    return ("prefill",) * np_ + ("decode",) * nd
+    n_pre, n_dec = parse_pd(spec)
+    return ("prefill",) * n_pre + ("decode",) * n_dec
 
 
 @dataclass(slots=True)

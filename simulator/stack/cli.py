@@ -13,14 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from simulator.clihelp import HelpFormatter, deprecated_alias
+from simulator.clihelp import HelpFormatter, deprecated_alias, parse_pd
 from simulator.gateway.cli import add_mode_flags
 from simulator.stack.stack import (
     DEFAULT_MODEL,
     Stack,
     StackError,
     StackOptions,
-    pd_split,
     start_stack,
 )
 from simulator.stack.workload import SharedPrefixWorkload, WorkloadError, load_inference_perf
@@ -324,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_servers(args: argparse.Namespace) -> None:
     if args.pd:
-        pd_split(args.pd)
+        parse_pd(args.pd)
         if args.demo:
             raise ValueError("--pd serves a P/D pool; the demo compares aggregated policies "
                              "(the replay compares P/D: epp-sim replay --pd P:D)")  # fmt: skip

@@ -35,6 +35,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.envoyconfig import EnvoyOptions
+from simulator.clihelp import parse_pd
 from simulator.emulator import EmulatorConfig
 from simulator.envoy import EnvoyUnavailable, RunningEnvoy, start_envoy, with_ports
 from simulator.gateway import MODE_NAMES, GatewayHandle, GatewayOptions, start_gateway
@@ -774,7 +775,7 @@ def _checked(options: StackOptions) -> StackOptions:
     if options.servers and options.prefix == "precise":
         raise ValueError("precise mode starts its own servers (they publish to this epp)")
     if options.pd:
-        n_pre, n_dec = pd_split(options.pd)
+        n_pre, n_dec = parse_pd(options.pd)
         if options.policy != "epp" or options.servers or options.prefix != "approx":
             raise ValueError("--pd runs epp (--policy epp) on servers it starts, approximate prefix")
         if options.pd_connector not in ("shared-storage", "nixl"):
@@ -784,14 +785,6 @@ def _checked(options: StackOptions) -> StackOptions:
                              "through a directory)")  # fmt: skip
         options = dataclasses.replace(options, replicas=n_pre + n_dec, log_dir=_log_dir(options))
     return options
-
-
-def pd_split(spec: str) -> tuple[int, int]:
-    """``P:D`` -> (prefill servers, decode servers)."""
-    p, sep, d = spec.partition(":")
-    if sep and p.strip().isdigit() and d.strip().isdigit() and int(p) >= 1 and int(d) >= 1:
-        return int(p), int(d)
-    raise ValueError(f"--pd {spec!r}: expected P:D, prefill and decode servers, both >= 1 (1:1)")
 
 
 def _kv_dir(options: StackOptions) -> str:
@@ -864,7 +857,7 @@ async def _start_routing(
     endpoints = [u.removeprefix("http://") for u in replica_urls]
     if options.pd:  # the gateway routes to the prefillers and the decoders' sidecars
         assert log_dir is not None
-        n_pre = pd_split(options.pd)[0]
+        n_pre = parse_pd(options.pd)[0]
         connector = "nixlv2" if options.pd_connector == "nixl" else "shared-storage"
         sidecars = await _start_sidecars(replica_urls[n_pre:], connector, log_dir, children, deadline)
         config = _pd_config(options, replica_urls[:n_pre], replica_urls[n_pre:], sidecars, log_dir)

@@ -12,19 +12,7 @@ from aiohttp import web
 from simulator.emulator import EmulatorConfig, start_emulator
 from simulator.load import LoadOptions, body_of, run_load, summarize
 from simulator.replay.workload import TraceRequest, build_generator
-
-
-class ListWorkload:
-    name = "listed"
-
-    def __init__(self, items: list[TraceRequest]) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def requests(self):  # type: ignore[no-untyped-def]
-        return iter(self.items)
+from tests.unit.simulator.test_replay import ListWorkload
 
 
 async def test_a_chat_workload_sent_live_is_measured_and_cached() -> None:

@@ -3,35 +3,19 @@ request across a prefiller and a decoder, and the decider's choice."""
 
 from __future__ import annotations
 
-from importlib import resources
-
 import pytest
-import yaml
 
-from epp.config.loader import parse_config
 from simulator.model.cache import PrefixCache
 from simulator.model.cost import CostModel
 from simulator.model.engine import Engine, EngineRequest
-from simulator.replay.policies import policy_factory
+from simulator.replay.policies import pd_config, policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer, pd_roles
 from simulator.replay.report import summarize
 from tests.unit.simulator.test_replay import ListWorkload, req
 
 
-def pd_config(decider: str, **params: int) -> object:
-    """The shipped ``pd`` profile with another decider (and its parameters)."""
-    doc = yaml.safe_load(
-        resources.files("epp.config").joinpath("profiles/pd.yaml").read_text("utf-8")
-    )
-    doc["plugins"] = [p for p in doc["plugins"] if not p["type"].endswith("-pd-decider")]
-    doc["plugins"].append({"type": decider, **({"parameters": params} if params else {})})
-    handler = next(p for p in doc["plugins"] if p["type"] == "disagg-profile-handler")
-    handler["parameters"]["deciders"] = {"prefill": decider}
-    return parse_config(doc, f"pd with {decider}")
-
-
 def run(workload: ListWorkload, decider: str, roles: tuple[str, ...], **params: int):  # type: ignore[no-untyped-def]
-    cfg = pd_config(decider, **params)
+    cfg = pd_config(decider, dict(params))
     name, factory = policy_factory("epp", cfg)  # type: ignore[arg-type]
     replayer = Replayer(ReplayConfig(replicas=len(roles), kv_blocks=2048, roles=roles))
     return replayer, replayer.run(workload, factory, name)
