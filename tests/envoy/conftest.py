@@ -94,12 +94,20 @@ class EppProcess:
 
     async def routed(self) -> float:
         """Requests this epp answered (``epp_requests_total``, every status)."""
+        return await self.metric("epp_requests_total")
+
+    async def ready_endpoints(self) -> float:
+        """Endpoints this epp has fresh metrics for (``epp_pool_ready_endpoints``)."""
+        return await self.metric("epp_pool_ready_endpoints")
+
+    async def metric(self, name: str) -> float:
+        """The sum of ``name``'s samples on this epp's metrics page."""
         async with aiohttp.ClientSession() as http, http.get(
             f"http://127.0.0.1:{self.metrics_port}/metrics"
         ) as r:
             text = await r.text()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("epp_requests_total{"))  # fmt: skip
+                   if line.startswith((name + "{", name + " ")))  # fmt: skip
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -36,7 +36,8 @@ async def test_tokens_in_flight_follow_the_request_behind_envoy(tmp_path: Path) 
             aiohttp.ClientSession() as http:  # fmt: skip
         epp = p.epps[0]
         deadline = asyncio.get_running_loop().time() + 20
-        while await epp.routed() < 1:  # Envoy fails open until epp has scraped the pool
+        # Envoy fails open until epp has scraped the pool (an error counts as routed too)
+        while await epp.ready_endpoints() < 2 or await epp.routed() < 1:
             assert asyncio.get_running_loop().time() < deadline, "epp never routed"
             async with http.post(p.url + "/v1/chat/completions", json=chat("warm-up")) as r:
                 await r.read()
