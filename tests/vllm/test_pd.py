@@ -61,8 +61,12 @@ async def pd_stack(tmp_path: Path, connector: str) -> AsyncIterator[PdStack]:
                                            log_dir=tmp_path, vllm_kv_cache_bytes=16 << 20,
                                            ready_timeout_s=120))  # fmt: skip
     try:
-        await asyncio.sleep(1.0)  # epp scrapes both servers
         assert stack.epp_metrics is not None
+        async with aiohttp.ClientSession() as http:  # until epp has scraped both servers
+            for _ in range(300):
+                if await metric(http, stack.epp_metrics, "epp_pool_ready_endpoints") >= 2:
+                    break
+                await asyncio.sleep(0.1)
         decoder = stack.replica_urls[1].removeprefix("http://")
         yield PdStack(stack.gateway_url, stack.epp_metrics, stack.sidecars[0], decoder, stack)
     finally:
