@@ -25,9 +25,7 @@ Run: ./run bench agentic [--seeds 8] [--quick] [--policies default,+token load (
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import random
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -40,6 +38,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.stats import describe  # noqa: E402
 from epp.config.loader import parse_config  # noqa: E402
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds  # noqa: E402
 from simulator.replay.policies import policy_factory  # noqa: E402
@@ -81,18 +80,6 @@ def bound(job: tuple[float, int, int, int]) -> tuple[float, int, float]:
     cfg = ReplayConfig(kv_blocks=kv, seed=seed)
     bounds = ttft_lower_bounds(workload.requests(), cfg.cost, cfg.block_size_tokens, cfg.model)
     return rate, kv, bound_percentile(bounds, kv, 90)
-
-
-def paired_ratio(values: list[float], base: list[float], draws: int = 2000) -> tuple[float, float, float]:
-    """The geometric mean over seeds of ``values[i] / base[i]``, and its 90% bootstrap
-    interval (seeds resampled; a fixed generator, so a rerun prints the same)."""
-    logs = [math.log(v / b) for v, b in zip(values, base, strict=True) if v > 0 and b > 0]
-    if not logs:
-        return math.nan, math.nan, math.nan
-    rng = random.Random(0)
-    means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(draws))
-    return (math.exp(statistics.fmean(logs)), math.exp(means[int(0.05 * draws)]),
-            math.exp(means[int(0.95 * draws) - 1]))
 
 
 def main() -> int:
@@ -138,9 +125,7 @@ def main() -> int:
         base = [v[2] for v in cells[(rate, kv, "default")]]
         parts = []
         for p in policies[1:]:
-            ratio, lo, hi = paired_ratio([v[2] for v in cells[(rate, kv, p)]], base)
-            verdict = "the default behind" if hi < 1 else ("the default ahead" if lo > 1 else "level")
-            parts.append(f"{p} {ratio:.2f}x [{lo:.2f}, {hi:.2f}] ({verdict})")
+            parts.append(f"{p} {describe([v[2] for v in cells[(rate, kv, p)]], base)}")
         verdicts.append(f"{rate:g}/s {kv} KV, p90 against the default, seed by seed: " + "; ".join(parts))
     print()
     for v in verdicts:

@@ -15,11 +15,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import write_result  # noqa: E402
+from bench.stats import describe  # noqa: E402
 
 ROWS = [
     ("prefix cache hit rate (servers' counters)", lambda r: f"{100 * r['hit_rate']:.1f}%"),
@@ -64,11 +66,39 @@ def main() -> None:
         "vllm:prefix_cache_hits_total / queries_total; client TTFT from the SSE stream; server "
         "TTFT from vllm:time_to_first_token_seconds; CPU from /proc per process role.\n"
     )
+    notes += paired(demo)
     title = ("The demo: epp vs random routing on the local stack" if name == "demo"
              else f"The demo workload on the local stack: {' '.join(args)}")  # fmt: skip
     path = write_result(name, title,
                         head + body + notes, demo, argv=[__file__, *sys.argv[1:]])  # fmt: skip
     print(f"wrote {path.relative_to(ROOT)}")
+
+
+def paired(demo: dict[str, Any]) -> str:
+    """With several rounds: each policy's server TTFT against the first policy's in the same
+    round (the rounds' geometric mean, 90% bootstrap interval). A round's figures move 15-20%
+    from the next round's; the same round's policies ran on the same servers minutes apart."""
+    rounds = demo.get("by_round") or []
+    if not rounds:
+        return ""
+    first = demo["runs"][0]["policy"]
+    by: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in rounds:
+        by.setdefault(r["policy"], {})[r["round"]] = r
+    lines = []
+    for policy, runs in by.items():
+        if policy == first:
+            continue
+        common = sorted(set(runs) & set(by[first]))
+        cells = []
+        for key, label in (("server_ttft_mean_ms", "mean"), ("server_ttft_p90_ms", "p90")):
+            said = describe([runs[i][key] for i in common], [by[first][i][key] for i in common],
+                            f"via {first}")  # fmt: skip
+            cells.append(f"{label} {said}")
+        lines.append(f"- via {policy}: server TTFT " + ", ".join(cells) + f" over {len(common)} rounds")
+    return (f"\nRound by round, each policy's server TTFT over via {first}'s in the same round "
+            "(geometric mean over the rounds, 90% bootstrap interval; \"behind\" when the "
+            "interval lies wholly below 1):\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
