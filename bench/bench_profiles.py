@@ -48,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.stats import describe  # noqa: E402
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds  # noqa: E402
 from simulator.replay.policies import policy_factory  # noqa: E402
 from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
@@ -143,8 +144,13 @@ def bound_of(job: tuple[Point, bool, int]) -> tuple[Point, float]:
     return point, statistics.median(p90s)
 
 
+Table = dict[Point, dict[str, tuple[float, float]]]
+PerSeed = dict[Point, dict[str, list[float]]]
+"""Per point and policy, the seeds' TTFT p90s in seed order."""
+
+
 def measure(points: list[Point], policies: dict[str, str], seeds: int,
-            quick: bool) -> tuple[dict[Point, dict[str, tuple[float, float]]], dict[Point, float]]:  # fmt: skip
+            quick: bool) -> tuple[Table, dict[Point, float], PerSeed]:  # fmt: skip
     jobs = [(pt, label, spec, seed, quick) for pt in points for label, spec in policies.items()
             for seed in range(seeds)
             if not (label == "ttft-oracle" and (pt.workload == "mooncake" or pt.routers > 1))]  # fmt: skip
@@ -155,15 +161,17 @@ def measure(points: list[Point], policies: dict[str, str], seeds: int,
         bounds = dict(pool.map(bound_of, [(pt, quick, seeds) for pt in points]))
     table = {pt: {label: (statistics.mean(h for h, _ in rs), statistics.median(p for _, p in rs))
                   for label, rs in cell.items()} for pt, cell in runs.items()}  # fmt: skip
-    return table, bounds
+    per_seed = {pt: {label: [p for _, p in rs] for label, rs in cell.items()}
+                for pt, cell in runs.items()}  # fmt: skip
+    return table, bounds, per_seed
 
 
 def _cell(hit: float, p90: float) -> str:
     return f"{100 * hit:.1f}% / {p90:.2f}"
 
 
-def render(points: list[Point], table: dict[Point, dict[str, tuple[float, float]]],
-           bounds: dict[Point, float], policies: dict[str, str]) -> tuple[str, dict[str, Any]]:  # fmt: skip
+def render(points: list[Point], table: Table, bounds: dict[Point, float], policies: dict[str, str],
+           per_seed: PerSeed | None = None) -> tuple[str, dict[str, Any]]:  # fmt: skip
     """The markdown table and the verdicts."""
     others = [p for p in policies if p != "default"]
     head = "| point | default | " + " | ".join(others) + " | bound p90 | default vs best of " \
@@ -203,6 +211,8 @@ def render(points: list[Point], table: dict[Point, dict[str, tuple[float, float]
         f"- hit rate within 0.5 point of the best policy's: {n - len(fails_hit)} of {n} points"
         + (f"; not at: {'; '.join(fails_hit)}" if fails_hit else ""),
     ]
+    paired_lines = paired_verdicts(points, per_seed) if per_seed else []
+    verdicts += paired_lines
     if any("ttft-oracle" in table[pt] for pt in points):
         verdicts.append(f"- points where ttft-oracle's p90 is 10% or more below prefix-load's: "
                         f"{headroom}; the default closes half of that gap or more at {closed}")
@@ -215,6 +225,28 @@ def render(points: list[Point], table: dict[Point, dict[str, tuple[float, float]
                        for pt in points],
             "fails_p90": fails_p90, "fails_hit": fails_hit, "geomean_ratio": geo}  # fmt: skip
     return md, data
+
+
+def paired_verdicts(points: list[Point], per_seed: PerSeed) -> list[str]:
+    """The default against each profile it replaced, seed by seed (``bench.stats``): where
+    the medians' 1.02x says more than seed noise can."""
+    behind, level = [], 0
+    for pt in points:
+        cell = per_seed[pt]
+        for p in REPLACED:
+            if p not in cell or len(cell[p]) != len(cell["default"]):
+                continue
+            said = describe(cell[p], cell["default"])
+            if "behind" in said:
+                behind.append(f"{pt.label} ({p} {said.split(' (')[0]})")
+            elif "(level)" in said:
+                level += 1
+    if not behind and not level:
+        return []
+    return [f"- seed by seed (the geometric mean of {' and '.join(REPLACED)}'s p90 over the "
+            f"default's on the same seed, 90% bootstrap interval): the default behind at "
+            f"{len(behind)} point-profile pairs" + (f": {'; '.join(behind)}" if behind else "")
+            + f"; level at {level}; ahead at the rest"]  # fmt: skip
 
 
 def check(points: list[Point], table: dict[Point, dict[str, tuple[float, float]]]) -> list[str]:
@@ -269,8 +301,8 @@ def main() -> int:
     if args.ttft_oracle:
         policies["ttft-oracle"] = "ttft-oracle"
     points = grid(names, args.quick)
-    table, bounds = measure(points, policies, seeds, args.quick)
-    md, data = render(points, table, bounds, policies)
+    table, bounds, per_seed = measure(points, policies, seeds, args.quick)
+    md, data = render(points, table, bounds, policies, per_seed)
     print(md)
     if args.result_name:
         from bench.results import write_result
