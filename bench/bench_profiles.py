@@ -280,6 +280,9 @@ def main() -> int:
                     help="also run this epp config (a file or shipped name) as column NAME: a "
                     "profile under study, not held to --check (repeatable)")
     ap.add_argument("--no-baselines", action="store_true", help="leave the non-epp baselines out")
+    ap.add_argument("--profiles", default="",
+                    help="comma-separated shipped profiles to run (default: all of them; the "
+                    "default and the two it replaced always run)")
     ap.add_argument("--result-name", default="", help="write docs/results/NAME.md and .json")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -291,6 +294,12 @@ def main() -> int:
         names.remove("mooncake")
     seeds = args.seeds or (4 if args.quick else 3)
     policies = dict(PROFILES)
+    if args.profiles:
+        keep = {p.strip() for p in args.profiles.split(",") if p.strip()}
+        if keep - set(PROFILES):
+            ap.error(f"--profiles: unknown {', '.join(sorted(keep - set(PROFILES)))}")
+        keep |= {"default", *REPLACED}
+        policies = {k: v for k, v in policies.items() if k in keep}
     for item in args.candidate:
         name, sep, spec = item.partition("=")
         if not sep or not name or not spec:

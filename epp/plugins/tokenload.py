@@ -8,7 +8,8 @@ requests epp sent there and that have not ended: what each keeps in the KV cache
 none), and apart from it the prompt still to prefill, until the first token comes back. A request ends at its response's end or cancellation; one never heard of
 again is dropped after ``ttlSeconds``.
 
-* the scorer: ``1 - load / max load`` over the candidates (all 1 when none carries load);
+* the scorer: ``1 - load / max load`` over the candidates (all 1 when none carries load), or
+  over ``scaleTokens`` when that is more;
   prefill tokens weigh ``prefillWeight`` times more than tokens merely held (they are the
   work that delays the next request's first token).
 * the filter: keeps endpoints whose load is at most ``maxTokens``, or, when the server
@@ -45,6 +46,10 @@ class TokenLoadParams:
     """A request's ``max_tokens`` counts at most this much (clients often send the context size)."""
     prefill_weight: float = 4.0
     """Scorer: a token still to prefill weighs this many tokens held."""
+    scale_tokens: float = 0.0
+    """Scorer: loads are read against the busiest candidate's or this many (weighted) tokens,
+    whichever is more. 0: against the busiest alone, so a few hundred tokens in flight push as
+    hard as a hundred thousand; a scale leaves short prompts to the other scores."""
     max_tokens: int = 0
     """Filter: keep endpoints with at most this many tokens in flight (0: no absolute cap)."""
     max_share: float = 0.9
@@ -52,7 +57,8 @@ class TokenLoadParams:
     capacity they report (ignored for servers that report none)."""
     ttl_seconds: float = 600.0
     """A request not heard of this long after its pick is no longer counted."""
-    __config_min__: ClassVar[dict[str, float]] = {"decode_tokens": 0, "prefill_weight": 0}
+    __config_min__: ClassVar[dict[str, float]] = {"decode_tokens": 0, "prefill_weight": 0,
+                                                  "scale_tokens": 0}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -144,7 +150,7 @@ class TokenLoadScorer(_InFlightTokens):
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         w = self.params.prefill_weight
         loads = [self.load(e.id, w) for e in endpoints]
-        top = max(loads, default=0.0)
+        top = max(max(loads, default=0.0), self.params.scale_tokens)
         if top <= 0:
             return [1.0] * len(endpoints)
         return [1.0 - load / top for load in loads]

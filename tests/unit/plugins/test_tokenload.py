@@ -81,3 +81,16 @@ def test_prefill_weighs_more_and_requests_never_heard_of_again_expire() -> None:
     later = sched.schedule(req("b", 10), pool, 1.0 + 601)
     sched.commit(later)
     assert scorer.held[lost.target.id] == (266 if later.target.id == lost.target.id else 0)
+
+
+def test_a_scale_leaves_small_loads_nearly_even_and_large_ones_as_without_it() -> None:
+    pool = [ep(1), ep(2)]
+    plain = TokenLoadScorer("s", TokenLoadParams(prefill_weight=1.0))
+    scaled = TokenLoadScorer("s", TokenLoadParams(prefill_weight=1.0, scale_tokens=100_000))
+    for s in (plain, scaled):
+        s.held = {pool[0].id: 2_000, pool[1].id: 500}
+    assert plain.score(None, pool) == [0.0, 0.75]  # type: ignore[arg-type]
+    assert scaled.score(None, pool) == [0.98, 0.995]  # type: ignore[arg-type]
+    for s in (plain, scaled):
+        s.held = {pool[0].id: 200_000, pool[1].id: 50_000}
+        assert s.score(None, pool) == [0.0, 0.75]  # type: ignore[arg-type]
