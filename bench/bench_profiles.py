@@ -221,7 +221,9 @@ def render(points: list[Point], table: Table, bounds: dict[Point, float], polici
     data = {"points": [{"point": pt.label, "workload": pt.workload, "load": pt.load,
                         "kv_blocks": pt.kv_blocks, "replicas": pt.replicas, "routers": pt.routers,
                         "bound_p90": bounds[pt],
-                        "policies": {p: {"hit": h, "p90": v} for p, (h, v) in table[pt].items()}}
+                        "policies": {p: {"hit": h, "p90": v,
+                                         "p90_by_seed": (per_seed or {}).get(pt, {}).get(p, [])}
+                                     for p, (h, v) in table[pt].items()}}
                        for pt in points],
             "fails_p90": fails_p90, "fails_hit": fails_hit, "geomean_ratio": geo}  # fmt: skip
     return md, data
