@@ -60,7 +60,7 @@ def write_result(name: str, title: str, markdown: str, data: dict[str, Any],
     except ValueError:
         script_name = str(script)
     command = "./run python " + " ".join(shlex.quote(a) for a in [script_name, *argv[1:]])
-    stamp = {"command": command, "commit": commit(),
+    stamp: dict[str, Any] = {"command": command, "commit": commit(),
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine()}  # fmt: skip
     m = stamp["machine"]
     header = (
