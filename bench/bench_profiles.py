@@ -49,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.stats import describe  # noqa: E402
+from bench.stats import paired_ratio, verdict  # noqa: E402
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds  # noqa: E402
 from simulator.replay.policies import policy_factory  # noqa: E402
 from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
@@ -239,10 +239,11 @@ def paired_verdicts(points: list[Point], per_seed: PerSeed) -> list[str]:
         for p in REPLACED:
             if p not in cell or len(cell[p]) != len(cell["default"]):
                 continue
-            said = describe(cell[p], cell["default"])
-            if "behind" in said:
-                behind.append(f"{pt.label} ({p} {said.split(' (')[0]})")
-            elif "(level)" in said:
+            ratio, lo, hi = paired_ratio(cell[p], cell["default"])
+            said = verdict(lo, hi)
+            if said == "behind":
+                behind.append(f"{pt.label} ({p} {ratio:.2f}x [{lo:.2f}, {hi:.2f}])")
+            elif said == "level":
                 level += 1
     if not behind and not level:
         return []

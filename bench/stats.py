@@ -34,16 +34,20 @@ def paired_ratio(values: Sequence[float], base: Sequence[float], draws: int = 20
     return math.exp(statistics.fmean(logs)), math.exp(lo), math.exp(hi)
 
 
+def verdict(lo: float, hi: float) -> str:
+    """What a paired interval says of the baseline against the policy: ``"behind"`` (the
+    policy's figure is lower on the whole interval), ``"ahead"``, ``"level"``, or ``""`` when
+    there is no interval."""
+    if math.isnan(lo) or math.isnan(hi):
+        return ""
+    return "behind" if hi < 1 else "ahead" if lo > 1 else "level"
+
+
 def describe(values: Sequence[float], base: Sequence[float], subject: str = "the default") -> str:
     """``0.96x [0.86, 1.05] (level)``: the paired ratio, its interval and what it says of
     ``subject`` (the baseline) against the policy behind ``values``."""
     ratio, lo, hi = paired_ratio(values, base)
-    if math.isnan(lo):
+    said = verdict(lo, hi)
+    if not said:
         return f"{ratio:.2f}x ({len(values)} draws: too few for an interval)"
-    if hi < 1:
-        said = f"{subject} behind"
-    elif lo > 1:
-        said = f"{subject} ahead"
-    else:
-        said = "level"
-    return f"{ratio:.2f}x [{lo:.2f}, {hi:.2f}] ({said})"
+    return f"{ratio:.2f}x [{lo:.2f}, {hi:.2f}] ({said if said == 'level' else subject + ' ' + said})"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bench.stats import describe, paired_ratio
+from bench.stats import describe, paired_ratio, verdict
 
 
 def test_a_policy_twice_as_fast_on_every_draw_puts_the_default_behind() -> None:
@@ -29,3 +29,8 @@ def test_two_draws_give_a_ratio_but_no_interval() -> None:
     assert math.isclose(ratio, math.sqrt(0.5)) and math.isnan(lo) and math.isnan(hi)
     assert describe([1.0, 2.0], [2.0, 2.0]) == "0.71x (2 draws: too few for an interval)"
     assert all(math.isnan(v) for v in paired_ratio([0.0], [1.0]))
+
+
+def test_the_verdict_reads_the_interval_not_the_text() -> None:
+    assert verdict(0.6, 0.9) == "behind" and verdict(1.01, 1.3) == "ahead"
+    assert verdict(0.9, 1.1) == "level" and verdict(math.nan, math.nan) == ""

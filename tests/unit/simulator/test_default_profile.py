@@ -37,3 +37,16 @@ def test_no_shipped_profile_beats_the_default_on_the_quick_sweep() -> None:
     table, _bounds, _per_seed = bp.measure(points, bp.PROFILES, seeds=4, quick=True)
     assert set(table) == set(points) and all(set(c) == set(bp.PROFILES) for c in table.values())
     assert bp.check(points, table) == []
+
+
+def test_the_seed_by_seed_verdict_names_the_points_where_the_default_is_behind() -> None:
+    bp = sweep()
+    fast, mixed = bp.Point("chat", 8, 2048, 4), bp.Point("rag", 4, 2048, 4)
+    base = [1.0, 3.0, 10.0, 2.0]
+    per_seed = {
+        fast: {"default": base, "prefix-load": [b * 0.8 for b in base], "predicted-ttft": base},
+        mixed: {"default": base, "prefix-load": [0.5, 6.0, 10.0, 2.0], "predicted-ttft": [b * 2 for b in base]},
+    }
+    [line] = bp.paired_verdicts([fast, mixed], per_seed)
+    assert "behind at 1 point-profile pairs: chat 8/s 2048 KV (prefix-load 0.80x [0.80, 0.80])" in line
+    assert "level at 2" in line
