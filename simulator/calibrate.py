@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -182,8 +183,26 @@ def register(subparsers: Any) -> None:
         description=__doc__.split("\n\n")[0] + " " + " ".join(__doc__.split("\n\n")[1:3]),
         formatter_class=HelpFormatter,
     )  # fmt: skip
-    p.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("url", nargs="?", default="", help="the server's base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--out", required=True, help="the profile file to write (YAML)")
+    fit = p.add_argument_group(
+        "fit to a loaded run (instead of URL)",
+        "Scale a probed profile's prefill and decode costs until the replay of a run of the stack "
+        "(its requests.jsonl, epp-sim stack --demo --out-dir) matches the run's TTFT p50, p90 and "
+        "time per output token: a server under load is slower than one probed idle "
+        "(simulator/fitlog.py).",
+    )
+    fit.add_argument("--from-log", type=Path, metavar="REQUESTS_JSONL", help="the stack's request log")
+    fit.add_argument("--profile", help="the profile to scale (a file from epp-sim calibrate URL, or a preset)")
+    fit.add_argument("--run", dest="fit_run", default="", metavar="POLICY",
+                     help="the run to fit, by its policy column (the log's only one by default); "
+                     "random or round-robin fit best")
+    fit.add_argument("--round", default="0",
+                     help="the run's round (--rounds); 'all': fit its rounds together")
+    fit.add_argument("--replay-policy", default="",
+                     help="the replay policy that routes as the run did (guessed from its name)")
+    fit.add_argument("--kv-blocks", type=int, default=0, help="KV blocks a server (the profile's by default)")
+    fit.add_argument("--block-size", type=int, default=0, help="tokens a block (the profile's by default)")
     p.add_argument("--lengths", default="128,512,1024,2048", help="prompt lengths to prefill (tokens)")
     p.add_argument("--batches", default="1,4,16", help="decode batch sizes")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement (their median counts)")
@@ -202,6 +221,11 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_log:
+        return run_fit(args)
+    if not args.url:
+        print("epp-sim calibrate: give a server's URL, or --from-log with --profile", file=sys.stderr)
+        return 2
     try:
         lengths, batches = _ints(args.lengths, "--lengths"), _ints(args.batches, "--batches")
         if len(set(lengths)) < 2 or len(set(batches)) < 2:
@@ -220,3 +244,66 @@ def run(args: argparse.Namespace) -> int:
           f"(+ {c.prefill_per_cached_token_s * 1e6:.2f} us/cached token), decode {c.decode_base_s * 1e3:.2f} ms "
           f"+ {c.decode_per_seq_s * 1e3:.3f} ms/sequence a step; server {profile.server or 'unreported'}")  # fmt: skip
     return 0
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    from simulator.fitlog import (
+        StackRun,
+        fit_scales,
+        live_figures,
+        pick_runs,
+        replay_policy_for,
+        replicas_of,
+        stack_rows,
+    )
+    from simulator.model.cost import load_profile
+
+    try:
+        if args.url:
+            raise ValueError("give a URL or --from-log, not both")
+        if not args.profile:
+            raise ValueError("--from-log needs --profile: the probed shape to scale (epp-sim calibrate URL --out FILE)")
+        base = load_profile(args.profile)
+        rounds = None if args.round == "all" else [_round(args.round)]
+        runs = pick_runs(args.from_log, args.fit_run, rounds)
+        label = runs[0][0]
+        kv = args.kv_blocks or int(base.server.get("kv_blocks") or 0)
+        block = args.block_size or int(base.server.get("block_size") or 0)
+        if kv <= 0 or block <= 0:
+            raise ValueError("the profile does not say the servers' KV blocks and block size: give --kv-blocks and --block-size")
+        policy = args.replay_policy or replay_policy_for(label)
+        rows = stack_rows(args.from_log)
+        targets = []
+        for _, round_ in runs:
+            run_ = StackRun(args.from_log, label, round_, replicas_of(args.from_log, label, round_), kv, block, policy)
+            targets.append((live_figures(rows, label, round_), _replayer(run_)))
+        print(f"fitting {args.profile} to {label!r} (round {', '.join(str(r) for _, r in runs)}) of "
+              f"{args.from_log}, replayed as {policy}...")
+        fit = fit_scales(base.cost, targets)
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"epp-sim calibrate: {exc}", file=sys.stderr)
+        return 2
+    source = (f"{base.source or base.name}; scaled to the run {label!r} (round "
+              f"{', '.join(str(r) for _, r in runs)}) of {args.from_log}: "
+              f"prefill x{fit.prefill_scale:.3f}, decode x{fit.decode_scale:.3f}")  # fmt: skip
+    profile = CostProfile(base.name, fit.cost, source, dict(base.server) | {"kv_blocks": kv, "block_size": block})
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(dump_profile(profile))
+    print(f"prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f} ({fit.replays} replays)")
+    for (_, round_), lv, rp in zip(runs, fit.live, fit.replayed, strict=True):
+        print(f"  round {round_}: TTFT p50 {lv.ttft_p50_s * 1e3:.0f} ms live / {rp.ttft_p50_s * 1e3:.0f} ms "
+              f"replayed, p90 {lv.ttft_p90_s * 1e3:.0f} / {rp.ttft_p90_s * 1e3:.0f} ms, an output token "
+              f"{lv.tpot_p50_s * 1e3:.1f} / {rp.tpot_p50_s * 1e3:.1f} ms")  # fmt: skip
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _round(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"--round expects a round number (0, 1...) or 'all', got {text!r}")
+    return int(text)
+
+
+def _replayer(run_: Any) -> Any:
+    """``run_``'s replay as the fit calls it: the figures only."""
+    return lambda cost: run_.replay(cost)[0]

@@ -18,6 +18,10 @@ Rows with ``hash_ids`` carry ``block_tokens`` (512), which also tells them from 
   the chat it was: each user is a session whose turn ``n`` is turn ``n - 1``'s prompt, its
   reply and a question; the users of a group share its system prompt (the prompts' lengths
   are the log's; the text is the emulator's, so the replay caches what the servers did).
+  The demo's client is a closed loop (a user's next turn goes when the last answer ends; a
+  new user when one finishes), and so are the rows: each is sent ``after`` the request whose
+  end let it go, with the gap the log shows (``delay_s``), so a slower or faster replay keeps
+  the same number of conversations in flight. ``closed_loop=False``: the log's times only.
 """
 
 from __future__ import annotations
@@ -76,9 +80,12 @@ def _azure_time(text: str) -> float:
     return stamp + (float("0." + frac) if frac else 0.0)
 
 
-def convert(fmt: str, path: str | Path, policy: str = "") -> Iterator[dict[str, Any]]:
+def convert(fmt: str, path: str | Path, policy: str = "", round_: int | None = None,
+            closed_loop: bool = True) -> Iterator[dict[str, Any]]:  # fmt: skip
     """The rows of ``path`` (a ``fmt`` log) as request-log rows, in file order; ``policy``
-    picks one policy's run out of a stack log holding several."""
+    picks one policy's run out of a stack log holding several, ``round_`` one of its rounds
+    (``--rounds``; the first by default), ``closed_loop`` whether its rows wait for the
+    answers that let them go (module docstring)."""
     path = Path(path)
     ids = _Ids()
     if fmt == "mooncake":
@@ -110,13 +117,18 @@ def convert(fmt: str, path: str | Path, policy: str = "") -> Iterator[dict[str, 
             except ValueError as exc:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
     elif fmt == "stack":
-        yield from _stack(path, policy)
+        yield from _stack(path, policy, round_, closed_loop)
     else:
         raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
-def _stack(path: Path, policy: str) -> Iterator[dict[str, Any]]:
-    rows = [r for _, r in _jsonl(path)]
+def _one_run(rows: list[dict[str, Any]], path: Path, policy: str, round_: int | None) -> list[dict[str, Any]]:
+    """The rows of one (policy, round) run of a stack log."""
+    if round_ is not None:
+        rounds = sorted({int(r.get("round", 0)) for r in rows})
+        rows = [r for r in rows if int(r.get("round", 0)) == round_]
+        if not rows:
+            raise ValueError(f"{path}: no round {round_} (rounds: {', '.join(map(str, rounds))})")
     runs = sorted({(str(r.get("policy", "")), int(r.get("round", 0))) for r in rows})
     if policy:
         rows = [r for r in rows if r.get("policy") == policy]
@@ -129,6 +141,11 @@ def _stack(path: Path, policy: str) -> Iterator[dict[str, Any]]:
             raise ValueError(f"{path} holds the runs of several policies ({', '.join(sorted({p for p, _ in runs}))}): "
                              "pick one with --policy")  # fmt: skip
         rows = [r for r in rows if (str(r.get("policy", "")), int(r.get("round", 0))) == first]  # round 0
+    return rows
+
+
+def _stack(path: Path, policy: str, round_: int | None, closed_loop: bool) -> Iterator[dict[str, Any]]:
+    rows = _one_run([r for _, r in _jsonl(path)], path, policy, round_)
     for r in rows:
         for key in ("user", "turn", "group", "start_s", "prompt_tokens"):
             if key not in r:
@@ -165,6 +182,46 @@ def _stack(path: Path, policy: str) -> Iterator[dict[str, Any]]:
         out.append((float(r["start_s"]), {
             "timestamp": float(r["start_s"]), "prompt": prompt, "api": "chat",
             "input_length": tokens, "output_length": output, "session": f"user-{r['user']}",
+            "id": f"u{r['user']}t{r['turn']}",
         }))  # fmt: skip
+    if closed_loop:
+        _link(sorted(rows, key=lambda x: float(x["start_s"])), {row["id"]: row for _, row in out})
     for _, row in sorted(out, key=lambda x: x[0]):
         yield row
+
+
+def _link(rows: list[dict[str, Any]], out: dict[str, dict[str, Any]]) -> None:
+    """Closed loop: each row of ``out`` (by id, the requests of ``rows`` sorted by start) is
+    sent after the request whose end let it go: the user's previous turn, or for a user's
+    first turn the last turn of the user whose end freed its slot (the latest unused such
+    end before it: each end frees one slot); none for the first users."""
+
+    def name(r: dict[str, Any]) -> str:
+        return f"u{r['user']}t{r['turn']}"
+
+    by_turn = {(r["user"], r["turn"]): r for r in rows}
+    last_turn: dict[int, int] = {}
+    for r in rows:
+        last_turn[r["user"]] = max(last_turn.get(r["user"], -1), r["turn"])
+
+    def end(r: dict[str, Any]) -> float | None:
+        e2e = r.get("e2e_s")
+        return float(r["start_s"]) + float(e2e) if isinstance(e2e, int | float) else None
+
+    frees = sorted((e, i) for i, r in enumerate(rows)
+                   if r["turn"] == last_turn[r["user"]] and (e := end(r)) is not None)  # fmt: skip
+    used = [False] * len(frees)
+    for r in rows:
+        start = float(r["start_s"])
+        parent = by_turn.get((r["user"], r["turn"] - 1))
+        if parent is None and r["turn"] == 0:
+            # the latest unused end at or before this start (a slot freed, then taken)
+            k = next((k for k in range(len(frees) - 1, -1, -1)
+                      if frees[k][0] <= start and not used[k]), None)  # fmt: skip
+            if k is not None:
+                used[k] = True
+                parent = rows[frees[k][1]]
+        done = end(parent) if parent is not None else None
+        if parent is None or done is None or done > start:
+            continue
+        out[name(r)] |= {"after": name(parent), "delay_s": round(start - done, 6)}

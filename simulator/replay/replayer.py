@@ -41,7 +41,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from epp.datastore.scraper import DEFAULT_INTERVAL_S
@@ -230,9 +230,11 @@ class Replayer:
         last_scrape = -math.inf
         needs_metrics = run.policy.needs_metrics
         restarts = sorted(cfg.restarts)
-        for count, req in enumerate(workload.requests(), 1):
-            t = req.arrival_s
-            before = math.nextafter(t, -math.inf)
+
+        def reach(t: float, before: float) -> None:
+            """Everything that happens before ``before``: restarts, samples, the scrape
+            ``t`` sees, the replicas' steps, the KV events that have arrived."""
+            nonlocal last_scrape
             while restarts and restarts[0][0] <= t:
                 at, replica = restarts.pop(0)
                 run.run_to(math.nextafter(at, -math.inf))
@@ -246,6 +248,10 @@ class Replayer:
                     last_scrape = ts
             run.run_to(before)
             run.deliver_events(t)
+
+        for count, req in enumerate(run.arrivals(workload, reach), 1):
+            t = req.arrival_s
+            reach(t, math.nextafter(t, -math.inf))
             run.submit(req, t)
             if progress is not None and count % 64 == 0:
                 progress(count)
@@ -298,7 +304,14 @@ class _Run:
         self.transfers: list[tuple[float, int, str]] = []
         """Heap of (ready, order, request id)."""
         self.transfer_order = 0
-        self.arrivals = 0
+        self.arrivals_count = 0
+        # closed loop: requests sent after others end
+        self.waiting: dict[str, list[TraceRequest]] = {}
+        """Per request id, the requests due when it ends."""
+        self.blocked = 0
+        self.released: list[tuple[float, int, TraceRequest]] = []
+        """Heap of (arrival, order, request): released, not yet submitted."""
+        self.release_order = 0
         self.pending: dict[str, Outcome] = {}
         """Requests not yet at a replica (held by a router's flow control)."""
         # KV-cache events, for policies that read them (vLLM's publisher, one per replica)
@@ -309,6 +322,60 @@ class _Run:
         if self.wants_events:
             for i, eng in enumerate(self.engines):
                 eng.cache.events = functools.partial(self._cache_event, i)
+
+    def arrivals(self, workload: Workload, reach: Callable[[float, float], None]) -> Iterator[TraceRequest]:
+        """The workload's requests in arrival order. A request sent ``after`` another
+        (closed loop, a request log's ``after``) arrives ``delay_s`` after that one's answer
+        ends: while such requests wait, the replicas advance event by event (``reach``) so
+        that each is released at its time, before later arrivals."""
+        requests = workload.requests()
+        if any(r.after for r in getattr(workload, "items", ())):  # a request log: in memory
+            independent = []
+            for r in requests:
+                if r.after:
+                    self.waiting.setdefault(r.after, []).append(r)
+                    self.blocked += 1
+                else:
+                    independent.append(r)
+            requests = iter(independent)
+        nxt = next(requests, None)
+        released = self.released
+        while nxt is not None or released or self.blocked:
+            t_src = nxt.arrival_s if nxt is not None else math.inf
+            stepped = -math.inf
+            while self.blocked:
+                t_rel = released[0][0] if released else math.inf
+                t_eng = self.next_event_time()
+                if t_eng is None or t_eng >= min(t_src, t_rel) or t_eng <= stepped:
+                    break
+                reach(t_eng, t_eng)
+                stepped = t_eng
+            if released and released[0][0] < t_src:
+                t_rel, _, req = heapq.heappop(released)
+                yield dataclasses.replace(req, arrival_s=t_rel)
+            elif nxt is not None:
+                yield nxt
+                nxt = next(requests, None)
+            elif self.next_event_time() is None:
+                raise ValueError(f"{self.blocked} requests wait for requests that never ran")
+            else:
+                t_eng = self.next_event_time()
+                assert t_eng is not None
+                reach(t_eng, t_eng)
+
+    def next_event_time(self) -> float | None:
+        """The replicas' (and KV transfers') next event, None when all are idle."""
+        times = [t for e in self.engines if (t := e.next_event_time()) is not None]
+        if self.transfers:
+            times.append(self.transfers[0][0])
+        return min(times) if times else None
+
+    def _release(self, request_id: str, t: float) -> None:
+        """``request_id`` ended at ``t``: the requests sent after it are due."""
+        for req in self.waiting.pop(request_id, ()):
+            self.blocked -= 1
+            self.release_order += 1
+            heapq.heappush(self.released, (t + req.delay_s, self.release_order, req))
 
     def _cache_event(self, replica: int, kind: str, hashes: Sequence[int]) -> None:
         self.event_buffer[replica].append(KvEvent(_EVENT_KINDS[kind], hashes, "GPU", None,
@@ -411,6 +478,8 @@ class _Run:
             entry = live.pop(d.request_id)
             o = entry.outcome
             o.finish_s = t_done
+            if self.waiting:
+                self._release(d.request_id, t_done)
             # a split request's compute saved is the prefiller's hits; the decoder reports
             # what it loaded as cached too (as vLLM does), which the router learns from
             o.cached_tokens = d.cached_tokens if o.prefiller < 0 else o.prefill_cached_tokens
@@ -484,8 +553,8 @@ class _Run:
         cfg = self.cfg
         hashes = engine_block_hashes(req, cfg.block_size_tokens, self.seed)
         arrival = Arrival(req, hashes)
-        k = self.arrivals % cfg.routers
-        self.arrivals += 1
+        k = self.arrivals_count % cfg.routers
+        self.arrivals_count += 1
         outcome = Outcome(req.request_id, -1, t, req.prompt_tokens, req.output_tokens,
                           tenant=req.tenant)  # fmt: skip
         self.outcomes.append(outcome)
@@ -508,6 +577,7 @@ class _Run:
                     o = self.pending.pop(arrival.request.request_id)
                     o.rejected, o.reason = True, reason
                     o.finished_count += 1
+                    self._release(o.request_id, t)
                 else:
                     self._start(arrival, replica, t)
 
@@ -547,6 +617,7 @@ class _Run:
             outcome.rejected = True
             outcome.reason = "too-large"
             outcome.finished_count += 1
+            self._release(req.request_id, t)
             if router >= 0:
                 self.in_flight[router][replica] -= 1
                 self.policies[router].finished(arrival, replica, ResponseInfo(status=400), t)

@@ -20,6 +20,11 @@ A row names when the request came, what it asked for and how long the answer was
                     with it, as a conversation's next turn needs); ``completions`` by default
 ``model``           informational (the replay serves one base model)
 ``tenant``          the flow-control fairness id; ``priority``: its priority (an integer)
+``id``              the row's name, for ``after``
+``after``           closed loop: the ``id`` of an earlier row; this request is sent
+                    ``delay_s`` seconds (0 by default) after that one's answer ends in the
+                    replay, not at its own timestamp (a conversation's next turn, a client
+                    with a fixed number of requests in flight)
 ==================  ========================================================================
 
 Exactly one of ``prompt``, ``messages``, ``prompt_token_ids`` and ``hash_ids``. A bad row
@@ -59,6 +64,8 @@ PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids", "hash_ids")
 class _Row:
     at: float | datetime
     request: TraceRequest
+    row_id: str = ""
+    after: str = ""
 
 
 def _int(value: Any, name: str, low: int = 0) -> int:
@@ -171,12 +178,23 @@ def parse_row(obj: Any, index: int) -> _Row:
         return str(value)[:256]
 
     priority = _int(obj["priority"], "priority", -(1 << 31)) if obj.get("priority") not in (None, "") else 0
+    after = text("after")
+    delay = 0.0
+    if obj.get("delay_s") not in (None, ""):
+        if not after:
+            raise ValueError("delay_s needs after")
+        try:
+            delay = float(obj["delay_s"])
+        except (TypeError, ValueError):
+            raise ValueError(f"delay_s must be a number of seconds, got {obj['delay_s']!r}") from None
+        if not 0 <= delay < math.inf:
+            raise ValueError(f"delay_s must be >= 0 and finite, got {delay}")
     request = TraceRequest(
         request_id=f"r{index}", arrival_s=0.0, prompt_tokens=tokens, output_tokens=max(1, output),
         prompt=prompt, hash_ids=hash_ids, session_id=text("session"), api=api, has_text=has_text,
-        tenant=text("tenant"), priority=priority, adapter=text("adapter"),
+        tenant=text("tenant"), priority=priority, adapter=text("adapter"), delay_s=delay,
     )  # fmt: skip
-    return _Row(at, request)
+    return _Row(at, request, text("id"), after)
 
 
 def _rows(path: Path) -> Iterator[tuple[int, Any]]:
@@ -222,8 +240,21 @@ class RequestLog:
             first = min(float(r.at) for r in rows if isinstance(r.at, float))
             seconds = [float(r.at) - first for r in rows if isinstance(r.at, float)]
         order = sorted(range(len(rows)), key=lambda i: seconds[i])
-        requests = [replace(rows[i].request, request_id=f"r{n}", arrival_s=seconds[i])
-                    for n, i in enumerate(order)]  # fmt: skip
+        names: dict[str, str] = {}
+        requests = []
+        for n, i in enumerate(order):
+            row = rows[i]
+            after = ""
+            if row.after:
+                if row.after not in names:
+                    raise ValueError(f"{path}: the row with timestamp {seconds[i]:g} s comes after "
+                                     f"{row.after!r}, which names no earlier row's id")  # fmt: skip
+                after = names[row.after]
+            if row.row_id:
+                if row.row_id in names:
+                    raise ValueError(f"{path}: two rows have the id {row.row_id!r}")
+                names[row.row_id] = f"r{n}"
+            requests.append(replace(row.request, request_id=f"r{n}", arrival_s=seconds[i], after=after))
         return cls(requests, time_scale, name=path.stem, skipped=skipped)
 
     def with_time_scale(self, time_scale: float) -> RequestLog:
@@ -239,7 +270,7 @@ class RequestLog:
     def requests(self) -> Iterator[TraceRequest]:
         scale = self.time_scale
         for r in self.items:
-            yield r if scale == 1.0 else replace(r, arrival_s=r.arrival_s * scale)
+            yield r if scale == 1.0 else replace(r, arrival_s=r.arrival_s * scale, delay_s=r.delay_s * scale)
 
 
 def request_row(r: TraceRequest) -> dict[str, Any]:
@@ -259,14 +290,17 @@ def request_row(r: TraceRequest) -> dict[str, Any]:
         row["priority"] = r.priority
     if r.api is ApiKind.CHAT:
         row["api"] = "chat"
+    if r.after:
+        row |= {"after": r.after, "delay_s": r.delay_s}
     return row
 
 
 def write_request_log(requests: Iterable[TraceRequest], path: str | Path) -> int:
-    """Write ``requests`` as a JSONL request log; returns how many rows."""
+    """Write ``requests`` as a JSONL request log; returns how many rows. Each row carries
+    its request id as ``id``, which later rows' ``after`` may name."""
     n = 0
     with open(path, "w", encoding="utf-8") as f:
         for r in requests:
-            f.write(json.dumps(request_row(r), ensure_ascii=False) + "\n")
+            f.write(json.dumps({"id": r.request_id} | request_row(r), ensure_ascii=False) + "\n")
             n += 1
     return n

@@ -44,6 +44,11 @@ def register(subparsers: Any) -> None:
                     "stack (the local stack's requests.jsonl)")
     cv.add_argument("input", help="the log to convert")
     cv.add_argument("--policy", default="", help="stack: the policy whose run to take (a demo log holds several)")
+    cv.add_argument("--round", type=int, default=None,
+                    help="stack: the round to take (a demo run with --rounds; the first by default)")
+    cv.add_argument("--open-loop", action="store_true",
+                    help="stack: rows keep the log's send times only, without 'after' (by default "
+                    "each waits for the answer that let it go, as the demo's client did)")
     cv.add_argument("--out", required=True, help="the JSONL file to write")
     cv.set_defaults(run=_convert)
     ck = sub.add_parser("check", help="read a request log and summarise it (errors name the line)",
@@ -72,7 +77,7 @@ def _convert(args: argparse.Namespace) -> int:
     n = 0
     try:
         with open(args.out, "w", encoding="utf-8") as f:
-            for row in convert(args.fmt, args.input, args.policy):
+            for row in convert(args.fmt, args.input, args.policy, args.round, not args.open_loop):
                 f.write(json.dumps(row) + "\n")
                 n += 1
     except (ValueError, KeyError, TypeError, OSError) as exc:

@@ -71,6 +71,10 @@ class TraceRequest:
     adapter: str = ""
     """A LoRA adapter ('' = the base model): its own prefix cache on the engines, and the
     request's model as epp sees it."""
+    after: str = ""
+    """Closed loop: the ``request_id`` of an earlier request; this one is sent ``delay_s``
+    after that one's answer ends (or it was refused), not at ``arrival_s``."""
+    delay_s: float = 0.0
 
 
 class Workload(Protocol):

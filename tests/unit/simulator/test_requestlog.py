@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from simulator.cli import main as sim_main
+from simulator.model.cost import CostModel
 from simulator.replay.cli import trace_format
 from simulator.replay.convert import convert
 from simulator.replay.policies import policy_factory
@@ -198,3 +199,91 @@ def test_a_stack_request_log_converts_to_sessions_whose_turns_extend(tmp_path: P
     system = 1500 - (700 - 40)  # the group's first turn less one question (growth less the reply)
     assert firsts["user-0"][: system * 4] == firsts["user-2"][: system * 4]  # a group's system prompt
     assert firsts["user-0"][:40] != firsts["user-1"][:40]
+
+
+def closed_loop_log(tmp_path: Path, delay: float = 0.5) -> Path:
+    """Two users of three turns each, every turn after the user's last answer; the log's own
+    timestamps are far apart (100 s), so an open-loop replay would space them so."""
+    rows = []
+    for user in range(2):
+        prev = ""
+        for turn in range(3):
+            row = {"timestamp": user * 0.01 + turn * 100, "id": f"u{user}t{turn}", "session": f"u{user}",
+                   "prompt": f"user {user} " * 200 + "more " * 60 * turn, "output_length": 16}  # fmt: skip
+            if prev:
+                row |= {"after": prev, "delay_s": delay}
+            prev = row["id"]
+            rows.append(row)
+    path = tmp_path / "closed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_closed_loop_row_arrives_its_delay_after_the_answer_it_waits_for(tmp_path: Path) -> None:
+    log = RequestLog.load(closed_loop_log(tmp_path))
+    assert [r.after for r in log.requests()] == ["", "", "r0", "r1", "r2", "r3"]
+    name, factory = policy_factory("epp")
+    result = Replayer(ReplayConfig(replicas=2)).run(log, factory, name)
+    by_id = {o.request_id: o for o in result.outcomes}
+    for r in log.requests():
+        if r.after:
+            assert by_id[r.request_id].arrival_s == pytest.approx(by_id[r.after].finish_s + 0.5)
+    assert max(o.finish_s for o in result.outcomes) < 10  # not the log's 200 s
+    # a slower server: the next turns come later (the loop closes on the replay's own times)
+    slow = Replayer(ReplayConfig(replicas=2, cost=CostModel(decode_base_s=0.1))).run(log, factory, name)
+    assert max(o.arrival_s for o in slow.outcomes) > max(o.arrival_s for o in result.outcomes) + 1
+    # written out and read back, the links hold
+    out = tmp_path / "again.jsonl"
+    write_request_log(log.requests(), out)
+    assert [(r.after, r.delay_s) for r in RequestLog.load(out).requests()] == \
+        [(r.after, r.delay_s) for r in log.requests()]  # fmt: skip
+    assert [r.delay_s for r in log.with_time_scale(2).requests()][2:] == [1.0] * 4
+
+
+def test_a_refused_request_still_lets_the_next_go(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text(json.dumps({"timestamp": 0, "id": "big", "prompt": "x" * 40000, "output_length": 4}) + "\n"
+                    + json.dumps({"timestamp": 5, "after": "big", "prompt": "small", "output_length": 4}) + "\n")  # fmt: skip
+    name, factory = policy_factory("random")
+    result = Replayer(ReplayConfig(replicas=1, kv_blocks=64)).run(RequestLog.load(path), factory, name)
+    assert [o.rejected for o in result.outcomes] == [True, False]
+    assert result.outcomes[1].arrival_s == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize(("rows", "reason"), [
+    ([{"timestamp": 1, "after": "nobody"}], "'nobody', which names no earlier row's id"),
+    ([{"timestamp": 1, "id": "a"}, {"timestamp": 2, "id": "a"}], "two rows have the id 'a'"),
+    ([{"timestamp": 1, "id": "a", "after": "b"}, {"timestamp": 2, "id": "b"}], "'b', which names no earlier"),
+])  # fmt: skip
+def test_after_must_name_an_earlier_row(tmp_path: Path, rows: list[dict[str, object]], reason: str) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(r | {"prompt": "x", "output_length": 1}) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=reason):
+        RequestLog.load(path)
+
+
+def test_delay_without_after_is_a_bad_row(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"timestamp": 1, "prompt": "x", "output_length": 1, "delay_s": 2}\n')
+    with pytest.raises(ValueError, match=r"log\.jsonl:1: .*delay_s needs after"):
+        RequestLog.load(path)
+
+
+def test_a_stack_log_converts_to_a_closed_loop(tmp_path: Path) -> None:
+    """Two conversations at a time: user 2 starts when user 0's last turn ends, and each
+    turn when its user's last answer ended."""
+    rows = []
+    for user, t0 in ((0, 0.0), (1, 0.1), (2, 6.05)):
+        for turn in range(3):
+            start = t0 + 2.0 * turn
+            rows.append({"policy": "epp", "round": 0, "user": user, "turn": turn, "group": 0, "start_s": start,
+                         "e2e_s": 1.99, "prompt_tokens": 800 + 100 * turn, "completion_tokens": 20})  # fmt: skip
+    log = tmp_path / "requests.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    links = {r["id"]: (r.get("after"), r.get("delay_s")) for r in convert("stack", log)}
+    assert links["u0t0"] == (None, None) and links["u1t0"] == (None, None)
+    assert links["u0t1"] == ("u0t0", pytest.approx(0.01)) and links["u1t2"] == ("u1t1", pytest.approx(0.01))
+    assert links["u2t0"] == ("u0t2", pytest.approx(0.06))  # user 0's end (5.99 s) freed the slot
+    assert all("after" not in r for r in convert("stack", log, closed_loop=False))
+    with pytest.raises(ValueError, match=r"no round 3 \(rounds: 0\)"):
+        list(convert("stack", log, round_=3))

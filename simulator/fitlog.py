@@ -1,0 +1,229 @@
+"""Fit a cost profile to a loaded run: ``epp-sim calibrate --from-log``.
+
+``epp-sim calibrate URL`` measures a server one request or one batch at a time. Under real
+traffic the same server is slower: its API server streams for every running request, the
+engine's steps mix prefills with decodes, and on a shared machine the other servers, the
+gateway and the client take CPU. Measured on the stack's real vLLM servers, a decode step
+costs ~15 ms a running sequence under the demo's load against ~6.7 ms probed idle.
+
+So the probed profile gives the shape (what a token, a cached token and a sequence cost
+relative to each other) and a loaded run gives the scale: the replay of that run (its
+arrivals, prompts and output lengths, ``epp-sim trace convert --from stack``), routed by the
+run's own policy, is repeated with the prefill costs times ``a`` and the decode costs times
+``b`` until its TTFT p50, TTFT p90 and median time per output token match the run's (least
+squares on their logarithms: a coarse grid of ``a`` and ``b`` in factors of 2^0.5, then a
+finer one around the best). A run routed independently of the servers' state (random,
+round-robin) fits best: the replay routes it the same way whatever the costs.
+
+The fitted profile then predicts other runs: other policies, other rounds
+(bench/bench_calibrated_replay.py checks it against the live stack).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulator.model.cost import CostModel
+
+PREFILL_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_cached_token_s")
+DECODE_FIELDS = ("decode_base_s", "decode_per_seq_s")
+COARSE = [2 ** (k / 2) for k in range(-4, 9)]  # 0.25x .. 16x
+FINE = [2 ** (k / 8) for k in range(-3, 4)]  # around the coarse best, 2^(1/8) apart
+
+
+@dataclass(slots=True, frozen=True)
+class RunFigures:
+    """What a run's requests saw: TTFT p50 / p90, the median time per output token."""
+
+    ttft_p50_s: float
+    ttft_p90_s: float
+    tpot_p50_s: float
+    requests: int
+
+    def errors(self, other: RunFigures) -> list[float]:
+        """log(other / self) of the three figures."""
+        pairs = ((self.ttft_p50_s, other.ttft_p50_s), (self.ttft_p90_s, other.ttft_p90_s),
+                 (self.tpot_p50_s, other.tpot_p50_s))  # fmt: skip
+        return [math.log(b / a) if a > 0 and b > 0 else math.inf for a, b in pairs]
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def stack_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The stack's ``requests.jsonl`` (``epp-sim stack --demo --out-dir``)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def stack_runs(rows: Iterable[dict[str, Any]]) -> list[tuple[str, int]]:
+    """The (policy, round) runs a stack log holds, in order."""
+    seen: dict[tuple[str, int], None] = {}
+    for r in rows:
+        seen.setdefault((str(r.get("policy", "")), int(r.get("round", 0))), None)
+    return list(seen)
+
+
+def live_figures(rows: Iterable[dict[str, Any]], policy: str, round_: int) -> RunFigures:
+    """One run's figures from the stack's log (answered requests only)."""
+    run = [r for r in rows if r.get("policy") == policy and int(r.get("round", 0)) == round_
+           and r.get("status") == 200 and r.get("ttft_s") is not None]  # fmt: skip
+    if not run:
+        raise ValueError(f"no answered request of policy {policy!r} in round {round_}")
+    ttft = [float(r["ttft_s"]) for r in run]
+    tpot = [(float(r["e2e_s"]) - float(r["ttft_s"])) / (int(r["completion_tokens"]) - 1)
+            for r in run if int(r.get("completion_tokens") or 0) > 1]  # fmt: skip
+    return RunFigures(_pct(ttft, 50), _pct(ttft, 90), statistics.median(tpot) if tpot else math.nan, len(run))
+
+
+def replay_policy_for(label: str, configs: Sequence[Path] = ()) -> str:
+    """The replay policy that routes as the stack's run ``label`` did: ``epp`` with the run's
+    config (a shipped profile, or a file named ``<label>.yaml`` in ``configs``), the SGLang
+    router as ``cache-aware``, the baselines by name."""
+    from epp.config.loader import SHIPPED
+    from simulator.replay.policies import POLICY_NAMES
+
+    if label.startswith("SGLang router"):
+        return "cache-aware" if "random" not in label else "random"
+    base = label.removesuffix(" (via epp)").removesuffix(" precise")
+    if base == "epp":
+        return "epp"
+    if base.startswith("epp "):
+        name = base.removeprefix("epp ")
+        if name in SHIPPED:
+            return "epp" if name == "default" else f"epp:{name}"
+        for folder in configs:
+            if (folder / f"{name}.yaml").is_file():
+                return f"epp:{folder / f'{name}.yaml'}"
+        raise ValueError(f"run {label!r}: no shipped profile or config file named {name!r}")
+    if base in POLICY_NAMES:
+        return base
+    raise ValueError(f"run {label!r}: no replay policy routes as it did")
+
+
+def scaled(base: CostModel, prefill: float, decode: float) -> CostModel:
+    """``base`` with its prefill costs times ``prefill`` and decode costs times ``decode``."""
+    changes = {f: getattr(base, f) * prefill for f in PREFILL_FIELDS}
+    changes |= {f: getattr(base, f) * decode for f in DECODE_FIELDS}
+    return dataclasses.replace(base, **changes)
+
+
+Replay = Callable[[CostModel], RunFigures]
+
+
+@dataclass(slots=True, frozen=True)
+class Fit:
+    cost: CostModel
+    prefill_scale: float
+    decode_scale: float
+    live: list[RunFigures]
+    replayed: list[RunFigures]
+    replays: int
+
+
+def fit_scales(base: CostModel, targets: Sequence[tuple[RunFigures, Replay]]) -> Fit:
+    """The prefill and decode scales of ``base`` whose replays best match the runs: each
+    target is a run's live figures and how to replay it (``replay(cost)``); the loss sums
+    over them. A coarse grid, then a fine one around its best (module docstring)."""
+    if not targets:
+        raise ValueError("no run to fit")
+    cache: dict[tuple[float, float], tuple[float, list[RunFigures]]] = {}
+
+    def key(a: float, b: float) -> tuple[float, float]:
+        return round(a, 9), round(b, 9)
+
+    def loss(a: float, b: float) -> float:
+        if key(a, b) not in cache:
+            cost = scaled(base, a, b)
+            got = [replay(cost) for _, replay in targets]
+            total = sum(e * e for (live, _), g in zip(targets, got, strict=True) for e in live.errors(g))
+            cache[key(a, b)] = (total, got)
+        return cache[key(a, b)][0]
+
+    a0, b0 = min(((a, b) for a in COARSE for b in COARSE), key=lambda ab: loss(*ab))
+    a, b = min(((a0 * fa, b0 * fb) for fa in FINE for fb in FINE), key=lambda ab: loss(*ab))
+    return Fit(scaled(base, a, b), a, b, [live for live, _ in targets], cache[key(a, b)][1], len(cache))
+
+
+def replay_stack_run(log: Path, label: str, round_: int, cost: CostModel, replicas: int, kv_blocks: int,
+                     block_size: int, policy: str, seed: int = 0) -> tuple[RunFigures, float]:  # fmt: skip
+    """Replay one run of a stack log with ``cost``; its figures and hit rate."""
+    import tempfile
+
+    from simulator.replay.convert import convert
+    from simulator.replay.policies import policy_factory
+    from simulator.replay.replayer import ReplayConfig, Replayer
+    from simulator.replay.report import summarize
+    from simulator.replay.requestlog import RequestLog
+
+    with tempfile.TemporaryDirectory(prefix="epp-fitlog-") as tmp:
+        path = Path(tmp) / "run.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in convert("stack", log, label, round_)))
+        requests = RequestLog.load(path)
+    cfg = ReplayConfig(replicas=replicas, kv_blocks=kv_blocks, block_size_tokens=block_size, cost=cost, seed=seed)
+    name, factory = policy_factory(policy)
+    s = summarize(Replayer(cfg).run(requests, factory, name))
+    return RunFigures(s.ttft_p50_s, s.ttft_p90_s, s.tpot_p50_s, s.served), s.hit_rate
+
+
+@dataclass(slots=True, frozen=True)
+class StackRun:
+    """One run of a stack log and how to replay it."""
+
+    log: Path
+    label: str
+    round_: int
+    replicas: int
+    kv_blocks: int
+    block_size: int
+    policy: str
+
+    def replay(self, cost: CostModel, seed: int = 0) -> tuple[RunFigures, float]:
+        return replay_stack_run(self.log, self.label, self.round_, cost, self.replicas, self.kv_blocks,
+                                self.block_size, self.policy, seed)  # fmt: skip
+
+
+def pick_run(log: Path, label: str = "", round_: int = 0) -> tuple[str, int]:
+    """The run ``label`` (or the log's only policy) in ``round_``; errors list the runs."""
+    return pick_runs(log, label, [round_])[0]
+
+
+def pick_runs(log: Path, label: str = "", rounds: Sequence[int] | None = None) -> list[tuple[str, int]]:
+    """The runs of ``label`` (or the log's only policy) in ``rounds`` (all its rounds when
+    None); errors list the runs."""
+    runs = stack_runs(stack_rows(log))
+    if not runs:
+        raise ValueError(f"{log}: no requests")
+    policies = sorted({p for p, _ in runs})
+    if not label:
+        if len(policies) > 1:
+            raise ValueError(f"{log} holds the runs of several policies ({', '.join(policies)}): name one "
+                             "(a run routed regardless of the servers' state fits best: random, round-robin)")  # fmt: skip
+        label = policies[0]
+    mine = sorted(r for p, r in runs if p == label)
+    wanted = mine if rounds is None else list(rounds)
+    missing = [r for r in wanted if r not in mine]
+    if missing or not wanted:
+        raise ValueError(f"{log}: no run of {label!r} in round {missing[0] if missing else '(any)'} "
+                         f"(runs: {', '.join(f'{p} round {r}' for p, r in runs)})")  # fmt: skip
+    return [(label, r) for r in wanted]
+
+
+def replicas_of(log: Path, label: str, round_: int) -> int:
+    """The servers a run's requests went to."""
+    return len({r.get("upstream") for r in stack_rows(log)
+                if r.get("policy") == label and int(r.get("round", 0)) == round_ and r.get("upstream")}) or 1  # fmt: skip

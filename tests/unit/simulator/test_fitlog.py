@@ -1,0 +1,105 @@
+"""``epp-sim calibrate --from-log``: a cost profile scaled until the replay of a loaded run
+matches it (simulator/fitlog.py). A run made by the replay itself with known scales is
+fitted back to those scales."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator.cli import main as sim_main
+from simulator.fitlog import (
+    StackRun,
+    fit_scales,
+    live_figures,
+    replay_policy_for,
+    scaled,
+    stack_rows,
+)
+from simulator.model.cost import CostModel, CostProfile, dump_profile
+from simulator.replay.convert import convert
+from simulator.replay.policies import policy_factory
+from simulator.replay.replayer import ReplayConfig, Replayer
+from simulator.replay.requestlog import RequestLog
+
+BASE = CostModel(prefill_base_s=0.01, prefill_per_token_s=0.0002, prefill_per_cached_token_s=0.000002,
+                 decode_base_s=0.01, decode_per_seq_s=0.005)  # fmt: skip
+TRUE_PREFILL, TRUE_DECODE = 2.0, 2.83
+
+
+def skeleton(tmp_path: Path) -> Path:
+    """A stack log's shape: 12 users, 4 at a time, 3 turns each (times filled in later)."""
+    rows = []
+    for user in range(12):
+        for turn in range(3):
+            rows.append({"policy": "round-robin", "round": 0, "user": user, "turn": turn, "group": user % 3,
+                         "start_s": user // 4 * 30.0 + user * 0.01 + turn * 9.0, "e2e_s": 8.0, "status": 200,
+                         "prompt_tokens": 900 + 150 * turn, "completion_tokens": 24, "upstream": f"s{user % 2}"})  # fmt: skip
+    path = tmp_path / "skeleton.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def live_run(tmp_path: Path) -> Path:
+    """The skeleton replayed with the base costs scaled by the true factors, written back as
+    the stack's request log: what a loaded server would have logged."""
+    shape = skeleton(tmp_path)
+    log = tmp_path / "as-log.jsonl"
+    converted = list(convert("stack", shape))
+    log.write_text("".join(json.dumps(r) + "\n" for r in converted))
+    name, factory = policy_factory("round-robin")
+    cfg = ReplayConfig(replicas=2, kv_blocks=512, block_size_tokens=32, cost=scaled(BASE, TRUE_PREFILL, TRUE_DECODE))
+    result = Replayer(cfg).run(RequestLog.load(log), factory, name)
+    by_order = sorted(converted, key=lambda r: r["timestamp"])
+    rows = []
+    for o in result.outcomes:
+        row = by_order[int(o.request_id[1:])]
+        user, turn = (int(x) for x in row["id"][1:].split("t"))
+        rows.append({"policy": "round-robin", "round": 0, "user": user, "turn": turn, "group": user % 3,
+                     "start_s": o.arrival_s, "ttft_s": o.first_token_s - o.arrival_s, "e2e_s": o.finish_s - o.arrival_s,
+                     "status": 200, "upstream": f"s{o.replica}", "prompt_tokens": o.prompt_tokens,
+                     "cached_tokens": o.cached_tokens, "completion_tokens": o.output_tokens})  # fmt: skip
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_run_replayed_at_known_scales_is_fitted_back_to_them(tmp_path: Path) -> None:
+    path = live_run(tmp_path)
+    run = StackRun(path, "round-robin", 0, 2, 512, 32, "round-robin")
+    live = live_figures(stack_rows(path), "round-robin", 0)
+    fit = fit_scales(BASE, [(live, lambda cost: run.replay(cost)[0])])
+    assert fit.prefill_scale == pytest.approx(TRUE_PREFILL, rel=0.1)
+    assert fit.decode_scale == pytest.approx(TRUE_DECODE, rel=0.1)
+    assert all(abs(e) < 0.05 for e in live.errors(fit.replayed[0]))
+
+
+def test_the_command_writes_the_fitted_profile_and_names_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = live_run(tmp_path)
+    base = tmp_path / "probe.yaml"
+    base.write_text(dump_profile(CostProfile("probe", BASE, "a test", {"kv_blocks": 512, "block_size": 32})))
+    out = tmp_path / "fitted.yaml"
+    assert sim_main(["calibrate", "--from-log", str(path), "--profile", str(base), "--out", str(out)]) == 0
+    doc = yaml.safe_load(out.read_text())
+    assert doc["cost"]["decode_per_seq_s"] == pytest.approx(BASE.decode_per_seq_s * TRUE_DECODE, rel=0.1)
+    assert "scaled to the run 'round-robin'" in doc["source"] and doc["server"]["kv_blocks"] == 512
+    assert "round 0: TTFT p50" in capsys.readouterr().out
+    for argv, reason in (
+        (["--profile", str(base), "--run", "sglang"], "no run of 'sglang' in round 0"),
+        (["--profile", str(base), "--round", "x"], "--round expects a round number"),
+        ([], "--from-log needs --profile"),
+    ):
+        assert sim_main(["calibrate", "--from-log", str(path), "--out", str(out), *argv]) == 2
+        assert reason in capsys.readouterr().err
+
+
+def test_runs_map_to_the_replay_policy_that_routes_as_they_did() -> None:
+    assert replay_policy_for("epp default") == "epp" and replay_policy_for("epp") == "epp"
+    assert replay_policy_for("epp predicted-ttft") == "epp:predicted-ttft"
+    assert replay_policy_for("SGLang router (via epp)") == "cache-aware"
+    assert replay_policy_for("random (via epp)") == "random"
+    with pytest.raises(ValueError, match="no shipped profile or config file named 'mine'"):
+        replay_policy_for("epp mine")
