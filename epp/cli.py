@@ -488,8 +488,10 @@ async def serve(args: argparse.Namespace) -> int:
         processing_mode=_MODES[args.processing_mode],
         scrape=not args.no_scrape,
         scraping=ScrapeOptions(
-            interval_s=_scrape_interval(args, cfg),
+            interval_s=(interval := _scrape_interval(args, cfg)),
             budget_per_s=args.scrape_budget_per_s,
+            server_share=cfg.scraping.server_share,
+            max_interval_s=max(cfg.scraping.max_interval_seconds, interval),
             timeout_s=args.scrape_timeout_s,
             path=args.metrics_path,
             max_bytes=args.scrape_max_bytes,

@@ -117,7 +117,7 @@ def render() -> str:
     ]
     sections: list[tuple[str, str, type]] = [
         ("saturation", "when the pool counts as saturated (shedding, flow control)", SaturationConfig),
-        ("scraping", "the scrape period this config wants", ScrapingConfig),
+        ("scraping", "the scrape period this config wants, and how much of a server's time its scrapes may take", ScrapingConfig),
         ("flowControl", "admission queue, fairness and priority bands (docs/flow-control.md)",
          FlowControlConfig),
     ]

@@ -8,8 +8,8 @@ costs ~15 ms a running sequence under the demo's load against ~6.7 ms probed idl
 
 So the probed profile gives the shape (what a token, a cached token and a sequence cost
 relative to each other) and a loaded run gives the scale: the replay of that run (its
-arrivals, prompts and output lengths, ``epp-sim trace convert --from stack``), routed by the
-run's own policy, is repeated with the prefill costs times ``a`` and the decode costs times
+prompts and output lengths in the closed loop its client ran, ``epp-sim trace convert --from
+stack``), routed by the run's own policy, is repeated with the prefill costs times ``a`` and the decode costs times
 ``b`` until its TTFT p50, TTFT p90 and median time per output token match the run's (least
 squares on their logarithms: a coarse grid of ``a`` and ``b`` in factors of 2^0.5, then a
 finer one around the best). A run routed independently of the servers' state (random,

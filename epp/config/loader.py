@@ -85,7 +85,7 @@ class EppConfig:
     """Data producers (by plugin name): they run for every request, before the profile."""
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
     scraping: ScrapingConfig = field(default_factory=ScrapingConfig)
-    """The ``scraping`` section: the scrape period this profile wants."""
+    """The ``scraping`` section: the scrape period this profile wants, and the share of a server's time its scrapes may take."""
     request_control: RequestControlConfig = field(default_factory=RequestControlConfig)
     """The ``requestControl`` section."""
     flow_control: FlowControlConfig = field(default_factory=FlowControlConfig)
@@ -372,6 +372,16 @@ def _check_scraping(scraping: ScrapingConfig, saturation: SaturationConfig) -> N
             f"{interval:g} s is not shorter than saturation.metricsStalenessSeconds "
             f"({saturation.metrics_staleness_seconds:g} s): every endpoint would look stale "
             "between two scrapes",
+        )
+    if not 0 <= scraping.server_share < 1:
+        raise ConfigError("scraping.serverShare", f"must be in [0, 1), got {scraping.server_share:g}")
+    longest = max(scraping.max_interval_seconds, interval)
+    if scraping.server_share and longest >= saturation.metrics_staleness_seconds:
+        raise ConfigError(
+            "scraping.maxIntervalSeconds",
+            f"{longest:g} s is not shorter than saturation.metricsStalenessSeconds "
+            f"({saturation.metrics_staleness_seconds:g} s): a slow endpoint would look stale "
+            "between two scrapes (or set scraping.serverShare: 0)",
         )
 
 

@@ -12,6 +12,14 @@ than ``interval_s * budget_per_s`` endpoints (100) each one's period stretches t
 ``endpoints / budget_per_s``. Between scrapes the load signal is carried by the requests epp
 sent since the last scrape (``Endpoint.pending``).
 
+A scrape costs the server too: real vLLM (0.32, CPU) spends ~12 ms of its API server's CPU
+rendering its 51 KB page, whose ``?name[]=`` filter it ignores. So an endpoint is scraped no
+more often than keeps its scrapes under ``server_share`` of its time: a page that takes
+``t`` to answer (a moving average) is fetched every ``t / server_share`` at least, up to
+``max_interval_s``. A server that answers in a millisecond or two is scraped every
+``interval_s``; real vLLM on a CPU, every ~0.6-1 s. Each endpoint's period is exported as
+``epp_scrape_period_seconds{endpoint}``.
+
 A scrape is one request on a kept-alive connection (:mod:`epp.datastore.pagefetch`) and a
 read of the few families the engine's :class:`~epp.datastore.metricsparse.MetricNames` name
 (:mod:`epp.datastore.metricsparse`). Failures are counted in
@@ -66,25 +74,39 @@ class ScrapeMetrics(Protocol):
     def scrape_ok(self) -> None: ...
     def scrape_failed(self, endpoint_id: str, reason: str) -> None: ...
     def scrape_value_rejected(self, family: str, reason: str) -> None: ...
+    def scrape_period(self, endpoint_id: str, seconds: float) -> None: ...
+    def scrape_target_removed(self, endpoint_id: str) -> None: ...
     def task_failed(self, kind: str) -> None: ...
 
 
 DEFAULT_INTERVAL_S = 0.2
+DEFAULT_SERVER_SHARE = 0.02
+DEFAULT_MAX_INTERVAL_S = 1.0
+LATENCY_WEIGHT = 0.2
+"""Weight of the newest scrape in an endpoint's moving-average page latency."""
 
 
 @dataclass(slots=True, frozen=True)
 class ScrapingConfig:
-    """The config's ``scraping:`` section: the scrape period a scheduling profile wants.
+    """The config's ``scraping:`` section: the scrape period a scheduling profile wants, and
+    how much of a server's time its scrapes may take.
 
     A profile that reads the scraped load directly (the default one: queue and KV-use
     scorers) needs it fresh; one that carries the load in its own accounting between scrapes
-    (``predicted-ttft``, ``cache-aware``) can run at 1 s: every scrape costs the model server
-    CPU it would spend on prefill (on real vLLM, 1 s gave ``predicted-ttft`` lower TTFT than
-    200 ms; the replay, where scrapes are free, loses a little where queues form).
-    ``epp serve --scrape-interval-s`` overrides it."""
+    (``predicted-ttft``, ``cache-aware``) can run at 1 s. Every scrape costs the model server
+    CPU it would spend on requests: real vLLM (0.32, CPU) spends ~12 ms rendering its page, so
+    at 0.2 s it gave 8-10% more server TTFT than at 1 s (docs/results/vllm-scrape-rounds.md);
+    ``serverShare`` stretches the period of such a server, while one that answers in a
+    millisecond or two keeps ``intervalSeconds``. ``epp serve --scrape-interval-s`` overrides
+    ``intervalSeconds``."""
 
     interval_seconds: float = DEFAULT_INTERVAL_S
     """Seconds between two scrapes of an endpoint's /metrics (shorter than ``saturation.metricsStalenessSeconds``)."""
+    server_share: float = DEFAULT_SERVER_SHARE
+    """Most share of an endpoint's time its scrapes may take: one whose page takes longer to
+    answer is scraped less often, up to ``maxIntervalSeconds`` (0: always ``intervalSeconds``)."""
+    max_interval_seconds: float = DEFAULT_MAX_INTERVAL_S
+    """Longest period ``serverShare`` may stretch a scrape period to (at least ``intervalSeconds``)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -95,6 +117,10 @@ class ScrapeOptions:
     often (vLLM spends ~7 ms of CPU on each: at 20 Hz, 0.14 of a core per server)."""
     budget_per_s: float = 500.0
     """Most scrapes per second over the whole pool; 0 = no limit."""
+    server_share: float = DEFAULT_SERVER_SHARE
+    """Most share of an endpoint's time its scrapes may take (module docstring); 0 = off."""
+    max_interval_s: float = DEFAULT_MAX_INTERVAL_S
+    """Longest period ``server_share`` stretches an endpoint's to."""
     timeout_s: float = 1.0
     path: str = "/metrics"
     max_bytes: int = DEFAULT_MAX_BYTES
@@ -111,6 +137,8 @@ class _Target:
     fetcher: PageFetcher
     parser: PageParser
     task: asyncio.Task[None] | None = None
+    latency_s: float = 0.0
+    """Moving average of the time the page takes to arrive (0: not measured yet)."""
 
 
 class MetricsScraper:
@@ -132,12 +160,17 @@ class MetricsScraper:
         self._failing: dict[EndpointId, str] = {}
         self._reconciler: asyncio.Task[None] | None = None
 
-    def period_s(self) -> float:
-        """Time between two scrapes of one endpoint at the current pool size."""
+    def period_s(self, eid: EndpointId | None = None) -> float:
+        """Time between two scrapes of one endpoint at the current pool size; of ``eid``,
+        also stretched to keep its scrapes under ``server_share`` of its time."""
         opts = self.options
-        if opts.budget_per_s <= 0:
-            return opts.interval_s
-        return max(opts.interval_s, len(self._targets) / opts.budget_per_s)
+        period = opts.interval_s
+        if opts.budget_per_s > 0:
+            period = max(period, len(self._targets) / opts.budget_per_s)
+        target = self._targets.get(eid) if eid is not None else None
+        if target is not None and target.latency_s and opts.server_share > 0:
+            period = max(period, min(opts.max_interval_s, target.latency_s / opts.server_share))
+        return period
 
     async def start(self) -> None:
         self.reconcile()
@@ -183,6 +216,7 @@ class MetricsScraper:
                 target.task.cancel()
             target.fetcher.close()
             self._failing.pop(eid, None)
+            self._metrics.scrape_target_removed(eid)
         for eid, endpoint in current.items():
             target = self._target(endpoint)
             if target.task is None or target.task.done():
@@ -210,7 +244,8 @@ class MetricsScraper:
             if endpoint is None:
                 return
             await self.scrape_once(endpoint)
-            period = self.period_s()
+            period = self.period_s(eid)
+            self._metrics.scrape_period(eid, period)
             if first:  # spread the pool's scrapes evenly over the period
                 period *= self._rng.random()
                 first = False
@@ -221,7 +256,11 @@ class MetricsScraper:
         target = self._target(endpoint)
         fetcher = target.fetcher
         try:
+            sent = self._clock()
             page = await fetcher.fetch(self.options.timeout_s)
+            took = max(0.0, self._clock() - sent)
+            target.latency_s = took if not target.latency_s else \
+                target.latency_s + LATENCY_WEIGHT * (took - target.latency_s)  # fmt: skip
             try:
                 metrics = target.parser.parse(page, self._clock())
             except ScrapeError as exc:

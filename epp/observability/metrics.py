@@ -113,6 +113,11 @@ class EppMetrics:
             "epp_scrape_errors", "Failed metrics scrapes.", ["endpoint", "reason"], registry=r
         )
         self.scrapes = Counter("epp_scrapes", "Successful metrics scrapes.", registry=r)
+        self.scrape_periods = Gauge(
+            "epp_scrape_period_seconds",
+            "Seconds between two scrapes of the endpoint: scraping.intervalSeconds, stretched "
+            "to keep its scrapes under scraping.serverShare of its time.", ["endpoint"], registry=r,
+        )  # fmt: skip
         self.scrape_values_rejected = Counter(
             "epp_scrape_values_rejected",
             "Sample values read from model servers' /metrics pages that were rejected "
@@ -366,6 +371,13 @@ class EppMetrics:
 
     def scrape_value_rejected(self, family: str, reason: str) -> None:
         self.scrape_values_rejected.labels(family, reason).inc()
+
+    def scrape_period(self, endpoint_id: str, seconds: float) -> None:
+        self.scrape_periods.labels(endpoint_id).set(seconds)
+
+    def scrape_target_removed(self, endpoint_id: str) -> None:
+        with contextlib.suppress(KeyError):
+            self.scrape_periods.remove(endpoint_id)
 
     # --- request path ------------------------------------------------------------------
 

@@ -167,7 +167,6 @@ def _stack(path: Path, policy: str, round_: int | None, closed_loop: bool) -> It
     history: dict[int, tuple[str, int]] = {}
     out: list[tuple[float, dict[str, Any]]] = []
     for r in sorted(rows, key=lambda x: (x["user"], x["turn"])):
-        tokens = max(1, int(r["prompt_tokens"]))
         output = int(r.get("completion_tokens") or 1)
         prev = history.get(r["user"])
         if prev is None:
@@ -175,6 +174,8 @@ def _stack(path: Path, policy: str, round_: int | None, closed_loop: bool) -> It
         else:
             text, prev_out = prev
             base = text + "<|assistant|>" + generate_text(text, prev_out)
+        # a failed request reports no prompt tokens: it asked what the conversation held
+        tokens = int(r["prompt_tokens"]) or len(base) // CHARS_PER_TOKEN + question
         want = tokens * CHARS_PER_TOKEN - len(base) - len("<|user|>")
         key = 0x5158 << 40 | (r["user"] & 0xFFFFF) << 16 | (r["turn"] & 0xFFFF)
         prompt = base + "<|user|>" + random_text(key, max(want, 4))

@@ -1,10 +1,13 @@
 """Discrete-event replay of a workload against N emulated replicas and one routing policy.
 
 Clock: simulated seconds from 0, jumped from event to event. Events are arrivals (in trace
-order), the replicas' own events (``Engine.next_event_time``: admissions, first tokens,
+order; a request log's closed-loop row, ``after`` another, ``delay_s`` after that one's
+answer ends), the replicas' own events (``Engine.next_event_time``: admissions, first tokens,
 finishes) and metric scrapes every ``scrape_interval_s`` (by default the period the policy's
 epp config asks for, ``scraping.intervalSeconds``: 200 ms, 1 s for ``predicted-ttft``; as a
-production scraper polls ``/metrics``).
+production scraper polls ``/metrics``). The replicas answer a scrape at no cost, so epp's
+``scraping.serverShare`` (which slows the scraping of servers slow to render their page)
+never stretches the period here.
 
 For each arrival at ``t``:
 

@@ -149,3 +149,47 @@ async def test_only_the_families_epp_reads_are_asked_for_and_a_server_that_ignor
     finally:
         await scraper.stop()
         await runner.cleanup()
+
+
+async def test_a_slow_page_is_scraped_less_often_within_the_servers_share() -> None:
+    """A page that takes t to answer is fetched every t / server_share at least (up to
+    max_interval_s): a server that spends 12 ms rendering it (real vLLM on a CPU) is not
+    scraped five times a second."""
+    clock = [100.0]
+    render = [0.001]
+
+    async def handle(_: web.Request) -> web.Response:
+        clock[0] += render[0]  # the render's time, on the scraper's clock
+        return web.Response(text=VLLM_TEXT)
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner, port = await serve_app(app)
+    try:
+        ds = Datastore(stale_after_s=2.0)
+        ep = Endpoint(endpoint_id("127.0.0.1", port), "127.0.0.1", port)
+        ds.replace_all([ep])
+        reg = CollectorRegistry()
+        metrics = EppMetrics(reg)
+        scraper = MetricsScraper(ds, metrics, ScrapeOptions(timeout_s=2.0), clock=lambda: clock[0])
+        assert scraper.period_s(ep.id) == 0.2  # nothing measured yet
+        assert await scraper.scrape_once(ep)
+        assert scraper.period_s(ep.id) == 0.2  # 1 ms: 0.05 s would do, the floor is 0.2 s
+        render[0] = 0.012
+        for _ in range(30):
+            assert await scraper.scrape_once(ep)
+        assert scraper.period_s(ep.id) == pytest.approx(0.6, rel=0.02)  # 12 ms / 2%
+        render[0] = 0.05
+        for _ in range(30):
+            assert await scraper.scrape_once(ep)
+        assert scraper.period_s(ep.id) == 1.0  # 2.5 s by the share, capped
+        off = MetricsScraper(ds, EppMetrics(CollectorRegistry()), ScrapeOptions(timeout_s=2.0, server_share=0),
+                             clock=lambda: clock[0])  # fmt: skip
+        assert await off.scrape_once(ep) and off.period_s(ep.id) == 0.2
+        metrics.scrape_period(ep.id, 0.6)
+        assert reg.get_sample_value("epp_scrape_period_seconds", {"endpoint": ep.id}) == 0.6
+        metrics.scrape_target_removed(ep.id)
+        metrics.scrape_target_removed(ep.id)  # twice: no error
+        assert reg.get_sample_value("epp_scrape_period_seconds", {"endpoint": ep.id}) is None
+    finally:
+        await runner.cleanup()

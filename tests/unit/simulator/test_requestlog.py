@@ -278,9 +278,12 @@ def test_a_stack_log_converts_to_a_closed_loop(tmp_path: Path) -> None:
             start = t0 + 2.0 * turn
             rows.append({"policy": "epp", "round": 0, "user": user, "turn": turn, "group": 0, "start_s": start,
                          "e2e_s": 1.99, "prompt_tokens": 800 + 100 * turn, "completion_tokens": 20})  # fmt: skip
+    rows[4] |= {"status": 503, "prompt_tokens": 0, "completion_tokens": 0}  # user 1's turn 1 failed
     log = tmp_path / "requests.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    links = {r["id"]: (r.get("after"), r.get("delay_s")) for r in convert("stack", log)}
+    converted = {r["id"]: r for r in convert("stack", log)}
+    assert converted["u1t1"]["input_length"] == pytest.approx(converted["u0t1"]["input_length"], abs=5)
+    links = {r["id"]: (r.get("after"), r.get("delay_s")) for r in converted.values()}
     assert links["u0t0"] == (None, None) and links["u1t0"] == (None, None)
     assert links["u0t1"] == ("u0t0", pytest.approx(0.01)) and links["u1t2"] == ("u1t1", pytest.approx(0.01))
     assert links["u2t0"] == ("u0t2", pytest.approx(0.06))  # user 0's end (5.99 s) freed the slot
