@@ -183,7 +183,8 @@ def register(subparsers: Any) -> None:
         description=__doc__.split("\n\n")[0] + " " + " ".join(__doc__.split("\n\n")[1:3]),
         formatter_class=HelpFormatter,
     )  # fmt: skip
-    p.add_argument("url", nargs="?", default="", help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("url", nargs="?", default="",
+                   help="the server's base URL to probe, e.g. http://127.0.0.1:8000 (or --from-log below)")
     p.add_argument("--out", required=True, help="the profile file to write (YAML)")
     fit = p.add_argument_group(
         "fit to a loaded run (instead of URL)",

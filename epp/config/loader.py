@@ -375,14 +375,6 @@ def _check_scraping(scraping: ScrapingConfig, saturation: SaturationConfig) -> N
         )
     if not 0 <= scraping.server_share < 1:
         raise ConfigError("scraping.serverShare", f"must be in [0, 1), got {scraping.server_share:g}")
-    longest = max(scraping.max_interval_seconds, interval)
-    if scraping.server_share and longest >= saturation.metrics_staleness_seconds:
-        raise ConfigError(
-            "scraping.maxIntervalSeconds",
-            f"{longest:g} s is not shorter than saturation.metricsStalenessSeconds "
-            f"({saturation.metrics_staleness_seconds:g} s): a slow endpoint would look stale "
-            "between two scrapes (or set scraping.serverShare: 0)",
-        )
 
 
 def load_config(path: str | Path) -> EppConfig:

@@ -106,7 +106,8 @@ class ScrapingConfig:
     """Most share of an endpoint's time its scrapes may take: one whose page takes longer to
     answer is scraped less often, up to ``maxIntervalSeconds`` (0: always ``intervalSeconds``)."""
     max_interval_seconds: float = DEFAULT_MAX_INTERVAL_S
-    """Longest period ``serverShare`` may stretch a scrape period to (at least ``intervalSeconds``)."""
+    """Longest period ``serverShare`` may stretch a scrape period to (at least ``intervalSeconds``,
+    at most half ``saturation.metricsStalenessSeconds``)."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -93,6 +93,14 @@ def test_the_scraping_section_sets_the_period_a_profile_wants() -> None:
     # a longer staleness bound admits a longer period
     cfg = loads_config(BASE + "scraping: {intervalSeconds: 2}\nsaturation: {metricsStalenessSeconds: 5}\n")
     assert cfg.scraping.interval_seconds == 2.0
+    # the share of a server's time scrapes may take
+    assert (default_config().scraping.server_share, default_config().scraping.max_interval_seconds) == (0.02, 1.0)
+    off = loads_config(BASE + "scraping: {serverShare: 0, maxIntervalSeconds: 3}\n").scraping
+    assert (off.server_share, off.max_interval_seconds) == (0.0, 3.0)
+    for bad, says in (("1", "must be in [0, 1)"), ("-0.1", "must not be negative")):
+        with pytest.raises(ConfigError) as err:
+            loads_config(BASE + f"scraping: {{serverShare: {bad}}}\n")
+        assert err.value.field == "scraping.serverShare" and says in str(err.value)
 
 
 def test_a_config_with_other_sections_only_keeps_the_default_profile() -> None:
