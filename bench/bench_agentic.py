@@ -7,8 +7,9 @@ Workload: the replay's ``agentic`` generator (``simulator.replay.workload.Agenti
 64 agent sessions of 10-60 turns, each turn adding the model's tool call and the tool's
 output (~1,500 tokens) to a context that grows to 100k tokens, sessions sharing 4 system
 prompts of 4k tokens, 8% of turns fanning out into 3 parallel sub-agents that start from
-the parent's context; open-loop, turns ~5 s apart (~7 requests a second at 0.25 sessions a
-second once sessions overlap). 8 replicas, at two loads (0.25 and 0.5 sessions started per
+the parent's context; turns ~5 s apart (~7 requests a second at 0.25 sessions a second once
+sessions overlap), open loop as a recorded trace replays, or with ``--closed-loop`` each call
+sent when the answer it follows (a sub-agent's parent, a parent's sub-agents) has ended. 8 replicas, at two loads (0.25 and 0.5 sessions started per
 second) with scarce KV (16,384 blocks of 16 tokens per replica) and
 one with ample KV (65,536). Each point is run with ``--seeds`` seeds (the workload's draws
 and the policies'); TTFT percentiles are the seeds' medians, hit rates their means.
@@ -19,7 +20,7 @@ seeds of a policy's p90 over the default's on the same seed, with a 90% bootstra
 default is "level" with a policy when that interval holds 1, "behind" when it lies wholly
 below 1.
 
-Run: ./run bench agentic [--seeds 8] [--quick] [--policies default,+token load (agentic)]
+Run: ./run bench agentic [--seeds 8] [--quick] [--closed-loop] [--policies default,+token load (agentic)]
 """
 
 from __future__ import annotations
@@ -66,17 +67,17 @@ def variant(name: str) -> Any:
 POINTS = [(0.25, 16384), (0.5, 16384), (0.25, 65536)]
 
 
-def run_one(job: tuple[float, int, str, int, int]) -> tuple[float, int, str, float, float, float, float]:
-    rate, kv, policy, seed, sessions = job
-    workload = build_generator("agentic", {"rate": rate, "seed": seed, "num_sessions": sessions})
+def run_one(job: tuple[float, int, str, int, int, bool]) -> tuple[float, int, str, float, float, float, float]:
+    rate, kv, policy, seed, sessions, closed = job
+    workload = build_generator("agentic", {"rate": rate, "seed": seed, "num_sessions": sessions, "closed_loop": closed})
     name, factory = policy_factory(POLICIES[policy], variant(policy) if policy in ADDED else None)
     s = summarize(Replayer(ReplayConfig(kv_blocks=kv, seed=seed)).run(workload, factory, name))
     return rate, kv, policy, s.hit_rate, s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s
 
 
-def bound(job: tuple[float, int, int, int]) -> tuple[float, int, float]:
-    rate, kv, seed, sessions = job
-    workload = build_generator("agentic", {"rate": rate, "seed": seed, "num_sessions": sessions})
+def bound(job: tuple[float, int, int, int, bool]) -> tuple[float, int, float]:
+    rate, kv, seed, sessions, closed = job
+    workload = build_generator("agentic", {"rate": rate, "seed": seed, "num_sessions": sessions, "closed_loop": closed})
     cfg = ReplayConfig(kv_blocks=kv, seed=seed)
     bounds = ttft_lower_bounds(workload.requests(), cfg.cost, cfg.block_size_tokens, cfg.model)
     return rate, kv, bound_percentile(bounds, kv, 90)
@@ -88,6 +89,8 @@ def main() -> int:
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help="comma-separated, of: " + ", ".join(POLICIES))
     ap.add_argument("--quick", action="store_true", help="16 sessions, one seed, the first point")
+    ap.add_argument("--closed-loop", action="store_true",
+                    help="each agent call waits for the answer it follows (default: open loop, the planned times)")
     args = ap.parse_args()
     sessions = 16 if args.quick else 64
     seeds = 1 if args.quick else args.seeds
@@ -97,17 +100,19 @@ def main() -> int:
     if unknown or "default" not in policies:
         ap.error(f"--policies: unknown {unknown}" if unknown else "--policies must hold default")
     policies = ["default"] + [p for p in policies if p != "default"]
-    jobs = [(r, kv, p, seed, sessions) for r, kv in points for p in policies for seed in range(seeds)]
+    closed = args.closed_loop
+    jobs = [(r, kv, p, seed, sessions, closed) for r, kv in points for p in policies for seed in range(seeds)]
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = list(pool.map(run_one, jobs))
-        bounds = list(pool.map(bound, [(r, kv, s, sessions) for r, kv in points for s in range(seeds)]))
+        bounds = list(pool.map(bound, [(r, kv, s, sessions, closed) for r, kv in points for s in range(seeds)]))
     cells: dict[tuple[float, int, str], list[tuple[float, float, float, float]]] = {}
     for rate, kv, policy, hit, p50, p90, p99 in results:
         cells.setdefault((rate, kv, policy), []).append((hit, p50, p90, p99))
     lows: dict[tuple[float, int], list[float]] = {}
     for rate, kv, b in bounds:
         lows.setdefault((rate, kv), []).append(b)
-    print(f"# agentic workload, 8 replicas, {sessions} sessions, {seeds} seed(s) per point")
+    print(f"# agentic workload, 8 replicas, {sessions} sessions, {seeds} seed(s) per point, "
+          f"{'closed' if closed else 'open'} loop")
     print("hit rate / TTFT p50 / p90 / p99 (s); `bound`: a TTFT p90 no policy can beat\n")
     head = " | ".join(f"{p:^33}" for p in policies)
     print(f"{'sessions/s':>10} {'KV blocks':>9} | {head} | bound p90")

@@ -310,7 +310,9 @@ class _Run:
         self.arrivals_count = 0
         # closed loop: requests sent after others end
         self.waiting: dict[str, list[TraceRequest]] = {}
-        """Per request id, the requests due when it ends."""
+        """Per request id, the requests waiting for it to end."""
+        self.unreleased: dict[str, int] = {}
+        """Per waiting request, how many of the requests it waits for have not ended."""
         self.blocked = 0
         self.released: list[tuple[float, int, TraceRequest]] = []
         """Heap of (arrival, order, request): released, not yet submitted."""
@@ -332,11 +334,13 @@ class _Run:
         ends: while such requests wait, the replicas advance event by event (``reach``) so
         that each is released at its time, before later arrivals."""
         requests = workload.requests()
-        if any(r.after for r in getattr(workload, "items", ())):  # a request log: in memory
+        if getattr(workload, "closed_loop", False):  # read whole: a row may wait for any other
             independent = []
             for r in requests:
                 if r.after:
-                    self.waiting.setdefault(r.after, []).append(r)
+                    for parent in r.after:
+                        self.waiting.setdefault(parent, []).append(r)
+                    self.unreleased[r.request_id] = len(r.after)
                     self.blocked += 1
                 else:
                     independent.append(r)
@@ -374,8 +378,14 @@ class _Run:
         return min(times) if times else None
 
     def _release(self, request_id: str, t: float) -> None:
-        """``request_id`` ended at ``t``: the requests sent after it are due."""
+        """``request_id`` ended at ``t``: the requests sent after it (and after others that
+        have ended before) are due."""
         for req in self.waiting.pop(request_id, ()):
+            left = self.unreleased[req.request_id] - 1
+            if left:
+                self.unreleased[req.request_id] = left
+                continue
+            del self.unreleased[req.request_id]
             self.blocked -= 1
             self.release_order += 1
             heapq.heappush(self.released, (t + req.delay_s, self.release_order, req))

@@ -21,10 +21,11 @@ A row names when the request came, what it asked for and how long the answer was
 ``model``           informational (the replay serves one base model)
 ``tenant``          the flow-control fairness id; ``priority``: its priority (an integer)
 ``id``              the row's name, for ``after``
-``after``           closed loop: the ``id`` of an earlier row; this request is sent
-                    ``delay_s`` seconds (0 by default) after that one's answer ends in the
-                    replay, not at its own timestamp (a conversation's next turn, a client
-                    with a fixed number of requests in flight)
+``after``           closed loop: the ``id`` of an earlier row (or a list of them; CSV:
+                    space-separated); this request is sent ``delay_s`` seconds (0 by default)
+                    after the last of their answers ends in the replay, not at its own
+                    timestamp (a conversation's next turn, a client with a fixed number of
+                    requests in flight, an agent waiting for its sub-agents)
 ==================  ========================================================================
 
 Exactly one of ``prompt``, ``messages``, ``prompt_token_ids`` and ``hash_ids``. A bad row
@@ -65,7 +66,7 @@ class _Row:
     at: float | datetime
     request: TraceRequest
     row_id: str = ""
-    after: str = ""
+    after: tuple[str, ...] = ()
 
 
 def _int(value: Any, name: str, low: int = 0) -> int:
@@ -157,6 +158,18 @@ def _prompt_of(obj: Mapping[str, Any]) -> tuple[str, int, ApiKind, tuple[int, ..
     return prompt, tokens, api, hash_ids, has_text
 
 
+def _names(value: Any) -> tuple[str, ...]:
+    """``after``: an id, a list of ids, or ids separated by spaces."""
+    if value in (None, ""):
+        return ()
+    items = value.split() if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str | int) and not isinstance(v, bool) for v in items):
+        raise ValueError(f"after must be an id or a list of ids, got {value!r}")
+    if len(items) > 1024:
+        raise ValueError(f"after names {len(items)} rows; at most 1024")
+    return tuple(str(v)[:256] for v in items)
+
+
 def parse_row(obj: Any, index: int) -> _Row:
     """One row, checked; the reasons name the field."""
     if not isinstance(obj, Mapping):
@@ -178,7 +191,7 @@ def parse_row(obj: Any, index: int) -> _Row:
         return str(value)[:256]
 
     priority = _int(obj["priority"], "priority", -(1 << 31)) if obj.get("priority") not in (None, "") else 0
-    after = text("after")
+    after = _names(obj.get("after"))
     delay = 0.0
     if obj.get("delay_s") not in (None, ""):
         if not after:
@@ -244,18 +257,22 @@ class RequestLog:
         requests = []
         for n, i in enumerate(order):
             row = rows[i]
-            after = ""
-            if row.after:
-                if row.after not in names:
+            for name in row.after:
+                if name not in names:
                     raise ValueError(f"{path}: the row with timestamp {seconds[i]:g} s comes after "
-                                     f"{row.after!r}, which names no earlier row's id")  # fmt: skip
-                after = names[row.after]
+                                     f"{name!r}, which names no earlier row's id")  # fmt: skip
+            after = tuple(names[name] for name in row.after)
             if row.row_id:
                 if row.row_id in names:
                     raise ValueError(f"{path}: two rows have the id {row.row_id!r}")
                 names[row.row_id] = f"r{n}"
             requests.append(replace(row.request, request_id=f"r{n}", arrival_s=seconds[i], after=after))
         return cls(requests, time_scale, name=path.stem, skipped=skipped)
+
+    @property
+    def closed_loop(self) -> bool:
+        """Whether some rows wait for others' answers (``after``)."""
+        return any(r.after for r in self.items)
 
     def with_time_scale(self, time_scale: float) -> RequestLog:
         return RequestLog(self.items, time_scale, self.name, self.skipped)
@@ -291,7 +308,7 @@ def request_row(r: TraceRequest) -> dict[str, Any]:
     if r.api is ApiKind.CHAT:
         row["api"] = "chat"
     if r.after:
-        row |= {"after": r.after, "delay_s": r.delay_s}
+        row |= {"after": r.after[0] if len(r.after) == 1 else list(r.after), "delay_s": r.delay_s}
     return row
 
 

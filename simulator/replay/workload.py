@@ -33,7 +33,7 @@ import json
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -71,9 +71,9 @@ class TraceRequest:
     adapter: str = ""
     """A LoRA adapter ('' = the base model): its own prefix cache on the engines, and the
     request's model as epp sees it."""
-    after: str = ""
-    """Closed loop: the ``request_id`` of an earlier request; this one is sent ``delay_s``
-    after that one's answer ends (or it was refused), not at ``arrival_s``."""
+    after: tuple[str, ...] = ()
+    """Closed loop: the ``request_id`` of earlier requests; this one is sent ``delay_s`` after
+    the last of their answers ends (or they were refused), not at ``arrival_s``."""
     delay_s: float = 0.0
 
 
@@ -531,7 +531,12 @@ class AgenticParams:
     """The model's reply (a tool call) per turn."""
     turn_gap_s: float = 5.0
     """Mean seconds between an agent's consecutive calls (exponential): its reply being
-    generated and the tool running. The trace is open-loop, as a recorded trace is."""
+    generated and the tool running (``closed_loop``: the tool running, after the reply)."""
+    closed_loop: bool = False
+    """Each call waits for the answer it follows, as agents run: a turn for the agent's last
+    answer, then its tool's time (``turn_gap_s``); a sub-agent for the turn that launched it;
+    the parent for all its sub-agents. False: the calls come at the planned times whatever
+    the answers, open loop, as a recorded trace replays."""
     subagent_share: float = 0.08
     """Chance that a turn fans out into sub-agents before the session goes on."""
     subagents: int = 3
@@ -551,6 +556,10 @@ class _AgentTurn:
     first: bool
     last: bool
     tool_tokens: int
+    waits: list[_AgentTurn] = field(default_factory=list)
+    """Closed loop: the turns whose answers this one waits for."""
+    delay_s: float = 0.0
+    """Closed loop: seconds after the last of those answers."""
 
 
 class AgenticWorkload:
@@ -578,26 +587,39 @@ class AgenticWorkload:
             agent = f"s{s}"
             forks = 0
             own: list[_AgentTurn] = []
+            waits: list[_AgentTurn] = []
+            gap = 0.0
             for k in range(n):
                 tool = int(p.tool_output_len * rng.uniform(0.2, 1.8)) if k else 0
                 if context + tool + p.output_len > p.max_context:
                     break
-                own.append(_AgentTurn(t, agent, "", k == 0, False, tool))
+                turn = _AgentTurn(t, agent, "", k == 0, False, tool, waits, gap)
+                own.append(turn)
                 context += tool + p.output_len
-                t += rng.expovariate(1.0 / p.turn_gap_s)
+                gap = rng.expovariate(1.0 / p.turn_gap_s)
+                t += gap
+                waits = [turn]
                 if k and p.subagents and rng.random() < p.subagent_share:
                     forks += 1
                     end = t
+                    lasts = []
                     for j in range(p.subagents):
                         sub = f"{agent}.{forks}.{j}"
-                        ts = t + rng.random() * 0.2  # launched together
+                        launch = rng.random() * 0.2  # launched together
+                        ts = t + launch
+                        sub_waits, sub_delay = [turn], gap + launch
                         for m in range(p.subagent_turns):
                             tool_s = int(p.tool_output_len * rng.uniform(0.2, 1.8)) if m else 0
-                            own.append(_AgentTurn(ts, sub, agent if m == 0 else "", m == 0,
-                                                  m == p.subagent_turns - 1, tool_s))  # fmt: skip
-                            ts += rng.expovariate(1.0 / p.turn_gap_s)
+                            sub_turn = _AgentTurn(ts, sub, agent if m == 0 else "", m == 0, m == p.subagent_turns - 1,
+                                                  tool_s, sub_waits, sub_delay)  # fmt: skip
+                            own.append(sub_turn)
+                            sub_delay = rng.expovariate(1.0 / p.turn_gap_s)
+                            ts += sub_delay
+                            sub_waits = [sub_turn]
+                        lasts.append(own[-1])
                         end = max(end, ts)
                     t = end  # the parent goes on when its sub-agents are done
+                    waits, gap = lasts, 0.0
             if own:
                 last = max(i for i, x in enumerate(own) if x.agent == agent)
                 own[last].last = True
@@ -608,13 +630,19 @@ class AgenticWorkload:
     def __len__(self) -> int:
         return len(self._plan())
 
+    @property
+    def closed_loop(self) -> bool:
+        return self.p.closed_loop
+
     def requests(self) -> Iterator[TraceRequest]:
         p = self.p
         systems = ["<|system|>" + random_text(p.seed << 40 | 10 << 32 | k, _chars(p.system_prompt_len))
                    for k in range(p.num_system_prompts)]  # fmt: skip
         latest: dict[str, TraceRequest] = {}
         """Each agent's latest request (a main agent's stays: its sub-agents fork from it)."""
-        for i, turn in enumerate(self._plan()):
+        plan = self._plan()
+        index = {id(turn): i for i, turn in enumerate(plan)}
+        for i, turn in enumerate(plan):
             agent = turn.agent
             key = p.seed << 40 | 11 << 32 | (i & 0xFFFFFFFF)
             task = "<|user|>" + random_text(key, _chars(p.task_len))
@@ -636,6 +664,8 @@ class AgenticWorkload:
                 prompt=base,
                 session_id=agent,
                 api=ApiKind.CHAT,
+                after=tuple(f"r{index[id(w)]}" for w in turn.waits) if p.closed_loop else (),
+                delay_s=turn.delay_s if p.closed_loop else 0.0,
             )
             yield request
             if turn.last and "." in agent:  # a finished sub-agent
@@ -694,15 +724,30 @@ def build_generator(name: str, params: dict[str, Any]) -> Workload:
             raise ValueError(
                 f"workload {name!r} has no parameter {key!r} (known: {', '.join(known)})"
             )
-        values[key] = _number(name, key, value, integer=f.type not in ("float", float))
+        if f.type in ("bool", bool):
+            values[key] = _flag(name, key, value)
+        else:
+            values[key] = _number(name, key, value, integer=f.type not in ("float", float))
     built = ptype(**values)
     for f in fields(ptype):
         v = getattr(built, f.name)
         if f.name == "rate" and v <= 0:
             raise ValueError(f"workload {name!r} parameter 'rate': must be > 0, got {v}")
-        if f.name != "seed" and v < 0:
+        if f.name != "seed" and not isinstance(v, bool) and v < 0:
             raise ValueError(f"workload {name!r} parameter {f.name!r}: must be >= 0, got {v}")
     return wtype(built)  # type: ignore[no-any-return]
+
+
+def _flag(workload: str, key: str, value: Any) -> bool:
+    """A yes/no generator parameter: true/false (YAML), or 1/0, true/false from ``--set``."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"workload {workload!r} parameter {key!r}: expected true or false, got {value!r}")
 
 
 def _number(workload: str, key: str, value: Any, *, integer: bool) -> float | int:

@@ -221,13 +221,13 @@ def closed_loop_log(tmp_path: Path, delay: float = 0.5) -> Path:
 
 def test_a_closed_loop_row_arrives_its_delay_after_the_answer_it_waits_for(tmp_path: Path) -> None:
     log = RequestLog.load(closed_loop_log(tmp_path))
-    assert [r.after for r in log.requests()] == ["", "", "r0", "r1", "r2", "r3"]
+    assert [r.after for r in log.requests()] == [(), (), ("r0",), ("r1",), ("r2",), ("r3",)]
     name, factory = policy_factory("epp")
     result = Replayer(ReplayConfig(replicas=2)).run(log, factory, name)
     by_id = {o.request_id: o for o in result.outcomes}
     for r in log.requests():
         if r.after:
-            assert by_id[r.request_id].arrival_s == pytest.approx(by_id[r.after].finish_s + 0.5)
+            assert by_id[r.request_id].arrival_s == pytest.approx(by_id[r.after[0]].finish_s + 0.5)
     assert max(o.finish_s for o in result.outcomes) < 10  # not the log's 200 s
     # a slower server: the next turns come later (the loop closes on the replay's own times)
     slow = Replayer(ReplayConfig(replicas=2, cost=CostModel(decode_base_s=0.1))).run(log, factory, name)
@@ -290,3 +290,40 @@ def test_a_stack_log_converts_to_a_closed_loop(tmp_path: Path) -> None:
     assert all("after" not in r for r in convert("stack", log, closed_loop=False))
     with pytest.raises(ValueError, match=r"no round 3 \(rounds: 0\)"):
         list(convert("stack", log, round_=3))
+
+
+def test_a_row_after_several_waits_for_the_last_of_them(tmp_path: Path) -> None:
+    rows = [{"timestamp": 0, "id": "a", "prompt": "short", "output_length": 2},
+            {"timestamp": 0, "id": "b", "prompt": "long " * 50, "output_length": 200},
+            {"timestamp": 0.1, "after": ["a", "b"], "delay_s": 1, "prompt": "join", "output_length": 2},
+            {"timestamp": 0.2, "after": "a b", "prompt": "csv style", "output_length": 2}]  # fmt: skip
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = RequestLog.load(path)
+    assert log.closed_loop and [r.after for r in log.requests()][2:] == [("r0", "r1"), ("r0", "r1")]
+    name, factory = policy_factory("random")
+    result = Replayer(ReplayConfig(replicas=2)).run(log, factory, name)
+    by_id = {o.request_id: o for o in result.outcomes}
+    assert by_id["r1"].finish_s > by_id["r0"].finish_s + 1  # b is the slower one
+    assert by_id["r2"].arrival_s == pytest.approx(by_id["r1"].finish_s + 1)
+    assert by_id["r3"].arrival_s == pytest.approx(by_id["r1"].finish_s)
+    out = tmp_path / "again.jsonl"
+    write_request_log(log.requests(), out)
+    assert [r.after for r in RequestLog.load(out).requests()] == [r.after for r in log.requests()]
+
+
+def test_closed_loop_agents_wait_for_their_answers_and_sub_agents() -> None:
+    params = {"num_sessions": 6, "rate": 1, "max_turns": 14, "subagent_share": 0.5, "seed": 3,
+              "system_prompt_len": 800, "tool_output_len": 300}  # fmt: skip
+    open_loop = build_generator("agentic", params)
+    closed = build_generator("agentic", params | {"closed_loop": True})
+    assert not open_loop.closed_loop and closed.closed_loop
+    assert [(r.prompt, r.arrival_s) for r in closed.requests()] == [(r.prompt, r.arrival_s) for r in open_loop.requests()]
+    joins = [r for r in closed.requests() if len(r.after) > 1]
+    assert joins and all(len(r.after) == 3 for r in joins)  # a parent waits for its 3 sub-agents
+    name, factory = policy_factory("epp")
+    result = Replayer(ReplayConfig(replicas=2, cost=CostModel(decode_base_s=0.05))).run(closed, factory, name)
+    by_id = {o.request_id: o for o in result.outcomes}
+    for r in closed.requests():
+        if r.after:
+            assert by_id[r.request_id].arrival_s == pytest.approx(max(by_id[a].finish_s for a in r.after) + r.delay_s)
