@@ -327,3 +327,10 @@ def test_closed_loop_agents_wait_for_their_answers_and_sub_agents() -> None:
     for r in closed.requests():
         if r.after:
             assert by_id[r.request_id].arrival_s == pytest.approx(max(by_id[a].finish_s for a in r.after) + r.delay_s)
+
+
+def test_closed_loop_is_a_yes_or_no_parameter() -> None:
+    assert build_generator("agentic", {"closed_loop": "true"}).closed_loop
+    assert not build_generator("agentic", {"closed_loop": "0"}).closed_loop
+    with pytest.raises(ValueError, match="parameter 'closed_loop': expected true or false, got 'maybe'"):
+        build_generator("agentic", {"closed_loop": "maybe"})
