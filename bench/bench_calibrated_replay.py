@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import json
 import math
 import os
@@ -47,7 +46,6 @@ from simulator import vllm  # noqa: E402
 from simulator.calibrate import calibrate  # noqa: E402
 from simulator.fitlog import (  # noqa: E402
     Fit,
-    RunFigures,
     StackRun,
     fit_scales,
     live_figures,
@@ -118,12 +116,8 @@ def fit_profile(base: CostModel, log: Path, fit_label: str, rounds: list[int], s
     targets = []
     for r in rounds:
         run = StackRun(log, fit_label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(fit_label))
-        targets.append((live_figures(rows, fit_label, r), functools.partial(_figures, run)))
+        targets.append((live_figures(rows, fit_label, r), run.figures))
     return fit_scales(base, targets)
-
-
-def _figures(run: StackRun, cost: CostModel) -> RunFigures:
-    return run.replay(cost)[0]
 
 
 def main() -> int:

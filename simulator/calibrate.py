@@ -277,7 +277,7 @@ def run_fit(args: argparse.Namespace) -> int:
         targets = []
         for _, round_ in runs:
             run_ = StackRun(args.from_log, label, round_, replicas_of(args.from_log, label, round_), kv, block, policy)
-            targets.append((live_figures(rows, label, round_), _replayer(run_)))
+            targets.append((live_figures(rows, label, round_), run_.figures))
         print(f"fitting {args.profile} to {label!r} (round {', '.join(str(r) for _, r in runs)}) of "
               f"{args.from_log}, replayed as {policy}...")
         fit = fit_scales(base.cost, targets)
@@ -304,7 +304,3 @@ def _round(text: str) -> int:
         raise ValueError(f"--round expects a round number (0, 1...) or 'all', got {text!r}")
     return int(text)
 
-
-def _replayer(run_: Any) -> Any:
-    """``run_``'s replay as the fit calls it: the figures only."""
-    return lambda cost: run_.replay(cost)[0]

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from simulator.model.cost import CostModel
 
 PREFILL_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_cached_token_s")
@@ -52,16 +54,6 @@ class RunFigures:
         pairs = ((self.ttft_p50_s, other.ttft_p50_s), (self.ttft_p90_s, other.ttft_p90_s),
                  (self.tpot_p50_s, other.tpot_p50_s))  # fmt: skip
         return [math.log(b / a) if a > 0 and b > 0 else math.inf for a, b in pairs]
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def stack_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -87,7 +79,8 @@ def live_figures(rows: Iterable[dict[str, Any]], policy: str, round_: int) -> Ru
     ttft = [float(r["ttft_s"]) for r in run]
     tpot = [(float(r["e2e_s"]) - float(r["ttft_s"])) / (int(r["completion_tokens"]) - 1)
             for r in run if int(r.get("completion_tokens") or 0) > 1]  # fmt: skip
-    return RunFigures(_pct(ttft, 50), _pct(ttft, 90), statistics.median(tpot) if tpot else math.nan, len(run))
+    p50, p90 = np.percentile(ttft, [50, 90])
+    return RunFigures(float(p50), float(p90), statistics.median(tpot) if tpot else math.nan, len(run))
 
 
 def replay_policy_for(label: str, configs: Sequence[Path] = ()) -> str:
@@ -159,30 +152,10 @@ def fit_scales(base: CostModel, targets: Sequence[tuple[RunFigures, Replay]]) ->
     return Fit(scaled(base, a, b), a, b, [live for live, _ in targets], cache[key(a, b)][1], len(cache))
 
 
-def replay_stack_run(log: Path, label: str, round_: int, cost: CostModel, replicas: int, kv_blocks: int,
-                     block_size: int, policy: str, seed: int = 0) -> tuple[RunFigures, float]:  # fmt: skip
-    """Replay one run of a stack log with ``cost``; its figures and hit rate."""
-    import tempfile
-
-    from simulator.replay.convert import convert
-    from simulator.replay.policies import policy_factory
-    from simulator.replay.replayer import ReplayConfig, Replayer
-    from simulator.replay.report import summarize
-    from simulator.replay.requestlog import RequestLog
-
-    with tempfile.TemporaryDirectory(prefix="epp-fitlog-") as tmp:
-        path = Path(tmp) / "run.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in convert("stack", log, label, round_)))
-        requests = RequestLog.load(path)
-    cfg = ReplayConfig(replicas=replicas, kv_blocks=kv_blocks, block_size_tokens=block_size, cost=cost, seed=seed)
-    name, factory = policy_factory(policy)
-    s = summarize(Replayer(cfg).run(requests, factory, name))
-    return RunFigures(s.ttft_p50_s, s.ttft_p90_s, s.tpot_p50_s, s.served), s.hit_rate
-
-
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class StackRun:
-    """One run of a stack log and how to replay it."""
+    """One run of a stack log and how to replay it; the run is converted once, on the first
+    replay (a fit replays it hundreds of times)."""
 
     log: Path
     label: str
@@ -191,10 +164,38 @@ class StackRun:
     kv_blocks: int
     block_size: int
     policy: str
+    _requests: Any = None
+
+    def requests(self) -> Any:
+        """The run as a request log (``convert --from stack``, closed loop)."""
+        if self._requests is None:
+            import tempfile
+
+            from simulator.replay.convert import convert
+            from simulator.replay.requestlog import RequestLog
+
+            with tempfile.TemporaryDirectory(prefix="epp-fitlog-") as tmp:
+                path = Path(tmp) / "run.jsonl"
+                rows = convert("stack", self.log, self.label, self.round_)
+                path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+                self._requests = RequestLog.load(path)
+        return self._requests
 
     def replay(self, cost: CostModel, seed: int = 0) -> tuple[RunFigures, float]:
-        return replay_stack_run(self.log, self.label, self.round_, cost, self.replicas, self.kv_blocks,
-                                self.block_size, self.policy, seed)  # fmt: skip
+        """Its figures and hit rate, replayed with ``cost``."""
+        from simulator.replay.policies import policy_factory
+        from simulator.replay.replayer import ReplayConfig, Replayer
+        from simulator.replay.report import summarize
+
+        cfg = ReplayConfig(replicas=self.replicas, kv_blocks=self.kv_blocks, block_size_tokens=self.block_size,
+                           cost=cost, seed=seed)  # fmt: skip
+        name, factory = policy_factory(self.policy)
+        s = summarize(Replayer(cfg).run(self.requests(), factory, name))
+        return RunFigures(s.ttft_p50_s, s.ttft_p90_s, s.tpot_p50_s, s.served), s.hit_rate
+
+    def figures(self, cost: CostModel) -> RunFigures:
+        """Its figures replayed with ``cost`` (what :func:`fit_scales` calls)."""
+        return self.replay(cost)[0]
 
 
 def pick_run(log: Path, label: str = "", round_: int = 0) -> tuple[str, int]:

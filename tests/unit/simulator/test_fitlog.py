@@ -71,7 +71,7 @@ def test_a_run_replayed_at_known_scales_is_fitted_back_to_them(tmp_path: Path) -
     path = live_run(tmp_path)
     run = StackRun(path, "round-robin", 0, 2, 512, 32, "round-robin")
     live = live_figures(stack_rows(path), "round-robin", 0)
-    fit = fit_scales(BASE, [(live, lambda cost: run.replay(cost)[0])])
+    fit = fit_scales(BASE, [(live, run.figures)])
     assert fit.prefill_scale == pytest.approx(TRUE_PREFILL, rel=0.1)
     assert fit.decode_scale == pytest.approx(TRUE_DECODE, rel=0.1)
     assert all(abs(e) < 0.05 for e in live.errors(fit.replayed[0]))
