@@ -109,10 +109,11 @@ class KvBlockIndex:
                 h = holders_get(key, 0) & alive
                 if h:
                     sp = spec_get(key, 0) & h
-                    for s in _bits(sp):
-                        eid = eids[s]
-                        if eid is None or ep[eid][key] <= now_s:
-                            h &= ~(1 << s)
+                    if sp:
+                        for s in _bits(sp):
+                            eid = eids[s]
+                            if eid is None or ep[eid][key] <= now_s:
+                                h &= ~(1 << s)
                 if h != alive:
                     if i:
                         for s in _bits(alive & ~h):

@@ -23,7 +23,7 @@ import itertools
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,11 @@ class ModelTokenizer:
             self.tokenizer = Tokenizer.from_file(str(tok_file))
         except Exception as exc:  # the tokenizers library raises its own Exception type
             raise TokenizerError(f"{tok_file}: {exc}") from None
+        # ids without offsets (tokenizers >= 0.20.1): 15-40% less CPU on long prompts; like
+        # encode_batch, it releases the GIL
+        self._batch: Callable[..., list[Any]] = getattr(
+            self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch
+        )
         config: Mapping[str, Any] = {}
         cfg_file = directory / "tokenizer_config.json"
         if cfg_file.is_file():
@@ -148,7 +153,7 @@ class ModelTokenizer:
             whole = self.tokenizer.encode(probe, add_special_tokens=False).ids
             cuts = [m.start() for m in pattern.finditer(probe)]
             pieces = [probe[a:b] for a, b in zip([0, *cuts], [*cuts, len(probe)], strict=True) if b > a]
-            split = [i for e in self.tokenizer.encode_batch(pieces, add_special_tokens=False)
+            split = [i for e in self._batch(pieces, add_special_tokens=False)
                      for i in e.ids]  # fmt: skip
             if split != whole:
                 log.info("precise prefix: %s cannot be tokenized piecewise at %r: the token "
@@ -191,7 +196,7 @@ class ModelTokenizer:
             out.append(self.encode(pieces[0], add_special_tokens))
             rest = pieces[1:]
         if rest:
-            out.extend(e.ids for e in self.tokenizer.encode_batch(list(rest), add_special_tokens=False))
+            out.extend(e.ids for e in self._batch(list(rest), add_special_tokens=False))
         return out
 
     @property
@@ -199,9 +204,9 @@ class ModelTokenizer:
         return self._template is not None
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        # encode_batch releases the GIL (encode does not): a long prompt tokenized in a
+        # the batch call releases the GIL (encode does not): a long prompt tokenized in a
         # worker thread leaves the event loop running
-        ids: list[int] = self.tokenizer.encode_batch(
+        ids: list[int] = self._batch(
             [text], add_special_tokens=add_special_tokens
         )[0].ids
         bos = self.bos_id
