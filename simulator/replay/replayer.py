@@ -33,6 +33,10 @@ KV transfer (``CostModel.kv_transfer_s`` of the prompt's full blocks), then the 
 the decoder, which loads the transferred blocks instead of computing them. The client's
 first token is the decoder's. A split makes the replicas depend on each other (a prefill's
 end submits to the decoder), so the replicas then advance event by event in time order.
+
+Replicas on a shared host (``CostModel.shared_host_slowdown`` > 0) also depend on each other:
+they advance event by event too, and whenever one starts or stops working the others' steps
+are re-timed from their next step boundary.
 """
 
 from __future__ import annotations
@@ -282,6 +286,9 @@ class _Run:
             Engine(PrefixCache(cfg.kv_blocks, cfg.block_size_tokens), cfg.cost, engine_cfg)
             for _ in range(n)
         ]
+        self.shared = cfg.cost.shared_host_slowdown if n > 1 else 0.0
+        """The shared host's slowdown (0: independent replicas)."""
+        self.busy = [False] * n
         ids = [EndpointId(f"10.0.{i // 250}.{i % 250 + 1}:8000") for i in range(n)]
         self.in_flight = [[0] * n for _ in range(cfg.routers)]
         """Per router, requests it sent to each replica and has not seen end."""
@@ -427,7 +434,7 @@ class _Run:
 
     def run_to(self, x: float) -> None:
         """Every replica runs to ``x``; finished requests go back to the policy in time order."""
-        if self.cfg.disaggregated:
+        if self.cfg.disaggregated or self.shared:
             self._run_events_to(x)
         else:
             done: list[tuple[float, int, Finished]] = []
@@ -442,8 +449,9 @@ class _Run:
             self.poll(x)  # room for held requests (they reach a replica at x)
 
     def _run_events_to(self, x: float) -> None:
-        """Replicas that hand work to each other (prefill -> KV transfer -> decode) advance
-        one event at a time, the earliest first, so a decode starts at its transfer's end."""
+        """Replicas that hand work to each other (prefill -> KV transfer -> decode), or share
+        a host, advance one event at a time, the earliest first, so a decode starts at its
+        transfer's end and a step is timed by what the others do when it starts."""
         engines = self.engines
         transfers = self.transfers
         while True:
@@ -460,8 +468,26 @@ class _Run:
                 done: list[tuple[float, int, Finished]] = []
                 self._took(which, engines[which].advance(soonest), done)
                 self._settle(done)
+                if self.shared:
+                    self._contend(soonest)
             else:
                 return
+
+    def _contend(self, t: float) -> None:
+        """Re-time the replicas whose share of the host changed at ``t``: a replica's steps
+        take ``1 + shared * (busy others / others)`` times their cost."""
+        engines = self.engines
+        busy = [e.next_event_time() is not None for e in engines]
+        if busy == self.busy:
+            return
+        self.busy = busy
+        n_busy, others = sum(busy), len(engines) - 1
+        for i, eng in enumerate(engines):
+            slowdown = 1.0 + self.shared * (n_busy - busy[i]) / others
+            if slowdown != eng.slowdown:
+                eng.slowdown = slowdown
+                if busy[i]:
+                    eng.reprice(t)
 
     def _took(self, i: int, res: StepResult, done: list[tuple[float, int, Finished]]) -> None:
         live = self.live
@@ -523,6 +549,8 @@ class _Run:
         entry = self.live[request_id]
         assert entry.decode is not None
         self.engines[entry.outcome.replica].submit(entry.decode, t)  # sized at the prefill
+        if self.shared:
+            self._contend(t)
 
     def note_blocks(self) -> None:
         for i, eng in enumerate(self.engines):
@@ -634,6 +662,8 @@ class _Run:
             if router >= 0:
                 self.in_flight[router][replica] -= 1
                 self.policies[router].finished(arrival, replica, ResponseInfo(status=400), t)
+        if self.shared:
+            self._contend(t)
 
     def drain(self) -> None:
         """Keep sampling while replicas work or routers hold requests, then run everything

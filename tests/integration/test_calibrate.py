@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.calibrate import calibrate, fit_linear
+from simulator.calibrate import calibrate, calibrate_host, fit_linear
 from simulator.cli import main as sim_main
 from simulator.emulator import EmulatorConfig, start_emulator
 from simulator.model.cost import CostModel, dump_profile, load_profile, presets
@@ -46,6 +46,27 @@ async def test_calibrate_finds_the_emulators_cost_model_back(tmp_path: Path) -> 
                      "--no-progress", "--cost", str(path)]) == 0  # fmt: skip
 
 
+@pytest.mark.asyncio
+async def test_servers_that_do_not_share_a_host_show_no_slowdown(tmp_path: Path) -> None:
+    """Two emulators (timed by the clock, not by CPU) probed alone then together: the ratio
+    stays near 1, and the profile carries it as shared_host_slowdown."""
+    emus = [await start_emulator(EmulatorConfig(model="m", num_gpu_blocks=4096, block_size=16, cost=TRUE))
+            for _ in range(2)]  # fmt: skip
+    try:
+        profile, ratios = await calibrate_host([e.url for e in emus], [128, 1024], [1, 8], repeats=2,
+                                               decode_tokens=24, progress=lambda _m: None)  # fmt: skip
+    finally:
+        for e in emus:
+            await e.close()
+    assert len(ratios) == 2 and all(0.7 < r < 1.5 for r in ratios)
+    assert profile.cost.shared_host_slowdown == pytest.approx(max(0.0, sum(ratios) / 2 - 1))
+    assert profile.cost.prefill_per_token_s == pytest.approx(TRUE.prefill_per_token_s, rel=0.3)
+    assert "alone, then together" in profile.source
+    path = tmp_path / "host.yaml"
+    path.write_text(dump_profile(profile))
+    assert load_profile(str(path)).cost == profile.cost
+
+
 def test_presets_and_bad_profiles(tmp_path: Path) -> None:
     assert "a100-llama3-8b" in presets()
     assert load_profile("a100-llama3-8b").cost == CostModel()  # the shipped default, as data
@@ -55,6 +76,12 @@ def test_presets_and_bad_profiles(tmp_path: Path) -> None:
         load_profile(str(bad))
     bad.write_text("cost: {warp_speed: 1}\n")
     with pytest.raises(ValueError, match="no field 'warp_speed'"):
+        load_profile(str(bad))
+    bad.write_text("cost: {shared_host_slowdown: -0.5}\n")
+    with pytest.raises(ValueError, match="shared_host_slowdown' must be >= 0"):
+        load_profile(str(bad))
+    bad.write_text("cost: {shared_host_slowdown: lots}\n")
+    with pytest.raises(ValueError, match=r"shared_host_slowdown must be a number, got"):
         load_profile(str(bad))
     with pytest.raises(ValueError, match="not a preset"):
         load_profile("h200-nowhere")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Iterator
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from simulator.model.cost import CostModel
 from simulator.replay.policies import POLICY_NAMES, policy_factory
-from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult
+from simulator.replay.replayer import Outcome, ReplayConfig, Replayer, ReplayResult
 from simulator.replay.report import summarize
 from simulator.replay.workload import (
     ChatParams,
@@ -159,6 +161,31 @@ def test_random_spreads_and_depends_on_seed() -> None:
     b = picks(replay(trace, "random", ReplayConfig(replicas=4, kv_blocks=400, seed=8)))
     assert set(a) == {0, 1, 2, 3}
     assert a != b
+
+
+def test_replicas_on_a_shared_host_slow_each_other_down() -> None:
+    """shared_host_slowdown 1: a replica's steps take twice their cost while the other works."""
+    independent = CostModel()
+    shared = dataclasses.replace(independent, shared_host_slowdown=1.0)
+
+    def run(trace: list[TraceRequest], cost: CostModel) -> list[Outcome]:
+        return replay(ListWorkload(trace), "round-robin", ReplayConfig(replicas=2, kv_blocks=400, cost=cost)).outcomes
+
+    def ttfts(outcomes: list[Outcome]) -> list[float]:
+        return [o.first_token_s - o.arrival_s for o in outcomes]
+
+    alone = ttfts(run([req(0, 0.0, prefix=0)], shared))[0]
+    assert ttfts(run([req(0, 0.0, prefix=0)], independent)) == pytest.approx([alone])  # nobody else busy
+    pair = [req(0, 0.0, prefix=0), req(1, 0.0, prefix=1)]
+    assert ttfts(run(pair, independent)) == pytest.approx([alone, alone])
+    assert ttfts(run(pair, shared)) == pytest.approx([2 * alone, 2 * alone])
+    # a long decode is re-timed when the other replica starts working, and again when it stops
+    staggered = [req(0, 0.0, prefix=0, out=400), req(1, 1.0, prefix=1)]
+    base, slowed = run(staggered, independent), run(staggered, shared)
+    assert slowed[0].first_token_s == pytest.approx(base[0].first_token_s)
+    extra = slowed[0].finish_s - base[0].finish_s
+    busy = slowed[1].finish_s - slowed[1].arrival_s  # the other replica's work, all slowed
+    assert 0.9 * busy / 2 < extra < 1.1 * busy / 2  # during it, r0's steps took twice as long
 
 
 def test_least_load_sends_concurrent_requests_to_distinct_replicas() -> None:

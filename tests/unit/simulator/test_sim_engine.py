@@ -55,6 +55,22 @@ def test_lone_request_timing_follows_cost_model() -> None:
     assert done["a"] == pytest.approx(10.0 + ttft + 4 * COST.decode_step_s(1))
 
 
+def test_a_slowdown_stretches_the_steps_after_the_next_boundary() -> None:
+    engine = make_engine()
+    engine.slowdown = 2.0
+    engine.submit(req("a", tokens=2000, out=41), now=0.0)
+    engine.advance(0.0)
+    ttft = 2 * (COST.prefill_s(2000) + COST.decode_step_s(1))
+    first = engine.advance(ttft).first_tokens
+    assert [f.request_id for f in first] == ["a"] and first[0].time_s == pytest.approx(ttft)
+    step = 2 * COST.decode_step_s(1)
+    # back to full speed mid-decode: the step under way ends at the old cost, the rest at the new
+    engine.slowdown = 1.0
+    engine.reprice(ttft + 2.5 * step)
+    _, done, _ = drain(engine)
+    assert done["a"] == pytest.approx(ttft + 3 * step + 37 * COST.decode_step_s(1))
+
+
 def test_max_batch_is_respected_and_waiting_is_fifo() -> None:
     engine = make_engine(max_num_seqs=2)
     for i in range(5):
