@@ -32,6 +32,13 @@ class ReplicaCounters:
     ttft_buckets: tuple[tuple[float, float], ...] = ()
     """``vllm:time_to_first_token_seconds`` cumulative buckets (le, count): the server's own
     TTFT, from arrival at the server to its first token."""
+    queue_sum_s: float = 0.0
+    queue_count: float = 0.0
+    """``vllm:request_queue_time_seconds``: time requests waited to be scheduled (for KV
+    blocks or a batch slot)."""
+    preemptions: float = 0.0
+    """``vllm:num_preemptions_total``: running requests evicted for KV (their KV is
+    computed again)."""
 
     def minus(self, before: ReplicaCounters) -> ReplicaCounters:
         """What the counters gained since ``before`` (a run on servers that served others)."""
@@ -44,6 +51,9 @@ class ReplicaCounters:
             self.ttft_sum_s - before.ttft_sum_s,
             self.ttft_count - before.ttft_count,
             tuple((le, n - earlier.get(le, 0.0)) for le, n in self.ttft_buckets),
+            self.queue_sum_s - before.queue_sum_s,
+            self.queue_count - before.queue_count,
+            self.preemptions - before.preemptions,
         )
 
     def plus(self, other: ReplicaCounters) -> ReplicaCounters:
@@ -58,6 +68,9 @@ class ReplicaCounters:
             self.ttft_sum_s + other.ttft_sum_s,
             self.ttft_count + other.ttft_count,
             tuple(sorted(buckets.items())),
+            self.queue_sum_s + other.queue_sum_s,
+            self.queue_count + other.queue_count,
+            self.preemptions + other.preemptions,
         )
 
 
@@ -84,6 +97,9 @@ async def scrape_replicas(urls: Sequence[str]) -> list[ReplicaCounters]:
                     values.get("vllm:time_to_first_token_seconds_sum", 0.0),
                     values.get("vllm:time_to_first_token_seconds_count", 0.0),
                     tuple(sorted(buckets.items())),
+                    values.get("vllm:request_queue_time_seconds_sum", 0.0),
+                    values.get("vllm:request_queue_time_seconds_count", 0.0),
+                    values.get("vllm:num_preemptions_total", 0.0),
                 )
             )
     return out
@@ -117,6 +133,10 @@ class RunSummary:
     server_ttft_mean_ms: float = float("nan")
     """The servers' own TTFT (``vllm:time_to_first_token_seconds``), all replicas."""
     server_ttft_p90_ms: float = float("nan")
+    server_queue_mean_ms: float = float("nan")
+    """The servers' mean wait to be scheduled (``vllm:request_queue_time_seconds``)."""
+    preemptions: int = 0
+    """Requests the servers preempted for KV (``vllm:num_preemptions_total``)."""
     records: list[RequestRecord] = field(default_factory=list, repr=False)
     """Every request of the run (user, turn, group, upstream, TTFT...): ``requests.jsonl``."""
     cpu_steal: float = float("nan")
@@ -166,6 +186,8 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
         first_error=(f"HTTP {errors[0].status}: {errors[0].error}" if errors else ""),
         server_ttft_mean_ms=_server_mean(replicas),
         server_ttft_p90_ms=_server_quantile(replicas, 0.9),
+        server_queue_mean_ms=_queue_mean(replicas),
+        preemptions=int(sum(r.preemptions for r in replicas)),
         records=list(run.records),
         counters=list(replicas),
     )
@@ -210,6 +232,11 @@ def _server_mean(replicas: Sequence[ReplicaCounters]) -> float:
     return 1000 * sum(r.ttft_sum_s for r in replicas) / n if n else float("nan")
 
 
+def _queue_mean(replicas: Sequence[ReplicaCounters]) -> float:
+    n = sum(r.queue_count for r in replicas)
+    return 1000 * sum(r.queue_sum_s for r in replicas) / n if n else float("nan")
+
+
 def _server_quantile(replicas: Sequence[ReplicaCounters], q: float) -> float:
     """A quantile of the servers' TTFT histograms merged, interpolated inside its bucket
     (as Prometheus' histogram_quantile does)."""
@@ -248,6 +275,9 @@ def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
         ("TTFT p90", [f"{s.ttft_p90_ms:.0f} ms" for s in runs]),
         ("server TTFT mean / p90", [f"{s.server_ttft_mean_ms:.0f} / {s.server_ttft_p90_ms:.0f} ms"
                                     for s in runs]),
+        ("server queue mean, preemptions", [
+            f"{s.server_queue_mean_ms:.0f} ms, {s.preemptions}" for s in runs
+        ]),
         ("throughput", [f"{s.req_per_s:.1f} req/s, {s.output_tok_per_s:.0f} tok/s" for s in runs]),
         ("wall time", [f"{s.wall_s:.1f} s" for s in runs]),
         ("requests per replica", [loads(s) for s in runs]),

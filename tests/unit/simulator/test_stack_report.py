@@ -89,3 +89,19 @@ def test_the_stacks_processes_are_told_apart_by_role() -> None:
     assert cpu.role_of("python -m vllm.entrypoints.openai.api_server --model m") == "vllm"
     assert cpu.role_of("sglang::router") == "router"
     assert cpu.role_of("bash") == "other"
+
+
+def test_the_servers_queue_time_and_preemptions_are_a_runs_own_and_add_up() -> None:
+    from simulator.stack.driver import RunRecords
+    from simulator.stack.report import merge_runs, summarize, table_rows
+
+    before = ReplicaCounters("a", queue_sum_s=1.0, queue_count=10, preemptions=2)
+    after = ReplicaCounters("a", queue_sum_s=4.0, queue_count=20, preemptions=5)
+    run = after.minus(before)
+    assert (run.queue_sum_s, run.queue_count, run.preemptions) == (3.0, 10, 3)
+    s = summarize("epp", RunRecords([], 1.0), [run, run])
+    assert s.server_queue_mean_ms == 300.0 and s.preemptions == 6
+    merged = merge_runs([s, s])
+    assert merged.server_queue_mean_ms == 300.0 and merged.preemptions == 12
+    assert ("server queue mean, preemptions", ["300 ms, 12"]) in table_rows([merged])
+    assert math.isnan(summarize("epp", RunRecords([], 1.0), [ReplicaCounters("b")]).server_queue_mean_ms)
