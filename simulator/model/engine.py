@@ -64,9 +64,16 @@ class EngineConfig:
     max_num_seqs: int = 32
     """Most requests decoding together (vLLM ``--max-num-seqs``)."""
     max_batched_tokens: int = 8192
-    """Uncached prompt tokens admitted per step; the first admission ignores it."""
+    """Uncached prompt tokens admitted per step; the first admission ignores it. With
+    ``chunked_prefill``: the tokens a step computes, decodes and prefill chunks together
+    (vLLM ``--max-num-batched-tokens``)."""
     max_loras: int = 4
     """Most distinct LoRA adapters in one batch (vLLM ``--max-loras``)."""
+    chunked_prefill: bool = False
+    """Prefill in chunks, as vLLM's chunked prefill: a step gives each running request's
+    decode one token and the rest of ``max_batched_tokens`` to the prompts being computed,
+    oldest first; a prompt's first token comes at the end of the step that computes its last
+    chunk. Off: a step computes whole prompts (the model above)."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_batched_tokens", "max_loras"):
@@ -137,6 +144,10 @@ class _Seq:
     """Local prefix-cache hits plus ``external``."""
     external: int = 0
     """Tokens loaded from another server's prefill (beyond the local hits)."""
+    left: int = 0
+    """Chunked prefill: prompt tokens still to compute."""
+    started: bool = False
+    """Chunked prefill: a first chunk was computed (it carried the per-request costs)."""
 
 
 class Engine:
@@ -166,6 +177,11 @@ class Engine:
         self._seg_step_s = 0.0
         self._seg_steps = 0
         self._seg_admitted: list[_Seq] = []
+        """The requests whose first token the segment's end gives."""
+        self._seg_chunks: list[tuple[_Seq, int]] = []
+        """Chunked prefill: the prompt tokens the segment's step computes, per request."""
+        self._prefilling: list[_Seq] = []
+        """Chunked prefill: admitted requests whose prompt is not all computed, oldest first."""
         self._first: list[FirstToken] = []
         self._finished: list[Finished] = []
         self.completed = 0
@@ -213,6 +229,8 @@ class Engine:
         if seq is not None:
             self.cache.free(request_id)
             self._release_adapter(seq.req.adapter)
+            if seq.left:
+                self._prefilling = [s for s in self._prefilling if s is not seq]
             self._cut_segment(now)  # the batch changed: re-plan from the next step
             return True
         if request_id in self._waiting_ids:
@@ -259,6 +277,8 @@ class Engine:
         e._seg_step_s = self._seg_step_s
         e._seg_steps = self._seg_steps
         e._seg_admitted = [seqs[id(s)] for s in self._seg_admitted]
+        e._seg_chunks = [(seqs[id(s)], c) for s, c in self._seg_chunks]
+        e._prefilling = [seqs[id(s)] for s in self._prefilling]
         e._first = list(self._first)
         e._finished = list(self._finished)
         e.completed = self.completed
@@ -318,6 +338,8 @@ class Engine:
         seq = self._running.get(request_id)
         if seq is None:
             return 0 if request_id in self._waiting_ids else None
+        if seq.left and seq not in self._seg_admitted:
+            return 0  # chunked prefill, its prompt not all computed by this step's end
         done = self._steps - seq.g0
         end = self._seg_end
         if end is not None:
@@ -338,7 +360,12 @@ class Engine:
             self._start_segment(t)
 
     def _start_segment(self, t: float) -> None:
-        admitted = self._admit(t) if self._waiting else []
+        if self.config.chunked_prefill:
+            if (self._prefilling or self._waiting) and self._start_chunk(t):
+                return
+            admitted: list[_Seq] = []
+        else:
+            admitted = self._admit(t) if self._waiting else []
         n = len(self._running)
         self._seg_start = t
         self._seg_admitted = admitted
@@ -366,6 +393,47 @@ class Engine:
             return
         self._seg_end = t + self._seg_prefill_s + self._seg_steps * self._seg_step_s
 
+    def _start_chunk(self, t: float) -> bool:
+        """Chunked prefill: plan one step of decodes and prompt chunks (``EngineConfig.
+        chunked_prefill``). False when it computes no prompt token (a decode segment then)."""
+        running = self._running
+        budget = self.config.max_batched_tokens - (len(running) - len(self._prefilling))
+        chunks: list[tuple[_Seq, int]] = []
+        for seq in self._prefilling:
+            if budget <= 0:
+                break
+            chunks.append((seq, min(seq.left, budget)))
+            budget -= seq.left
+        if budget > 0 and self._waiting:
+            for seq in self._admit(t, budget):
+                seq.left = seq.req.num_prompt_tokens - seq.cached_tokens
+                self._prefilling.append(seq)
+                if budget > 0:
+                    chunks.append((seq, min(seq.left, budget)))
+                budget -= seq.left
+        if not chunks and self._prefilling and len(running) == len(self._prefilling):
+            seq = self._prefilling[0]  # a budget below the batch: the oldest prompt still moves
+            chunks.append((seq, min(seq.left, 1)))
+        if not chunks:
+            return False
+        cost = self.cost
+        base = cost.prefill_s(0)
+        prefill = 0.0
+        done: list[_Seq] = []
+        for seq, n in chunks:
+            prefill += cost.prefill_s(n, 0) - base if seq.started else cost.prefill_s(n, seq.cached_tokens)
+            if n == seq.left:
+                seq.g0 = self._steps
+                done.append(seq)
+        self._seg_start = t
+        self._seg_admitted = done
+        self._seg_chunks = chunks
+        self._seg_prefill_s = self.slowdown * prefill
+        self._seg_step_s = self.slowdown * cost.decode_step_s(len(running))
+        self._seg_steps = 1
+        self._seg_end = t + self._seg_prefill_s + self._seg_step_s
+        return True
+
     def _idle_boundary(self, now: float) -> None:
         """An idle engine got work: schedule an empty segment ending at ``now``, whose end
         admits everything that arrived by then."""
@@ -375,6 +443,7 @@ class Engine:
         self._seg_step_s = 0.0
         self._seg_steps = 0
         self._seg_admitted = []
+        self._seg_chunks = []
 
     def _cut_segment(self, now: float) -> None:
         """End a decode segment at the first step boundary at or after ``now``."""
@@ -385,13 +454,15 @@ class Engine:
             self._seg_steps = steps
             self._seg_end = max(now, self._seg_start + steps * self._seg_step_s)
 
-    def _admit(self, t: float) -> list[_Seq]:
+    def _admit(self, t: float, budget: int = 0) -> list[_Seq]:
+        """Admit waiting requests while the batch, the KV cache and ``budget`` (uncached
+        prompt tokens, ``max_batched_tokens`` when 0) allow."""
         cfg = self.config
         cache = self.cache
         waiting = self._waiting
         running = self._running
         adapters = self._adapters_running
-        budget = cfg.max_batched_tokens
+        budget = budget or cfg.max_batched_tokens
         admitted: list[_Seq] = []
         skipped: list[_Seq] = []
         while waiting and len(running) < cfg.max_num_seqs and budget > 0:
@@ -418,9 +489,10 @@ class Engine:
                 self.external_hits_tokens += seq.external
             seq.cached_tokens = hit + seq.external
             running[req.request_id] = seq
-            heapq.heappush(
-                self._finish_heap, (self._steps + req.max_output_tokens, seq.order, req.request_id)
-            )
+            if not cfg.chunked_prefill:  # else when its last chunk is computed
+                heapq.heappush(
+                    self._finish_heap, (self._steps + req.max_output_tokens, seq.order, req.request_id)
+                )
             if req.adapter:
                 adapters[req.adapter] = adapters.get(req.adapter, 0) + 1
             admitted.append(seq)
@@ -431,6 +503,15 @@ class Engine:
 
     def _finish_segment(self, t: float) -> None:
         self._steps += self._seg_steps
+        if self._seg_chunks:
+            for seq, n in self._seg_chunks:
+                seq.left -= n
+                seq.started = True
+            for seq in self._seg_admitted:  # its prompt computed: it decodes from here
+                heapq.heappush(self._finish_heap,
+                               (self._steps + seq.req.max_output_tokens - 1, seq.order, seq.req.request_id))  # fmt: skip
+            self._prefilling = [s for s in self._prefilling if s.left]
+            self._seg_chunks = []
         for seq in self._seg_admitted:
             seq.first_token_s = t
             self._first.append(FirstToken(seq.req.request_id, t, seq.cached_tokens, seq.admitted_s))

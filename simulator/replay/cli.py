@@ -72,7 +72,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
                    help="most requests decoding together per replica; the rest wait")
     p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens,
-                   help="uncached prompt tokens admitted per engine step")
+                   help="uncached prompt tokens admitted per engine step (with --chunked-prefill: the "
+                   "tokens a step computes, decodes and prompt chunks together)")
+    p.add_argument("--chunked-prefill", action="store_true",
+                   help="replicas compute prompts in chunks that share each step with the running "
+                   "decodes, as vLLM's chunked prefill (default: a step computes whole prompts)")
     p.add_argument("--cost", default="",
                    help="the replicas' step costs: a preset (a100-llama3-8b, the default) or a "
                    "profile file epp-sim calibrate wrote (docs/replay.md)")
@@ -262,6 +266,7 @@ def _setup(args: argparse.Namespace) -> tuple[Workload, Any, list[str], ReplayCo
         block_size_tokens=args.block_size,
         max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens,
+        chunked_prefill=args.chunked_prefill,
         max_loras=args.max_loras,
         cost=load_profile(args.cost).cost if args.cost else CostModel(),
         scrape_interval_s=args.scrape_interval_s,

@@ -89,6 +89,9 @@ class ReplayConfig:
     ``scraping.intervalSeconds``), else 200 ms."""
     max_num_seqs: int = 32
     max_batched_tokens: int = 8192
+    chunked_prefill: bool = False
+    """Replicas prefill in chunks of ``max_batched_tokens`` a step, shared with the decodes
+    (vLLM's chunked prefill; ``EngineConfig.chunked_prefill``)."""
     max_loras: int = 4
     """Most distinct LoRA adapters a replica runs in one batch (vLLM ``--max-loras``)."""
     seed: int = 0
@@ -280,7 +283,7 @@ class _Run:
         self.cfg = cfg
         n = cfg.replicas
         engine_cfg = EngineConfig(max_num_seqs=cfg.max_num_seqs, max_batched_tokens=cfg.max_batched_tokens,
-                                  max_loras=cfg.max_loras)  # fmt: skip
+                                  max_loras=cfg.max_loras, chunked_prefill=cfg.chunked_prefill)  # fmt: skip
         self.max_loras = engine_cfg.max_loras
         self.engines = [
             Engine(PrefixCache(cfg.kv_blocks, cfg.block_size_tokens), cfg.cost, engine_cfg)

@@ -188,6 +188,17 @@ def test_replicas_on_a_shared_host_slow_each_other_down() -> None:
     assert 0.9 * busy / 2 < extra < 1.1 * busy / 2  # during it, r0's steps took twice as long
 
 
+def test_chunked_prefill_in_the_replay_answers_everyone_and_spreads_long_prompts() -> None:
+    whole = replay(small_shared_prefix(), "epp", ReplayConfig(replicas=4, kv_blocks=400, seed=7,
+                                                              max_batched_tokens=256))  # fmt: skip
+    chunked = replay(small_shared_prefix(), "epp", ReplayConfig(replicas=4, kv_blocks=400, seed=7,
+                                                                max_batched_tokens=256, chunked_prefill=True))  # fmt: skip
+    assert all(o.finished_count == 1 and not o.rejected for o in chunked.outcomes)
+    assert len(chunked.outcomes) == len(whole.outcomes)
+    # a 768-token system prompt takes several 256-token steps: some first tokens come later
+    assert [o.first_token_s for o in chunked.outcomes] != [o.first_token_s for o in whole.outcomes]
+
+
 def test_least_load_sends_concurrent_requests_to_distinct_replicas() -> None:
     # Long outputs keep all four in flight; the fifth arrives after the first finishes.
     trace = [req(i, i * 0.001, prefix=0, out=500) for i in range(4)] + [req(9, 60.0, prefix=0)]

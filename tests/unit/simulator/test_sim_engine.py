@@ -71,6 +71,41 @@ def test_a_slowdown_stretches_the_steps_after_the_next_boundary() -> None:
     assert done["a"] == pytest.approx(ttft + 3 * step + 37 * COST.decode_step_s(1))
 
 
+def chunked_engine(budget: int) -> Engine:
+    return Engine(PrefixCache(num_blocks=1000, block_size_tokens=16), COST,
+                  EngineConfig(max_batched_tokens=budget, chunked_prefill=True))  # fmt: skip
+
+
+def test_chunked_prefill_computes_a_long_prompt_over_several_steps() -> None:
+    engine = chunked_engine(512)
+    engine.submit(req("a", tokens=2000, out=5), now=0.0)
+    engine.advance(0.0)
+    assert engine.tokens_generated("a", 0.01) == 0
+    first, done, _ = drain(engine)
+    # chunks of 512, 512, 512 and 464: the prompt's cost once, a decode step with each chunk
+    ttft = COST.prefill_s(2000) + 4 * COST.decode_step_s(1)
+    assert first["a"] == pytest.approx(ttft)
+    assert done["a"] == pytest.approx(ttft + 4 * COST.decode_step_s(1))
+
+
+def test_chunked_prefill_shares_its_steps_with_the_running_decodes() -> None:
+    engine = chunked_engine(512)
+    engine.submit(req("a", tokens=32, out=200), now=0.0)
+    engine.advance(0.0)
+    engine.submit(req("b", tokens=2000, out=5, family=1), now=0.5)
+    admitted: dict[str, float] = {}
+    first: dict[str, float] = {}
+    while (t := engine.next_event_time()) is not None:
+        for f in engine.advance(t).first_tokens:
+            first[f.request_id], admitted[f.request_id] = f.time_s, f.admitted_s
+        if "b" in admitted and "a" in first:
+            break
+    # a's decode takes one token of each step: b's chunks are 511, 511, 511 and 467 tokens
+    assert first["b"] - admitted["b"] == pytest.approx(COST.prefill_s(2000) + 4 * COST.decode_step_s(2))
+    during = engine.tokens_generated("a", first["b"])
+    assert during is not None and during == 1 + round((admitted["b"] - first["a"]) / COST.decode_step_s(1)) + 4
+
+
 def test_max_batch_is_respected_and_waiting_is_fifo() -> None:
     engine = make_engine(max_num_seqs=2)
     for i in range(5):
