@@ -10,7 +10,8 @@ Scheduling, simplified from vLLM:
 * Waiting requests are admitted FIFO at step boundaries while the batch has fewer than
   ``max_num_seqs`` requests, the KV cache can hold them, and the step's prefill budget
   (``max_batched_tokens`` uncached prompt tokens) is not spent; the first request of a
-  step is always admitted whatever its size (no chunked prefill). A request whose LoRA
+  step is always admitted whatever its size (whole prompts; ``EngineConfig.chunked_prefill``
+  computes them in chunks instead, as vLLM's chunked prefill). A request whose LoRA
   adapter would exceed ``max_loras`` distinct adapters in the batch is skipped, the
   others behind it may go (as vLLM does).
 * Admission reserves KV blocks for the prompt and the full ``max_output_tokens``, so a
@@ -21,6 +22,8 @@ Scheduling, simplified from vLLM:
   server) loads those the local cache lacks instead of computing them; they count as cached
   in its prefill cost and as vLLM's external prefix-cache hits. The transfer itself happens
   before the request reaches the engine (its caller delays it, ``CostModel.kv_transfer_s``).
+* ``slowdown`` multiplies the steps' costs (the replay sets it for replicas sharing a host,
+  ``CostModel.shared_host_slowdown``).
 
 Time advances in *segments* rather than single steps: while the batch does not change,
 ``k`` identical decode steps are one segment ending when the next request finishes
@@ -411,10 +414,7 @@ class Engine:
                 if budget > 0:
                     chunks.append((seq, min(seq.left, budget)))
                 budget -= seq.left
-        if not chunks and self._prefilling and len(running) == len(self._prefilling):
-            seq = self._prefilling[0]  # a budget below the batch: the oldest prompt still moves
-            chunks.append((seq, min(seq.left, 1)))
-        if not chunks:
+        if not chunks:  # the decodes take the whole budget: they run on to the next finish
             return False
         cost = self.cost
         base = cost.prefill_s(0)
