@@ -20,7 +20,7 @@ seeds of a policy's p90 over the default's on the same seed, with a 90% bootstra
 default is "level" with a policy when that interval holds 1, "behind" when it lies wholly
 below 1.
 
-Run: ./run bench agentic [--seeds 8] [--quick] [--closed-loop] [--policies default,+token load (agentic)]
+Run: ./run bench agentic [--seeds 8] [--quick] [--closed-loop] [--points 0.5:16384] [--policies default,+token load (agentic)]
 """
 
 from __future__ import annotations
@@ -48,20 +48,28 @@ from simulator.replay.report import summarize  # noqa: E402
 from simulator.replay.workload import build_generator  # noqa: E402
 
 POLICIES = {"default": "epp", "+sessions": "epp", "+token load (agentic)": "epp", "+both": "epp",
+            "+token load 128k": "epp", "+token load 128k x0.5": "epp",
             "sticky (llm-d style)": "epp:sticky", "SGLang cache-aware": "cache-aware"}  # fmt: skip
-ADDED = {"+sessions": ("session-affinity-scorer",), "+token load (agentic)": ("token-load-scorer",),
-         "+both": ("session-affinity-scorer", "token-load-scorer")}
-"""The variants of the default: these scorers added to it, weight 1 each (the default with
-token load is the shipped ``agentic`` profile)."""
+TOKEN_128K = {"scaleTokens": 131072}
+ADDED: dict[str, tuple[tuple[str, dict[str, Any], float], ...]] = {
+    "+sessions": (("session-affinity-scorer", {}, 1),),
+    "+token load (agentic)": (("token-load-scorer", {}, 1),),
+    "+both": (("session-affinity-scorer", {}, 1), ("token-load-scorer", {}, 1)),
+    "+token load 128k": (("token-load-scorer", TOKEN_128K, 1),),
+    "+token load 128k x0.5": (("token-load-scorer", TOKEN_128K, 0.5),),
+}
+"""The variants of the default: these scorers added to it, with their parameters and weight
+(the default with token load is the shipped ``agentic`` profile; the 128k ones are the
+candidates of bench/configs/default-token-load-128k*.yaml)."""
 
 
 def variant(name: str) -> Any:
     """The shipped default with ``ADDED[name]`` (as it is today, whatever it weighs)."""
     doc = yaml.safe_load(resources.files("epp.config").joinpath("profiles/default.yaml").read_text("utf-8"))
     picker = doc["schedulingProfiles"][0]["plugins"].pop()  # the picker stays last
-    for scorer in ADDED[name]:
-        doc["plugins"].append({"type": scorer})
-        doc["schedulingProfiles"][0]["plugins"].append({"pluginRef": scorer, "weight": 1})
+    for scorer, params, weight in ADDED[name]:
+        doc["plugins"].append({"type": scorer, **({"parameters": params} if params else {})})
+        doc["schedulingProfiles"][0]["plugins"].append({"pluginRef": scorer, "weight": weight})
     doc["schedulingProfiles"][0]["plugins"].append(picker)
     return parse_config(doc, f"default {name}")
 POINTS = [(0.25, 16384), (0.5, 16384), (0.25, 65536)]
@@ -89,12 +97,19 @@ def main() -> int:
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help="comma-separated, of: " + ", ".join(POLICIES))
     ap.add_argument("--quick", action="store_true", help="16 sessions, one seed, the first point")
+    ap.add_argument("--points", default="",
+                    help="sessions/s:KV blocks pairs, comma-separated (default: "
+                    + ",".join(f"{r}:{kv}" for r, kv in POINTS) + ")")
     ap.add_argument("--closed-loop", action="store_true",
                     help="each agent call waits for the answer it follows (default: open loop, the planned times)")
     args = ap.parse_args()
     sessions = 16 if args.quick else 64
     seeds = 1 if args.quick else args.seeds
-    points = POINTS[:1] if args.quick else POINTS
+    try:
+        points = [(float(r), int(kv)) for r, kv in (p.split(":") for p in args.points.split(",") if p.strip())]
+    except ValueError:
+        ap.error(f"--points: expected sessions/s:KV blocks pairs, got {args.points!r}")
+    points = points or (POINTS[:1] if args.quick else POINTS)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = sorted(set(policies) - set(POLICIES))
     if unknown or "default" not in policies:
