@@ -162,6 +162,14 @@ class _Child:
             else:
                 self.proc.send_signal(sig)
 
+    def tail(self, lines: int = 5) -> str:
+        """The last lines of the child's log, for an error message."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as e:
+            return f"(log unreadable: {e})"
+        return " | ".join(text.strip().splitlines()[-lines:])
+
     async def stop(self, timeout_s: float = 5.0) -> None:
         if self.proc.returncode is None:
             self.signal(signal.SIGTERM)
@@ -393,8 +401,7 @@ async def _spawn(
         raise StackError(f"{name} did not start within {timeout_s:.0f}s; see {log_path}") from None
     if not line:
         await ch.stop()
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
-        raise StackError(f"{name} exited during start-up: {' | '.join(tail)} (log: {log_path})")
+        raise StackError(f"{name} exited during start-up: {ch.tail()} (log: {log_path})")
     return ch, json.loads(line)
 
 
@@ -405,19 +412,24 @@ async def _wait_replicas(urls: list[str], deadline: float) -> None:
 
 
 async def _wait_vllm(children: list[_Child], urls: list[str], deadline: float) -> None:
-    """Until every vLLM server answers /health; a server that exits is an error at once."""
+    """Until every vLLM server answers /health; a server that exits is an error at once, one
+    that is not up by the deadline an error naming where its log stopped."""
     servers = [c for c in children if c.name.startswith("vllm-")]
     async with aiohttp.ClientSession() as session:
         for child, url in zip(servers, urls, strict=True):
 
             async def up(child: _Child = child, url: str = url) -> bool:
                 if child.proc.returncode is not None:
-                    tail = child.log_path.read_text(errors="replace").strip().splitlines()[-3:]
-                    raise StackError(f"{child.name} exited during start-up: {' | '.join(tail)} "
+                    raise StackError(f"{child.name} exited during start-up: {child.tail(3)} "
                                      f"(log: {child.log_path})")  # fmt: skip
                 return await _http_ok(session, f"{url}/health")
 
-            await _poll(up, deadline, f"vLLM server {url}")
+            try:
+                await _poll(up, deadline, f"vLLM server {url}")
+            except StackError as e:
+                if child.proc.returncode is not None:
+                    raise
+                raise StackError(f"{e}; its log ends: {child.tail(8)} (log: {child.log_path})") from None
 
 
 async def _wait_epp(target: str, deadline: float) -> None:

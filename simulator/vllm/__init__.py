@@ -314,12 +314,46 @@ async def wait_healthy(url: str, proc: asyncio.subprocess.Process, log_path: Pat
             await asyncio.sleep(0.5)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
+    """A port free on 127.0.0.1 now, for a server to bind later; never the same twice in this
+    process. Picked below the kernel's ephemeral range where there is room: a port the kernel
+    chose (``bind(0)``, or the source port of a connection) can be handed to another socket
+    between this check and the server's bind, and a vLLM server whose NIXL side-channel bind
+    fails waits for its listener forever instead of exiting."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    low = _ephemeral_low()
+    tries = 200 if low > 11_000 else 0
+    for _ in range(tries):
+        port = random.randrange(10_000, low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    while True:  # no room below the range: the kernel's choice
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux's default 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def available() -> str:
