@@ -35,7 +35,9 @@ from simulator.replay.replayer import Replayer
 from simulator.replay.report import summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.bench_profiles import Point, config_of, workload_of
+from bench.bench_profiles import Point, config_of
+from bench.stats import paired_ratio
+from simulator.replay.workload import build_generator, scaled_rate
 
 PROFILES = {"default": "epp", "prefix-load": "epp:prefix-load",
             "predicted-ttft": "epp:predicted-ttft", "session-affinity": "session-affinity"}  # fmt: skip
@@ -83,9 +85,15 @@ def random_map(seed: int, k: int) -> dict[str, int]:
     return {f"g{g}": homes[g] for g in range(GROUPS)}
 
 
-def run(job: tuple[int, int, str | int]) -> tuple[int, str | int, float]:
-    kv, seed, what = job
-    point = Point("shared-prefix", 16, kv, REPLICAS)
+Job = tuple[float, int, int, int, str | int]
+"""(rate, KV blocks, prompts a group, seed, map index or policy)"""
+
+
+def run(job: Job) -> tuple[int, str | int, float]:
+    rate, kv, per_group, seed, what = job
+    point = Point("shared-prefix", rate, kv, REPLICAS)
+    params = {"seed": seed, "num_groups": GROUPS, "num_prompts_per_group": per_group}
+    workload = scaled_rate(build_generator("shared-prefix", params), rate)
     factory: Callable[[Cluster], Policy]
     if isinstance(what, int):
         homes = random_map(seed, what)
@@ -96,7 +104,7 @@ def run(job: tuple[int, int, str | int]) -> tuple[int, str | int, float]:
     else:
         factory = lambda c, rule=what: Placement(c, rule)  # noqa: E731
         name = what
-    result = Replayer(config_of(point, seed)).run(workload_of(point, False, seed), factory, name)
+    result = Replayer(config_of(point, seed)).run(workload, factory, name)
     return seed, what, summarize(result).ttft_p90_s
 
 
@@ -105,16 +113,25 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=8, help="workload seeds (8)")
     ap.add_argument("--maps", type=int, default=20, help="random balanced maps per seed (20)")
     ap.add_argument("--kv", type=int, default=2048, help="KV blocks per replica (2048)")
+    ap.add_argument("--rate", type=float, default=16.0, help="requests per second (16)")
+    ap.add_argument("--prompts-per-group", default="32",
+                    help="comma-separated prompts per group, one table each (32: the sweep's)")
     args = ap.parse_args()
-    names: list[str | int] = [*range(args.maps), *PROFILES, *RULES]
-    jobs = [(args.kv, seed, what) for seed in range(args.seeds) for what in names]
+    for per_group in (int(v) for v in args.prompts_per_group.split(",")):
+        table(args.rate, args.kv, per_group, args.seeds, args.maps)
+    return 0
+
+
+def table(rate: float, kv: int, per_group: int, seeds: int, n_maps: int) -> None:
+    names: list[str | int] = [*range(n_maps), *PROFILES, *RULES]
+    jobs: list[Job] = [(rate, kv, per_group, seed, what) for seed in range(seeds) for what in names]
     p90: dict[int, dict[str | int, float]] = {}
     with ProcessPoolExecutor(max_workers=2) as pool:
         for seed, what, value in pool.map(run, jobs):
             p90.setdefault(seed, {})[what] = value
     policies = [*PROFILES, *RULES]
-    print(f"# shared-prefix 16 req/s, {args.kv} KV blocks, {REPLICAS} replicas, {GROUPS} groups: "
-          f"TTFT p90 (ms) against {args.maps} random balanced maps per seed\n")
+    print(f"# shared-prefix {rate:g} req/s, {kv} KV blocks, {REPLICAS} replicas, {GROUPS} groups of "
+          f"{per_group} prompts: TTFT p90 (ms) against {n_maps} random balanced maps per seed\n")
     print("| seed | random maps min / median / max | " + " | ".join(policies) + " |")
     print("|---:|---:|" + "---:|" * len(policies))
     shares: dict[str, list[float]] = {p: [] for p in policies}
@@ -128,10 +145,14 @@ def main() -> int:
             row += f" {1e3 * cell[p]:.0f} ({100 * share:.0f}%) |"
         print(row)
     print("\nShare of random balanced maps with a lower p90, mean over the seeds (50%: a random "
-          "balanced map's; lower is better):")
+          "balanced map's; lower is better), and the default's p90 over the policy's, paired by "
+          "seed [90% interval]:")
+    default = [p90[s]["default"] for s in sorted(p90)]
     for p in policies:
-        print(f"- {p}: {100 * statistics.mean(shares[p]):.0f}%")
-    return 0
+        ratio, lo, hi = paired_ratio(default, [p90[s][p] for s in sorted(p90)])
+        vs = "" if p == "default" else f"; default / {p} {ratio:.3f} [{lo:.3f}, {hi:.3f}]"
+        print(f"- {p}: {100 * statistics.mean(shares[p]):.0f}%{vs}")
+    print()
 
 
 if __name__ == "__main__":
