@@ -411,6 +411,10 @@ async def _wait_replicas(urls: list[str], deadline: float) -> None:
             await _poll(lambda u=url: _http_ok(session, f"{u}/health"), deadline, f"replica {url}")
 
 
+VLLM_READY_S = 600.0
+"""The least time vLLM servers get to answer /health."""
+
+
 async def _wait_vllm(children: list[_Child], urls: list[str], deadline: float) -> None:
     """Until every vLLM server answers /health; a server that exits is an error at once, one
     that is not up by the deadline an error naming where its log stopped."""
@@ -568,8 +572,10 @@ async def _ready_replicas(
 ) -> list[str]:  # fmt: skip
     """The model servers started and answering their health check; their URLs."""
     urls = await _start_replicas(options, log_dir, children, inline, precise)
-    if options.engine == "vllm":  # starting vLLM takes ~40 s a server on two cores
-        await _wait_vllm(children, urls, time.monotonic() + max(options.ready_timeout_s, 300.0))
+    if options.engine == "vllm":
+        # starting vLLM takes ~40 s a server on two cores; one CI run saw a server not answer
+        # within 300 s, so the floor is generous (a server that exits fails at once)
+        await _wait_vllm(children, urls, time.monotonic() + max(options.ready_timeout_s, VLLM_READY_S))
     else:
         await _wait_replicas(urls, time.monotonic() + options.ready_timeout_s)
     return urls
