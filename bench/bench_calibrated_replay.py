@@ -18,12 +18,14 @@ stack's time to first token? (issue 43)
    the closed loop the demo's client ran, each turn after the last answer) replayed with the
    same policy (the SGLang router as the replay's ``cache-aware``) on 2 replicas with the
    servers' KV blocks, once with the probed profile and once with the fitted one.
+   ``--fit-noise`` fits the steps' log-normal noise too (``CostModel.step_noise``).
 
 Printed per policy, as the mean over its rounds: TTFT p50 / p90 live (the client's, through
 Envoy and epp) and replayed with each profile, the ratios, the hit rates, and whether the
 policies rank alike by p90. Target: within 15%, the same ranking, hit rates within 2 points.
 
 Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
+     [--profile FILE] [--fit-noise]
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from simulator import vllm  # noqa: E402
 from simulator.calibrate import calibrate_host  # noqa: E402
 from simulator.fitlog import (  # noqa: E402
+    NOISE_GRID,
     Fit,
     StackRun,
     fit_scales,
@@ -102,13 +105,14 @@ def live(policies: list[str], rounds: int, out: Path) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def fit_profile(base: CostModel, log: Path, fit_label: str, rounds: list[int], server: dict[str, int]) -> Fit:
+def fit_profile(base: CostModel, log: Path, fit_label: str, rounds: list[int], server: dict[str, int],
+                noises: tuple[float, ...] = ()) -> Fit:  # fmt: skip
     rows = stack_rows(log)
     targets = []
     for r in rounds:
         run = StackRun(log, fit_label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(fit_label))
         targets.append((live_figures(rows, fit_label, r), run.figures))
-    return fit_scales(base, targets)
+    return fit_scales(base, targets, noises)
 
 
 def main() -> int:
@@ -117,6 +121,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every policy, live")
     ap.add_argument("--skip-live", type=Path, help="a demo --out-dir already made with the settings above")
     ap.add_argument("--profile", help="a profile probed before (epp-sim calibrate URL) instead of probing now")
+    ap.add_argument("--fit-noise", action="store_true",
+                    help=f"also fit the steps' log-normal noise (CostModel.step_noise) among {NOISE_GRID}")
     args = ap.parse_args()
     reason = vllm.setup_missing() or vllm.available()
     if reason and not (args.skip_live and args.profile):
@@ -146,10 +152,10 @@ def main() -> int:
         return 1
     fit_rounds = [r for label, r in runs if label == fit_label]
     print(f"\nfitting the probed profile to {fit_label!r}, rounds {fit_rounds}...", flush=True)
-    fit = fit_profile(probed, log, fit_label, fit_rounds, server)
+    fit = fit_profile(probed, log, fit_label, fit_rounds, server, NOISE_GRID if args.fit_noise else ())
     (work / "fitted.yaml").write_text(dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {log}", server)))
-    print(f"  prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f} of the probed costs "
-          f"({fit.replays} replays)")  # fmt: skip
+    print(f"  prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f} of the probed costs, "
+          f"step noise {fit.cost.step_noise:g} ({fit.replays} replays)")  # fmt: skip
     configs = [ROOT / "bench" / "configs"]
     hits = {(r["policy"], r["round"]): r["hit_rate"]
             for r in json.loads((demo / "demo.json").read_text()).get("by_round") or []}  # fmt: skip

@@ -15,6 +15,11 @@ squares on their logarithms: a coarse grid of ``a`` and ``b`` in factors of 2^0.
 finer one around the best). A run routed independently of the servers' state (random,
 round-robin) fits best: the replay routes it the same way whatever the costs.
 
+With ``noises`` (``--fit-noise``) the fit also picks the steps' log-normal spread
+(``CostModel.step_noise``) from those values, ``a`` and ``b`` fitted anew for each: a loaded
+server's steps vary, which lowers the median TTFT and lengthens the tail that deterministic
+steps give.
+
 The fitted profile then predicts other runs: other policies, other rounds
 (bench/bench_calibrated_replay.py checks it against the live stack).
 """
@@ -37,6 +42,8 @@ from simulator.model.cost import CostModel
 PREFILL_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_cached_token_s")
 DECODE_FIELDS = ("decode_base_s", "decode_per_seq_s")
 COARSE = [2 ** (k / 2) for k in range(-4, 9)]  # 0.25x .. 16x
+NOISE_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""The step-noise values ``--fit-noise`` tries."""
 FINE = [2 ** (k / 8) for k in range(-3, 4)]  # around the coarse best, 2^(1/8) apart
 
 
@@ -128,28 +135,36 @@ class Fit:
     replays: int
 
 
-def fit_scales(base: CostModel, targets: Sequence[tuple[RunFigures, Replay]]) -> Fit:
-    """The prefill and decode scales of ``base`` whose replays best match the runs: each
-    target is a run's live figures and how to replay it (``replay(cost)``); the loss sums
-    over them. A coarse grid, then a fine one around its best (module docstring)."""
+def fit_scales(base: CostModel, targets: Sequence[tuple[RunFigures, Replay]],
+               noises: Sequence[float] = ()) -> Fit:  # fmt: skip
+    """The prefill and decode scales of ``base`` (and with ``noises``, the step noise among
+    them) whose replays best match the runs: each target is a run's live figures and how to
+    replay it (``replay(cost)``); the loss sums over them. A coarse grid, then a fine one
+    around its best (module docstring)."""
     if not targets:
         raise ValueError("no run to fit")
-    cache: dict[tuple[float, float], tuple[float, list[RunFigures]]] = {}
+    cache: dict[tuple[float, float, float], tuple[float, list[RunFigures]]] = {}
 
-    def key(a: float, b: float) -> tuple[float, float]:
-        return round(a, 9), round(b, 9)
-
-    def loss(a: float, b: float) -> float:
-        if key(a, b) not in cache:
-            cost = scaled(base, a, b)
+    def loss(a: float, b: float, sigma: float) -> float:
+        key = round(a, 9), round(b, 9), sigma
+        if key not in cache:
+            cost = dataclasses.replace(scaled(base, a, b), step_noise=sigma)
             got = [replay(cost) for _, replay in targets]
             total = sum(e * e for (live, _), g in zip(targets, got, strict=True) for e in live.errors(g))
-            cache[key(a, b)] = (total, got)
-        return cache[key(a, b)][0]
+            cache[key] = (total, got)
+        return cache[key][0]
 
-    a0, b0 = min(((a, b) for a in COARSE for b in COARSE), key=lambda ab: loss(*ab))
-    a, b = min(((a0 * fa, b0 * fb) for fa in FINE for fb in FINE), key=lambda ab: loss(*ab))
-    return Fit(scaled(base, a, b), a, b, [live for live, _ in targets], cache[key(a, b)][1], len(cache))
+    best: tuple[float, float, float] | None = None
+    for sigma in noises or (base.step_noise,):
+        a0, b0 = min(((a, b) for a in COARSE for b in COARSE), key=lambda ab: loss(ab[0], ab[1], sigma))
+        a, b = min(((a0 * fa, b0 * fb) for fa in FINE for fb in FINE), key=lambda ab: loss(ab[0], ab[1], sigma))
+        if best is None or loss(a, b, sigma) < loss(*best):
+            best = (a, b, sigma)
+    assert best is not None
+    a, b, sigma = best
+    got = cache[round(a, 9), round(b, 9), sigma][1]
+    cost = dataclasses.replace(scaled(base, a, b), step_noise=sigma)
+    return Fit(cost, a, b, [live for live, _ in targets], got, len(cache))
 
 
 @dataclass(slots=True)

@@ -28,6 +28,13 @@ enough for routing studies.
   replicas advance event by event, a decode run re-timed when another replica starts or
   stops); ``epp-sim calibrate`` reads it off servers probed alone and together.
 
+* **step noise**: a real server's steps vary around their cost (other processes, the
+  interpreter, the allocator). With ``step_noise`` = s > 0 each step takes its cost times a
+  log-normal factor of mean 1 whose logarithm has standard deviation s, so its median is
+  ``exp(-s^2 / 2)`` of the cost and its tail longer; a run of ``k`` identical decode steps
+  draws one factor of spread ``s / sqrt(k)`` (the spread of their mean). ``0`` (the default): every step takes exactly
+  its cost. The engine draws from its own seeded generator, so a replay stays repeatable.
+
 ``speedup`` divides every duration, so a test can run a
 "GPU" 100x faster than real time with the same relative timings.
 """
@@ -51,6 +58,7 @@ class CostModel:
     kv_transfer_base_s: float = 0.002
     kv_transfer_per_token_s: float = 0.000005
     shared_host_slowdown: float = 0.0
+    step_noise: float = 0.0
     speedup: float = 1.0
 
     def __post_init__(self) -> None:
@@ -63,6 +71,7 @@ class CostModel:
             "kv_transfer_base_s",
             "kv_transfer_per_token_s",
             "shared_host_slowdown",
+            "step_noise",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"cost model field {name!r} must be >= 0")
@@ -88,7 +97,7 @@ class CostModel:
 
 COST_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_cached_token_s", "decode_base_s",
                "decode_per_seq_s", "kv_transfer_base_s", "kv_transfer_per_token_s",
-               "shared_host_slowdown")  # fmt: skip
+               "shared_host_slowdown", "step_noise")  # fmt: skip
 
 
 @dataclass(slots=True, frozen=True)

@@ -23,7 +23,8 @@ Scheduling, simplified from vLLM:
   in its prefill cost and as vLLM's external prefix-cache hits. The transfer itself happens
   before the request reaches the engine (its caller delays it, ``CostModel.kv_transfer_s``).
 * ``slowdown`` multiplies the steps' costs (the replay sets it for replicas sharing a host,
-  ``CostModel.shared_host_slowdown``).
+  ``CostModel.shared_host_slowdown``), and ``CostModel.step_noise`` a segment's cost by a
+  log-normal factor drawn from the engine's own generator (``seed``).
 
 Time advances in *segments* rather than single steps: while the batch does not change,
 ``k`` identical decode steps are one segment ending when the next request finishes
@@ -50,6 +51,7 @@ from __future__ import annotations
 import copy
 import heapq
 import math
+import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -161,10 +163,13 @@ class Engine:
         cache: PrefixCache,
         cost: CostModel | None = None,
         config: EngineConfig | None = None,
+        seed: int = 0,
     ) -> None:
         self.cache = cache
         self.cost = cost or CostModel()
         self.config = config or EngineConfig()
+        self._noise = random.Random(seed)
+        """Draws the steps' noise factors (``CostModel.step_noise``)."""
         self._waiting: deque[_Seq] = deque()
         self._waiting_ids: set[str] = set()
         self._running: dict[str, _Seq] = {}
@@ -266,6 +271,7 @@ class Engine:
     def clone(self) -> Engine:
         """An independent copy of the engine and its cache (no event sink)."""
         e = Engine(self.cache.clone(), self.cost, self.config)
+        e._noise.setstate(self._noise.getstate())
         seqs = {id(s): copy.copy(s) for s in (*self._waiting, *self._running.values())}
         e._waiting = deque(seqs[id(s)] for s in self._waiting)
         e._waiting_ids = set(self._waiting_ids)
@@ -380,6 +386,7 @@ class Engine:
             )
             self._seg_step_s = self.slowdown * cost.decode_step_s(n)
             self._seg_steps = 1
+            self._jitter(1)
         elif n:
             heap = self._finish_heap
             while heap:
@@ -391,6 +398,7 @@ class Engine:
             self._seg_prefill_s = 0.0
             self._seg_step_s = self.slowdown * self.cost.decode_step_s(n)
             self._seg_steps = max(1, heap[0][0] - self._steps)
+            self._jitter(self._seg_steps)
         else:
             self._seg_end = None
             return
@@ -431,8 +439,18 @@ class Engine:
         self._seg_prefill_s = self.slowdown * prefill
         self._seg_step_s = self.slowdown * cost.decode_step_s(len(running))
         self._seg_steps = 1
+        self._jitter(1)
         self._seg_end = t + self._seg_prefill_s + self._seg_step_s
         return True
+
+    def _jitter(self, steps: int) -> None:
+        """The segment's cost times a log-normal factor of mean 1 (``CostModel.step_noise``;
+        ``steps`` identical steps: the spread of their mean)."""
+        sigma = self.cost.step_noise / math.sqrt(steps)
+        if sigma > 0:
+            f = math.exp(self._noise.gauss(0.0, sigma) - sigma * sigma / 2)
+            self._seg_prefill_s *= f
+            self._seg_step_s *= f
 
     def _idle_boundary(self, now: float) -> None:
         """An idle engine got work: schedule an empty segment ending at ``now``, whose end

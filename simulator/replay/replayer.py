@@ -286,8 +286,8 @@ class _Run:
                                   max_loras=cfg.max_loras, chunked_prefill=cfg.chunked_prefill)  # fmt: skip
         self.max_loras = engine_cfg.max_loras
         self.engines = [
-            Engine(PrefixCache(cfg.kv_blocks, cfg.block_size_tokens), cfg.cost, engine_cfg)
-            for _ in range(n)
+            Engine(PrefixCache(cfg.kv_blocks, cfg.block_size_tokens), cfg.cost, engine_cfg, seed=cfg.seed * 1_000 + i)
+            for i in range(n)
         ]
         self.shared = cfg.cost.shared_host_slowdown if n > 1 else 0.0
         """The shared host's slowdown (0: independent replicas)."""

@@ -4,6 +4,7 @@ fitted back to those scales."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import yaml
 
 from simulator.cli import main as sim_main
 from simulator.fitlog import (
+    NOISE_GRID,
     StackRun,
     fit_scales,
     live_figures,
@@ -43,15 +45,17 @@ def skeleton(tmp_path: Path) -> Path:
     return path
 
 
-def live_run(tmp_path: Path) -> Path:
-    """The skeleton replayed with the base costs scaled by the true factors, written back as
-    the stack's request log: what a loaded server would have logged."""
+def live_run(tmp_path: Path, noise: float = 0.0) -> Path:
+    """The skeleton replayed with the base costs scaled by the true factors (and ``noise`` as
+    the steps' noise), written back as the stack's request log: what a loaded server would
+    have logged."""
     shape = skeleton(tmp_path)
     log = tmp_path / "as-log.jsonl"
     converted = list(convert("stack", shape))
     log.write_text("".join(json.dumps(r) + "\n" for r in converted))
     name, factory = policy_factory("round-robin")
-    cfg = ReplayConfig(replicas=2, kv_blocks=512, block_size_tokens=32, cost=scaled(BASE, TRUE_PREFILL, TRUE_DECODE))
+    cost = dataclasses.replace(scaled(BASE, TRUE_PREFILL, TRUE_DECODE), step_noise=noise)
+    cfg = ReplayConfig(replicas=2, kv_blocks=512, block_size_tokens=32, cost=cost, seed=7)
     result = Replayer(cfg).run(RequestLog.load(log), factory, name)
     by_order = sorted(converted, key=lambda r: r["timestamp"])
     rows = []
@@ -75,6 +79,19 @@ def test_a_run_replayed_at_known_scales_is_fitted_back_to_them(tmp_path: Path) -
     assert fit.prefill_scale == pytest.approx(TRUE_PREFILL, rel=0.1)
     assert fit.decode_scale == pytest.approx(TRUE_DECODE, rel=0.1)
     assert all(abs(e) < 0.05 for e in live.errors(fit.replayed[0]))
+
+
+def test_step_noise_is_fitted_where_the_run_had_some_and_not_where_it_had_none(tmp_path: Path) -> None:
+    """--fit-noise: the steps of a run made with noisy steps are fitted noisy, those of a run
+    with exact steps exactly (the replays use another seed than the run)."""
+    for noise, folder in ((0.0, "exact"), (0.75, "noisy")):
+        (tmp_path / folder).mkdir()
+        path = live_run(tmp_path / folder, noise)
+        run = StackRun(path, "round-robin", 0, 2, 512, 32, "round-robin")
+        live = live_figures(stack_rows(path), "round-robin", 0)
+        fit = fit_scales(BASE, [(live, run.figures)], NOISE_GRID)
+        assert (fit.cost.step_noise > 0) == (noise > 0), (noise, fit.cost.step_noise)
+        assert fit.replays > len(NOISE_GRID) * 13 * 13
 
 
 def test_the_command_writes_the_fitted_profile_and_names_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

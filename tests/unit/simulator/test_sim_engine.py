@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -69,6 +72,37 @@ def test_a_slowdown_stretches_the_steps_after_the_next_boundary() -> None:
     engine.reprice(ttft + 2.5 * step)
     _, done, _ = drain(engine)
     assert done["a"] == pytest.approx(ttft + 3 * step + 37 * COST.decode_step_s(1))
+
+
+def lone_ttfts(noise: float, seed: int, n: int = 400) -> list[float]:
+    """TTFTs of ``n`` requests sent one at a time (each alone on the engine)."""
+    engine = Engine(PrefixCache(num_blocks=1000, block_size_tokens=16),
+                    CostModel(step_noise=noise), EngineConfig(), seed=seed)  # fmt: skip
+    ttfts = []
+    for i in range(n):
+        t0 = 100.0 * i
+        engine.submit(req(f"r{i}", tokens=1024, out=1, family=i), now=t0)
+        first, _, _ = drain(engine)
+        ttfts.append(first[f"r{i}"] - t0)
+    return ttfts
+
+
+def test_step_noise_spreads_the_steps_around_their_cost_repeatably() -> None:
+    cost = CostModel()
+    exact = cost.prefill_s(1024) + cost.decode_step_s(1)
+    assert lone_ttfts(0.0, seed=1, n=5) == pytest.approx([exact] * 5)
+    noisy = lone_ttfts(0.5, seed=1)
+    assert noisy == lone_ttfts(0.5, seed=1)  # the engine's own seeded generator
+    assert noisy != lone_ttfts(0.5, seed=2)
+    # log-normal of mean 1, sigma 0.5: the mean stays the cost, the median is exp(-1/8) of it
+    assert statistics.fmean(noisy) == pytest.approx(exact, rel=0.08)
+    assert statistics.median(noisy) == pytest.approx(exact * math.exp(-0.125), rel=0.08)
+    assert statistics.stdev(math.log(t) for t in noisy) == pytest.approx(0.5, rel=0.12)
+
+
+def test_negative_step_noise_is_refused() -> None:
+    with pytest.raises(ValueError, match="step_noise' must be >= 0"):
+        CostModel(step_noise=-0.1)
 
 
 def chunked_engine(budget: int) -> Engine:
