@@ -80,15 +80,18 @@ class Point:
     kv_blocks: int
     replicas: int
     routers: int = 1
+    per_group: int = 0
+    """Shared-prefix only: prompts a group (0: the generator's 32)."""
 
     @property
     def label(self) -> str:
         unit = "x" if self.workload == "mooncake" else "/s"
         extra = f", {self.routers} routers" if self.routers > 1 else ""
+        extra += f", {self.per_group} a group" if self.per_group else ""
         return f"{self.workload} {self.load:g}{unit} {self.kv_blocks} KV{extra}"
 
 
-def grid(names: list[str], quick: bool) -> list[Point]:
+def grid(names: list[str], quick: bool, per_group: int = 0) -> list[Point]:
     if quick:
         full = [Point("chat", 8, 1024, 4), Point("rag", 8, 4096, 4),
                 Point("shared-prefix", 16, 1024, 4), Point("shared-prefix", 8, 2048, 4, routers=4),
@@ -103,8 +106,9 @@ def grid(names: list[str], quick: bool) -> list[Point]:
     points = []
     for name in names:
         loads, kvs, replicas, (r_load, r_kv) = spec[name]
-        points += [Point(name, load, kv, replicas) for load in loads for kv in kvs]
-        points.append(Point(name, r_load, r_kv, replicas, routers=4))
+        group = per_group if name == "shared-prefix" else 0
+        points += [Point(name, load, kv, replicas, per_group=group) for load in loads for kv in kvs]
+        points.append(Point(name, r_load, r_kv, replicas, routers=4, per_group=group))
     return points
 
 
@@ -117,6 +121,8 @@ def workload_of(point: Point, quick: bool, seed: int = 0) -> Workload:
     if quick:
         params |= {"chat": {"num_sessions": 32}, "rag": {"num_requests": 192},
                    "shared-prefix": {"num_prompts_per_group": 12}}[point.workload]  # fmt: skip
+    if point.per_group:
+        params["num_prompts_per_group"] = point.per_group
     return scaled_rate(build_generator(point.workload, params), point.load)
 
 
@@ -288,6 +294,9 @@ def main() -> int:
                     help="comma-separated shipped profiles to run (default: all of them; the "
                     "default and the two it replaced always run)")
     ap.add_argument("--result-name", default="", help="write docs/results/NAME.md and .json")
+    ap.add_argument("--prompts-per-group", type=int, default=0,
+                    help="shared-prefix points with this many prompts a group (the generator's 32: "
+                    "each group's fixed quota skews placement, docs/results/group_placement.md)")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = set(names) - {"mooncake", "chat", "rag", "shared-prefix"}
@@ -313,7 +322,9 @@ def main() -> int:
         policies.update(BASELINES)
     if args.ttft_oracle:
         policies["ttft-oracle"] = "ttft-oracle"
-    points = grid(names, args.quick)
+    if args.prompts_per_group < 0:
+        ap.error("--prompts-per-group must be >= 0 (0: the generator's 32)")
+    points = grid(names, args.quick, args.prompts_per_group)
     table, bounds, per_seed = measure(points, policies, seeds, args.quick)
     md, data = render(points, table, bounds, policies, per_seed)
     print(md)
