@@ -143,7 +143,9 @@ class Datastore:
     def routable(self) -> tuple[Endpoint, ...]:
         """The endpoints a request may go to: those with fresh metrics, or all of them when
         none has (a replica whose ``/metrics`` stopped answering has most likely stopped
-        serving too; with every scrape failing, the pool is still tried rather than refused)."""
+        serving too; with every scrape failing, the pool is still tried rather than refused).
+        The director also tries the stale ones when the filters leave none of these (one
+        role's only endpoint stale, say)."""
         snap = self.snapshot()
         routable = self._routable
         if routable is None:

@@ -176,9 +176,11 @@ class Director:
     ) -> Routing:
         now_s = self._clock()
         endpoints: Sequence[Endpoint] = self._datastore.routable()
+        pool: Sequence[Endpoint] = self._datastore.snapshot()
         if subset is not None:
             allowed = set(subset)
             endpoints = [e for e in endpoints if e.id in allowed]
+            pool = [e for e in pool if e.id in allowed]
             if not endpoints:
                 raise Unavailable(
                     "no endpoint in the proxy's subset hint"
@@ -193,10 +195,23 @@ class Director:
                 "saturated"
             )
         t0 = time.perf_counter()
-        result = self._scheduler.schedule(
-            request, endpoints, now_s, fallbacks=self._fallbacks, commit=False,
-            in_flight=self._in_flight,
-        )  # fmt: skip
+        try:
+            result = self._scheduler.schedule(
+                request, endpoints, now_s, fallbacks=self._fallbacks, commit=False,
+                in_flight=self._in_flight,
+            )  # fmt: skip
+        except Unavailable:
+            if len(pool) == len(endpoints):
+                raise
+            # The filters left none of the endpoints with fresh metrics, and some were left
+            # out as stale: a slow /metrics is not a dead server (a decoder busy with a
+            # prefill it pulled, the only one of its role). Try them rather than refuse.
+            log.debug("request %s: no fresh endpoint passed the filters; trying the stale ones too",
+                      request.request_id)  # fmt: skip
+            result = self._scheduler.schedule(
+                request, pool, now_s, fallbacks=self._fallbacks, commit=False,
+                in_flight=self._in_flight,
+            )  # fmt: skip
         scheduling_s = time.perf_counter() - t0
         targets = result.targets
         destination = targets[0].id if len(targets) == 1 else ",".join(e.id for e in targets)

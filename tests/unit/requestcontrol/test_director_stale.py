@@ -1,0 +1,58 @@
+"""The director and endpoints whose metrics went stale: preferred out, tried rather than a 503
+when the filters leave nothing else (a P/D pool whose only decoder answers /metrics late)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from epp.config.loader import load_config
+from epp.datastore.store import Datastore
+from epp.errors import Unavailable
+from epp.framework.endpoint import ROLE_LABEL, Endpoint, EndpointId, Metrics
+from epp.framework.request import InferenceRequest
+from epp.observability.metrics import EppMetrics
+from epp.requestcontrol.director import Director
+from epp.wiring import build_scheduler
+
+PREFILL, DECODE = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000")
+
+
+def pd_director(roles: dict[EndpointId, str], fresh: set[EndpointId]) -> Director:
+    """The shipped ``pd`` profile over ``roles``; every endpoint scraped at 1 s, those in
+    ``fresh`` again at 4 s, and staleness (2 s) judged at 4 s."""
+    cfg = load_config("pd")
+    store = Datastore(stale_after_s=2.0)
+    for eid, role in roles.items():
+        host, _, port = eid.rpartition(":")
+        store.upsert(Endpoint(eid, host, int(port), labels={ROLE_LABEL: role}))
+        store.update_metrics(eid, Metrics(scraped_at_s=1.0))
+    for eid in fresh:
+        store.update_metrics(eid, Metrics(scraped_at_s=4.0))
+    store.mark_stale(4.0)
+    return Director(store, build_scheduler(cfg, random.Random(0)), cfg.saturation,
+                    EppMetrics(CollectorRegistry()), clock=lambda: 4.0)  # fmt: skip
+
+
+def ask(director: Director) -> str:
+    return director.route(InferenceRequest("r1", "m", "hello " * 50), None).destination
+
+
+def test_the_only_decoder_gone_stale_is_still_routed_to() -> None:
+    roles = {PREFILL: "prefill", DECODE: "decode"}
+    assert ask(pd_director(roles, fresh={PREFILL, DECODE})) == DECODE
+    # the decoder's scrapes time out while it works; the prefiller's are fresh
+    assert ask(pd_director(roles, fresh={PREFILL})) == DECODE
+
+
+def test_a_stale_endpoint_is_left_out_while_a_fresh_one_passes_the_filters() -> None:
+    other = EndpointId("10.0.0.3:8000")
+    roles = {PREFILL: "prefill", DECODE: "decode", other: "decode"}
+    assert ask(pd_director(roles, fresh={PREFILL, other})) == other
+
+
+def test_no_endpoint_of_the_role_at_all_is_still_a_503() -> None:
+    with pytest.raises(Unavailable):
+        ask(pd_director({PREFILL: "prefill"}, fresh={PREFILL}))
