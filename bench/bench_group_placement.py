@@ -35,14 +35,13 @@ from simulator.replay.replayer import Replayer
 from simulator.replay.report import summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.bench_profiles import Point, config_of
+from bench.bench_profiles import Point, config_of, workload_of
 from bench.stats import paired_ratio
-from simulator.replay.workload import build_generator, scaled_rate
 
 PROFILES = {"default": "epp", "prefix-load": "epp:prefix-load",
             "predicted-ttft": "epp:predicted-ttft", "session-affinity": "session-affinity"}  # fmt: skip
 RULES = ("least-in-flight", "fewest-homes", "round-robin")
-GROUPS = 16
+GROUPS = 16  # the shared-prefix generator's num_groups
 REPLICAS = 4
 
 
@@ -64,13 +63,13 @@ class Placement(Policy):
         if home is not None:
             return home
         n = len(self.in_flight)
-        count = [0] * n
-        for r in self.homes.values():
-            count[r] += 1
         if self.rule == "round-robin":
             home = self.turn % n
             self.turn += 1
         elif self.rule == "fewest-homes":
+            count = [0] * n
+            for r in self.homes.values():
+                count[r] += 1
             home = min(range(n), key=lambda r: (count[r], self.in_flight[r], self.rng.random()))
         else:  # least-in-flight
             home = min(range(n), key=lambda r: (self.in_flight[r], self.rng.random()))
@@ -91,9 +90,8 @@ Job = tuple[float, int, int, int, str | int]
 
 def run(job: Job) -> tuple[int, str | int, float]:
     rate, kv, per_group, seed, what = job
-    point = Point("shared-prefix", rate, kv, REPLICAS)
-    params = {"seed": seed, "num_groups": GROUPS, "num_prompts_per_group": per_group}
-    workload = scaled_rate(build_generator("shared-prefix", params), rate)
+    point = Point("shared-prefix", rate, kv, REPLICAS, per_group=per_group)
+    workload = workload_of(point, False, seed)
     factory: Callable[[Cluster], Policy]
     if isinstance(what, int):
         homes = random_map(seed, what)

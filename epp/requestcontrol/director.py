@@ -176,11 +176,9 @@ class Director:
     ) -> Routing:
         now_s = self._clock()
         endpoints: Sequence[Endpoint] = self._datastore.routable()
-        pool: Sequence[Endpoint] = self._datastore.snapshot()
-        if subset is not None:
-            allowed = set(subset)
+        allowed = None if subset is None else set(subset)
+        if allowed is not None:
             endpoints = [e for e in endpoints if e.id in allowed]
-            pool = [e for e in pool if e.id in allowed]
             if not endpoints:
                 raise Unavailable(
                     "no endpoint in the proxy's subset hint"
@@ -201,11 +199,12 @@ class Director:
                 in_flight=self._in_flight,
             )  # fmt: skip
         except Unavailable:
+            # The filters left none of the endpoints with fresh metrics: if some were left out
+            # as stale, try them rather than refuse. A slow /metrics is not a dead server (a
+            # decoder busy with a prefill it pulled, the only one of its role).
+            pool = [e for e in self._datastore.snapshot() if allowed is None or e.id in allowed]
             if len(pool) == len(endpoints):
                 raise
-            # The filters left none of the endpoints with fresh metrics, and some were left
-            # out as stale: a slow /metrics is not a dead server (a decoder busy with a
-            # prefill it pulled, the only one of its role). Try them rather than refuse.
             log.debug("request %s: no fresh endpoint passed the filters; trying the stale ones too",
                       request.request_id)  # fmt: skip
             result = self._scheduler.schedule(

@@ -32,8 +32,9 @@ enough for routing studies.
   interpreter, the allocator). With ``step_noise`` = s > 0 each step takes its cost times a
   log-normal factor of mean 1 whose logarithm has standard deviation s, so its median is
   ``exp(-s^2 / 2)`` of the cost and its tail longer; a run of ``k`` identical decode steps
-  draws one factor of spread ``s / sqrt(k)`` (the spread of their mean). ``0`` (the default): every step takes exactly
-  its cost. The engine draws from its own seeded generator, so a replay stays repeatable.
+  draws one factor of spread ``s / sqrt(k)`` (the spread of their mean). ``0`` (the
+  default): every step takes exactly its cost. The engine draws from its own seeded
+  generator, so a replay stays repeatable.
 
 ``speedup`` divides every duration, so a test can run a
 "GPU" 100x faster than real time with the same relative timings.
