@@ -22,6 +22,7 @@ from epp.plugins import (
     disagg,
     filters,
     pickers,
+    prefixhome,
     scorers,
     session,
     tokenload,
@@ -112,6 +113,11 @@ _ALL: dict[str, PluginType[Any]] = {
     "kv-cache-utilization-scorer": PluginType(
         scorers.KvCacheUtilizationScorer, scorers.KvCacheScorerParams, "scorer",
         "1 - KV-cache use",
+    ),
+    "prefix-home-scorer": PluginType(
+        prefixhome.PrefixHomeScorer, prefixhome.PrefixHomeParams, "scorer",
+        "a prefix no endpoint is known to hold goes where its hash says, so that epp replicas "
+        "agree on a new prefix's home without sync", reads=_reads_prefix,
     ),
     "session-affinity-scorer": PluginType(
         session.SessionAffinityScorer, session.SessionAffinityParams, "scorer",

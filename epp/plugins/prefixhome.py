@@ -1,0 +1,106 @@
+"""``prefix-home-scorer``: send a prefix no endpoint is known to hold to the endpoint its
+hash names, so that epp replicas that share nothing agree where a new prefix lives.
+
+Each epp replica learns the prefix index from its own picks. With several replicas and no
+index sync, the first requests of a new shared prefix (a system prompt, a document) reach
+different replicas, and each places it by the load it sees: the prefix is prefilled on as
+many endpoints as there are epp replicas, and the extra copies evict other prefixes. This
+scorer gives every replica the same answer without talking: when no endpoint holds more
+than ``minMatchChunks`` of the request's leading chunks (in this replica's index), the
+endpoints are ranked by rendezvous hashing of the chunk hash at depth ``keyChunks`` (the
+prompt's first ``keyChunks`` chunks, or all of it when shorter), and the first of them whose
+load is within bounds scores 1, the others 0. Once a replica has placed the prefix, its prefix
+match takes over and this scorer is silent.
+
+The bound is consistent hashing with bounded loads' (KubeAI's PrefixHash, the ``chwbl``
+baseline): an endpoint is passed over while its load (running + waiting + sent since the
+last scrape) plus this request would exceed ``loadFactor`` x the mean, so a few large shared
+prefixes that hash to one endpoint do not all land there. Replicas read the same scraped
+loads, so they still agree but for what each sent since the last scrape. The score only tips
+a choice the other scorers leave close: weighted below the load scorers, a busy home is
+passed over anyway. Removing or adding an endpoint moves only the prefixes homed on it
+(rendezvous hashing). Stateless but for a bounded cache of endpoint-id hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.types import CycleState
+
+_MASK = (1 << 64) - 1
+_MAX_IDS = 65_536
+"""Endpoint-id hashes kept (a pool churning through more ids recomputes them)."""
+
+
+def _mix(x: int) -> int:
+    """SplitMix64's finaliser: a well-spread 64-bit value from a 64-bit input."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+    return x ^ (x >> 31)
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixHomeParams:
+    key_chunks: int = 16
+    """Depth of the chunk whose chain hash names the home: the prefix producer's chunks (the
+    approximate index's 64 characters, ~256 tokens for 16; the precise producer's KV blocks)."""
+    min_match_chunks: int = 16
+    """The scorer speaks only while no endpoint is known to hold this many leading chunks."""
+    load_factor: float = 1.25
+    """The home is passed over, for the next endpoint in hash order, while its load (running
+    + waiting + sent since the last scrape) with this request would exceed this multiple of
+    the mean (consistent hashing with bounded loads)."""
+    __config_min__: ClassVar[dict[str, float]] = {
+        "key_chunks": 1, "min_match_chunks": 1, "load_factor": 1.0,
+    }
+
+
+class PrefixHomeScorer:
+    def __init__(self, name: str, params: PrefixHomeParams) -> None:
+        self.name = name
+        self.params = params
+        self._ids: dict[EndpointId, int] = {}
+
+    def _id_hash(self, eid: EndpointId) -> int:
+        h = self._ids.get(eid)
+        if h is None:
+            if len(self._ids) >= _MAX_IDS:
+                self._ids.clear()
+            digest = hashlib.blake2b(eid.encode(), digest_size=8).digest()
+            h = self._ids[eid] = int.from_bytes(digest, "little")
+        return h
+
+    def order(self, key: int, endpoints: Sequence[Endpoint]) -> list[int]:
+        """Indexes of ``endpoints`` in rendezvous order for ``key``, the home first."""
+        ids = self._id_hash
+        weights = [_mix((key ^ ids(e.id)) & _MASK) for e in endpoints]
+        return sorted(range(len(endpoints)), key=weights.__getitem__, reverse=True)
+
+    def home(self, key: int, endpoints: Sequence[Endpoint]) -> int:
+        """Index of the first endpoint in rendezvous order whose load is within the bound."""
+        loads = [e.metrics.running + e.queue for e in endpoints]
+        cap = math.ceil(self.params.load_factor * (sum(loads) + 1) / len(loads))
+        order = self.order(key, endpoints)
+        for i in order:
+            if loads[i] + 1 <= cap:
+                return i
+        return order[0]  # unreachable: the least-loaded endpoint is within the mean
+
+    def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
+        zeros = [0.0] * len(endpoints)
+        prefix = state.prefix
+        hashes = prefix.hashes
+        if not hashes or not endpoints:
+            return zeros
+        p = self.params
+        if prefix.matched and max(prefix.matched.values()) >= p.min_match_chunks:
+            return zeros
+        key = hashes[min(p.key_chunks, len(hashes)) - 1]
+        zeros[self.home(key, endpoints)] = 1.0
+        return zeros
