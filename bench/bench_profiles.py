@@ -24,9 +24,11 @@ better of the two profiles it replaced (``prefix-load``, ``predicted-ttft``), it
 within 0.5 point of the best policy's, and, where ``ttft-oracle`` is 10% or more below the
 default, how much of that headroom the default closes against ``prefix-load``.
 
-``--quick`` is the CI-sized version (a few small points, the shipped profiles only, four
-seeds); with ``--check`` it exits 1 when the default's TTFT p90 (what it optimises; hit
-rates are reported) is more than 5% and 5 ms above another shipped profile's at any point.
+``--quick`` is the CI-sized version (a few small points, the shipped profiles only, eight
+seeds: at four, one seed's placement of the prompt groups decided the median at shared-prefix
+16/s); with ``--check`` it exits 1 when the default's TTFT p90 (what it optimises; hit
+rates are reported) is above another shipped profile's at any point by more than seed noise:
+over 1.05x seed by seed with the 90% interval above 1, and 5 ms by the medians.
 CI runs it as tests/unit/simulator/test_default_profile.py. The full sweep also prints a
 seed-by-seed verdict (``bench.stats``) beside the medians' 1.02x.
 
@@ -151,6 +153,8 @@ def bound_of(job: tuple[Point, bool, int]) -> tuple[Point, float]:
     return point, statistics.median(p90s)
 
 
+QUICK_SEEDS = 8
+
 Table = dict[Point, dict[str, tuple[float, float]]]
 PerSeed = dict[Point, dict[str, list[float]]]
 """Per point and policy, the seeds' TTFT p90s in seed order."""
@@ -259,18 +263,23 @@ def paired_verdicts(points: list[Point], per_seed: PerSeed) -> list[str]:
             + f"; level at {level}; ahead at the rest"]  # fmt: skip
 
 
-def check(points: list[Point], table: dict[Point, dict[str, tuple[float, float]]]) -> list[str]:
-    """Where the default loses to another shipped profile by more than seed noise."""
+def check(points: list[Point], table: Table, per_seed: PerSeed) -> list[str]:
+    """Where the default loses to another shipped profile by more than seed noise: paired seed
+    by seed, its TTFT p90 over the other's is above 1.05x (geometric mean) with the 90%
+    interval above 1, and its median p90 more than 5 ms above. (Medians alone flip on one
+    seed where the placement of a few prompt groups decides the p90.)"""
     losses = []
     for pt in points:
-        cell = table[pt]
+        cell, seeds = table[pt], per_seed[pt]
         d_p90 = cell["default"][1]
         for p in PROFILES:
             if p == "default" or p not in cell:
                 continue
+            ratio, lo, hi = paired_ratio(seeds["default"], seeds[p])
             p90 = cell[p][1]
-            if d_p90 > 1.05 * p90 + 0.005:
-                losses.append(f"{pt.label}: default p90 {d_p90:.3f}s vs {p} {p90:.3f}s")
+            if ratio > 1.05 and lo > 1.0 and d_p90 > p90 + 0.005:
+                losses.append(f"{pt.label}: default p90 {d_p90:.3f}s vs {p} {p90:.3f}s, "
+                              f"{ratio:.2f}x [{lo:.2f}, {hi:.2f}] seed by seed")  # fmt: skip
     return losses
 
 
@@ -279,10 +288,10 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
     ap.add_argument("--quick", action="store_true",
-                    help="the CI-sized sweep: five small points, the shipped profiles, 4 seeds")
+                    help="the CI-sized sweep: five small points, the shipped profiles, 8 seeds")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when the default loses to another shipped profile beyond noise")
-    ap.add_argument("--seeds", type=int, default=None, help="seeds per point (3; quick: 4)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per point (3; quick: 8)")
     ap.add_argument("--workloads", default="mooncake,chat,rag,shared-prefix",
                     help="comma-separated: mooncake, chat, rag, shared-prefix")
     ap.add_argument("--ttft-oracle", action="store_true", help="add the ttft-oracle policy")
@@ -305,7 +314,7 @@ def main() -> int:
     if "mooncake" in names and not (ROOT / DEFAULT_TRACE).exists():
         print(f"(trace {ROOT / DEFAULT_TRACE} not found: no Mooncake points)")
         names.remove("mooncake")
-    seeds = args.seeds or (4 if args.quick else 3)
+    seeds = args.seeds or (QUICK_SEEDS if args.quick else 3)
     policies = dict(PROFILES)
     if args.profiles:
         keep = {p.strip() for p in args.profiles.split(",") if p.strip()}
@@ -336,7 +345,7 @@ def main() -> int:
                             {**data, "seeds": seeds, "quick": args.quick})  # fmt: skip
         print(f"wrote {path.relative_to(ROOT)}")
     if args.check:
-        losses = check(points, table)
+        losses = check(points, table, per_seed)
         for loss in losses:
             print("LOSS", loss)
         if losses:

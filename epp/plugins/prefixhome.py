@@ -4,21 +4,22 @@ hash names, so that epp replicas that share nothing agree where a new prefix liv
 Each epp replica learns the prefix index from its own picks. With several replicas and no
 index sync, the first requests of a new shared prefix (a system prompt, a document) reach
 different replicas, and each places it by the load it sees: the prefix is prefilled on as
-many endpoints as there are epp replicas, and the extra copies evict other prefixes. This
-scorer gives every replica the same answer without talking: when no endpoint holds more
-than ``minMatchChunks`` of the request's leading chunks (in this replica's index), the
-endpoints are ranked by rendezvous hashing of the chunk hash at depth ``keyChunks`` (the
-prompt's first ``keyChunks`` chunks, or all of it when shorter), and the first of them whose
-load is within bounds scores 1, the others 0. Once a replica has placed the prefix, its prefix
-match takes over and this scorer is silent.
+many endpoints as there are epp replicas, and the extra copies evict other prefixes behind
+each replica's back. This scorer gives every replica the same answer without talking: when
+no endpoint is known to hold ``minMatchChunks`` of the request's leading chunks (in this
+replica's index), the endpoints are ranked by rendezvous hashing of the chain hash at depth
+``keyChunks`` (the prompt's first ``keyChunks`` chunks, or all of it when shorter), and the
+first of them whose load is within bounds scores 1, the others 0. Once a replica has placed
+the prefix, its prefix match takes over and this scorer is silent.
 
 The bound is consistent hashing with bounded loads' (KubeAI's PrefixHash, the ``chwbl``
 baseline): an endpoint is passed over while its load (running + waiting + sent since the
-last scrape) plus this request would exceed ``loadFactor`` x the mean, so a few large shared
-prefixes that hash to one endpoint do not all land there. Replicas read the same scraped
-loads, so they still agree but for what each sent since the last scrape. The score only tips
-a choice the other scorers leave close: weighted below the load scorers, a busy home is
-passed over anyway. Removing or adding an endpoint moves only the prefixes homed on it
+last scrape) plus this request would exceed ``loadFactor`` x the mean, so a shared prefix does
+not land on an endpoint that is already well above the others. Replicas read the same scraped
+loads, so they agree but for what each sent since the last scrape. The bound is loose on
+purpose: a tight one (the least-loaded endpoints only) leaves the replicas' own unscraped
+sends to decide, and they disagree again. Weighted low, the score only tips a choice the other
+scorers leave close. Removing or adding an endpoint moves only the prefixes homed on it
 (rendezvous hashing). Stateless but for a bounded cache of endpoint-id hashes.
 """
 

@@ -32,10 +32,10 @@ def test_shipped_configs_load() -> None:
     d = default_config()
     assert d.profile.scorers == (
         ("predicted-ttft-scorer", 8.0), ("prefix-cache-scorer", 3.0), ("queue-scorer", 2.0),
-        ("kv-cache-utilization-scorer", 2.0),
+        ("kv-cache-utilization-scorer", 2.0), ("prefix-home-scorer", 0.25),
     )
-    assert shipped_config("predicted-blend").profile.scorers == d.profile.scorers
-    assert shipped_config("prefix-load").profile.scorers == d.profile.scorers[1:]
+    assert shipped_config("predicted-blend").profile.scorers == d.profile.scorers[:4]
+    assert shipped_config("prefix-load").profile.scorers == d.profile.scorers[1:4]
     assert d.profile.picker == "max-score-picker"
     fc = shipped_config("filter-chain")
     assert fc.profile.filters == ("lora-affinity-filter", "load-threshold-filter", "longest-prefix-filter")

@@ -110,3 +110,20 @@ def test_removing_an_endpoint_moves_only_the_prefixes_homed_on_it() -> None:
     # and the keys spread evenly: each endpoint homes 1/8 of them, give or take
     counts = Counter(before)
     assert min(counts.values()) > 2000 / 8 * 0.75
+
+
+def test_a_home_well_above_the_mean_load_is_passed_over() -> None:
+    scorer = PrefixHomeScorer("h", PrefixHomeParams(key_chunks=1, min_match_chunks=1))
+    idle = [ep(n) for n in range(1, 5)]
+    state = CycleState(InferenceRequest("r", "m", "p"), 1.0, random.Random(0))
+    for key in range(40):
+        state.prefix = PrefixMatch([key], {})
+        order = scorer.order(key, idle)
+        # the hash's first choice is far above the mean (8 of 8 waiting): the next in hash
+        # order gets the request
+        busy = [ep(n, waiting=8 if i == order[0] else 0) for i, n in enumerate(range(1, 5))]
+        scores = list(scorer.score(state, busy))
+        assert scores.index(1.0) == order[1] and sum(scores) == 1.0
+        # within 1.25x the mean (9 against a mean of 8.25) the hash still decides
+        close = [ep(n, waiting=9 if i == order[0] else 8) for i, n in enumerate(range(1, 5))]
+        assert list(scorer.score(state, close)).index(1.0) == order[0]
