@@ -87,11 +87,15 @@ class PrefixHomeScorer:
         """Index of the first endpoint in rendezvous order whose load is within the bound."""
         loads = [e.metrics.running + e.queue for e in endpoints]
         cap = math.ceil(self.params.load_factor * (sum(loads) + 1) / len(loads))
-        order = self.order(key, endpoints)
-        for i in order:
+        ids = self._id_hash
+        weights = [_mix((key ^ ids(e.id)) & _MASK) for e in endpoints]
+        first = max(range(len(endpoints)), key=weights.__getitem__)
+        if loads[first] + 1 <= cap:  # the common case: no sort
+            return first
+        for i in sorted(range(len(endpoints)), key=weights.__getitem__, reverse=True):
             if loads[i] + 1 <= cap:
                 return i
-        return order[0]  # unreachable: the least-loaded endpoint is within the mean
+        return first  # unreachable: the least-loaded endpoint is within the bound
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         zeros = [0.0] * len(endpoints)
