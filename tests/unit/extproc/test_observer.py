@@ -138,7 +138,7 @@ def test_only_token_shaped_values_of_other_processes_are_forwarded() -> None:
     other = make()[0].offer(routing("x"))
     assert handoff.forwards(other)
     assert not handoff.forwards(handoff.offer(routing("y")))  # its own
-    for garbage in ("mine", "", "x" * 300, other + "-1", other.upper()):
+    for garbage in ("mine", "", "x" * 300, other + "-1", "G" + other[1:], "ABCDEF012345-1"):
         assert not handoff.forwards(garbage)
     handoff.publish = None
     assert not handoff.forwards(other)  # no sync: nothing to forward to
