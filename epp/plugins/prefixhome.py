@@ -77,18 +77,20 @@ class PrefixHomeScorer:
             h = self._ids[eid] = int.from_bytes(digest, "little")
         return h
 
+    def _weights(self, key: int, endpoints: Sequence[Endpoint]) -> list[int]:
+        ids = self._id_hash
+        return [_mix((key ^ ids(e.id)) & _MASK) for e in endpoints]
+
     def order(self, key: int, endpoints: Sequence[Endpoint]) -> list[int]:
         """Indexes of ``endpoints`` in rendezvous order for ``key``, the home first."""
-        ids = self._id_hash
-        weights = [_mix((key ^ ids(e.id)) & _MASK) for e in endpoints]
+        weights = self._weights(key, endpoints)
         return sorted(range(len(endpoints)), key=weights.__getitem__, reverse=True)
 
     def home(self, key: int, endpoints: Sequence[Endpoint]) -> int:
         """Index of the first endpoint in rendezvous order whose load is within the bound."""
         loads = [e.metrics.running + e.queue for e in endpoints]
         cap = math.ceil(self.params.load_factor * (sum(loads) + 1) / len(loads))
-        ids = self._id_hash
-        weights = [_mix((key ^ ids(e.id)) & _MASK) for e in endpoints]
+        weights = self._weights(key, endpoints)
         first = max(range(len(endpoints)), key=weights.__getitem__)
         if loads[first] + 1 <= cap:  # the common case: no sort
             return first
