@@ -20,9 +20,13 @@ stack's time to first token? (issue 43)
    servers' KV blocks, once with the probed profile and once with the fitted one.
    ``--fit-noise`` fits the steps' log-normal noise too (``CostModel.step_noise``).
 
-Printed per policy, as the mean over its rounds: TTFT p50 / p90 live (the client's, through
-Envoy and epp) and replayed with each profile, the ratios, the hit rates, and whether the
-policies rank alike by p90. Target: within 15%, the same ranking, hit rates within 2 points.
+Printed per policy, as the mean over its rounds: TTFT p50 / p90 live and replayed with each
+profile, the ratios, the hit rates, and whether the policies rank alike by p90. Target: within
+15%, the same ranking, hit rates within 2 points. "Live" is measured twice, each with a fit of
+its own: the client's TTFT (through Envoy and epp both ways), and the servers' as real Envoy
+saw them (its access log: the request's first byte to the server's first response body
+bytes), which is what the replay models. What the response's way back adds (client minus
+Envoy) is printed per policy.
 
 Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
      [--profile FILE] [--fit-noise]
@@ -42,9 +46,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
 
 from simulator import vllm  # noqa: E402
 from simulator.calibrate import calibrate_host  # noqa: E402
@@ -106,13 +113,86 @@ def live(policies: list[str], rounds: int, out: Path) -> None:
 
 
 def fit_profile(base: CostModel, log: Path, fit_label: str, rounds: list[int], server: dict[str, int],
-                noises: tuple[float, ...] = ()) -> Fit:  # fmt: skip
+                noises: tuple[float, ...] = (), ttft_key: str = "ttft_s") -> Fit:  # fmt: skip
     rows = stack_rows(log)
     targets = []
     for r in rounds:
         run = StackRun(log, fit_label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(fit_label))
-        targets.append((live_figures(rows, fit_label, r), run.figures))
+        targets.append((live_figures(rows, fit_label, r, ttft_key), run.figures))
     return fit_scales(base, targets, noises)
+
+
+MEASURES = {
+    "ttft_s": "the client's TTFT (through Envoy and epp, both ways)",
+    "upstream_ttft_s": "the servers' TTFT as Envoy saw it (its access log: the request's first byte to "
+                       "the server's first body bytes; the response's way back through epp and Envoy "
+                       "to the client left out)",
+}
+"""What "live" is compared with: each the stack's log holds (the server's needs real Envoy)."""
+
+
+def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
+            runs: list[tuple[str, int]], fit_label: str, fit_rounds: list[int], server: dict[str, int],
+            hits: dict[tuple[str, int], float], work: Path, noises: tuple[float, ...]) -> None:  # fmt: skip
+    """Fit the probed profile to ``fit_label``'s runs by the live measure ``key`` and print
+    every run's replay against that measure."""
+    print(f"\n## live = {MEASURES[key]}")
+    print(f"fitting the probed profile to {fit_label!r}, rounds {fit_rounds}...", flush=True)
+    fit = fit_profile(probed, log, fit_label, fit_rounds, server, noises, key)
+    suffix = "" if key == "ttft_s" else "-" + key.removesuffix("_s").replace("_", "-")
+    (work / f"fitted{suffix}.yaml").write_text(
+        dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {log} ({key})", server)))
+    print(f"  prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f} of the probed costs, "
+          f"step noise {fit.cost.step_noise:g} ({fit.replays} replays)")  # fmt: skip
+    configs = [ROOT / "bench" / "configs"]
+    table: dict[str, dict[str, list[float]]] = {}
+    for label, r in runs:
+        policy = replay_policy_for(label, configs)
+        lv = live_figures(rows, label, r, key)
+        cell = table.setdefault(label, {})
+        for k, value in (("live p50", lv.ttft_p50_s), ("live p90", lv.ttft_p90_s),
+                         ("live hit", hits.get((label, r), math.nan))):  # fmt: skip
+            cell.setdefault(k, []).append(value)
+        for which, cost in (("probed", probed), ("fitted", fit.cost)):
+            rp, hit = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], policy).replay(cost)
+            for k, value in ((f"{which} p50", rp.ttft_p50_s), (f"{which} p90", rp.ttft_p90_s),
+                             (f"{which} hit", hit)):  # fmt: skip
+                cell.setdefault(k, []).append(value)
+    mean = {label: {k: statistics.fmean(v) for k, v in cell.items()} for label, cell in table.items()}
+    print(f"\n# live (2 real vLLM servers, {KV_MIB} MiB KV, behind Envoy and epp) vs replay "
+          f"({server['kv_blocks']} blocks of {server['block_size']}), mean over the rounds")
+    print(f"{'policy':<24} rounds | {'live p50':>8} {'p90':>6} {'hit':>6} | {'probed p50':>10} {'p90':>6} | "
+          f"{'fitted p50':>10} {'p90':>6} {'hit':>6} | fitted/live p50  p90")  # fmt: skip
+    for label, m in mean.items():
+        held = "" if label == fit_label else "*"
+        print(f"{label[:23] + held:<24} {len(table[label]['live p50']):>6} | {m['live p50'] * 1e3:6.0f}ms "
+              f"{m['live p90'] * 1e3:4.0f}ms {100 * m['live hit']:5.1f}% | {m['probed p50'] * 1e3:8.0f}ms "
+              f"{m['probed p90'] * 1e3:4.0f}ms | {m['fitted p50'] * 1e3:8.0f}ms {m['fitted p90'] * 1e3:4.0f}ms "
+              f"{100 * m['fitted hit']:5.1f}% | {m['fitted p50'] / m['live p50']:13.2f}x "
+              f"{m['fitted p90'] / m['live p90']:4.2f}x")  # fmt: skip
+    print("* held out: not the run the profile was fitted to")
+    live_order = sorted(mean, key=lambda k: mean[k]["live p90"])
+    replay_order = sorted(mean, key=lambda k: mean[k]["fitted p90"])
+    print(f"\nranking by TTFT p90, live: {' < '.join(live_order)}; replay (fitted): "
+          f"{' < '.join(replay_order)} ({'the same' if live_order == replay_order else 'different'})")
+    spread = {label: (min(c["live p90"]), max(c["live p90"])) for label, c in table.items()}
+    print("live p90 from round to round: " + "; ".join(f"{k} {lo * 1e3:.0f}-{hi * 1e3:.0f} ms"
+                                                         for k, (lo, hi) in spread.items()))  # fmt: skip
+
+
+def response_path(rows: list[dict[str, Any]]) -> None:
+    """Per policy, what the response's way back adds: the client's TTFT minus the server's
+    first body bytes as Envoy saw them (Envoy -> epp's response processing -> Envoy -> the
+    client, and the request's way to Envoy)."""
+    print("\n# the response path: client TTFT - Envoy's upstream TTFT, all rounds (ms)")
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("status") == 200 and r.get("ttft_s") is not None and r.get("upstream_ttft_s") is not None:
+            by.setdefault(str(r["policy"]), []).append(1e3 * (float(r["ttft_s"]) - float(r["upstream_ttft_s"])))
+    for label, gaps in by.items():
+        p50, p90, p99 = np.percentile(gaps, [50, 90, 99])
+        print(f"{label[:24]:<24} p50 {p50:6.1f}  p90 {p90:6.1f}  p99 {p99:6.1f}  max {max(gaps):6.1f}  "
+              f"({len(gaps)} requests)")
 
 
 def main() -> int:
@@ -151,47 +231,14 @@ def main() -> int:
         print("no random run to fit the profile to: run with random among --policies")
         return 1
     fit_rounds = [r for label, r in runs if label == fit_label]
-    print(f"\nfitting the probed profile to {fit_label!r}, rounds {fit_rounds}...", flush=True)
-    fit = fit_profile(probed, log, fit_label, fit_rounds, server, NOISE_GRID if args.fit_noise else ())
-    (work / "fitted.yaml").write_text(dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {log}", server)))
-    print(f"  prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f} of the probed costs, "
-          f"step noise {fit.cost.step_noise:g} ({fit.replays} replays)")  # fmt: skip
-    configs = [ROOT / "bench" / "configs"]
     hits = {(r["policy"], r["round"]): r["hit_rate"]
             for r in json.loads((demo / "demo.json").read_text()).get("by_round") or []}  # fmt: skip
-    table: dict[str, dict[str, list[float]]] = {}
-    for label, r in runs:
-        policy = replay_policy_for(label, configs)
-        lv = live_figures(rows, label, r)
-        cell = table.setdefault(label, {})
-        for key, value in (("live p50", lv.ttft_p50_s), ("live p90", lv.ttft_p90_s),
-                           ("live hit", hits.get((label, r), math.nan))):  # fmt: skip
-            cell.setdefault(key, []).append(value)
-        for name, cost in (("probed", probed), ("fitted", fit.cost)):
-            rp, hit = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], policy).replay(cost)
-            for key, value in ((f"{name} p50", rp.ttft_p50_s), (f"{name} p90", rp.ttft_p90_s),
-                               (f"{name} hit", hit)):  # fmt: skip
-                cell.setdefault(key, []).append(value)
-    mean = {label: {k: statistics.fmean(v) for k, v in cell.items()} for label, cell in table.items()}
-    print(f"\n# live (2 real vLLM servers, {KV_MIB} MiB KV, behind Envoy and epp) vs replay "
-          f"({server['kv_blocks']} blocks of {server['block_size']}), mean over the rounds")
-    print(f"{'policy':<24} rounds | {'live p50':>8} {'p90':>6} {'hit':>6} | {'probed p50':>10} {'p90':>6} | "
-          f"{'fitted p50':>10} {'p90':>6} {'hit':>6} | fitted/live p50  p90")  # fmt: skip
-    for label, m in mean.items():
-        held = "" if label == fit_label else "*"
-        print(f"{label[:23] + held:<24} {len(table[label]['live p50']):>6} | {m['live p50'] * 1e3:6.0f}ms "
-              f"{m['live p90'] * 1e3:4.0f}ms {100 * m['live hit']:5.1f}% | {m['probed p50'] * 1e3:8.0f}ms "
-              f"{m['probed p90'] * 1e3:4.0f}ms | {m['fitted p50'] * 1e3:8.0f}ms {m['fitted p90'] * 1e3:4.0f}ms "
-              f"{100 * m['fitted hit']:5.1f}% | {m['fitted p50'] / m['live p50']:13.2f}x "
-              f"{m['fitted p90'] / m['live p90']:4.2f}x")  # fmt: skip
-    print("* held out: not the run the profile was fitted to")
-    live_order = sorted(mean, key=lambda k: mean[k]["live p90"])
-    replay_order = sorted(mean, key=lambda k: mean[k]["fitted p90"])
-    print(f"\nranking by TTFT p90, live: {' < '.join(live_order)}; replay (fitted): "
-          f"{' < '.join(replay_order)} ({'the same' if live_order == replay_order else 'different'})")
-    spread = {label: (min(c["live p90"]), max(c["live p90"])) for label, c in table.items()}
-    print("live p90 from round to round: " + "; ".join(f"{k} {lo * 1e3:.0f}-{hi * 1e3:.0f} ms"
-                                                         for k, (lo, hi) in spread.items()))  # fmt: skip
+    measures = [k for k in MEASURES if any(r.get(k) is not None for r in rows)]
+    for key in measures:
+        compare(key, probed, log, rows, runs, fit_label, fit_rounds, server, hits,
+                work, NOISE_GRID if args.fit_noise else ())  # fmt: skip
+    if "upstream_ttft_s" in measures:
+        response_path(rows)
     print(f"(inputs kept in {work}; the live run in {demo})")
     return 0
 

@@ -356,6 +356,10 @@ def _add_envoy_config(sub: Any) -> None:
                    help="Envoy's buffer limit: a larger buffered request body gets 413")
     p.add_argument("--upstream-host-header", action="store_true",
                    help="add x-upstream-host: ip:port (the server that answered) to responses")
+    p.add_argument("--access-log", default="", metavar="PATH",
+                   help="append a JSON line per request to PATH: its x-request-id, status, "
+                   "server, and the microseconds to epp's pick, to the server's first response "
+                   "body bytes (a streamed reply's first token) and to the client's first byte")
 
 
 def envoy_config_from_args(args: argparse.Namespace) -> str:
@@ -370,7 +374,7 @@ def envoy_config_from_args(args: argparse.Namespace) -> str:
         failure=args.failure, request_body=args.request_body, response=args.response,
         fallback_lb=args.fallback_lb, retries=args.retries,
         message_timeout_s=args.message_timeout_s, max_request_bytes=args.max_request_bytes,
-        upstream_host_header=args.upstream_host_header,
+        upstream_host_header=args.upstream_host_header, access_log=args.access_log,
     )  # fmt: skip
     return ec.render_yaml(options)
 

@@ -55,6 +55,28 @@ _LB_EXTENSIONS = {
         "least_request.v3.LeastRequest",
     ),
 }
+ACCESS_LOG_FIELDS = {
+    "start_time": "%START_TIME%",
+    "request_id": "%REQ(X-REQUEST-ID)%",
+    "path": "%REQ(:PATH)%",
+    "status": "%RESPONSE_CODE%",
+    "flags": "%RESPONSE_FLAGS%",
+    "upstream": "%UPSTREAM_HOST%",
+    "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
+    # microseconds from the first byte Envoy received from the client
+    "request_end_us": "%COMMON_DURATION(DS_RX_BEG:DS_RX_END:us)%",
+    "upstream_sent_us": "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:us)%",
+    "upstream_headers_us": "%COMMON_DURATION(DS_RX_BEG:US_RX_BEG:us)%",
+    "upstream_first_body_us": "%COMMON_DURATION(DS_RX_BEG:US_RX_BODY_BEG:us)%",
+    "client_first_byte_us": "%COMMON_DURATION(DS_RX_BEG:DS_TX_BEG:us)%",
+    "upstream_end_us": "%COMMON_DURATION(DS_RX_BEG:US_RX_END:us)%",
+    "client_end_us": "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%",
+}
+"""The access log's fields (``access_log``). The durations are Envoy's own clock, from the
+request's first byte: ``upstream_sent_us`` is when the request left for the server (epp's
+pick and the body exchange before it), ``upstream_first_body_us`` the server's first body
+bytes (a streamed completion's first token), ``client_first_byte_us`` when the response's
+first byte went to the client (after epp saw the headers)."""
 _TYPE = "type.googleapis.com/envoy.extensions."
 _HUGE = 1_000_000
 """Circuit-breaker thresholds: no limit of Envoy's own below what the servers can take."""
@@ -84,6 +106,9 @@ class EnvoyOptions:
     upstream_host_header: bool = False
     """Add ``x-upstream-host: ip:port`` to responses (the stack and tests read it)."""
     epp_health_interval_s: float = 1.0
+    access_log: str = ""
+    """A file Envoy appends one JSON line per request to (``ACCESS_LOG_FIELDS``): where the
+    time went between the client, Envoy, epp and the server. Empty: no access log."""
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that cannot work."""
@@ -321,6 +346,15 @@ def envoy_config(o: EnvoyOptions) -> dict[str, Any]:
         "route_config": _route(o),
         "http_filters": filters,
     }
+    if o.access_log:
+        hcm["access_log"] = [{
+            "name": "envoy.access_loggers.file",
+            "typed_config": {
+                "@type": f"{_TYPE}access_loggers.file.v3.FileAccessLog",
+                "path": o.access_log,
+                "log_format": {"json_format": ACCESS_LOG_FIELDS},
+            },
+        }]
     listener = {
         "name": "inference",
         "address": {"socket_address": {"address": o.listen_address, "port_value": o.listen_port}},

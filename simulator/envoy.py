@@ -246,3 +246,55 @@ async def _wait_ready(envoy: RunningEnvoy, admin_path: Path, deadline: float) ->
 def with_ports(options: EnvoyOptions, port: int = 0, admin_port: int = 0) -> EnvoyOptions:
     return dataclasses.replace(options, listen_address="127.0.0.1", listen_port=port,
                                admin_port=admin_port)  # fmt: skip
+
+
+@dataclass(slots=True, frozen=True)
+class AccessLine:
+    """One request in Envoy's access log (``EnvoyOptions.access_log``), seconds from the
+    request's first byte at Envoy (None: the event did not happen, e.g. no server answered)."""
+
+    request_id: str
+    status: int
+    upstream: str
+    routed_s: float | None
+    """The request's first byte sent to the server (after epp picked)."""
+    upstream_first_body_s: float | None
+    """The server's first response body bytes (a streamed completion's first token)."""
+    client_first_byte_s: float | None
+    """The response's first byte sent to the client."""
+
+
+def read_access_log(path: Path, max_lines: int = 1_000_000) -> dict[str, AccessLine]:
+    """The access log's lines by request id (the last one wins); lines that are not the
+    generator's JSON are skipped, and at most ``max_lines`` are read."""
+    import json
+
+    def seconds(value: Any) -> float | None:
+        return value / 1e6 if isinstance(value, int | float) and value >= 0 else None
+
+    out: dict[str, AccessLine] = {}
+    try:
+        handle = path.open(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return out
+    with handle:
+        for n, line in enumerate(handle):
+            if n >= max_lines:
+                break
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            rid = row.get("request_id") if isinstance(row, dict) else None
+            if not isinstance(rid, str) or not rid:
+                continue
+            status = row.get("status")
+            out[rid] = AccessLine(
+                request_id=rid,
+                status=status if isinstance(status, int) else 0,
+                upstream=str(row.get("upstream") or ""),
+                routed_s=seconds(row.get("upstream_sent_us")),
+                upstream_first_body_s=seconds(row.get("upstream_first_body_us")),
+                client_first_byte_s=seconds(row.get("client_first_byte_us")),
+            )
+    return out

@@ -77,15 +77,19 @@ def stack_runs(rows: Iterable[dict[str, Any]]) -> list[tuple[str, int]]:
     return list(seen)
 
 
-def live_figures(rows: Iterable[dict[str, Any]], policy: str, round_: int) -> RunFigures:
-    """One run's figures from the stack's log (answered requests only)."""
+def live_figures(rows: Iterable[dict[str, Any]], policy: str, round_: int,
+                 ttft_key: str = "ttft_s") -> RunFigures:  # fmt: skip
+    """One run's figures from the stack's log (answered requests only). ``ttft_key``: the
+    client's TTFT (``ttft_s``), or the server's as Envoy saw it (``upstream_ttft_s``, from
+    its access log: without the response's way back through epp and Envoy to the client).
+    The time per output token is the client's either way."""
     run = [r for r in rows if r.get("policy") == policy and int(r.get("round", 0)) == round_
-           and r.get("status") == 200 and r.get("ttft_s") is not None]  # fmt: skip
+           and r.get("status") == 200 and r.get(ttft_key) is not None]  # fmt: skip
     if not run:
-        raise ValueError(f"no answered request of policy {policy!r} in round {round_}")
-    ttft = [float(r["ttft_s"]) for r in run]
+        raise ValueError(f"no answered request of policy {policy!r} in round {round_} with {ttft_key}")
+    ttft = [float(r[ttft_key]) for r in run]
     tpot = [(float(r["e2e_s"]) - float(r["ttft_s"])) / (int(r["completion_tokens"]) - 1)
-            for r in run if int(r.get("completion_tokens") or 0) > 1]  # fmt: skip
+            for r in run if int(r.get("completion_tokens") or 0) > 1 and r.get("ttft_s") is not None]  # fmt: skip
     p50, p90 = np.percentile(ttft, [50, 90])
     return RunFigures(float(p50), float(p90), statistics.median(tpot) if tpot else math.nan, len(run))
 

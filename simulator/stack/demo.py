@@ -147,6 +147,12 @@ async def run_policy(
         counters = await scrape_replicas(stack.replica_urls)
     finally:
         await stack.stop()
+    access = getattr(stack.gateway, "access", None)  # real Envoy's access log
+    if access:
+        for rec in records.records:
+            if (line := access.get(rec.request_id)) is not None:
+                rec.upstream_ttft_s = line.upstream_first_body_s
+                rec.routed_s = line.routed_s
     if before:
         counters = [after.minus(b) for after, b in zip(counters, before, strict=True)]
     summary = summarize(label, records, counters)

@@ -3,7 +3,8 @@
 Every request streams (SSE, ``stream_options.include_usage``); the client measures TTFT as
 the time to the first chunk carrying text, and checks that the stream is intact (every
 ``data:`` line is JSON, the stream ends with ``[DONE]``). Turn ``t`` of a user is sent after
-turn ``t-1`` finished, with the answer it received in its history.
+turn ``t-1`` finished, with the answer it received in its history. Each request carries an
+``x-request-id`` of its own, which Envoy's access log (the stack's) records beside its timings.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import asyncio
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from epp.request.parse import REQUEST_ID_HEADER
 from simulator.gateway import UPSTREAM_HOST_HEADER
 from simulator.stack.workload import SharedPrefixWorkload, Texts, group_of, make_texts
 
@@ -36,6 +39,15 @@ class RequestRecord:
     cached_tokens: int = 0
     completion_tokens: int = 0
     error: str = ""
+    request_id: str = ""
+    """Sent as ``x-request-id``: the key of Envoy's access log line for this request."""
+    upstream_ttft_s: float | None = None
+    """Seen by Envoy (its access log): from the request's first byte to the server's first
+    response body bytes. ``ttft_s`` minus this is the response path's share (Envoy, epp's
+    response processing, the client), plus the request's trip to Envoy."""
+    routed_s: float | None = None
+    """Seen by Envoy: from the request's first byte to its first byte sent to the server
+    (epp's headers and body exchange and its pick)."""
 
     @property
     def ok(self) -> bool:
@@ -90,6 +102,8 @@ async def stream_one(
     """Send one streaming request; fill ``rec``; return the generated text."""
     t0 = time.perf_counter()
     text: list[str] = []
+    if rec.request_id:
+        headers = {**(headers or {}), REQUEST_ID_HEADER: rec.request_id}
     try:
         async with session.post(url, json=body, headers=headers) as resp:
             rec.status = resp.status
@@ -158,7 +172,8 @@ async def run_workload(
 
     async def turn(session: aiohttp.ClientSession, conv: _Conversation, t: int) -> None:
         path, body = request_body(w, texts, conv, t, model)
-        rec = RequestRecord(conv.user, t, group_of(w, conv.user), time.perf_counter() - t_start)
+        rec = RequestRecord(conv.user, t, group_of(w, conv.user), time.perf_counter() - t_start,
+                            request_id=uuid.uuid4().hex)
         base = target(conv.user, t)
         answer = await stream_one(session, base + path, body, rec, w.api == "chat")
         if base != gateway_url:

@@ -37,7 +37,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from epp.envoyconfig import EnvoyOptions
 from simulator.clihelp import parse_pd
 from simulator.emulator import EmulatorConfig
-from simulator.envoy import EnvoyUnavailable, RunningEnvoy, start_envoy, with_ports
+from simulator.envoy import (
+    AccessLine,
+    EnvoyUnavailable,
+    RunningEnvoy,
+    read_access_log,
+    start_envoy,
+    with_ports,
+)
 from simulator.gateway import MODE_NAMES, GatewayHandle, GatewayOptions, start_gateway
 
 log = logging.getLogger(__name__)
@@ -219,6 +226,8 @@ class EnvoyGateway:
     envoy: RunningEnvoy
     scratch: Path | None = None
     """A temporary folder made for Envoy's config and log (removed on stop)."""
+    access: dict[str, AccessLine] = field(default_factory=dict)
+    """Envoy's access log by request id, read when Envoy stopped (which flushes it)."""
 
     @property
     def url(self) -> str:
@@ -230,6 +239,8 @@ class EnvoyGateway:
 
     async def stop(self) -> None:
         await self.envoy.stop()
+        if path := self.envoy.options.access_log:
+            self.access = read_access_log(Path(path))
         if self.scratch is not None:
             import shutil
 
@@ -754,7 +765,10 @@ async def _start_front(
         scratch = None if log_dir else Path(tempfile.mkdtemp(prefix="epp-envoy-"))
         folder = log_dir or scratch
         assert folder is not None
-        envoy_options = options.envoy_options(policy, [e.grpc for e in epps], endpoints)
+        envoy_options = dataclasses.replace(
+            options.envoy_options(policy, [e.grpc for e in epps], endpoints),
+            access_log=str(folder / "envoy-access.jsonl"),
+        )
         try:
             envoy = await start_envoy(envoy_options, folder, ready_timeout_s=options.ready_timeout_s)
         except EnvoyUnavailable as exc:

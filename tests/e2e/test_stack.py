@@ -182,6 +182,10 @@ async def test_hit_rate_through_epp_beats_random_routing_by_a_wide_margin(mode: 
     assert epp.requests == rnd.requests == SMALL.total_requests
     assert epp.hit_rate > 0.6, epp
     assert epp.hit_rate > rnd.hit_rate + 0.25, (epp.hit_rate, rnd.hit_rate)
+    if base.gateway == "envoy":  # Envoy's access log timed every request, by its id
+        for rec in epp.records + rnd.records:
+            assert rec.routed_s is not None and rec.upstream_ttft_s is not None, rec
+            assert rec.ttft_s is not None and 0 <= rec.routed_s <= rec.upstream_ttft_s <= rec.ttft_s, rec
     print(f"{mode}: hit rate epp {epp.hit_rate:.1%} vs random {rnd.hit_rate:.1%}")
 
 

@@ -56,6 +56,7 @@ VARIANTS = {
     "original-dst": EnvoyOptions(failure="closed"),
     "random baseline": EnvoyOptions(routing="random", pool=("10.0.0.1:8000",)),
     "round-robin baseline": EnvoyOptions(routing="round-robin", pool=("10.0.0.1:8000",)),
+    "access log": EnvoyOptions(pool=("10.0.0.1:8000",), access_log="/tmp/envoy-access.jsonl"),
     "several epp replicas": EnvoyOptions(epp=("10.0.1.1:9002", "10.0.1.2:9002"),
                                          pool=("10.0.0.1:8000",), upstream_host_header=True),
 }
