@@ -105,7 +105,7 @@ async def calibrate_servers(n: int, logs: Path) -> tuple[CostModel, dict[str, in
 def live(policies: list[str], rounds: int, out: Path) -> None:
     baselines = [p for p in policies if p != "epp"]
     cmd = [str(ROOT / ".venv/bin/epp-sim"), "stack", "--demo", *DEMO, "--rounds", str(rounds), "--fair",
-           "--sglang-behind-gateway", "--out-dir", str(out)]  # fmt: skip
+           "--sglang-behind-gateway", "--out-dir", str(out), "--log-dir", str(out / "logs")]  # fmt: skip
     if baselines:
         cmd += ["--baseline", ",".join(baselines)]
     print("live:", " ".join(cmd), flush=True)

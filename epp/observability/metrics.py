@@ -56,6 +56,13 @@ class EppMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.loop_lag = LightHistogram(
+            "epp_event_loop_lag_seconds",
+            "How much later than asked epp's event loop ran a 0.1 s timer: every stream through "
+            "epp (in full-duplex response mode, every streamed reply's chunks) waits as long.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
         self.index_entries = Gauge(
             "epp_prefix_index_entries", "Chunk entries held by the prefix index.", registry=r
         )

@@ -35,6 +35,7 @@ from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS, ExtProcService, add_to
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import Lifecycle, PluginContext
+from epp.observability.looplag import watch_loop
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
 from epp.request.parse import ObjectiveLookup, RequestParser
@@ -395,6 +396,10 @@ async def _start_rest(
         ))
     handle._tasks.append(spawn(
         "index-sweep", functools.partial(_sweeper, sched, sched.sweep_interval_s),
+        on_failure=metrics.task_failed,
+    ))
+    handle._tasks.append(spawn(
+        "loop-lag", functools.partial(watch_loop, metrics.loop_lag.observe),
         on_failure=metrics.task_failed,
     ))
     log.info(
