@@ -133,7 +133,7 @@ MEASURES = {
 
 def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
             runs: list[tuple[str, int]], fit_label: str, fit_rounds: list[int], server: dict[str, int],
-            hits: dict[tuple[str, int], float], work: Path, noises: tuple[float, ...]) -> None:  # fmt: skip
+            hits: dict[tuple[str, int], float], work: Path, noises: tuple[float, ...]) -> CostModel:  # fmt: skip
     """Fit the probed profile to ``fit_label``'s runs by the live measure ``key`` and print
     every run's replay against that measure."""
     print(f"\n## live = {MEASURES[key]}")
@@ -178,21 +178,81 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
     spread = {label: (min(c["live p90"]), max(c["live p90"])) for label, c in table.items()}
     print("live p90 from round to round: " + "; ".join(f"{k} {lo * 1e3:.0f}-{hi * 1e3:.0f} ms"
                                                          for k, (lo, hi) in spread.items()))  # fmt: skip
+    return fit.cost
 
 
 def response_path(rows: list[dict[str, Any]]) -> None:
-    """Per policy, what the response's way back adds: the client's TTFT minus the server's
-    first body bytes as Envoy saw them (Envoy -> epp's response processing -> Envoy -> the
-    client, and the request's way to Envoy)."""
-    print("\n# the response path: client TTFT - Envoy's upstream TTFT, all rounds (ms)")
-    by: dict[str, list[float]] = {}
+    """Per policy, where the client's TTFT went, from Envoy's access log: the request's way
+    to the server (``routed_s``: Envoy, epp's headers and body exchange, its pick), the
+    server (to its first response body bytes), and the response's way back (the client's
+    TTFT minus the server's first body bytes as Envoy saw them: Envoy -> epp's response
+    processing -> Envoy -> the client)."""
+    print("\n# where the client's TTFT went, all rounds (ms, p50 / p90 / p99), from Envoy's access log")
+    by: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        if r.get("status") == 200 and r.get("ttft_s") is not None and r.get("upstream_ttft_s") is not None:
-            by.setdefault(str(r["policy"]), []).append(1e3 * (float(r["ttft_s"]) - float(r["upstream_ttft_s"])))
-    for label, gaps in by.items():
-        p50, p90, p99 = np.percentile(gaps, [50, 90, 99])
-        print(f"{label[:24]:<24} p50 {p50:6.1f}  p90 {p90:6.1f}  p99 {p99:6.1f}  max {max(gaps):6.1f}  "
-              f"({len(gaps)} requests)")
+        if r.get("status") == 200 and r.get("ttft_s") is not None and r.get("upstream_ttft_s") is not None \
+                and r.get("routed_s") is not None:
+            by.setdefault(str(r["policy"]), []).append(r)
+    for label, rs in by.items():
+        parts = {"to the server": [r["routed_s"] for r in rs],
+                 "the server": [r["upstream_ttft_s"] - r["routed_s"] for r in rs],
+                 "back to the client": [r["ttft_s"] - r["upstream_ttft_s"] for r in rs]}  # fmt: skip
+        cells = "  ".join(f"{k} " + "/".join(f"{v:.0f}" for v in np.percentile(np.array(x) * 1e3, [50, 90, 99]))
+                          for k, x in parts.items())  # fmt: skip
+        print(f"{label[:24]:<24} {cells}  ({len(rs)} requests)")
+    print("first body bytes that reached Envoy within 3 ms of another server's (a starved Envoy "
+          "reads both at once; where two servers answer directly):")
+    for label, rs in by.items():
+        together = total = 0
+        for r_ in sorted({int(r.get("round", 0)) for r in rs}):
+            at = sorted((r["start_s"] + r["upstream_ttft_s"], r["upstream"]) for r in rs if int(r.get("round", 0)) == r_)
+            if len({up for _, up in at}) < 2:  # one upstream (a router in front of the servers)
+                continue
+            total += len(at)
+            together += sum(1 for i, (t, up) in enumerate(at)
+                            if any(u != up and abs(t2 - t) < 0.003 for t2, u in at[max(0, i - 32):i + 32]))  # fmt: skip
+        if total:
+            print(f"  {label[:24]:<24} {together} of {total} ({100 * together / max(1, total):.0f}%)")
+
+
+def by_class(key: str, cost: CostModel, log: Path, rows: list[dict[str, Any]], runs: list[tuple[str, int]],
+             server: dict[str, int]) -> None:  # fmt: skip
+    """Request by request: the live ``key`` TTFT against the replay's (``cost``) for cache
+    hits (over half the prompt cached live) and misses, per policy over its rounds."""
+    from simulator.replay.convert import convert
+    from simulator.replay.policies import policy_factory
+    from simulator.replay.replayer import ReplayConfig, Replayer
+
+    print(f"\n# request by request, {key} live vs replayed (fitted to it): hits (over half the prompt "
+          "cached live) and misses, all rounds (ms, p50 / p90)")
+    configs = [ROOT / "bench" / "configs"]
+    cells: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+    for label, r in runs:
+        run = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(label, configs))
+        cfg = ReplayConfig(replicas=2, kv_blocks=server["kv_blocks"], block_size_tokens=server["block_size"],
+                           cost=cost)  # fmt: skip
+        name, factory = policy_factory(run.policy)
+        ids = [row["id"] for row in convert("stack", log, label, r)]  # the replay's r<i> is row i
+        replayed = {ids[int(o.request_id[1:])]: o for o in Replayer(cfg).run(run.requests(), factory, name).outcomes
+                    if not o.rejected}  # fmt: skip
+        for row in rows:
+            if row.get("policy") != label or int(row.get("round", 0)) != r or row.get("status") != 200 \
+                    or row.get(key) is None:
+                continue
+            o = replayed.get(f"u{row['user']}t{row['turn']}")
+            if o is None:
+                continue
+            kind = "hits" if row.get("cached_tokens", 0) > 0.5 * row.get("prompt_tokens", 0) else "misses"
+            live_s, rep_s = cells.setdefault(label, {}).setdefault(kind, ([], []))
+            live_s.append(row[key])
+            rep_s.append(o.first_token_s - o.arrival_s)
+    for label, kinds in cells.items():
+        parts = []
+        for kind, (live_s, rep_s) in sorted(kinds.items()):
+            lp = np.percentile(np.array(live_s) * 1e3, [50, 90])
+            rp = np.percentile(np.array(rep_s) * 1e3, [50, 90])
+            parts.append(f"{kind} ({len(live_s)}) live {lp[0]:.0f}/{lp[1]:.0f} replay {rp[0]:.0f}/{rp[1]:.0f}")
+        print(f"{label[:24]:<24} " + "  ".join(parts))
 
 
 def main() -> int:
@@ -234,11 +294,13 @@ def main() -> int:
     hits = {(r["policy"], r["round"]): r["hit_rate"]
             for r in json.loads((demo / "demo.json").read_text()).get("by_round") or []}  # fmt: skip
     measures = [k for k in MEASURES if any(r.get(k) is not None for r in rows)]
+    fitted = {}
     for key in measures:
-        compare(key, probed, log, rows, runs, fit_label, fit_rounds, server, hits,
+        fitted[key] = compare(key, probed, log, rows, runs, fit_label, fit_rounds, server, hits,
                 work, NOISE_GRID if args.fit_noise else ())  # fmt: skip
     if "upstream_ttft_s" in measures:
         response_path(rows)
+        by_class("upstream_ttft_s", fitted["upstream_ttft_s"], log, rows, runs, server)
     print(f"(inputs kept in {work}; the live run in {demo})")
     return 0
 
