@@ -9,7 +9,7 @@ none), and apart from it the prompt still to prefill, until the first token come
 again is dropped after ``ttlSeconds``.
 
 * the scorer: ``1 - load / max load`` over the candidates (all 1 when none carries load), or
-  over ``scaleTokens`` when that is more; all 1 for a prompt under ``minPromptTokens``;
+  over ``scaleTokens`` when that is more;
   prefill tokens weigh ``prefillWeight`` times more than tokens merely held (they are the
   work that delays the next request's first token).
 * the filter: keeps endpoints whose load is at most ``maxTokens``, or, when the server
@@ -50,12 +50,6 @@ class TokenLoadParams:
     """Scorer: loads are read against the busiest candidate's or this many (weighted) tokens,
     whichever is more. 0: against the busiest alone, so a few hundred tokens in flight push as
     hard as a hundred thousand; a scale leaves short prompts to the other scores."""
-    min_prompt_tokens: int = 0
-    """Scorer: a request whose prompt is shorter than this many tokens scores every endpoint 1,
-    leaving its placement to the other scores; longer ones (agent contexts) are spread by the
-    tokens in flight. 0: every request. With a chat or RAG mix of a few thousand tokens a
-    prompt, a threshold above them keeps token load from pulling short requests off their
-    cached prefixes when the servers queue (docs/configuration.md)."""
     max_tokens: int = 0
     """Filter: keep endpoints with at most this many tokens in flight (0: no absolute cap)."""
     max_share: float = 0.9
@@ -64,7 +58,7 @@ class TokenLoadParams:
     ttl_seconds: float = 600.0
     """A request not heard of this long after its pick is no longer counted."""
     __config_min__: ClassVar[dict[str, float]] = {"decode_tokens": 0, "prefill_weight": 0,
-                                                  "scale_tokens": 0, "min_prompt_tokens": 0}  # fmt: skip
+                                                  "scale_tokens": 0}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -154,10 +148,7 @@ class TokenLoadScorer(_InFlightTokens):
         pass
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
-        p = self.params
-        if p.min_prompt_tokens and len(state.request.prompt) < _CHARS_PER_TOKEN * p.min_prompt_tokens:
-            return [1.0] * len(endpoints)
-        w = p.prefill_weight
+        w = self.params.prefill_weight
         loads = [self.load(e.id, w) for e in endpoints]
         top = max(max(loads, default=0.0), self.params.scale_tokens)
         if top <= 0:

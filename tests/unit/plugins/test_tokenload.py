@@ -8,7 +8,7 @@ import random
 from epp.config.loader import loads_config
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 from epp.framework.request import InferenceRequest
-from epp.framework.types import CycleState, ResponseInfo
+from epp.framework.types import ResponseInfo
 from epp.plugins.tokenload import TokenLoadFilter, TokenLoadParams, TokenLoadScorer
 from epp.wiring import build_scheduler
 
@@ -94,38 +94,3 @@ def test_a_scale_leaves_small_loads_nearly_even_and_large_ones_as_without_it() -
     for s in (plain, scaled):
         s.held = {pool[0].id: 200_000, pool[1].id: 50_000}
         assert s.score(None, pool) == [0.0, 0.75]  # type: ignore[arg-type]
-
-
-def test_prompts_under_the_threshold_leave_every_endpoint_alike() -> None:
-    config = CONFIG.replace("- type: token-load-scorer\n",
-                            "- type: token-load-scorer\n  parameters: {minPromptTokens: 8192}\n")  # fmt: skip
-    sched = build_scheduler(loads_config(config), random.Random(1))
-    scorer = sched.plugin(TokenLoadScorer)
-    assert scorer is not None
-    pool = [ep(1), ep(2)]
-    big = sched.schedule(req("a", 20_000, max_tokens=100), pool, 1.0)
-    sched.commit(big)
-    loaded = [e.id == big.target.id for e in pool]
-
-    def scores(tokens: int) -> list[float]:
-        return list(scorer.score(CycleState(req("x", tokens), 1.1, random.Random(0)), pool))
-
-    assert scores(8_191) == [1.0, 1.0]
-    assert [s < 1.0 for s in scores(8_192)] == loaded
-    # a short request is still counted where it goes: it weighs on the next long one's choice
-    small = sched.schedule(req("b", 1_000), pool, 1.2)
-    sched.commit(small)
-    assert scorer.held[small.target.id] == 1_000 + 256 + (20_100 if small.target.id == big.target.id else 0)
-
-
-def test_the_threshold_is_a_config_parameter_and_cannot_be_negative() -> None:
-    ok = loads_config(CONFIG.replace("- type: token-load-scorer\n",
-                                     "- type: token-load-scorer\n  parameters: {minPromptTokens: 16384}\n"))  # fmt: skip
-    assert ok is not None
-    try:
-        loads_config(CONFIG.replace("- type: token-load-scorer\n",
-                                    "- type: token-load-scorer\n  parameters: {minPromptTokens: -1}\n"))  # fmt: skip
-    except ValueError as exc:
-        assert "minPromptTokens" in str(exc)
-    else:
-        raise AssertionError("a negative threshold was accepted")
