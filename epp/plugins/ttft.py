@@ -176,19 +176,22 @@ class PredictedTtftScorer:
         self._xty = [k * c * s for c, s in zip(self.coef, self._scale, strict=True)]
         self.mean_uncached = 512.0
         """Uncached tokens of a routed request, averaged (EWMA): the size of a queued one."""
-        self._pending: OrderedDict[str, tuple[EndpointId, tuple[float, ...], float]] = OrderedDict()
+        self._pending: OrderedDict[int, tuple[EndpointId, tuple[float, ...], float]] = OrderedDict()
         self.speed: dict[EndpointId, float] = {}
         """Per endpoint, observed / predicted TTFT (geometric EWMA; 1 until observed)."""
-        self._prefilling: OrderedDict[str, tuple[EndpointId, float, float]] = OrderedDict()
+        self._prefilling: OrderedDict[int, tuple[EndpointId, float, float]] = OrderedDict()
         """Requests picked whose first token has not come back: endpoint, uncached tokens,
         pick time (only filled when the caller reports first tokens)."""
         self.outstanding: dict[EndpointId, float] = {}
         """Per endpoint, the uncached prompt tokens epp sent that are not prefilled yet."""
-        self._active: OrderedDict[str, EndpointId] = OrderedDict()
+        self._active: OrderedDict[int, EndpointId] = OrderedDict()
         self.active: dict[EndpointId, int] = {}
         """Per endpoint, the requests epp sent whose response has not ended (kept only with
         ``count_own_running``)."""
-        self._candidates: dict[str, dict[EndpointId, tuple[tuple[float, ...], float]]] = {}
+        self._candidates: dict[int, dict[EndpointId, tuple[tuple[float, ...], float]]] = {}
+        # the per-request maps are keyed by the cycle's identity (``id(state)``), not the
+        # request id: that comes from the client when Envoy keeps its x-request-id, and two
+        # requests in flight under one id would cross their accounting
         self.errors = TtftErrors()
         self._logged_s = -math.inf
 
@@ -225,7 +228,7 @@ class PredictedTtftScorer:
         factors = [speed.get(e.id, 1.0) for e in endpoints]
         preds = [max(1e-4, f * self.predict(x)) for x, f in zip(feats, factors, strict=True)]
         if self.params.learn:
-            self._candidates[state.request.request_id] = {
+            self._candidates[id(state)] = {
                 e.id: (x, t) for e, x, t in zip(endpoints, feats, preds, strict=True)
             }
             if len(self._candidates) > 1024:  # scored but never picked (a filter after us)
@@ -246,7 +249,7 @@ class PredictedTtftScorer:
         return [best / c for c in cost]
 
     def post_pick(self, state: CycleState, result: PickResult) -> None:
-        rid = state.request.request_id
+        rid = id(state)
         cands = self._candidates.pop(rid, None)
         if not cands:
             return
@@ -259,6 +262,9 @@ class PredictedTtftScorer:
         self._pending[rid] = (target, x, t)
         if len(self._pending) > _MAX_PENDING:
             self._pending.popitem(last=False)
+        stale = self._prefilling.pop(rid, None)  # picked again, or a dead cycle's identity reused
+        if stale is not None:
+            self._done_prefilling(stale[0], stale[1])
         self._prefilling[rid] = (target, x[1], state.now_s)
         self.outstanding[target] = self.outstanding.get(target, 0.0) + x[1]
         self._expire_prefilling(state.now_s)
@@ -268,7 +274,7 @@ class PredictedTtftScorer:
             if len(self._active) > _MAX_PENDING:  # responses never reported: forget the oldest
                 self._end_active(next(iter(self._active)))
 
-    def _end_active(self, rid: str) -> None:
+    def _end_active(self, rid: int) -> None:
         target = self._active.pop(rid, None)
         if target is not None:
             _take(self.active, target, 1)
@@ -289,14 +295,14 @@ class PredictedTtftScorer:
         _take(self.outstanding, target, u)
 
     def post_first_token(self, state: CycleState, result: PickResult, ttft_s: float) -> None:
-        rid = state.request.request_id
+        rid = id(state)
         entry = self._prefilling.pop(rid, None)
         if entry is not None:
             self._done_prefilling(entry[0], entry[1])
         self._observe(rid, ttft_s)
 
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
-        rid = state.request.request_id
+        rid = id(state)
         self._end_active(rid)
         entry = self._prefilling.pop(rid, None)
         if entry is not None:  # no first token was reported
@@ -314,7 +320,7 @@ class PredictedTtftScorer:
         self.active.pop(endpoint_id, None)
         self.speed.pop(endpoint_id, None)
 
-    def _observe(self, rid: str, ttft: float) -> None:
+    def _observe(self, rid: int, ttft: float) -> None:
         entry = self._pending.pop(rid, None)
         if entry is None or not math.isfinite(ttft):
             return

@@ -221,3 +221,21 @@ def test_prefill_under_way_makes_a_pick_that_joins_it_cost_more() -> None:
     # nothing under way on A: nothing to charge, whatever the weight
     idle = PredictedTtftScorer("t", PredictedTtftParams(contention_weight=2))
     assert idle.score(state("r2", 8_000, {A: 60}), [ep(A), ep(B)])[0] == 1.0
+
+
+def test_requests_sharing_a_client_chosen_id_are_accounted_apart() -> None:
+    # x-request-id comes from the client when Envoy keeps it: two requests in flight with the
+    # same id must not leave phantom prefill on an endpoint (it would repel every later pick)
+    sc = PredictedTtftScorer("t", PredictedTtftParams(count_own_running=True))
+    one, two = state("same", 8_000), state("same", 4_000)
+    for s in (one, two):
+        sc.score(s, [ep(A), ep(B)])
+    for s, target in ((one, A), (two, B)):
+        sc.post_pick(s, PickResult((ep(target),), s))
+    assert sc.outstanding == {A: 2_000, B: 1_000} and sc.active == {A: 1, B: 1}
+    sc.post_first_token(one, PickResult((ep(A),), one), 0.5)
+    sc.post_first_token(two, PickResult((ep(B),), two), 0.4)
+    assert sc.outstanding == {}
+    sc.post_response(one, PickResult((ep(A),), one), ResponseInfo(200, ttft_s=0.5))
+    sc.post_response(two, PickResult((ep(B),), two), ResponseInfo(200, ttft_s=0.4))
+    assert sc.active == {} and sc.errors.count == 2
