@@ -219,22 +219,13 @@ def by_class(key: str, cost: CostModel, log: Path, rows: list[dict[str, Any]], r
              server: dict[str, int]) -> None:  # fmt: skip
     """Request by request: the live ``key`` TTFT against the replay's (``cost``) for cache
     hits (over half the prompt cached live) and misses, per policy over its rounds."""
-    from simulator.replay.convert import convert
-    from simulator.replay.policies import policy_factory
-    from simulator.replay.replayer import ReplayConfig, Replayer
-
     print(f"\n# request by request, {key} live vs replayed (fitted to it): hits (over half the prompt "
           "cached live) and misses, all rounds (ms, p50 / p90)")
     configs = [ROOT / "bench" / "configs"]
     cells: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for label, r in runs:
-        run = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(label, configs))
-        cfg = ReplayConfig(replicas=2, kv_blocks=server["kv_blocks"], block_size_tokens=server["block_size"],
-                           cost=cost)  # fmt: skip
-        name, factory = policy_factory(run.policy)
-        ids = [row["id"] for row in convert("stack", log, label, r)]  # the replay's r<i> is row i
-        replayed = {ids[int(o.request_id[1:])]: o for o in Replayer(cfg).run(run.requests(), factory, name).outcomes
-                    if not o.rejected}  # fmt: skip
+        replayed = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"],
+                            replay_policy_for(label, configs)).outcomes(cost)  # fmt: skip
         for row in rows:
             if row.get("policy") != label or int(row.get("round", 0)) != r or row.get("status") != 200 \
                     or row.get(key) is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -267,8 +268,6 @@ class AccessLine:
 def read_access_log(path: Path, max_lines: int = 1_000_000) -> dict[str, AccessLine]:
     """The access log's lines by request id (the last one wins); lines that are not the
     generator's JSON are skipped, and at most ``max_lines`` are read."""
-    import json
-
     def seconds(value: Any) -> float | None:
         return value / 1e6 if isinstance(value, int | float) and value >= 0 else None
 

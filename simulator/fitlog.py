@@ -184,6 +184,7 @@ class StackRun:
     block_size: int
     policy: str
     _requests: Any = None
+    _ids: list[str] | None = None
 
     def requests(self) -> Any:
         """The run as a request log (``convert --from stack``, closed loop)."""
@@ -195,21 +196,34 @@ class StackRun:
 
             with tempfile.TemporaryDirectory(prefix="epp-fitlog-") as tmp:
                 path = Path(tmp) / "run.jsonl"
-                rows = convert("stack", self.log, self.label, self.round_)
+                rows = list(convert("stack", self.log, self.label, self.round_))
                 path.write_text("".join(json.dumps(r) + "\n" for r in rows))
                 self._requests = RequestLog.load(path)
+                self._ids = [str(r["id"]) for r in rows]
         return self._requests
 
-    def replay(self, cost: CostModel, seed: int = 0) -> tuple[RunFigures, float]:
-        """Its figures and hit rate, replayed with ``cost``."""
+    def run(self, cost: CostModel, seed: int = 0) -> Any:
+        """The run replayed with ``cost`` (a ``ReplayResult``)."""
         from simulator.replay.policies import policy_factory
         from simulator.replay.replayer import ReplayConfig, Replayer
-        from simulator.replay.report import summarize
 
         cfg = ReplayConfig(replicas=self.replicas, kv_blocks=self.kv_blocks, block_size_tokens=self.block_size,
                            cost=cost, seed=seed)  # fmt: skip
         name, factory = policy_factory(self.policy)
-        s = summarize(Replayer(cfg).run(self.requests(), factory, name))
+        return Replayer(cfg).run(self.requests(), factory, name)
+
+    def outcomes(self, cost: CostModel) -> dict[str, Any]:
+        """The replayed requests served, by the stack log's request (``u<user>t<turn>``)."""
+        result = self.run(cost)
+        assert self._ids is not None
+        # the request log's row i is the replay's request r<i>
+        return {self._ids[int(o.request_id[1:])]: o for o in result.outcomes if not o.rejected}
+
+    def replay(self, cost: CostModel, seed: int = 0) -> tuple[RunFigures, float]:
+        """Its figures and hit rate, replayed with ``cost``."""
+        from simulator.replay.report import summarize
+
+        s = summarize(self.run(cost, seed))
         return RunFigures(s.ttft_p50_s, s.ttft_p90_s, s.tpot_p50_s, s.served), s.hit_rate
 
     def figures(self, cost: CostModel) -> RunFigures:

@@ -176,6 +176,9 @@ class PredictedTtftScorer:
         self._xty = [k * c * s for c, s in zip(self.coef, self._scale, strict=True)]
         self.mean_uncached = 512.0
         """Uncached tokens of a routed request, averaged (EWMA): the size of a queued one."""
+        # the per-request maps are keyed by the cycle's identity (``id(state)``), not the
+        # request id: that comes from the client when Envoy keeps its x-request-id, and two
+        # requests in flight under one id would cross their accounting
         self._pending: OrderedDict[int, tuple[EndpointId, tuple[float, ...], float]] = OrderedDict()
         self.speed: dict[EndpointId, float] = {}
         """Per endpoint, observed / predicted TTFT (geometric EWMA; 1 until observed)."""
@@ -189,9 +192,6 @@ class PredictedTtftScorer:
         """Per endpoint, the requests epp sent whose response has not ended (kept only with
         ``count_own_running``)."""
         self._candidates: dict[int, dict[EndpointId, tuple[tuple[float, ...], float]]] = {}
-        # the per-request maps are keyed by the cycle's identity (``id(state)``), not the
-        # request id: that comes from the client when Envoy keeps its x-request-id, and two
-        # requests in flight under one id would cross their accounting
         self.errors = TtftErrors()
         self._logged_s = -math.inf
 
