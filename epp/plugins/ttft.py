@@ -56,6 +56,8 @@ _MAX_PENDING = 100_000
 _MAX_PAIRS = 1_000_000
 _MAX_OVERFLOW = 4.0
 _MIN_CAPACITY_TOKENS = 1024
+_PRIOR_FLOOR = 1.0
+"""The priors never weigh less than this many observations in the fit."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -172,8 +174,9 @@ class PredictedTtftScorer:
         # (z = x / scale: thousands of tokens), and the fit is in z's units: coef x scale
         self._scale = [1.0, 1e3, 1e3, 1.0, 1.0, 1.0]
         k = p.prior_strength
+        self._prior_z = [c * s for c, s in zip(self.coef, self._scale, strict=True)]
         self._xtx = [[k if i == j else 0.0 for j in range(_FEATURES)] for i in range(_FEATURES)]
-        self._xty = [k * c * s for c, s in zip(self.coef, self._scale, strict=True)]
+        self._xty = [k * z for z in self._prior_z]
         self.mean_uncached = 512.0
         """Uncached tokens of a routed request, averaged (EWMA): the size of a queued one."""
         # the per-request maps are keyed by the cycle's identity (``id(state)``), not the
@@ -356,7 +359,12 @@ class PredictedTtftScorer:
             for j in range(_FEATURES):
                 row[j] = lam * row[j] + zi * z[j]
             xty[i] = lam * xty[i] + zi * y
-        sol = _solve(xtx, xty)
+        # the prior decays with the data; a feature the traffic never sets (no KV overflow,
+        # no queue) would leave a zero row after ~30k responses and freeze the whole fit, so
+        # the solve keeps a fixed floor of it (_PRIOR_FLOOR observations' worth)
+        a = [[v + _PRIOR_FLOOR if i == j else v for j, v in enumerate(row)] for i, row in enumerate(xtx)]
+        b = [v + _PRIOR_FLOOR * z for v, z in zip(xty, self._prior_z, strict=True)]
+        sol = _solve(a, b)
         if sol is None:
             return
         coef = [c / s for c, s in zip(sol, self._scale, strict=True)]

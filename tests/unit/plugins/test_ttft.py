@@ -96,6 +96,28 @@ def test_priors_hold_for_a_feature_the_observations_do_not_move() -> None:
     assert abs(sc.coef[1] - 9e-5) < 2e-5
 
 
+def test_the_fit_keeps_learning_when_a_feature_never_moves() -> None:
+    # the prior decays with every observation; without a floor, the rows of features the
+    # traffic never sets (no queue, no KV use here) vanish and the solve fails for good.
+    # Forgetting 0.99 gets there in ~3,000 responses (0.999, the default: ~30,000)
+    sc = PredictedTtftScorer("t", PredictedTtftParams(forgetting=0.99, calibration_rate=0))
+    rng = random.Random(2)
+
+    def serve(i: int, seconds_per_token: float) -> None:
+        chars = rng.randrange(400, 16_000)
+        s = state(f"r{i}", chars)
+        sc.score(s, [ep(A)])
+        sc.post_pick(s, PickResult((ep(A),), s))
+        sc.post_first_token(s, PickResult((ep(A),), s), 0.02 + seconds_per_token * chars / 4)
+
+    for i in range(5_000):
+        serve(i, 1e-4)
+    assert abs(sc.coef[1] - 1e-4) < 1e-5
+    for i in range(5_000, 6_000):  # the server got 3x slower
+        serve(i, 3e-4)
+    assert abs(sc.coef[1] - 3e-4) < 3e-5
+
+
 def test_a_slower_endpoint_is_calibrated_apart_from_the_shared_model() -> None:
     sc = PredictedTtftScorer("t", PredictedTtftParams(calibration_rate=0.1))  # opt-in
     rng = random.Random(2)
