@@ -48,7 +48,7 @@ from simulator.replay.report import summarize  # noqa: E402
 from simulator.replay.workload import build_generator  # noqa: E402
 
 POLICIES = {"default": "epp", "+sessions": "epp", "+token load (agentic)": "epp", "+both": "epp",
-            "+token load 128k": "epp", "+token load 128k x0.5": "epp",
+            "+token load 128k": "epp", "+token load 128k x0.5": "epp", "+token load (decode)": "epp",
             "sticky (llm-d style)": "epp:sticky", "SGLang cache-aware": "cache-aware"}  # fmt: skip
 TOKEN_128K = {"scaleTokens": 131072}
 ADDED: dict[str, tuple[tuple[str, dict[str, Any], float], ...]] = {
@@ -57,10 +57,12 @@ ADDED: dict[str, tuple[tuple[str, dict[str, Any], float], ...]] = {
     "+both": (("session-affinity-scorer", {}, 1), ("token-load-scorer", {}, 1)),
     "+token load 128k": (("token-load-scorer", TOKEN_128K, 1),),
     "+token load 128k x0.5": (("token-load-scorer", TOKEN_128K, 0.5),),
+    "+token load (decode)": (("token-load-scorer", TOKEN_128K | {"prefillWeight": 0}, 1),),
 }
 """The variants of the default: these scorers added to it, with their parameters and weight
 (the default with token load is the shipped ``agentic`` profile; the 128k ones are the
-candidates of bench/configs/default-token-load-128k*.yaml)."""
+candidates of bench/configs/default-token-load-128k*.yaml; "decode" counts only the tokens of
+requests past their first token, bench/configs/default-ph-token-load-decode.yaml)."""
 
 
 def variant(name: str) -> Any:
