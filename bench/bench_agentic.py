@@ -49,6 +49,7 @@ from simulator.replay.workload import build_generator  # noqa: E402
 
 POLICIES = {"default": "epp", "+sessions": "epp", "+token load (agentic)": "epp", "+both": "epp",
             "+token load 128k": "epp", "+token load 128k x0.5": "epp", "+token load (decode)": "epp",
+            "+session spread": "epp:bench/configs/default-session-spread.yaml",
             "sticky (llm-d style)": "epp:sticky", "SGLang cache-aware": "cache-aware"}  # fmt: skip
 TOKEN_128K = {"scaleTokens": 131072}
 ADDED: dict[str, tuple[tuple[str, dict[str, Any], float], ...]] = {

@@ -27,7 +27,10 @@ refit by exponentially weighted least squares on what epp observes: for every re
 features it had at the pick and the time to its first body bytes. The endpoint with the
 lowest cost scores 1, the others ``best / theirs``. Parameters (``PredictedTtftParams``) are
 the priors, the forgetting factor, the prior's weight, ``work_weight``, ``fill_weight``,
-``evict_weight`` and ``contention_weight``; nothing is weighted per deployment. The
+``evict_weight`` and ``contention_weight``; nothing is weighted per deployment. With
+``session_spread_seconds`` (off by default), a request that starts a session (its identity
+from a header, as ``session-affinity-scorer`` reads it) is also charged that many seconds per
+session active on the endpoint: the session's later turns will follow its cache there. The
 default profile uses it with prefix, queue and KV scores (docs/configuration.md); the measurements
 behind each parameter's default: docs/research/2026-11-26-predicted-ttft-parameters.md.
 
@@ -46,6 +49,7 @@ from typing import Any
 
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.types import CycleState, PickResult, ResponseInfo
+from epp.plugins.session import SessionAffinityParams, session_of
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,10 @@ _MAX_OVERFLOW = 4.0
 _MIN_CAPACITY_TOKENS = 1024
 _PRIOR_FLOOR = 1.0
 """The priors never weigh less than this many observations in the fit."""
+
+
+def _session_headers() -> list[str]:
+    return ["x-session-id"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,6 +119,16 @@ class PredictedTtftParams:
     """Where caches are full, every uncached token a pick writes pushes a token of some other
     prefix out: the score charges ``evict_weight x work_weight x c_u x u x fill`` on top (so
     nothing while the caches have room). 0 turns it off."""
+    session_spread_seconds: float = 0.0
+    """A request that starts a session (an identity from ``session_headers`` not seen within
+    ``session_window_seconds``) sets where the session's later turns will go, since their
+    context will be cached there: the score charges this many seconds per session active on
+    the endpoint, so new sessions spread over the endpoints instead of piling onto those that
+    hold a shared system prompt. 0 (the default): off."""
+    session_headers: list[str] = field(default_factory=_session_headers)
+    """Request headers carrying the session identity (``session_spread_seconds``)."""
+    session_window_seconds: float = 120.0
+    """A session counts as active on its endpoint this long after its last request."""
     contention_weight: float = 2.0
     """A server that batches prefill chunks (vLLM's chunked prefill) runs a request that
     arrives while others are prefilling in the same steps as theirs: the score charges
@@ -196,6 +214,11 @@ class PredictedTtftScorer:
         ``count_own_running``)."""
         self._candidates: dict[int, dict[EndpointId, tuple[tuple[float, ...], float]]] = {}
         self.errors = TtftErrors()
+        self._session_params = SessionAffinityParams(headers=list(p.session_headers))
+        self._sessions: OrderedDict[str, tuple[EndpointId, float]] = OrderedDict()
+        """Sessions seen within the window: endpoint, last request (least recent first)."""
+        self.sessions_on: dict[EndpointId, int] = {}
+        """Per endpoint, the sessions active there (``session_spread_seconds`` > 0)."""
         self._logged_s = -math.inf
 
     def features(self, state: CycleState, e: Endpoint) -> tuple[float, ...]:
@@ -248,8 +271,42 @@ class PredictedTtftScorer:
             low = min(fills)
             cost = [c + f * x[1] * (k * (fill - low) + ev * fill)
                     for c, x, f, fill in zip(cost, feats, factors, fills, strict=True)]  # fmt: skip
+        if self.params.session_spread_seconds > 0:
+            cost = self._spread_sessions(state, endpoints, cost)
         best = min(cost)
         return [best / c for c in cost]
+
+    def _spread_sessions(self, state: CycleState, endpoints: Sequence[Endpoint],
+                         cost: list[float]) -> list[float]:  # fmt: skip
+        session = session_of(state.request, self._session_params)
+        self._expire_sessions(state.now_s)
+        if not session or session in self._sessions:
+            return cost
+        k = self.params.session_spread_seconds
+        on = self.sessions_on
+        return [c + k * on.get(e.id, 0) for c, e in zip(cost, endpoints, strict=True)]
+
+    def _track_session(self, state: CycleState, target: EndpointId) -> None:
+        session = session_of(state.request, self._session_params)
+        if not session:
+            return
+        sessions = self._sessions
+        old = sessions.pop(session, None)
+        if old is not None:
+            _take(self.sessions_on, old[0], 1)
+        sessions[session] = (target, state.now_s)
+        self.sessions_on[target] = self.sessions_on.get(target, 0) + 1
+        self._expire_sessions(state.now_s)
+
+    def _expire_sessions(self, now_s: float) -> None:
+        sessions = self._sessions
+        limit = now_s - self.params.session_window_seconds
+        while sessions:
+            session, (target, at) = next(iter(sessions.items()))
+            if at >= limit and len(sessions) <= _MAX_PENDING:
+                break
+            del sessions[session]
+            _take(self.sessions_on, target, 1)
 
     def post_pick(self, state: CycleState, result: PickResult) -> None:
         rid = id(state)
@@ -262,6 +319,8 @@ class PredictedTtftScorer:
         x, t = picked
         self.mean_uncached = 0.98 * self.mean_uncached + 0.02 * x[1]
         target = result.target.id
+        if self.params.session_spread_seconds > 0:
+            self._track_session(state, target)
         self._pending[rid] = (target, x, t)
         if len(self._pending) > _MAX_PENDING:
             self._pending.popitem(last=False)
@@ -322,6 +381,7 @@ class PredictedTtftScorer:
         self.outstanding.pop(endpoint_id, None)
         self.active.pop(endpoint_id, None)
         self.speed.pop(endpoint_id, None)
+        self.sessions_on.pop(endpoint_id, None)
 
     def _observe(self, rid: int, ttft: float) -> None:
         entry = self._pending.pop(rid, None)

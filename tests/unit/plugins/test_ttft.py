@@ -118,6 +118,46 @@ def test_the_fit_keeps_learning_when_a_feature_never_moves() -> None:
     assert abs(sc.coef[1] - 3e-4) < 3e-5
 
 
+def session_state(rid: str, session: str, now_s: float) -> CycleState:
+    s = CycleState(InferenceRequest(rid, "m", "x" * 4_000, headers={"x-session-id": session}),
+                   now_s, random.Random(0))  # fmt: skip
+    s.prefix = PrefixMatch(list(range(4_000 // 64)), {}, 64)
+    return s
+
+
+def test_new_sessions_spread_over_the_endpoints_their_turns_will_follow() -> None:
+    sc = PredictedTtftScorer("t", PredictedTtftParams(calibration_rate=0, session_spread_seconds=0.2,
+                                                      session_window_seconds=60.0))  # fmt: skip
+    for i, target in enumerate((A, A, B)):  # sessions s0 and s1 on A, s2 on B
+        s = session_state(f"r{i}", f"s{i}", 1.0)
+        sc.score(s, [ep(A), ep(B)])
+        sc.post_pick(s, PickResult((ep(target),), s))
+        sc.post_first_token(s, PickResult((ep(target),), s), 0.1)
+    assert sc.sessions_on == {A: 2, B: 1}
+    # a new session: A carries one more session, 0.2 s more
+    new = sc.score(session_state("r3", "s3", 2.0), [ep(A), ep(B)])
+    assert new[1] == 1.0 and new[0] < 1.0
+    # a known session is not charged: both endpoints alike
+    known = sc.score(session_state("r4", "s0", 2.0), [ep(A), ep(B)])
+    assert known[0] == known[1] == 1.0
+    # a session moving counts once, where it went
+    moved = session_state("r5", "s0", 3.0)
+    sc.score(moved, [ep(A), ep(B)])
+    sc.post_pick(moved, PickResult((ep(B),), moved))
+    assert sc.sessions_on == {A: 1, B: 2}
+    # past the window every session is forgotten
+    sc.score(session_state("r6", "s9", 100.0), [ep(A), ep(B)])
+    assert sc.sessions_on == {} and len(sc._sessions) == 0
+
+
+def test_session_spread_is_off_by_default() -> None:
+    sc = PredictedTtftScorer("t", PredictedTtftParams())
+    s = session_state("r0", "s0", 1.0)
+    sc.score(s, [ep(A), ep(B)])
+    sc.post_pick(s, PickResult((ep(A),), s))
+    assert sc.sessions_on == {} and len(sc._sessions) == 0
+
+
 def test_a_slower_endpoint_is_calibrated_apart_from_the_shared_model() -> None:
     sc = PredictedTtftScorer("t", PredictedTtftParams(calibration_rate=0.1))  # opt-in
     rng = random.Random(2)
