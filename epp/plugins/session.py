@@ -74,11 +74,81 @@ def _dig(body: Mapping[str, Any], path: str) -> Any:
     return node
 
 
+class SessionTable:
+    """Sessions seen recently: where each one's last request went, when, and how many requests
+    it has made. Least recently seen first, at most ``max_sessions``; a session unseen for
+    ``window_s`` is forgotten, on lookup (``get``) or from the front (``expire``, ``record``).
+    ``on`` counts the sessions held per endpoint and ``requests`` their requests so far."""
+
+    __slots__ = ("_entries", "max_sessions", "on", "requests", "window_s")
+
+    def __init__(self, window_s: float, max_sessions: int) -> None:
+        self.window_s = window_s
+        self.max_sessions = max_sessions
+        self._entries: OrderedDict[str, tuple[EndpointId, float, int]] = OrderedDict()
+        self.on: dict[EndpointId, int] = {}
+        self.requests = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, session: str) -> bool:
+        return session in self._entries
+
+    def get(self, session: str, now_s: float) -> EndpointId | None:
+        """Where the session's last request went, or None (unknown, or unseen too long:
+        then it is forgotten)."""
+        entry = self._entries.get(session)
+        if entry is None:
+            return None
+        if now_s - entry[1] > self.window_s:
+            self._drop(session)
+            return None
+        return entry[0]
+
+    def record(self, session: str, target: EndpointId, now_s: float) -> None:
+        """The session's request went to ``target`` at ``now_s``."""
+        old = self._entries.pop(session, None)
+        count = 1
+        if old is not None:
+            self._uncount(old[0], old[2])
+            count += old[2]
+        self._entries[session] = (target, now_s, count)
+        self.on[target] = self.on.get(target, 0) + 1
+        self.requests += count
+        self.expire(now_s)
+
+    def expire(self, now_s: float) -> None:
+        """Forget, from the least recently seen, sessions past the window or the bound."""
+        entries = self._entries
+        limit = now_s - self.window_s
+        while entries:
+            session, (_, seen_s, _) = next(iter(entries.items()))
+            if seen_s >= limit and len(entries) <= self.max_sessions:
+                break
+            self._drop(session)
+
+    def mean_requests(self) -> float:
+        """The mean number of requests the sessions held have made so far (0 when none)."""
+        return self.requests / len(self._entries) if self._entries else 0.0
+
+    def _drop(self, session: str) -> None:
+        target, _, count = self._entries.pop(session)
+        self._uncount(target, count)
+
+    def _uncount(self, target: EndpointId, count: int) -> None:
+        self.requests -= count
+        left = self.on.get(target, 0) - 1
+        if left > 0:
+            self.on[target] = left
+        else:
+            self.on.pop(target, None)
+
 class SessionAffinityScorer:
     def __init__(self, name: str, params: SessionAffinityParams) -> None:
         self.name = name
         self.params = params
-        self._sessions: OrderedDict[str, tuple[EndpointId, float]] = OrderedDict()
+        self._sessions = SessionTable(params.ttl_seconds, params.max_sessions)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -88,12 +158,8 @@ class SessionAffinityScorer:
         session = session_of(state.request, self.params)
         if not session:
             return zeros
-        entry = self._sessions.get(session)
-        if entry is None:
-            return zeros
-        target, seen_s = entry
-        if state.now_s - seen_s > self.params.ttl_seconds:
-            del self._sessions[session]
+        target = self._sessions.get(session, state.now_s)
+        if target is None:
             return zeros
         p = self.params
         for i, e in enumerate(endpoints):
@@ -107,10 +173,5 @@ class SessionAffinityScorer:
 
     def post_pick(self, state: CycleState, result: PickResult) -> None:
         session = session_of(state.request, self.params)
-        if not session:
-            return
-        sessions = self._sessions
-        sessions[session] = (result.target.id, state.now_s)
-        sessions.move_to_end(session)
-        while len(sessions) > self.params.max_sessions:
-            sessions.popitem(last=False)
+        if session:
+            self._sessions.record(session, result.target.id, state.now_s)

@@ -30,7 +30,8 @@ the priors, the forgetting factor, the prior's weight, ``work_weight``, ``fill_w
 ``evict_weight`` and ``contention_weight``; nothing is weighted per deployment. With
 ``session_spread_seconds`` (off by default), a request that starts a session (its identity
 from a header, as ``session-affinity-scorer`` reads it) is also charged that many seconds per
-session active on the endpoint: the session's later turns will follow its cache there. The
+session active on the endpoint, since the session's later turns will follow its cache there;
+scaled down while the active sessions are short (``session_spread_requests``). The
 default profile uses it with prefix, queue and KV scores (docs/configuration.md); the measurements
 behind each parameter's default: docs/research/2026-11-26-predicted-ttft-parameters.md.
 
@@ -49,7 +50,7 @@ from typing import Any
 
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.types import CycleState, PickResult, ResponseInfo
-from epp.plugins.session import SessionAffinityParams, session_of
+from epp.plugins.session import SessionAffinityParams, SessionTable, session_of
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,10 @@ class PredictedTtftParams:
     context will be cached there: the score charges this many seconds per session active on
     the endpoint, so new sessions spread over the endpoints instead of piling onto those that
     hold a shared system prompt. 0 (the default): off."""
+    session_spread_requests: float = 20.0
+    """The spread charge is full once the sessions active have made this many requests each
+    on average so far, and proportionally less below: a chat of a few turns is cheaper kept
+    beside its system prompt, a long agent session is worth spreading. 0: always full."""
     session_headers: list[str] = field(default_factory=_session_headers)
     """Request headers carrying the session identity (``session_spread_seconds``)."""
     session_window_seconds: float = 120.0
@@ -215,10 +220,10 @@ class PredictedTtftScorer:
         self._candidates: dict[int, dict[EndpointId, tuple[tuple[float, ...], float]]] = {}
         self.errors = TtftErrors()
         self._session_params = SessionAffinityParams(headers=list(p.session_headers))
-        self._sessions: OrderedDict[str, tuple[EndpointId, float]] = OrderedDict()
-        """Sessions seen within the window: endpoint, last request (least recent first)."""
-        self.sessions_on: dict[EndpointId, int] = {}
-        """Per endpoint, the sessions active there (``session_spread_seconds`` > 0)."""
+        self._sessions = SessionTable(p.session_window_seconds, _MAX_PENDING)
+        """Sessions seen within the window (kept with ``session_spread_seconds`` > 0)."""
+        self.sessions_on = self._sessions.on
+        """Per endpoint, the sessions active there."""
         self._logged_s = -math.inf
 
     def features(self, state: CycleState, e: Endpoint) -> tuple[float, ...]:
@@ -278,35 +283,19 @@ class PredictedTtftScorer:
 
     def _spread_sessions(self, state: CycleState, endpoints: Sequence[Endpoint],
                          cost: list[float]) -> list[float]:  # fmt: skip
+        sessions = self._sessions
+        sessions.expire(state.now_s)
         session = session_of(state.request, self._session_params)
-        self._expire_sessions(state.now_s)
-        if not session or session in self._sessions:
+        if not session or session in sessions:
             return cost
         k = self.params.session_spread_seconds
-        on = self.sessions_on
+        full = self.params.session_spread_requests
+        if full > 0:
+            k *= min(1.0, sessions.mean_requests() / full)
+        if k <= 0:
+            return cost
+        on = sessions.on
         return [c + k * on.get(e.id, 0) for c, e in zip(cost, endpoints, strict=True)]
-
-    def _track_session(self, state: CycleState, target: EndpointId) -> None:
-        session = session_of(state.request, self._session_params)
-        if not session:
-            return
-        sessions = self._sessions
-        old = sessions.pop(session, None)
-        if old is not None:
-            _take(self.sessions_on, old[0], 1)
-        sessions[session] = (target, state.now_s)
-        self.sessions_on[target] = self.sessions_on.get(target, 0) + 1
-        self._expire_sessions(state.now_s)
-
-    def _expire_sessions(self, now_s: float) -> None:
-        sessions = self._sessions
-        limit = now_s - self.params.session_window_seconds
-        while sessions:
-            session, (target, at) = next(iter(sessions.items()))
-            if at >= limit and len(sessions) <= _MAX_PENDING:
-                break
-            del sessions[session]
-            _take(self.sessions_on, target, 1)
 
     def post_pick(self, state: CycleState, result: PickResult) -> None:
         rid = id(state)
@@ -320,7 +309,9 @@ class PredictedTtftScorer:
         self.mean_uncached = 0.98 * self.mean_uncached + 0.02 * x[1]
         target = result.target.id
         if self.params.session_spread_seconds > 0:
-            self._track_session(state, target)
+            session = session_of(state.request, self._session_params)
+            if session:
+                self._sessions.record(session, target, state.now_s)
         self._pending[rid] = (target, x, t)
         if len(self._pending) > _MAX_PENDING:
             self._pending.popitem(last=False)
@@ -381,7 +372,7 @@ class PredictedTtftScorer:
         self.outstanding.pop(endpoint_id, None)
         self.active.pop(endpoint_id, None)
         self.speed.pop(endpoint_id, None)
-        self.sessions_on.pop(endpoint_id, None)
+        # its sessions stay counted (no longer scored) until they expire or move
 
     def _observe(self, rid: int, ttft: float) -> None:
         entry = self._pending.pop(rid, None)

@@ -4,7 +4,8 @@ Every request streams (SSE, ``stream_options.include_usage``); the client measur
 the time to the first chunk carrying text, and checks that the stream is intact (every
 ``data:`` line is JSON, the stream ends with ``[DONE]``). Turn ``t`` of a user is sent after
 turn ``t-1`` finished, with the answer it received in its history. Each request carries an
-``x-request-id`` of its own, which Envoy's access log (the stack's) records beside its timings.
+``x-request-id`` of its own, which Envoy's access log (the stack's) records beside its timings,
+and its conversation in ``x-session-id`` (``u<user>``), as a chat client sends it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import aiohttp
 
 from epp.request.parse import REQUEST_ID_HEADER
 from simulator.gateway import UPSTREAM_HOST_HEADER
+from simulator.replay.policies import SESSION_HEADER
 from simulator.stack.workload import SharedPrefixWorkload, Texts, group_of, make_texts
 
 
@@ -175,7 +177,8 @@ async def run_workload(
         rec = RequestRecord(conv.user, t, group_of(w, conv.user), time.perf_counter() - t_start,
                             request_id=uuid.uuid4().hex)
         base = target(conv.user, t)
-        answer = await stream_one(session, base + path, body, rec, w.api == "chat")
+        answer = await stream_one(session, base + path, body, rec, w.api == "chat",
+                                  {SESSION_HEADER: f"u{conv.user}"})
         if base != gateway_url:
             rec.upstream = base.removeprefix("http://")
         conv.history.append((texts.questions[conv.user][t], answer))

@@ -697,6 +697,9 @@ async def _start_sglang_router(
         proc = await asyncio.create_subprocess_exec(
             str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
             "--port", str(port), "--policy", policy, "--worker-urls", *urls,
+            # its metrics listener has a fixed default port (29000), which a run's previous
+            # router can leave in TIME_WAIT: bind failed in a later round of bench_demo
+            "--prometheus-port", str(vllm.free_port()),
             stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
         )  # fmt: skip
     finally:

@@ -150,6 +150,30 @@ def test_new_sessions_spread_over_the_endpoints_their_turns_will_follow() -> Non
     assert sc.sessions_on == {} and len(sc._sessions) == 0
 
 
+def test_the_spread_grows_with_the_requests_the_active_sessions_have_made() -> None:
+    sc = PredictedTtftScorer("t", PredictedTtftParams(calibration_rate=0, session_spread_seconds=0.2,
+                                                      session_spread_requests=4))  # fmt: skip
+    pool = [ep(A), ep(B)]
+
+    def turn(i: int, session: str, target: int, now_s: float) -> None:
+        s = session_state(f"r{i}", session, now_s)
+        sc.score(s, pool)
+        sc.post_pick(s, PickResult((ep(target),), s))
+        sc.post_first_token(s, PickResult((ep(target),), s), 0.1)
+
+    def charge_on_a() -> float:  # a new session's extra seconds on A (one session there)
+        charged = sc._spread_sessions(session_state("new", "fresh", 5.0), pool, [1.0, 1.0])
+        assert charged[1] == 1.0
+        return charged[0] - 1.0
+
+    turn(0, "s0", A, 1.0)  # one session of one request on A: a quarter of the charge
+    assert abs(charge_on_a() - 0.05) < 1e-3
+    for i in range(1, 4):  # four requests so far: the full charge
+        turn(i, "s0", A, 1.0 + i)
+    assert sc._sessions.mean_requests() == 4
+    assert abs(charge_on_a() - 0.2) < 1e-3
+
+
 def test_session_spread_is_off_by_default() -> None:
     sc = PredictedTtftScorer("t", PredictedTtftParams())
     s = session_state("r0", "s0", 1.0)
