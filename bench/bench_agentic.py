@@ -1,6 +1,6 @@
 """Agent traffic in the replay (issue 42): the default profile, the default with session
 affinity (``session-affinity-scorer``, weight 1), with load in tokens (``token-load-scorer``,
-1) and with both, llm-d-style sticky routing (the shipped ``sticky`` profile) and SGLang's
+1) and with both, the default without its session spread (``-session spread``), llm-d-style sticky routing (the shipped ``sticky`` profile) and SGLang's
 cache-aware router.
 
 Workload: the replay's ``agentic`` generator (``simulator.replay.workload.AgenticParams``):
@@ -49,7 +49,7 @@ from simulator.replay.workload import build_generator  # noqa: E402
 
 POLICIES = {"default": "epp", "+sessions": "epp", "+token load (agentic)": "epp", "+both": "epp",
             "+token load 128k": "epp", "+token load 128k x0.5": "epp", "+token load (decode)": "epp",
-            "+session spread": "epp:bench/configs/default-session-spread.yaml",
+            "-session spread": "epp:bench/configs/default-no-session-spread.yaml",
             "sticky (llm-d style)": "epp:sticky", "SGLang cache-aware": "cache-aware"}  # fmt: skip
 TOKEN_128K = {"scaleTokens": 131072}
 ADDED: dict[str, tuple[tuple[str, dict[str, Any], float], ...]] = {

@@ -13,7 +13,9 @@ import aiohttp
 from epp.envoyconfig import UPSTREAM_HOST_HEADER
 from tests.envoy.conftest import Pool, chat, pool
 
-SYSTEM = "You are the parcel desk's agent. " * 60  # ~500 tokens every session starts with
+SYSTEM = "You are the parcel desk's agent. " * 16  # ~130 tokens every session starts with
+"""Short enough that the charge for the long session (0.2 s) outweighs starting elsewhere (at
+the cost model's prior, ~0.04 s with what the pick costs later requests)."""
 
 NO_SPREAD = """
 plugins:
@@ -37,8 +39,11 @@ schedulingProfiles:
 
 
 async def turn(p: Pool, http: aiohttp.ClientSession, session: str, n: int) -> str:
-    async with http.post(p.url + "/v1/chat/completions",
-                         json=chat(f"{SYSTEM}\n{session} turn {n}: tool output {n * 13}"),
+    """Turn ``n`` of an agent session: the system prompt, then every earlier turn's tool
+    output (~50 tokens each), so its context grows and is cached where it ran."""
+    context = "".join(f"\n{session} tool output {i}: " + f"rows {i * 13} to {i * 17} " * 10
+                      for i in range(n + 1))  # fmt: skip
+    async with http.post(p.url + "/v1/chat/completions", json=chat(SYSTEM + context),
                          headers={"x-session-id": session}) as r:  # fmt: skip
         assert r.status == 200
         await r.read()

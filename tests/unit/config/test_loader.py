@@ -34,6 +34,7 @@ def test_shipped_configs_load() -> None:
         ("predicted-ttft-scorer", 8.0), ("prefix-cache-scorer", 3.0), ("queue-scorer", 2.0),
         ("kv-cache-utilization-scorer", 2.0), ("prefix-home-scorer", 0.25),
     )
+    assert d.plugins["predicted-ttft-scorer"].params.session_spread_seconds == 0.2
     assert shipped_config("predicted-blend").profile.scorers == d.profile.scorers[:4]
     assert shipped_config("prefix-load").profile.scorers == d.profile.scorers[1:4]
     assert d.profile.picker == "max-score-picker"
