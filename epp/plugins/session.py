@@ -144,6 +144,7 @@ class SessionTable:
         else:
             self.on.pop(target, None)
 
+
 class SessionAffinityScorer:
     def __init__(self, name: str, params: SessionAffinityParams) -> None:
         self.name = name

@@ -32,7 +32,8 @@ the priors, the forgetting factor, the prior's weight, ``work_weight``, ``fill_w
 from a header, as ``session-affinity-scorer`` reads it) is also charged that many seconds per
 session active on the endpoint, since the session's later turns will follow its cache there;
 scaled down while the active sessions are short (``session_spread_requests``). The
-default profile uses it with prefix, queue and KV scores (docs/configuration.md); the measurements
+default profile uses it, with the spread at 0.2 s, beside prefix, queue and KV scores
+(docs/configuration.md); the measurements
 behind each parameter's default: docs/research/2026-11-26-predicted-ttft-parameters.md.
 
 The scorer also reports its prediction error (``errors``), which the replay prints.
