@@ -172,6 +172,19 @@ async def pool(
             await r.close()
 
 
+async def until_epp_routes(p: Pool, http: aiohttp.ClientSession) -> None:
+    """Wait until the first epp has fresh metrics for every server and has routed a request.
+    Envoy fails open until then (a request epp answered with an error counts as routed too,
+    and Envoy then picks), so warm-up requests are sent meanwhile."""
+    epp = p.epps[0]
+    deadline = asyncio.get_running_loop().time() + 20
+    while await epp.ready_endpoints() < len(p.replicas) or await epp.routed() < 1:
+        assert asyncio.get_running_loop().time() < deadline, "epp never routed"
+        async with http.post(p.url + "/v1/chat/completions", json=chat("warm-up")) as r:
+            await r.read()
+        await asyncio.sleep(0.1)
+
+
 def chat(text: str, *, stream: bool = False, max_tokens: int = 4) -> dict[str, object]:
     body: dict[str, object] = {"model": MODEL, "max_tokens": max_tokens,
                                "messages": [{"role": "user", "content": text}]}  # fmt: skip

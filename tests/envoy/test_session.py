@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 
 from epp.envoyconfig import UPSTREAM_HOST_HEADER
-from tests.envoy.conftest import chat, pool
+from tests.envoy.conftest import chat, pool, until_epp_routes
 
 CONFIG = """
 plugins:
@@ -28,15 +28,7 @@ async def test_a_session_stays_on_one_server_behind_envoy(tmp_path: Path) -> Non
     (tmp_path / "session.yaml").write_text(CONFIG)
     async with pool(tmp_path, replicas=3, epp_args=("--config", str(tmp_path / "session.yaml"))) as p, \
             aiohttp.ClientSession() as http:  # fmt: skip
-        # Envoy fails open until epp is ready: wait until it has scraped every server (a
-        # request epp answered with an error counts as routed too, and Envoy then picks) and
-        # has routed one
-        deadline = asyncio.get_running_loop().time() + 20
-        while await p.epps[0].ready_endpoints() < 3 or await p.epps[0].routed() < 1:
-            assert asyncio.get_running_loop().time() < deadline, "epp never routed"
-            async with http.post(p.url + "/v1/chat/completions", json=chat("warm-up")) as r:
-                await r.read()
-            await asyncio.sleep(0.1)
+        await until_epp_routes(p, http)
         before = await p.epps[0].routed()
         served: dict[str, set[str]] = {"alpha": set(), "beta": set()}
         for turn in range(6):

@@ -5,37 +5,26 @@ spread off, the same new session joins the server holding the prompt."""
 
 from __future__ import annotations
 
-import asyncio
+from importlib import resources
 from pathlib import Path
 
 import aiohttp
+import yaml
 
 from epp.envoyconfig import UPSTREAM_HOST_HEADER
-from tests.envoy.conftest import Pool, chat, pool
+from tests.envoy.conftest import Pool, chat, pool, until_epp_routes
 
 SYSTEM = "You are the parcel desk's agent. " * 16  # ~130 tokens every session starts with
 """Short enough that the charge for the long session (0.2 s) outweighs starting elsewhere (at
 the cost model's prior, ~0.04 s with what the pick costs later requests)."""
 
-NO_SPREAD = """
-plugins:
-- type: predicted-ttft-scorer
-  parameters: {sessionSpreadSeconds: 0}
-- type: prefix-cache-scorer
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-home-scorer
-- type: max-score-picker
-schedulingProfiles:
-- plugins:
-  - {pluginRef: predicted-ttft-scorer, weight: 8}
-  - {pluginRef: prefix-cache-scorer, weight: 3}
-  - {pluginRef: queue-scorer, weight: 2}
-  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
-  - {pluginRef: prefix-home-scorer, weight: 0.25}
-  - {pluginRef: max-score-picker}
-"""
-"""The default profile with the spread off (its weights as in profiles/default.yaml)."""
+
+def no_spread() -> str:
+    """The shipped default with the spread off."""
+    doc = yaml.safe_load(resources.files("epp.config").joinpath("profiles/default.yaml").read_text("utf-8"))
+    (ttft,) = [p for p in doc["plugins"] if p["type"] == "predicted-ttft-scorer"]
+    ttft["parameters"]["sessionSpreadSeconds"] = 0
+    return yaml.safe_dump(doc)
 
 
 async def turn(p: Pool, http: aiohttp.ClientSession, session: str, n: int) -> str:
@@ -55,14 +44,7 @@ async def where_a_new_session_starts(tmp_path: Path, epp_args: tuple[str, ...]) 
     and where the new one's turns went."""
     tmp_path.mkdir()
     async with pool(tmp_path, replicas=3, epp_args=epp_args) as p, aiohttp.ClientSession() as http:
-        deadline = asyncio.get_running_loop().time() + 20
-        # Envoy fails open until epp is ready: wait until it has scraped every server and
-        # routed one request
-        while await p.epps[0].ready_endpoints() < 3 or await p.epps[0].routed() < 1:
-            assert asyncio.get_running_loop().time() < deadline, "epp never routed"
-            async with http.post(p.url + "/v1/chat/completions", json=chat("warm-up")) as r:
-                await r.read()
-            await asyncio.sleep(0.1)
+        await until_epp_routes(p, http)
         long = {await turn(p, http, "long", n) for n in range(20)}
         assert len(long) == 1, long  # its prefix keeps it on one server
         new = [await turn(p, http, "new", n) for n in range(4)]
@@ -72,7 +54,7 @@ async def where_a_new_session_starts(tmp_path: Path, epp_args: tuple[str, ...]) 
 async def test_a_new_session_starts_away_from_a_long_one_behind_envoy(tmp_path: Path) -> None:
     home, new = await where_a_new_session_starts(tmp_path / "default", ())
     assert len(new) == 1 and home not in new, (home, new)  # spread, then it stays
-    (tmp_path / "no-spread.yaml").write_text(NO_SPREAD)
+    (tmp_path / "no-spread.yaml").write_text(no_spread())
     home, new = await where_a_new_session_starts(
         tmp_path / "off", ("--config", str(tmp_path / "no-spread.yaml")))
     assert new == {home}, (home, new)  # without the spread it joins the prompt's server

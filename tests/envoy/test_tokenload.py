@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 
 from epp.envoyconfig import UPSTREAM_HOST_HEADER
-from tests.envoy.conftest import EppProcess, chat, pool
+from tests.envoy.conftest import EppProcess, chat, pool, until_epp_routes
 
 
 async def tokens(epp: EppProcess, phase: str) -> dict[str, float]:
@@ -35,13 +35,7 @@ async def test_tokens_in_flight_follow_the_request_behind_envoy(tmp_path: Path) 
     async with pool(tmp_path, replicas=2, speedup=1.0, epp_args=("--config", "agentic")) as p, \
             aiohttp.ClientSession() as http:  # fmt: skip
         epp = p.epps[0]
-        deadline = asyncio.get_running_loop().time() + 20
-        # Envoy fails open until epp has scraped the pool (an error counts as routed too)
-        while await epp.ready_endpoints() < 2 or await epp.routed() < 1:
-            assert asyncio.get_running_loop().time() < deadline, "epp never routed"
-            async with http.post(p.url + "/v1/chat/completions", json=chat("warm-up")) as r:
-                await r.read()
-            await asyncio.sleep(0.1)
+        await until_epp_routes(p, http)
         await until_released(epp)
         prompt = "a question about parcels " * 40  # ~250 tokens at 4 characters a token
         async with http.post(p.url + "/v1/chat/completions",
