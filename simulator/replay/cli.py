@@ -90,7 +90,12 @@ def register(subparsers: Any) -> None:
                    help="seed of the policies' random choices (random, tie-breaks)")
     w = p.add_argument_group("where an index built from what the router sent goes wrong")
     w.add_argument("--routers", type=int, default=d.routers,
-                   help="independent epp replicas without index sync; arrivals round-robin")
+                   help="independent epp replicas; arrivals round-robin (without --sync-ms each "
+                   "learns only from what it routed)")
+    w.add_argument("--sync-ms", type=float, default=None, metavar="MS",
+                   help="index sync between the --routers (epp serve --sync-peers): each one's "
+                   "prefix-index writes reach the others this many milliseconds later (20: the "
+                   "default flush period); epp policies only")
     w.add_argument("--bypass-share", type=float, default=d.bypass_share,
                    help="share of requests sent straight to a random replica, past the routers")
     w.add_argument("--restart", action="append", default=[], metavar="T:R",
@@ -272,6 +277,7 @@ def _setup(args: argparse.Namespace) -> tuple[Workload, Any, list[str], ReplayCo
         scrape_interval_s=args.scrape_interval_s,
         seed=args.seed,
         routers=args.routers,
+        sync_delay_s=None if args.sync_ms is None else args.sync_ms / 1e3,
         bypass_share=args.bypass_share,
         restarts=tuple(_restart(r) for r in args.restart),
         reported_kv_blocks=args.reported_kv_blocks,

@@ -53,6 +53,7 @@ from epp.framework.endpoint import ROLE_LABEL, Endpoint, EndpointId, Metrics
 from epp.framework.request import InferenceRequest
 from epp.framework.types import CycleState, PrefixMatch, ResponseInfo
 from epp.observability.metrics import EppMetrics
+from epp.plugins.approxprefix import PrefixProducer
 from epp.plugins.preciseprefix import (
     PRECISE_PREFIX_PRODUCER,
     PreciseIndexConfig,
@@ -142,6 +143,11 @@ class Policy:
 
     def kv_events(self, replica: int, batch: EventBatch, now_s: float) -> None:
         pass
+
+    def index_producer(self) -> PrefixProducer | None:
+        """The approximate prefix index's producer, whose writes index sync shares between
+        routers (None: the policy has no index to share)."""
+        return None
 
 
 def _least_loaded(in_flight: Sequence[int], rng: random.Random) -> int:
@@ -381,6 +387,9 @@ class _EppBase(Policy):
     def finished(self, arrival: Arrival, replica: int, info: ResponseInfo, now_s: float) -> None:
         self.now_s = now_s
         self.director.finish(self.routings.pop(arrival.request.request_id), info)
+
+    def index_producer(self) -> PrefixProducer | None:
+        return self.scheduler.plugin(PrefixProducer)
 
 
 class EppPolicy(_EppBase):

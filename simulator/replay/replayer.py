@@ -54,7 +54,9 @@ from dataclasses import dataclass, field
 from epp.datastore.scraper import DEFAULT_INTERVAL_S
 from epp.framework.endpoint import EndpointId, Metrics
 from epp.framework.types import ResponseInfo
+from epp.plugins.approxprefix import PrefixProducer
 from epp.plugins.preciseprefix.events import EventBatch, Kind, KvEvent
+from epp.sync.apply import RemoteApplier
 from simulator.clihelp import parse_pd
 from simulator.model.cache import PrefixCache, model_seed
 from simulator.model.cost import CostModel
@@ -101,8 +103,14 @@ class ReplayConfig:
     cost: CostModel = field(default_factory=CostModel)
     # --- where an index built from what the router sent goes wrong (docs/precise-prefix.md) ---
     routers: int = 1
-    """Independent router instances (epp replicas without index sync); arrival ``i`` goes
-    through router ``i % routers``. Every router sees every scrape and KV event."""
+    """Independent router instances (epp replicas); arrival ``i`` goes through router ``i %
+    routers``. Every router sees every scrape and KV event."""
+    sync_delay_s: float | None = None
+    """Index sync between the routers (``epp serve --sync-peers``): each router's own prefix
+    index writes reach the others' indexes this long later, through the sync layer's
+    ``RemoteApplier`` (the flush period, 20 ms by default, plus the network). None: no
+    sync, each router learns only from what it routed. Only policies with an approximate
+    prefix index (epp's) have anything to share; the others route as without."""
     bypass_share: float = 0.0
     """Share of arrivals sent straight to a random replica, past the routers."""
     restarts: tuple[tuple[float, int], ...] = ()
@@ -130,6 +138,8 @@ class ReplayConfig:
         for name in ("bypass_share", "event_loss"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"replay setting {name!r} must be in [0, 1]")
+        if self.sync_delay_s is not None and self.sync_delay_s < 0:
+            raise ValueError("replay setting 'sync_delay_s' must be >= 0")
         if self.event_delay_s < 0 or self.reported_kv_blocks < 0:
             raise ValueError("event_delay_s and reported_kv_blocks must be >= 0")
         for _, replica in self.restarts:
@@ -220,6 +230,58 @@ PREFILL_SUFFIX = "#prefill"
 ProgressFn = Callable[[int], None]
 
 
+@dataclass(slots=True, frozen=True)
+class _Wire:
+    """A sync record as it crosses the network (the shape ``RemoteApplier`` reads)."""
+
+    endpoint_id: str
+    hashes: Sequence[int]
+    age_s: float
+
+
+class _IndexSync:
+    """Index sync between the replay's routers, on the simulated clock. Each router's own
+    index writes are taken where the live outbox takes them (the producer's ``subscribe``
+    seam) and reach every other router's ``RemoteApplier`` ``delay_s`` later; a router
+    applies what is due when it next picks, which is all its index is read for."""
+
+    def __init__(self, producers: Sequence[PrefixProducer], delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.log: deque[tuple[float, int, EndpointId, Sequence[int]]] = deque()
+        """The writes not yet applied by every router: (stamp, source router, endpoint, hashes)."""
+        self.base = 0
+        """The log position of ``log[0]``."""
+        self.cursor = [0] * len(producers)
+        """Per router, the log position of the first write it has not read."""
+        self.now_s = 0.0
+        self.appliers = [RemoteApplier(p.apply_remote, lambda _eid: True, lambda: self.now_s)
+                         for p in producers]  # fmt: skip
+        for k, producer in enumerate(producers):
+            producer.subscribe(functools.partial(self._record, k))
+
+    def _record(self, source: int, endpoint_id: EndpointId, hashes: Sequence[int], now_s: float) -> None:
+        self.log.append((now_s, source, endpoint_id, hashes))
+
+    def deliver(self, router: int, now_s: float) -> None:
+        """Apply to ``router``'s index the other routers' writes made ``delay_s`` or more ago."""
+        self.now_s = now_s
+        due = now_s - self.delay_s
+        log, i = self.log, self.cursor[router] - self.base
+        wires = []
+        while i < len(log) and log[i][0] <= due:
+            stamp, source, eid, hashes = log[i]
+            if source != router:
+                wires.append(_Wire(eid, hashes, now_s - stamp))
+            i += 1
+        self.cursor[router] = i + self.base
+        if wires:
+            self.appliers[router].apply(wires)
+        read = min(self.cursor)
+        while self.base < read:
+            log.popleft()
+            self.base += 1
+
+
 class Replayer:
     def __init__(self, config: ReplayConfig | None = None) -> None:
         self.config = config or ReplayConfig()
@@ -301,6 +363,11 @@ class _Run:
             for k in range(cfg.routers)
         ]  # fmt: skip
         self.policy = self.policies[0]
+        self.sync: _IndexSync | None = None
+        if cfg.sync_delay_s is not None and cfg.routers > 1:
+            producers = [p.index_producer() for p in self.policies]
+            if all(p is not None for p in producers):
+                self.sync = _IndexSync([p for p in producers if p is not None], cfg.sync_delay_s)
         if cfg.disaggregated and not self.policy.knows_roles:
             raise ValueError(f"policy {self.policy.name!r} does not read endpoint roles: "
                              "disaggregated replays (--pd) run epp, precise or oracle with a "
@@ -608,6 +675,8 @@ class _Run:
             self._start(arrival, self.rng.randrange(cfg.replicas), t)
             return
         outcome.router = k
+        if self.sync is not None:
+            self.sync.deliver(k, t)
         replica = self.policies[k].pick(arrival, t)
         if replica is not None:
             self._start(arrival, replica, t)

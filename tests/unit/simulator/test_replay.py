@@ -515,3 +515,34 @@ def test_agent_sessions_grow_their_context_and_sub_agents_start_from_their_paren
     # sessions of one system prompt share it; the epp default replays them with sessions on
     result = Replayer(ReplayConfig(replicas=4, kv_blocks=4096)).run(w, policy_factory("epp:agentic")[1], "a")
     assert summarize(result).hit_rate > 0.8
+
+
+# --- index sync between routers -----------------------------------------------------------------
+
+
+def _placed_then_asked_again(sync_delay_s: float | None) -> int:
+    """Eight prefixes, each placed through router 0, then asked for again through router 1
+    half a second later; how many of the second requests land where the first went. The
+    profile without prefix-home (prefix-load), so that only the index can tell router 1."""
+    trace = []
+    for g in range(8):
+        trace += [req(2 * g, g * 2.0, prefix=g), req(2 * g + 1, g * 2.0 + 0.5, prefix=g)]
+    config = dataclasses.replace(SMALL, routers=2, sync_delay_s=sync_delay_s)
+    p = picks(replay(ListWorkload(trace), "epp:prefix-load", config))
+    return sum(p[2 * g + 1] == p[2 * g] for g in range(8))
+
+
+def test_with_index_sync_a_router_follows_the_prefixes_another_placed() -> None:
+    assert _placed_then_asked_again(0.02) == 8
+    # the control: each router knows only what it routed itself
+    assert _placed_then_asked_again(None) < 8
+
+
+def test_a_peers_write_counts_only_once_the_sync_delay_has_passed() -> None:
+    # the second request comes 0.5 s after the first: a 1 s delay has not delivered it yet
+    assert _placed_then_asked_again(1.0) == _placed_then_asked_again(None)
+
+
+def test_a_negative_sync_delay_is_refused() -> None:
+    with pytest.raises(ValueError, match="sync_delay_s"):
+        dataclasses.replace(SMALL, routers=2, sync_delay_s=-0.1)
