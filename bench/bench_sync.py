@@ -3,15 +3,18 @@ servers, workloads and default profile as the profile sweep (bench_profiles.py),
 routers (epp replicas; arrival i goes through router i mod R, as Envoy spreads requests) and
 index sync off or on. With sync on, each router's own prefix-index writes (the routing
 decision's chain hashes, and with ``learnFromResponses`` the reply's) reach the other
-routers' indexes ``--sync-ms`` later through the sync layer's ``RemoteApplier``, as ``epp
-serve --sync-peers`` sends them (``ReplayConfig.sync_delay_s``). Without it each router
-learns only from what it routed itself.
+routers' indexes ``--sync-ms`` later through the sync layer's ``RemoteApplier``, and so does
+its prefill in flight (the predicted-TTFT scorer's count of uncached prompt tokens sent and
+not yet answered, per endpoint) into their ``PeerPrefill``, as ``epp serve --sync-peers``
+sends both (``ReplayConfig.sync_delay_s``). Without sync each router learns only from what it
+routed itself; "index only" shares the index writes and not the prefill
+(``ReplayConfig.sync_prefill``).
 
 For each workload of the sweep at its multi-router point (conversations, documents, shared
 system prompts, the Mooncake trace) and each R in ``--routers``: the servers' prefix-cache
-hit rate (the mean over the seeds) and TTFT p50 / p90 (medians), sync off and on, one router
-for reference, and the p90 with sync over without, seed by seed (``bench.stats``: the
-geometric mean and a 90% bootstrap interval). Then the sync delay swept on conversations at
+hit rate (the mean over the seeds) and TTFT p50 / p90 (medians) without sync, with the index
+only and with sync, one router for reference, and the p90 with sync over without, seed by
+seed (``bench.stats``: the geometric mean and a 90% bootstrap interval). Then the sync delay swept on conversations at
 the largest R: how stale a peer's writes may be before sync stops paying. No pass/fail.
 
 Run: ./run bench sync [--quick] [--seeds 3] [--routers 2,4,8] [--delays-ms 0,20,200,1000,5000]
@@ -37,13 +40,13 @@ from simulator.replay.policies import policy_factory  # noqa: E402
 from simulator.replay.replayer import Replayer  # noqa: E402
 from simulator.replay.report import summarize  # noqa: E402
 
-Job = tuple[Point, int, float | None, int, bool]
-"""(point, routers, sync delay in ms or None for off, seed, quick)."""
+Job = tuple[Point, int, float | None, int, bool, bool]
+"""(point, routers, sync delay in ms or None for off, seed, quick, share the prefill)."""
 
 
 def run_one(job: Job) -> tuple[Job, float, float, float]:
-    point, routers, sync_ms, seed, quick = job
-    cfg = dataclasses.replace(config_of(point, seed), routers=routers,
+    point, routers, sync_ms, seed, quick, prefill = job
+    cfg = dataclasses.replace(config_of(point, seed), routers=routers, sync_prefill=prefill,
                               sync_delay_s=None if sync_ms is None else sync_ms / 1e3)  # fmt: skip
     name, factory = policy_factory("epp")
     s = summarize(Replayer(cfg).run(workload_of(point, quick, seed), factory, name))
@@ -75,15 +78,17 @@ def main() -> int:
         if not args.quick else [Point("chat", 8, 2048, 4)]  # fmt: skip
     seeds = range(args.seeds)
     chat = points[0]
-    jobs: list[Job] = [(p, 1, None, s, args.quick) for p in points for s in seeds]
-    jobs += [(p, r, sync, s, args.quick) for p in points for r in counts for sync in (None, args.sync_ms)
+    jobs: list[Job] = [(p, 1, None, s, args.quick, True) for p in points for s in seeds]
+    jobs += [(p, r, sync, s, args.quick, prefill) for p in points for r in counts
+             for sync, prefill in ((None, True), (args.sync_ms, False), (args.sync_ms, True))
              for s in seeds]  # fmt: skip
-    jobs += [(chat, counts[-1], d, s, args.quick) for d in delays if d != args.sync_ms for s in seeds]
+    jobs += [(chat, counts[-1], d, s, args.quick, True) for d in delays if d != args.sync_ms for s in seeds]
     with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-        results = {job[:4]: (hit, p50, p90) for job, hit, p50, p90 in pool.map(run_one, jobs)}
+        results = {(job[0], job[1], job[2], job[3], job[5]): (hit, p50, p90)
+                   for job, hit, p50, p90 in pool.map(run_one, jobs)}  # fmt: skip
 
-    def cell(p: Point, r: int, sync: float | None) -> list[tuple[float, float, float]]:
-        return [results[(p, r, sync, s)] for s in seeds]
+    def cell(p: Point, r: int, sync: float | None, prefill: bool = True) -> list[tuple[float, float, float]]:
+        return [results[(p, r, sync, s, prefill)] for s in seeds]
 
     def summary(rows: list[tuple[float, float, float]]) -> str:
         return (f"{100 * statistics.mean(h for h, _, _ in rows):5.1f}% "
@@ -93,14 +98,15 @@ def main() -> int:
           f"sync delay {args.sync_ms:g} ms")
     print("hit rate (servers' prefix-cache hits, mean) / TTFT p50 / p90 (s, medians); the last column:")
     print("p90 with sync over without, seed by seed\n")
-    print(f"{'point':<40} {'routers':>7} | {'no sync: hit   p50    p90':>25} | {'sync: hit   p50    p90':>22} | p90 sync / no sync")
+    print(f"{'point':<40} {'routers':>7} | {'no sync: hit   p50    p90':>25} | {'index only: hit p50    p90':>26} "
+          f"| {'sync: hit   p50    p90':>22} | p90 sync / no sync")
     for p in points:
         label = f"{p.label} ({p.replicas} replicas)"
-        print(f"{label:<40} {1:>7} | {summary(cell(p, 1, None)):>25} | {'(one router)':>22} |")
+        print(f"{label:<40} {1:>7} | {summary(cell(p, 1, None)):>25} | {'(one router)':>26} | {'':>22} |")
         for r in counts:
-            off, on = cell(p, r, None), cell(p, r, args.sync_ms)
+            off, index, on = cell(p, r, None), cell(p, r, args.sync_ms, False), cell(p, r, args.sync_ms)
             said = describe([v[2] for v in on], [v[2] for v in off], "no sync")
-            print(f"{'':<40} {r:>7} | {summary(off):>25} | {summary(on):>22} | {said}")
+            print(f"{'':<40} {r:>7} | {summary(off):>25} | {summary(index):>26} | {summary(on):>22} | {said}")
     print(f"\nthe sync delay, {chat.label}, {counts[-1]} routers:")
     base = cell(chat, counts[-1], None)
     print(f"  {'no sync':>10} | {summary(base)}")

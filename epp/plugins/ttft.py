@@ -7,7 +7,8 @@ For a request of ``P`` prompt tokens and endpoint ``e``:
   producer runs: the approximate index or KV events);
 * ``q`` = prefill work queued ahead of it: the uncached tokens of the requests epp sent
   there whose first token has not come back (the ``post_first_token`` hook: in ``epp
-  serve`` the first response bytes, in the replay the engine's first token), or, when the
+  serve`` the first response bytes, in the replay the engine's first token; with index sync
+  the other epp replicas' too, ``epp/sync/load.py``), or, when the
   server reports more (other routers, traffic past epp), ``waiting x`` the mean uncached
   tokens of a request (learnt);
 * ``r`` = requests decoding there (``running``), whose decode steps share the GPU and
@@ -45,7 +46,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +215,9 @@ class PredictedTtftScorer:
         pick time (only filled when the caller reports first tokens)."""
         self.outstanding: dict[EndpointId, float] = {}
         """Per endpoint, the uncached prompt tokens epp sent that are not prefilled yet."""
+        self.peer_prefill: Callable[[EndpointId], float] | None = None
+        """With index sync: the same figure summed over the other epp replicas
+        (``epp.sync.load.PeerPrefill.tokens``), added to this replica's own."""
         self._active: OrderedDict[int, EndpointId] = OrderedDict()
         self.active: dict[EndpointId, int] = {}
         """Per endpoint, the requests epp sent whose response has not ended (kept only with
@@ -234,11 +238,15 @@ class PredictedTtftScorer:
         matched = prefix.matched.get(e.id, 0) * prefix.block_chars / p.chars_per_token
         u = max(0.0, prompt_tokens - matched)
         m = e.metrics
-        # prefill queued ahead: what epp sent and has not seen prefilled, or what the server
+        # prefill queued ahead: what epp sent and has not seen prefilled (this replica's, and
+        # with index sync the other replicas'), or what the server
         # reports waiting when that is more (other routers, traffic past epp). Not the
         # requests sent since the last scrape (``e.pending``): epp's own are in
         # ``outstanding`` until their first token, and once it came they wait no more
-        q = max(self.outstanding.get(e.id, 0.0), m.waiting * self.mean_uncached)
+        own = self.outstanding.get(e.id, 0.0)
+        if self.peer_prefill is not None:
+            own += self.peer_prefill(e.id)
+        q = max(own, m.waiting * self.mean_uncached)
         r = float(m.running)
         if p.count_own_running:
             r = max(r, float(self.active.get(e.id, 0)))
@@ -297,6 +305,14 @@ class PredictedTtftScorer:
             return cost
         on = sessions.on
         return [c + k * on.get(e.id, 0) for c, e in zip(cost, endpoints, strict=True)]
+
+    def prefill_in_flight(self) -> dict[EndpointId, float]:
+        """Index sync's ``SharedPrefill``: the prefill this replica has in flight."""
+        return self.outstanding
+
+    def use_peer_prefill(self, tokens: Callable[[EndpointId], float]) -> None:
+        """Index sync's ``SharedPrefill``: the other replicas' prefill in flight."""
+        self.peer_prefill = tokens
 
     def post_pick(self, state: CycleState, result: PickResult) -> None:
         rid = id(state)

@@ -44,6 +44,7 @@ from epp.requestcontrol.director import Director
 from epp.requestcontrol.response import ResponseLimits
 from epp.scheduling.scheduler import Scheduler
 from epp.supervise import spawn
+from epp.sync.load import SharedPrefill
 from epp.sync.node import SharedIndex, SyncNode, SyncOptions, WarmStart
 from epp.wiring import build_scheduler
 
@@ -359,6 +360,9 @@ async def _start_rest(
                 "index, such as approx-prefix-cache-producer), and the config has none",
             )
         handle.sync = SyncNode(opts.sync, producer, ds, metrics)
+        counter = sched.plugin(SharedPrefill)  # type: ignore[type-abstract]
+        if counter is not None:  # the replicas' prefill in flight, each added to the others' own
+            counter.use_peer_prefill(handle.sync.share_prefill(counter.prefill_in_flight))
         handoff = handle.service.handoff
         if handoff is not None:  # observer streams that reach another replica report here
             handoff.publish = handle.sync.publish_observation

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
+import math
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,6 +31,7 @@ from epp.prefix.index import PrefixIndex
 from epp.supervise import spawn
 from epp.sync.apply import RemoteApplier
 from epp.sync.gen import sync_pb2, sync_pb2_grpc
+from epp.sync.load import PeerPrefill
 from epp.sync.outbox import ObservationBox, Outbox, OutboxRead
 from epp.sync.peers import HostPort, PeerSet, resolve_ips, watch_dns
 
@@ -36,6 +39,12 @@ log = logging.getLogger(__name__)
 
 _MAX_MESSAGE_BYTES = 64 << 20
 _MAX_BATCH_CHUNKS = 65_536
+_MAX_PREFILL_ENDPOINTS = 10_000
+"""Endpoints in one prefill set (sent or applied)."""
+_PREFILL_HEARTBEAT_S = 1.0
+"""An unchanged prefill set is sent again this often, so that a peer can tell quiet from gone."""
+_PREFILL_STALE_S = 3.0
+"""A peer's prefill set that has not been renewed for this long no longer counts."""
 """Hashes per message (512 KiB of fixed64): a batch of long prompts is split, not refused."""
 _SELF = "subscribed to itself"
 
@@ -165,6 +174,9 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
         self.snapshots = 0
         self.index: PrefixIndex | None = None
         self.observations = ObservationBox()
+        self.prefill_source: Callable[[], Mapping[str, float]] | None = None
+        """This replica's prefill in flight per endpoint (the predicted-TTFT scorer's
+        ``outstanding``), sent to the subscribers whole (``RecordBatch.prefill``)."""
 
     async def _admit(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         if request.replica_id == self.replica_id:
@@ -219,6 +231,8 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
         self.subscribers += 1
         self._metrics.sync_subscribers.set(self.subscribers)
         log.info("sync subscriber %s connected (%s)", request.replica_id, context.peer())
+        sent_prefill: dict[str, float] | None = None
+        sent_prefill_at = -math.inf
         try:
             yield sync_pb2.RecordBatch(replica_id=self.replica_id)  # "connected"
             while True:
@@ -226,14 +240,20 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), self._opts.flush_interval_s)
                 most = self._opts.batch_records
+                prefill = self._prefill_due(sent_prefill, sent_prefill_at)
                 while True:
                     read = outbox.read(cursor, most, _MAX_BATCH_CHUNKS)
                     observed = observations.read(seen, most)
-                    if not read.writes and not read.dropped and not observed.items:
+                    if not read.writes and not read.dropped and not observed.items and prefill is None:
                         break
                     cursor, seen = read.next_cursor, observed.next_cursor
                     batch = self._encode(read)
                     self._add_observations(batch, observed.items)
+                    if prefill is not None:
+                        batch.prefill_snapshot = True
+                        for eid, tokens in prefill.items():
+                            batch.prefill.add(endpoint_id=eid, tokens=tokens)
+                        sent_prefill, sent_prefill_at, prefill = prefill, self._clock(), None
                     yield batch
                     if len(read.writes) < most and len(observed.items) < most:
                         break
@@ -241,6 +261,17 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
             self.subscribers -= 1
             self._metrics.sync_subscribers.set(self.subscribers)
             log.info("sync subscriber %s left", request.replica_id)
+
+    def _prefill_due(self, sent: dict[str, float] | None, sent_at: float) -> dict[str, float] | None:
+        """This replica's prefill in flight when it is to be sent: changed since the stream's
+        last set, or that set is a second old (so that the peer can tell quiet from gone)."""
+        source = self.prefill_source
+        if source is None:
+            return None
+        now = dict(itertools.islice(source().items(), _MAX_PREFILL_ENDPOINTS))
+        if now != sent or self._clock() - sent_at >= _PREFILL_HEARTBEAT_S:
+            return now
+        return None
 
     def _add_observations(self, batch: Any, items: list[tuple[Any, float]]) -> None:
         if not items:
@@ -305,6 +336,8 @@ class SyncNode:
         self.service.index = producer.index
         self.on_observations: Callable[[Sequence[Observation]], None] | None = None
         """Peers' observations of responses (``ResponseHandoff.apply_remote``)."""
+        self.peer_prefill = PeerPrefill(stale_s=_PREFILL_STALE_S, max_endpoints=_MAX_PREFILL_ENDPOINTS)
+        """The other replicas' prefill in flight (``share_prefill`` connects it to the scorer)."""
         self._clock = clock
         self.peers = PeerSet(self._follow, metrics.task_failed)
         self.connected: set[str] = set()
@@ -356,6 +389,13 @@ class SyncNode:
                  f", resolving {self.options.peer_dns}" if self.options.peer_dns else "")
         return self.port
 
+    def share_prefill(self, own: Callable[[], Mapping[str, float]]) -> Callable[[EndpointId], float]:
+        """Send ``own`` (this replica's prefill in flight per endpoint) to the subscribers;
+        returns the lookup of the other replicas' (the predicted-TTFT scorer's
+        ``peer_prefill``)."""
+        self.service.prefill_source = own
+        return self.peer_prefill.tokens
+
     def publish_observation(self, observation: Observation) -> None:
         """Queue an observation of a peer's request for every subscriber (stamped now on
         this node's clock; sent with its age)."""
@@ -369,6 +409,7 @@ class SyncNode:
             self._published_seen = published
         self.metrics.sync_peers.set(self.peers.followed)
         self.metrics.sync_peers_connected.set(len(self.connected))
+        self.peer_prefill.expire(self._clock())
 
     async def stop(self) -> None:
         if self._unsubscribe is not None:
@@ -481,6 +522,10 @@ class SyncNode:
                             self.metrics.sync_peers_connected.set(len(self.connected))
                             log.info("sync: following %s (replica %s)", target, batch.replica_id)
                             failing, backoff = False, opts.backoff_initial_s
+                        if batch.prefill_snapshot:
+                            self.peer_prefill.update(
+                                target, ((p.endpoint_id, p.tokens) for p in batch.prefill), self._clock()
+                            )  # fmt: skip
                         if batch.observations and self.on_observations is not None:
                             self.on_observations([_observation(o) for o in batch.observations])
                         if batch.records:
@@ -504,6 +549,7 @@ class SyncNode:
                     log.warning("sync: peer %s failed (%s), retrying with backoff", target, exc)
                 failing = True
             finally:
+                self.peer_prefill.forget(target)
                 if target in self.connected:
                     self.connected.discard(target)
                     self.metrics.sync_peers_connected.set(len(self.connected))

@@ -64,6 +64,7 @@ from epp.plugins.ttft import PredictedTtftScorer
 from epp.prefix.blockhash import BlockKeys
 from epp.requestcontrol.director import Director, Routing
 from epp.scheduling.scheduler import Scheduler
+from epp.sync.load import SharedPrefill
 from epp.wiring import build_producers, build_scheduler
 from simulator.model.engine import Engine, EngineRequest, RequestTooLarge
 from simulator.model.tokens import CHARS_PER_TOKEN
@@ -147,6 +148,11 @@ class Policy:
     def index_producer(self) -> PrefixProducer | None:
         """The approximate prefix index's producer, whose writes index sync shares between
         routers (None: the policy has no index to share)."""
+        return None
+
+    def prefill_counter(self) -> SharedPrefill | None:
+        """The plugin that counts the policy's prefill in flight, which index sync shares
+        between routers (None: the policy has none)."""
         return None
 
 
@@ -390,6 +396,9 @@ class _EppBase(Policy):
 
     def index_producer(self) -> PrefixProducer | None:
         return self.scheduler.plugin(PrefixProducer)
+
+    def prefill_counter(self) -> SharedPrefill | None:
+        return self.scheduler.plugin(SharedPrefill)  # type: ignore[type-abstract]
 
 
 class EppPolicy(_EppBase):

@@ -41,6 +41,7 @@ are re-timed from their next step boundary.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import heapq
@@ -54,9 +55,10 @@ from dataclasses import dataclass, field
 from epp.datastore.scraper import DEFAULT_INTERVAL_S
 from epp.framework.endpoint import EndpointId, Metrics
 from epp.framework.types import ResponseInfo
-from epp.plugins.approxprefix import PrefixProducer
 from epp.plugins.preciseprefix.events import EventBatch, Kind, KvEvent
 from epp.sync.apply import RemoteApplier
+from epp.sync.load import PeerPrefill, SharedPrefill
+from epp.sync.node import SharedIndex
 from simulator.clihelp import parse_pd
 from simulator.model.cache import PrefixCache, model_seed
 from simulator.model.cost import CostModel
@@ -111,6 +113,9 @@ class ReplayConfig:
     ``RemoteApplier`` (the flush period, 20 ms by default, plus the network). None: no
     sync, each router learns only from what it routed. Only policies with an approximate
     prefix index (epp's) have anything to share; the others route as without."""
+    sync_prefill: bool = True
+    """With sync, each router also sends the others its prefill in flight (the predicted-TTFT
+    scorer's, as ``epp serve`` does); False shares the index writes alone."""
     bypass_share: float = 0.0
     """Share of arrivals sent straight to a random replica, past the routers."""
     restarts: tuple[tuple[float, int], ...] = ()
@@ -242,10 +247,14 @@ class _Wire:
 class _IndexSync:
     """Index sync between the replay's routers, on the simulated clock. Each router's own
     index writes are taken where the live outbox takes them (the producer's ``subscribe``
-    seam) and reach every other router's ``RemoteApplier`` ``delay_s`` later; a router
-    applies what is due when it next picks, which is all its index is read for."""
+    seam) and reach every other router's ``RemoteApplier`` ``delay_s`` later. With
+    ``counters`` (each router's ``SharedPrefill`` plugin), each router's prefill in flight
+    reaches the others' ``PeerPrefill`` as it stood ``delay_s`` ago, as the live stream sends
+    it whole every flush. A router applies what is due when it next picks, which is all its
+    index and its prefill figures are read for."""
 
-    def __init__(self, producers: Sequence[PrefixProducer], delay_s: float) -> None:
+    def __init__(self, producers: Sequence[SharedIndex], delay_s: float,
+                 counters: Sequence[SharedPrefill] = ()) -> None:  # fmt: skip
         self.delay_s = delay_s
         self.log: deque[tuple[float, int, EndpointId, Sequence[int]]] = deque()
         """The writes not yet applied by every router: (stamp, source router, endpoint, hashes)."""
@@ -258,12 +267,32 @@ class _IndexSync:
                          for p in producers]  # fmt: skip
         for k, producer in enumerate(producers):
             producer.subscribe(functools.partial(self._record, k))
+        self.counters = list(counters)
+        n = len(self.counters)
+        self.peers = [PeerPrefill() for _ in range(n)]
+        for counter, peers in zip(self.counters, self.peers, strict=True):
+            counter.use_peer_prefill(peers.tokens)
+        self.sets: list[list[tuple[float, dict[str, float]]]] = [[] for _ in range(n)]
+        """Per router, its prefill in flight each time it changed: (time, the whole set)."""
+        self.read = [[0] * n for _ in range(n)]
+        """``read[k][j]``: the position in ``sets[j]`` of the set router k last applied."""
 
     def _record(self, source: int, endpoint_id: EndpointId, hashes: Sequence[int], now_s: float) -> None:
         self.log.append((now_s, source, endpoint_id, hashes))
 
+    def note(self, router: int, now_s: float) -> None:
+        """``router`` may have changed its prefill in flight (a pick, a first token, an end)."""
+        if not self.counters:
+            return
+        sets = self.sets[router]
+        now = dict(self.counters[router].prefill_in_flight())
+        if sets and sets[-1][1] == now:
+            return
+        sets.append((max(now_s, sets[-1][0]) if sets else now_s, now))
+
     def deliver(self, router: int, now_s: float) -> None:
-        """Apply to ``router``'s index the other routers' writes made ``delay_s`` or more ago."""
+        """Apply to ``router``'s index the other routers' writes made ``delay_s`` or more ago,
+        and to its ``PeerPrefill`` their prefill in flight as it stood then."""
         self.now_s = now_s
         due = now_s - self.delay_s
         log, i = self.log, self.cursor[router] - self.base
@@ -280,6 +309,20 @@ class _IndexSync:
         while self.base < read:
             log.popleft()
             self.base += 1
+        for j, sets in enumerate(self.sets):
+            if j == router or not sets:
+                continue
+            at = bisect.bisect_right(sets, due, key=lambda e: e[0]) - 1
+            if at >= 0:
+                self.read[router][j] = at
+                self.peers[router].update(str(j), sets[at][1].items(), now_s)
+            # the sets every other router has read past are not needed again
+            done = min(self.read[k][j] for k in range(len(self.sets)) if k != j)
+            if done > 1024:
+                del sets[:done]
+                for k in range(len(self.sets)):
+                    if k != j:
+                        self.read[k][j] -= done
 
 
 class Replayer:
@@ -366,8 +409,12 @@ class _Run:
         self.sync: _IndexSync | None = None
         if cfg.sync_delay_s is not None and cfg.routers > 1:
             producers = [p.index_producer() for p in self.policies]
+            counters = [p.prefill_counter() for p in self.policies] if cfg.sync_prefill else []
             if all(p is not None for p in producers):
-                self.sync = _IndexSync([p for p in producers if p is not None], cfg.sync_delay_s)
+                self.sync = _IndexSync(
+                    [p for p in producers if p is not None], cfg.sync_delay_s,
+                    [c for c in counters if c is not None] if all(c is not None for c in counters) else [],
+                )  # fmt: skip
         if cfg.disaggregated and not self.policy.knows_roles:
             raise ValueError(f"policy {self.policy.name!r} does not read endpoint roles: "
                              "disaggregated replays (--pd) run epp, precise or oracle with a "
@@ -571,6 +618,8 @@ class _Run:
             if o.router >= 0:
                 self.policies[o.router].first_token(entry.arrival, f.time_s - o.dispatched_s,
                                                     f.time_s)  # fmt: skip
+                if self.sync is not None:
+                    self.sync.note(o.router, f.time_s)
         for d in res.finished:
             if d.request_id.endswith(PREFILL_SUFFIX):
                 self._prefilled(
@@ -598,6 +647,8 @@ class _Run:
                 info = ResponseInfo(200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply,
                                     ttft_s=o.first_token_s - o.dispatched_s)  # fmt: skip
                 self.policies[o.router].finished(entry.arrival, i, info, t_done)
+                if self.sync is not None:
+                    self.sync.note(o.router, t_done)
 
     def _prefilled(self, request_id: str, t: float, cached_tokens: int) -> None:
         """A split request's prefill ended: its KV (the prompt's full blocks) goes to the decoder."""
@@ -678,6 +729,8 @@ class _Run:
         if self.sync is not None:
             self.sync.deliver(k, t)
         replica = self.policies[k].pick(arrival, t)
+        if self.sync is not None:
+            self.sync.note(k, t)
         if replica is not None:
             self._start(arrival, replica, t)
         self.poll(t)
@@ -734,6 +787,8 @@ class _Run:
             if router >= 0:
                 self.in_flight[router][replica] -= 1
                 self.policies[router].finished(arrival, replica, ResponseInfo(status=400), t)
+                if self.sync is not None:
+                    self.sync.note(router, t)
         if self.shared:
             self._contend(t)
 

@@ -5,6 +5,7 @@ again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from epp.framework.endpoint import EndpointId
+from epp.sync.load import SharedPrefill
 from epp.sync.node import SyncNode, SyncOptions
 from tests.integration import envoy_client as ec
 from tests.integration.extproc_fixtures import Epp, pool, start_epp, stop_epp
@@ -156,3 +158,41 @@ async def test_sync_metrics_are_exposed(trio: list[Epp]) -> None:
     assert reg.get_sample_value("epp_sync_records_published_total") == 1
     await until(lambda: reg.get_sample_value("epp_sync_records_sent_total") == 2, "sent to both")
 
+
+
+async def test_a_replicas_prefill_in_flight_reaches_its_peers_until_it_ends() -> None:
+    """The default profile's predicted-TTFT scorer counts the prefill this replica has in
+    flight per endpoint; its peers add it to their own (docs/sync.md). It leaves them when
+    the request's response starts or the request ends, and with the replica."""
+    a, b = await start_replica(), await start_replica()
+    try:
+        connect([a, b])
+        await until(lambda: connected(a, [b]) and connected(b, [a]), "peers connected")
+        counter = a.handle.scheduler.plugin(SharedPrefill)  # type: ignore[type-abstract]
+        assert counter is not None
+        body = json.dumps({"model": "m", "prompt": PROMPT}).encode()
+
+        async def open_request() -> tuple[ec.Stream, EndpointId, float]:
+            s = ec.Stream(a.channel)
+            await s.send(ec.request_headers(), ec.request_body(body, True))
+            headers, _ = await s.recv_n(2)
+            dest = ec.destination(headers)
+            assert dest is not None
+            own = counter.prefill_in_flight().get(EndpointId(dest), 0.0)
+            assert own > 0  # the prompt's tokens, none cached yet
+            return s, EndpointId(dest), own
+
+        s, dest, own = await open_request()
+        peer = sync_of(b).peer_prefill
+        await until(lambda: peer.tokens(dest) == own, "B sees A's prefill in flight")
+        s.call.cancel()  # the client went away: A no longer has it in flight
+        await until(lambda: peer.tokens(dest) == 0, "A's prefill leaves B with its request")
+
+        s, dest, own = await open_request()
+        await until(lambda: peer.tokens(dest) == own, "B sees A's next request")
+        await stop_epp(a)
+        await until(lambda: peer.tokens(dest) == 0 and peer.peers == 0, "A's prefill leaves with A")
+    finally:
+        with contextlib.suppress(Exception):
+            await stop_epp(a)
+        await stop_epp(b)

@@ -32,16 +32,28 @@ class SubscribeRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
 
 class RecordBatch(_message.Message):
-    __slots__ = ("replica_id", "records", "dropped", "observations")
+    __slots__ = ("replica_id", "records", "dropped", "observations", "prefill", "prefill_snapshot")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     records: _containers.RepeatedCompositeFieldContainer[Record]
     dropped: int
     observations: _containers.RepeatedCompositeFieldContainer[Observation]
-    def __init__(self, replica_id: _Optional[str] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., dropped: _Optional[int] = ..., observations: _Optional[_Iterable[_Union[Observation, _Mapping]]] = ...) -> None: ...
+    prefill: _containers.RepeatedCompositeFieldContainer[PrefillLoad]
+    prefill_snapshot: bool
+    def __init__(self, replica_id: _Optional[str] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., dropped: _Optional[int] = ..., observations: _Optional[_Iterable[_Union[Observation, _Mapping]]] = ..., prefill: _Optional[_Iterable[_Union[PrefillLoad, _Mapping]]] = ..., prefill_snapshot: _Optional[bool] = ...) -> None: ...
+
+class PrefillLoad(_message.Message):
+    __slots__ = ("endpoint_id", "tokens")
+    ENDPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    endpoint_id: str
+    tokens: float
+    def __init__(self, endpoint_id: _Optional[str] = ..., tokens: _Optional[float] = ...) -> None: ...
 
 class Observation(_message.Message):
     __slots__ = ("token", "kind", "age_s", "first_bytes_age_s", "status", "prompt_tokens", "cached_tokens", "completion_tokens", "response_bytes", "generated_text")
