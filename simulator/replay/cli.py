@@ -94,8 +94,8 @@ def register(subparsers: Any) -> None:
                    "learns only from what it routed)")
     w.add_argument("--sync-ms", type=float, default=None, metavar="MS",
                    help="index sync between the --routers (epp serve --sync-peers): each one's "
-                   "prefix-index writes reach the others this many milliseconds later (20: the "
-                   "default flush period); epp policies only")
+                   "prefix-index writes and prefill in flight reach the others this many "
+                   "milliseconds later (20: the default flush period); epp policies only")
     w.add_argument("--bypass-share", type=float, default=d.bypass_share,
                    help="share of requests sent straight to a random replica, past the routers")
     w.add_argument("--restart", action="append", default=[], metavar="T:R",

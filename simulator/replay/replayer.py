@@ -110,9 +110,10 @@ class ReplayConfig:
     sync_delay_s: float | None = None
     """Index sync between the routers (``epp serve --sync-peers``): each router's own prefix
     index writes reach the others' indexes this long later, through the sync layer's
-    ``RemoteApplier`` (the flush period, 20 ms by default, plus the network). None: no
-    sync, each router learns only from what it routed. Only policies with an approximate
-    prefix index (epp's) have anything to share; the others route as without."""
+    ``RemoteApplier`` (the flush period, 20 ms by default, plus the network), and so does
+    its prefill in flight (``sync_prefill``). None: no sync, each router learns only from
+    what it routed. Only policies with an approximate prefix index (epp's) have anything to
+    share; the others route as without."""
     sync_prefill: bool = True
     """With sync, each router also sends the others its prefill in flight (the predicted-TTFT
     scorer's, as ``epp serve`` does); False shares the index writes alone."""
