@@ -168,6 +168,12 @@ class EppMetrics:
         self.sync_subscribers = Gauge(
             "epp_sync_subscribers", "Peers currently subscribed to this replica.", registry=r
         )
+        self.sync_peer_prefill = Gauge(
+            "epp_sync_peer_prefill_tokens",
+            "Uncached prompt tokens the other replicas report in flight (sent, no first token "
+            "yet), summed over the endpoints: what this replica adds to its own queue estimates.",
+            registry=r,
+        )
         # --- responses on an observer filter's stream (--response-observer) ---
         self.observer = Counter(
             "epp_response_observer_requests",

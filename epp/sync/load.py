@@ -56,6 +56,10 @@ class PeerPrefill:
     def peers(self) -> int:
         return len(self._sets)
 
+    def total(self) -> float:
+        """Every peer's prefill in flight, over all endpoints (the exported gauge)."""
+        return sum(self._total.values())
+
     def update(self, peer: str, loads: Iterable[tuple[str, float]], now_s: float) -> None:
         """``peer``'s whole set, replacing its previous one; non-finite or negative figures
         are skipped, endpoints past ``max_endpoints`` ignored."""

@@ -410,6 +410,7 @@ class SyncNode:
         self.metrics.sync_peers.set(self.peers.followed)
         self.metrics.sync_peers_connected.set(len(self.connected))
         self.peer_prefill.expire(self._clock())
+        self.metrics.sync_peer_prefill.set(self.peer_prefill.total())
 
     async def stop(self) -> None:
         if self._unsubscribe is not None:

@@ -185,6 +185,8 @@ async def test_a_replicas_prefill_in_flight_reaches_its_peers_until_it_ends() ->
         s, dest, own = await open_request()
         peer = sync_of(b).peer_prefill
         await until(lambda: peer.tokens(dest) == own, "B sees A's prefill in flight")
+        sync_of(b).refresh_metrics()  # housekeeping exports it
+        assert b.handle.registry.get_sample_value("epp_sync_peer_prefill_tokens") == own
         s.call.cancel()  # the client went away: A no longer has it in flight
         await until(lambda: peer.tokens(dest) == 0, "A's prefill leaves B with its request")
 
