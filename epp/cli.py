@@ -197,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = serve.add_argument_group(
         "index sync between replicas",
-        "each replica streams the prefix-index writes it made to its peers and applies "
-        "theirs (docs/sync.md); on when --peers or --peer-dns is given",
+        "each replica streams the prefix-index writes it made and the prefill it has in "
+        "flight per endpoint to its peers, and applies theirs (docs/sync.md); on when "
+        "--peers or --peer-dns is given",
     )
     g.add_argument("--peers", default="",
                    help="static peers: comma-separated host:port of the other replicas' "
