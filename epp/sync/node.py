@@ -39,13 +39,13 @@ log = logging.getLogger(__name__)
 
 _MAX_MESSAGE_BYTES = 64 << 20
 _MAX_BATCH_CHUNKS = 65_536
+"""Hashes per message (512 KiB of fixed64): a batch of long prompts is split, not refused."""
 _MAX_PREFILL_ENDPOINTS = 10_000
 """Endpoints in one prefill set (sent or applied)."""
 _PREFILL_HEARTBEAT_S = 1.0
 """An unchanged prefill set is sent again this often, so that a peer can tell quiet from gone."""
 _PREFILL_STALE_S = 3.0
 """A peer's prefill set that has not been renewed for this long no longer counts."""
-"""Hashes per message (512 KiB of fixed64): a batch of long prompts is split, not refused."""
 _SELF = "subscribed to itself"
 
 RecordSink = Callable[[EndpointId, Sequence[int], float], None]
