@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "reporting ready (0 = start cold)")
     g.add_argument("--sync-warm-max-entries", type=_number(1, strict=False, integer=True),
                    default=4_000_000, help="most index entries fetched at start")
+    g.add_argument("--no-sync-prefill", action="store_true",
+                   help="share the index writes but not the prefill in flight (the "
+                   "predicted-TTFT scorer's count per endpoint; shared by default)")
     g.add_argument("--sync-buffer-records", type=int, default=8192,
                    help="writes kept for slow peers; a peer further behind loses the oldest")
 
@@ -410,6 +413,7 @@ def sync_options(args: argparse.Namespace) -> SyncOptions | None:
         tls=_sync_tls(args),
         max_subscribers=args.sync_max_subscribers,
         warm_timeout_s=args.sync_warm_timeout_s,
+        share_prefill=not args.no_sync_prefill,
         warm_max_entries=args.sync_warm_max_entries,
     )
 

@@ -361,7 +361,7 @@ async def _start_rest(
             )
         handle.sync = SyncNode(opts.sync, producer, ds, metrics)
         counter = sched.plugin(SharedPrefill)  # type: ignore[type-abstract]
-        if counter is not None:  # the replicas' prefill in flight, each added to the others' own
+        if counter is not None and opts.sync.share_prefill:  # each one's prefill in flight, added to the others' own
             counter.use_peer_prefill(handle.sync.share_prefill(counter.prefill_in_flight))
         handoff = handle.service.handoff
         if handoff is not None:  # observer streams that reach another replica report here

@@ -93,6 +93,9 @@ class SyncOptions:
     warm_timeout_s: float = 10.0
     """A starting replica spends at most this long fetching a peer's index (0: no warm start)."""
     warm_max_entries: int = 4_000_000
+    share_prefill: bool = True
+    """Also send this replica's prefill in flight and add the peers' to its own (when the
+    profile counts it: the predicted-TTFT scorer); False: the index writes alone."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -52,6 +52,7 @@ async def start_epps(
     mesh_timeout_s: float = 30.0,
     scrape_interval_s: float | None = None,
     response_observer: bool = False,
+    sync_prefill: bool = True,
 ) -> list[Any]:
     """``count`` epp servers (epp's own ``start_server``) on free ports, scraping ``endpoints``.
 
@@ -84,7 +85,7 @@ async def start_epps(
                 grpc_port=0,
                 health_port=-1,
                 metrics_port=0,
-                sync=SyncOptions(port=0) if share else None,
+                sync=SyncOptions(port=0, share_prefill=sync_prefill) if share else None,
                 scraping=ScrapeOptions(
                     interval_s=scrape_interval_s or cfg.scraping.interval_seconds
                 ),
@@ -151,6 +152,7 @@ async def _main(args: argparse.Namespace) -> None:
         handles = await start_epps(
             args.count, [e for e in args.endpoints.split(",") if e], args.config, sync=not args.no_sync,
             scrape_interval_s=args.scrape_interval_s, response_observer=args.response_observer,
+            sync_prefill=not args.no_sync_prefill,
         )
         print(json.dumps({"epps": [describe_epp(h) for h in handles]}), flush=True)
         try:
@@ -173,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoints", default="", help="epp: the pool (default: the config's staticEndpoints)")
     p.add_argument("--config", default="")
     p.add_argument("--no-sync", action="store_true", help="epp: replicas do not share their index")
+    p.add_argument("--no-sync-prefill", action="store_true",
+                   help="epp: replicas share their index but not their prefill in flight")
     p.add_argument("--scrape-interval-s", type=float, default=None, help="epp: scrape period")
     p.add_argument("--response-observer", action="store_true",
                    help="epp: responses come on an observer filter's stream")

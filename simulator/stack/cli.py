@@ -107,6 +107,12 @@ def register(subparsers: Any) -> None:
         "learns only from the requests it routed)",
     )
     g.add_argument(
+        "--no-sync-prefill",
+        action="store_true",
+        help="with --epp-replicas > 1: replicas share their prefix index but not the prefill "
+        "each has in flight (docs/sync.md)",
+    )
+    g.add_argument(
         "--config",
         default="",
         help="epp scheduling config (YAML path or shipped profile name), passed to epp as "
@@ -242,6 +248,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         log_dir=args.log_dir,
         epp_replicas=args.epp_replicas,
         sync=not args.no_sync,
+        sync_prefill=not args.no_sync_prefill,
         engine=args.engine,
         vllm_kv_cache_bytes=args.kv_mib << 20,
         vllm_stream_interval=args.vllm_stream_interval,

@@ -86,6 +86,8 @@ class StackOptions:
     """epp servers behind the gateway (policy epp)."""
     sync: bool = True
     """With several epp replicas: share their index writes (docs/sync.md)."""
+    sync_prefill: bool = True
+    """With ``sync``: share the prefill in flight too (False: the index writes alone)."""
     engine: str = "emulator"
     """Model servers: ``emulator`` (simulator/emulator) or ``vllm`` (real vLLM on the CPU,
     installed on first use: simulator/vllm)."""
@@ -734,6 +736,8 @@ async def _start_epps(
             argv += ["--config", config]
         if not options.sync:
             argv.append("--no-sync")
+        if not options.sync_prefill:
+            argv.append("--no-sync-prefill")
         if options.scrape_interval_s:
             argv += ["--scrape-interval-s", str(options.scrape_interval_s)]
         if options.response_observer:
@@ -746,7 +750,7 @@ async def _start_epps(
 
         handles = await child.start_epps(
             options.epp_replicas, endpoints, config, sync=options.sync,
-            scrape_interval_s=options.scrape_interval_s,
+            sync_prefill=options.sync_prefill, scrape_interval_s=options.scrape_interval_s,
             response_observer=options.response_observer,
         )  # fmt: skip
         inline.extend(handles)

@@ -21,12 +21,13 @@ from tests.integration.extproc_fixtures import Epp, pool, start_epp, stop_epp
 PROMPT = "System: you answer questions about the shipping policy. " * 30
 
 
-def sync_options(port: int = 0) -> SyncOptions:
-    return SyncOptions(port=port, flush_interval_s=0.01, backoff_initial_s=0.05, backoff_max_s=0.3)
+def sync_options(port: int = 0, share_prefill: bool = True) -> SyncOptions:
+    return SyncOptions(port=port, flush_interval_s=0.01, backoff_initial_s=0.05, backoff_max_s=0.3,
+                       share_prefill=share_prefill)  # fmt: skip
 
 
-async def start_replica(sync_port: int = 0) -> Epp:
-    return await start_epp(pool(4), sync=sync_options(sync_port))
+async def start_replica(sync_port: int = 0, share_prefill: bool = True) -> Epp:
+    return await start_epp(pool(4), sync=sync_options(sync_port, share_prefill))
 
 
 def connect(replicas: list[Epp]) -> None:
@@ -197,4 +198,24 @@ async def test_a_replicas_prefill_in_flight_reaches_its_peers_until_it_ends() ->
     finally:
         with contextlib.suppress(Exception):
             await stop_epp(a)
+        await stop_epp(b)
+
+
+async def test_without_prefill_sharing_only_the_index_travels() -> None:
+    a, b = await start_replica(share_prefill=False), await start_replica(share_prefill=False)
+    try:
+        connect([a, b])
+        await until(lambda: connected(a, [b]) and connected(b, [a]), "peers connected")
+        s = ec.Stream(a.channel)
+        body = json.dumps({"model": "m", "prompt": PROMPT}).encode()
+        await s.send(ec.request_headers(), ec.request_body(body, True))
+        headers, _ = await s.recv_n(2)
+        dest = EndpointId(ec.destination(headers) or "")
+        chunks = set(a.handle.index.chunks_of(dest))
+        await until(lambda: holds(b, dest, chunks), "B holds A's chunks")  # the index travels
+        await asyncio.sleep(0.1)  # ten flushes
+        assert sync_of(b).peer_prefill.peers == 0 and sync_of(b).peer_prefill.tokens(dest) == 0
+        s.call.cancel()
+    finally:
+        await stop_epp(a)
         await stop_epp(b)
