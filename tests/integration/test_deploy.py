@@ -535,6 +535,11 @@ EPP_METRICS = {
     "epp_precise_index_blocks",
     "epp_precise_unkeyed_requests_total",
     "epp_precise_tokenize_seconds",
+    "epp_sync_peers",
+    "epp_sync_peers_connected",
+    "epp_sync_records_applied_total",
+    "epp_sync_records_dropped_total",
+    "epp_sync_peer_prefill_tokens",
 }
 INFERENCE_EXTENSION_METRICS = {
     "inference_objective_request_total",
