@@ -17,28 +17,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_profiles import Point, config_of  # noqa: E402
+from bench.bench_profiles import Point, workload_of  # noqa: E402
+from bench.bench_sync import run_one  # noqa: E402
 from simulator.load import LoadOptions, run_load, summarize  # noqa: E402
-from simulator.replay.policies import policy_factory  # noqa: E402
-from simulator.replay.replayer import Replayer  # noqa: E402
-from simulator.replay.report import summarize as replay_summary  # noqa: E402
-from simulator.replay.workload import Workload, build_generator  # noqa: E402
 from simulator.stack.stack import StackOptions, start_stack  # noqa: E402
 
 POINT = Point("rag", 4, 4096, 4, routers=4)
 SETUPS = (("no sync", False, False), ("index only", True, False), ("sync", True, True))
-REQUESTS = 512
-
-
-def workload(seed: int) -> Workload:
-    return build_generator("rag", {"rate": POINT.load, "seed": seed, "num_requests": REQUESTS})
+SYNC_MS = 20.0
 
 
 async def live(sync: bool, prefill: bool, seed: int) -> tuple[float, float, float, int]:
@@ -47,7 +39,8 @@ async def live(sync: bool, prefill: bool, seed: int) -> tuple[float, float, floa
         sync=sync, sync_prefill=prefill, ready_timeout_s=120,
     ))  # fmt: skip
     try:
-        sent = await run_load(stack.gateway_url, workload(seed), LoadOptions(stack.options.model))
+        workload = workload_of(POINT, False, seed)  # the trace bench_sync.py replays
+        sent = await run_load(stack.gateway_url, workload, LoadOptions(stack.options.model))
     finally:
         await stack.stop()
     s = summarize(sent)
@@ -55,11 +48,8 @@ async def live(sync: bool, prefill: bool, seed: int) -> tuple[float, float, floa
 
 
 def replay(sync: bool, prefill: bool, seed: int) -> tuple[float, float, float]:
-    cfg = dataclasses.replace(config_of(POINT, seed), sync_delay_s=0.02 if sync else None,
-                              sync_prefill=prefill)  # fmt: skip
-    name, factory = policy_factory("epp")
-    s = replay_summary(Replayer(cfg).run(workload(seed), factory, name))
-    return s.hit_rate, s.ttft_p50_s, s.ttft_p90_s
+    _, hit, p50, p90 = run_one((POINT, POINT.routers, SYNC_MS if sync else None, seed, False, prefill))
+    return hit, p50, p90
 
 
 def main() -> int:
@@ -68,7 +58,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.seeds < 1:
         ap.error("--seeds: 1 or more")
-    print(f"# {POINT.label}: {REQUESTS} requests, {POINT.replicas} emulated servers, {POINT.routers} epp "
+    print(f"# {POINT.label}: {len(workload_of(POINT, False, 0))} requests, {POINT.replicas} emulated servers, {POINT.routers} epp "
           "replicas behind real Envoy (live) / 4 routers (replay), the default profile\n")
     print("| seed | set-up | live ok | live hit | live TTFT p50 | live TTFT p90 | replay hit | replay TTFT p50 "
           "| replay TTFT p90 |")

@@ -409,13 +409,12 @@ class _Run:
         self.policy = self.policies[0]
         self.sync: _IndexSync | None = None
         if cfg.sync_delay_s is not None and cfg.routers > 1:
-            producers = [p.index_producer() for p in self.policies]
-            counters = [p.prefill_counter() for p in self.policies] if cfg.sync_prefill else []
-            if all(p is not None for p in producers):
-                self.sync = _IndexSync(
-                    [p for p in producers if p is not None], cfg.sync_delay_s,
-                    [c for c in counters if c is not None] if all(c is not None for c in counters) else [],
-                )  # fmt: skip
+            # only when every router has it (epp's policies): the others route as without
+            producers = [x for p in self.policies if (x := p.index_producer()) is not None]
+            counters = [c for p in self.policies if (c := p.prefill_counter()) is not None]
+            if len(producers) == cfg.routers:
+                shared = counters if cfg.sync_prefill and len(counters) == cfg.routers else []
+                self.sync = _IndexSync(producers, cfg.sync_delay_s, shared)
         if cfg.disaggregated and not self.policy.knows_roles:
             raise ValueError(f"policy {self.policy.name!r} does not read endpoint roles: "
                              "disaggregated replays (--pd) run epp, precise or oracle with a "
