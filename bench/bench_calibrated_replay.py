@@ -22,14 +22,19 @@ stack's time to first token? (issue 43)
 
 Printed per policy, as the mean over its rounds: TTFT p50 / p90 live and replayed with each
 profile, the ratios, the hit rates, and whether the policies rank alike by p90. Target: within
-15%, the same ranking, hit rates within 2 points. "Live" is measured twice, each with a fit of
+15%, the same ranking, hit rates within 2 points. Beside them, how well live agrees with
+itself: the first half of the rounds against the second, the replay's ratios with their 90%
+interval over the rounds, and each pair of policies' live p90 ratio with its interval (a pair
+live cannot tell apart has no ranking to keep). ``--fit-stalls`` fits the host's stalls
+(``CostModel.host_stall_rate_hz``): on this machine every process waits for the two cores in
+bursts. "Live" is measured twice, each with a fit of
 its own: the client's TTFT (through Envoy and epp both ways), and the servers' as real Envoy
 saw them (its access log: the request's first byte to the server's first response body
 bytes), which is what the replay models. What the response's way back adds (client minus
 Envoy) is printed per policy.
 
 Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
-     [--profile FILE] [--fit-noise]
+     [--profile FILE] [--fit-noise] [--fit-stalls]
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from simulator import vllm  # noqa: E402
 from simulator.calibrate import calibrate_host  # noqa: E402
 from simulator.fitlog import (  # noqa: E402
     NOISE_GRID,
+    STALL_GRID,
     Fit,
     StackRun,
     fit_scales,
@@ -113,13 +119,14 @@ def live(policies: list[str], rounds: int, out: Path) -> None:
 
 
 def fit_profile(base: CostModel, log: Path, fit_label: str, rounds: list[int], server: dict[str, int],
-                noises: tuple[float, ...] = (), ttft_key: str = "ttft_s") -> Fit:  # fmt: skip
+                noises: tuple[float, ...] = (), ttft_key: str = "ttft_s",
+                stalls: tuple[tuple[float, float], ...] = ()) -> Fit:  # fmt: skip
     rows = stack_rows(log)
     targets = []
     for r in rounds:
         run = StackRun(log, fit_label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(fit_label))
         targets.append((live_figures(rows, fit_label, r, ttft_key), run.figures))
-    return fit_scales(base, targets, noises)
+    return fit_scales(base, targets, noises, stalls)
 
 
 MEASURES = {
@@ -133,17 +140,19 @@ MEASURES = {
 
 def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
             runs: list[tuple[str, int]], fit_label: str, fit_rounds: list[int], server: dict[str, int],
-            hits: dict[tuple[str, int], float], work: Path, noises: tuple[float, ...]) -> CostModel:  # fmt: skip
+            hits: dict[tuple[str, int], float], work: Path, noises: tuple[float, ...],
+            stalls: tuple[tuple[float, float], ...]) -> CostModel:  # fmt: skip
     """Fit the probed profile to ``fit_label``'s runs by the live measure ``key`` and print
     every run's replay against that measure."""
     print(f"\n## live = {MEASURES[key]}")
     print(f"fitting the probed profile to {fit_label!r}, rounds {fit_rounds}...", flush=True)
-    fit = fit_profile(probed, log, fit_label, fit_rounds, server, noises, key)
+    fit = fit_profile(probed, log, fit_label, fit_rounds, server, noises, key, stalls)
     suffix = "" if key == "ttft_s" else "-" + key.removesuffix("_s").replace("_", "-")
     (work / f"fitted{suffix}.yaml").write_text(
         dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {log} ({key})", server)))
     print(f"  prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f} of the probed costs, "
-          f"step noise {fit.cost.step_noise:g} ({fit.replays} replays)")  # fmt: skip
+          f"step noise {fit.cost.step_noise:g}, host stalls {fit.cost.host_stall_rate_hz:g}/s of "
+          f"{fit.cost.host_stall_s * 1e3:.0f} ms ({fit.replays} replays)")  # fmt: skip
     configs = [ROOT / "bench" / "configs"]
     table: dict[str, dict[str, list[float]]] = {}
     for label, r in runs:
@@ -178,7 +187,54 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
     spread = {label: (min(c["live p90"]), max(c["live p90"])) for label, c in table.items()}
     print("live p90 from round to round: " + "; ".join(f"{k} {lo * 1e3:.0f}-{hi * 1e3:.0f} ms"
                                                          for k, (lo, hi) in spread.items()))  # fmt: skip
+    repeatability(table)
     return fit.cost
+
+
+def repeatability(table: dict[str, dict[str, list[float]]], draws: int = 4000) -> None:
+    """How well live agrees with itself, beside how well the replay agrees with live: the
+    first half of the rounds against the second (two live runs of half the size); the
+    replay's ratio to live with its 90% interval over the rounds (rounds resampled with
+    replacement, each round's live and replayed figures together); and each pair of
+    policies' live p90 ratio with its interval, and whether the replay orders them alike."""
+    rng = np.random.default_rng(0)
+    print("\n# live against itself, and the replay against live (figures: means over the rounds)")
+    print(f"{'policy':<24} | live 1st half / 2nd half p50   p90 | fitted / live p50 [90% over rounds]"
+          f"   p90 [90% over rounds]")  # fmt: skip
+    for label, cell in table.items():
+        n = len(cell["live p90"])
+        if n < 2:
+            continue
+        half = n // 2
+        parts = []
+        for q in ("p50", "p90"):
+            lv = np.array(cell[f"live {q}"])
+            parts.append(f"{lv[:half].mean() / lv[half:2 * half].mean():5.2f}x")
+        cells = []
+        for q in ("p50", "p90"):
+            lv, rp = np.array(cell[f"live {q}"]), np.array(cell[f"fitted {q}"])
+            idx = rng.integers(0, n, size=(draws, n))
+            lo, hi = np.percentile(rp[idx].mean(axis=1) / lv[idx].mean(axis=1), [5, 95])
+            cells.append(f"{rp.mean() / lv.mean():5.2f}x [{lo:.2f}, {hi:.2f}]")
+        print(f"{label[:24]:<24} | {' ':>22}{parts[0]} {parts[1]} | {cells[0]:>25}   {cells[1]:>20}")
+    print("pairs of policies by live p90 (ratio of the means, 90% interval over the rounds, resampled "
+          "together): the replay must order those live tells apart")
+    labels = [k for k, c in table.items() if len(c["live p90"]) >= 2]
+    for i, x in enumerate(labels):
+        for y in labels[i + 1:]:
+            lx, ly = np.array(table[x]["live p90"]), np.array(table[y]["live p90"])
+            if len(lx) != len(ly):
+                continue
+            idx = rng.integers(0, len(lx), size=(draws, len(lx)))
+            lo, hi = np.percentile(lx[idx].mean(axis=1) / ly[idx].mean(axis=1), [5, 95])
+            live_r = lx.mean() / ly.mean()
+            rep_r = statistics.fmean(table[x]["fitted p90"]) / statistics.fmean(table[y]["fitted p90"])
+            if lo > 1 or hi < 1:
+                alike = (live_r < 1) == (rep_r < 1)
+                verdict = "the replay orders them alike" if alike else "the replay orders them the other way"
+            else:
+                verdict = "live cannot tell them apart"
+            print(f"  {x[:24]} / {y[:24]}: live {live_r:.2f}x [{lo:.2f}, {hi:.2f}], replay {rep_r:.2f}x: {verdict}")
 
 
 def response_path(rows: list[dict[str, Any]]) -> None:
@@ -254,6 +310,9 @@ def main() -> int:
     ap.add_argument("--profile", help="a profile probed before (epp-sim calibrate URL) instead of probing now")
     ap.add_argument("--fit-noise", action="store_true",
                     help=f"also fit the steps' log-normal noise (CostModel.step_noise) among {NOISE_GRID}")
+    ap.add_argument("--fit-stalls", action="store_true",
+                    help="also fit host-wide stalls (CostModel.host_stall_rate_hz, host_stall_s; "
+                    "epp-sim calibrate --fit-stalls)")
     args = ap.parse_args()
     reason = vllm.setup_missing() or vllm.available()
     if reason and not (args.skip_live and args.profile):
@@ -288,7 +347,7 @@ def main() -> int:
     fitted = {}
     for key in measures:
         fitted[key] = compare(key, probed, log, rows, runs, fit_label, fit_rounds, server, hits,
-                work, NOISE_GRID if args.fit_noise else ())  # fmt: skip
+                work, NOISE_GRID if args.fit_noise else (), STALL_GRID if args.fit_stalls else ())  # fmt: skip
     if "upstream_ttft_s" in measures:
         response_path(rows)
         by_class("upstream_ttft_s", fitted["upstream_ttft_s"], log, rows, runs, server)

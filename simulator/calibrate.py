@@ -240,6 +240,10 @@ def register(subparsers: Any) -> None:
     fit.add_argument("--block-size", type=int, default=0, help="tokens a block (the profile's by default)")
     fit.add_argument("--fit-noise", action="store_true",
                      help="also fit the steps' log-normal noise (step_noise: 0, 0.25, 0.5, 0.75 or 1)")
+    fit.add_argument("--fit-stalls", action="store_true",
+                     help="also fit host-wide stalls (host_stall_rate_hz 0.25-2 a second x host_stall_s "
+                     "0.1-0.8 s, or none): servers sharing a few cores with everything else all stop "
+                     "now and then (simulator/model/stalls.py)")
     p.add_argument("--lengths", default="128,512,1024,2048", help="prompt lengths to prefill (tokens)")
     p.add_argument("--batches", default="1,4,16", help="decode batch sizes")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement (their median counts)")
@@ -290,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
 def run_fit(args: argparse.Namespace) -> int:
     from simulator.fitlog import (
         NOISE_GRID,
+        STALL_GRID,
         StackRun,
         fit_scales,
         live_figures,
@@ -321,25 +326,33 @@ def run_fit(args: argparse.Namespace) -> int:
             targets.append((live_figures(rows, label, round_), run_.figures))
         print(f"fitting {args.profile} to {label!r} (round {', '.join(str(r) for _, r in runs)}) of "
               f"{args.from_log}, replayed as {policy}...")
-        fit = fit_scales(base.cost, targets, NOISE_GRID if args.fit_noise else ())
+        fit = fit_scales(base.cost, targets, NOISE_GRID if args.fit_noise else (),
+                         STALL_GRID if args.fit_stalls else ())  # fmt: skip
     except (ValueError, OSError, KeyError) as exc:
         print(f"epp-sim calibrate: {exc}", file=sys.stderr)
         return 2
     source = (f"{base.source or base.name}; scaled to the run {label!r} (round "
               f"{', '.join(str(r) for _, r in runs)}) of {args.from_log}: "
               f"prefill x{fit.prefill_scale:.3f}, decode x{fit.decode_scale:.3f}, "
-              f"step noise {fit.cost.step_noise:g}")  # fmt: skip
+              f"step noise {fit.cost.step_noise:g}{_stalls(fit.cost)}")  # fmt: skip
     profile = CostProfile(base.name, fit.cost, source, dict(base.server) | {"kv_blocks": kv, "block_size": block})
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(dump_profile(profile))
     print(f"prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f}, step noise "
-          f"{fit.cost.step_noise:g} ({fit.replays} replays)")  # fmt: skip
+          f"{fit.cost.step_noise:g}{_stalls(fit.cost)} ({fit.replays} replays)")  # fmt: skip
     for (_, round_), lv, rp in zip(runs, fit.live, fit.replayed, strict=True):
         print(f"  round {round_}: TTFT p50 {lv.ttft_p50_s * 1e3:.0f} ms live / {rp.ttft_p50_s * 1e3:.0f} ms "
               f"replayed, p90 {lv.ttft_p90_s * 1e3:.0f} / {rp.ttft_p90_s * 1e3:.0f} ms, an output token "
               f"{lv.tpot_p50_s * 1e3:.1f} / {rp.tpot_p50_s * 1e3:.1f} ms")  # fmt: skip
     print(f"wrote {args.out}")
     return 0
+
+
+def _stalls(cost: CostModel) -> str:
+    """The profile's host stalls, for a line of output ("" when it has none)."""
+    if cost.host_stall_rate_hz <= 0 or cost.host_stall_s <= 0:
+        return ""
+    return f", host stalls {cost.host_stall_rate_hz:g}/s of {cost.host_stall_s * 1e3:.0f} ms"
 
 
 def _round(text: str) -> int:

@@ -11,14 +11,17 @@ relative to each other) and a loaded run gives the scale: the replay of that run
 prompts and output lengths in the closed loop its client ran, ``epp-sim trace convert --from
 stack``), routed by the run's own policy, is repeated with the prefill costs times ``a`` and the decode costs times
 ``b`` until its TTFT p50, TTFT p90 and median time per output token match the run's (least
-squares on their logarithms: a coarse grid of ``a`` and ``b`` in factors of 2^0.5, then a
-finer one around the best). A run routed independently of the servers' state (random,
+squares on their logarithms: a coarse grid of ``a`` and ``b`` in factors of 2 from 0.25 to
+16, then the best and its neighbours 2^0.5, 2^0.25 and 2^0.125 apart in turn). A run routed independently of the servers' state (random,
 round-robin) fits best: the replay routes it the same way whatever the costs.
 
 With ``noises`` (``--fit-noise``) the fit also picks the steps' log-normal spread
 (``CostModel.step_noise``) from those values, ``a`` and ``b`` fitted anew for each: a loaded
 server's steps vary, which lowers the median TTFT and lengthens the tail that deterministic
-steps give.
+steps give. With ``stalls`` (``--fit-stalls``) it picks the host's stalls
+(``CostModel.host_stall_rate_hz``, ``host_stall_s``; none among them) the same way: on a
+host whose servers share its cores with everything else, all of them stop now and then,
+which lengthens the tail on every server at once (simulator/model/stalls.py).
 
 The fitted profile then predicts other runs: other policies, other rounds
 (bench/bench_calibrated_replay.py checks it against the live stack).
@@ -41,10 +44,13 @@ from simulator.model.cost import CostModel
 
 PREFILL_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_cached_token_s")
 DECODE_FIELDS = ("decode_base_s", "decode_per_seq_s")
-COARSE = [2 ** (k / 2) for k in range(-4, 9)]  # 0.25x .. 16x
+COARSE = [2.0**k for k in range(-2, 5)]  # 0.25x .. 16x
+REFINE = (2**0.5, 2**0.25, 2**0.125)
+"""After the coarse grid, the best and its neighbours this factor apart, then closer."""
 NOISE_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 """The step-noise values ``--fit-noise`` tries."""
-FINE = [2 ** (k / 8) for k in range(-3, 4)]  # around the coarse best, 2^(1/8) apart
+STALL_GRID = tuple((rate, mean) for rate in (0.25, 0.5, 1.0, 2.0) for mean in (0.1, 0.2, 0.4, 0.8))
+"""The host stalls ``--fit-stalls`` tries: (stalls a second, mean duration in seconds)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -140,34 +146,40 @@ class Fit:
 
 
 def fit_scales(base: CostModel, targets: Sequence[tuple[RunFigures, Replay]],
-               noises: Sequence[float] = ()) -> Fit:  # fmt: skip
-    """The prefill and decode scales of ``base`` (and with ``noises``, the step noise among
-    them) whose replays best match the runs: each target is a run's live figures and how to
-    replay it (``replay(cost)``); the loss sums over them. A coarse grid, then a fine one
-    around its best (module docstring)."""
+               noises: Sequence[float] = (), stalls: Sequence[tuple[float, float]] = ()) -> Fit:  # fmt: skip
+    """The prefill and decode scales of ``base`` (with ``noises``, the step noise among them;
+    with ``stalls``, the host's stalls among those (rate, mean duration) pairs and none) whose
+    replays best match the runs: each target is a run's live figures and how to replay it
+    (``replay(cost)``); the loss sums over them. A coarse grid, then the best and its
+    neighbours, closer and closer (module docstring), for each variant."""
     if not targets:
         raise ValueError("no run to fit")
-    cache: dict[tuple[float, float, float], tuple[float, list[RunFigures]]] = {}
+    variants = [{"step_noise": sigma, "host_stall_rate_hz": rate, "host_stall_s": mean}
+                for sigma in (noises or (base.step_noise,))
+                for rate, mean in ((base.host_stall_rate_hz, base.host_stall_s), *stalls)]  # fmt: skip
+    cache: dict[tuple[float, float, int], tuple[float, list[RunFigures]]] = {}
 
-    def loss(a: float, b: float, sigma: float) -> float:
-        key = round(a, 9), round(b, 9), sigma
+    def loss(a: float, b: float, v: int) -> float:
+        key = round(a, 9), round(b, 9), v
         if key not in cache:
-            cost = dataclasses.replace(scaled(base, a, b), step_noise=sigma)
+            cost = dataclasses.replace(scaled(base, a, b), **variants[v])
             got = [replay(cost) for _, replay in targets]
             total = sum(e * e for (live, _), g in zip(targets, got, strict=True) for e in live.errors(g))
             cache[key] = (total, got)
         return cache[key][0]
 
-    best: tuple[float, float, float] | None = None
-    for sigma in noises or (base.step_noise,):
-        a0, b0 = min(((a, b) for a in COARSE for b in COARSE), key=lambda ab: loss(ab[0], ab[1], sigma))
-        a, b = min(((a0 * fa, b0 * fb) for fa in FINE for fb in FINE), key=lambda ab: loss(ab[0], ab[1], sigma))
-        if best is None or loss(a, b, sigma) < loss(*best):
-            best = (a, b, sigma)
+    best: tuple[float, float, int] | None = None
+    for v in range(len(variants)):
+        a, b = min(((a, b) for a in COARSE for b in COARSE), key=lambda ab: loss(ab[0], ab[1], v))
+        for step in REFINE:
+            a, b = min(((a * step**i, b * step**j) for i in (-1, 0, 1) for j in (-1, 0, 1)),
+                       key=lambda ab: loss(ab[0], ab[1], v))  # fmt: skip
+        if best is None or loss(a, b, v) < loss(*best):
+            best = (a, b, v)
     assert best is not None
-    a, b, sigma = best
-    got = cache[round(a, 9), round(b, 9), sigma][1]
-    cost = dataclasses.replace(scaled(base, a, b), step_noise=sigma)
+    a, b, v = best
+    got = cache[round(a, 9), round(b, 9), v][1]
+    cost = dataclasses.replace(scaled(base, a, b), **variants[v])
     return Fit(cost, a, b, [live for live, _ in targets], got, len(cache))
 
 

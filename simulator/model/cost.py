@@ -36,6 +36,13 @@ enough for routing studies.
   default): every step takes exactly its cost. The engine draws from its own seeded
   generator, so a replay stays repeatable.
 
+* **host stalls**: on a host whose servers share a few cores with everything else, the
+  scheduler now and then runs none of them, all at once. ``host_stall_rate_hz`` such stalls
+  a second, each of an exponential duration of mean ``host_stall_s``: the replay's replicas
+  all stop during one, and a step or a request that meets one waits it out
+  (``simulator/model/stalls.py``). ``0`` (the default): none, as on one GPU each.
+  ``epp-sim calibrate --from-log --fit-stalls`` fits them to a loaded run.
+
 ``speedup`` divides every duration, so a test can run a
 "GPU" 100x faster than real time with the same relative timings.
 """
@@ -60,6 +67,8 @@ class CostModel:
     kv_transfer_per_token_s: float = 0.000005
     shared_host_slowdown: float = 0.0
     step_noise: float = 0.0
+    host_stall_rate_hz: float = 0.0
+    host_stall_s: float = 0.0
     speedup: float = 1.0
 
     def __post_init__(self) -> None:
@@ -73,6 +82,8 @@ class CostModel:
             "kv_transfer_per_token_s",
             "shared_host_slowdown",
             "step_noise",
+            "host_stall_rate_hz",
+            "host_stall_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"cost model field {name!r} must be >= 0")
@@ -98,7 +109,7 @@ class CostModel:
 
 COST_FIELDS = ("prefill_base_s", "prefill_per_token_s", "prefill_per_cached_token_s", "decode_base_s",
                "decode_per_seq_s", "kv_transfer_base_s", "kv_transfer_per_token_s",
-               "shared_host_slowdown", "step_noise")  # fmt: skip
+               "shared_host_slowdown", "step_noise", "host_stall_rate_hz", "host_stall_s")  # fmt: skip
 
 
 @dataclass(slots=True, frozen=True)

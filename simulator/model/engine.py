@@ -24,7 +24,9 @@ Scheduling, simplified from vLLM:
   before the request reaches the engine (its caller delays it, ``CostModel.kv_transfer_s``).
 * ``slowdown`` multiplies the steps' costs (the replay sets it for replicas sharing a host,
   ``CostModel.shared_host_slowdown``), and ``CostModel.step_noise`` a segment's cost by a
-  log-normal factor drawn from the engine's own generator (``seed``).
+  log-normal factor drawn from the engine's own generator (``seed``). ``stalls`` (the
+  replay's ``HostStalls``, ``CostModel.host_stall_rate_hz``) are times the host runs no
+  engine: a segment's work runs around them.
 
 Time advances in *segments* rather than single steps: while the batch does not change,
 ``k`` identical decode steps are one segment ending when the next request finishes
@@ -58,6 +60,7 @@ from dataclasses import dataclass, field
 
 from simulator.model.cache import PrefixCache
 from simulator.model.cost import CostModel
+from simulator.model.stalls import HostStalls
 
 
 class RequestTooLarge(ValueError):
@@ -202,6 +205,9 @@ class Engine:
         """How many times its cost a step takes (replicas sharing a host: the replay sets it
         from the others' work, ``CostModel.shared_host_slowdown``); read when a segment
         starts, so a change takes effect at the next step boundary (:meth:`reprice`)."""
+        self.stalls: HostStalls | None = None
+        """The host's stalls (``CostModel.host_stall_rate_hz``): the replay gives every engine
+        the same schedule, and a segment's work runs around them."""
 
     # -- driving ---------------------------------------------------------------------------
 
@@ -294,6 +300,7 @@ class Engine:
         e.external_queries_tokens = self.external_queries_tokens
         e.external_hits_tokens = self.external_hits_tokens
         e.slowdown = self.slowdown
+        e.stalls = self.stalls
         return e
 
     def first_token_if(self, request: EngineRequest, now: float) -> float:
@@ -355,7 +362,7 @@ class Engine:
             if now >= end:
                 done += self._seg_steps
             elif not self._seg_admitted and self._seg_step_s > 0:
-                done += min(self._seg_steps, int((now - self._seg_start) / self._seg_step_s))
+                done += min(self._seg_steps, int(self._work(self._seg_start, now) / self._seg_step_s))
         return min(done, seq.req.max_output_tokens)
 
     # -- internals -------------------------------------------------------------------------
@@ -402,7 +409,7 @@ class Engine:
         else:
             self._seg_end = None
             return
-        self._seg_end = t + self._seg_prefill_s + self._seg_steps * self._seg_step_s
+        self._seg_end = self._finish(t, self._seg_prefill_s + self._seg_steps * self._seg_step_s)
 
     def _start_chunk(self, t: float) -> bool:
         """Chunked prefill: plan one step of decodes and prompt chunks (``EngineConfig.
@@ -440,7 +447,7 @@ class Engine:
         self._seg_step_s = self.slowdown * cost.decode_step_s(len(running))
         self._seg_steps = 1
         self._jitter(1)
-        self._seg_end = t + self._seg_prefill_s + self._seg_step_s
+        self._seg_end = self._finish(t, self._seg_prefill_s + self._seg_step_s)
         return True
 
     def _jitter(self, steps: int) -> None:
@@ -467,10 +474,20 @@ class Engine:
         """End a decode segment at the first step boundary at or after ``now``."""
         if self._seg_admitted or self._seg_steps <= 1 or self._seg_step_s <= 0:
             return
-        steps = max(0, math.ceil((now - self._seg_start) / self._seg_step_s))
+        steps = max(0, math.ceil(self._work(self._seg_start, now) / self._seg_step_s))
         if steps < self._seg_steps:
             self._seg_steps = steps
-            self._seg_end = max(now, self._seg_start + steps * self._seg_step_s)
+            self._seg_end = max(now, self._finish(self._seg_start, steps * self._seg_step_s))
+
+    def _finish(self, start: float, work_s: float) -> float:
+        """When ``work_s`` of work begun at ``start`` ends (host stalls included)."""
+        stalls = self.stalls
+        return start + work_s if stalls is None else stalls.finish(start, work_s)
+
+    def _work(self, start: float, now: float) -> float:
+        """The work done between ``start`` and ``now`` (host stalls left out)."""
+        stalls = self.stalls
+        return now - start if stalls is None else stalls.work(start, now)
 
     def _admit(self, t: float, budget: int = 0) -> list[_Seq]:
         """Admit waiting requests while the batch, the KV cache and ``budget`` (uncached

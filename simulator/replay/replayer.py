@@ -36,7 +36,8 @@ end submits to the decoder), so the replicas then advance event by event in time
 
 Replicas on a shared host (``CostModel.shared_host_slowdown`` > 0) also depend on each other:
 they advance event by event too, and whenever one starts or stops working the others' steps
-are re-timed from their next step boundary.
+are re-timed from their next step boundary. Host stalls (``CostModel.host_stall_rate_hz``)
+are one seeded schedule all the replicas' engines share: they all stop during one.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from simulator.model.engine import (
     RequestTooLarge,
     StepResult,
 )
+from simulator.model.stalls import HostStalls
 from simulator.replay.policies import Arrival, Cluster, Policy, PolicyFactory
 from simulator.replay.workload import (
     TraceRequest,
@@ -395,6 +397,11 @@ class _Run:
             Engine(PrefixCache(cfg.kv_blocks, cfg.block_size_tokens), cfg.cost, engine_cfg, seed=cfg.seed * 1_000 + i)
             for i in range(n)
         ]
+        cost = cfg.cost
+        stalls = HostStalls(cost.host_stall_rate_hz * cost.speedup, cost.host_stall_s / cost.speedup, cfg.seed)
+        if stalls.active:  # one schedule: the host stops all of them at once
+            for eng in self.engines:
+                eng.stalls = stalls
         self.shared = cfg.cost.shared_host_slowdown if n > 1 else 0.0
         """The shared host's slowdown (0: independent replicas)."""
         self.busy = [False] * n

@@ -14,6 +14,7 @@ import yaml
 from simulator.cli import main as sim_main
 from simulator.fitlog import (
     NOISE_GRID,
+    STALL_GRID,
     StackRun,
     fit_scales,
     live_figures,
@@ -32,10 +33,10 @@ BASE = CostModel(prefill_base_s=0.01, prefill_per_token_s=0.0002, prefill_per_ca
 TRUE_PREFILL, TRUE_DECODE = 2.0, 2.83
 
 
-def skeleton(tmp_path: Path) -> Path:
-    """A stack log's shape: 12 users, 4 at a time, 3 turns each (times filled in later)."""
+def skeleton(tmp_path: Path, users: int = 12) -> Path:
+    """A stack log's shape: ``users`` users, 4 at a time, 3 turns each (times filled in later)."""
     rows = []
-    for user in range(12):
+    for user in range(users):
         for turn in range(3):
             rows.append({"policy": "round-robin", "round": 0, "user": user, "turn": turn, "group": user % 3,
                          "start_s": user // 4 * 30.0 + user * 0.01 + turn * 9.0, "e2e_s": 8.0, "status": 200,
@@ -45,16 +46,18 @@ def skeleton(tmp_path: Path) -> Path:
     return path
 
 
-def live_run(tmp_path: Path, noise: float = 0.0) -> Path:
+def live_run(tmp_path: Path, noise: float = 0.0, stalls: tuple[float, float] = (0.0, 0.0),
+             users: int = 12) -> Path:  # fmt: skip
     """The skeleton replayed with the base costs scaled by the true factors (and ``noise`` as
     the steps' noise), written back as the stack's request log: what a loaded server would
     have logged."""
-    shape = skeleton(tmp_path)
+    shape = skeleton(tmp_path, users)
     log = tmp_path / "as-log.jsonl"
     converted = list(convert("stack", shape))
     log.write_text("".join(json.dumps(r) + "\n" for r in converted))
     name, factory = policy_factory("round-robin")
-    cost = dataclasses.replace(scaled(BASE, TRUE_PREFILL, TRUE_DECODE), step_noise=noise)
+    cost = dataclasses.replace(scaled(BASE, TRUE_PREFILL, TRUE_DECODE), step_noise=noise,
+                               host_stall_rate_hz=stalls[0], host_stall_s=stalls[1])  # fmt: skip
     cfg = ReplayConfig(replicas=2, kv_blocks=512, block_size_tokens=32, cost=cost, seed=7)
     result = Replayer(cfg).run(RequestLog.load(log), factory, name)
     by_order = sorted(converted, key=lambda r: r["timestamp"])
@@ -91,7 +94,21 @@ def test_step_noise_is_fitted_where_the_run_had_some_and_not_where_it_had_none(t
         live = live_figures(stack_rows(path), "round-robin", 0)
         fit = fit_scales(BASE, [(live, run.figures)], NOISE_GRID)
         assert (fit.cost.step_noise > 0) == (noise > 0), (noise, fit.cost.step_noise)
-        assert fit.replays > len(NOISE_GRID) * 13 * 13
+        assert fit.replays > len(NOISE_GRID) * 49
+
+
+def test_host_stalls_are_fitted_where_the_run_had_some_and_not_where_it_had_none(tmp_path: Path) -> None:
+    """--fit-stalls: a run made on a host that stalls (1 a second, 0.4 s each) is fitted with
+    stalls, one made without them without (the run is made with seed 7, the fit's replays
+    with seed 0: another draw of the same process)."""
+    for stalls, folder in (((0.0, 0.0), "exact"), ((1.0, 0.4), "stalled")):
+        (tmp_path / folder).mkdir()
+        path = live_run(tmp_path / folder, stalls=stalls, users=48)
+        run = StackRun(path, "round-robin", 0, 2, 512, 32, "round-robin")
+        live = live_figures(stack_rows(path), "round-robin", 0)
+        fit = fit_scales(BASE, [(live, run.figures)], stalls=STALL_GRID[5::5])  # 0.5/s of 0.2 s .. 2/s of 0.8 s
+        got = fit.cost.host_stall_rate_hz * fit.cost.host_stall_s
+        assert (got > 0) == (stalls[0] > 0), (stalls, fit.cost)
 
 
 def test_the_command_writes_the_fitted_profile_and_names_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
