@@ -271,6 +271,38 @@ def response_path(rows: list[dict[str, Any]]) -> None:
             print(f"  {label[:24]:<24} {together} of {total} ({100 * together / max(1, total):.0f}%)")
 
 
+def slow_hits(rows: list[dict[str, Any]], key: str = "upstream_ttft_s") -> None:
+    """Where the live tail of cache hits comes from: per policy, the hits (over half the
+    prompt cached) slower than 3x the hits' median, how many of them came in a second (of
+    their start) in which 3 or more hits were that slow, and how many had a miss in flight
+    on the same server (its start to its first token overlapping the hit's)."""
+    print(f"\n# live cache hits slower than 3x the hits' median ({key}), all rounds: bunched in "
+          "seconds, or behind a miss on their server?")  # fmt: skip
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("status") == 200 and r.get(key) is not None:
+            by.setdefault(str(r["policy"]), []).append(r)
+    for label, rs in by.items():
+        hits = [r for r in rs if r.get("cached_tokens", 0) > 0.5 * r.get("prompt_tokens", 0)]
+        if not hits or len({r.get("upstream") for r in rs}) < 2:  # a router in front: one upstream
+            continue
+        limit = 3 * statistics.median(r[key] for r in hits)
+        misses = [r for r in rs if r not in hits]
+        slow = [r for r in hits if r[key] > limit]
+        per_second: dict[tuple[int, int], int] = {}
+        for r in slow:
+            k = (int(r.get("round", 0)), int(r["start_s"]))
+            per_second[k] = per_second.get(k, 0) + 1
+        bunched = sum(1 for r in slow if per_second[(int(r.get("round", 0)), int(r["start_s"]))] >= 3)
+        behind = sum(1 for r in slow if any(
+            m["upstream"] == r["upstream"] and int(m.get("round", 0)) == int(r.get("round", 0))
+            and m["start_s"] < r["start_s"] + r[key] and m["start_s"] + m[key] > r["start_s"] for m in misses))  # fmt: skip
+        n = max(1, len(slow))
+        print(f"{label[:24]:<24} {len(slow)} of {len(hits)} hits over {limit * 1e3:.0f} ms: "
+              f"{100 * bunched / n:.0f}% in a second with 3 or more, {100 * behind / n:.0f}% behind a miss "
+              "on their server")  # fmt: skip
+
+
 def by_class(key: str, cost: CostModel, log: Path, rows: list[dict[str, Any]], runs: list[tuple[str, int]],
              server: dict[str, int]) -> None:  # fmt: skip
     """Request by request: the live ``key`` TTFT against the replay's (``cost``) for cache
@@ -350,6 +382,7 @@ def main() -> int:
                 work, NOISE_GRID if args.fit_noise else (), STALL_GRID if args.fit_stalls else ())  # fmt: skip
     if "upstream_ttft_s" in measures:
         response_path(rows)
+        slow_hits(rows)
         by_class("upstream_ttft_s", fitted["upstream_ttft_s"], log, rows, runs, server)
     print(f"(inputs kept in {work}; the live run in {demo})")
     return 0
