@@ -40,7 +40,8 @@ enough for routing studies.
   scheduler now and then runs none of them, all at once. ``host_stall_rate_hz`` such stalls
   a second, each of an exponential duration of mean ``host_stall_s``: the replay's replicas
   all stop during one, and a step or a request that meets one waits it out
-  (``simulator/model/stalls.py``). ``0`` (the default): none, as on one GPU each.
+  (``simulator/model/stalls.py``). ``0`` (the default): none, as on one GPU each. Only the
+  replay applies them: the emulator runs on a real host, which stalls on its own.
   ``epp-sim calibrate --from-log --fit-stalls`` fits them to a loaded run.
 
 ``speedup`` divides every duration, so a test can run a
