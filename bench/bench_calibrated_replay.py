@@ -198,6 +198,7 @@ def repeatability(table: dict[str, dict[str, list[float]]], draws: int = 4000) -
     replacement, each round's live and replayed figures together); and each pair of
     policies' live p90 ratio with its interval, and whether the replay orders them alike."""
     rng = np.random.default_rng(0)
+    within = noise_aware = figures = 0
     print("\n# live against itself, and the replay against live (figures: means over the rounds)")
     print(f"{'policy':<24} | live 1st half / 2nd half p50   p90 | fitted / live p50 [90% over rounds]"
           f"   p90 [90% over rounds]")  # fmt: skip
@@ -215,8 +216,15 @@ def repeatability(table: dict[str, dict[str, list[float]]], draws: int = 4000) -
             lv, rp = np.array(cell[f"live {q}"]), np.array(cell[f"fitted {q}"])
             idx = rng.integers(0, n, size=(draws, n))
             lo, hi = np.percentile(rp[idx].mean(axis=1) / lv[idx].mean(axis=1), [5, 95])
-            cells.append(f"{rp.mean() / lv.mean():5.2f}x [{lo:.2f}, {hi:.2f}]")
+            ratio = rp.mean() / lv.mean()
+            cells.append(f"{ratio:5.2f}x [{lo:.2f}, {hi:.2f}]")
+            figures += 1
+            within += abs(math.log(ratio)) <= math.log(1.15)
+            noise_aware += abs(math.log(ratio)) <= math.log(1.15) or lo <= 1 <= hi
         print(f"{label[:24]:<24} | {' ':>22}{parts[0]} {parts[1]} | {cells[0]:>25}   {cells[1]:>20}")
+    print(f"within 15% of live: {within} of {figures} figures; within 15% or live's own 90% interval "
+          f"over the rounds (the target proposed in research note 2026-11-27-host-stalls): "
+          f"{noise_aware} of {figures}")  # fmt: skip
     print("pairs of policies by live p90 (ratio of the means, 90% interval over the rounds, resampled "
           "together): the replay must order those live tells apart")
     labels = [k for k, c in table.items() if len(c["live p90"]) >= 2]
