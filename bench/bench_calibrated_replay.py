@@ -279,6 +279,11 @@ def response_path(rows: list[dict[str, Any]]) -> None:
             print(f"  {label[:24]:<24} {together} of {total} ({100 * together / max(1, total):.0f}%)")
 
 
+def is_hit(row: dict[str, Any]) -> bool:
+    """A live request counted as a cache hit: over half its prompt was cached."""
+    return bool(row.get("cached_tokens", 0) > 0.5 * row.get("prompt_tokens", 0))
+
+
 def slow_hits(rows: list[dict[str, Any]], key: str = "upstream_ttft_s") -> None:
     """Where the live tail of cache hits comes from: per policy, the hits (over half the
     prompt cached) slower than 3x the hits' median, how many of them came in a second (of
@@ -291,11 +296,11 @@ def slow_hits(rows: list[dict[str, Any]], key: str = "upstream_ttft_s") -> None:
         if r.get("status") == 200 and r.get(key) is not None:
             by.setdefault(str(r["policy"]), []).append(r)
     for label, rs in by.items():
-        hits = [r for r in rs if r.get("cached_tokens", 0) > 0.5 * r.get("prompt_tokens", 0)]
+        hits = [r for r in rs if is_hit(r)]
         if not hits or len({r.get("upstream") for r in rs}) < 2:  # a router in front: one upstream
             continue
         limit = 3 * statistics.median(r[key] for r in hits)
-        misses = [r for r in rs if r not in hits]
+        misses = [r for r in rs if not is_hit(r)]
         slow = [r for r in hits if r[key] > limit]
         per_second: dict[tuple[int, int], int] = {}
         for r in slow:
@@ -329,7 +334,7 @@ def by_class(key: str, cost: CostModel, log: Path, rows: list[dict[str, Any]], r
             o = replayed.get(f"u{row['user']}t{row['turn']}")
             if o is None:
                 continue
-            kind = "hits" if row.get("cached_tokens", 0) > 0.5 * row.get("prompt_tokens", 0) else "misses"
+            kind = "hits" if is_hit(row) else "misses"
             live_s, rep_s = cells.setdefault(label, {}).setdefault(kind, ([], []))
             live_s.append(row[key])
             rep_s.append(o.first_token_s - o.arrival_s)
