@@ -38,6 +38,8 @@ class HostStalls:
         self._ends: list[float] = []
         self._before: list[float] = []
         """Total stall time before each stall's start (prefix sums)."""
+        self._work_at: list[float] = []
+        """Work time (wall time less stalls) at each stall's start: increasing."""
         self._drawn = 0.0
         """The schedule is complete up to this time."""
         self._next = self._gap(0.0)
@@ -54,6 +56,7 @@ class HostStalls:
             s._starts.append(start)
             s._ends.append(end)
             s._before.append(total)
+            s._work_at.append(start - total)
             total += end - start
         s._drawn = float("inf")
         s._fixed = True
@@ -82,6 +85,7 @@ class HostStalls:
                     self._starts.append(start)
                     self._ends.append(end)
                     self._before.append(total)
+                    self._work_at.append(start - total)
                 self._next = self._gap(start)
             self._drawn = horizon
 
@@ -103,12 +107,18 @@ class HostStalls:
 
     def finish(self, start: float, work_s: float) -> float:
         """When ``work_s`` of work begun at ``start`` ends, stalls included."""
-        if not self.active:
-            return start + work_s
-        base = self.stalled(start)
-        end = start + work_s
-        while True:  # each pass adds the stalls the last end newly covers
-            nxt = start + work_s + self.stalled(end) - base
-            if nxt <= end:
-                return end
-            end = nxt
+        if not self.active or work_s <= 0:
+            return start + max(0.0, work_s)
+        # the work done by wall time t is t - stalled(t), which stands still through each
+        # stall: the end is that amount of work plus every stall that starts before the
+        # start or before the work is done (one starting just as it is done does not delay it)
+        target = start - self.stalled(start) + work_s
+        begun = bisect.bisect_right(self._starts, start)
+        margin = self.mean_s * 50  # as stalled(): the stalls up to the end are final
+        end = target
+        while True:
+            self._draw_to(end + margin)
+            j = max(begun, bisect.bisect_left(self._work_at, target)) - 1
+            end = target + (self._before[j] + self._ends[j] - self._starts[j] if j >= 0 else 0.0)
+            if end + margin <= self._drawn:
+                return max(end, start + work_s)

@@ -56,6 +56,17 @@ def test_work_begun_at_any_time_ends_once_that_much_work_is_done(start: float, w
     assert end - start - work == pytest.approx(s.stalled(end) - s.stalled(start), abs=1e-9)
 
 
+def test_work_ending_at_a_stalls_edge_is_solved_not_stepped_through() -> None:
+    s = HostStalls.at([(1.0, 2.0), (3.0, 3.5)])
+    assert s.finish(0.0, 1.0) == 1.0  # done just as the stall starts: not delayed
+    # a hair more: after the stall (a fixed-point iteration crept through it in steps of the
+    # hair, without end)
+    assert s.finish(0.0, 1.0 + 1e-13) == pytest.approx(2.0 + 1e-13, abs=1e-15)
+    assert s.finish(1.5, 0.0) == 1.5 and s.finish(1.5, 1e-300) == pytest.approx(2.0)
+    assert s.finish(1.5, 1.0) == pytest.approx(3.0) and s.finish(1.5, 1.2) == pytest.approx(3.7)
+    assert s.finish(2.0, 2.0) == pytest.approx(4.5)
+
+
 def test_engines_sharing_a_schedule_all_wait_a_stall_out() -> None:
     start, end = 1.0, 1.4
     stalls = HostStalls.at([(start, end), (5.0, 5.1)])
