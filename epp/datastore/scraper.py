@@ -10,7 +10,7 @@ Cost is bounded as the pool grows: each endpoint is scraped every ``interval_s``
 but the pool as a whole at most ``budget_per_s`` times a second (default 500), so with more
 than ``interval_s * budget_per_s`` endpoints (100) each one's period stretches to
 ``endpoints / budget_per_s``. Between scrapes the load signal is carried by the requests epp
-sent since the last scrape (``Endpoint.pending``).
+sent since the last scrape that are still in flight (``Endpoint.pending``).
 
 A scrape costs the server too: real vLLM (0.32, CPU) spends ~12 ms of its API server's CPU
 rendering its 51 KB page, whose ``?name[]=`` filter it ignores. So an endpoint is scraped no

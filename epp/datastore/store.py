@@ -25,7 +25,11 @@ MetricsListener = Callable[[Endpoint], None]
 class _Entry:
     endpoint: Endpoint
     in_flight: int = 0
-    pending: int = 0
+    started: int = 0
+    """Requests started here since the last scrape and still in flight (at most
+    ``in_flight``: one that finished is no longer waiting, whenever it started)."""
+    sent: int = 0
+    """Work sent here since the last scrape whose end epp does not see (``request_sent``)."""
     first_seen_s: float | None = None
     """When ``mark_stale`` first saw the endpoint: a new endpoint gets ``stale_after_s`` for
     its first good scrape before it is reported stale."""
@@ -98,7 +102,7 @@ class Datastore:
         entry = self._entries.get(endpoint_id)
         if entry is None:  # vanished while its scrape was in flight
             return
-        entry.pending = 0
+        entry.started = entry.sent = 0
         entry.endpoint = dataclasses.replace(entry.endpoint, metrics=metrics, stale=False, pending=0)
         self._snapshot = None
         for listener in self._metrics_listeners:
@@ -166,12 +170,14 @@ class Datastore:
         if entry is None:
             return
         entry.in_flight += 1
-        self._set_pending(entry, entry.pending + 1)
+        entry.started += 1
+        self._update_pending(entry)
 
-    def _set_pending(self, entry: _Entry, pending: int) -> None:
-        entry.pending = pending
-        entry.endpoint = _with_pending(entry.endpoint, pending)
-        self._replace_in_snapshot(entry.endpoint)
+    def _update_pending(self, entry: _Entry) -> None:
+        pending = entry.started + entry.sent
+        if pending != entry.endpoint.pending:
+            entry.endpoint = _with_pending(entry.endpoint, pending)
+            self._replace_in_snapshot(entry.endpoint)
 
     def request_sent(self, endpoint_id: EndpointId) -> None:
         """Work epp sent there whose end it will not see (a disaggregated prefill, which the
@@ -179,17 +185,20 @@ class Datastore:
         entry = self._entries.get(endpoint_id)
         if entry is None or not entry.endpoint.metrics.known:
             return  # never scraped: no scrape would ever reset the count
-        self._set_pending(entry, entry.pending + 1)
+        entry.sent += 1
+        self._update_pending(entry)
 
     def request_finished(self, endpoint_id: EndpointId) -> None:
         entry = self._entries.get(endpoint_id)
         if entry is None or entry.in_flight == 0:
             return
         entry.in_flight -= 1
-        if not entry.endpoint.metrics.known and entry.pending > 0:
-            # never scraped (--no-scrape, or /metrics unreachable from the start): no scrape
-            # will reset pending, so it tracks the requests in flight instead
-            self._set_pending(entry, entry.pending - 1)
+        if entry.started > entry.in_flight:
+            # a request that finished waits no more: of those started since the last scrape,
+            # no more than are in flight can still be queued (never scraped, --no-scrape:
+            # pending is then the requests in flight)
+            entry.started = entry.in_flight
+            self._update_pending(entry)
 
     def in_flight(self) -> Mapping[EndpointId, int]:
         return {eid: e.in_flight for eid, e in self._entries.items()}

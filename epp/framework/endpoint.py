@@ -52,9 +52,10 @@ class Metrics:
 class Endpoint:
     """A model server as the scheduler sees it at one instant.
 
-    ``pending`` counts the requests epp routed there since the last scrape, which ``metrics``
-    cannot see yet: it covers a burst between two scrapes so that it does not pile onto one
-    endpoint. (Requests in flight are counted by the datastore, ``Datastore.in_flight``: the
+    ``pending`` counts the requests epp routed there since the last scrape and that are still
+    in flight, which ``metrics`` cannot see yet: it covers a burst between two scrapes so that
+    it does not pile onto one endpoint, and a request that finished no longer counts (a
+    session's quick turns between two scrapes do not make its endpoint look queued). (Requests in flight are counted by the datastore, ``Datastore.in_flight``: the
     scheduler does not read them, so a finishing request does not rebuild the endpoint.)
     """
 
@@ -70,7 +71,7 @@ class Endpoint:
     """Data-parallel rank: the endpoint's index among its pod's ports (an InferencePool's
     ``targetPorts``, one per rank). vLLM offsets a rank's KV-event and replay ports by it."""
     queue: int = field(init=False, default=0, compare=False)
-    """Waiting requests, plus those epp sent since the last scrape could see them (derived;
+    """Waiting requests, plus those epp sent, still in flight, since the last scrape (derived;
     stored because every scheduling cycle reads it for every endpoint)."""
 
     def __post_init__(self) -> None:

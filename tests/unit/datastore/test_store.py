@@ -19,12 +19,54 @@ def test_in_flight_accounting_keeps_every_other_field() -> None:
     store.request_finished(e.id)
     assert dict(view) == {e.id: 1} and view.get(EndpointId("gone:1"), 0) == 0
     got = store.get(e.id)
-    assert got == dataclasses.replace(e, pending=2)
-    assert got is not None and got.queue == 3 + 2 and store.in_flight() == {e.id: 1}
+    assert got == dataclasses.replace(e, pending=1)  # the one that finished waits no more
+    assert got is not None and got.queue == 3 + 1 and store.in_flight() == {e.id: 1}
     store.update_metrics(e.id, Metrics(waiting=1, scraped_at_s=2.0))  # a scrape resets pending
     got = store.get(e.id)
     assert got is not None and (got.pending, got.queue) == (0, 1)
     assert store.in_flight() == {e.id: 1}
+
+
+def test_pending_counts_only_what_was_sent_since_the_scrape_and_is_still_in_flight() -> None:
+    e = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)
+    store = Datastore()
+    store.upsert(e)
+    store.update_metrics(e.id, Metrics(waiting=0, scraped_at_s=1.0))
+
+    def pending() -> int:
+        got = store.get(e.id)
+        assert got is not None
+        return got.pending
+
+    for _ in range(8):  # a session's quick turns, one after another, between two scrapes
+        store.request_started(e.id)
+        store.request_finished(e.id)
+    assert pending() == 0
+    store.request_started(e.id)  # in flight across the scrape: the scrape sees it
+    store.update_metrics(e.id, Metrics(running=1, scraped_at_s=2.0))
+    store.request_started(e.id)
+    store.request_started(e.id)
+    assert pending() == 2
+    store.request_finished(e.id)  # whichever finished, at most 2 of the 3 in flight are new
+    assert pending() == 2
+    store.request_finished(e.id)
+    assert pending() == 1
+    store.request_sent(e.id)  # a disaggregated prefill: its end is not seen, a scrape resets it
+    store.request_finished(e.id)
+    assert pending() == 1
+    store.update_metrics(e.id, Metrics(scraped_at_s=3.0))
+    assert pending() == 0
+
+
+def test_an_endpoint_never_scraped_counts_its_requests_in_flight() -> None:
+    e = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)
+    store = Datastore()
+    store.upsert(e)
+    for _ in range(3):
+        store.request_started(e.id)
+    store.request_finished(e.id)
+    got = store.get(e.id)
+    assert got is not None and got.pending == 2 == store.in_flight()[e.id]
 
 
 def test_removal_notifies_listeners_and_vanished_endpoints_are_ignored() -> None:
