@@ -55,8 +55,9 @@ class Endpoint:
     ``pending`` counts the requests epp routed there since the last scrape and that are still
     in flight, which ``metrics`` cannot see yet: it covers a burst between two scrapes so that
     it does not pile onto one endpoint, and a request that finished no longer counts (a
-    session's quick turns between two scrapes do not make its endpoint look queued). (Requests in flight are counted by the datastore, ``Datastore.in_flight``: the
-    scheduler does not read them, so a finishing request does not rebuild the endpoint.)
+    session's quick turns between two scrapes do not make its endpoint look queued).
+    (Requests in flight are counted by the datastore, ``Datastore.in_flight``: the scheduler
+    does not read them; ``pending`` changes when one finishes only while it exceeds them.)
     """
 
     id: EndpointId
