@@ -356,6 +356,10 @@ def _add_envoy_config(sub: Any) -> None:
                    help="retries on a refused or reset upstream connection")
     p.add_argument("--message-timeout-s", type=_number(0, strict=True), default=5.0,
                    help="how long Envoy waits for each epp reply")
+    p.add_argument("--upstream-idle-timeout-s", type=_number(0, strict=True), default=4.0,
+                   help="Envoy closes a connection to a model server idle this long; keep it "
+                   "below the servers' keep-alive (vLLM, SGLang: 5 s), or a request sent as "
+                   "the server closes the connection gets a 503")
     p.add_argument("--max-request-bytes", type=byte_size, default=ec.DEFAULT_MAX_REQUEST_BYTES,
                    help="Envoy's buffer limit: a larger buffered request body gets 413")
     p.add_argument("--upstream-host-header", action="store_true",
@@ -378,6 +382,7 @@ def envoy_config_from_args(args: argparse.Namespace) -> str:
         failure=args.failure, request_body=args.request_body, response=args.response,
         fallback_lb=args.fallback_lb, retries=args.retries,
         message_timeout_s=args.message_timeout_s, max_request_bytes=args.max_request_bytes,
+        upstream_idle_timeout_s=args.upstream_idle_timeout_s,
         upstream_host_header=args.upstream_host_header, access_log=args.access_log,
     )  # fmt: skip
     return ec.render_yaml(options)

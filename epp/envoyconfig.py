@@ -102,6 +102,13 @@ class EnvoyOptions:
     """Retries on a refused or reset connection (the next name in epp's list, else another
     server from the fallback policy)."""
     message_timeout_s: float = 5.0
+    upstream_idle_timeout_s: float = 4.0
+    """Envoy closes a connection to a model server idle this long. It must be below the
+    servers' own keep-alive (vLLM's and SGLang's uvicorn: 5 s), so that Envoy, not the
+    server, closes an idle connection: otherwise a request Envoy writes onto a connection the
+    server is closing fails with a 503 ("upstream connect error or disconnect/reset before
+    headers. reset reason: connection termination"), which no retry covers once the request
+    was sent."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     upstream_host_header: bool = False
     """Add ``x-upstream-host: ip:port`` to responses (the stack and tests read it)."""
@@ -138,6 +145,8 @@ class EnvoyOptions:
                 )
         if self.retries < 0 or self.message_timeout_s <= 0 or self.max_request_bytes < 1:
             raise ValueError("retries >= 0, message timeout > 0 and max request bytes >= 1")
+        if self.upstream_idle_timeout_s <= 0:
+            raise ValueError("upstream idle timeout must be > 0 (below the servers' keep-alive)")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -190,6 +199,16 @@ def _breakers() -> dict[str, Any]:
                             "max_requests": _HUGE, "max_retries": _HUGE}]}  # fmt: skip
 
 
+def _pool_protocol(o: EnvoyOptions) -> dict[str, Any]:
+    """HTTP/1.1 to the model servers, idle connections closed by Envoy before the servers'
+    keep-alive closes them (``EnvoyOptions.upstream_idle_timeout_s``)."""
+    return {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": f"{_TYPE}upstreams.http.v3.HttpProtocolOptions",
+        "common_http_protocol_options": {"idle_timeout": _duration(o.upstream_idle_timeout_s)},
+        "explicit_http_config": {"http_protocol_options": {}},
+    }}  # fmt: skip
+
+
 def pool_cluster(o: EnvoyOptions) -> dict[str, Any]:
     if not o.pool:
         return {
@@ -197,6 +216,7 @@ def pool_cluster(o: EnvoyOptions) -> dict[str, Any]:
             "type": "ORIGINAL_DST",
             "lb_policy": "CLUSTER_PROVIDED",
             "connect_timeout": "5s",
+            "typed_extension_protocol_options": _pool_protocol(o),
             "original_dst_lb_config": {"use_http_header": True,
                                        "http_header_name": DESTINATION_HEADER},
             "circuit_breakers": _breakers(),
@@ -218,6 +238,7 @@ def pool_cluster(o: EnvoyOptions) -> dict[str, Any]:
         "name": "pool",
         "type": _discovery(o.pool),
         "connect_timeout": "5s",
+        "typed_extension_protocol_options": _pool_protocol(o),
         "load_balancing_policy": policy,
         "circuit_breakers": _breakers(),
         "load_assignment": _endpoints("pool", o.pool),
