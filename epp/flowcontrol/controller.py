@@ -48,8 +48,8 @@ class FlowControlConfig:
     """The header naming a request's flow (tenant); without it the flow is the model."""
     saturation: Literal["thresholds", "concurrency"] = "thresholds"
     """``thresholds``: the ``saturation`` section's queue/KV thresholds on every endpoint
-    (queue = waiting + sent since the last scrape); ``concurrency``: every endpoint has
-    ``maxConcurrency`` requests in flight from epp."""
+    (queue = waiting + sent since the last scrape, in flight); ``concurrency``: every
+    endpoint has ``maxConcurrency`` requests in flight from epp."""
     max_concurrency: int = 8
     """``concurrency`` saturation: requests in flight from epp per endpoint."""
     fairness: Literal["round-robin", "global-strict"] = "round-robin"

@@ -55,8 +55,8 @@ class PrefixHomeParams:
     """The scorer speaks only while no endpoint is known to hold this many leading chunks."""
     load_factor: float = 1.25
     """The home is passed over, for the next endpoint in hash order, while its load (running
-    + waiting + sent since the last scrape) with this request would exceed this multiple of
-    the mean (consistent hashing with bounded loads)."""
+    + waiting + sent since the last scrape, in flight) with this request would exceed this
+    multiple of the mean (consistent hashing with bounded loads)."""
     __config_min__: ClassVar[dict[str, float]] = {
         "key_chunks": 1, "min_match_chunks": 1, "load_factor": 1.0,
     }

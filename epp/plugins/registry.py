@@ -108,7 +108,8 @@ _ALL: dict[str, PluginType[Any]] = {
     ),
     "queue-scorer": PluginType(
         scorers.QueueScorer, scorers.QueueScorerParams, "scorer",
-        "shorter queue (waiting + sent since last scrape) scores higher, min-max normalised",
+        "shorter queue (waiting + sent since the last scrape, in flight) scores higher, min-max "
+        "normalised",
     ),
     "kv-cache-utilization-scorer": PluginType(
         scorers.KvCacheUtilizationScorer, scorers.KvCacheScorerParams, "scorer",

@@ -1,10 +1,10 @@
 """Saturation: does the pool have room for more work? One protocol, two detectors.
 
 * ``ThresholdDetector`` (the ``saturation`` section; the default): an endpoint is saturated
-  when its queue (waiting, plus what epp sent since the last scrape) or its KV-cache use is
-  over a threshold, or its metrics are not fresh. Flow control calls the pool full when no
-  endpoint has room; released-but-unrouted requests count as queued on the least-queued
-  endpoint. With no fresh metrics at all the pool is not called full (a metrics outage must
+  when its queue (waiting, plus what epp sent since the last scrape, still in flight) or its
+  KV-cache use is over a threshold, or its metrics are not fresh. Flow control calls the pool
+  full when no endpoint has room; released-but-unrouted requests count as queued on the
+  least-queued endpoint. With no fresh metrics at all the pool is not called full (a metrics outage must
   not hold every request; the shedding rule, ``pool_saturated``, still applies).
 * ``ConcurrencyDetector`` (``flowControl.saturation: concurrency``): the endpoints' free
   slots (``maxConcurrency`` minus epp's requests in flight there) exceed the
