@@ -77,11 +77,7 @@ class HostStalls:
                 if self._ends and start <= self._ends[-1]:  # overlaps the last: merge
                     self._ends[-1] = max(self._ends[-1], end)
                 else:
-                    total = (
-                        self._before[-1] + self._ends[-1] - self._starts[-1]
-                        if self._starts
-                        else 0.0
-                    )
+                    total = self._through(len(self._starts) - 1)
                     self._starts.append(start)
                     self._ends.append(end)
                     self._before.append(total)
@@ -105,6 +101,10 @@ class HostStalls:
             return now - start
         return (now - start) - (self.stalled(now) - self.stalled(start))
 
+    def _through(self, i: int) -> float:
+        """Total stall time to the end of stall ``i`` (0 before the first)."""
+        return self._before[i] + self._ends[i] - self._starts[i] if i >= 0 else 0.0
+
     def finish(self, start: float, work_s: float) -> float:
         """When ``work_s`` of work begun at ``start`` ends, stalls included."""
         if not self.active or work_s <= 0:
@@ -119,6 +119,6 @@ class HostStalls:
         while True:
             self._draw_to(end + margin)
             j = max(begun, bisect.bisect_left(self._work_at, target)) - 1
-            end = target + (self._before[j] + self._ends[j] - self._starts[j] if j >= 0 else 0.0)
+            end = target + self._through(j)
             if end + margin <= self._drawn:
                 return max(end, start + work_s)

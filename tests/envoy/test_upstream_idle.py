@@ -22,6 +22,7 @@ from aiohttp import web
 
 from epp.envoyconfig import EnvoyOptions
 from simulator.envoy import start_envoy, with_ports
+from tests.http_app import serve_app
 
 SERVER_KEEPALIVE_S = 1.5
 
@@ -35,11 +36,7 @@ async def keepalive_server(keepalive_s: float) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=keepalive_s)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    runner, port = await serve_app(app, access_log=None, keepalive_timeout=keepalive_s)
     try:
         yield f"127.0.0.1:{port}"
     finally:
