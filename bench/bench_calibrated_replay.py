@@ -64,10 +64,13 @@ from simulator.fitlog import (  # noqa: E402
     NOISE_GRID,
     STALL_GRID,
     Fit,
+    RunFigures,
     StackRun,
     fit_scales,
     live_figures,
     replay_policy_for,
+    run_summaries,
+    server_figures,
     stack_rows,
     stack_runs,
 )
@@ -124,8 +127,10 @@ def fit_profile(base: CostModel, log: Path, fit_label: str, rounds: list[int], s
     rows = stack_rows(log)
     targets = []
     for r in rounds:
-        run = StackRun(log, fit_label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(fit_label))
-        targets.append((live_figures(rows, fit_label, r, ttft_key), run.figures))
+        live_, edges = live_of(ttft_key, log, rows, fit_label, r)
+        run = StackRun(log, fit_label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(fit_label),
+                       edges)  # fmt: skip
+        targets.append((live_, run.figures))
     return fit_scales(base, targets, noises, stalls)
 
 
@@ -133,9 +138,33 @@ MEASURES = {
     "ttft_s": "the client's TTFT (through Envoy and epp, both ways)",
     "upstream_ttft_s": "the servers' TTFT as Envoy saw it (its access log: the request's first byte to "
                        "the server's first body bytes; the response's way back through epp and Envoy "
-                       "to the client left out)",
+                       "to the client left out; for the SGLang router, Envoy's upstream is the router: "
+                       "its hop is in)",
+    "server": "the servers' own TTFT (vLLM's histograms over each run, from the request's arrival at "
+              "the server to its first token: no gateway or router in it; the replay's TTFTs binned "
+              "in the same buckets, both read as Prometheus' histogram_quantile reads them)",
 }
-"""What "live" is compared with: each the stack's log holds (the server's needs real Envoy)."""
+"""What "live" is compared with: each the stack's log holds (Envoy's needs real Envoy; the
+servers' own needs a demo.json with their histograms)."""
+
+
+def live_of(key: str, log: Path, rows: list[dict[str, Any]], label: str,
+            round_: int) -> tuple[RunFigures, tuple[float, ...]]:  # fmt: skip
+    """One run's live figures by ``key`` (``MEASURES``), and the histogram edges its replay
+    is read by (none: the replay's TTFTs themselves)."""
+    if key != "server":
+        return live_figures(rows, label, round_, key), ()
+    figures, buckets = server_figures(run_summaries(log), rows, label, round_)
+    return figures, tuple(le for le, _ in buckets)
+
+
+def has_measure(key: str, log: Path, rows: list[dict[str, Any]]) -> bool:
+    if key != "server":
+        return any(r.get(key) is not None for r in rows)
+    try:
+        return all(s.get("server_ttft_buckets") for s in run_summaries(log).values())
+    except ValueError:
+        return False
 
 
 def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
@@ -157,13 +186,14 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
     table: dict[str, dict[str, list[float]]] = {}
     for label, r in runs:
         policy = replay_policy_for(label, configs)
-        lv = live_figures(rows, label, r, key)
+        lv, edges = live_of(key, log, rows, label, r)
         cell = table.setdefault(label, {})
         for k, value in (("live p50", lv.ttft_p50_s), ("live p90", lv.ttft_p90_s),
                          ("live hit", hits.get((label, r), math.nan))):  # fmt: skip
             cell.setdefault(k, []).append(value)
         for which, cost in (("probed", probed), ("fitted", fit.cost)):
-            rp, hit = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], policy).replay(cost)
+            rp, hit = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], policy,
+                               edges).replay(cost)  # fmt: skip
             for k, value in ((f"{which} p50", rp.ttft_p50_s), (f"{which} p90", rp.ttft_p90_s),
                              (f"{which} hit", hit)):  # fmt: skip
                 cell.setdefault(k, []).append(value)
@@ -388,7 +418,7 @@ def main() -> int:
     fit_rounds = [r for label, r in runs if label == fit_label]
     hits = {(r["policy"], r["round"]): r["hit_rate"]
             for r in json.loads((demo / "demo.json").read_text()).get("by_round") or []}  # fmt: skip
-    measures = [k for k in MEASURES if any(r.get(k) is not None for r in rows)]
+    measures = [k for k in MEASURES if has_measure(k, log, rows)]
     fitted = {}
     for key in measures:
         fitted[key] = compare(key, probed, log, rows, runs, fit_label, fit_rounds, server, hits,

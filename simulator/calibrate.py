@@ -236,6 +236,10 @@ def register(subparsers: Any) -> None:
                      help="the run's round (--rounds); 'all': fit its rounds together")
     fit.add_argument("--replay-policy", default="",
                      help="the replay policy that routes as the run did (guessed from its name)")
+    fit.add_argument("--measure", choices=("client", "server"), default="client",
+                     help="the TTFT to match: the client's (through the gateway both ways), or the "
+                     "servers' own, from their TTFT histograms in the run's demo.json (from arrival at "
+                     "the server to its first token; the replay's TTFTs binned alike)")
     fit.add_argument("--kv-blocks", type=int, default=0, help="KV blocks a server (the profile's by default)")
     fit.add_argument("--block-size", type=int, default=0, help="tokens a block (the profile's by default)")
     fit.add_argument("--fit-noise", action="store_true",
@@ -301,6 +305,8 @@ def run_fit(args: argparse.Namespace) -> int:
         pick_runs,
         replay_policy_for,
         replicas_of,
+        run_summaries,
+        server_figures,
         stack_rows,
     )
     from simulator.model.cost import load_profile
@@ -320,19 +326,26 @@ def run_fit(args: argparse.Namespace) -> int:
             raise ValueError("the profile does not say the servers' KV blocks and block size: give --kv-blocks and --block-size")
         policy = args.replay_policy or replay_policy_for(label)
         rows = stack_rows(args.from_log)
+        summaries = run_summaries(args.from_log) if args.measure == "server" else {}
         targets = []
         for _, round_ in runs:
-            run_ = StackRun(args.from_log, label, round_, replicas_of(args.from_log, label, round_), kv, block, policy)
-            targets.append((live_figures(rows, label, round_), run_.figures))
+            replicas = replicas_of(args.from_log, label, round_)
+            if args.measure == "server":
+                live, buckets = server_figures(summaries, rows, label, round_)
+                edges = tuple(le for le, _ in buckets)
+            else:
+                live, edges = live_figures(rows, label, round_), ()
+            run_ = StackRun(args.from_log, label, round_, replicas, kv, block, policy, edges)
+            targets.append((live, run_.figures))
         print(f"fitting {args.profile} to {label!r} (round {', '.join(str(r) for _, r in runs)}) of "
-              f"{args.from_log}, replayed as {policy}...")
+              f"{args.from_log} by the {args.measure}'s TTFT, replayed as {policy}...")
         fit = fit_scales(base.cost, targets, NOISE_GRID if args.fit_noise else (),
                          STALL_GRID if args.fit_stalls else ())  # fmt: skip
     except (ValueError, OSError, KeyError) as exc:
         print(f"epp-sim calibrate: {exc}", file=sys.stderr)
         return 2
     source = (f"{base.source or base.name}; scaled to the run {label!r} (round "
-              f"{', '.join(str(r) for _, r in runs)}) of {args.from_log}: "
+              f"{', '.join(str(r) for _, r in runs)}) of {args.from_log} ({args.measure} TTFT): "
               f"prefill x{fit.prefill_scale:.3f}, decode x{fit.decode_scale:.3f}, "
               f"step noise {fit.cost.step_noise:g}{_stalls(fit.cost)}")  # fmt: skip
     profile = CostProfile(base.name, fit.cost, source, dict(base.server) | {"kv_blocks": kv, "block_size": block})

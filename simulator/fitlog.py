@@ -29,6 +29,7 @@ The fitted profile then predicts other runs: other policies, other rounds
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -98,6 +99,45 @@ def live_figures(rows: Iterable[dict[str, Any]], policy: str, round_: int,
             for r in run if int(r.get("completion_tokens") or 0) > 1 and r.get("ttft_s") is not None]  # fmt: skip
     p50, p90 = np.percentile(ttft, [50, 90])
     return RunFigures(float(p50), float(p90), statistics.median(tpot) if tpot else math.nan, len(run))
+
+
+MEASURES = ("client", "server")
+"""What a fit matches: the client's TTFT (the request log's ``ttft_s``: through the gateway
+both ways) or the servers' own (their TTFT histograms, ``vllm:time_to_first_token_seconds``,
+over each run: from the request's arrival at the server to its first token, with nothing in
+front of the server counted; a router behind the gateway included, which Envoy's
+``upstream_ttft_s`` is not free of). For the servers' the replay's TTFTs are binned in the
+same buckets and both sides read as Prometheus' ``histogram_quantile`` reads them."""
+
+
+def run_summaries(log: str | Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """The per-run summaries of the stack run whose request log is ``log``: ``demo.json``
+    beside it (``epp-sim stack --demo --out-dir``), by (policy, round)."""
+    path = Path(log).with_name("demo.json")
+    if not path.is_file():
+        raise ValueError(f"{path}: not found; the servers' TTFT is read from the demo.json that "
+                         "`epp-sim stack --demo --out-dir DIR` writes beside requests.jsonl")  # fmt: skip
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    runs = doc.get("by_round") or doc.get("runs") or []
+    return {(str(s["policy"]), int(s.get("round", 0))): s for s in runs}
+
+
+def server_figures(summaries: dict[tuple[str, int], dict[str, Any]], rows: Iterable[dict[str, Any]],
+                   policy: str, round_: int) -> tuple[RunFigures, list[tuple[float, float]]]:  # fmt: skip
+    """One run's figures by the servers' own TTFT (``MEASURES``), and its histogram's
+    cumulative buckets; the time per output token is the client's."""
+    from simulator.stack.report import histogram_quantile, parse_buckets
+
+    s = summaries.get((policy, round_))
+    if s is None:
+        raise ValueError(f"no summary of policy {policy!r} round {round_} in the run's demo.json")
+    buckets = parse_buckets(s.get("server_ttft_buckets") or [])
+    if not buckets or not buckets[-1][1]:
+        raise ValueError(f"the run's demo.json has no server TTFT histogram for {policy!r} round {round_} "
+                         "(real vLLM servers report one; a stack from before this field was written lacks it)")  # fmt: skip
+    client = live_figures(rows, policy, round_)
+    return RunFigures(histogram_quantile(buckets, 0.5), histogram_quantile(buckets, 0.9), client.tpot_p50_s,
+                      int(buckets[-1][1])), buckets  # fmt: skip
 
 
 def replay_policy_for(label: str, configs: Sequence[Path] = ()) -> str:
@@ -195,6 +235,9 @@ class StackRun:
     kv_blocks: int
     block_size: int
     policy: str
+    ttft_edges: tuple[float, ...] = ()
+    """When set, the replay's TTFT p50 and p90 are read from its TTFTs binned in these
+    histogram buckets (upper edges, the last +Inf), as the servers' are (``MEASURES``)."""
     _requests: Any = None
     _ids: list[str] | None = None
 
@@ -234,9 +277,17 @@ class StackRun:
     def replay(self, cost: CostModel, seed: int = 0) -> tuple[RunFigures, float]:
         """Its figures and hit rate, replayed with ``cost``."""
         from simulator.replay.report import summarize
+        from simulator.stack.report import histogram_quantile
 
-        s = summarize(self.run(cost, seed))
-        return RunFigures(s.ttft_p50_s, s.ttft_p90_s, s.tpot_p50_s, s.served), s.hit_rate
+        result = self.run(cost, seed)
+        s = summarize(result)
+        if not self.ttft_edges:
+            return RunFigures(s.ttft_p50_s, s.ttft_p90_s, s.tpot_p50_s, s.served), s.hit_rate
+        ttft = np.sort([o.first_token_s - o.arrival_s for o in result.outcomes if not o.rejected])
+        counts = np.searchsorted(ttft, self.ttft_edges, side="right")  # cumulative: le is inclusive
+        buckets = list(zip(self.ttft_edges, counts.tolist(), strict=True))
+        return RunFigures(histogram_quantile(buckets, 0.5), histogram_quantile(buckets, 0.9), s.tpot_p50_s,
+                          s.served), s.hit_rate  # fmt: skip
 
     def figures(self, cost: CostModel) -> RunFigures:
         """Its figures replayed with ``cost`` (what :func:`fit_scales` calls)."""
@@ -270,6 +321,14 @@ def pick_runs(log: Path, label: str = "", rounds: Sequence[int] | None = None) -
 
 
 def replicas_of(log: Path, label: str, round_: int) -> int:
-    """The servers a run's requests went to."""
+    """The servers a run's requests went to: the stack's count (demo.json beside the log),
+    else the distinct upstreams the run's requests name (a router behind the gateway is
+    then one upstream: give the stack's demo.json)."""
+    path = Path(log).with_name("demo.json")
+    if path.is_file():
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            n = int(json.loads(path.read_text(encoding="utf-8"))["replicas"])
+            if n > 0:
+                return n
     return len({r.get("upstream") for r in stack_rows(log)
                 if r.get("policy") == label and int(r.get("round", 0)) == round_ and r.get("upstream")}) or 1  # fmt: skip

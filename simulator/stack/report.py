@@ -14,6 +14,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -133,6 +134,10 @@ class RunSummary:
     server_ttft_mean_ms: float = float("nan")
     """The servers' own TTFT (``vllm:time_to_first_token_seconds``), all replicas."""
     server_ttft_p90_ms: float = float("nan")
+    server_ttft_p50_ms: float = float("nan")
+    server_ttft_buckets: list[tuple[str, float]] = field(default_factory=list)
+    """The servers' TTFT histograms merged: cumulative (le, count) as Prometheus writes them
+    ("0.1", "+Inf"); what ``epp-sim calibrate --from-log --measure server`` fits to."""
     server_queue_mean_ms: float = float("nan")
     """The servers' mean wait to be scheduled (``vllm:request_queue_time_seconds``)."""
     preemptions: int = 0
@@ -185,7 +190,9 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
         ttfts_ms=ttfts,
         first_error=(f"HTTP {errors[0].status}: {errors[0].error}" if errors else ""),
         server_ttft_mean_ms=_server_mean(replicas),
-        server_ttft_p90_ms=_server_quantile(replicas, 0.9),
+        server_ttft_p90_ms=1000 * histogram_quantile(merged_buckets(replicas), 0.9),
+        server_ttft_p50_ms=1000 * histogram_quantile(merged_buckets(replicas), 0.5),
+        server_ttft_buckets=[(_le_text(le), n) for le, n in merged_buckets(replicas)],
         server_queue_mean_ms=_queue_mean(replicas),
         preemptions=int(sum(r.preemptions for r in replicas)),
         records=list(run.records),
@@ -237,30 +244,42 @@ def _queue_mean(replicas: Sequence[ReplicaCounters]) -> float:
     return 1000 * sum(r.queue_sum_s for r in replicas) / n if n else float("nan")
 
 
-def _server_quantile(replicas: Sequence[ReplicaCounters], q: float) -> float:
-    """A quantile of the servers' TTFT histograms merged, interpolated inside its bucket
-    (as Prometheus' histogram_quantile does)."""
+def merged_buckets(replicas: Sequence[ReplicaCounters]) -> list[tuple[float, float]]:
+    """The servers' TTFT histograms added up: cumulative (le, count), le ascending."""
     merged: dict[float, float] = {}
     for r in replicas:
         for le, count in r.ttft_buckets:
             merged[le] = merged.get(le, 0.0) + count
-    if not merged:
+    return sorted(merged.items())
+
+
+def histogram_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
+    """Quantile ``q`` of a histogram given as cumulative (le, count), le ascending and the
+    last +Inf, interpolated inside its bucket as Prometheus' ``histogram_quantile`` does (in
+    the histogram's unit; NaN when it is empty; the last finite edge when the rank falls in
+    +Inf)."""
+    if not buckets or not buckets[-1][1]:
         return float("nan")
-    edges = sorted(merged.items())
-    total = edges[-1][1]
-    if not total:
-        return float("nan")
-    rank = q * total
+    rank = q * buckets[-1][1]
     lo_edge, lo_count = 0.0, 0.0
-    for le, count in edges:
+    for le, count in buckets:
         if count >= rank:
-            if le == float("inf"):
-                return 1000 * lo_edge
+            if le == math.inf:
+                return lo_edge
             span = count - lo_count
             frac = (rank - lo_count) / span if span else 1.0
-            return 1000 * (lo_edge + (le - lo_edge) * frac)
+            return lo_edge + (le - lo_edge) * frac
         lo_edge, lo_count = le, count
-    return 1000 * lo_edge
+    return lo_edge
+
+
+def _le_text(le: float) -> str:
+    return "+Inf" if le == math.inf else repr(le)
+
+
+def parse_buckets(rows: Sequence[Sequence[Any]]) -> list[tuple[float, float]]:
+    """``RunSummary.server_ttft_buckets`` as written to demo.json, back to (le, count)."""
+    return sorted((float(le), float(n)) for le, n in rows)
 
 
 def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:

@@ -7,7 +7,13 @@ import dataclasses
 import math
 import time
 
-from simulator.stack.report import ReplicaCounters, _server_mean, _server_quantile
+from simulator.stack.report import (
+    ReplicaCounters,
+    _server_mean,
+    histogram_quantile,
+    merged_buckets,
+    parse_buckets,
+)
 
 
 def test_server_ttft_quantiles_merge_replicas_and_interpolate() -> None:
@@ -17,9 +23,27 @@ def test_server_ttft_quantiles_merge_replicas_and_interpolate() -> None:
                         ttft_buckets=((0.1, 10), (0.5, 10), (1.0, 10), (math.inf, 10)))  # fmt: skip
     assert _server_mean([a, b]) == 200.0  # 4 s over 20 first tokens
     # merged: 14 under 0.1 s, 18 under 0.5 s, 20 under 1 s; the median is in the first bucket
-    assert math.isclose(_server_quantile([a, b], 0.5), 1000 * 0.1 * 10 / 14)
-    assert math.isclose(_server_quantile([a, b], 0.9), 500.0)
-    assert math.isnan(_server_quantile([ReplicaCounters("c")], 0.9))
+    merged = merged_buckets([a, b])
+    assert merged == [(0.1, 14), (0.5, 18), (1.0, 20), (math.inf, 20)]
+    assert math.isclose(histogram_quantile(merged, 0.5), 0.1 * 10 / 14)
+    assert math.isclose(histogram_quantile(merged, 0.9), 0.5)
+    assert math.isnan(histogram_quantile(merged_buckets([ReplicaCounters("c")]), 0.9))
+    # a rank past the last finite edge reads as that edge, as Prometheus reads it
+    assert histogram_quantile([(0.1, 1), (math.inf, 10)], 0.9) == 0.1
+
+
+def test_the_run_summary_keeps_the_merged_histogram_in_a_form_json_and_prometheus_share() -> None:
+    import json
+
+    from simulator.stack.driver import RunRecords
+    from simulator.stack.report import _fields, summarize
+
+    a = ReplicaCounters("a", ttft_sum_s=3.0, ttft_count=10, ttft_buckets=((0.1, 4), (0.5, 8), (math.inf, 10)))
+    s = summarize("p", RunRecords([], 1.0), [a])
+    written = json.loads(json.dumps(_fields(s)))
+    assert written["server_ttft_buckets"] == [["0.1", 4], ["0.5", 8], ["+Inf", 10]]
+    assert parse_buckets(written["server_ttft_buckets"]) == [(0.1, 4), (0.5, 8), (math.inf, 10)]
+    assert math.isclose(written["server_ttft_p50_ms"], 1000 * 0.1 + 1000 * 0.4 * (5 - 4) / 4)
 
 
 def test_steal_share_is_the_stolen_part_of_the_machine_time() -> None:
