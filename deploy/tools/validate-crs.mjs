@@ -12,6 +12,7 @@ const MODELS = {
   "gateway.networking.k8s.io/v1": "@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1",
   "networking.istio.io/v1": "@kubernetes-models/istio/networking.istio.io/v1",
   "monitoring.coreos.com/v1": "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1",
+  "gateway.envoyproxy.io/v1alpha1": "@kubernetes-models/envoy-gateway/gateway.envoyproxy.io/v1alpha1",
 };
 
 let input = "";

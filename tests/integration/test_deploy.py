@@ -41,6 +41,7 @@ CRD_KINDS = {
     "ServiceMonitor",
     "PodMonitor",
     "DestinationRule",
+    "BackendTrafficPolicy",
 }
 
 def shipped_default() -> dict[str, Any]:
@@ -97,7 +98,7 @@ def client_service(docs: Iterable[Doc]) -> Doc:
 
 NPM_MODELS = ROOT / ".tools" / "npm"
 SCHEMA_KINDS = {"Gateway", "GatewayClass", "HTTPRoute", "DestinationRule", "ServiceMonitor",
-                "PodMonitor"}  # fmt: skip
+                "PodMonitor", "BackendTrafficPolicy"}  # fmt: skip
 """Custom resources validated against their CRDs' OpenAPI schemas (deploy/tools/
 validate-crs.mjs over the @kubernetes-models packages); InferencePool, which has no such
 package, only structurally."""
@@ -166,6 +167,9 @@ def validate_crd_structure(doc: Doc) -> None:
         assert doc["apiVersion"] == "networking.istio.io/v1", where
         assert spec["host"].endswith(".svc.cluster.local"), where
         assert spec["trafficPolicy"]["tls"]["mode"] in ("DISABLE", "SIMPLE", "MUTUAL"), where
+    elif kind == "BackendTrafficPolicy":
+        assert doc["apiVersion"] == "gateway.envoyproxy.io/v1alpha1", where
+        assert spec["targetRefs"], where
     elif kind in ("ServiceMonitor", "PodMonitor"):
         assert doc["apiVersion"] == "monitoring.coreos.com/v1", where
         endpoints = spec.get("endpoints") or spec.get("podMetricsEndpoints")
@@ -641,7 +645,8 @@ def test_the_istio_tls_rule_names_the_service_the_chart_makes() -> None:
 
 def test_a_custom_resource_breaking_its_crd_schema_is_caught() -> None:
     """The CRD-schema check is live: a Gateway listener port that is not a number, an
-    HTTPRoute weight below zero and an unknown TLS mode in a DestinationRule fail it."""
+    HTTPRoute weight below zero, an unknown TLS mode in a DestinationRule and an idle timeout
+    that is not a duration in a BackendTrafficPolicy fail it."""
     docs = docs_of((DEPLOY / "gateways/istio/gateway.yaml").read_text())
     docs += docs_of((DEPLOY / "gateways/istio/epp-tls.yaml").read_text())
     one(docs, "Gateway")["spec"]["listeners"][0]["port"] = "eighty"
@@ -653,6 +658,10 @@ def test_a_custom_resource_breaking_its_crd_schema_is_caught() -> None:
     one(docs, "DestinationRule")["spec"]["trafficPolicy"]["tls"]["mode"] = "SOMETIMES"
     with pytest.raises(AssertionError, match="DestinationRule"):
         validate_custom_resources([one(docs, "DestinationRule")])
+    policy = one(docs_of((DEPLOY / "gateways/envoy-gateway/gateway.yaml").read_text()), "BackendTrafficPolicy")
+    policy["spec"]["timeout"]["http"]["connectionIdleTimeout"] = "four seconds"
+    with pytest.raises(AssertionError, match="connectionIdleTimeout must match pattern"):
+        validate_custom_resources([policy])
 
 
 def walkthrough_commands() -> list[list[str]]:
@@ -692,3 +701,16 @@ def test_every_manifest_the_walkthrough_installs_renders_and_validates() -> None
         labels = pool["spec"]["selector"]["matchLabels"]
         for servers in by_kind(docs_of(examples[labels["app"]].read_text()), "Deployment"):
             assert labels.items() <= servers["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_envoy_gateway_closes_idle_server_connections_as_the_standalone_bootstrap_does() -> None:
+    """Below the servers' 5 s keep-alive (uvicorn's default in vLLM and SGLang), and the same
+    as the bootstrap epp generates (tests/envoy/test_upstream_idle.py proves it there)."""
+    from epp.envoyconfig import EnvoyOptions
+
+    docs = docs_of((DEPLOY / "gateways/envoy-gateway/gateway.yaml").read_text())
+    policy, route = one(docs, "BackendTrafficPolicy"), one(docs, "HTTPRoute")
+    (target,) = policy["spec"]["targetRefs"]
+    assert (target["kind"], target["name"]) == ("HTTPRoute", route["metadata"]["name"])
+    idle = policy["spec"]["timeout"]["http"]["connectionIdleTimeout"]
+    assert idle.endswith("s") and float(idle[:-1]) == EnvoyOptions().upstream_idle_timeout_s < 5

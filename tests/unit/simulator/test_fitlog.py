@@ -137,3 +137,69 @@ def test_runs_map_to_the_replay_policy_that_routes_as_they_did() -> None:
     assert replay_policy_for("random (via epp)") == "random"
     with pytest.raises(ValueError, match="no shipped profile or config file named 'mine'"):
         replay_policy_for("epp mine")
+
+
+VLLM_TTFT_EDGES = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, float("inf"))  # fmt: skip
+"""vLLM 0.32's ``vllm:time_to_first_token_seconds`` buckets."""
+
+
+def with_a_hop(path: Path, hop_s: float) -> Path:
+    """The run as a client behind a router would have logged it (``hop_s`` more to every first
+    token and answer), and beside it the demo.json the stack writes: the servers' own TTFT
+    histogram, which no hop reaches, and their count."""
+    import numpy as np
+
+    rows = stack_rows(path)
+    ttft = np.sort([r["ttft_s"] for r in rows])
+    buckets = [["+Inf" if le == float("inf") else repr(le), int(np.searchsorted(ttft, le, side="right"))]
+               for le in VLLM_TTFT_EDGES]  # fmt: skip
+    (path.parent / "demo.json").write_text(json.dumps(
+        {"replicas": 2, "runs": [{"policy": "round-robin", "round": 0, "server_ttft_buckets": buckets}]}))
+    for r in rows:
+        r["ttft_s"] += hop_s
+        r["e2e_s"] += hop_s
+        r["upstream"] = "router"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_servers_own_ttft_fits_the_servers_where_a_router_in_front_inflates_the_clients(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """--measure server: fitted to the servers' TTFT histogram (the replay's binned alike), the
+    scales come back near the truth though a router in front added 0.3 s to every first token
+    the client saw; fitted to the client's, the prefill is scaled up to pay for the hop. The
+    servers' count comes from demo.json: the log's one upstream is the router."""
+    path = with_a_hop(live_run(tmp_path, users=24), 0.3)
+    base = tmp_path / "probe.yaml"
+    base.write_text(dump_profile(CostProfile("probe", BASE, "a test", {"kv_blocks": 512, "block_size": 32})))
+    prefill = {}
+    for measure in ("server", "client"):
+        out = tmp_path / f"{measure}.yaml"
+        argv = ["calibrate", "--from-log", str(path), "--profile", str(base), "--out", str(out), "--measure", measure]
+        assert sim_main(argv) == 0
+        assert f"by the {measure}'s TTFT" in capsys.readouterr().out
+        prefill[measure] = yaml.safe_load(out.read_text())["cost"]["prefill_per_token_s"] / BASE.prefill_per_token_s
+    assert prefill["server"] == pytest.approx(TRUE_PREFILL, rel=0.25), prefill
+    assert prefill["client"] > 1.3 * prefill["server"], prefill
+    (tmp_path / "demo.json").unlink()
+    assert sim_main(["calibrate", "--from-log", str(path), "--profile", str(base), "--out", str(tmp_path / "x.yaml"),
+                     "--measure", "server"]) == 2  # fmt: skip
+    assert "demo.json: not found" in capsys.readouterr().err
+
+
+def test_a_replay_read_through_histogram_buckets_reads_as_prometheus_would(tmp_path: Path) -> None:
+    from simulator.stack.report import histogram_quantile
+
+    path = live_run(tmp_path)
+    exact = StackRun(path, "round-robin", 0, 2, 512, 32, "round-robin")
+    binned = StackRun(path, "round-robin", 0, 2, 512, 32, "round-robin", VLLM_TTFT_EDGES)
+    outcomes = exact.run(BASE).outcomes
+    import numpy as np
+
+    ttft = np.sort([o.first_token_s - o.arrival_s for o in outcomes])
+    buckets = [(le, int(np.searchsorted(ttft, le, side="right"))) for le in VLLM_TTFT_EDGES]
+    got = binned.figures(BASE)
+    assert got.ttft_p90_s == histogram_quantile(buckets, 0.9)
+    assert got.ttft_p50_s == histogram_quantile(buckets, 0.5)
+    assert got.tpot_p50_s == exact.figures(BASE).tpot_p50_s
