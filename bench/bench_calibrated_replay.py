@@ -275,6 +275,46 @@ def repeatability(table: dict[str, dict[str, list[float]]], draws: int = 4000) -
             print(f"  {x[:24]} / {y[:24]}: live {live_r:.2f}x [{lo:.2f}, {hi:.2f}], replay {rep_r:.2f}x: {verdict}")
 
 
+SHARE_EDGES = (0.1, 0.25, 0.5, 1.0)
+"""Bucket edges of vLLM's TTFT histogram at which the servers' own shares are compared."""
+
+
+def server_shares(cost: CostModel, log: Path, runs: list[tuple[str, int]], server: dict[str, int]) -> None:
+    """The servers' own TTFT read without interpolation: the exact mean (the histogram's sum
+    over its count) and the share of first tokens under each of ``SHARE_EDGES``, live and
+    replayed (``cost``), per policy over its rounds; beside them the replay's p50 / p90 read
+    from its TTFTs themselves. A quantile read from buckets 0.1, 0.25 and 0.5 s wide moves a
+    lot for a small shift of the share under an edge it sits near; these do not."""
+    from simulator.stack.report import parse_buckets
+
+    summaries = run_summaries(log)
+    configs = [ROOT / "bench" / "configs"]
+    cells: dict[str, dict[str, list[float]]] = {}
+    for label, r in runs:
+        s = summaries[(label, r)]
+        buckets = dict(parse_buckets(s["server_ttft_buckets"]))
+        total = buckets[math.inf]
+        result = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"],
+                          replay_policy_for(label, configs)).run(cost)  # fmt: skip
+        ttft = np.array([o.first_token_s - o.arrival_s for o in result.outcomes if not o.rejected])
+        cell = cells.setdefault(label, {})
+        values = [("live mean", s["server_ttft_mean_ms"] / 1e3), ("replay mean", float(ttft.mean())),
+                  ("replay p50", float(np.percentile(ttft, 50))), ("replay p90", float(np.percentile(ttft, 90)))]
+        for edge in SHARE_EDGES:
+            values += [(f"live <{edge:g}", buckets[edge] / total), (f"replay <{edge:g}", float((ttft <= edge).mean()))]
+        for k, v in values:
+            cell.setdefault(k, []).append(v)
+    print("\n# the servers' own TTFT without interpolation, mean over the rounds: the exact mean, the share of "
+          "first tokens under each bucket edge; the replay's p50 / p90 from its TTFTs themselves")
+    for label, cell in cells.items():
+        m = {k: statistics.fmean(v) for k, v in cell.items()}
+        shares = "  ".join(f"<{e:g}s {100 * m[f'live <{e:g}']:.0f}/{100 * m[f'replay <{e:g}']:.0f}%"
+                           for e in SHARE_EDGES)  # fmt: skip
+        print(f"{label[:24]:<24} mean live {m['live mean'] * 1e3:.0f} ms, replay {m['replay mean'] * 1e3:.0f} ms "
+              f"({m['replay mean'] / m['live mean']:.2f}x)  live/replay {shares}  replay p50 / p90 "
+              f"{m['replay p50'] * 1e3:.0f} / {m['replay p90'] * 1e3:.0f} ms")  # fmt: skip
+
+
 def response_path(rows: list[dict[str, Any]]) -> None:
     """Per policy, where the client's TTFT went, from Envoy's access log: the request's way
     to the server (``routed_s``: Envoy, epp's headers and body exchange, its pick), the
@@ -423,6 +463,8 @@ def main() -> int:
     for key in measures:
         fitted[key] = compare(key, probed, log, rows, runs, fit_label, fit_rounds, server, hits,
                 work, NOISE_GRID if args.fit_noise else (), STALL_GRID if args.fit_stalls else ())  # fmt: skip
+    if "server" in measures:
+        server_shares(fitted["server"], log, runs, server)
     if "upstream_ttft_s" in measures:
         response_path(rows)
         slow_hits(rows)
