@@ -23,6 +23,14 @@ steps give. With ``stalls`` (``--fit-stalls``) it picks the host's stalls
 host whose servers share its cores with everything else, all of them stop now and then,
 which lengthens the tail on every server at once (simulator/model/stalls.py).
 
+The TTFT matched is the client's (``--measure client``: the request log's ``ttft_s``, through
+the gateway both ways), or the servers' own (``--measure server``: their
+``vllm:time_to_first_token_seconds`` histograms over each run, kept in the stack's
+``demo.json``: from a request's arrival at a server to its first token, with nothing in front
+of the server counted, not even a router behind the gateway, which Envoy's ``upstream_ttft_s``
+counts). For the servers' the replay's TTFTs are binned in the same buckets and both sides
+read as Prometheus' ``histogram_quantile`` reads them.
+
 The fitted profile then predicts other runs: other policies, other rounds
 (bench/bench_calibrated_replay.py checks it against the live stack).
 """
@@ -101,15 +109,6 @@ def live_figures(rows: Iterable[dict[str, Any]], policy: str, round_: int,
     return RunFigures(float(p50), float(p90), statistics.median(tpot) if tpot else math.nan, len(run))
 
 
-MEASURES = ("client", "server")
-"""What a fit matches: the client's TTFT (the request log's ``ttft_s``: through the gateway
-both ways) or the servers' own (their TTFT histograms, ``vllm:time_to_first_token_seconds``,
-over each run: from the request's arrival at the server to its first token, with nothing in
-front of the server counted; a router behind the gateway included, which Envoy's
-``upstream_ttft_s`` is not free of). For the servers' the replay's TTFTs are binned in the
-same buckets and both sides read as Prometheus' ``histogram_quantile`` reads them."""
-
-
 def run_summaries(log: str | Path) -> dict[tuple[str, int], dict[str, Any]]:
     """The per-run summaries of the stack run whose request log is ``log``: ``demo.json``
     beside it (``epp-sim stack --demo --out-dir``), by (policy, round)."""
@@ -124,8 +123,8 @@ def run_summaries(log: str | Path) -> dict[tuple[str, int], dict[str, Any]]:
 
 def server_figures(summaries: dict[tuple[str, int], dict[str, Any]], rows: Iterable[dict[str, Any]],
                    policy: str, round_: int) -> tuple[RunFigures, list[tuple[float, float]]]:  # fmt: skip
-    """One run's figures by the servers' own TTFT (``MEASURES``), and its histogram's
-    cumulative buckets; the time per output token is the client's."""
+    """One run's figures by the servers' own TTFT (``--measure server``, module docstring),
+    and its histogram's cumulative buckets; the time per output token is the client's."""
     from simulator.stack.report import histogram_quantile, parse_buckets
 
     s = summaries.get((policy, round_))
@@ -237,7 +236,8 @@ class StackRun:
     policy: str
     ttft_edges: tuple[float, ...] = ()
     """When set, the replay's TTFT p50 and p90 are read from its TTFTs binned in these
-    histogram buckets (upper edges, the last +Inf), as the servers' are (``MEASURES``)."""
+    histogram buckets (upper edges, the last +Inf), as the servers' are (``--measure
+    server``, module docstring)."""
     _requests: Any = None
     _ids: list[str] | None = None
 
