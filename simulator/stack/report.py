@@ -171,6 +171,7 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
     hits = sum(r.prefix_hits for r in replicas)
     wall = max(run.wall_s, 1e-9)
     errors = [r for r in run.records if not r.ok]
+    buckets = merged_buckets(replicas)
     return RunSummary(
         policy=policy,
         requests=len(run.records),
@@ -190,9 +191,9 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
         ttfts_ms=ttfts,
         first_error=(f"HTTP {errors[0].status}: {errors[0].error}" if errors else ""),
         server_ttft_mean_ms=_server_mean(replicas),
-        server_ttft_p90_ms=1000 * histogram_quantile(merged_buckets(replicas), 0.9),
-        server_ttft_p50_ms=1000 * histogram_quantile(merged_buckets(replicas), 0.5),
-        server_ttft_buckets=[(_le_text(le), n) for le, n in merged_buckets(replicas)],
+        server_ttft_p90_ms=1000 * histogram_quantile(buckets, 0.9),
+        server_ttft_p50_ms=1000 * histogram_quantile(buckets, 0.5),
+        server_ttft_buckets=[(_le_text(le), n) for le, n in buckets],
         server_queue_mean_ms=_queue_mean(replicas),
         preemptions=int(sum(r.preemptions for r in replicas)),
         records=list(run.records),
