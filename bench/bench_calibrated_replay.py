@@ -27,11 +27,13 @@ itself: the first half of the rounds against the second, the replay's ratios wit
 interval over the rounds, and each pair of policies' live p90 ratio with its interval (a pair
 live cannot tell apart has no ranking to keep). ``--fit-stalls`` fits the host's stalls
 (``CostModel.host_stall_rate_hz``): on this machine every process waits for the two cores in
-bursts. "Live" is measured twice, each with a fit of
-its own: the client's TTFT (through Envoy and epp both ways), and the servers' as real Envoy
-saw them (its access log: the request's first byte to the server's first response body
-bytes), which is what the replay models. What the response's way back adds (client minus
-Envoy) is printed per policy.
+bursts. "Live" is measured three ways, each with a fit of
+its own: the client's TTFT (through Envoy and epp both ways); the servers' as real Envoy saw
+them (its access log: the request's first byte to the first response body bytes; for the
+SGLang router, Envoy's upstream is the router, so its hop is in); and the servers' own, from
+vLLM's TTFT histograms (arrival at the server to its first token: what the replay models),
+also read without interpolation (the exact mean, the share under each bucket edge). What the
+response's way back adds (client minus Envoy) is printed per policy.
 
 Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
      [--profile FILE] [--fit-noise] [--fit-stalls]
