@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -160,6 +161,10 @@ class MetricsScraper:
         self._targets: dict[EndpointId, _Target] = {}
         self._failing: dict[EndpointId, str] = {}
         self._reconciler: asyncio.Task[None] | None = None
+        self._last_tick_s: float | None = None
+        self._resumed_s = -math.inf
+        """When the reconcile loop last woke far later than it asked (epp's own loop stalled,
+        and its scrapes with it): staleness is judged from then (``Datastore.mark_stale``)."""
 
     def period_s(self, eid: EndpointId | None = None) -> float:
         """Time between two scrapes of one endpoint at the current pool size; of ``eid``,
@@ -225,7 +230,7 @@ class MetricsScraper:
                     "scrape", functools.partial(self._poll, eid), name=f"scrape {eid}",
                     on_failure=self._metrics.task_failed,
                 )
-        for eid in self._datastore.mark_stale(self._clock()):
+        for eid in self._datastore.mark_stale(self._clock(), self._resumed_s):
             log.warning(
                 "endpoint metrics stale: no good scrape for over %.1fs",
                 self._datastore.stale_after_s, extra={"endpoint": eid},
@@ -235,7 +240,17 @@ class MetricsScraper:
         period = max(self.options.interval_s, 0.1)
         while True:
             await asyncio.sleep(period)
-            self.reconcile()
+            self.tick(period)
+
+    def tick(self, period_s: float) -> None:
+        """One pass of the reconcile loop, which asked to wake ``period_s`` after the last.
+        Woken later than that by over half the staleness limit, epp's own loop stalled: the
+        scrapes could not run either, so their age is judged from now."""
+        now = self._clock()
+        if self._last_tick_s is not None and now - self._last_tick_s > period_s + self._datastore.stale_after_s / 2:
+            self._resumed_s = now
+        self._last_tick_s = now
+        self.reconcile()
 
     async def _poll(self, eid: EndpointId) -> None:
         first = True

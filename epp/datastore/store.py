@@ -12,6 +12,7 @@ cached tuple that is rebuilt only after a change, so a scheduling decision costs
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -108,14 +109,20 @@ class Datastore:
         for listener in self._metrics_listeners:
             listener(entry.endpoint)
 
-    def mark_stale(self, now_s: float) -> list[EndpointId]:
-        """Flag endpoints whose last good scrape is older than ``stale_after_s``."""
+    def mark_stale(self, now_s: float, resumed_s: float = -math.inf) -> list[EndpointId]:
+        """Flag endpoints whose last good scrape is older than ``stale_after_s``.
+        ``resumed_s``: when epp's own event loop came back from a stall (the scrapes stalled
+        with it): an endpoint still fresh then is judged from that moment, so a stall of epp
+        is not taken for the servers going silent; one already stale stays so until a good
+        scrape."""
         newly: list[EndpointId] = []
         for eid, entry in self._entries.items():
             m = entry.endpoint.metrics
             if entry.first_seen_s is None:
                 entry.first_seen_s = now_s
             last_good = m.scraped_at_s if m.known else entry.first_seen_s
+            if not entry.endpoint.stale:
+                last_good = max(last_good, resumed_s)
             stale = now_s - last_good > self.stale_after_s
             if stale != entry.endpoint.stale:
                 entry.endpoint = dataclasses.replace(entry.endpoint, stale=stale)

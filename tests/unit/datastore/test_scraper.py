@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,7 +17,7 @@ from epp.datastore.scraper import (
     parse_metrics,
 )
 from epp.datastore.store import Datastore
-from epp.framework.endpoint import ENGINE_LABEL, Endpoint, endpoint_id
+from epp.framework.endpoint import ENGINE_LABEL, Endpoint, Metrics, endpoint_id
 from epp.observability.metrics import EppMetrics
 from tests.http_app import serve_app
 
@@ -193,3 +194,27 @@ async def test_a_slow_page_is_scraped_less_often_within_the_servers_share() -> N
         assert reg.get_sample_value("epp_scrape_period_seconds", {"endpoint": ep.id}) is None
     finally:
         await runner.cleanup()
+
+
+def test_the_reconcile_loop_notices_its_own_stall_and_judges_staleness_from_then() -> None:
+    """A tick that comes far later than it asked (over half the staleness limit) means epp's
+    own loop stalled: the scrapes did too, so their age is judged from that tick."""
+    clock = [100.0]
+    ds = Datastore(stale_after_s=2.0)
+    ep = Endpoint(endpoint_id("10.0.0.1", 8000), "10.0.0.1", 8000)
+    ds.replace_all([ep])
+    ds.update_metrics(ep.id, Metrics(scraped_at_s=100.0))
+    scraper = MetricsScraper(ds, EppMetrics(CollectorRegistry()), ScrapeOptions(interval_s=0.2), clock=lambda: clock[0])
+    scraper.reconcile = lambda: ds.mark_stale(clock[0], scraper._resumed_s)  # type: ignore[method-assign]
+    for now in (100.2, 100.4, 101.2):  # on time, then 0.6 s late: not a stall
+        clock[0] = now
+        scraper.tick(0.2)
+    assert scraper._resumed_s == -math.inf
+    clock[0] = 107.0  # 5.8 s late
+    scraper.tick(0.2)
+    assert scraper._resumed_s == 107.0 and not ds.get(ep.id).stale  # type: ignore[union-attr]
+    for i in range(1, 13):  # on time again, and no good scrape: stale 2 s after the stall
+        clock[0] = 107.0 + 0.2 * i
+        scraper.tick(0.2)
+        assert ds.get(ep.id).stale == (clock[0] - 107.0 > 2.0)  # type: ignore[union-attr]
+    assert ds.get(ep.id).stale  # type: ignore[union-attr]

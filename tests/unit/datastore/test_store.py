@@ -95,6 +95,26 @@ def test_a_new_endpoint_gets_a_grace_period_before_it_is_reported_stale() -> Non
     assert store.mark_stale(105.5) == [e.id]  # the last good scrape is 2.5 s old
 
 
+def test_a_stall_of_epps_own_loop_is_not_taken_for_the_servers_going_silent() -> None:
+    """The scrapes stall with epp's loop: a fresh endpoint is judged from when the loop came
+    back, and goes stale only if no good scrape follows within the limit; one stale before the
+    stall stays stale until a good scrape."""
+    store = Datastore(stale_after_s=2.0)
+    fresh = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)
+    dead = Endpoint(EndpointId("10.0.0.2:8000"), "10.0.0.2", 8000)
+    store.replace_all([fresh, dead])
+    store.update_metrics(fresh.id, Metrics(scraped_at_s=100.0))
+    store.update_metrics(dead.id, Metrics(scraped_at_s=95.0))
+    assert store.mark_stale(100.0) == [dead.id]
+    # the loop stalled from 100.1 to 107: the last good scrape is 7 s old, but the scrapes
+    # have had no time to run since the loop resumed
+    assert store.mark_stale(107.0, resumed_s=107.0) == []
+    assert store.mark_stale(108.5, resumed_s=107.0) == [] and store.get(dead.id).stale  # type: ignore[union-attr]
+    assert store.mark_stale(109.5, resumed_s=107.0) == [fresh.id]  # still silent 2.5 s after
+    store.update_metrics(fresh.id, Metrics(scraped_at_s=109.6))
+    assert store.mark_stale(109.7, resumed_s=107.0) == [] and not store.get(fresh.id).stale  # type: ignore[union-attr]
+
+
 def test_endpoints_with_stale_metrics_are_not_routable_while_others_are_fresh() -> None:
     store = Datastore(stale_after_s=2.0)
     a = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)
