@@ -15,8 +15,12 @@ With several run directories, or one written with ``--rounds`` (each round count
 it ends with the runs side by side (their ``demo.json``):
 per run and policy the servers' own TTFT mean / p90, hit rate and throughput, then the mean
 over runs and in how many runs the first policy (epp) had the lower server TTFT mean and p90
-than each other policy. One run's spread on this machine is as large as the differences
-between policies, so verdicts need several.
+than each other policy, and the paired ratio of the first policy's figure over each other's
+(the geometric mean over runs, with a 90% bootstrap interval: bench/stats.py), for each
+directory and over all of them. One run's spread on this machine is as large as the
+differences between policies, so verdicts need several; and the sessions differ more than the
+rounds of one session do (the servers, the host's other tenants), so the per-directory ratios
+show whether a pooled verdict holds in each session or rests on one.
 
     python bench/report_requests.py DIR_OR_FILE [...] [--alias NAME=COLUMN] [--across-only]
 """
@@ -27,9 +31,15 @@ import argparse
 import bisect
 import json
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.stats import describe  # noqa: E402
 
 BUCKETS = 6
 """Arrivals with this many or more requests ahead share the last bucket."""
@@ -171,22 +181,27 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
     """The runs' demo.json side by side, and how often the first policy came out ahead.
     ``alias`` renames columns (one policy named differently in different experiments)."""
     alias = alias or {}
-    runs = []
-    for d in dirs:
+    runs: list[tuple[str, dict[str, dict[str, Any]]]] = []
+    session: dict[str, str] = {}
+    names = [d.name for d in dirs]
+    if len(set(names)) < len(names):  # several ``.../demo``: name them by their parents
+        names = [f"{d.parent.name}/{d.name}" for d in dirs]
+    for d, dir_name in zip(dirs, names, strict=True):
         file = d / "demo.json"
         if not file.is_file():
             continue
         doc = json.loads(file.read_text())
         rows = [{**r, "round": r.get("round", 0)} for r in doc.get("by_round", doc["runs"])]
         for k in sorted({r["round"] for r in rows}):  # --rounds: each round its own run
-            name = d.name if "by_round" not in doc else f"{d.name}#{k + 1}"
+            name = dir_name if "by_round" not in doc else f"{dir_name}#{k + 1}"
             runs.append((name, {alias.get(r["policy"], r["policy"]): r
                                 for r in rows if r["round"] == k}))  # fmt: skip
+            session[name] = dir_name
     if len(runs) < 2:
         return
     policies = list(dict.fromkeys(p for _, by in runs for p in by))
     print("== across runs: server TTFT mean / p90 (ms), hit rate, req/s")
-    print(f"{'run':>12}  " + "  ".join(f"{p[:26]:>26}" for p in policies))
+    print(f"{'run':>20}  " + "  ".join(f"{p[:26]:>26}" for p in policies))
     for name, by in runs:
         cells = []
         for p in policies:
@@ -195,7 +210,7 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
                          f"{r['server_ttft_mean_ms']:.0f} / {r['server_ttft_p90_ms']:.0f}, "
                          f"{r['hit_rate']:.1%}, {r['req_per_s']:.1f}"
                          + (f", steal {r['cpu_steal']:.0%}" if r.get("cpu_steal", 0) > 0.005 else ""))
-        print(f"{name[-12:]:>12}  " + "  ".join(f"{c:>26}" for c in cells))
+        print(f"{name[-20:]:>20}  " + "  ".join(f"{c:>26}" for c in cells))
     means = []
     for p in policies:
         rs = [by[p] for _, by in runs if p in by]
@@ -203,7 +218,7 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
                      f"{statistics.fmean(r['server_ttft_p90_ms'] for r in rs):.0f}, "
                      f"{statistics.fmean(r['hit_rate'] for r in rs):.1%}, "
                      f"{statistics.fmean(r['req_per_s'] for r in rs):.1f}")
-    print(f"{'mean':>12}  " + "  ".join(f"{c:>26}" for c in means))
+    print(f"{'mean':>20}  " + "  ".join(f"{c:>26}" for c in means))
     first = policies[0]
     for other in policies[1:]:
         both = [by for _, by in runs if first in by and other in by]
@@ -211,6 +226,21 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
         p90 = sum(by[first]["server_ttft_p90_ms"] < by[other]["server_ttft_p90_ms"] for by in both)
         print(f"{first} below {other}: server TTFT mean in {mean} of {len(both)} runs, "
               f"p90 in {p90} of {len(both)}")
+    for other in policies[1:]:
+        print(f"{first} / {other}, paired by run (server TTFT mean; p90):")
+        groups = {**{s: [n for n, _ in runs if session[n] == s] for s in dict.fromkeys(session.values())},
+                  "all": [n for n, _ in runs]}  # fmt: skip
+        if len(groups) == 2:  # one directory: "all" says the same
+            groups.pop("all")
+        by_name = dict(runs)
+        for label, names in groups.items():
+            both = [by_name[n] for n in names if first in by_name[n] and other in by_name[n]]
+            if not both:
+                continue
+            cells = [describe([by[first][f"server_ttft_{k}_ms"] for by in both],
+                              [by[other][f"server_ttft_{k}_ms"] for by in both], other)
+                     for k in ("mean", "p90")]  # fmt: skip
+            print(f"  {label[-32:]:>32} ({len(both)} runs): {cells[0]}; {cells[1]}")
 
 
 def main() -> None:

@@ -34,3 +34,32 @@ def test_two_draws_give_a_ratio_but_no_interval() -> None:
 def test_the_verdict_reads_the_interval_not_the_text() -> None:
     assert verdict(0.6, 0.9) == "behind" and verdict(1.01, 1.3) == "ahead"
     assert verdict(0.9, 1.1) == "level" and verdict(math.nan, math.nan) == ""
+
+
+def test_runs_side_by_side_pool_sessions_and_show_each(tmp_path, capsys) -> None:
+    """bench/report_requests.py's across-runs table: two sessions' ``demo.json`` (both in a
+    ``demo`` directory, named by their parents), the paired ratio per session and pooled."""
+    import json
+
+    from bench.report_requests import across_runs
+
+    def session(name: str, epp: list[float], router: list[float]):
+        d = tmp_path / name / "demo"
+        d.mkdir(parents=True)
+        rows = [{"policy": p, "round": k, "server_ttft_mean_ms": v, "server_ttft_p90_ms": 2 * v,
+                 "hit_rate": 0.9, "req_per_s": 15.0}
+                for k, (a, b) in enumerate(zip(epp, router, strict=True))
+                for p, v in (("epp", a), ("router", b))]  # fmt: skip
+        (d / "demo.json").write_text(json.dumps({"runs": [], "by_round": rows}))
+        return d
+
+    ahead = session("one", [100.0, 110.0, 90.0, 100.0], [150.0, 160.0, 140.0, 150.0])
+    behind = session("two", [150.0, 160.0, 140.0, 150.0], [100.0, 110.0, 90.0, 100.0])
+    across_runs([ahead, behind])
+    out = capsys.readouterr().out
+    assert "one/demo#1" in out and "two/demo#4" in out
+    assert "epp below router: server TTFT mean in 4 of 8 runs" in out
+    lines = {line.split("(")[0].strip(): line for line in out.splitlines() if " runs): " in line}
+    assert lines["one/demo"].endswith("0.67x [0.65, 0.68] (router behind)")
+    assert "(router ahead)" in lines["two/demo"]
+    assert lines["all"].strip().startswith("all (8 runs): 1.00x") and "(level)" in lines["all"]
