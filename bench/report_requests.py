@@ -201,7 +201,7 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
         return
     policies = list(dict.fromkeys(p for _, by in runs for p in by))
     print("== across runs: server TTFT mean / p90 (ms), hit rate, req/s")
-    print(f"{'run':>20}  " + "  ".join(f"{p[:26]:>26}" for p in policies))
+    print(f"{'run':>24}  " + "  ".join(f"{p[:26]:>26}" for p in policies))
     for name, by in runs:
         cells = []
         for p in policies:
@@ -210,7 +210,7 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
                          f"{r['server_ttft_mean_ms']:.0f} / {r['server_ttft_p90_ms']:.0f}, "
                          f"{r['hit_rate']:.1%}, {r['req_per_s']:.1f}"
                          + (f", steal {r['cpu_steal']:.0%}" if r.get("cpu_steal", 0) > 0.005 else ""))
-        print(f"{name[-20:]:>20}  " + "  ".join(f"{c:>26}" for c in cells))
+        print(f"{name[-24:]:>24}  " + "  ".join(f"{c:>26}" for c in cells))
     means = []
     for p in policies:
         rs = [by[p] for _, by in runs if p in by]
@@ -218,7 +218,7 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
                      f"{statistics.fmean(r['server_ttft_p90_ms'] for r in rs):.0f}, "
                      f"{statistics.fmean(r['hit_rate'] for r in rs):.1%}, "
                      f"{statistics.fmean(r['req_per_s'] for r in rs):.1f}")
-    print(f"{'mean':>20}  " + "  ".join(f"{c:>26}" for c in means))
+    print(f"{'mean':>24}  " + "  ".join(f"{c:>26}" for c in means))
     first = policies[0]
     for other in policies[1:]:
         both = [by for _, by in runs if first in by and other in by]
