@@ -13,7 +13,8 @@ stack's time to first token? (issue 43)
 3. The probed profile is scaled to the random policy's runs (``epp-sim calibrate
    --from-log``, all rounds together): a server under the demo's load is slower than one
    probed idle. Random routing does not depend on the servers' state, so its replay routes
-   as it did live whatever the costs; every other policy is held out.
+   as it did live whatever the costs; every other policy is held out. ``--fit-policy``
+   fits to another policy's runs instead (which tail the fit learns from).
 4. Every run (policy x round) becomes a request log (``epp-sim trace convert --from stack``:
    the closed loop the demo's client ran, each turn after the last answer) replayed with the
    same policy (the SGLang router as the replay's ``cache-aware``) on 2 replicas with the
@@ -36,7 +37,7 @@ also read without interpolation (the exact mean, the share under each bucket edg
 response's way back adds (client minus Envoy) is printed per policy.
 
 Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
-     [--profile FILE] [--fit-noise] [--fit-stalls]
+     [--profile FILE] [--fit-noise] [--fit-stalls] [--fit-policy epp] [--measures server]
 """
 
 from __future__ import annotations
@@ -430,7 +431,15 @@ def main() -> int:
     ap.add_argument("--fit-stalls", action="store_true",
                     help="also fit host-wide stalls (CostModel.host_stall_rate_hz, host_stall_s; "
                     "epp-sim calibrate --fit-stalls)")
+    ap.add_argument("--fit-policy", default="random",
+                    help="the policy whose runs the profile is fitted to (a label's start: random, epp, SGLang); "
+                    "the others are held out. Random routes as it did live whatever the costs: it fits best")
+    ap.add_argument("--measures", default=",".join(MEASURES),
+                    help=f"the live measures to compare, of {', '.join(MEASURES)} (those the log has)")
     args = ap.parse_args()
+    unknown = set(args.measures.split(",")) - set(MEASURES)
+    if unknown:
+        ap.error(f"--measures: unknown {', '.join(sorted(unknown))} (known: {', '.join(MEASURES)})")
     reason = vllm.setup_missing() or vllm.available()
     if reason and not (args.skip_live and args.profile):
         print(f"skipped: {reason}")
@@ -453,14 +462,14 @@ def main() -> int:
     rows = stack_rows(log)
     runs = stack_runs(rows)
     labels = list(dict.fromkeys(label for label, _ in runs))
-    fit_label = next((x for x in labels if x.startswith("random")), "")
+    fit_label = next((x for x in labels if x.startswith(args.fit_policy)), "")
     if not fit_label:
-        print("no random run to fit the profile to: run with random among --policies")
+        print(f"no {args.fit_policy} run to fit the profile to (runs: {', '.join(labels)})")
         return 1
     fit_rounds = [r for label, r in runs if label == fit_label]
     hits = {(r["policy"], r["round"]): r["hit_rate"]
             for r in json.loads((demo / "demo.json").read_text()).get("by_round") or []}  # fmt: skip
-    measures = [k for k in MEASURES if has_measure(k, log, rows)]
+    measures = [k for k in MEASURES if k in args.measures.split(",") and has_measure(k, log, rows)]
     fitted = {}
     for key in measures:
         fitted[key] = compare(key, probed, log, rows, runs, fit_label, fit_rounds, server, hits,

@@ -47,7 +47,12 @@ def main() -> None:
         i = args.index("--result-name")
         name = args[i + 1]
         del args[i : i + 2]
-    out = Path(tempfile.mkdtemp(prefix="bench-demo-"))
+    if "--out-dir" in args:  # the user's: the run's files are kept there
+        i = args.index("--out-dir")
+        out = Path(args[i + 1])
+        del args[i : i + 2]
+    else:
+        out = Path(tempfile.mkdtemp(prefix="bench-demo-"))
     cmd = [str(Path(sys.executable).with_name("epp-sim")), "stack", "--demo", "--out-dir", str(out),
            *args]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=ROOT)

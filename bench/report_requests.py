@@ -228,15 +228,15 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
               f"p90 in {p90} of {len(both)}")
     for other in policies[1:]:
         print(f"{first} / {other}, paired by run (server TTFT mean; p90):")
-        groups = {**{s: [n for n, _ in runs if session[n] == s] for s in dict.fromkeys(session.values())},
-                  "all": [n for n, _ in runs]}  # fmt: skip
-        if len(groups) == 2:  # one directory: "all" says the same
-            groups.pop("all")
         by_name = dict(runs)
+        paired = {n for n, by in runs if first in by and other in by}
+        groups = {s: [n for n, _ in runs if session[n] == s and n in paired]
+                  for s in dict.fromkeys(session.values())}  # fmt: skip
+        groups = {s: names for s, names in groups.items() if names}
+        if len(groups) > 1:  # with one directory "all" says the same
+            groups["all"] = [n for n, _ in runs if n in paired]
         for label, names in groups.items():
-            both = [by_name[n] for n in names if first in by_name[n] and other in by_name[n]]
-            if not both:
-                continue
+            both = [by_name[n] for n in names]
             cells = [describe([by[first][f"server_ttft_{k}_ms"] for by in both],
                               [by[other][f"server_ttft_{k}_ms"] for by in both], other)
                      for k in ("mean", "p90")]  # fmt: skip
