@@ -28,6 +28,9 @@ ROWS = [
     ("client TTFT p50 / p90", lambda r: f"{r['ttft_p50_ms']:.0f} / {r['ttft_p90_ms']:.0f} ms"),
     ("server TTFT mean / p90",
      lambda r: f"{r['server_ttft_mean_ms']:.0f} / {r['server_ttft_p90_ms']:.0f} ms"),
+    ("engine steps per request, tokens a step",
+     lambda r: f"{r['engine_steps'] / max(1, r['requests']):.1f}, {r['engine_step_tokens']:.0f}"
+     if r.get("engine_steps") else "n/a"),
     ("throughput", lambda r: f"{r['req_per_s']:.1f} req/s, {r['output_tok_per_s']:.0f} tok/s"),
     ("requests per server", lambda r: " / ".join(str(n) for n in r["per_replica_requests"])),
     ("errors", lambda r: f"{r['errors']} of {r['requests']}"),
