@@ -14,7 +14,9 @@ stack's time to first token? (issue 43)
    --from-log``, all rounds together): a server under the demo's load is slower than one
    probed idle. Random routing does not depend on the servers' state, so its replay routes
    as it did live whatever the costs; every other policy is held out. ``--fit-policy``
-   fits to another policy's runs instead (which tail the fit learns from).
+   fits to another policy's runs instead (which tail the fit learns from), or to several
+   policies' runs at once (``random,SGLang``: random's misses pin the prefill cost, the
+   router's hits the host's stalls).
 4. Every run (policy x round) becomes a request log (``epp-sim trace convert --from stack``:
    the closed loop the demo's client ran, each turn after the last answer) replayed with the
    same policy (the SGLang router as the replay's ``cache-aware``) on 2 replicas with the
@@ -37,7 +39,7 @@ also read without interpolation (the exact mean, the share under each bucket edg
 response's way back adds (client minus Envoy) is printed per policy.
 
 Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
-     [--profile FILE] [--fit-noise] [--fit-stalls] [--fit-policy epp] [--measures server]
+     [--profile FILE] [--fit-noise] [--fit-stalls] [--fit-policy random,SGLang] [--measures server]
 """
 
 from __future__ import annotations
@@ -124,14 +126,15 @@ def live(policies: list[str], rounds: int, out: Path) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def fit_profile(base: CostModel, log: Path, fit_label: str, rounds: list[int], server: dict[str, int],
+def fit_profile(base: CostModel, log: Path, fit_runs: list[tuple[str, int]], server: dict[str, int],
                 noises: tuple[float, ...] = (), ttft_key: str = "ttft_s",
                 stalls: tuple[tuple[float, float], ...] = ()) -> Fit:  # fmt: skip
+    """``base`` scaled to the runs ``fit_runs`` (policy label, round), the loss summed over them."""
     rows = stack_rows(log)
     targets = []
-    for r in rounds:
-        live_, edges = live_of(ttft_key, log, rows, fit_label, r)
-        run = StackRun(log, fit_label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(fit_label),
+    for label, r in fit_runs:
+        live_, edges = live_of(ttft_key, log, rows, label, r)
+        run = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(label),
                        edges)  # fmt: skip
         targets.append((live_, run.figures))
     return fit_scales(base, targets, noises, stalls)
@@ -171,14 +174,16 @@ def has_measure(key: str, log: Path, rows: list[dict[str, Any]]) -> bool:
 
 
 def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
-            runs: list[tuple[str, int]], fit_label: str, fit_rounds: list[int], server: dict[str, int],
+            runs: list[tuple[str, int]], fit_labels: list[str], server: dict[str, int],
             hits: dict[tuple[str, int], float], work: Path, noises: tuple[float, ...],
             stalls: tuple[tuple[float, float], ...]) -> CostModel:  # fmt: skip
-    """Fit the probed profile to ``fit_label``'s runs by the live measure ``key`` and print
-    every run's replay against that measure."""
+    """Fit the probed profile to the runs of ``fit_labels`` by the live measure ``key`` and
+    print every run's replay against that measure."""
     print(f"\n## live = {MEASURES[key]}")
-    print(f"fitting the probed profile to {fit_label!r}, rounds {fit_rounds}...", flush=True)
-    fit = fit_profile(probed, log, fit_label, fit_rounds, server, noises, key, stalls)
+    fit_runs = [(label, r) for label, r in runs if label in fit_labels]
+    print(f"fitting the probed profile to {' and '.join(map(repr, fit_labels))}, "
+          f"{len(fit_runs)} runs...", flush=True)  # fmt: skip
+    fit = fit_profile(probed, log, fit_runs, server, noises, key, stalls)
     suffix = "" if key == "ttft_s" else "-" + key.removesuffix("_s").replace("_", "-")
     (work / f"fitted{suffix}.yaml").write_text(
         dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {log} ({key})", server)))
@@ -206,13 +211,13 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
     print(f"{'policy':<24} rounds | {'live p50':>8} {'p90':>6} {'hit':>6} | {'probed p50':>10} {'p90':>6} | "
           f"{'fitted p50':>10} {'p90':>6} {'hit':>6} | fitted/live p50  p90")  # fmt: skip
     for label, m in mean.items():
-        held = "" if label == fit_label else "*"
+        held = "" if label in fit_labels else "*"
         print(f"{label[:23] + held:<24} {len(table[label]['live p50']):>6} | {m['live p50'] * 1e3:6.0f}ms "
               f"{m['live p90'] * 1e3:4.0f}ms {100 * m['live hit']:5.1f}% | {m['probed p50'] * 1e3:8.0f}ms "
               f"{m['probed p90'] * 1e3:4.0f}ms | {m['fitted p50'] * 1e3:8.0f}ms {m['fitted p90'] * 1e3:4.0f}ms "
               f"{100 * m['fitted hit']:5.1f}% | {m['fitted p50'] / m['live p50']:13.2f}x "
               f"{m['fitted p90'] / m['live p90']:4.2f}x")  # fmt: skip
-    print("* held out: not the run the profile was fitted to")
+    print("* held out: not among the runs the profile was fitted to")
     live_order = sorted(mean, key=lambda k: mean[k]["live p90"])
     replay_order = sorted(mean, key=lambda k: mean[k]["fitted p90"])
     print(f"\nranking by TTFT p90, live: {' < '.join(live_order)}; replay (fitted): "
@@ -432,8 +437,9 @@ def main() -> int:
                     help="also fit host-wide stalls (CostModel.host_stall_rate_hz, host_stall_s; "
                     "epp-sim calibrate --fit-stalls)")
     ap.add_argument("--fit-policy", default="random",
-                    help="the policy whose runs the profile is fitted to (a label's start: random, epp, SGLang); "
-                    "the others are held out. Random routes as it did live whatever the costs: it fits best")
+                    help="the policies whose runs the profile is fitted to, comma-separated (a label's start: "
+                    "random, epp, SGLang); the others are held out. Random routes as it did live whatever the "
+                    "costs: it pins what a miss costs; a cache-friendly policy's runs pin the tail of hits")
     ap.add_argument("--measures", default=",".join(MEASURES),
                     help=f"the live measures to compare, of {', '.join(MEASURES)} (those the log has)")
     args = ap.parse_args()
@@ -462,17 +468,21 @@ def main() -> int:
     rows = stack_rows(log)
     runs = stack_runs(rows)
     labels = list(dict.fromkeys(label for label, _ in runs))
-    fit_label = next((x for x in labels if x.startswith(args.fit_policy)), "")
-    if not fit_label:
-        print(f"no {args.fit_policy} run to fit the profile to (runs: {', '.join(labels)})")
-        return 1
-    fit_rounds = [r for label, r in runs if label == fit_label]
+    fit_labels = []
+    for start in (p.strip() for p in args.fit_policy.split(",") if p.strip()):
+        label = next((x for x in labels if x.startswith(start)), "")
+        if not label:
+            print(f"no {start} run to fit the profile to (runs: {', '.join(labels)})")
+            return 1
+        fit_labels.append(label)
+    if not fit_labels:
+        ap.error("--fit-policy: name a policy whose runs to fit")
     hits = {(r["policy"], r["round"]): r["hit_rate"]
             for r in json.loads((demo / "demo.json").read_text()).get("by_round") or []}  # fmt: skip
     measures = [k for k in MEASURES if k in args.measures.split(",") and has_measure(k, log, rows)]
     fitted = {}
     for key in measures:
-        fitted[key] = compare(key, probed, log, rows, runs, fit_label, fit_rounds, server, hits,
+        fitted[key] = compare(key, probed, log, rows, runs, fit_labels, server, hits,
                 work, NOISE_GRID if args.fit_noise else (), STALL_GRID if args.fit_stalls else ())  # fmt: skip
     if "server" in measures:
         server_shares(fitted["server"], log, runs, server)

@@ -229,13 +229,16 @@ def register(subparsers: Any) -> None:
     )
     fit.add_argument("--from-log", type=Path, metavar="REQUESTS_JSONL", help="the stack's request log")
     fit.add_argument("--profile", help="the profile to scale (a file from epp-sim calibrate URL, or a preset)")
-    fit.add_argument("--run", dest="fit_run", default="", metavar="POLICY",
-                     help="the run to fit, by its policy column (the log's only one by default); "
-                     "random or round-robin fit best")
+    fit.add_argument("--run", dest="fit_run", action="append", default=[], metavar="POLICY",
+                     help="the runs to fit, by their policy column (the log's only one by default); "
+                     "repeat it to fit several policies' runs at once, the loss summed over them. "
+                     "Random or round-robin pin what a cache miss costs; a cache-friendly policy's "
+                     "runs pin the tail of hits (the host's stalls)")
     fit.add_argument("--round", default="0",
                      help="the run's round (--rounds); 'all': fit its rounds together")
     fit.add_argument("--replay-policy", default="",
-                     help="the replay policy that routes as the run did (guessed from its name)")
+                     help="the replay policy that routes as the run did (guessed from its name; "
+                     "one --run only)")
     fit.add_argument("--measure", choices=("client", "server"), default="client",
                      help="the TTFT to match: the client's (through the gateway both ways), or the "
                      "servers' own, from their TTFT histograms in the run's demo.json (from arrival at "
@@ -318,34 +321,36 @@ def run_fit(args: argparse.Namespace) -> int:
             raise ValueError("--from-log needs --profile: the probed shape to scale (epp-sim calibrate URL --out FILE)")
         base = load_profile(args.profile)
         rounds = None if args.round == "all" else [_round(args.round)]
-        runs = pick_runs(args.from_log, args.fit_run, rounds)
-        label = runs[0][0]
+        labels = list(dict.fromkeys(args.fit_run)) or [""]
+        if args.replay_policy and len(labels) > 1:
+            raise ValueError("--replay-policy names how one run routed: give it with one --run")
+        runs = [run for label in labels for run in pick_runs(args.from_log, label, rounds)]
         kv = args.kv_blocks or int(base.server.get("kv_blocks") or 0)
         block = args.block_size or int(base.server.get("block_size") or 0)
         if kv <= 0 or block <= 0:
             raise ValueError("the profile does not say the servers' KV blocks and block size: give --kv-blocks and --block-size")
-        policy = args.replay_policy or replay_policy_for(label)
+        policies = {label: args.replay_policy or replay_policy_for(label) for label, _ in runs}
         rows = stack_rows(args.from_log)
         summaries = run_summaries(args.from_log) if args.measure == "server" else {}
         targets = []
-        for _, round_ in runs:
+        for label, round_ in runs:
             replicas = replicas_of(args.from_log, label, round_)
             if args.measure == "server":
                 live, buckets = server_figures(summaries, rows, label, round_)
                 edges = tuple(le for le, _ in buckets)
             else:
                 live, edges = live_figures(rows, label, round_), ()
-            run_ = StackRun(args.from_log, label, round_, replicas, kv, block, policy, edges)
+            run_ = StackRun(args.from_log, label, round_, replicas, kv, block, policies[label], edges)
             targets.append((live, run_.figures))
-        print(f"fitting {args.profile} to {label!r} (round {', '.join(str(r) for _, r in runs)}) of "
-              f"{args.from_log} by the {args.measure}'s TTFT, replayed as {policy}...")
+        replayed_as = ", ".join(dict.fromkeys(policies.values()))
+        print(f"fitting {args.profile} to {_describe(runs)} of {args.from_log} by the {args.measure}'s TTFT, "
+              f"replayed as {replayed_as}...")
         fit = fit_scales(base.cost, targets, NOISE_GRID if args.fit_noise else (),
                          STALL_GRID if args.fit_stalls else ())  # fmt: skip
     except (ValueError, OSError, KeyError) as exc:
         print(f"epp-sim calibrate: {exc}", file=sys.stderr)
         return 2
-    source = (f"{base.source or base.name}; scaled to the run {label!r} (round "
-              f"{', '.join(str(r) for _, r in runs)}) of {args.from_log} ({args.measure} TTFT): "
+    source = (f"{base.source or base.name}; scaled to {_describe(runs)} of {args.from_log} ({args.measure} TTFT): "
               f"prefill x{fit.prefill_scale:.3f}, decode x{fit.decode_scale:.3f}, "
               f"step noise {fit.cost.step_noise:g}{_stalls(fit.cost)}")  # fmt: skip
     profile = CostProfile(base.name, fit.cost, source, dict(base.server) | {"kv_blocks": kv, "block_size": block})
@@ -353,12 +358,23 @@ def run_fit(args: argparse.Namespace) -> int:
         f.write(dump_profile(profile))
     print(f"prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f}, step noise "
           f"{fit.cost.step_noise:g}{_stalls(fit.cost)} ({fit.replays} replays)")  # fmt: skip
-    for (_, round_), lv, rp in zip(runs, fit.live, fit.replayed, strict=True):
-        print(f"  round {round_}: TTFT p50 {lv.ttft_p50_s * 1e3:.0f} ms live / {rp.ttft_p50_s * 1e3:.0f} ms "
-              f"replayed, p90 {lv.ttft_p90_s * 1e3:.0f} / {rp.ttft_p90_s * 1e3:.0f} ms, an output token "
+    several = len(labels) > 1
+    for (label, round_), lv, rp in zip(runs, fit.live, fit.replayed, strict=True):
+        print(f"  {label + ', ' if several else ''}round {round_}: TTFT p50 {lv.ttft_p50_s * 1e3:.0f} ms live / "
+              f"{rp.ttft_p50_s * 1e3:.0f} ms replayed, p90 {lv.ttft_p90_s * 1e3:.0f} / {rp.ttft_p90_s * 1e3:.0f} ms, an output token "
               f"{lv.tpot_p50_s * 1e3:.1f} / {rp.tpot_p50_s * 1e3:.1f} ms")  # fmt: skip
     print(f"wrote {args.out}")
     return 0
+
+
+def _describe(runs: list[tuple[str, int]]) -> str:
+    """The runs a fit was made to: "the run 'random' (round 0, 1)", or "the runs 'random'
+    (round 0, 1) and 'SGLang router' (round 0, 1)"."""
+    rounds: dict[str, list[str]] = {}
+    for label, round_ in runs:
+        rounds.setdefault(label, []).append(str(round_))
+    parts = [f"{label!r} (round {', '.join(rs)})" for label, rs in rounds.items()]
+    return ("the run " if len(parts) == 1 else "the runs ") + " and ".join(parts)
 
 
 def _stalls(cost: CostModel) -> str:

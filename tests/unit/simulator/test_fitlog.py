@@ -33,12 +33,12 @@ BASE = CostModel(prefill_base_s=0.01, prefill_per_token_s=0.0002, prefill_per_ca
 TRUE_PREFILL, TRUE_DECODE = 2.0, 2.83
 
 
-def skeleton(tmp_path: Path, users: int = 12) -> Path:
+def skeleton(tmp_path: Path, users: int = 12, policy: str = "round-robin") -> Path:
     """A stack log's shape: ``users`` users, 4 at a time, 3 turns each (times filled in later)."""
     rows = []
     for user in range(users):
         for turn in range(3):
-            rows.append({"policy": "round-robin", "round": 0, "user": user, "turn": turn, "group": user % 3,
+            rows.append({"policy": policy, "round": 0, "user": user, "turn": turn, "group": user % 3,
                          "start_s": user // 4 * 30.0 + user * 0.01 + turn * 9.0, "e2e_s": 8.0, "status": 200,
                          "prompt_tokens": 900 + 150 * turn, "completion_tokens": 24, "upstream": f"s{user % 2}"})  # fmt: skip
     path = tmp_path / "skeleton.jsonl"
@@ -47,16 +47,16 @@ def skeleton(tmp_path: Path, users: int = 12) -> Path:
 
 
 def live_run(tmp_path: Path, noise: float = 0.0, stalls: tuple[float, float] = (0.0, 0.0),
-             users: int = 12) -> Path:  # fmt: skip
-    """The skeleton replayed with the base costs scaled by the true factors (and ``noise`` as
-    the steps' noise), written back as the stack's request log: what a loaded server would
-    have logged."""
-    shape = skeleton(tmp_path, users)
+             users: int = 12, policy: str = "round-robin", prefill: float = TRUE_PREFILL) -> Path:  # fmt: skip
+    """The skeleton replayed with ``policy`` and the base costs scaled by the true factors
+    (``prefill`` for the prefill costs; ``noise`` as the steps' noise), written back as the
+    stack's request log: what a loaded server would have logged."""
+    shape = skeleton(tmp_path, users, policy)
     log = tmp_path / "as-log.jsonl"
     converted = list(convert("stack", shape))
     log.write_text("".join(json.dumps(r) + "\n" for r in converted))
-    name, factory = policy_factory("round-robin")
-    cost = dataclasses.replace(scaled(BASE, TRUE_PREFILL, TRUE_DECODE), step_noise=noise,
+    name, factory = policy_factory(policy)
+    cost = dataclasses.replace(scaled(BASE, prefill, TRUE_DECODE), step_noise=noise,
                                host_stall_rate_hz=stalls[0], host_stall_s=stalls[1])  # fmt: skip
     cfg = ReplayConfig(replicas=2, kv_blocks=512, block_size_tokens=32, cost=cost, seed=7)
     result = Replayer(cfg).run(RequestLog.load(log), factory, name)
@@ -65,7 +65,7 @@ def live_run(tmp_path: Path, noise: float = 0.0, stalls: tuple[float, float] = (
     for o in result.outcomes:
         row = by_order[int(o.request_id[1:])]
         user, turn = (int(x) for x in row["id"][1:].split("t"))
-        rows.append({"policy": "round-robin", "round": 0, "user": user, "turn": turn, "group": user % 3,
+        rows.append({"policy": policy, "round": 0, "user": user, "turn": turn, "group": user % 3,
                      "start_s": o.arrival_s, "ttft_s": o.first_token_s - o.arrival_s, "e2e_s": o.finish_s - o.arrival_s,
                      "status": 200, "upstream": f"s{o.replica}", "prompt_tokens": o.prompt_tokens,
                      "cached_tokens": o.cached_tokens, "completion_tokens": o.output_tokens})  # fmt: skip
@@ -128,6 +128,36 @@ def test_the_command_writes_the_fitted_profile_and_names_bad_input(tmp_path: Pat
     ):
         assert sim_main(["calibrate", "--from-log", str(path), "--out", str(out), *argv]) == 2
         assert reason in capsys.readouterr().err
+
+
+def test_several_policies_runs_are_fitted_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--run twice: the loss sums over both policies' runs. Runs made with prefill x1.5
+    (round-robin) and x3 (least-load) are each fitted back alone; fitted together, the scale
+    lies between the two."""
+    logs = []
+    for policy, prefill in (("round-robin", 1.5), ("least-load", 3.0)):
+        (tmp_path / policy).mkdir()
+        logs.append(live_run(tmp_path / policy, policy=policy, prefill=prefill))
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(p.read_text() for p in logs))
+    base = tmp_path / "probe.yaml"
+    base.write_text(dump_profile(CostProfile("probe", BASE, "a test", {"kv_blocks": 512, "block_size": 32})))
+    got = {}
+    for runs in (("round-robin",), ("least-load",), ("round-robin", "least-load")):
+        out = tmp_path / f"{'+'.join(runs)}.yaml"
+        argv = ["calibrate", "--from-log", str(path), "--profile", str(base), "--out", str(out)]
+        assert sim_main([*argv, *(x for run in runs for x in ("--run", run))]) == 0
+        doc = yaml.safe_load(out.read_text())
+        got[runs] = doc["cost"]["prefill_per_token_s"] / BASE.prefill_per_token_s
+    printed = capsys.readouterr().out
+    assert got[("round-robin",)] == pytest.approx(1.5, rel=0.15), got
+    assert got[("least-load",)] == pytest.approx(3.0, rel=0.15), got
+    assert 1.5 * 1.1 < got[("round-robin", "least-load")] < 3.0 / 1.1, got
+    assert "scaled to the runs 'round-robin' (round 0) and 'least-load' (round 0)" in doc["source"]
+    assert "replayed as round-robin, least-load" in printed and "  least-load, round 0: TTFT p50" in printed
+    argv += ["--run", "round-robin", "--run", "least-load", "--replay-policy", "random"]
+    assert sim_main(argv) == 2
+    assert "--replay-policy names how one run routed" in capsys.readouterr().err
 
 
 def test_runs_map_to_the_replay_policy_that_routes_as_they_did() -> None:
