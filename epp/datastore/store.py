@@ -34,6 +34,12 @@ class _Entry:
     first_seen_s: float | None = None
     """When ``mark_stale`` first saw the endpoint: a new endpoint gets ``stale_after_s`` for
     its first good scrape before it is reported stale."""
+    answered: int = 0
+    """Responses the endpoint has begun to answer (``request_answered``)."""
+    answered_seen: int = 0
+    """``answered`` at the last ``mark_stale``."""
+    alive_s: float = -math.inf
+    """The last ``mark_stale`` (its clock) that found new answers: the endpoint was serving."""
 
 
 @dataclass(slots=True)
@@ -110,17 +116,24 @@ class Datastore:
             listener(entry.endpoint)
 
     def mark_stale(self, now_s: float, resumed_s: float = -math.inf) -> list[EndpointId]:
-        """Flag endpoints whose last good scrape is older than ``stale_after_s``.
-        ``resumed_s``: when epp's own event loop came back from a stall (the scrapes stalled
-        with it): an endpoint still fresh then is judged from that moment, so a stall of epp
-        is not taken for the servers going silent; one already stale stays so until a good
-        scrape."""
+        """Flag endpoints whose last good scrape is older than ``stale_after_s`` and that
+        have answered no request since either. An endpoint that answers requests is serving,
+        whatever its ``/metrics`` does: a server busy on a loaded host can be slow to render
+        its page (real vLLM on this project's 2 CPU cores missed the 1 s scrape timeout while
+        streaming answers), and taking it out of routing moves its conversations away from
+        their caches. ``resumed_s``: when epp's own event loop came back from a stall (the
+        scrapes stalled with it): an endpoint still fresh then is judged from that moment, so
+        a stall of epp is not taken for the servers going silent; one already stale stays so
+        until a good scrape or an answer."""
         newly: list[EndpointId] = []
         for eid, entry in self._entries.items():
             m = entry.endpoint.metrics
             if entry.first_seen_s is None:
                 entry.first_seen_s = now_s
-            last_good = m.scraped_at_s if m.known else entry.first_seen_s
+            if entry.answered != entry.answered_seen:
+                entry.answered_seen = entry.answered
+                entry.alive_s = now_s
+            last_good = max(m.scraped_at_s if m.known else entry.first_seen_s, entry.alive_s)
             if not entry.endpoint.stale:
                 last_good = max(last_good, resumed_s)
             stale = now_s - last_good > self.stale_after_s
@@ -194,6 +207,13 @@ class Datastore:
             return  # never scraped: no scrape would ever reset the count
         entry.sent += 1
         self._update_pending(entry)
+
+    def request_answered(self, endpoint_id: EndpointId) -> None:
+        """The endpoint began to answer a request (its first response bytes, or a response
+        that was not a server error): it is serving (``mark_stale``)."""
+        entry = self._entries.get(endpoint_id)
+        if entry is not None:
+            entry.answered += 1
 
     def request_finished(self, endpoint_id: EndpointId) -> None:
         entry = self._entries.get(endpoint_id)

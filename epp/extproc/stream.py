@@ -455,7 +455,7 @@ class RequestStream:
             self._first_body_s = first = time.monotonic()
             routing = self._routing
             if routing is not None:
-                self._director.first_token(routing, first - routing.started_s)
+                self._director.first_token(routing, first - routing.started_s, self._status)
             elif self._remote and self._handoff is not None:
                 self._handoff.observed(self._remote, Kind.FIRST_BYTES)
         data = chunk if reader is None else reader.feed(chunk, end)

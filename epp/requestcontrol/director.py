@@ -237,9 +237,14 @@ class Director:
         self._metrics.observe_scheduling(routing.scheduling_s)
         self._metrics.plugin_timings(routing.result.state.timings)
 
-    def first_token(self, routing: Routing, ttft_s: float) -> None:
-        """The response's first bytes arrived ``ttft_s`` after the pick (once per request)."""
-        if routing.released or not self._scheduler.wants_first_token:
+    def first_token(self, routing: Routing, ttft_s: float, status: int = 0) -> None:
+        """The response's first bytes arrived ``ttft_s`` after the pick (once per request),
+        with the response's HTTP ``status`` where known (0: not known)."""
+        if routing.released:
+            return
+        if 0 < status < 500:
+            self._datastore.request_answered(routing.target_id)  # it is serving
+        if not self._scheduler.wants_first_token:
             return
         self.settle(routing)
         try:
@@ -253,6 +258,8 @@ class Director:
         if routing.released:
             return
         self.settle(routing)  # learning from the reply extends the recorded chain
+        if 0 < info.status < 500:
+            self._datastore.request_answered(routing.target_id)
         self._release(routing, str(info.status))
         self._metrics.objective_done(
             routing.client_model, routing.request.model, info.status,

@@ -115,6 +115,23 @@ def test_a_stall_of_epps_own_loop_is_not_taken_for_the_servers_going_silent() ->
     assert store.mark_stale(109.7, resumed_s=107.0) == [] and not store.get(fresh.id).stale  # type: ignore[union-attr]
 
 
+def test_an_endpoint_that_answers_requests_is_not_stale_whatever_its_scrapes_do() -> None:
+    """Answers found at a ``mark_stale`` count as a good scrape at that moment: an endpoint
+    whose ``/metrics`` times out while it serves stays routable, and one already stale comes
+    back; silent on both counts, it goes stale as before."""
+    store = Datastore(stale_after_s=2.0)
+    e = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)
+    store.upsert(e)
+    store.update_metrics(e.id, Metrics(scraped_at_s=100.0))
+    store.request_answered(e.id)
+    assert store.mark_stale(101.0) == []  # answers seen at 101
+    assert store.mark_stale(102.5) == []  # the scrape is 2.5 s old, the answers 1.5 s
+    assert store.mark_stale(103.5) == [e.id]  # nothing since 101
+    store.request_answered(e.id)
+    assert store.mark_stale(104.0) == [] and not store.snapshot()[0].stale
+    store.request_answered(EndpointId("10.0.0.9:8000"))  # gone: nothing to count
+
+
 def test_endpoints_with_stale_metrics_are_not_routable_while_others_are_fresh() -> None:
     store = Datastore(stale_after_s=2.0)
     a = Endpoint(EndpointId("10.0.0.1:8000"), "10.0.0.1", 8000)

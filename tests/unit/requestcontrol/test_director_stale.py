@@ -56,3 +56,27 @@ def test_a_stale_endpoint_is_left_out_while_a_fresh_one_passes_the_filters() -> 
 def test_no_endpoint_of_the_role_at_all_is_still_a_503() -> None:
     with pytest.raises(Unavailable):
         ask(pd_director({PREFILL: "prefill"}, fresh={PREFILL}))
+
+
+@pytest.mark.parametrize("status", [200, 503])
+def test_an_endpoint_answering_requests_is_not_taken_out_when_its_scrapes_stop(status: int) -> None:
+    """Both endpoints' last good scrape was at 1 s. The one that began to answer a request
+    since (its first response bytes, status 200) is serving: at 3.5 s only the silent one is
+    stale. A server error is no sign of serving: both are."""
+    cfg = load_config("default")
+    store = Datastore(stale_after_s=2.0)
+    for eid in (PREFILL, DECODE):
+        host, _, port = eid.rpartition(":")
+        store.upsert(Endpoint(eid, host, int(port)))
+        store.update_metrics(eid, Metrics(scraped_at_s=1.0))
+    assert store.mark_stale(1.0) == []
+    director = Director(store, build_scheduler(cfg, random.Random(0)), cfg.saturation,
+                        EppMetrics(CollectorRegistry()), clock=lambda: 1.5)  # fmt: skip
+    routing = director.route(InferenceRequest("r1", "m", "hello " * 50), None)
+    director.first_token(routing, 0.2, status)
+    assert store.mark_stale(2.0) == []
+    silent = {PREFILL, DECODE} - {routing.target_id}
+    assert sorted(store.mark_stale(3.5)) == sorted(silent if status == 200 else {PREFILL, DECODE})
+    if status == 200:  # it keeps serving: still routable; once silent too, stale like the other
+        assert [e.id for e in store.routable()] == [routing.target_id]
+        assert store.mark_stale(4.5) == [routing.target_id]
