@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import Filter, Picker, Scorer
 from epp.framework.types import CycleState, ProfileResult
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, frozen=True)
@@ -53,7 +56,22 @@ class Profile:
         t0 = clock()
         targets = self.picker.pick(state, candidates, total, count)
         timings[self.picker.name] = clock() - t0
+        if log.isEnabledFor(logging.DEBUG):
+            self._log_scores(state, candidates, columns, total, targets)
         return ProfileResult(targets, candidates, total)
+
+    def _log_scores(self, state: CycleState, candidates: Sequence[Endpoint], columns: list[Sequence[float]],
+                    total: Sequence[float], targets: Sequence[Endpoint]) -> None:  # fmt: skip
+        """Why this pick (``--log-level debug``): per candidate (the first 8), the weighted
+        total and each scorer's score before its weight."""
+        names = [ws.scorer.name for ws in self.scorers]
+        parts = []
+        for i, e in enumerate(candidates[:8]):
+            scores = " ".join(f"{n}={c[i]:.3f}" for n, c in zip(names, columns, strict=True))
+            parts.append(f"{e.id} total={total[i]:.3f} {scores}")
+        more = f" (+{len(candidates) - 8} more)" if len(candidates) > 8 else ""
+        log.debug("profile %s request %s -> %s: %s%s", self.name, state.request.request_id,
+                  ",".join(str(t.id) for t in targets), "; ".join(parts), more)  # fmt: skip
 
     def _combine(self, columns: list[Sequence[float]], n: int) -> list[float]:
         """Weighted sum of the scorers' columns, one pass for the common shapes."""

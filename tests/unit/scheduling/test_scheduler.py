@@ -154,3 +154,24 @@ def test_pool_saturation() -> None:
     assert pool_saturated(pool(2, waiting=6), cfg, 1.5)
     assert pool_saturated(pool(2), cfg, 10.0)  # metrics older than 2 s
     assert pool_saturated([], cfg, 1.0)
+
+
+def test_debug_logging_says_why_each_endpoint_scored_what_it_did(caplog: pytest.LogCaptureFixture) -> None:
+    """``--log-level debug``: one line a pick naming the request, the pick, and per candidate
+    the weighted total and every scorer's own score; nothing is formatted at info."""
+    import logging
+
+    s = build_scheduler(default_config(), random.Random(0))
+    eps = pool(2)
+    with caplog.at_level(logging.INFO, logger="epp.scheduling.profile"):
+        s.schedule(req(SYSTEM + "q", rid="quiet"), eps, 1.0)
+    assert not caplog.records
+    with caplog.at_level(logging.DEBUG, logger="epp.scheduling.profile"):
+        target = s.schedule(req(SYSTEM + "q", rid="r42"), eps, 2.0).target
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"profile default request r42 -> {target.id}: ")
+    for e in eps:
+        assert f"{e.id} total=" in line
+    for name in ("predicted-ttft-scorer", "prefix-cache-scorer", "queue-scorer", "kv-cache-utilization-scorer",
+                 "prefix-home-scorer"):  # fmt: skip
+        assert line.count(f" {name}=") == 2, name
