@@ -207,8 +207,8 @@ class RequestStream:
     def after_replies(self) -> None:
         """Work that must not delay a reply: call once the replies of ``handle`` are sent.
 
-        Records the pick in the prefix index and observes the scheduling metrics; once the
-        response is complete, learns from it, observes its metrics and releases the request.
+        Observes the scheduling metrics; once the response is complete, learns from it,
+        observes its metrics and releases the request.
         """
         routing = self._deferred
         if routing is not None:

@@ -3,9 +3,10 @@
 For each request the ``Director``
 1. narrows the pool to the proxy's subset hint, if any (an empty hint -> 503),
 2. sheds it (429) when its priority is negative and the pool is saturated,
-3. asks the scheduler for a target (plus fallbacks) and counts it in flight,
-4. once the routing reply is on the wire (``settle``), records the pick in the prefix index
-   and observes the scheduling metrics: work that need not delay the reply,
+3. asks the scheduler for a target (plus fallbacks), records the pick (the post-pick hooks:
+   the prefix index, the prefill queued on it) and counts it in flight: the next request
+   reads that state, even while this one's reply is still being sent,
+4. once the routing reply is on the wire (``settle``), observes the scheduling metrics,
 5. when the response ends, reports usage to the scheduler and to metrics, and releases the
    in-flight count; a cancelled request is only released.
 
@@ -211,6 +212,12 @@ class Director:
                 request, pool, now_s, fallbacks=self._fallbacks, commit=False,
                 in_flight=self._in_flight,
             )  # fmt: skip
+        # Record the pick before the reply goes out: in a burst, the next stream routes while
+        # this reply is being sent, and must see this pick (its prefix, its queued prefill).
+        # Deferred until after the send, 16 cold conversations arriving together saw the same
+        # empty state and herded (10 of 11 onto one server, on real vLLM behind Envoy);
+        # it costs ~10 us a request, 0.3 ms for a 119k-token prompt.
+        self._scheduler.commit(result)
         scheduling_s = time.perf_counter() - t0
         targets = result.targets
         destination = targets[0].id if len(targets) == 1 else ",".join(e.id for e in targets)
@@ -229,11 +236,11 @@ class Director:
         return Routing(request, result, destination, now_s, scheduling_s, request_bytes, headers)
 
     def settle(self, routing: Routing) -> None:
-        """After the routing reply was sent: record the pick, observe scheduling metrics."""
+        """After the routing reply was sent: observe scheduling metrics (the pick was recorded
+        in ``route``)."""
         if routing.settled:
             return
         routing.settled = True
-        self._scheduler.commit(routing.result)
         self._metrics.observe_scheduling(routing.scheduling_s)
         self._metrics.plugin_timings(routing.result.state.timings)
 

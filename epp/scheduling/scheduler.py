@@ -110,8 +110,8 @@ class Scheduler:
         """Pick an endpoint (and up to ``fallbacks`` more) for ``request``.
 
         With ``commit`` (the default) the post-pick hooks run at once (the pick is recorded in
-        the prefix index). A server may pass ``commit=False`` and call ``commit(result)``
-        once its reply is on the wire, taking that work off the request's critical path.
+        the prefix index). ``commit=False`` leaves that to the caller's ``commit(result)``
+        (the director commits before its reply: the next pick must see this one).
         ``in_flight``: the caller's requests in flight per endpoint, for plugins that read
         them (``CycleState.in_flight``). Raises ``Unavailable`` when ``endpoints`` is empty or
         the filters leave none.

@@ -80,3 +80,26 @@ def test_an_endpoint_answering_requests_is_not_taken_out_when_its_scrapes_stop(s
     if status == 200:  # it keeps serving: still routable; once silent too, stale like the other
         assert [e.id for e in store.routable()] == [routing.target_id]
         assert store.mark_stale(4.5) == [routing.target_id]
+
+
+def test_a_pick_is_seen_by_the_next_pick_before_its_reply_is_sent() -> None:
+    """A burst: streams route one after another while earlier replies are still being sent
+    (``settle`` comes after the send). Each pick must already be in the state the next one
+    reads: the same prompt twice goes where the first went (the prefix index), and cold
+    prompts spread (the prefill queued on each, predicted-ttft's ``outstanding``)."""
+    cfg = load_config("default")
+    store = Datastore(stale_after_s=2.0)
+    for eid in (PREFILL, DECODE):
+        host, _, port = eid.rpartition(":")
+        store.upsert(Endpoint(eid, host, int(port)))
+        store.update_metrics(eid, Metrics(scraped_at_s=1.0))
+    director = Director(store, build_scheduler(cfg, random.Random(0)), cfg.saturation,
+                        EppMetrics(CollectorRegistry()), clock=lambda: 1.5)  # fmt: skip
+    system = "You are a helpful assistant for group seven. " * 40
+    first = director.route(InferenceRequest("a", "m", system + "question one"), None)
+    again = director.route(InferenceRequest("b", "m", system + "question two"), None)
+    assert again.target_id == first.target_id
+    cold = [director.route(InferenceRequest(f"c{i}", "m", f"group {i} prompt " * 150), None).target_id
+            for i in range(8)]  # fmt: skip
+    placed = [first.target_id, again.target_id, *cold]
+    assert sorted(placed.count(e) for e in (PREFILL, DECODE)) == [5, 5], placed
