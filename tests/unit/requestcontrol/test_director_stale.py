@@ -20,20 +20,27 @@ from epp.wiring import build_scheduler
 PREFILL, DECODE = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000")
 
 
-def pd_director(roles: dict[EndpointId, str], fresh: set[EndpointId]) -> Director:
-    """The shipped ``pd`` profile over ``roles``; every endpoint scraped at 1 s, those in
-    ``fresh`` again at 4 s, and staleness (2 s) judged at 4 s."""
-    cfg = load_config("pd")
+def director_over(profile: str, roles: dict[EndpointId, str], now_s: float) -> tuple[Datastore, Director]:
+    """The shipped ``profile`` over the endpoints of ``roles`` (a role label where one is
+    given), every one scraped at 1 s; staleness is 2 s, the director's clock ``now_s``."""
+    cfg = load_config(profile)
     store = Datastore(stale_after_s=2.0)
     for eid, role in roles.items():
         host, _, port = eid.rpartition(":")
-        store.upsert(Endpoint(eid, host, int(port), labels={ROLE_LABEL: role}))
+        store.upsert(Endpoint(eid, host, int(port), labels={ROLE_LABEL: role} if role else {}))
         store.update_metrics(eid, Metrics(scraped_at_s=1.0))
+    return store, Director(store, build_scheduler(cfg, random.Random(0)), cfg.saturation,
+                           EppMetrics(CollectorRegistry()), clock=lambda: now_s)  # fmt: skip
+
+
+def pd_director(roles: dict[EndpointId, str], fresh: set[EndpointId]) -> Director:
+    """The shipped ``pd`` profile over ``roles``; every endpoint scraped at 1 s, those in
+    ``fresh`` again at 4 s, and staleness (2 s) judged at 4 s."""
+    store, director = director_over("pd", roles, 4.0)
     for eid in fresh:
         store.update_metrics(eid, Metrics(scraped_at_s=4.0))
     store.mark_stale(4.0)
-    return Director(store, build_scheduler(cfg, random.Random(0)), cfg.saturation,
-                    EppMetrics(CollectorRegistry()), clock=lambda: 4.0)  # fmt: skip
+    return director
 
 
 def ask(director: Director) -> str:
@@ -63,15 +70,8 @@ def test_an_endpoint_answering_requests_is_not_taken_out_when_its_scrapes_stop(s
     """Both endpoints' last good scrape was at 1 s. The one that began to answer a request
     since (its first response bytes, status 200) is serving: at 3.5 s only the silent one is
     stale. A server error is no sign of serving: both are."""
-    cfg = load_config("default")
-    store = Datastore(stale_after_s=2.0)
-    for eid in (PREFILL, DECODE):
-        host, _, port = eid.rpartition(":")
-        store.upsert(Endpoint(eid, host, int(port)))
-        store.update_metrics(eid, Metrics(scraped_at_s=1.0))
+    store, director = director_over("default", {PREFILL: "", DECODE: ""}, 1.5)
     assert store.mark_stale(1.0) == []
-    director = Director(store, build_scheduler(cfg, random.Random(0)), cfg.saturation,
-                        EppMetrics(CollectorRegistry()), clock=lambda: 1.5)  # fmt: skip
     routing = director.route(InferenceRequest("r1", "m", "hello " * 50), None)
     director.first_token(routing, 0.2, status)
     assert store.mark_stale(2.0) == []
@@ -87,14 +87,7 @@ def test_a_pick_is_seen_by_the_next_pick_before_its_reply_is_sent() -> None:
     (``settle`` comes after the send). Each pick must already be in the state the next one
     reads: the same prompt twice goes where the first went (the prefix index), and cold
     prompts spread (the prefill queued on each, predicted-ttft's ``outstanding``)."""
-    cfg = load_config("default")
-    store = Datastore(stale_after_s=2.0)
-    for eid in (PREFILL, DECODE):
-        host, _, port = eid.rpartition(":")
-        store.upsert(Endpoint(eid, host, int(port)))
-        store.update_metrics(eid, Metrics(scraped_at_s=1.0))
-    director = Director(store, build_scheduler(cfg, random.Random(0)), cfg.saturation,
-                        EppMetrics(CollectorRegistry()), clock=lambda: 1.5)  # fmt: skip
+    _, director = director_over("default", {PREFILL: "", DECODE: ""}, 1.5)
     system = "You are a helpful assistant for group seven. " * 40
     first = director.route(InferenceRequest("a", "m", system + "question one"), None)
     again = director.route(InferenceRequest("b", "m", system + "question two"), None)
