@@ -141,11 +141,19 @@ class BoundedLoadFilter:
 class LongestPrefixParams:
     min_match_chunks: int = 1
     """Below this many matched chunks no endpoint counts as holding the prefix (all are kept)."""
+    min_match_ratio: float = 0.0
+    """Nor below this fraction of the request's chunks."""
+    max_queue: int = -1
+    """Keep a holder only while its queue (waiting + sent since its last scrape) is at most
+    this; when no holder qualifies, keep all, and the scorers weigh the cache against the load.
+    -1: no bound. With a bound, a filter in front of scorers holds each prompt to its cache
+    while the pool has room and lets load decide once the holder queues."""
 
 
 class LongestPrefixFilter:
     """Keep the endpoints holding the longest leading run of the request's chunks; keep all
-    when no endpoint holds ``min_match_chunks``."""
+    when no endpoint holds ``min_match_chunks`` (and ``min_match_ratio`` of the request), or
+    when every holder's queue is over ``max_queue``."""
 
     def __init__(self, name: str, params: LongestPrefixParams) -> None:
         self.name = name
@@ -157,6 +165,11 @@ class LongestPrefixFilter:
             return endpoints
         counts = [matched.get(e.id, 0) for e in endpoints]
         best = max(counts)
-        if best < self.params.min_match_chunks:
+        p = self.params
+        if best < p.min_match_chunks or best < p.min_match_ratio * state.prefix.total:
             return endpoints
-        return [e for e, c in zip(endpoints, counts, strict=True) if c == best]
+        kept = [e for e, c in zip(endpoints, counts, strict=True) if c == best]
+        if p.max_queue >= 0:
+            kept = [e for e in kept if e.queue <= p.max_queue]
+            return kept or endpoints
+        return kept

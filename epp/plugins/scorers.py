@@ -43,11 +43,15 @@ class PrefixCacheScorer:
 
 @dataclass(slots=True, frozen=True)
 class QueueScorerParams:
-    pass
+    min_spread: float = 0.0
+    """Queues fewer than this many requests apart weigh in proportion (``1 - (q - min) /
+    max(max - min, minSpread)``) instead of the full min-max range: over two servers, one
+    request more is not an imbalance worth leaving a cache for. 0: plain min-max."""
 
 
 class QueueScorer:
-    """Shorter queue scores higher, min-max normalised over the candidates.
+    """Shorter queue scores higher, min-max normalised over the candidates (``minSpread``
+    softens a small difference).
 
     The queue is the server's waiting requests plus those epp sent since its last scrape, so
     a burst between two scrapes spreads out. An endpoint never scraped counts the requests
@@ -56,6 +60,7 @@ class QueueScorer:
 
     def __init__(self, name: str, params: QueueScorerParams) -> None:
         self.name = name
+        self.min_spread = params.min_spread
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # Written for speed: this runs over every endpoint on every request.
@@ -63,8 +68,8 @@ class QueueScorer:
         lo, hi = min(queues), max(queues)
         if hi == lo:
             return [1.0] * len(queues)
-        inv = 1.0 / (hi - lo)
-        return [(hi - q) * inv for q in queues]
+        inv = 1.0 / max(hi - lo, self.min_spread)
+        return [1.0 - (q - lo) * inv for q in queues]
 
 
 @dataclass(slots=True, frozen=True)

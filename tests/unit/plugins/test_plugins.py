@@ -60,6 +60,14 @@ def test_queue_scorer_min_max_with_pending() -> None:
     assert same == [1.0, 1.0]
 
 
+def test_queue_scorer_min_spread_softens_a_small_difference_only() -> None:
+    sc = scorers.QueueScorer("q", scorers.QueueScorerParams(min_spread=4))
+    # one request apart over two servers: a quarter of the range, not all of it
+    assert sc.score(state(), [ep(0), ep(1, waiting=1)]) == [1.0, 0.75]
+    # apart by minSpread or more: plain min-max, as without it
+    assert sc.score(state(), [ep(0, waiting=2), ep(1, waiting=10), ep(2, waiting=6)]) == [1.0, 0.0, 0.5]
+
+
 def test_kv_scorer() -> None:
     got = scorers.KvCacheUtilizationScorer("k", scorers.KvCacheScorerParams()).score(
         state(), [ep(0, kv=0.25), ep(1, kv=1.0), ep(2, known=False)]
@@ -111,6 +119,16 @@ def test_longest_prefix_filter() -> None:
     eps = [ep(0), ep(1), ep(2)]
     assert f.filter(state(matched={0: 3, 1: 7, 2: 7}), eps) == [eps[1], eps[2]]
     assert f.filter(state(matched={}), eps) == eps
+
+
+def test_longest_prefix_filter_holds_to_the_cache_only_while_the_holder_has_room() -> None:
+    f = filters.LongestPrefixFilter("lp", filters.LongestPrefixParams(min_match_ratio=0.5, max_queue=1))
+    idle, holder, busy_holder = ep(0), ep(1, waiting=1), ep(2, waiting=1, pending=1)
+    assert f.filter(state(matched={1: 8}), [idle, holder]) == [holder]
+    # the holder queues past the bound: every endpoint stays, for the scorers to weigh
+    assert f.filter(state(matched={2: 8}), [idle, busy_holder]) == [idle, busy_holder]
+    # under half the prompt held: not a holder
+    assert f.filter(state(matched={1: 4}), [idle, holder]) == [idle, holder]
 
 
 def test_bounded_load_filter_keeps_endpoints_under_the_bound_on_their_mean_load() -> None:
