@@ -74,20 +74,29 @@ class QueueScorer:
 
 @dataclass(slots=True, frozen=True)
 class KvCacheScorerParams:
-    pass
+    free_below: float = 0.0
+    """KV use up to this fraction scores 1, and the rest of the range linearly down to 0 at
+    full: ``1 - max(0, use - freeBelow) / (1 - freeBelow)``. A cache this full still has room,
+    and on small caches a few running requests fill half of it. 0: ``1 - kv_usage``."""
 
 
 class KvCacheUtilizationScorer:
-    """Free KV cache scores higher: ``1 - kv_usage``. Unknown metrics score neutral."""
+    """Free KV cache scores higher: ``1 - kv_usage`` (``freeBelow`` leaves low use unscored).
+    Unknown metrics score neutral."""
 
     def __init__(self, name: str, params: KvCacheScorerParams) -> None:
         self.name = name
+        self.free_below = min(max(params.free_below, 0.0), 0.99)
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # kv_usage is clamped to [0, 1] when scraped
-        return [
-            1.0 - m.kv_usage if m.scraped_at_s else NEUTRAL for m in [e.metrics for e in endpoints]
-        ]
+        metrics = [e.metrics for e in endpoints]
+        if not self.free_below:
+            return [1.0 - m.kv_usage if m.scraped_at_s else NEUTRAL for m in metrics]
+        lo = self.free_below
+        scale = 1.0 / (1.0 - lo)
+        return [1.0 - max(0.0, m.kv_usage - lo) * scale if m.scraped_at_s else NEUTRAL
+                for m in metrics]  # fmt: skip
 
 
 @dataclass(slots=True, frozen=True)

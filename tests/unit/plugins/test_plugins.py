@@ -73,6 +73,10 @@ def test_kv_scorer() -> None:
         state(), [ep(0, kv=0.25), ep(1, kv=1.0), ep(2, known=False)]
     )
     assert got == [0.75, 0.0, 0.5]
+    half = scorers.KvCacheUtilizationScorer("k", scorers.KvCacheScorerParams(free_below=0.5))
+    # up to half full: room enough, all alike; above it, down to 0 at full
+    assert half.score(state(), [ep(0, kv=0.1), ep(1, kv=0.5), ep(2, kv=0.75), ep(3, kv=1.0)]) == [
+        1.0, 1.0, 0.5, 0.0]
 
 
 def test_lora_affinity_tiers() -> None:
