@@ -3,6 +3,8 @@ by accident: where no endpoint qualifies, a filter documents what it keeps inste
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -143,10 +145,10 @@ class LongestPrefixParams:
     """Below this many matched chunks no endpoint counts as holding the prefix (all are kept)."""
     min_match_ratio: float = 0.0
     """Nor below this fraction of the request's chunks."""
-    max_queue: int = -1
+    max_queue: float = math.inf
     """Keep a holder only while its queue (waiting + sent since its last scrape) is at most
     this; when no holder qualifies, keep all, and the scorers weigh the cache against the load.
-    -1: no bound. With a bound, a filter in front of scorers holds each prompt to its cache
+    Unbounded by default. With a bound, a filter in front of scorers holds each prompt to its cache
     while the pool has room and lets load decide once the holder queues."""
 
 
@@ -169,7 +171,7 @@ class LongestPrefixFilter:
         if best < p.min_match_chunks or best < p.min_match_ratio * state.prefix.total:
             return endpoints
         kept = [e for e, c in zip(endpoints, counts, strict=True) if c == best]
-        if p.max_queue >= 0:
+        if p.max_queue != math.inf:
             kept = [e for e in kept if e.queue <= p.max_queue]
             return kept or endpoints
         return kept
