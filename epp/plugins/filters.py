@@ -4,7 +4,6 @@ by accident: where no endpoint qualifies, a filter documents what it keeps inste
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
