@@ -7,7 +7,7 @@ Sections and plugin parameters are frozen dataclasses owned by their packages
 unknown keys, no silent coercion: ``2.5`` is not an integer, ``1`` is not ``true``), validates
 the YAML mapping with it and returns the dataclass. Numbers must not be negative unless the
 class says otherwise in ``__config_signed__``; ``__config_min__`` (field name -> lowest
-value) sets a higher floor.
+value) sets a higher floor, ``__config_max__`` (field name -> highest value) a ceiling.
 """
 
 from __future__ import annotations
@@ -120,6 +120,10 @@ def build(cls: type[T], raw: Any, where: str) -> T:
         v = getattr(params, name)
         if v < low:
             raise ConfigError(f"{where}.{to_camel(name)}", f"must be >= {low:g}, got {v!r}")
+    for name, high in getattr(cls, "__config_max__", {}).items():
+        v = getattr(params, name)
+        if v > high:
+            raise ConfigError(f"{where}.{to_camel(name)}", f"must be <= {high:g}, got {v!r}")
     return params
 
 

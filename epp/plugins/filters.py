@@ -169,8 +169,6 @@ class LongestPrefixFilter:
         p = self.params
         if best < p.min_match_chunks or best < p.min_match_ratio * state.prefix.total:
             return endpoints
-        kept = [e for e, c in zip(endpoints, counts, strict=True) if c == best]
-        if p.max_queue != math.inf:
-            kept = [e for e in kept if e.queue <= p.max_queue]
-            return kept or endpoints
-        return kept
+        kept = [e for e, c in zip(endpoints, counts, strict=True)
+                if c == best and e.queue <= p.max_queue]  # fmt: skip
+        return kept or endpoints

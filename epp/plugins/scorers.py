@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from epp.framework.endpoint import Endpoint
 from epp.framework.types import CycleState
@@ -79,6 +80,8 @@ class KvCacheScorerParams:
     full: ``1 - max(0, use - freeBelow) / (1 - freeBelow)``. A cache this full still has room,
     and on small caches a few running requests fill half of it. 0: ``1 - kv_usage``."""
 
+    __config_max__: ClassVar[dict[str, float]] = {"free_below": 0.99}
+
 
 class KvCacheUtilizationScorer:
     """Free KV cache scores higher: ``1 - kv_usage`` (``freeBelow`` leaves low use unscored).
@@ -86,17 +89,14 @@ class KvCacheUtilizationScorer:
 
     def __init__(self, name: str, params: KvCacheScorerParams) -> None:
         self.name = name
-        self.free_below = min(max(params.free_below, 0.0), 0.99)
+        self.free_below = params.free_below  # in [0, 0.99]: the config schema bounds it
+        self.scale = 1.0 / (1.0 - params.free_below)
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # kv_usage is clamped to [0, 1] when scraped
-        metrics = [e.metrics for e in endpoints]
-        if not self.free_below:
-            return [1.0 - m.kv_usage if m.scraped_at_s else NEUTRAL for m in metrics]
-        lo = self.free_below
-        scale = 1.0 / (1.0 - lo)
+        lo, scale = self.free_below, self.scale
         return [1.0 - max(0.0, m.kv_usage - lo) * scale if m.scraped_at_s else NEUTRAL
-                for m in metrics]  # fmt: skip
+                for m in [e.metrics for e in endpoints]]  # fmt: skip
 
 
 @dataclass(slots=True, frozen=True)

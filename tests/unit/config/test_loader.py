@@ -70,6 +70,10 @@ def test_defaults_and_camel_case_parameters() -> None:
                       "- type: bounded-load-filter\n  parameters: {loadFactor: 0.9}\n"
                       "- type: max-score-picker"),
          "plugins[1].parameters.loadFactor"),
+        (BASE.replace("- type: max-score-picker",
+                      "- type: kv-cache-utilization-scorer\n  parameters: {freeBelow: 1.0}\n"
+                      "- type: max-score-picker"),
+         "plugins[1].parameters.freeBelow"),
         ("kind: Other\n" + BASE, "kind"),
         ("plugins: [", "<yaml>"),
     ],
