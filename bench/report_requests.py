@@ -135,6 +135,20 @@ def moves(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
     return moved, lost, later
 
 
+def splits(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """Per round: the conversation groups (one system prompt each) whose requests went to more
+    than one server, and the prompt tokens the servers found uncached, in thousands."""
+    out = []
+    for k in sorted({r.get("round", 0) for r in rows}):
+        run = [r for r in rows if r.get("round", 0) == k]
+        servers: dict[Any, set[str]] = defaultdict(set)
+        for r in run:
+            servers[r["group"]].add(r["upstream"])
+        uncached = sum(r["prompt_tokens"] - r["cached_tokens"] for r in run) / 1e3
+        out.append((sum(len(s) > 1 for s in servers.values()), uncached))
+    return out
+
+
 def report(name: str, rows: list[dict[str, Any]]) -> None:
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     print(f"== {name}")
@@ -168,12 +182,16 @@ def report(name: str, rows: list[dict[str, Any]]) -> None:
         print(f"  by requests still waiting for a first token on that server at arrival{pool}: "
               f"{cells}")
         print(f"  arrivals with 3 or more ahead: {sum(1 for n in ahead if n >= 3)} of {len(ok)}")
+        print("  per round, prompt tokens the servers found uncached: "
+              + ", ".join(f"{u:.0f}k" for _, u in splits(ok)))
         rounds = {r.get("round", 0) for r in ok}
         fronts = {k: {r["upstream"] for r in ok if r.get("round", 0) == k} for k in rounds}
         if all(len(f) > 1 for f in fronts.values()):  # behind one front (a router): unknown
             moved, lost, later = moves(ok)
             print(f"  conversations moved: {moved} of {later} later turns went to another server "
                   f"than the turn before, {lost} of them with under half the prompt cached")
+            print("  per round, groups on more than one server: "
+                  + ", ".join(str(n) for n, _ in splits(ok)))
             print(f"  client TTFT fit: {explain(ok)}")
 
 

@@ -63,3 +63,30 @@ def test_runs_side_by_side_pool_sessions_and_show_each(tmp_path, capsys) -> None
     assert lines["one/demo"].endswith("0.67x [0.65, 0.68] (router behind)")
     assert "(router ahead)" in lines["two/demo"]
     assert lines["all"].strip().startswith("all (8 runs): 1.00x") and "(level)" in lines["all"]
+
+
+def test_splits_count_groups_on_two_servers_and_uncached_tokens_per_round() -> None:
+    from bench.report_requests import splits
+
+    def row(k: int, group: int, upstream: str, cached: int) -> dict:
+        return {"round": k, "group": group, "upstream": upstream, "prompt_tokens": 1000,
+                "cached_tokens": cached}
+
+    rows = [row(0, 1, "a", 0), row(0, 1, "a", 900), row(0, 2, "b", 0),  # round 0: none split
+            row(1, 1, "a", 0), row(1, 1, "b", 0), row(1, 2, "b", 500)]  # round 1: group 1 split
+    assert splits(rows) == [(0, 2.1), (1, 2.5)]
+
+
+def test_pick_scores_parse_the_debug_line(tmp_path) -> None:
+    from bench.report_pick_scores import picks
+
+    log = tmp_path / "epp.log"
+    log.write_text(
+        "2026-11-28 04:09:39,721 DEBUG epp.scheduling.profile profile default request r1 -> "
+        "10.0.0.2:8000: 10.0.0.1:8000 total=10.900 prefix-cache-scorer=0.970 queue-scorer=0.000; "
+        "10.0.0.2:8000 total=12.000 prefix-cache-scorer=0.000 queue-scorer=1.000\n"
+        "an unrelated line\n")
+    [(rid, chosen, cands)] = picks(log)
+    assert (rid, chosen) == ("r1", "10.0.0.2:8000")
+    assert cands["10.0.0.1:8000"]["prefix-cache-scorer"] == 0.97
+    assert cands["10.0.0.2:8000"]["queue-scorer"] == 1.0

@@ -1,0 +1,68 @@
+"""Why epp moved prompts off the server holding them, from its debug log: for every pick
+that left an endpoint holding over half the prompt's chunks (``prefix-cache-scorer`` above
+0.5) for one that did not, each scorer's score for the chosen endpoint minus the holder's
+(before weights), averaged per policy. The logs come from a stack run with
+``EPP_SIM_LOG_LEVEL=DEBUG`` (epp logs each pick's scores at ``--log-level debug``); the
+policy of each log is found from the request ids in the run's ``requests.jsonl``.
+
+    python bench/report_pick_scores.py DIR/requests.jsonl EPP_LOG [EPP_LOG ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+PICK = re.compile(r"profile \S+ request (\S+) -> (\S+): (.*)$")
+
+
+def picks(log: Path) -> list[tuple[str, str, dict[str, dict[str, float]]]]:
+    """(request id, chosen endpoint, per candidate its scores) for each pick logged."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = PICK.search(line)
+        if not m:
+            continue
+        cands: dict[str, dict[str, float]] = {}
+        for part in m.group(3).split(" (+")[0].split("; "):
+            eid, *scores = part.split()
+            cands[eid] = {k: float(v) for k, v in (s.split("=", 1) for s in scores)}
+        out.append((m.group(1), m.group(2).split(",")[0], cands))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("requests", type=Path, help="the run's requests.jsonl")
+    ap.add_argument("logs", nargs="+", type=Path, help="epp.log files of its runs")
+    args = ap.parse_args()
+    policy = {}
+    for line in args.requests.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            policy[r["request_id"]] = r["policy"]
+    moves: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for log in args.logs:
+        rows = picks(log)
+        name = next((policy[rid] for rid, _, _ in rows if rid in policy), None)
+        if name is None:
+            continue
+        for _, chosen, cands in rows:
+            holders = [e for e, s in cands.items() if s.get("prefix-cache-scorer", 0) > 0.5]
+            if holders and chosen not in holders and chosen in cands:
+                held, went = cands[holders[0]], cands[chosen]
+                moves[name].append({k: went[k] - held[k] for k in held if k in went})
+    for name, diffs in moves.items():
+        print(f"{name}: {len(diffs)} picks left an endpoint holding over half the prompt")
+        for key in diffs[0]:
+            d = [x[key] for x in diffs if key in x]
+            print(f"  {key:32} chosen - holder: mean {statistics.fmean(d):+.2f}, "
+                  f"min {min(d):+.2f}, max {max(d):+.2f}")
+
+
+if __name__ == "__main__":
+    main()
