@@ -12,6 +12,21 @@ from epp.framework.types import CycleState
 NEUTRAL = 0.5
 
 
+def pool_gate(endpoints: Sequence[Endpoint], full_at_waiting: float) -> float:
+    """The share of a load score's pull to apply, in [0, 1] (``fullAtWaiting``): the most
+    requests a candidate's server reports waiting over ``full_at_waiting``. Scraped waiting
+    only, not the requests epp sent since the scrape, which at light load are its own burst.
+    Full until every candidate has been scraped."""
+    if full_at_waiting <= 0:
+        return 1.0
+    most = 0
+    for e in endpoints:
+        m = e.metrics
+        if not m.scraped_at_s:
+            return 1.0
+        most = max(most, m.waiting)
+    return min(1.0, most / full_at_waiting)
+
 
 @dataclass(slots=True, frozen=True)
 class PrefixCacheScorerParams:
@@ -48,6 +63,10 @@ class QueueScorerParams:
     """Queues fewer than this many requests apart weigh in proportion (``1 - (q - min) /
     max(max - min, minSpread)``) instead of the full min-max range: over two servers, one
     request more is not an imbalance worth leaving a cache for. 0: plain min-max."""
+    full_at_waiting: float = 0.0
+    """Scale the pull by the most requests any candidate's server reports waiting, over this
+    many (full from there on, none while nothing waits: moving a prompt off its cache to even
+    out an idle pool gains nothing). 0: always full."""
 
 
 class QueueScorer:
@@ -62,6 +81,7 @@ class QueueScorer:
     def __init__(self, name: str, params: QueueScorerParams) -> None:
         self.name = name
         self.min_spread = params.min_spread
+        self.full_at_waiting = params.full_at_waiting
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # Written for speed: this runs over every endpoint on every request.
@@ -69,7 +89,7 @@ class QueueScorer:
         lo, hi = min(queues), max(queues)
         if hi == lo:
             return [1.0] * len(queues)
-        inv = 1.0 / max(hi - lo, self.min_spread)
+        inv = pool_gate(endpoints, self.full_at_waiting) / max(hi - lo, self.min_spread)
         return [1.0 - (q - lo) * inv for q in queues]
 
 
@@ -79,6 +99,10 @@ class KvCacheScorerParams:
     """KV use up to this fraction scores 1, and the rest of the range linearly down to 0 at
     full: ``1 - max(0, use - freeBelow) / (1 - freeBelow)``. A cache this full still has room,
     and on small caches a few running requests fill half of it. 0: ``1 - kv_usage``."""
+    full_at_waiting: float = 0.0
+    """Scale the pull by the most requests any candidate's server reports waiting, over this
+    many (full from there on, none while nothing waits: moving a prompt off its cache to even
+    out an idle pool gains nothing). 0: always full."""
 
     __config_max__: ClassVar[dict[str, float]] = {"free_below": 0.99}
 
@@ -91,10 +115,11 @@ class KvCacheUtilizationScorer:
         self.name = name
         self.free_below = params.free_below  # in [0, 0.99]: the config schema bounds it
         self.scale = 1.0 / (1.0 - params.free_below)
+        self.full_at_waiting = params.full_at_waiting
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # kv_usage is clamped to [0, 1] when scraped
-        lo, scale = self.free_below, self.scale
+        lo, scale = self.free_below, self.scale * pool_gate(endpoints, self.full_at_waiting)
         return [1.0 - max(0.0, m.kv_usage - lo) * scale if m.scraped_at_s else NEUTRAL
                 for m in [e.metrics for e in endpoints]]  # fmt: skip
 

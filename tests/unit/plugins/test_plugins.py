@@ -68,6 +68,25 @@ def test_queue_scorer_min_spread_softens_a_small_difference_only() -> None:
     assert sc.score(state(), [ep(0, waiting=2), ep(1, waiting=10), ep(2, waiting=6)]) == [1.0, 0.0, 0.5]
 
 
+def test_load_scores_pull_with_the_pools_waiting_requests() -> None:
+    queue = scorers.QueueScorer("q", scorers.QueueScorerParams(full_at_waiting=2))
+    kv = scorers.KvCacheUtilizationScorer("k", scorers.KvCacheScorerParams(full_at_waiting=2))
+    # nothing waits at any server: epp's own burst since the scrape and KV use do not pull
+    idle = [ep(0, pending=3, kv=0.9), ep(1, kv=0.1)]
+    assert queue.score(state(), idle) == [1.0, 1.0]
+    assert kv.score(state(), idle) == [1.0, 1.0]
+    # one request waits: half the pull
+    one = [ep(0, waiting=1, pending=3, kv=0.9), ep(1, kv=0.1)]
+    assert queue.score(state(), one) == [0.5, 1.0]
+    assert kv.score(state(), one) == pytest.approx([0.55, 0.95])
+    # as many as fullAtWaiting or more: the plain scores
+    busy = [ep(0, waiting=5, kv=0.9), ep(1, waiting=1, kv=0.1)]
+    assert queue.score(state(), busy) == [0.0, 1.0]
+    assert kv.score(state(), busy) == pytest.approx([0.1, 0.9])
+    # a candidate not scraped yet: its load is unknown, so the full pull
+    assert queue.score(state(), [ep(0, pending=2), ep(1, known=False)]) == [0.0, 1.0]
+
+
 def test_kv_scorer() -> None:
     got = scorers.KvCacheUtilizationScorer("k", scorers.KvCacheScorerParams()).score(
         state(), [ep(0, kv=0.25), ep(1, kv=1.0), ep(2, known=False)]
