@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -12,20 +13,36 @@ from epp.framework.types import CycleState
 NEUTRAL = 0.5
 
 
-def pool_gate(endpoints: Sequence[Endpoint], full_at_waiting: float) -> float:
+class PoolGate:
     """The share of a load score's pull to apply, in [0, 1] (``fullAtWaiting``): the most
-    requests a candidate's server reports waiting over ``full_at_waiting``. Scraped waiting
-    only, not the requests epp sent since the scrape, which at light load are its own burst.
-    Full until every candidate has been scraped."""
-    if full_at_waiting <= 0:
-        return 1.0
-    most = 0
-    for e in endpoints:
-        m = e.metrics
-        if not m.scraped_at_s:
+    requests a candidate's server reports waiting, remembered with a decay of ``decay_s``
+    seconds, over ``full_at_waiting``. Scraped waiting only, not the requests epp sent since
+    the scrape, which at light load are its own burst. Full until every candidate has been
+    scraped."""
+
+    __slots__ = ("at_s", "decay_s", "full", "level")
+
+    def __init__(self, full_at_waiting: float, decay_s: float) -> None:
+        self.full = full_at_waiting
+        self.decay_s = decay_s
+        self.level = 0.0
+        self.at_s = 0.0
+
+    def __call__(self, state: CycleState, endpoints: Sequence[Endpoint]) -> float:
+        if self.full <= 0:
             return 1.0
-        most = max(most, m.waiting)
-    return min(1.0, most / full_at_waiting)
+        most = 0
+        for e in endpoints:
+            m = e.metrics
+            if not m.scraped_at_s:
+                return 1.0
+            most = max(most, m.waiting)
+        level = float(most)
+        if self.decay_s > 0:
+            now = state.now_s
+            level = max(level, self.level * math.exp(-max(0.0, now - self.at_s) / self.decay_s))
+            self.level, self.at_s = level, now
+        return min(1.0, level / self.full)
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,6 +84,9 @@ class QueueScorerParams:
     """Scale the pull by the most requests any candidate's server reports waiting, over this
     many (full from there on, none while nothing waits: moving a prompt off its cache to even
     out an idle pool gains nothing). 0: always full."""
+    waiting_decay_s: float = 0.0
+    """With ``fullAtWaiting``: remember the most waiting seen, decaying by e every this many
+    seconds, so a pool that queued lately keeps the pull between its queues. 0: now only."""
 
 
 class QueueScorer:
@@ -81,7 +101,7 @@ class QueueScorer:
     def __init__(self, name: str, params: QueueScorerParams) -> None:
         self.name = name
         self.min_spread = params.min_spread
-        self.full_at_waiting = params.full_at_waiting
+        self.gate = PoolGate(params.full_at_waiting, params.waiting_decay_s)
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # Written for speed: this runs over every endpoint on every request.
@@ -89,7 +109,7 @@ class QueueScorer:
         lo, hi = min(queues), max(queues)
         if hi == lo:
             return [1.0] * len(queues)
-        inv = pool_gate(endpoints, self.full_at_waiting) / max(hi - lo, self.min_spread)
+        inv = self.gate(state, endpoints) / max(hi - lo, self.min_spread)
         return [1.0 - (q - lo) * inv for q in queues]
 
 
@@ -103,6 +123,8 @@ class KvCacheScorerParams:
     """Scale the pull by the most requests any candidate's server reports waiting, over this
     many (full from there on, none while nothing waits: moving a prompt off its cache to even
     out an idle pool gains nothing). 0: always full."""
+    waiting_decay_s: float = 0.0
+    """As the queue scorer's."""
 
     __config_max__: ClassVar[dict[str, float]] = {"free_below": 0.99}
 
@@ -115,11 +137,11 @@ class KvCacheUtilizationScorer:
         self.name = name
         self.free_below = params.free_below  # in [0, 0.99]: the config schema bounds it
         self.scale = 1.0 / (1.0 - params.free_below)
-        self.full_at_waiting = params.full_at_waiting
+        self.gate = PoolGate(params.full_at_waiting, params.waiting_decay_s)
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # kv_usage is clamped to [0, 1] when scraped
-        lo, scale = self.free_below, self.scale * pool_gate(endpoints, self.full_at_waiting)
+        lo, scale = self.free_below, self.scale * self.gate(state, endpoints)
         return [1.0 - max(0.0, m.kv_usage - lo) * scale if m.scraped_at_s else NEUTRAL
                 for m in [e.metrics for e in endpoints]]  # fmt: skip
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -85,6 +86,25 @@ def test_load_scores_pull_with_the_pools_waiting_requests() -> None:
     assert kv.score(state(), busy) == pytest.approx([0.1, 0.9])
     # a candidate not scraped yet: its load is unknown, so the full pull
     assert queue.score(state(), [ep(0, pending=2), ep(1, known=False)]) == [0.0, 1.0]
+
+
+def test_load_scores_remember_the_waiting_with_a_decay() -> None:
+    params = scorers.QueueScorerParams(full_at_waiting=2, waiting_decay_s=10)
+    queue = scorers.QueueScorer("q", params)
+
+    def at(now_s: float) -> CycleState:
+        s = state()
+        s.now_s = now_s
+        return s
+
+    apart = [ep(0, pending=2), ep(1)]
+    assert queue.score(at(0.0), apart) == [1.0, 1.0]  # nothing waited yet
+    assert queue.score(at(1.0), [ep(0, waiting=4), ep(1)]) == [0.0, 1.0]
+    # nothing waits now; 4 waited 10 s ago: remembered as 4/e, of the 2 that give the full pull
+    assert queue.score(at(11.0), apart) == pytest.approx([1.0 - 2 / math.e, 1.0])
+    # a minute on, the memory has faded to a sliver of the pull
+    got = queue.score(at(61.0), apart)
+    assert got[0] == pytest.approx(1.0 - 2 * math.exp(-6), rel=1e-6)
 
 
 def test_kv_scorer() -> None:
