@@ -18,13 +18,15 @@ class PoolGate:
     requests a candidate's server reports waiting, remembered with a decay of ``decay_s``
     seconds, over ``full_at_waiting``. Scraped waiting only, not the requests epp sent since
     the scrape, which at light load are its own burst. Full until every candidate has been
-    scraped."""
+    scraped, and for a prompt no candidate holds ``held_ratio`` of: placing a new prefix is
+    what the load scores are for."""
 
-    __slots__ = ("at_s", "decay_s", "full", "level")
+    __slots__ = ("at_s", "decay_s", "full", "held_ratio", "level")
 
-    def __init__(self, full_at_waiting: float, decay_s: float) -> None:
-        self.full = full_at_waiting
-        self.decay_s = decay_s
+    def __init__(self, params: QueueScorerParams | KvCacheScorerParams) -> None:
+        self.full = params.full_at_waiting
+        self.decay_s = params.waiting_decay_s
+        self.held_ratio = params.held_match_ratio
         self.level = 0.0
         self.at_s = 0.0
 
@@ -42,6 +44,12 @@ class PoolGate:
             now = state.now_s
             level = max(level, self.level * math.exp(-max(0.0, now - self.at_s) / self.decay_s))
             self.level, self.at_s = level, now
+        if self.held_ratio > 0:
+            prefix = state.prefix
+            matched = prefix.matched
+            held = max((matched.get(e.id, 0) for e in endpoints), default=0)
+            if not prefix.total or held < self.held_ratio * prefix.total:
+                return 1.0
         return min(1.0, level / self.full)
 
 
@@ -87,6 +95,10 @@ class QueueScorerParams:
     waiting_decay_s: float = 0.0
     """With ``fullAtWaiting``: remember the most waiting seen, decaying by e every this many
     seconds, so a pool that queued lately keeps the pull between its queues. 0: now only."""
+    held_match_ratio: float = 0.0
+    """With ``fullAtWaiting``: gate only a prompt some candidate holds at least this share of;
+    a prompt none holds gets the full pull, so new prefixes are still placed by load. 0: gate
+    every prompt."""
 
 
 class QueueScorer:
@@ -101,7 +113,7 @@ class QueueScorer:
     def __init__(self, name: str, params: QueueScorerParams) -> None:
         self.name = name
         self.min_spread = params.min_spread
-        self.gate = PoolGate(params.full_at_waiting, params.waiting_decay_s)
+        self.gate = PoolGate(params)
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # Written for speed: this runs over every endpoint on every request.
@@ -125,6 +137,8 @@ class KvCacheScorerParams:
     out an idle pool gains nothing). 0: always full."""
     waiting_decay_s: float = 0.0
     """As the queue scorer's."""
+    held_match_ratio: float = 0.0
+    """As the queue scorer's."""
 
     __config_max__: ClassVar[dict[str, float]] = {"free_below": 0.99}
 
@@ -137,7 +151,7 @@ class KvCacheUtilizationScorer:
         self.name = name
         self.free_below = params.free_below  # in [0, 0.99]: the config schema bounds it
         self.scale = 1.0 / (1.0 - params.free_below)
-        self.gate = PoolGate(params.full_at_waiting, params.waiting_decay_s)
+        self.gate = PoolGate(params)
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # kv_usage is clamped to [0, 1] when scraped

@@ -107,6 +107,17 @@ def test_load_scores_remember_the_waiting_with_a_decay() -> None:
     assert got[0] == pytest.approx(1.0 - 2 * math.exp(-6), rel=1e-6)
 
 
+def test_load_scores_gate_only_a_prompt_a_candidate_holds() -> None:
+    params = scorers.KvCacheScorerParams(full_at_waiting=2, held_match_ratio=0.5)
+    kv = scorers.KvCacheUtilizationScorer("k", params)
+    idle = [ep(0, kv=0.8), ep(1, kv=0.2)]
+    # endpoint 0 holds 6 of the prompt's 10 chunks and nothing waits: held where it is
+    assert kv.score(state(matched={0: 6}), idle) == [1.0, 1.0]
+    # held 3 of 10, or not at all, or a prompt shorter than a chunk: placed by KV use
+    for s in (state(matched={0: 3}), state(matched={}), state(matched={}, total=0)):
+        assert kv.score(s, idle) == pytest.approx([0.2, 0.8])
+
+
 def test_kv_scorer() -> None:
     got = scorers.KvCacheUtilizationScorer("k", scorers.KvCacheScorerParams()).score(
         state(), [ep(0, kv=0.25), ep(1, kv=1.0), ep(2, known=False)]
