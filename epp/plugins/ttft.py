@@ -287,6 +287,11 @@ class PredictedTtftScorer:
                     for c, x, f, fill in zip(cost, feats, factors, fills, strict=True)]  # fmt: skip
         if self.params.session_spread_seconds > 0:
             cost = self._spread_sessions(state, endpoints, cost)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("predicted-ttft request %s: %s", state.request.request_id, "; ".join(
+                f"{e.id} u={x[1]:.0f} q={x[2]:.0f} r={x[3]:.0f} kv={x[4]:.2f} over={x[5]:.2f}"
+                f" ttft={t:.4f} cost={c:.4f}"
+                for e, x, t, c in zip(endpoints, feats, preds, cost, strict=True)))
         best = min(cost)
         return [best / c for c in cost]
 

@@ -90,3 +90,37 @@ def test_pick_scores_parse_the_debug_line(tmp_path) -> None:
     assert (rid, chosen) == ("r1", "10.0.0.2:8000")
     assert cands["10.0.0.1:8000"]["prefix-cache-scorer"] == 0.97
     assert cands["10.0.0.2:8000"]["queue-scorer"] == 1.0
+
+
+def test_pick_scores_parse_the_cost_models_inputs(tmp_path) -> None:
+    import logging
+    import random
+
+    from bench.report_pick_scores import features
+    from epp.framework.endpoint import Endpoint, EndpointId, Metrics
+    from epp.framework.request import InferenceRequest
+    from epp.framework.types import CycleState
+    from epp.plugins import ttft
+
+    eps = [Endpoint(EndpointId(f"10.0.0.{n}:8000"), f"10.0.0.{n}", 8000,
+                    metrics=Metrics(waiting=w, scraped_at_s=1.0)) for n, w in ((1, 0), (2, 3))]
+    scorer = ttft.PredictedTtftScorer("t", ttft.PredictedTtftParams())
+    st = CycleState(InferenceRequest("r9", "m", "x" * 4000), 1.0, random.Random(1))
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda rec: records.append(rec.getMessage())  # type: ignore[method-assign]
+    ttft.log.addHandler(handler)
+    ttft.log.setLevel(logging.DEBUG)
+    try:
+        scorer.score(st, eps)
+    finally:
+        ttft.log.removeHandler(handler)
+        ttft.log.setLevel(logging.NOTSET)
+    [line] = [r for r in records if r.startswith("predicted-ttft request r9:")]
+    log = tmp_path / "epp.log"
+    log.write_text("2026-11-28 10:00:00,000 DEBUG epp.plugins.ttft " + line + "\n")
+    got = features(log)["r9"]
+    assert set(got) == {e.id for e in eps}
+    assert got[eps[0].id]["u"] == 1000  # 4,000 characters at 4 a token, none cached
+    assert got[eps[1].id]["q"] > got[eps[0].id]["q"] == 0  # 3 waiting there
+    assert got[eps[1].id]["cost"] > got[eps[0].id]["cost"]
