@@ -100,6 +100,8 @@ class QueueScorerParams:
     a prompt none holds gets the full pull, so new prefixes are still placed by load. 0: gate
     every prompt."""
 
+    __config_max__: ClassVar[dict[str, float]] = {"held_match_ratio": 1.0}
+
 
 class QueueScorer:
     """Shorter queue scores higher, min-max normalised over the candidates (``minSpread``
@@ -119,9 +121,10 @@ class QueueScorer:
         # Written for speed: this runs over every endpoint on every request.
         queues = [e.queue for e in endpoints]
         lo, hi = min(queues), max(queues)
+        gate = self.gate(state, endpoints)  # before the early return: it remembers the waiting
         if hi == lo:
             return [1.0] * len(queues)
-        inv = self.gate(state, endpoints) / max(hi - lo, self.min_spread)
+        inv = gate / max(hi - lo, self.min_spread)
         return [1.0 - (q - lo) * inv for q in queues]
 
 
@@ -140,7 +143,7 @@ class KvCacheScorerParams:
     held_match_ratio: float = 0.0
     """As the queue scorer's."""
 
-    __config_max__: ClassVar[dict[str, float]] = {"free_below": 0.99}
+    __config_max__: ClassVar[dict[str, float]] = {"free_below": 0.99, "held_match_ratio": 1.0}
 
 
 class KvCacheUtilizationScorer:

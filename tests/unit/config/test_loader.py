@@ -74,6 +74,14 @@ def test_defaults_and_camel_case_parameters() -> None:
                       "- type: kv-cache-utilization-scorer\n  parameters: {freeBelow: 1.0}\n"
                       "- type: max-score-picker"),
          "plugins[1].parameters.freeBelow"),
+        (BASE.replace("- type: max-score-picker",
+                      "- type: queue-scorer\n  parameters: {heldMatchRatio: 1.5}\n"
+                      "- type: max-score-picker"),
+         "plugins[1].parameters.heldMatchRatio"),
+        (BASE.replace("- type: max-score-picker",
+                      "- type: queue-scorer\n  parameters: {fullAtWaiting: -1}\n"
+                      "- type: max-score-picker"),
+         "plugins[1].parameters.fullAtWaiting"),
         ("kind: Other\n" + BASE, "kind"),
         ("plugins: [", "<yaml>"),
     ],

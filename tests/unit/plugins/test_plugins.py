@@ -105,6 +105,10 @@ def test_load_scores_remember_the_waiting_with_a_decay() -> None:
     # a minute on, the memory has faded to a sliver of the pull
     got = queue.score(at(61.0), apart)
     assert got[0] == pytest.approx(1.0 - 2 * math.exp(-6), rel=1e-6)
+    # waiting seen while the queues are level is remembered too
+    fresh = scorers.QueueScorer("q", params)
+    assert fresh.score(at(0.0), [ep(0, waiting=4), ep(1, waiting=4)]) == [1.0, 1.0]
+    assert fresh.score(at(0.0), apart) == [0.0, 1.0]
 
 
 def test_load_scores_gate_only_a_prompt_a_candidate_holds() -> None:
