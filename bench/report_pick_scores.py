@@ -24,34 +24,27 @@ PICK = re.compile(r"profile \S+ request (\S+) -> (\S+): (.*)$")
 FEATURES = re.compile(r"predicted-ttft request (\S+): (.*)$")
 
 
+def _per_candidate(text: str) -> dict[str, dict[str, float]]:
+    """``EID k=v k=v; EID k=v ...`` -> per endpoint its values."""
+    out: dict[str, dict[str, float]] = {}
+    for part in text.split("; "):
+        eid, *values = part.split()
+        out[eid] = {k: float(v) for k, v in (s.split("=", 1) for s in values)}
+    return out
+
+
 def picks(log: Path) -> list[tuple[str, str, dict[str, dict[str, float]]]]:
     """(request id, chosen endpoint, per candidate its scores) for each pick logged."""
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        m = PICK.search(line)
-        if not m:
-            continue
-        cands: dict[str, dict[str, float]] = {}
-        for part in m.group(3).split(" (+")[0].split("; "):
-            eid, *scores = part.split()
-            cands[eid] = {k: float(v) for k, v in (s.split("=", 1) for s in scores)}
-        out.append((m.group(1), m.group(2).split(",")[0], cands))
-    return out
+    return [(m.group(1), m.group(2).split(",")[0], _per_candidate(m.group(3).split(" (+")[0]))
+            for line in log.read_text(errors="replace").splitlines()
+            if (m := PICK.search(line))]  # fmt: skip
 
 
 def features(log: Path) -> dict[str, dict[str, dict[str, float]]]:
     """Per request id, per candidate, the cost model's inputs and outputs logged."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for line in log.read_text(errors="replace").splitlines():
-        m = FEATURES.search(line)
-        if not m:
-            continue
-        cands: dict[str, dict[str, float]] = {}
-        for part in m.group(2).split("; "):
-            eid, *values = part.split()
-            cands[eid] = {k: float(v) for k, v in (s.split("=", 1) for s in values)}
-        out[m.group(1)] = cands
-    return out
+    return {m.group(1): _per_candidate(m.group(2))
+            for line in log.read_text(errors="replace").splitlines()
+            if (m := FEATURES.search(line))}  # fmt: skip
 
 
 def main() -> None:

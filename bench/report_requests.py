@@ -182,8 +182,9 @@ def report(name: str, rows: list[dict[str, Any]]) -> None:
         print(f"  by requests still waiting for a first token on that server at arrival{pool}: "
               f"{cells}")
         print(f"  arrivals with 3 or more ahead: {sum(1 for n in ahead if n >= 3)} of {len(ok)}")
+        per_round = splits(ok)
         print("  per round, prompt tokens the servers found uncached: "
-              + ", ".join(f"{u:.0f}k" for _, u in splits(ok)))
+              + ", ".join(f"{u:.0f}k" for _, u in per_round))
         rounds = {r.get("round", 0) for r in ok}
         fronts = {k: {r["upstream"] for r in ok if r.get("round", 0) == k} for k in rounds}
         if all(len(f) > 1 for f in fronts.values()):  # behind one front (a router): unknown
@@ -191,7 +192,7 @@ def report(name: str, rows: list[dict[str, Any]]) -> None:
             print(f"  conversations moved: {moved} of {later} later turns went to another server "
                   f"than the turn before, {lost} of them with under half the prompt cached")
             print("  per round, groups on more than one server: "
-                  + ", ".join(str(n) for n, _ in splits(ok)))
+                  + ", ".join(str(n) for n, _ in per_round))
             print(f"  client TTFT fit: {explain(ok)}")
 
 

@@ -13,6 +13,25 @@ from epp.framework.types import CycleState
 NEUTRAL = 0.5
 
 
+@dataclass(slots=True, frozen=True)
+class LoadGateParams:
+    """The load scorers' gate (``PoolGate``), shared by the queue and KV-use scorers."""
+
+    full_at_waiting: float = 0.0
+    """Scale the pull by the most requests any candidate's server reports waiting, over this
+    many (full from there on, none while nothing waits: moving a prompt off its cache to even
+    out an idle pool gains nothing). 0: always full."""
+    waiting_decay_s: float = 0.0
+    """With ``fullAtWaiting``: remember the most waiting seen, decaying by e every this many
+    seconds, so a pool that queued lately keeps the pull between its queues. 0: now only."""
+    held_match_ratio: float = 0.0
+    """With ``fullAtWaiting``: gate only a prompt some candidate holds at least this share of;
+    a prompt none holds gets the full pull, so new prefixes are still placed by load. 0: gate
+    every prompt."""
+
+    __config_max__: ClassVar[dict[str, float]] = {"held_match_ratio": 1.0}
+
+
 class PoolGate:
     """The share of a load score's pull to apply, in [0, 1] (``fullAtWaiting``): the most
     requests a candidate's server reports waiting, remembered with a decay of ``decay_s``
@@ -23,7 +42,7 @@ class PoolGate:
 
     __slots__ = ("at_s", "decay_s", "full", "held_ratio", "level")
 
-    def __init__(self, params: QueueScorerParams | KvCacheScorerParams) -> None:
+    def __init__(self, params: LoadGateParams) -> None:
         self.full = params.full_at_waiting
         self.decay_s = params.waiting_decay_s
         self.held_ratio = params.held_match_ratio
@@ -83,24 +102,11 @@ class PrefixCacheScorer:
 
 
 @dataclass(slots=True, frozen=True)
-class QueueScorerParams:
+class QueueScorerParams(LoadGateParams):
     min_spread: float = 0.0
     """Queues fewer than this many requests apart weigh in proportion (``1 - (q - min) /
     max(max - min, minSpread)``) instead of the full min-max range: over two servers, one
     request more is not an imbalance worth leaving a cache for. 0: plain min-max."""
-    full_at_waiting: float = 0.0
-    """Scale the pull by the most requests any candidate's server reports waiting, over this
-    many (full from there on, none while nothing waits: moving a prompt off its cache to even
-    out an idle pool gains nothing). 0: always full."""
-    waiting_decay_s: float = 0.0
-    """With ``fullAtWaiting``: remember the most waiting seen, decaying by e every this many
-    seconds, so a pool that queued lately keeps the pull between its queues. 0: now only."""
-    held_match_ratio: float = 0.0
-    """With ``fullAtWaiting``: gate only a prompt some candidate holds at least this share of;
-    a prompt none holds gets the full pull, so new prefixes are still placed by load. 0: gate
-    every prompt."""
-
-    __config_max__: ClassVar[dict[str, float]] = {"held_match_ratio": 1.0}
 
 
 class QueueScorer:
@@ -129,21 +135,14 @@ class QueueScorer:
 
 
 @dataclass(slots=True, frozen=True)
-class KvCacheScorerParams:
+class KvCacheScorerParams(LoadGateParams):
     free_below: float = 0.0
     """KV use up to this fraction scores 1, and the rest of the range linearly down to 0 at
     full: ``1 - max(0, use - freeBelow) / (1 - freeBelow)``. A cache this full still has room,
     and on small caches a few running requests fill half of it. 0: ``1 - kv_usage``."""
-    full_at_waiting: float = 0.0
-    """Scale the pull by the most requests any candidate's server reports waiting, over this
-    many (full from there on, none while nothing waits: moving a prompt off its cache to even
-    out an idle pool gains nothing). 0: always full."""
-    waiting_decay_s: float = 0.0
-    """As the queue scorer's."""
-    held_match_ratio: float = 0.0
-    """As the queue scorer's."""
 
-    __config_max__: ClassVar[dict[str, float]] = {"free_below": 0.99, "held_match_ratio": 1.0}
+    __config_max__: ClassVar[dict[str, float]] = {**LoadGateParams.__config_max__,
+                                                  "free_below": 0.99}
 
 
 class KvCacheUtilizationScorer:
