@@ -66,6 +66,7 @@ import numpy as np  # noqa: E402
 from simulator import vllm  # noqa: E402
 from simulator.calibrate import calibrate_host  # noqa: E402
 from simulator.fitlog import (  # noqa: E402
+    MISS_GRID,
     NOISE_GRID,
     STALL_GRID,
     Fit,
@@ -128,7 +129,7 @@ def live(policies: list[str], rounds: int, out: Path) -> None:
 
 def fit_profile(base: CostModel, log: Path, fit_runs: list[tuple[str, int]], server: dict[str, int],
                 noises: tuple[float, ...] = (), ttft_key: str = "ttft_s",
-                stalls: tuple[tuple[float, float], ...] = ()) -> Fit:  # fmt: skip
+                stalls: tuple[tuple[float, float], ...] = (), misses: tuple[float, ...] = ()) -> Fit:  # fmt: skip
     """``base`` scaled to the runs ``fit_runs`` (policy label, round), the loss summed over them."""
     rows = stack_rows(log)
     targets = []
@@ -137,7 +138,7 @@ def fit_profile(base: CostModel, log: Path, fit_runs: list[tuple[str, int]], ser
         run = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(label),
                        edges)  # fmt: skip
         targets.append((live_, run.figures))
-    return fit_scales(base, targets, noises, stalls)
+    return fit_scales(base, targets, noises, stalls, misses)
 
 
 MEASURES = {
@@ -176,20 +177,29 @@ def has_measure(key: str, log: Path, rows: list[dict[str, Any]]) -> bool:
 def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
             runs: list[tuple[str, int]], fit_labels: list[str], server: dict[str, int],
             hits: dict[tuple[str, int], float], work: Path, noises: tuple[float, ...],
-            stalls: tuple[tuple[float, float], ...]) -> CostModel:  # fmt: skip
+            stalls: tuple[tuple[float, float], ...], misses: tuple[float, ...] = (),
+            before: CostProfile | None = None) -> CostModel:  # fmt: skip
     """Fit the probed profile to the runs of ``fit_labels`` by the live measure ``key`` and
-    print every run's replay against that measure."""
+    print every run's replay against that measure; with ``before`` (a profile fitted to
+    another session) no fit: every run is held out and replayed with it."""
     print(f"\n## live = {MEASURES[key]}")
-    fit_runs = [(label, r) for label, r in runs if label in fit_labels]
-    print(f"fitting the probed profile to {' and '.join(map(repr, fit_labels))}, "
-          f"{len(fit_runs)} runs...", flush=True)  # fmt: skip
-    fit = fit_profile(probed, log, fit_runs, server, noises, key, stalls)
-    suffix = "" if key == "ttft_s" else "-" + key.removesuffix("_s").replace("_", "-")
-    (work / f"fitted{suffix}.yaml").write_text(
-        dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {log} ({key})", server)))
-    print(f"  prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f} of the probed costs, "
-          f"step noise {fit.cost.step_noise:g}, host stalls {fit.cost.host_stall_rate_hz:g}/s of "
-          f"{fit.cost.host_stall_s * 1e3:.0f} ms ({fit.replays} replays)")  # fmt: skip
+    if before is not None:
+        fitted = before.cost
+        fit_labels = []
+        print(f"every run held out, replayed with the profile fitted before: {before.name} ({before.source})")
+    else:
+        fit_runs = [(label, r) for label, r in runs if label in fit_labels]
+        print(f"fitting the probed profile to {' and '.join(map(repr, fit_labels))}, "
+              f"{len(fit_runs)} runs...", flush=True)  # fmt: skip
+        fit = fit_profile(probed, log, fit_runs, server, noises, key, stalls, misses)
+        fitted = fit.cost
+        suffix = "" if key == "ttft_s" else "-" + key.removesuffix("_s").replace("_", "-")
+        (work / f"fitted{suffix}.yaml").write_text(
+            dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {log} ({key})", server)))
+        miss = f" (an uncached token x{fit.miss_scale:g} more)" if fit.miss_scale != 1.0 else ""
+        print(f"  prefill x{fit.prefill_scale:.2f}{miss}, decode x{fit.decode_scale:.2f} of the probed costs, "
+              f"step noise {fit.cost.step_noise:g}, host stalls {fit.cost.host_stall_rate_hz:g}/s of "
+              f"{fit.cost.host_stall_s * 1e3:.0f} ms ({fit.replays} replays)")  # fmt: skip
     configs = [ROOT / "bench" / "configs"]
     table: dict[str, dict[str, list[float]]] = {}
     for label, r in runs:
@@ -197,13 +207,13 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
         lv, edges = live_of(key, log, rows, label, r)
         cell = table.setdefault(label, {})
         for k, value in (("live p50", lv.ttft_p50_s), ("live p90", lv.ttft_p90_s),
-                         ("live hit", hits.get((label, r), math.nan))):  # fmt: skip
+                         ("live hit", hits.get((label, r), math.nan)), ("live wall", lv.wall_s)):  # fmt: skip
             cell.setdefault(k, []).append(value)
-        for which, cost in (("probed", probed), ("fitted", fit.cost)):
+        for which, cost in (("probed", probed), ("fitted", fitted)):
             rp, hit = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], policy,
                                edges).replay(cost)  # fmt: skip
             for k, value in ((f"{which} p50", rp.ttft_p50_s), (f"{which} p90", rp.ttft_p90_s),
-                             (f"{which} hit", hit)):  # fmt: skip
+                             (f"{which} hit", hit), (f"{which} wall", rp.wall_s)):  # fmt: skip
                 cell.setdefault(k, []).append(value)
     mean = {label: {k: statistics.fmean(v) for k, v in cell.items()} for label, cell in table.items()}
     print(f"\n# live (2 real vLLM servers, {KV_MIB} MiB KV, behind Envoy and epp) vs replay "
@@ -222,11 +232,17 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
     replay_order = sorted(mean, key=lambda k: mean[k]["fitted p90"])
     print(f"\nranking by TTFT p90, live: {' < '.join(live_order)}; replay (fitted): "
           f"{' < '.join(replay_order)} ({'the same' if live_order == replay_order else 'different'})")
+    first = next(iter(mean))
+    print("a run's wall time (its first request to its last answer; the closed loop's throughput), live / "
+          "replayed (fitted), and against the first policy's: " + "; ".join(
+              f"{k} {m['live wall']:.1f} / {m['fitted wall']:.1f} s "
+              f"({m['live wall'] / mean[first]['live wall']:.2f}x / {m['fitted wall'] / mean[first]['fitted wall']:.2f}x)"
+              for k, m in mean.items()))  # fmt: skip
     spread = {label: (min(c["live p90"]), max(c["live p90"])) for label, c in table.items()}
     print("live p90 from round to round: " + "; ".join(f"{k} {lo * 1e3:.0f}-{hi * 1e3:.0f} ms"
                                                          for k, (lo, hi) in spread.items()))  # fmt: skip
     repeatability(table)
-    return fit.cost
+    return fitted
 
 
 def repeatability(table: dict[str, dict[str, list[float]]], draws: int = 4000) -> None:
@@ -425,11 +441,25 @@ def by_class(key: str, cost: CostModel, log: Path, rows: list[dict[str, Any]], r
         print(f"{label[:24]:<24} " + "  ".join(parts))
 
 
+def unpack(kept: Path, to: Path) -> Path:
+    """A live run kept in docs/results/runs/ (its demo.json and its request log gzipped) as
+    the out-dir it was: both in ``to``."""
+    import gzip
+    import shutil
+
+    to.mkdir(parents=True)
+    shutil.copy(kept / "demo.json", to / "demo.json")
+    with gzip.open(kept / "requests.jsonl.gz", "rb") as src, open(to / "requests.jsonl", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return to
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policies", default="epp,random,sglang")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every policy, live")
-    ap.add_argument("--skip-live", type=Path, help="a demo --out-dir already made with the settings above")
+    ap.add_argument("--skip-live", type=Path, help="a demo --out-dir already made with the settings above "
+                    "(or a run kept in docs/results/runs/: its demo.json and requests.jsonl.gz)")
     ap.add_argument("--profile", help="a profile probed before (epp-sim calibrate URL) instead of probing now")
     ap.add_argument("--fit-noise", action="store_true",
                     help=f"also fit the steps' log-normal noise (CostModel.step_noise) among {NOISE_GRID}")
@@ -440,12 +470,28 @@ def main() -> int:
                     help="the policies whose runs the profile is fitted to, comma-separated (a label's start: "
                     "random, epp, SGLang); the others are held out. Random routes as it did live whatever the "
                     "costs: it pins what a miss costs; a cache-friendly policy's runs pin the tail of hits")
+    ap.add_argument("--fit-miss-cost", action="store_true",
+                    help=f"also fit an uncached token's own prefill cost (x{', '.join(map(str, MISS_GRID))} or "
+                    "as probed), the runs' wall time then in the loss (epp-sim calibrate --fit-miss-cost)")
+    ap.add_argument("--fitted", action="append", default=[], metavar="MEASURE=FILE",
+                    help="no fit: replay every run with a profile fitted before, to another session (the "
+                    "fitted-*.yaml a run of this command leaves in its work directory), one per live measure "
+                    "(e.g. server=FILE): does a profile fitted once predict a later session?")
     ap.add_argument("--measures", default=",".join(MEASURES),
                     help=f"the live measures to compare, of {', '.join(MEASURES)} (those the log has)")
     args = ap.parse_args()
     unknown = set(args.measures.split(",")) - set(MEASURES)
     if unknown:
         ap.error(f"--measures: unknown {', '.join(sorted(unknown))} (known: {', '.join(MEASURES)})")
+    before: dict[str, CostProfile] = {}
+    for spec in args.fitted:
+        measure, _, path = spec.partition("=")
+        if measure not in MEASURES or not path:
+            ap.error(f"--fitted {spec!r}: expected MEASURE=FILE, MEASURE one of {', '.join(MEASURES)}")
+        try:
+            before[measure] = load_profile(path)
+        except ValueError as exc:
+            ap.error(f"--fitted: {exc}")
     reason = vllm.setup_missing() or vllm.available()
     if reason and not (args.skip_live and args.profile):
         print(f"skipped: {reason}")
@@ -464,6 +510,8 @@ def main() -> int:
     demo = args.skip_live or work / "demo"
     if not args.skip_live:
         live(policies, args.rounds, demo)
+    elif not (demo / "requests.jsonl").is_file() and (demo / "requests.jsonl.gz").is_file():
+        demo = unpack(demo, work / "demo")
     log = demo / "requests.jsonl"
     rows = stack_rows(log)
     runs = stack_runs(rows)
@@ -483,7 +531,8 @@ def main() -> int:
     fitted = {}
     for key in measures:
         fitted[key] = compare(key, probed, log, rows, runs, fit_labels, server, hits,
-                work, NOISE_GRID if args.fit_noise else (), STALL_GRID if args.fit_stalls else ())  # fmt: skip
+                work, NOISE_GRID if args.fit_noise else (), STALL_GRID if args.fit_stalls else (),
+                MISS_GRID if args.fit_miss_cost else (), before.get(key))  # fmt: skip
     if "server" in measures:
         server_shares(fitted["server"], log, runs, server)
     if "upstream_ttft_s" in measures:

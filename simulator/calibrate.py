@@ -251,6 +251,10 @@ def register(subparsers: Any) -> None:
                      help="also fit host-wide stalls (host_stall_rate_hz 0.25-2 a second x host_stall_s "
                      "0.1-0.8 s, or none): servers sharing a few cores with everything else all stop "
                      "now and then (simulator/model/stalls.py)")
+    fit.add_argument("--fit-miss-cost", action="store_true",
+                     help="also fit an uncached prompt token's own cost against the other prefill costs "
+                     "(x1.5, 2, 3 or 4, or as probed), the runs' wall time then in the loss: on a loaded "
+                     "host a cache miss costs more than one probed alone")
     p.add_argument("--lengths", default="128,512,1024,2048", help="prompt lengths to prefill (tokens)")
     p.add_argument("--batches", default="1,4,16", help="decode batch sizes")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement (their median counts)")
@@ -300,6 +304,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_fit(args: argparse.Namespace) -> int:
     from simulator.fitlog import (
+        MISS_GRID,
         NOISE_GRID,
         STALL_GRID,
         StackRun,
@@ -346,23 +351,23 @@ def run_fit(args: argparse.Namespace) -> int:
         print(f"fitting {args.profile} to {_describe(runs)} of {args.from_log} by the {args.measure}'s TTFT, "
               f"replayed as {replayed_as}...")
         fit = fit_scales(base.cost, targets, NOISE_GRID if args.fit_noise else (),
-                         STALL_GRID if args.fit_stalls else ())  # fmt: skip
+                         STALL_GRID if args.fit_stalls else (), MISS_GRID if args.fit_miss_cost else ())  # fmt: skip
     except (ValueError, OSError, KeyError) as exc:
         print(f"epp-sim calibrate: {exc}", file=sys.stderr)
         return 2
     source = (f"{base.source or base.name}; scaled to {_describe(runs)} of {args.from_log} ({args.measure} TTFT): "
-              f"prefill x{fit.prefill_scale:.3f}, decode x{fit.decode_scale:.3f}, "
+              f"prefill x{fit.prefill_scale:.3f}{_miss(fit.miss_scale)}, decode x{fit.decode_scale:.3f}, "
               f"step noise {fit.cost.step_noise:g}{_stalls(fit.cost)}")  # fmt: skip
     profile = CostProfile(base.name, fit.cost, source, dict(base.server) | {"kv_blocks": kv, "block_size": block})
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(dump_profile(profile))
-    print(f"prefill x{fit.prefill_scale:.2f}, decode x{fit.decode_scale:.2f}, step noise "
+    print(f"prefill x{fit.prefill_scale:.2f}{_miss(fit.miss_scale)}, decode x{fit.decode_scale:.2f}, step noise "
           f"{fit.cost.step_noise:g}{_stalls(fit.cost)} ({fit.replays} replays)")  # fmt: skip
     several = len(labels) > 1
     for (label, round_), lv, rp in zip(runs, fit.live, fit.replayed, strict=True):
         print(f"  {label + ', ' if several else ''}round {round_}: TTFT p50 {lv.ttft_p50_s * 1e3:.0f} ms live / "
               f"{rp.ttft_p50_s * 1e3:.0f} ms replayed, p90 {lv.ttft_p90_s * 1e3:.0f} / {rp.ttft_p90_s * 1e3:.0f} ms, an output token "
-              f"{lv.tpot_p50_s * 1e3:.1f} / {rp.tpot_p50_s * 1e3:.1f} ms")  # fmt: skip
+              f"{lv.tpot_p50_s * 1e3:.1f} / {rp.tpot_p50_s * 1e3:.1f} ms, the run {lv.wall_s:.1f} / {rp.wall_s:.1f} s")  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 
@@ -382,6 +387,11 @@ def _stalls(cost: CostModel) -> str:
     if cost.host_stall_rate_hz <= 0 or cost.host_stall_s <= 0:
         return ""
     return f", host stalls {cost.host_stall_rate_hz:g}/s of {cost.host_stall_s * 1e3:.0f} ms"
+
+
+def _miss(factor: float) -> str:
+    """An uncached token's own factor, for a line of output ("" when it is 1)."""
+    return "" if factor == 1.0 else f" (an uncached token x{factor:g} more)"
 
 
 def _round(text: str) -> int:

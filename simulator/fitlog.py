@@ -23,6 +23,17 @@ steps give. With ``stalls`` (``--fit-stalls``) it picks the host's stalls
 host whose servers share its cores with everything else, all of them stop now and then,
 which lengthens the tail on every server at once (simulator/model/stalls.py).
 
+With ``misses`` (``--fit-miss-cost``) the cost of an uncached prompt token may also grow
+against the other prefill costs, by one of those factors, and each run's wall time (its
+first request's start to its last answer's end) joins the loss. Probed alone, a CPU server
+prefills a 2,048-token prompt in ~33 ms; under the demo's load a policy with 15 more cache
+misses in 100 runs ~15% longer live (random against the SGLang router), but the same in the
+replay, whose policies all end within a few percent of each other: a miss costs more on a
+loaded host than the probe says. A single prefill scale cannot show that without slowing
+every hit too; the wall time is what tells the two apart, since a run of many misses takes
+longer. The factor is searched at the best noise and stalls, each with its own ``a`` and
+``b``.
+
 The TTFT matched is the client's (``--measure client``: the request log's ``ttft_s``, through
 the gateway both ways), or the servers' own (``--measure server``: their
 ``vllm:time_to_first_token_seconds`` histograms over each run, kept in the stack's
@@ -60,6 +71,8 @@ NOISE_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 """The step-noise values ``--fit-noise`` tries."""
 STALL_GRID = tuple((rate, mean) for rate in (0.25, 0.5, 1.0, 2.0) for mean in (0.1, 0.2, 0.4, 0.8))
 """The host stalls ``--fit-stalls`` tries: (stalls a second, mean duration in seconds)."""
+MISS_GRID = (1.5, 2.0, 3.0, 4.0)
+"""The factors on an uncached token's prefill cost ``--fit-miss-cost`` tries besides 1."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,11 +83,15 @@ class RunFigures:
     ttft_p90_s: float
     tpot_p50_s: float
     requests: int
+    wall_s: float = math.nan
+    """The run's first request's start to its last answer's end."""
 
-    def errors(self, other: RunFigures) -> list[float]:
-        """log(other / self) of the three figures."""
-        pairs = ((self.ttft_p50_s, other.ttft_p50_s), (self.ttft_p90_s, other.ttft_p90_s),
-                 (self.tpot_p50_s, other.tpot_p50_s))  # fmt: skip
+    def errors(self, other: RunFigures, wall: bool = False) -> list[float]:
+        """log(other / self) of the three figures (with ``wall``, of the wall time too)."""
+        pairs = [(self.ttft_p50_s, other.ttft_p50_s), (self.ttft_p90_s, other.ttft_p90_s),
+                 (self.tpot_p50_s, other.tpot_p50_s)]  # fmt: skip
+        if wall:
+            pairs.append((self.wall_s, other.wall_s))
         return [math.log(b / a) if a > 0 and b > 0 else math.inf for a, b in pairs]
 
 
@@ -106,7 +123,9 @@ def live_figures(rows: Iterable[dict[str, Any]], policy: str, round_: int,
     tpot = [(float(r["e2e_s"]) - float(r["ttft_s"])) / (int(r["completion_tokens"]) - 1)
             for r in run if int(r.get("completion_tokens") or 0) > 1 and r.get("ttft_s") is not None]  # fmt: skip
     p50, p90 = np.percentile(ttft, [50, 90])
-    return RunFigures(float(p50), float(p90), statistics.median(tpot) if tpot else math.nan, len(run))
+    wall = max((float(r["start_s"]) + float(r["e2e_s"]) for r in run if r.get("e2e_s") is not None),
+               default=math.nan) - min(float(r["start_s"]) for r in run)  # fmt: skip
+    return RunFigures(float(p50), float(p90), statistics.median(tpot) if tpot else math.nan, len(run), wall)
 
 
 def run_summaries(log: str | Path) -> dict[tuple[str, int], dict[str, Any]]:
@@ -136,7 +155,7 @@ def server_figures(summaries: dict[tuple[str, int], dict[str, Any]], rows: Itera
                          "(real vLLM servers report one; a stack from before this field was written lacks it)")  # fmt: skip
     client = live_figures(rows, policy, round_)
     return RunFigures(histogram_quantile(buckets, 0.5), histogram_quantile(buckets, 0.9), client.tpot_p50_s,
-                      int(buckets[-1][1])), buckets  # fmt: skip
+                      int(buckets[-1][1]), client.wall_s), buckets  # fmt: skip
 
 
 def replay_policy_for(label: str, configs: Sequence[Path] = ()) -> str:
@@ -182,44 +201,53 @@ class Fit:
     live: list[RunFigures]
     replayed: list[RunFigures]
     replays: int
+    miss_scale: float = 1.0
+    """The uncached token's own factor (``misses``), on top of ``prefill_scale``."""
 
 
 def fit_scales(base: CostModel, targets: Sequence[tuple[RunFigures, Replay]],
-               noises: Sequence[float] = (), stalls: Sequence[tuple[float, float]] = ()) -> Fit:  # fmt: skip
+               noises: Sequence[float] = (), stalls: Sequence[tuple[float, float]] = (),
+               misses: Sequence[float] = ()) -> Fit:  # fmt: skip
     """The prefill and decode scales of ``base`` (with ``noises``, the step noise among them;
-    with ``stalls``, the host's stalls among those (rate, mean duration) pairs and none) whose
-    replays best match the runs: each target is a run's live figures and how to replay it
-    (``replay(cost)``); the loss sums over them. A coarse grid, then the best and its
-    neighbours, closer and closer (module docstring), for each variant."""
+    with ``stalls``, the host's stalls among those (rate, mean duration) pairs and none;
+    with ``misses``, an uncached token's own factor among those and 1, the runs' wall time
+    then in the loss) whose replays best match the runs: each target is a run's live figures
+    and how to replay it (``replay(cost)``); the loss sums over them. A coarse grid, then the
+    best and its neighbours, closer and closer (module docstring), for each variant; the
+    miss factor at the best variant."""
     if not targets:
         raise ValueError("no run to fit")
     variants = [{"step_noise": sigma, "host_stall_rate_hz": rate, "host_stall_s": mean}
                 for sigma in (noises or (base.step_noise,))
                 for rate, mean in ((base.host_stall_rate_hz, base.host_stall_s), *stalls)]  # fmt: skip
-    cache: dict[tuple[float, float, int], tuple[float, list[RunFigures]]] = {}
+    wall = bool(misses)
+    cache: dict[tuple[float, float, int, float], tuple[float, list[RunFigures]]] = {}
 
-    def loss(a: float, b: float, v: int) -> float:
-        key = round(a, 9), round(b, 9), v
+    def model(a: float, b: float, v: int, m: float) -> CostModel:
+        shaped = dataclasses.replace(base, prefill_per_token_s=base.prefill_per_token_s * m)
+        return dataclasses.replace(scaled(shaped, a, b), **variants[v])
+
+    def loss(a: float, b: float, v: int, m: float) -> float:
+        key = round(a, 9), round(b, 9), v, m
         if key not in cache:
-            cost = dataclasses.replace(scaled(base, a, b), **variants[v])
-            got = [replay(cost) for _, replay in targets]
-            total = sum(e * e for (live, _), g in zip(targets, got, strict=True) for e in live.errors(g))
+            got = [replay(model(a, b, v, m)) for _, replay in targets]
+            total = sum(e * e for (live, _), g in zip(targets, got, strict=True) for e in live.errors(g, wall))
             cache[key] = (total, got)
         return cache[key][0]
 
-    best: tuple[float, float, int] | None = None
-    for v in range(len(variants)):
-        a, b = min(((a, b) for a in COARSE for b in COARSE), key=lambda ab: loss(ab[0], ab[1], v))
+    def search(v: int, m: float) -> tuple[float, float, int, float]:
+        a, b = min(((a, b) for a in COARSE for b in COARSE), key=lambda ab: loss(ab[0], ab[1], v, m))
         for step in REFINE:
             a, b = min(((a * step**i, b * step**j) for i in (-1, 0, 1) for j in (-1, 0, 1)),
-                       key=lambda ab: loss(ab[0], ab[1], v))  # fmt: skip
-        if best is None or loss(a, b, v) < loss(*best):
-            best = (a, b, v)
-    assert best is not None
-    a, b, v = best
-    got = cache[round(a, 9), round(b, 9), v][1]
-    cost = dataclasses.replace(scaled(base, a, b), **variants[v])
-    return Fit(cost, a, b, [live for live, _ in targets], got, len(cache))
+                       key=lambda ab: loss(ab[0], ab[1], v, m))  # fmt: skip
+        return a, b, v, m
+
+    best = min((search(v, 1.0) for v in range(len(variants))), key=lambda p: loss(*p))
+    if misses:
+        best = min((best, *(search(best[2], m) for m in misses if m != 1.0)), key=lambda p: loss(*p))
+    a, b, v, m = best
+    got = cache[round(a, 9), round(b, 9), v, m][1]
+    return Fit(model(a, b, v, m), a, b, [live for live, _ in targets], got, len(cache), m)
 
 
 @dataclass(slots=True)
@@ -281,13 +309,15 @@ class StackRun:
 
         result = self.run(cost, seed)
         s = summarize(result)
+        served = [o for o in result.outcomes if not o.rejected]
+        wall = max(o.finish_s for o in served) - min(o.arrival_s for o in served) if served else math.nan
         if not self.ttft_edges:
-            return RunFigures(s.ttft_p50_s, s.ttft_p90_s, s.tpot_p50_s, s.served), s.hit_rate
-        ttft = np.sort([o.first_token_s - o.arrival_s for o in result.outcomes if not o.rejected])
+            return RunFigures(s.ttft_p50_s, s.ttft_p90_s, s.tpot_p50_s, s.served, wall), s.hit_rate
+        ttft = np.sort([o.first_token_s - o.arrival_s for o in served])
         counts = np.searchsorted(ttft, self.ttft_edges, side="right")  # cumulative: le is inclusive
         buckets = list(zip(self.ttft_edges, counts.tolist(), strict=True))
         return RunFigures(histogram_quantile(buckets, 0.5), histogram_quantile(buckets, 0.9), s.tpot_p50_s,
-                          s.served), s.hit_rate  # fmt: skip
+                          s.served, wall), s.hit_rate  # fmt: skip
 
     def figures(self, cost: CostModel) -> RunFigures:
         """Its figures replayed with ``cost`` (what :func:`fit_scales` calls)."""

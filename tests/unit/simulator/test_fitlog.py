@@ -13,6 +13,7 @@ import yaml
 
 from simulator.cli import main as sim_main
 from simulator.fitlog import (
+    MISS_GRID,
     NOISE_GRID,
     STALL_GRID,
     StackRun,
@@ -47,16 +48,19 @@ def skeleton(tmp_path: Path, users: int = 12, policy: str = "round-robin") -> Pa
 
 
 def live_run(tmp_path: Path, noise: float = 0.0, stalls: tuple[float, float] = (0.0, 0.0),
-             users: int = 12, policy: str = "round-robin", prefill: float = TRUE_PREFILL) -> Path:  # fmt: skip
+             users: int = 12, policy: str = "round-robin", prefill: float = TRUE_PREFILL,
+             miss: float = 1.0) -> Path:  # fmt: skip
     """The skeleton replayed with ``policy`` and the base costs scaled by the true factors
-    (``prefill`` for the prefill costs; ``noise`` as the steps' noise), written back as the
-    stack's request log: what a loaded server would have logged."""
+    (``prefill`` for the prefill costs, an uncached token's ``miss`` times more; ``noise`` as
+    the steps' noise), written back as the stack's request log: what a loaded server would
+    have logged."""
     shape = skeleton(tmp_path, users, policy)
     log = tmp_path / "as-log.jsonl"
     converted = list(convert("stack", shape))
     log.write_text("".join(json.dumps(r) + "\n" for r in converted))
     name, factory = policy_factory(policy)
-    cost = dataclasses.replace(scaled(BASE, prefill, TRUE_DECODE), step_noise=noise,
+    shaped = dataclasses.replace(BASE, prefill_per_token_s=BASE.prefill_per_token_s * miss)
+    cost = dataclasses.replace(scaled(shaped, prefill, TRUE_DECODE), step_noise=noise,
                                host_stall_rate_hz=stalls[0], host_stall_s=stalls[1])  # fmt: skip
     cfg = ReplayConfig(replicas=2, kv_blocks=512, block_size_tokens=32, cost=cost, seed=7)
     result = Replayer(cfg).run(RequestLog.load(log), factory, name)
@@ -109,6 +113,23 @@ def test_host_stalls_are_fitted_where_the_run_had_some_and_not_where_it_had_none
         fit = fit_scales(BASE, [(live, run.figures)], stalls=STALL_GRID[5::5])  # 0.5/s of 0.2 s .. 2/s of 0.8 s
         got = fit.cost.host_stall_rate_hz * fit.cost.host_stall_s
         assert (got > 0) == (stalls[0] > 0), (stalls, fit.cost)
+
+
+def test_an_uncached_tokens_own_cost_is_fitted_from_the_runs_wall_time(tmp_path: Path) -> None:
+    """--fit-miss-cost: a run whose uncached tokens cost 3x what the base says against its
+    other prefill costs is fitted back to 3x, with the prefill and decode scales it was made
+    with; a run made with the base's shape keeps it (factor 1)."""
+    for miss, folder in ((1.0, "shape"), (3.0, "misses")):
+        (tmp_path / folder).mkdir()
+        path = live_run(tmp_path / folder, miss=miss, users=24)
+        run = StackRun(path, "round-robin", 0, 2, 512, 32, "round-robin")
+        live = live_figures(stack_rows(path), "round-robin", 0)
+        assert live.wall_s > 30
+        fit = fit_scales(BASE, [(live, run.figures)], misses=MISS_GRID)
+        assert fit.miss_scale == miss, (miss, fit)
+        assert fit.prefill_scale == pytest.approx(TRUE_PREFILL, rel=0.1)
+        assert fit.decode_scale == pytest.approx(TRUE_DECODE, rel=0.1)
+        assert fit.cost.prefill_per_token_s == pytest.approx(BASE.prefill_per_token_s * miss * TRUE_PREFILL, rel=0.1)
 
 
 def test_the_command_writes_the_fitted_profile_and_names_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
