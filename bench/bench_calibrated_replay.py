@@ -178,7 +178,7 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
             runs: list[tuple[str, int]], fit_labels: list[str], server: dict[str, int],
             hits: dict[tuple[str, int], float], work: Path, noises: tuple[float, ...],
             stalls: tuple[tuple[float, float], ...], misses: tuple[float, ...] = (),
-            before: CostProfile | None = None) -> CostModel:  # fmt: skip
+            before: CostProfile | None = None, run_name: str = "") -> CostModel:  # fmt: skip
     """Fit the probed profile to the runs of ``fit_labels`` by the live measure ``key`` and
     print every run's replay against that measure; with ``before`` (a profile fitted to
     another session) no fit: every run is held out and replayed with it."""
@@ -195,7 +195,8 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
         fitted = fit.cost
         suffix = "" if key == "ttft_s" else "-" + key.removesuffix("_s").replace("_", "-")
         (work / f"fitted{suffix}.yaml").write_text(
-            dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {log} ({key})", server)))
+            dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {run_name or log} ({key}): "
+                                     f"{' and '.join(fit_labels)}", server)))  # fmt: skip
         miss = f" (an uncached token x{fit.miss_scale:g} more)" if fit.miss_scale != 1.0 else ""
         print(f"  prefill x{fit.prefill_scale:.2f}{miss}, decode x{fit.decode_scale:.2f} of the probed costs, "
               f"step noise {fit.cost.step_noise:g}, host stalls {fit.cost.host_stall_rate_hz:g}/s of "
@@ -532,7 +533,7 @@ def main() -> int:
     for key in measures:
         fitted[key] = compare(key, probed, log, rows, runs, fit_labels, server, hits,
                 work, NOISE_GRID if args.fit_noise else (), STALL_GRID if args.fit_stalls else (),
-                MISS_GRID if args.fit_miss_cost else (), before.get(key))  # fmt: skip
+                MISS_GRID if args.fit_miss_cost else (), before.get(key), str(args.skip_live or ""))  # fmt: skip
     if "server" in measures:
         server_shares(fitted["server"], log, runs, server)
     if "upstream_ttft_s" in measures:
