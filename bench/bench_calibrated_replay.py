@@ -16,7 +16,10 @@ stack's time to first token? (issue 43)
    as it did live whatever the costs; every other policy is held out. ``--fit-policy``
    fits to another policy's runs instead (which tail the fit learns from), or to several
    policies' runs at once (``random,SGLang``: random's misses pin the prefill cost, the
-   router's hits the host's stalls).
+   router's hits the host's stalls). ``--fit-miss-cost`` also fits an uncached token's own
+   cost, with the runs' wall time in the loss. ``--fitted server=FILE`` fits nothing and
+   replays every run with a profile fitted to another session (calibrate once, replay later
+   traffic); ``--skip-live`` reads runs kept in docs/results/runs/ (request log gzipped).
 4. Every run (policy x round) becomes a request log (``epp-sim trace convert --from stack``:
    the closed loop the demo's client ran, each turn after the last answer) replayed with the
    same policy (the SGLang router as the replay's ``cache-aware``) on 2 replicas with the
@@ -24,7 +27,8 @@ stack's time to first token? (issue 43)
    ``--fit-noise`` fits the steps' log-normal noise too (``CostModel.step_noise``).
 
 Printed per policy, as the mean over its rounds: TTFT p50 / p90 live and replayed with each
-profile, the ratios, the hit rates, and whether the policies rank alike by p90. Target: within
+profile, the ratios, the hit rates, whether the policies rank alike by p90, and a run's wall
+time live and replayed (the closed loop's throughput: a policy that misses more takes longer). Target: within
 15%, the same ranking, hit rates within 2 points. Beside them, how well live agrees with
 itself: the first half of the rounds against the second, the replay's ratios with their 90%
 interval over the rounds, and each pair of policies' live p90 ratio with its interval (a pair
@@ -39,7 +43,8 @@ also read without interpolation (the exact mean, the share under each bucket edg
 response's way back adds (client minus Envoy) is printed per policy.
 
 Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
-     [--profile FILE] [--fit-noise] [--fit-stalls] [--fit-policy random,SGLang] [--measures server]
+     [--profile FILE] [--fit-noise] [--fit-stalls] [--fit-miss-cost] [--fit-policy random,SGLang]
+     [--fitted server=FILE] [--measures server]
 """
 
 from __future__ import annotations

@@ -141,7 +141,13 @@ def test_the_command_writes_the_fitted_profile_and_names_bad_input(tmp_path: Pat
     doc = yaml.safe_load(out.read_text())
     assert doc["cost"]["decode_per_seq_s"] == pytest.approx(BASE.decode_per_seq_s * TRUE_DECODE, rel=0.1)
     assert "scaled to the run 'round-robin'" in doc["source"] and doc["server"]["kv_blocks"] == 512
-    assert "round 0: TTFT p50" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "round 0: TTFT p50" in printed and "the run " in printed  # its wall time, live / replayed
+    assert sim_main(["calibrate", "--from-log", str(path), "--profile", str(base), "--out", str(out),
+                     "--fit-miss-cost"]) == 0  # fmt: skip
+    doc = yaml.safe_load(out.read_text())  # made with the base's shape: the uncached token keeps its cost
+    assert doc["cost"]["prefill_per_token_s"] == pytest.approx(BASE.prefill_per_token_s * TRUE_PREFILL, rel=0.1)
+    capsys.readouterr()
     for argv, reason in (
         (["--profile", str(base), "--run", "sglang"], "no run of 'sglang' in round 0"),
         (["--profile", str(base), "--round", "x"], "--round expects a round number"),
