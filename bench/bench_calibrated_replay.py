@@ -447,19 +447,6 @@ def by_class(key: str, cost: CostModel, log: Path, rows: list[dict[str, Any]], r
         print(f"{label[:24]:<24} " + "  ".join(parts))
 
 
-def unpack(kept: Path, to: Path) -> Path:
-    """A live run kept in docs/results/runs/ (its demo.json and its request log gzipped) as
-    the out-dir it was: both in ``to``."""
-    import gzip
-    import shutil
-
-    to.mkdir(parents=True)
-    shutil.copy(kept / "demo.json", to / "demo.json")
-    with gzip.open(kept / "requests.jsonl.gz", "rb") as src, open(to / "requests.jsonl", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    return to
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policies", default="epp,random,sglang")
@@ -516,9 +503,9 @@ def main() -> int:
     demo = args.skip_live or work / "demo"
     if not args.skip_live:
         live(policies, args.rounds, demo)
-    elif not (demo / "requests.jsonl").is_file() and (demo / "requests.jsonl.gz").is_file():
-        demo = unpack(demo, work / "demo")
     log = demo / "requests.jsonl"
+    if not log.is_file() and log.with_suffix(".jsonl.gz").is_file():  # a run kept in docs/results/runs/
+        log = log.with_suffix(".jsonl.gz")
     rows = stack_rows(log)
     runs = stack_runs(rows)
     labels = list(dict.fromkeys(label for label, _ in runs))

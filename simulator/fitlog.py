@@ -96,8 +96,10 @@ class RunFigures:
 
 
 def stack_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The stack's ``requests.jsonl`` (``epp-sim stack --demo --out-dir``)."""
-    with open(path, encoding="utf-8") as f:
+    """The stack's ``requests.jsonl`` (``epp-sim stack --demo --out-dir``; gzipped too)."""
+    from simulator.replay.workload import open_text
+
+    with open_text(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

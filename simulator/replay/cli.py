@@ -35,6 +35,8 @@ from simulator.replay.workload import (
     MooncakeTrace,
     Workload,
     build_generator,
+    open_text,
+    plain_suffix,
 )
 
 DEFAULT_POLICIES = ",".join(POLICY_NAMES)
@@ -176,9 +178,9 @@ def trace_format(path: Path, given: str = "auto") -> str:
     JSONL whose first row has exactly Mooncake's fields is Mooncake)."""
     if given != "auto":
         return given
-    if path.suffix.lower() == ".csv":
+    if plain_suffix(path) == ".csv":
         return "requests"
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for line in f:
             if line.strip():
                 try:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.model.tokens import CHARS_PER_TOKEN, generate_text
-from simulator.replay.workload import MOONCAKE_BLOCK_TOKENS, json_lines, random_text
+from simulator.replay.workload import MOONCAKE_BLOCK_TOKENS, json_lines, open_text, random_text
 
 FORMATS = ("mooncake", "azure", "burstgpt", "stack")
 
@@ -53,7 +53,7 @@ class _Ids:
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for lineno, value in json_lines(f):
             if isinstance(value, Exception):
                 raise ValueError(f"{path}:{lineno}: {value}")
@@ -63,7 +63,7 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def _csv(path: Path, needed: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    with open(path, encoding="utf-8", newline="") as f:
+    with open_text(path, newline="") as f:
         reader = csv.DictReader(f)
         header = [h.strip() for h in reader.fieldnames or ()]
         missing = [n for n in needed if n not in header]

@@ -55,6 +55,8 @@ from simulator.replay.workload import (
     TraceRequest,
     json_lines,
     mooncake_block_text,
+    open_text,
+    plain_suffix,
     read_rows,
 )
 
@@ -212,8 +214,8 @@ def parse_row(obj: Any, index: int) -> _Row:
 
 def _rows(path: Path) -> Iterator[tuple[int, Any]]:
     """(line, row or why it is not one) for each row of a JSONL or CSV file."""
-    with open(path, encoding="utf-8", newline="") as f:
-        if path.suffix.lower() == ".csv":
+    with open_text(path, newline="") as f:
+        if plain_suffix(path) == ".csv":
             reader = csv.DictReader(f)
             for row in reader:
                 yield reader.line_num, row

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import gzip
 import json
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 import xxhash
 
@@ -184,6 +185,19 @@ def _mooncake_row(obj: Any) -> _MooncakeRow:
     return _MooncakeRow(timestamp, input_length, output_length, hash_ids)
 
 
+def open_text(path: str | Path, newline: str | None = None) -> TextIO:
+    """A trace or request log opened to read as text; a ``.gz`` one through gzip, as the
+    live runs kept in docs/results/runs/ are."""
+    if str(path).lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", newline=newline)
+    return open(path, encoding="utf-8", newline=newline)
+
+
+def plain_suffix(path: str | Path) -> str:
+    """The file's type suffix, lower case, under a ``.gz``: ``.csv`` for ``log.csv.gz``."""
+    return Path(str(path).removesuffix(".gz").removesuffix(".GZ")).suffix.lower()
+
+
 def json_lines(lines: Iterable[str]) -> Iterator[tuple[int, Any]]:
     """(line number, the line's JSON value, or why it is none) for each non-blank line; a
     line over ``MAX_ROW_CHARS`` is refused unread (a row is one request)."""
@@ -242,7 +256,7 @@ class MooncakeTrace:
              skip_bad_rows: bool = False) -> MooncakeTrace:  # fmt: skip
         """Read a trace; a bad row raises ValueError naming its line, or with
         ``skip_bad_rows`` is left out and listed in ``skipped``."""
-        with open(path, encoding="utf-8") as f:
+        with open_text(path) as f:
             rows, skipped = read_rows(path, json_lines(f), lambda obj, _i: _mooncake_row(obj),
                                       "a Mooncake trace row", "trace rows", limit, skip_bad_rows)  # fmt: skip
         rows.sort(key=lambda r: r.timestamp_ms)

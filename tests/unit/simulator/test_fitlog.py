@@ -5,6 +5,7 @@ fitted back to those scales."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from pathlib import Path
 
@@ -147,6 +148,11 @@ def test_the_command_writes_the_fitted_profile_and_names_bad_input(tmp_path: Pat
                      "--fit-miss-cost"]) == 0  # fmt: skip
     doc = yaml.safe_load(out.read_text())  # made with the base's shape: the uncached token keeps its cost
     assert doc["cost"]["prefill_per_token_s"] == pytest.approx(BASE.prefill_per_token_s * TRUE_PREFILL, rel=0.1)
+    packed = path.with_name("requests.jsonl.gz")  # a run kept gzipped fits as it is
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert sim_main(["calibrate", "--from-log", str(packed), "--profile", str(base), "--out", str(out)]) == 0
+    assert yaml.safe_load(out.read_text())["cost"]["decode_per_seq_s"] == pytest.approx(
+        BASE.decode_per_seq_s * TRUE_DECODE, rel=0.1)
     capsys.readouterr()
     for argv, reason in (
         (["--profile", str(base), "--run", "sglang"], "no run of 'sglang' in round 0"),

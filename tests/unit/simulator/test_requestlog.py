@@ -4,6 +4,7 @@ named, adapters have prefix caches and batch slots of their own."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import itertools
 import json
@@ -77,6 +78,29 @@ def test_csv_logs_iso_times_token_ids_and_every_field(tmp_path: Path) -> None:
     assert (second.arrival_s, second.session_id, second.adapter, second.tenant, second.priority) == \
         (1.5, "s1", "ad-1", "acme", 2)  # fmt: skip
     assert second.api.value == "chat_completions"
+
+
+def test_gzipped_logs_and_traces_read_as_they_are(tmp_path: Path) -> None:
+    """A ``.gz`` request log (JSONL or CSV) or Mooncake trace reads as the plain file does,
+    and its format is told the same way."""
+    files = {
+        "log.jsonl": '{"timestamp": 0, "output_length": 4, "prompt": "hello there", "session": "s1"}\n'
+                     '{"timestamp": 1.5, "output_length": 8, "prompt_token_ids": [1, 2, 3]}\n',
+        "log.csv": "timestamp,prompt,output_length,adapter\n0,hello,4,ad-1\n2,bye,3,\n",
+        "trace.jsonl": '{"timestamp": 0, "input_length": 900, "output_length": 8, "hash_ids": [1, 2]}\n'
+                       '{"timestamp": 250, "input_length": 600, "output_length": 4, "hash_ids": [1, 3]}\n',
+    }  # fmt: skip
+    for name, text in files.items():
+        plain, packed = tmp_path / name, tmp_path / f"{name}.gz"
+        plain.write_text(text, encoding="utf-8")
+        packed.write_bytes(gzip.compress(text.encode()))
+        assert trace_format(packed) == trace_format(plain)
+        load = MooncakeTrace.load if trace_format(plain) == "mooncake" else RequestLog.load
+        got, want = load(packed).requests(), load(plain).requests()
+        assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids, r.adapter) for r in got] == \
+            [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids, r.adapter) for r in want]  # fmt: skip
+    assert trace_format(tmp_path / "trace.jsonl.gz") == "mooncake"
+    assert list(convert("mooncake", tmp_path / "trace.jsonl.gz")) == list(convert("mooncake", tmp_path / "trace.jsonl"))
 
 
 @pytest.mark.parametrize(("row", "reason"), [
