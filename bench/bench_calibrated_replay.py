@@ -132,6 +132,15 @@ def live(policies: list[str], rounds: int, out: Path) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
+def stack_run(log: Path, label: str, round_: int, server: dict[str, int],
+              edges: tuple[float, ...] = ()) -> StackRun:  # fmt: skip
+    """One live run and how to replay it: on 2 replicas with the servers' KV, routed as the
+    run was, a reply's blocks not cached for the next turn (the stack's tiny model answers in
+    tokens that do not come back as the same tokens: ``ReplayConfig.replies_cached``)."""
+    return StackRun(log, label, round_, 2, server["kv_blocks"], server["block_size"],
+                    replay_policy_for(label, [ROOT / "bench" / "configs"]), edges, replies_cached=False)  # fmt: skip
+
+
 def fit_profile(base: CostModel, log: Path, fit_runs: list[tuple[str, int]], server: dict[str, int],
                 noises: tuple[float, ...] = (), ttft_key: str = "ttft_s",
                 stalls: tuple[tuple[float, float], ...] = (), misses: tuple[float, ...] = ()) -> Fit:  # fmt: skip
@@ -140,9 +149,7 @@ def fit_profile(base: CostModel, log: Path, fit_runs: list[tuple[str, int]], ser
     targets = []
     for label, r in fit_runs:
         live_, edges = live_of(ttft_key, log, rows, label, r)
-        run = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], replay_policy_for(label),
-                       edges)  # fmt: skip
-        targets.append((live_, run.figures))
+        targets.append((live_, stack_run(log, label, r, server, edges).figures))
     return fit_scales(base, targets, noises, stalls, misses)
 
 
@@ -206,18 +213,15 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
         print(f"  prefill x{fit.prefill_scale:.2f}{miss}, decode x{fit.decode_scale:.2f} of the probed costs, "
               f"step noise {fit.cost.step_noise:g}, host stalls {fit.cost.host_stall_rate_hz:g}/s of "
               f"{fit.cost.host_stall_s * 1e3:.0f} ms ({fit.replays} replays)")  # fmt: skip
-    configs = [ROOT / "bench" / "configs"]
     table: dict[str, dict[str, list[float]]] = {}
     for label, r in runs:
-        policy = replay_policy_for(label, configs)
         lv, edges = live_of(key, log, rows, label, r)
         cell = table.setdefault(label, {})
         for k, value in (("live p50", lv.ttft_p50_s), ("live p90", lv.ttft_p90_s),
                          ("live hit", hits.get((label, r), math.nan)), ("live wall", lv.wall_s)):  # fmt: skip
             cell.setdefault(k, []).append(value)
         for which, cost in (("probed", probed), ("fitted", fitted)):
-            rp, hit = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"], policy,
-                               edges).replay(cost)  # fmt: skip
+            rp, hit = stack_run(log, label, r, server, edges).replay(cost)
             for k, value in ((f"{which} p50", rp.ttft_p50_s), (f"{which} p90", rp.ttft_p90_s),
                              (f"{which} hit", hit), (f"{which} wall", rp.wall_s)):  # fmt: skip
                 cell.setdefault(k, []).append(value)
@@ -318,14 +322,12 @@ def server_shares(cost: CostModel, log: Path, runs: list[tuple[str, int]], serve
     from simulator.stack.report import parse_buckets
 
     summaries = run_summaries(log)
-    configs = [ROOT / "bench" / "configs"]
     cells: dict[str, dict[str, list[float]]] = {}
     for label, r in runs:
         s = summaries[(label, r)]
         buckets = dict(parse_buckets(s["server_ttft_buckets"]))
         total = buckets[math.inf]
-        result = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"],
-                          replay_policy_for(label, configs)).run(cost)  # fmt: skip
+        result = stack_run(log, label, r, server).run(cost)
         ttft = np.array([o.first_token_s - o.arrival_s for o in result.outcomes if not o.rejected])
         cell = cells.setdefault(label, {})
         values = [("live mean", s["server_ttft_mean_ms"] / 1e3), ("replay mean", float(ttft.mean())),
@@ -422,11 +424,9 @@ def by_class(key: str, cost: CostModel, log: Path, rows: list[dict[str, Any]], r
     hits (over half the prompt cached live) and misses, per policy over its rounds."""
     print(f"\n# request by request, {key} live vs replayed (fitted to it): hits (over half the prompt "
           "cached live) and misses, all rounds (ms, p50 / p90)")
-    configs = [ROOT / "bench" / "configs"]
     cells: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for label, r in runs:
-        replayed = StackRun(log, label, r, 2, server["kv_blocks"], server["block_size"],
-                            replay_policy_for(label, configs)).outcomes(cost)  # fmt: skip
+        replayed = stack_run(log, label, r, server).outcomes(cost)
         for row in rows:
             if row.get("policy") != label or int(row.get("round", 0)) != r or row.get("status") != 200 \
                     or row.get(key) is None:

@@ -251,6 +251,10 @@ def register(subparsers: Any) -> None:
                      help="also fit host-wide stalls (host_stall_rate_hz 0.25-2 a second x host_stall_s "
                      "0.1-0.8 s, or none): servers sharing a few cores with everything else all stop "
                      "now and then (simulator/model/stalls.py)")
+    fit.add_argument("--replies-not-cached", action="store_true",
+                     help="a reply's blocks do not serve the conversation's next turn: the servers' model "
+                     "answers in tokens that do not come back as the same tokens (the stack's tiny model, "
+                     "random weights; on its real vLLM servers the next turn hits only the prompt's blocks)")
     fit.add_argument("--fit-miss-cost", action="store_true",
                      help="also fit an uncached prompt token's own cost against the other prefill costs "
                      "(x1.5, 2, 3 or 4, or as probed), the runs' wall time then in the loss: on a loaded "
@@ -345,7 +349,8 @@ def run_fit(args: argparse.Namespace) -> int:
                 edges = tuple(le for le, _ in buckets)
             else:
                 live, edges = live_figures(rows, label, round_), ()
-            run_ = StackRun(args.from_log, label, round_, replicas, kv, block, policies[label], edges)
+            run_ = StackRun(args.from_log, label, round_, replicas, kv, block, policies[label], edges,
+                            replies_cached=not args.replies_not_cached)  # fmt: skip
             targets.append((live, run_.figures))
         replayed_as = ", ".join(dict.fromkeys(policies.values()))
         print(f"fitting {args.profile} to {_describe(runs)} of {args.from_log} by the {args.measure}'s TTFT, "

@@ -268,6 +268,9 @@ class StackRun:
     """When set, the replay's TTFT p50 and p90 are read from its TTFTs binned in these
     histogram buckets (upper edges, the last +Inf), as the servers' are (``--measure
     server``, module docstring)."""
+    replies_cached: bool = True
+    """``ReplayConfig.replies_cached``: False for a run on real vLLM servers with the
+    stack's tiny model, whose replies do not come back as the tokens generated."""
     _requests: Any = None
     _ids: list[str] | None = None
 
@@ -293,7 +296,7 @@ class StackRun:
         from simulator.replay.replayer import ReplayConfig, Replayer
 
         cfg = ReplayConfig(replicas=self.replicas, kv_blocks=self.kv_blocks, block_size_tokens=self.block_size,
-                           cost=cost, seed=seed)  # fmt: skip
+                           cost=cost, seed=seed, replies_cached=self.replies_cached)  # fmt: skip
         name, factory = policy_factory(self.policy)
         return Replayer(cfg).run(self.requests(), factory, name)
 

@@ -230,11 +230,13 @@ class Emulator:
     def _blocks(
         self, model: str, prompt: str, text: str, body: Mapping[str, Any] | None, api: Api
     ) -> tuple[int, list[int], int]:
-        """Prompt tokens, block names of prompt + output, and how many are the prompt's."""
+        """Prompt tokens, block names of prompt + output, and how many are the prompt's. The
+        output's last token is sampled, never computed: like vLLM, the cache keeps the full
+        blocks of the tokens before it."""
         cfg = self.config
         tok, hasher = self._tokenizer, self._hasher
         if tok is None or hasher is None:
-            final = text_block_hashes(prompt + text, cfg.block_size, model_seed(model))
+            final = text_block_hashes(prompt + text[:-CHARS_PER_TOKEN], cfg.block_size, model_seed(model))
             return count_tokens(prompt), final, len(prompt) // (cfg.block_size * CHARS_PER_TOKEN)
         ids = None
         if body is not None:
@@ -243,7 +245,7 @@ class Emulator:
             ids = tok.encode(prompt, False)
         salt = body.get("cache_salt") if body is not None else None
         out = tok.encode(text, False)
-        keys = hasher.keys([*ids, *out], cache_salt=salt if isinstance(salt, str) else "")
+        keys = hasher.keys([*ids, *out[:-1]], cache_salt=salt if isinstance(salt, str) else "")
         return len(ids), keys.keys, len(ids) // cfg.block_size
 
     def _submit(

@@ -133,6 +133,12 @@ class ReplayConfig:
     roles: tuple[str, ...] = ()
     """Per replica, its ``llm-d.ai/role`` label (prefill, decode, prefill-decode; "" none);
     empty: no roles (aggregated serving). See :func:`pd_roles`."""
+    replies_cached: bool = True
+    """A chat reply's blocks stay cached for the conversation's next turn, whose prompt holds
+    the reply as the tokens generated (a model whose text comes back through its tokenizer as
+    the same tokens). False: only the prompt's blocks do, as on the stack's real vLLM
+    servers, whose tiny model has random weights: its replies come back as other tokens, and
+    the next turn hits no block of the reply (docs/results/runs/2026-11-28-joint-8)."""
 
     def __post_init__(self) -> None:
         for name in ("replicas", "kv_blocks", "block_size_tokens", "max_num_seqs", "max_loras"):
@@ -768,7 +774,7 @@ class _Run:
         if router >= 0:
             self.in_flight[router][replica] += 1
         reply = reply_text(req)
-        final = final_block_hashes(req, reply, self.cfg.block_size_tokens, self.seed)
+        final = final_block_hashes(req, reply, self.cfg.block_size_tokens, self.seed) if self.cfg.replies_cached else None
         ereq = EngineRequest(req.request_id, req.prompt_tokens, arrival.block_hashes,
                              req.output_tokens, final, req.adapter)  # fmt: skip
         prefiller = self.policies[router].prefiller(req.request_id) if router >= 0 else None

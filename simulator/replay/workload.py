@@ -147,12 +147,20 @@ def final_block_hashes(
 ) -> list[int] | None:
     """The blocks a replica keeps cached once a chat request's reply ends (its prompt, the
     assistant marker and ``reply``), which the conversation's next turn starts with; None
-    where the cache keeps only the prompt's blocks."""
+    where the cache keeps only the prompt's blocks.
+
+    Only blocks whose KV was computed stay: the prompt's and the reply's but its last token,
+    which was sampled and never fed back (vLLM caches the full blocks of a request's computed
+    tokens). The marker stands for the chat template's assistant header, which a real
+    server's prompt already ends with, so it adds no computed token: a 1,288-token prompt
+    with a 24-token reply leaves 40 blocks of 32 cached, as real vLLM's next turn finds
+    (docs/results/runs/2026-11-28-joint-8)."""
     if request.api is not ApiKind.CHAT or not reply:
         return None
     if request.adapter:
         seed = model_seed(request.adapter)
-    return text_block_hashes(request.prompt + "<|assistant|>" + reply, block_size_tokens, seed)
+    computed = (len(request.prompt) + len(reply) - CHARS_PER_TOKEN) // (block_size_tokens * CHARS_PER_TOKEN)
+    return text_block_hashes(request.prompt + "<|assistant|>" + reply, block_size_tokens, seed)[:computed]
 
 
 # --- Mooncake ---------------------------------------------------------------------------

@@ -21,11 +21,15 @@ from simulator.replay.policies import policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer
 from simulator.replay.report import summarize
 from simulator.replay.requestlog import RequestLog, write_request_log
+from epp.framework.request import ApiKind
+from simulator.model.tokens import CHARS_PER_TOKEN
 from simulator.replay.workload import (
     MooncakeTrace,
     TraceRequest,
     build_generator,
     engine_block_hashes,
+    final_block_hashes,
+    random_text,
     reply_text,
 )
 
@@ -194,6 +198,31 @@ def test_out_dir_records_every_input_and_its_command_reproduces_the_results(tmp_
         return [{k: v for k, v in r.items() if k not in ("wall_s", "sim_requests_per_s")} for r in results]
 
     assert figures(second["results"]) == figures(report["results"])
+
+
+def test_a_reply_leaves_cached_the_blocks_its_computed_tokens_fill(tmp_path: Path) -> None:
+    """A chat reply's last token is sampled, never computed: a 1,288-token prompt and a
+    24-token reply fill 40 blocks of 32 (not 41); 1,290 tokens and 24 fill 41. With
+    ``replies_cached`` off (a model whose replies come back as other tokens) the next turn
+    hits only the last prompt's blocks."""
+    def turn(tokens: int) -> TraceRequest:
+        return TraceRequest("t", 0.0, tokens, 24, random_text(7, tokens * CHARS_PER_TOKEN), api=ApiKind.CHAT)
+
+    assert len(final_block_hashes(turn(1288), reply_text(turn(1288)), 32, 0) or []) == 40
+    assert len(final_block_hashes(turn(1290), reply_text(turn(1290)), 32, 0) or []) == 41
+    rows = [{"policy": "epp", "round": 0, "user": 0, "turn": t, "group": 0, "start_s": 5.0 * t,
+             "prompt_tokens": 1290 + 90 * t, "completion_tokens": 24} for t in range(2)]  # fmt: skip
+    log = tmp_path / "requests.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "converted.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in convert("stack", log)))
+    name, factory = policy_factory("round-robin")
+    cached = {}
+    for replies in (True, False):
+        cfg = ReplayConfig(replicas=1, kv_blocks=512, block_size_tokens=32, replies_cached=replies)
+        result = Replayer(cfg).run(RequestLog.load(out), factory, name)
+        cached[replies] = [o.cached_tokens for o in sorted(result.outcomes, key=lambda o: o.arrival_s)]
+    assert cached[True][1] > cached[False][1] == 1290 // 32 * 32
 
 
 def test_a_stack_request_log_converts_to_sessions_whose_turns_extend(tmp_path: Path) -> None:
