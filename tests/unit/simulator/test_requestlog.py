@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from epp.framework.request import ApiKind
 from simulator.cli import main as sim_main
 from simulator.model.cost import CostModel
+from simulator.model.tokens import CHARS_PER_TOKEN
 from simulator.replay.cli import trace_format
 from simulator.replay.convert import convert
 from simulator.replay.policies import policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer
 from simulator.replay.report import summarize
 from simulator.replay.requestlog import RequestLog, write_request_log
-from epp.framework.request import ApiKind
-from simulator.model.tokens import CHARS_PER_TOKEN
 from simulator.replay.workload import (
     MooncakeTrace,
     TraceRequest,
