@@ -26,10 +26,10 @@ which lengthens the tail on every server at once (simulator/model/stalls.py).
 With ``misses`` (``--fit-miss-cost``) the cost of an uncached prompt token may also grow
 against the other prefill costs, by one of those factors, and each run's wall time (its
 first request's start to its last answer's end) joins the loss. Probed alone, a CPU server
-prefills a 2,048-token prompt in ~33 ms; under the demo's load a policy with 15 more cache
-misses in 100 runs ~15% longer live (random against the SGLang router), but the same in the
-replay, whose policies all end within a few percent of each other: a miss costs more on a
-loaded host than the probe says. A single prefill scale cannot show that without slowing
+prefills a 2,048-token prompt in ~33 ms. Under the demo's load, random (a quarter of its
+prompt tokens uncached, against a tenth for epp) runs 1-18% longer than epp live, but within
+a few percent in a replay fitted without this: a miss costs more on a loaded host than the
+probe says. A single prefill scale cannot show that without slowing
 every hit too; the wall time is what tells the two apart, since a run of many misses takes
 longer. The factor is searched at the best noise and stalls, each with its own ``a`` and
 ``b``.
