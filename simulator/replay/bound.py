@@ -57,8 +57,10 @@ def ttft_lower_bounds(
     cost: CostModel,
     block_size_tokens: int,
     model: str = "sim-model",
+    replies_cached: bool = True,
 ) -> list[TtftBound]:
-    """One bound per request, in the order given (arrival order, as workloads yield them)."""
+    """One bound per request, in the order given (arrival order, as workloads yield them);
+    ``replies_cached`` as the replay's (``ReplayConfig.replies_cached``)."""
     reqs = list(requests)
     seed = model_seed(model)
     bs = block_size_tokens
@@ -70,7 +72,7 @@ def ttft_lower_bounds(
     for i, req in enumerate(reqs):
         blocks = engine_block_hashes(req, bs, seed)
         prompts.append(blocks)
-        final = final_block_hashes(req, reply_text(req), bs, seed)
+        final = final_block_hashes(req, reply_text(req), bs, seed) if replies_cached else None
         # the prompt's blocks come with the request; the reply's when it ends, after at
         # least the least prefill and one decode step per output token
         brought = dict.fromkeys(blocks, req.arrival_s)

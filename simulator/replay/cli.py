@@ -102,6 +102,10 @@ def register(subparsers: Any) -> None:
                    help="share of requests sent straight to a random replica, past the routers")
     w.add_argument("--restart", action="append", default=[], metavar="T:R",
                    help="replica R's cache is emptied at T seconds (a restart); repeatable")
+    w.add_argument("--replies-not-cached", action="store_true",
+                   help="a chat reply's blocks do not serve the conversation's next turn: the model "
+                   "answers in tokens that do not come back as the same tokens (the stack's tiny model "
+                   "on real vLLM; epp-sim calibrate --replies-not-cached)")
     w.add_argument("--reported-kv-blocks", type=int, default=d.reported_kv_blocks,
                    help="KV blocks the replicas report (0: --kv-blocks); more models a smaller "
                    "cache than configured")
@@ -286,6 +290,7 @@ def _setup(args: argparse.Namespace) -> tuple[Workload, Any, list[str], ReplayCo
         event_delay_s=args.event_delay,
         event_loss=args.event_loss,
         roles=roles,
+        replies_cached=not args.replies_not_cached,
     )
     sweep = parse_sweep(args.sweep) if args.sweep else None
     return workload, epp_cfg, specs, config, sweep
@@ -308,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
         results, stats = _run_policies(workload, config, specs, epp_cfg, console, progress)
         print_table(stats, console, title=_title(workload, config))
         bounds = ttft_lower_bounds(workload.requests(), config.cost, config.block_size_tokens,
-                                   config.model)  # fmt: skip
+                                   config.model, config.replies_cached)  # fmt: skip
         p50, p90, p99 = (bound_percentile(bounds, config.kv_blocks, q) for q in (50, 90, 99))
         console.print(
             f"TTFT no policy beats (simulator/replay/bound.py): p50 {p50:.2f}s, p90 {p90:.2f}s, "

@@ -17,6 +17,7 @@ from epp.framework.request import ApiKind
 from simulator.cli import main as sim_main
 from simulator.model.cost import CostModel
 from simulator.model.tokens import CHARS_PER_TOKEN
+from simulator.replay.bound import ttft_lower_bounds
 from simulator.replay.cli import trace_format
 from simulator.replay.convert import convert
 from simulator.replay.policies import policy_factory
@@ -223,6 +224,13 @@ def test_a_reply_leaves_cached_the_blocks_its_computed_tokens_fill(tmp_path: Pat
         result = Replayer(cfg).run(RequestLog.load(out), factory, name)
         cached[replies] = [o.cached_tokens for o in sorted(result.outcomes, key=lambda o: o.arrival_s)]
     assert cached[True][1] > cached[False][1] == 1290 // 32 * 32
+    # the bound no policy beats follows the same rule: without the reply, the turn costs more
+    cost = CostModel()
+    with_reply, without = (ttft_lower_bounds(RequestLog.load(out).requests(), cost, 32, replies_cached=r)
+                           for r in (True, False))  # fmt: skip
+    assert without[1].bound_s > with_reply[1].bound_s
+    assert sim_main(["replay", "--trace", str(out), "--replicas", "1", "--kv-blocks", "512", "--block-size", "32",
+                     "--policies", "round-robin", "--no-progress", "--replies-not-cached"]) == 0  # fmt: skip
 
 
 def test_a_stack_request_log_converts_to_sessions_whose_turns_extend(tmp_path: Path) -> None:
