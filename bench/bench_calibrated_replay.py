@@ -220,8 +220,9 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
         for k, value in (("live p50", lv.ttft_p50_s), ("live p90", lv.ttft_p90_s),
                          ("live hit", hits.get((label, r), math.nan)), ("live wall", lv.wall_s)):  # fmt: skip
             cell.setdefault(k, []).append(value)
+        run = stack_run(log, label, r, server, edges)  # converted once, replayed with both
         for which, cost in (("probed", probed), ("fitted", fitted)):
-            rp, hit = stack_run(log, label, r, server, edges).replay(cost)
+            rp, hit = run.replay(cost)
             for k, value in ((f"{which} p50", rp.ttft_p50_s), (f"{which} p90", rp.ttft_p90_s),
                              (f"{which} hit", hit), (f"{which} wall", rp.wall_s)):  # fmt: skip
                 cell.setdefault(k, []).append(value)
