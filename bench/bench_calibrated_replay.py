@@ -9,7 +9,8 @@ stack's time to first token? (issue 43)
    profile probed before.
 2. The demo workload runs live on the local stack with two real vLLM servers behind real
    Envoy, ``--rounds`` rounds of every policy (``epp-sim stack --demo --engine vllm``), or
-   ``--skip-live DIR`` reads such a run's ``--out-dir``.
+   ``--skip-live DIR`` reads such a run's ``--out-dir``. Given several (sessions run at
+   different times), the fit is to their runs together, and every session is replayed.
 3. The probed profile is scaled to the random policy's runs (``epp-sim calibrate
    --from-log``, all rounds together): a server under the demo's load is slower than one
    probed idle. Random routing does not depend on the servers' state, so its replay routes
@@ -32,7 +33,9 @@ time live and replayed (the closed loop's throughput: a policy that misses more 
 15%, the same ranking, hit rates within 2 points. Beside them, how well live agrees with
 itself: the first half of the rounds against the second, the replay's ratios with their 90%
 interval over the rounds, and each pair of policies' live p90 ratio with its interval (a pair
-live cannot tell apart has no ranking to keep). ``--fit-stalls`` fits the host's stalls
+live cannot tell apart has no ranking to keep). With several sessions, last, how well
+one session's live predicts another's against how well the replay predicts its own: the
+15% asked of the replay is only fair if live repeats within it. ``--fit-stalls`` fits the host's stalls
 (``CostModel.host_stall_rate_hz``): on this machine every process waits for the two cores in
 bursts. "Live" is measured three ways, each with a fit of
 its own: the client's TTFT (through Envoy and epp both ways); the servers' as real Envoy saw
@@ -42,7 +45,7 @@ vLLM's TTFT histograms (arrival at the server to its first token: what the repla
 also read without interpolation (the exact mean, the share under each bucket edge). What the
 response's way back adds (client minus Envoy) is printed per policy.
 
-Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
+Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR ...]
      [--profile FILE] [--fit-noise] [--fit-stalls] [--fit-miss-cost] [--fit-policy random,SGLang]
      [--fitted server=FILE] [--measures server]
 """
@@ -60,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -141,15 +145,42 @@ def stack_run(log: Path, label: str, round_: int, server: dict[str, int],
                     replay_policy_for(label, [ROOT / "bench" / "configs"]), edges, replies_cached=False)  # fmt: skip
 
 
-def fit_profile(base: CostModel, log: Path, fit_runs: list[tuple[str, int]], server: dict[str, int],
+Table = dict[str, dict[str, list[float]]]
+"""A session's figures: per policy label, per figure (``live p90``, ``fitted hit``...), one
+value a round."""
+
+
+@dataclass
+class Session:
+    """One live session's runs: a demo ``--out-dir`` (or a run kept in docs/results/runs/)."""
+
+    name: str
+    demo: Path
+    log: Path
+    rows: list[dict[str, Any]]
+    runs: list[tuple[str, int]]
+    hits: dict[tuple[str, int], float]
+
+    @classmethod
+    def load(cls, demo: Path) -> Session:
+        log = demo / "requests.jsonl"
+        if not log.is_file() and log.with_suffix(".jsonl.gz").is_file():  # a run kept in docs/results/runs/
+            log = log.with_suffix(".jsonl.gz")
+        rows = stack_rows(log)
+        hits = {(r["policy"], r["round"]): r["hit_rate"]
+                for r in json.loads((demo / "demo.json").read_text()).get("by_round") or []}  # fmt: skip
+        return cls(demo.name, demo, log, rows, stack_runs(rows), hits)
+
+
+def fit_profile(base: CostModel, fit_runs: list[tuple[Session, str, int]], server: dict[str, int],
                 noises: tuple[float, ...] = (), ttft_key: str = "ttft_s",
                 stalls: tuple[tuple[float, float], ...] = (), misses: tuple[float, ...] = ()) -> Fit:  # fmt: skip
-    """``base`` scaled to the runs ``fit_runs`` (policy label, round), the loss summed over them."""
-    rows = stack_rows(log)
+    """``base`` scaled to the runs ``fit_runs`` (session, policy label, round), the loss
+    summed over them."""
     targets = []
-    for label, r in fit_runs:
-        live_, edges = live_of(ttft_key, log, rows, label, r)
-        targets.append((live_, stack_run(log, label, r, server, edges).figures))
+    for s, label, r in fit_runs:
+        live_, edges = live_of(ttft_key, s.log, s.rows, label, r)
+        targets.append((live_, stack_run(s.log, label, r, server, edges).figures))
     return fit_scales(base, targets, noises, stalls, misses)
 
 
@@ -186,41 +217,53 @@ def has_measure(key: str, log: Path, rows: list[dict[str, Any]]) -> bool:
         return False
 
 
-def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
-            runs: list[tuple[str, int]], fit_labels: list[str], server: dict[str, int],
-            hits: dict[tuple[str, int], float], work: Path, noises: tuple[float, ...],
+def compare(key: str, probed: CostModel, sessions: list[Session], fit_labels: list[str],
+            server: dict[str, int], work: Path, noises: tuple[float, ...],
             stalls: tuple[tuple[float, float], ...], misses: tuple[float, ...] = (),
-            before: CostProfile | None = None, run_name: str = "") -> CostModel:  # fmt: skip
-    """Fit the probed profile to the runs of ``fit_labels`` by the live measure ``key`` and
-    print every run's replay against that measure; with ``before`` (a profile fitted to
-    another session) no fit: every run is held out and replayed with it."""
+            before: CostProfile | None = None) -> tuple[CostModel, dict[str, Table]]:  # fmt: skip
+    """Fit the probed profile to the runs of ``fit_labels`` in every session by the live
+    measure ``key`` and print every run's replay against that measure, session by session;
+    with ``before`` (a profile fitted to another session) no fit: every run is held out and
+    replayed with it. Returns the profile and each session's figures."""
     print(f"\n## live = {MEASURES[key]}")
     if before is not None:
         fitted = before.cost
         fit_labels = []
         print(f"every run held out, replayed with the profile fitted before: {before.name} ({before.source})")
     else:
-        fit_runs = [(label, r) for label, r in runs if label in fit_labels]
+        fit_runs = [(s, label, r) for s in sessions for label, r in s.runs if label in fit_labels]
         print(f"fitting the probed profile to {' and '.join(map(repr, fit_labels))}, "
-              f"{len(fit_runs)} runs...", flush=True)  # fmt: skip
-        fit = fit_profile(probed, log, fit_runs, server, noises, key, stalls, misses)
+              f"{len(fit_runs)} runs of {len(sessions)} session(s)...", flush=True)  # fmt: skip
+        fit = fit_profile(probed, fit_runs, server, noises, key, stalls, misses)
         fitted = fit.cost
         suffix = "" if key == "ttft_s" else "-" + key.removesuffix("_s").replace("_", "-")
         (work / f"fitted{suffix}.yaml").write_text(
-            dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {run_name or log} ({key}): "
-                                     f"{' and '.join(fit_labels)}", server)))  # fmt: skip
+            dump_profile(CostProfile("tiny-fitted", fit.cost, f"fitted to {', '.join(str(s.demo) for s in sessions)} "
+                                     f"({key}): {' and '.join(fit_labels)}", server)))  # fmt: skip
         miss = f" (an uncached token x{fit.miss_scale:g} more)" if fit.miss_scale != 1.0 else ""
         print(f"  prefill x{fit.prefill_scale:.2f}{miss}, decode x{fit.decode_scale:.2f} of the probed costs, "
               f"step noise {fit.cost.step_noise:g}, host stalls {fit.cost.host_stall_rate_hz:g}/s of "
               f"{fit.cost.host_stall_s * 1e3:.0f} ms ({fit.replays} replays)")  # fmt: skip
-    table: dict[str, dict[str, list[float]]] = {}
-    for label, r in runs:
-        lv, edges = live_of(key, log, rows, label, r)
+    tables = {}
+    for s in sessions:
+        if len(sessions) > 1:
+            print(f"\n### session {s.name}")
+        tables[s.name] = replay_session(key, probed, fitted, s, fit_labels, server)
+    return fitted, tables
+
+
+def replay_session(key: str, probed: CostModel, fitted: CostModel, s: Session, fit_labels: list[str],
+                   server: dict[str, int]) -> Table:  # fmt: skip
+    """Replay every run of ``s`` with the probed and the fitted profile and print them
+    against the live measure ``key``."""
+    table: Table = {}
+    for label, r in s.runs:
+        lv, edges = live_of(key, s.log, s.rows, label, r)
         cell = table.setdefault(label, {})
         for k, value in (("live p50", lv.ttft_p50_s), ("live p90", lv.ttft_p90_s),
-                         ("live hit", hits.get((label, r), math.nan)), ("live wall", lv.wall_s)):  # fmt: skip
+                         ("live hit", s.hits.get((label, r), math.nan)), ("live wall", lv.wall_s)):  # fmt: skip
             cell.setdefault(k, []).append(value)
-        run = stack_run(log, label, r, server, edges)  # converted once, replayed with both
+        run = stack_run(s.log, label, r, server, edges)  # converted once, replayed with both
         for which, cost in (("probed", probed), ("fitted", fitted)):
             rp, hit = run.replay(cost)
             for k, value in ((f"{which} p50", rp.ttft_p50_s), (f"{which} p90", rp.ttft_p90_s),
@@ -253,10 +296,10 @@ def compare(key: str, probed: CostModel, log: Path, rows: list[dict[str, Any]],
     print("live p90 from round to round: " + "; ".join(f"{k} {lo * 1e3:.0f}-{hi * 1e3:.0f} ms"
                                                          for k, (lo, hi) in spread.items()))  # fmt: skip
     repeatability(table)
-    return fitted
+    return table
 
 
-def repeatability(table: dict[str, dict[str, list[float]]], draws: int = 4000) -> None:
+def repeatability(table: Table, draws: int = 4000) -> None:
     """How well live agrees with itself, beside how well the replay agrees with live: the
     first half of the rounds against the second (two live runs of half the size); the
     replay's ratio to live with its 90% interval over the rounds (rounds resampled with
@@ -292,7 +335,23 @@ def repeatability(table: dict[str, dict[str, list[float]]], draws: int = 4000) -
           f"{noise_aware} of {figures}")  # fmt: skip
     print("pairs of policies by live p90 (ratio of the means, 90% interval over the rounds, resampled "
           "together): the replay must order those live tells apart")
+    for (x, y), (live_r, lo, hi) in told_apart(table, rng, draws, every=True).items():
+        rep_r = statistics.fmean(table[x]["fitted p90"]) / statistics.fmean(table[y]["fitted p90"])
+        if lo > 1 or hi < 1:
+            alike = (live_r < 1) == (rep_r < 1)
+            verdict = "the replay orders them alike" if alike else "the replay orders them the other way"
+        else:
+            verdict = "live cannot tell them apart"
+        print(f"  {x[:24]} / {y[:24]}: live {live_r:.2f}x [{lo:.2f}, {hi:.2f}], replay {rep_r:.2f}x: {verdict}")
+
+
+def told_apart(table: Table, rng: np.random.Generator, draws: int = 4000,
+               every: bool = False) -> dict[tuple[str, str], tuple[float, float, float]]:  # fmt: skip
+    """The pairs of policies whose live p90 one session tells apart: (x, y) -> the ratio of
+    their means over the rounds and its 90% interval (rounds resampled together), the
+    interval not holding 1; ``every``: all pairs with as many rounds each."""
     labels = [k for k, c in table.items() if len(c["live p90"]) >= 2]
+    out = {}
     for i, x in enumerate(labels):
         for y in labels[i + 1:]:
             lx, ly = np.array(table[x]["live p90"]), np.array(table[y]["live p90"])
@@ -300,14 +359,69 @@ def repeatability(table: dict[str, dict[str, list[float]]], draws: int = 4000) -
                 continue
             idx = rng.integers(0, len(lx), size=(draws, len(lx)))
             lo, hi = np.percentile(lx[idx].mean(axis=1) / ly[idx].mean(axis=1), [5, 95])
-            live_r = lx.mean() / ly.mean()
-            rep_r = statistics.fmean(table[x]["fitted p90"]) / statistics.fmean(table[y]["fitted p90"])
-            if lo > 1 or hi < 1:
-                alike = (live_r < 1) == (rep_r < 1)
-                verdict = "the replay orders them alike" if alike else "the replay orders them the other way"
-            else:
-                verdict = "live cannot tell them apart"
-            print(f"  {x[:24]} / {y[:24]}: live {live_r:.2f}x [{lo:.2f}, {hi:.2f}], replay {rep_r:.2f}x: {verdict}")
+            if every or lo > 1 or hi < 1:
+                out[(x, y)] = (float(lx.mean() / ly.mean()), float(lo), float(hi))
+    return out
+
+
+def across_sessions(tables: dict[str, Table]) -> None:
+    """How well one session's live figures predict another's, beside how well the replay
+    predicts its own session's (a 15% band is only a fair target if live repeats within it):
+    per policy, each session's p50 / p90 / hit rate live and replayed (means over its
+    rounds); then, for every figure, how many are within 15% (hit rates within 2 points) of
+    the live figure they are set against, three ways, and how many of the pairs of policies
+    a session's live tells apart the others order alike; last, the mean over the sessions,
+    replayed against live."""
+    rng = np.random.default_rng(0)
+    names = list(tables)
+    labels = [k for k in tables[names[0]] if all(k in t for t in tables.values())]
+    mean = {n: {label: {k: statistics.fmean(v) for k, v in tables[n][label].items()} for label in labels}
+            for n in names}  # fmt: skip
+    print(f"\n# across {len(names)} sessions (means over each session's rounds; ms, hit rate)")
+    print(f"{'session':<36} {'policy':<24} | {'live p50':>8} {'p90':>5} {'hit':>6} | {'replay p50':>10} {'p90':>5} {'hit':>6}")
+    for n in names:
+        for label in labels:
+            m = mean[n][label]
+            print(f"{n[-36:]:<36} {label[:24]:<24} | {m['live p50'] * 1e3:8.0f} {m['live p90'] * 1e3:5.0f} "
+                  f"{100 * m['live hit']:5.1f}% | {m['fitted p50'] * 1e3:10.0f} {m['fitted p90'] * 1e3:5.0f} "
+                  f"{100 * m['fitted hit']:5.1f}%")  # fmt: skip
+
+    def agreement(pairs: list[tuple[str, str, str, str]]) -> str:
+        """(session, side, session, side) pairs: p50 / p90 within 15%, hit rates within 2 points."""
+        within = hit = figures = hits = 0
+        ratios = []
+        for a, sa, b, sb in pairs:
+            for label in labels:
+                for q in ("p50", "p90"):
+                    r = mean[a][label][f"{sa} {q}"] / mean[b][label][f"{sb} {q}"]
+                    ratios.append(abs(math.log(r)))
+                    figures += 1
+                    within += abs(math.log(r)) <= math.log(1.15)
+                hits += 1
+                hit += abs(mean[a][label][f"{sa} hit"] - mean[b][label][f"{sb} hit"]) <= 0.02
+        typical = math.exp(statistics.median(ratios)) if ratios else math.nan
+        return (f"{within} of {figures} ({100 * within / max(1, figures):.0f}%), the median figure off by "
+                f"{100 * (typical - 1):.0f}%; hit rates within 2 points {hit} of {hits}")
+
+    others = [(a, b) for a in names for b in names if a != b]
+    print("p50 / p90 of every policy within 15% of the live figure it is set against:")
+    print(f"  the replay against its own session's live:    {agreement([(n, 'fitted', n, 'live') for n in names])}")
+    print(f"  one session's live against another's:         {agreement([(a, 'live', b, 'live') for a, b in others])}")
+    print(f"  the replay against another session's live:    {agreement([(a, 'fitted', b, 'live') for a, b in others])}")
+    apart = {n: told_apart(tables[n], rng) for n in names}
+    own = sum(((mean[n][x]["fitted p90"] < mean[n][y]["fitted p90"]) == (r < 1))
+              for n in names for (x, y), (r, _, _) in apart[n].items())  # fmt: skip
+    cross = sum(((mean[a][x]["live p90"] < mean[a][y]["live p90"]) == (r < 1))
+                for a, b in others for (x, y), (r, _, _) in apart[b].items())  # fmt: skip
+    n_own = sum(len(p) for p in apart.values())
+    n_cross = sum(len(apart[b]) for _, b in others)
+    print("pairs of policies a session's live tells apart by p90 (90% interval over its rounds): "
+          f"ordered alike by its replay {own} of {n_own}, by another session's live {cross} of {n_cross}")
+    pooled = {label: {k: statistics.fmean(mean[n][label][k] for n in names) for k in mean[names[0]][label]}
+              for label in labels}  # fmt: skip
+    print(f"over all {len(names)} sessions, the replay's mean / live's (p50, p90, hit rate in points): " + "; ".join(
+        f"{label} {m['fitted p50'] / m['live p50']:.2f}x, {m['fitted p90'] / m['live p90']:.2f}x, "
+        f"{100 * (m['fitted hit'] - m['live hit']):+.1f}" for label, m in pooled.items()))  # fmt: skip
 
 
 SHARE_EDGES = (0.1, 0.25, 0.5, 1.0)
@@ -452,8 +566,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policies", default="epp,random,sglang")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every policy, live")
-    ap.add_argument("--skip-live", type=Path, help="a demo --out-dir already made with the settings above "
-                    "(or a run kept in docs/results/runs/: its demo.json and requests.jsonl.gz)")
+    ap.add_argument("--skip-live", type=Path, action="append", default=[], metavar="DIR",
+                    help="a demo --out-dir already made with the settings above (or a run kept in "
+                    "docs/results/runs/: its demo.json and requests.jsonl.gz) instead of running live; "
+                    "repeatable: several sessions, fitted together (or each replayed with --fitted), "
+                    "then compared with each other: does live repeat within the 15%% asked of the replay?")
     ap.add_argument("--profile", help="a profile probed before (epp-sim calibrate URL) instead of probing now")
     ap.add_argument("--fit-noise", action="store_true",
                     help=f"also fit the steps' log-normal noise (CostModel.step_noise) among {NOISE_GRID}")
@@ -501,15 +618,10 @@ def main() -> int:
         probed, server = asyncio.run(calibrate_servers(2, work))
         (work / "probed.yaml").write_text(dump_profile(CostProfile("tiny", probed, "bench_calibrated_replay", server)))
     server = {"kv_blocks": server.get("kv_blocks", 512), "block_size": server.get("block_size", BLOCK)}
-    demo = args.skip_live or work / "demo"
     if not args.skip_live:
-        live(policies, args.rounds, demo)
-    log = demo / "requests.jsonl"
-    if not log.is_file() and log.with_suffix(".jsonl.gz").is_file():  # a run kept in docs/results/runs/
-        log = log.with_suffix(".jsonl.gz")
-    rows = stack_rows(log)
-    runs = stack_runs(rows)
-    labels = list(dict.fromkeys(label for label, _ in runs))
+        live(policies, args.rounds, work / "demo")
+    sessions = [Session.load(d) for d in (args.skip_live or [work / "demo"])]
+    labels = list(dict.fromkeys(label for s in sessions for label, _ in s.runs))
     fit_labels = []
     for start in (p.strip() for p in args.fit_policy.split(",") if p.strip()):
         label = next((x for x in labels if x.startswith(start)), "")
@@ -519,21 +631,25 @@ def main() -> int:
         fit_labels.append(label)
     if not fit_labels:
         ap.error("--fit-policy: name a policy whose runs to fit")
-    hits = {(r["policy"], r["round"]): r["hit_rate"]
-            for r in json.loads((demo / "demo.json").read_text()).get("by_round") or []}  # fmt: skip
-    measures = [k for k in MEASURES if k in args.measures.split(",") and has_measure(k, log, rows)]
+    measures = [k for k in MEASURES if k in args.measures.split(",")
+                and all(has_measure(k, s.log, s.rows) for s in sessions)]  # fmt: skip
     fitted = {}
     for key in measures:
-        fitted[key] = compare(key, probed, log, rows, runs, fit_labels, server, hits,
-                work, NOISE_GRID if args.fit_noise else (), STALL_GRID if args.fit_stalls else (),
-                MISS_GRID if args.fit_miss_cost else (), before.get(key), str(args.skip_live or ""))  # fmt: skip
-    if "server" in measures:
-        server_shares(fitted["server"], log, runs, server)
-    if "upstream_ttft_s" in measures:
-        response_path(rows)
-        slow_hits(rows)
-        by_class("upstream_ttft_s", fitted["upstream_ttft_s"], log, rows, runs, server)
-    print(f"(inputs kept in {work}; the live run in {demo})")
+        fitted[key], tables = compare(key, probed, sessions, fit_labels, server, work,
+                                      NOISE_GRID if args.fit_noise else (), STALL_GRID if args.fit_stalls else (),
+                                      MISS_GRID if args.fit_miss_cost else (), before.get(key))  # fmt: skip
+        if len(sessions) > 1:
+            across_sessions(tables)
+    for s in sessions:
+        if len(sessions) > 1:
+            print(f"\n## session {s.name}")
+        if "server" in measures:
+            server_shares(fitted["server"], s.log, s.runs, server)
+        if "upstream_ttft_s" in measures:
+            response_path(s.rows)
+            slow_hits(s.rows)
+            by_class("upstream_ttft_s", fitted["upstream_ttft_s"], s.log, s.rows, s.runs, server)
+    print(f"(inputs kept in {work}; the live runs in {', '.join(str(s.demo) for s in sessions)})")
     return 0
 
 
