@@ -369,9 +369,9 @@ def across_sessions(tables: dict[str, Table]) -> None:
     predicts its own session's (a 15% band is only a fair target if live repeats within it):
     per policy, each session's p50 / p90 / hit rate live and replayed (means over its
     rounds); then, for every figure, how many are within 15% (hit rates within 2 points) of
-    the live figure they are set against, three ways, and how many of the pairs of policies
-    a session's live tells apart the others order alike; last, the mean over the sessions,
-    replayed against live."""
+    the live figure they are set against, three ways; how many of the pairs of policies a
+    session's live tells apart the others order alike, and how often the whole ranking by p90
+    is the same; last, the mean over the sessions, replayed against live."""
     rng = np.random.default_rng(0)
     names = list(tables)
     labels = [k for k in tables[names[0]] if all(k in t for t in tables.values())]
@@ -417,6 +417,14 @@ def across_sessions(tables: dict[str, Table]) -> None:
     n_cross = sum(len(apart[b]) for _, b in others)
     print("pairs of policies a session's live tells apart by p90 (90% interval over its rounds): "
           f"ordered alike by its replay {own} of {n_own}, by another session's live {cross} of {n_cross}")
+
+    def ranking(n: str, side: str) -> list[str]:
+        return sorted(labels, key=lambda label: mean[n][label][f"{side} p90"])
+
+    same = sum(ranking(n, "fitted") == ranking(n, "live") for n in names)
+    same_live = sum(ranking(a, "live") == ranking(b, "live") for a, b in others)
+    print(f"every policy ranked by p90 as its session's live ranks them: by its replay in {same} of {len(names)} "
+          f"sessions, by another session's live in {same_live} of {len(others)} pairs of sessions")
     pooled = {label: {k: statistics.fmean(mean[n][label][k] for n in names) for k in mean[names[0]][label]}
               for label in labels}  # fmt: skip
     print(f"over all {len(names)} sessions, the replay's mean / live's (p50, p90, hit rate in points): " + "; ".join(

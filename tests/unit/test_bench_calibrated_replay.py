@@ -30,6 +30,7 @@ def test_sessions_that_repeat_agree_and_a_replay_20_percent_off_does_not(capsys:
     assert "one session's live against another's:         8 of 8 (100%), the median figure off by 5%" in out
     assert "hit rates within 2 points 4 of 4" in out
     assert "ordered alike by its replay 2 of 2, by another session's live 2 of 2" in out
+    assert "by its replay in 2 of 2 sessions, by another session's live in 2 of 2 pairs" in out
     assert "fast 1.20x, 1.20x, +0.0" in out
 
 
