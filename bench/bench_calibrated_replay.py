@@ -629,6 +629,9 @@ def main() -> int:
     if not args.skip_live:
         live(policies, args.rounds, work / "demo")
     sessions = [Session.load(d) for d in (args.skip_live or [work / "demo"])]
+    if len({s.name for s in sessions}) < len(sessions):  # several ``.../demo``: name them by their paths
+        for s in sessions:
+            s.name = str(s.demo)
     labels = list(dict.fromkeys(label for s in sessions for label, _ in s.runs))
     fit_labels = []
     for start in (p.strip() for p in args.fit_policy.split(",") if p.strip()):
