@@ -261,13 +261,15 @@ def replay_session(key: str, probed: CostModel, fitted: CostModel, s: Session, f
         lv, edges = live_of(key, s.log, s.rows, label, r)
         cell = table.setdefault(label, {})
         for k, value in (("live p50", lv.ttft_p50_s), ("live p90", lv.ttft_p90_s),
-                         ("live hit", s.hits.get((label, r), math.nan)), ("live wall", lv.wall_s)):  # fmt: skip
+                         ("live hit", s.hits.get((label, r), math.nan)), ("live wall", lv.wall_s),
+                         ("live busiest", lv.busiest_share)):  # fmt: skip
             cell.setdefault(k, []).append(value)
         run = stack_run(s.log, label, r, server, edges)  # converted once, replayed with both
         for which, cost in (("probed", probed), ("fitted", fitted)):
             rp, hit = run.replay(cost)
             for k, value in ((f"{which} p50", rp.ttft_p50_s), (f"{which} p90", rp.ttft_p90_s),
-                             (f"{which} hit", hit), (f"{which} wall", rp.wall_s)):  # fmt: skip
+                             (f"{which} hit", hit), (f"{which} wall", rp.wall_s),
+                             (f"{which} busiest", rp.busiest_share)):  # fmt: skip
                 cell.setdefault(k, []).append(value)
     mean = {label: {k: statistics.fmean(v) for k, v in cell.items()} for label, cell in table.items()}
     print(f"\n# live (2 real vLLM servers, {KV_MIB} MiB KV, behind Envoy and epp) vs replay "
@@ -292,6 +294,9 @@ def replay_session(key: str, probed: CostModel, fitted: CostModel, s: Session, f
               f"{k} {m['live wall']:.1f} / {m['fitted wall']:.1f} s "
               f"({m['live wall'] / mean[first]['live wall']:.2f}x / {m['fitted wall'] / mean[first]['fitted wall']:.2f}x)"
               for k, m in mean.items()))  # fmt: skip
+    if not any(math.isnan(m["live busiest"]) for m in mean.values()):
+        print("the busiest server's share of a run's requests, live / replayed (fitted): " + "; ".join(
+            f"{k} {m['live busiest']:.3f} / {m['fitted busiest']:.3f}" for k, m in mean.items()))  # fmt: skip
     spread = {label: (min(c["live p90"]), max(c["live p90"])) for label, c in table.items()}
     print("live p90 from round to round: " + "; ".join(f"{k} {lo * 1e3:.0f}-{hi * 1e3:.0f} ms"
                                                          for k, (lo, hi) in spread.items()))  # fmt: skip

@@ -17,7 +17,8 @@ per run and policy the servers' own TTFT mean / p90, hit rate and throughput, th
 over runs and in how many runs the first policy (epp) had the lower server TTFT mean and p90
 than each other policy, and the paired ratio of the first policy's figure over each other's
 (the geometric mean over runs, with a 90% bootstrap interval: bench/stats.py), for each
-directory and over all of them. One run's spread on this machine is as large as the
+directory and over all of them; last, whether a run whose requests split unevenly between the
+servers had a slower server TTFT (per policy, its runs halved by the busiest server's share). One run's spread on this machine is as large as the
 differences between policies, so verdicts need several; and the sessions differ more than the
 rounds of one session do (the servers, the host's other tenants), so the per-directory ratios
 show whether a pooled verdict holds in each session or rests on one.
@@ -260,6 +261,30 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
                               [by[other][f"server_ttft_{k}_ms"] for by in both], other)
                      for k in ("mean", "p90")]  # fmt: skip
             print(f"  {label[-32:]:>32} ({len(both)} runs): {cells[0]}; {cells[1]}")
+    balance(runs, policies)
+
+
+def balance(runs: list[tuple[str, dict[str, dict[str, Any]]]], policies: list[str]) -> None:
+    """Does an uneven split between the servers cost TTFT? Per policy, its runs ordered by
+    the busiest server's share of the requests and split in halves: the even half's and the
+    uneven half's mean share, server TTFT mean and p90 and hit rate, and the correlation of
+    the share with the server TTFT mean over all runs."""
+    print("== the busiest server's share of a run's requests against its server TTFT: runs split at the "
+          "median share, even half | uneven half (share, mean / p90 ms, hit rate); correlation of share and mean")
+    for p in policies:
+        pts = sorted((max(r["per_replica_requests"]) / sum(r["per_replica_requests"]), r["server_ttft_mean_ms"],
+                      r["server_ttft_p90_ms"], r["hit_rate"])
+                     for _, by in runs if (r := by.get(p)) and sum(r.get("per_replica_requests") or []))  # fmt: skip
+        if len(pts) < 4:
+            continue
+        half = len(pts) // 2
+        cells = []
+        for part in (pts[:half], pts[half:]):
+            share, mean, p90, hit = (statistics.fmean(x[i] for x in part) for i in range(4))
+            cells.append(f"{share:.3f}, {mean:.0f} / {p90:.0f}, {hit:.1%}")
+        corr = statistics.correlation([x[0] for x in pts], [x[1] for x in pts])
+        print(f"  {p[:26]:>26} ({len(pts)} runs, shares {pts[0][0]:.2f}-{pts[-1][0]:.2f}): "
+              f"{cells[0]} | {cells[1]}; r = {corr:+.2f}")
 
 
 def main() -> None:

@@ -85,6 +85,8 @@ class RunFigures:
     requests: int
     wall_s: float = math.nan
     """The run's first request's start to its last answer's end."""
+    busiest_share: float = math.nan
+    """The share of its requests the busiest server served (nan: not known)."""
 
     def errors(self, other: RunFigures, wall: bool = False) -> list[float]:
         """log(other / self) of the three figures (with ``wall``, of the wall time too)."""
@@ -156,8 +158,10 @@ def server_figures(summaries: dict[tuple[str, int], dict[str, Any]], rows: Itera
         raise ValueError(f"the run's demo.json has no server TTFT histogram for {policy!r} round {round_} "
                          "(real vLLM servers report one; a stack from before this field was written lacks it)")  # fmt: skip
     client = live_figures(rows, policy, round_)
+    split = s.get("per_replica_requests") or []
+    busiest = max(split) / sum(split) if sum(split) else math.nan
     return RunFigures(histogram_quantile(buckets, 0.5), histogram_quantile(buckets, 0.9), client.tpot_p50_s,
-                      int(buckets[-1][1]), client.wall_s), buckets  # fmt: skip
+                      int(buckets[-1][1]), client.wall_s, busiest), buckets  # fmt: skip
 
 
 def replay_policy_for(label: str, configs: Sequence[Path] = ()) -> str:
@@ -316,13 +320,15 @@ class StackRun:
         s = summarize(result)
         served = [o for o in result.outcomes if not o.rejected]
         wall = max(o.finish_s for o in served) - min(o.arrival_s for o in served) if served else math.nan
+        per = np.bincount([o.replica for o in served], minlength=self.replicas)
+        busiest = float(per.max() / per.sum()) if served else math.nan
         if not self.ttft_edges:
-            return RunFigures(s.ttft_p50_s, s.ttft_p90_s, s.tpot_p50_s, s.served, wall), s.hit_rate
+            return RunFigures(s.ttft_p50_s, s.ttft_p90_s, s.tpot_p50_s, s.served, wall, busiest), s.hit_rate
         ttft = np.sort([o.first_token_s - o.arrival_s for o in served])
         counts = np.searchsorted(ttft, self.ttft_edges, side="right")  # cumulative: le is inclusive
         buckets = list(zip(self.ttft_edges, counts.tolist(), strict=True))
         return RunFigures(histogram_quantile(buckets, 0.5), histogram_quantile(buckets, 0.9), s.tpot_p50_s,
-                          s.served, wall), s.hit_rate  # fmt: skip
+                          s.served, wall, busiest), s.hit_rate  # fmt: skip
 
     def figures(self, cost: CostModel) -> RunFigures:
         """Its figures replayed with ``cost`` (what :func:`fit_scales` calls)."""

@@ -218,7 +218,8 @@ def with_a_hop(path: Path, hop_s: float) -> Path:
     buckets = [["+Inf" if le == float("inf") else repr(le), int(np.searchsorted(ttft, le, side="right"))]
                for le in VLLM_TTFT_EDGES]  # fmt: skip
     (path.parent / "demo.json").write_text(json.dumps(
-        {"replicas": 2, "runs": [{"policy": "round-robin", "round": 0, "server_ttft_buckets": buckets}]}))
+        {"replicas": 2, "runs": [{"policy": "round-robin", "round": 0, "server_ttft_buckets": buckets,
+                                  "per_replica_requests": [30, 6]}]}))  # fmt: skip
     for r in rows:
         r["ttft_s"] += hop_s
         r["e2e_s"] += hop_s
@@ -266,3 +267,16 @@ def test_a_replay_read_through_histogram_buckets_reads_as_prometheus_would(tmp_p
     assert got.ttft_p90_s == histogram_quantile(buckets, 0.9)
     assert got.ttft_p50_s == histogram_quantile(buckets, 0.5)
     assert got.tpot_p50_s == exact.figures(BASE).tpot_p50_s
+    assert got.busiest_share == 0.5  # round-robin: the busiest server served half
+
+
+def test_the_servers_split_of_a_run_is_read_live_and_replayed(tmp_path: Path) -> None:
+    """How a run's requests split between the servers: live from demo.json's per-server
+    counts (the log's one upstream is the router), replayed from the replicas picked."""
+    from simulator.fitlog import run_summaries, server_figures
+
+    path = with_a_hop(live_run(tmp_path), 0.1)
+    live, _ = server_figures(run_summaries(path), stack_rows(path), "round-robin", 0)
+    assert live.busiest_share == pytest.approx(30 / 36)
+    replayed, _ = StackRun(path, "round-robin", 0, 2, 512, 32, "random").replay(BASE)
+    assert 0.5 <= replayed.busiest_share < 1.0
