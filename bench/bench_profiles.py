@@ -330,7 +330,7 @@ def main() -> int:
     if args.profiles:
         keep = {p.strip() for p in args.profiles.split(",") if p.strip()}
         if keep - set(PROFILES):
-            ap.error(f"--profiles: unknown {', '.join(sorted(keep - set(PROFILES)))}")
+            ap.error(f"--profiles: unknown {', '.join(sorted(keep - set(PROFILES)))} (known: {', '.join(PROFILES)})")
         keep |= {"default", *REPLACED}
         policies = {k: v for k, v in policies.items() if k in keep}
     for item in args.candidate:
