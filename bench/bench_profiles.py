@@ -6,7 +6,10 @@ Workloads (``simulator.replay``): the shared Mooncake trace (8 replicas; its pac
 it; 4,096 / 8,192 / 16,384 KV blocks), and the chat, RAG and shared-prefix generators (4
 replicas; three loads x three KV sizes, as ``bench_ttft.py``), plus one point per workload
 with four epp replicas that do not share what they learn (``--routers 4``, arrivals
-round-robin). Per point and policy: prefix-cache hit rate and TTFT p90, each point run with
+round-robin); and ``lora``, the support desk of docs/examples/support-desk.jsonl (six
+products on LoRA adapters, conversations of 2-6 turns, 4 replicas of 1,024 KV blocks) at its
+logged rate and 2.5x, with 1, 2 and 4 adapters a batch (``--max-loras``): where adapters
+queue for batch slots. Per point and policy: prefix-cache hit rate and TTFT p90, each point run with
 ``--seeds`` seeds (mean hit rate, median p90): a seed draws the generator's workload
 (sessions, documents, arrival times) and the replayer's random choices; the trace is fixed.
 
@@ -41,6 +44,7 @@ Run: ./run bench profiles [--quick] [--check] [--seeds 3] [--ttft-oracle] [--wor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
@@ -58,6 +62,7 @@ from simulator.replay.bound import bound_percentile, ttft_lower_bounds  # noqa: 
 from simulator.replay.policies import policy_factory  # noqa: E402
 from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
 from simulator.replay.report import summarize  # noqa: E402
+from simulator.replay.requestlog import RequestLog  # noqa: E402
 from simulator.replay.workload import (  # noqa: E402
     DEFAULT_TRACE,
     MooncakeTrace,
@@ -86,20 +91,30 @@ class Point:
     routers: int = 1
     per_group: int = 0
     """Shared-prefix only: prompts a group (0: the generator's 32)."""
+    max_loras: int = 0
+    """Adapters a batch (0: the replay's default)."""
 
     @property
     def label(self) -> str:
-        unit = "x" if self.workload == "mooncake" else "/s"
+        unit = "x" if self.workload in TRACES else "/s"
         extra = f", {self.routers} routers" if self.routers > 1 else ""
         extra += f", {self.per_group} a group" if self.per_group else ""
+        extra += f", {self.max_loras} adapter{'s' if self.max_loras > 1 else ''} a batch" if self.max_loras else ""
         return f"{self.workload} {self.load:g}{unit} {self.kv_blocks} KV{extra}"
+
+
+LORA_TRACE = Path("docs/examples/support-desk.jsonl")
+TRACES = ("mooncake", "lora")
+"""The workloads replayed from a fixed trace (a load is a rate multiplier; seeds vary only
+the replayer's random choices)."""
+WORKLOADS = ("mooncake", "chat", "rag", "shared-prefix", "lora")
 
 
 def grid(names: list[str], quick: bool, per_group: int = 0) -> list[Point]:
     if quick:
         full = [Point("chat", 8, 1024, 4), Point("rag", 8, 4096, 4),
                 Point("shared-prefix", 16, 1024, 4), Point("shared-prefix", 8, 2048, 4, routers=4),
-                Point("mooncake", 0.75, 8192, 8)]  # fmt: skip
+                Point("mooncake", 0.75, 8192, 8), Point("lora", 2.5, 1024, 4, max_loras=1)]  # fmt: skip
         return [p for p in full if p.workload in names]
     spec = {
         "mooncake": ((1.0, 0.75), (4096, 8192, 16384), 8, (1.0, 8192)),
@@ -109,6 +124,9 @@ def grid(names: list[str], quick: bool, per_group: int = 0) -> list[Point]:
     }
     points = []
     for name in names:
+        if name == "lora":
+            points += [Point("lora", load, 1024, 4, max_loras=n) for load in (1.0, 2.5) for n in (1, 2, 4)]
+            continue
         loads, kvs, replicas, (r_load, r_kv) = spec[name]
         group = per_group if name == "shared-prefix" else 0
         points += [Point(name, load, kv, replicas, per_group=group) for load in loads for kv in kvs]
@@ -121,6 +139,8 @@ def workload_of(point: Point, quick: bool, seed: int = 0) -> Workload:
     from ``seed``, so seeds sample the workload as well as the policies' random choices."""
     if point.workload == "mooncake":
         return MooncakeTrace.load(ROOT / DEFAULT_TRACE, point.load, 1000 if quick else 0)
+    if point.workload == "lora":
+        return RequestLog.load(ROOT / LORA_TRACE, time_scale=1 / point.load)
     params: dict[str, Any] = {"seed": seed}
     if quick:
         params |= {"chat": {"num_sessions": 32}, "rag": {"num_requests": 192},
@@ -131,8 +151,8 @@ def workload_of(point: Point, quick: bool, seed: int = 0) -> Workload:
 
 
 def config_of(point: Point, seed: int) -> ReplayConfig:
-    return ReplayConfig(replicas=point.replicas, kv_blocks=point.kv_blocks, seed=seed,
-                        routers=point.routers)  # fmt: skip
+    cfg = ReplayConfig(replicas=point.replicas, kv_blocks=point.kv_blocks, seed=seed, routers=point.routers)
+    return dataclasses.replace(cfg, max_loras=point.max_loras) if point.max_loras else cfg
 
 
 def run_one(job: tuple[Point, str, str, int, bool]) -> tuple[Point, str, float, float]:
@@ -148,7 +168,7 @@ def bound_of(job: tuple[Point, bool, int]) -> tuple[Point, float]:
     point, quick, seeds = job
     cfg = config_of(point, 0)
     p90s = []
-    for seed in range(seeds if point.workload != "mooncake" else 1):
+    for seed in range(seeds if point.workload not in TRACES else 1):
         bounds = ttft_lower_bounds(workload_of(point, quick, seed).requests(), cfg.cost,
                                    cfg.block_size_tokens, cfg.model)  # fmt: skip
         p90s.append(bound_percentile(bounds, point.kv_blocks, 90))
@@ -303,8 +323,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when the default loses to another shipped profile beyond noise")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per point (3; quick: 8)")
-    ap.add_argument("--workloads", default="mooncake,chat,rag,shared-prefix",
-                    help="comma-separated: mooncake, chat, rag, shared-prefix")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
     ap.add_argument("--ttft-oracle", action="store_true", help="add the ttft-oracle policy")
     ap.add_argument("--candidate", action="append", default=[], metavar="NAME=CONFIG",
                     help="also run this epp config (a file or shipped name) as column NAME: a "
@@ -319,7 +338,7 @@ def main() -> int:
                     "each group's fixed quota skews placement, docs/results/group_placement.md)")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = set(names) - {"mooncake", "chat", "rag", "shared-prefix"}
+    unknown = set(names) - set(WORKLOADS)
     if unknown:
         ap.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
     if "mooncake" in names and not (ROOT / DEFAULT_TRACE).exists():

@@ -14,9 +14,15 @@ For a request of ``P`` prompt tokens and endpoint ``e``:
 * ``r`` = requests decoding there (``running``), whose decode steps share the GPU and
   whose slots new requests wait for;
 * ``kv`` = its KV-cache use, and ``o`` = the share of its KV cache the request (and the
-  work queued ahead) would need beyond what is free: it waits for blocks to be released.
+  work queued ahead) would need beyond what is free: it waits for blocks to be released;
+* ``a`` = 1 when the request names a LoRA adapter that would find no adapter slot on the
+  endpoint (vLLM's ``--max-loras``, from its ``vllm:lora_requests_info``): the slots are
+  held by other adapters, those it reports running and those of the requests epp sent there
+  whose response has not ended (a burst since the last scrape). The server skips such a
+  request until those adapters drain, which under steady traffic for them can take seconds;
+  0 otherwise, and always for the base model.
 
-``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o``, and the decision's cost
+``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o + c_a a``, and the decision's cost
 adds the delay its prefill imposes on later requests (``work_weight x c_u u``), where caches
 are unequally full the room it takes (``fill_weight x work_weight x c_u u x (fill - lowest
 fill)``, fill = the share of the endpoint's cache the prefix index holds), where they are full
@@ -56,7 +62,7 @@ from epp.plugins.session import SessionAffinityParams, SessionTable, session_of
 
 log = logging.getLogger(__name__)
 
-_FEATURES = 6  # 1, u, q, r, kv, overflow
+_FEATURES = 7  # 1, u, q, r, kv, overflow, adapter slot wait
 _LOG_FIRST, _LOG_PERIOD_S = 50, 30.0
 """The fitted model is logged after the first 50 responses, then at most every 30 s."""
 _MAX_PENDING = 100_000
@@ -82,6 +88,9 @@ class PredictedTtftParams:
     seconds_per_kv_overflow: float = 5.0
     """Prior of ``c_o``: a request that needs a whole KV cache more than is free waits this
     long for running requests to release blocks."""
+    seconds_per_adapter_wait: float = 1.0
+    """Prior of ``c_a``: how long a request waits for an adapter slot on an endpoint whose
+    slots other adapters hold (the fit learns the pool's own)."""
     chars_per_token: float = 4.0
     """To read prompt lengths and prefix matches (in characters) as tokens."""
     forgetting: float = 0.999
@@ -122,6 +131,14 @@ class PredictedTtftParams:
     """Where caches are full, every uncached token a pick writes pushes a token of some other
     prefix out: the score charges ``evict_weight x work_weight x c_u x u x fill`` on top (so
     nothing while the caches have room). 0 turns it off."""
+    adapter_weight: float = 1.0
+    """A request for a LoRA adapter that some endpoint holds (running it, epp has requests of
+    it in flight there, or epp sent it there last within ``adapter_window_seconds``) is
+    charged ``adapter_weight x c_a`` on an endpoint that would load it into a free slot: the
+    slot it takes is one another adapter's requests would wait for, so an adapter stays on
+    the endpoints that hold it unless they are that much slower. 0 turns it off."""
+    adapter_window_seconds: float = 30.0
+    """How long the endpoint epp last sent an adapter to counts as holding it."""
     session_spread_seconds: float = 0.0
     """A request that starts a session (an identity from ``session_headers`` not seen within
     ``session_window_seconds``) sets where the session's later turns will go, since their
@@ -177,7 +194,7 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
-def _take(counts: dict[EndpointId, Any], key: EndpointId, amount: float) -> None:
+def _take(counts: dict[Any, Any], key: Any, amount: float) -> None:
     """Subtract ``amount`` from a per-endpoint count, dropping the key once nothing is left."""
     left = counts.get(key, 0) - amount
     if left > 1e-6:
@@ -194,10 +211,11 @@ class PredictedTtftScorer:
         self.params = params
         p = params
         self.coef = [p.base_seconds, p.prefill_seconds_per_token, p.prefill_seconds_per_token,
-                     p.seconds_per_running_request, 0.0, p.seconds_per_kv_overflow]  # fmt: skip
+                     p.seconds_per_running_request, 0.0, p.seconds_per_kv_overflow,
+                     p.seconds_per_adapter_wait]  # fmt: skip
         # normalised features keep the least-squares system well conditioned
         # (z = x / scale: thousands of tokens), and the fit is in z's units: coef x scale
-        self._scale = [1.0, 1e3, 1e3, 1.0, 1.0, 1.0]
+        self._scale = [1.0, 1e3, 1e3, 1.0, 1.0, 1.0, 1.0]
         k = p.prior_strength
         self._prior_z = [c * s for c, s in zip(self.coef, self._scale, strict=True)]
         self._xtx = [[k if i == j else 0.0 for j in range(_FEATURES)] for i in range(_FEATURES)]
@@ -230,6 +248,12 @@ class PredictedTtftScorer:
         self.sessions_on = self._sessions.on
         """Per endpoint, the sessions active there."""
         self._logged_s = -math.inf
+        self._adapter_of: OrderedDict[int, tuple[EndpointId, str]] = OrderedDict()
+        self.adapters_on: dict[EndpointId, dict[str, int]] = {}
+        """Per endpoint, the adapters of the requests epp sent there whose response has not
+        ended, and how many of each."""
+        self._adapter_home: OrderedDict[str, tuple[EndpointId, float]] = OrderedDict()
+        """Per adapter, the endpoint epp last sent it to and when."""
 
     def features(self, state: CycleState, e: Endpoint) -> tuple[float, ...]:
         p = self.params
@@ -257,7 +281,17 @@ class PredictedTtftScorer:
         # (bounded: a server that has not reported a plausible cache size adds nothing)
         overflow = (min(_MAX_OVERFLOW, max(0.0, kv + (u + q) / capacity - 1.0))
                     if capacity >= _MIN_CAPACITY_TOKENS else 0.0)  # fmt: skip
-        return (1.0, u, q, r, kv, overflow)
+        return (1.0, u, q, r, kv, overflow, self._slot_wait(state.request.adapter, e))
+
+    def _slot_wait(self, adapter: str, e: Endpoint) -> float:
+        """How many times ``adapter`` would wait for the adapters holding ``e``'s slots to
+        drain (module docstring): the other adapters running or in flight there beyond the
+        slots, plus one; 0 while it runs there or a slot is free."""
+        m = e.metrics
+        if not adapter or not m.known or m.max_adapters <= 0 or adapter in m.running_adapters:
+            return 0.0
+        others = (m.running_adapters | self.adapters_on.get(e.id, {}).keys()) - {adapter}
+        return float(max(0, len(others) - m.max_adapters + 1))
 
     def predict(self, x: tuple[float, ...]) -> float:
         return sum(c * v for c, v in zip(self.coef, x, strict=True))
@@ -285,15 +319,31 @@ class PredictedTtftScorer:
             low = min(fills)
             cost = [c + f * x[1] * (k * (fill - low) + ev * fill)
                     for c, x, f, fill in zip(cost, feats, factors, fills, strict=True)]  # fmt: skip
+        if self.params.adapter_weight > 0 and state.request.adapter:
+            cost = self._keep_adapter(state.request.adapter, endpoints, feats, cost, factors, state.now_s)
         if self.params.session_spread_seconds > 0:
             cost = self._spread_sessions(state, endpoints, cost)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("predicted-ttft request %s: %s", state.request.request_id, "; ".join(
-                f"{e.id} u={x[1]:.0f} q={x[2]:.0f} r={x[3]:.0f} kv={x[4]:.2f} over={x[5]:.2f}"
+                f"{e.id} u={x[1]:.0f} q={x[2]:.0f} r={x[3]:.0f} kv={x[4]:.2f} over={x[5]:.2f} slot={x[6]:.0f}"
                 f" ttft={t:.4f} cost={c:.4f}"
                 for e, x, t, c in zip(endpoints, feats, preds, cost, strict=True)))
         best = min(cost)
         return [best / c for c in cost]
+
+    def _keep_adapter(self, adapter: str, endpoints: Sequence[Endpoint], feats: list[tuple[float, ...]],
+                      cost: list[float], factors: list[float], now_s: float) -> list[float]:  # fmt: skip
+        """Charge loading ``adapter`` into a free slot where another endpoint holds it
+        (``adapter_weight``)."""
+        home, at = self._adapter_home.get(adapter, ("", -math.inf))
+        recent = home if now_s - at <= self.params.adapter_window_seconds else ""
+        held = [adapter in e.metrics.running_adapters or adapter in self.adapters_on.get(e.id, {})
+                or (e.id == recent and not x[6]) for e, x in zip(endpoints, feats, strict=True)]  # fmt: skip
+        if not any(held):
+            return cost
+        k = self.params.adapter_weight * self.coef[6]
+        return [c + (k * f if not h and e.metrics.max_adapters > 0 else 0.0)
+                for c, h, f, e in zip(cost, held, factors, endpoints, strict=True)]  # fmt: skip
 
     def _spread_sessions(self, state: CycleState, endpoints: Sequence[Endpoint],
                          cost: list[float]) -> list[float]:  # fmt: skip
@@ -343,11 +393,32 @@ class PredictedTtftScorer:
         self._prefilling[rid] = (target, x[1], state.now_s)
         self.outstanding[target] = self.outstanding.get(target, 0.0) + x[1]
         self._expire_prefilling(state.now_s)
+        adapter = state.request.adapter
+        if adapter:
+            self._adapter_home[adapter] = (target, state.now_s)
+            self._adapter_home.move_to_end(adapter)
+            if len(self._adapter_home) > _MAX_PENDING:
+                self._adapter_home.popitem(last=False)
+        if adapter and rid not in self._adapter_of:
+            self._adapter_of[rid] = (target, adapter)
+            on = self.adapters_on.setdefault(target, {})
+            on[adapter] = on.get(adapter, 0) + 1
+            if len(self._adapter_of) > _MAX_PENDING:  # responses never reported: forget the oldest
+                self._end_adapter(next(iter(self._adapter_of)))
         if self.params.count_own_running and rid not in self._active:
             self._active[rid] = target
             self.active[target] = self.active.get(target, 0) + 1
             if len(self._active) > _MAX_PENDING:  # responses never reported: forget the oldest
                 self._end_active(next(iter(self._active)))
+
+    def _end_adapter(self, rid: int) -> None:
+        entry = self._adapter_of.pop(rid, None)
+        if entry is not None:
+            target, adapter = entry
+            on = self.adapters_on.get(target, {})
+            _take(on, adapter, 1)
+            if not on:
+                self.adapters_on.pop(target, None)
 
     def _end_active(self, rid: int) -> None:
         target = self._active.pop(rid, None)
@@ -379,6 +450,7 @@ class PredictedTtftScorer:
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
         rid = id(state)
         self._end_active(rid)
+        self._end_adapter(rid)
         entry = self._prefilling.pop(rid, None)
         if entry is not None:  # no first token was reported
             self._done_prefilling(entry[0], entry[1])
@@ -393,6 +465,7 @@ class PredictedTtftScorer:
     def remove_endpoint(self, endpoint_id: EndpointId) -> None:
         self.outstanding.pop(endpoint_id, None)
         self.active.pop(endpoint_id, None)
+        self.adapters_on.pop(endpoint_id, None)
         self.speed.pop(endpoint_id, None)
         # its sessions stay counted (no longer scored) until they expire or move
 
@@ -408,9 +481,9 @@ class PredictedTtftScorer:
             log.info(
                 "predicted-ttft model after %d responses: %.0f ms + %.3f ms per uncached token "
                 "+ %.3f ms per queued prefill token + %.1f ms per running request + %.0f ms "
-                "x KV use + %.0f ms x KV overflow; mean abs error %.0f ms",
+                "x KV use + %.0f ms x KV overflow + %.0f ms waiting for an adapter slot; mean abs error %.0f ms",
                 self.errors.count, c[0] * 1e3, c[1] * 1e3, c[2] * 1e3, c[3] * 1e3, c[4] * 1e3,
-                c[5] * 1e3, self.errors.abs_sum / self.errors.count * 1e3,
+                c[5] * 1e3, c[6] * 1e3, self.errors.abs_sum / self.errors.count * 1e3,
             )  # fmt: skip
         factor = self.speed.get(target, 1.0)
         rate = self.params.calibration_rate

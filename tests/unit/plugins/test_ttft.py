@@ -325,3 +325,65 @@ def test_requests_sharing_a_client_chosen_id_are_accounted_apart() -> None:
     sc.post_response(one, PickResult((ep(A),), one), ResponseInfo(200, ttft_s=0.5))
     sc.post_response(two, PickResult((ep(B),), two), ResponseInfo(200, ttft_s=0.4))
     assert sc.active == {} and sc.errors.count == 2
+
+
+def lora_ep(eid: EndpointId, running: set[str], max_adapters: int = 1, waiting: set[str] | None = None,
+            requests: int = 0) -> Endpoint:  # fmt: skip
+    return Endpoint(eid, eid.split(":")[0], 8000,
+                    metrics=Metrics(running=requests or len(running), running_adapters=frozenset(running),
+                                    waiting_adapters=frozenset(waiting or ()), max_adapters=max_adapters,
+                                    scraped_at_s=1.0))  # fmt: skip
+
+
+def lora_state(rid: str, adapter: str, now_s: float = 0.0) -> CycleState:
+    s = CycleState(InferenceRequest(rid, adapter or "m", "x" * 800, adapter=adapter), now_s, random.Random(0))
+    s.prefix = PrefixMatch(list(range(12)), {}, 64)
+    return s
+
+
+def test_an_adapter_waits_where_other_adapters_hold_every_slot() -> None:
+    sc = PredictedTtftScorer("t", PredictedTtftParams())
+    held, free, own = lora_ep(A, {"x"}), lora_ep(B, set()), lora_ep(A, {"y"})
+    assert sc.features(lora_state("r1", "y"), held)[6] == 1.0  # x holds A's one slot
+    assert sc.features(lora_state("r1", "y"), free)[6] == 0.0
+    assert sc.features(lora_state("r1", "y"), own)[6] == 0.0  # y runs there
+    assert sc.features(lora_state("r1", ""), held)[6] == 0.0  # the base model needs no slot
+    assert sc.features(lora_state("r1", "y"), lora_ep(A, {"x"}, max_adapters=2))[6] == 0.0
+    assert sc.features(lora_state("r1", "y"), lora_ep(A, {"x"}, max_adapters=0))[6] == 0.0  # no LoRA state
+    scores = sc.score(lora_state("r2", "y"), [held, free])
+    assert scores[1] == 1.0 and scores[0] < 0.6
+
+
+def test_requests_sent_since_the_last_scrape_hold_their_adapters_slots() -> None:
+    sc = PredictedTtftScorer("t", PredictedTtftParams())
+    s = lora_state("r1", "x")
+    endpoint = lora_ep(B, set())
+    sc.score(s, [endpoint])
+    sc.post_pick(s, PickResult((endpoint,), s))
+    assert sc.adapters_on == {B: {"x": 1}}
+    assert sc.features(lora_state("r2", "y"), endpoint)[6] == 1.0  # x took the free slot
+    assert sc.features(lora_state("r2", "x"), endpoint)[6] == 0.0
+    # z waits behind x and y both
+    assert sc.features(lora_state("r3", "z"), lora_ep(B, {"y"}))[6] == 2.0
+    sc.post_response(s, PickResult((endpoint,), s), ResponseInfo(status=200, ttft_s=0.1))
+    assert sc.adapters_on == {} and sc.features(lora_state("r4", "y"), endpoint)[6] == 0.0
+
+
+def test_an_adapter_stays_on_the_endpoint_that_holds_it() -> None:
+    """With a free slot elsewhere, a request for an adapter goes where it already runs unless
+    that is slower by more than ``adapter_weight`` slot waits; with the weight 0 the free,
+    idler endpoint wins."""
+    home, spare = lora_ep(A, {"x"}, requests=2), lora_ep(B, set())
+    for weight, expect in ((0.5, 0), (0.0, 1)):
+        sc = PredictedTtftScorer("t", PredictedTtftParams(adapter_weight=weight))
+        scores = sc.score(lora_state("r1", "x"), [home, spare])
+        assert scores[expect] == 1.0, (weight, scores)
+    sc = PredictedTtftScorer("t", PredictedTtftParams())
+    s = lora_state("r2", "w", now_s=5.0)
+    sc.score(s, [spare])
+    sc.post_pick(s, PickResult((spare,), s))
+    sc.post_response(s, PickResult((spare,), s), ResponseInfo(status=200, ttft_s=0.1))
+    # answered, w runs nowhere now; sent to B last, within the window: B still holds it
+    idle_a = lora_ep(A, set())
+    assert sc.score(lora_state("r3", "w", now_s=10.0), [idle_a, spare])[1] == 1.0
+    assert sc.score(lora_state("r4", "w", now_s=60.0), [idle_a, spare]) == [1.0, 1.0]  # window over
