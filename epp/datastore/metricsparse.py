@@ -173,7 +173,8 @@ def _adapters(value: str) -> frozenset[str]:
 class PageParser:
     """Parses one endpoint's pages; remembers its info lines between scrapes."""
 
-    __slots__ = ("_cc", "_cc_line", "_encoded", "_lora", "_lora_line", "_names", "_on_reject")
+    __slots__ = ("_cc", "_cc_line", "_encoded", "_lora", "_lora_line", "_models", "_models_key", "_names",
+                 "_on_reject")  # fmt: skip
 
     def __init__(self, names: MetricNames, on_reject: RejectHook | None = None) -> None:
         self._names = names
@@ -188,6 +189,8 @@ class PageParser:
         self._lora: tuple[frozenset[str], frozenset[str], int] = (frozenset(), frozenset(), 0)
         self._cc_line: bytes | None = None
         self._cc: tuple[int, int] = (0, 0)
+        self._models_key: tuple[bytes, ...] = ()
+        self._models: frozenset[str] = frozenset()
 
     def _values(self, page: bytes, family: str) -> list[Sample]:
         samples: list[Sample] = []
@@ -227,7 +230,8 @@ class PageParser:
     def parse(self, page: bytes, now_s: float) -> Metrics:
         names = self._names
         waiting = self._count(*self._first_family(page, names.waiting))
-        running = self._count(*self._first_family(page, names.running))
+        running_family, running_samples = self._first_family(page, names.running)
+        running = self._count(running_family, running_samples)
         kv_family, kv_samples = self._first_family(page, names.kv_usage)
         kv: float | None = None
         if kv_samples:
@@ -256,7 +260,17 @@ class PageParser:
             block_size_tokens=block_size,
             num_gpu_blocks=gpu_blocks,
             scraped_at_s=now_s,
+            served_models=self._served_models(running_samples),
         )
+
+    def _served_models(self, samples: list[Sample]) -> frozenset[str]:
+        """The ``model_name`` labels of the running gauge's series (parsed once per set)."""
+        key = tuple(s.labels for s in samples[:8])  # data-parallel ranks: a few series
+        if key != self._models_key:
+            self._models_key = key
+            self._models = frozenset(m for raw in key if (m := parse_labels(raw).get("model_name", ""))
+                                     and len(m) <= 256)  # fmt: skip
+        return self._models
 
     def _lora_state(self, page: bytes) -> tuple[frozenset[str], frozenset[str], int]:
         if not self._names.lora_info:

@@ -34,6 +34,9 @@ class Metrics:
     block_size_tokens: int = 0
     num_gpu_blocks: int = 0
     scraped_at_s: float = 0.0
+    served_models: frozenset[str] = frozenset()
+    """The model names the server's load gauges carry (vLLM's ``model_name`` label): its base
+    model, never one of its LoRA adapters."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.kv_usage <= 1.0:  # servers report odd values; scorers rely on [0, 1]

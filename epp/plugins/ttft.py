@@ -15,12 +15,15 @@ For a request of ``P`` prompt tokens and endpoint ``e``:
   whose slots new requests wait for;
 * ``kv`` = its KV-cache use, and ``o`` = the share of its KV cache the request (and the
   work queued ahead) would need beyond what is free: it waits for blocks to be released;
-* ``a`` = 1 when the request names a LoRA adapter that would find no adapter slot on the
-  endpoint (vLLM's ``--max-loras``, from its ``vllm:lora_requests_info``): the slots are
-  held by other adapters, those it reports running and those of the requests epp sent there
+* ``a`` = how many times a request for a LoRA adapter would wait for the adapters holding
+  the endpoint's slots to drain (vLLM's ``--max-loras``, from its
+  ``vllm:lora_requests_info``): the other adapters there beyond the slots, plus one, where an
+  adapter holds a slot if the server reports it running or epp has requests for it there
   whose response has not ended (a burst since the last scrape). The server skips such a
-  request until those adapters drain, which under steady traffic for them can take seconds;
-  0 otherwise, and always for the base model.
+  request until those adapters drain, which under steady traffic for them can take seconds.
+  0 while the adapter runs there or a slot is free, and for the base model: a request's
+  model counts as an adapter once a server has reported it among its running or waiting
+  adapters (a base model never is, whatever ``requestControl.baseModels`` says).
 
 ``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o + c_a a``, and the decision's cost
 adds the delay its prefill imposes on later requests (``work_weight x c_u u``), where caches
@@ -134,9 +137,9 @@ class PredictedTtftParams:
     adapter_weight: float = 1.0
     """A request for a LoRA adapter that some endpoint holds (running it, epp has requests of
     it in flight there, or epp sent it there last within ``adapter_window_seconds``) is
-    charged ``adapter_weight x c_a`` on an endpoint that would load it into a free slot: the
-    slot it takes is one another adapter's requests would wait for, so an adapter stays on
-    the endpoints that hold it unless they are that much slower. 0 turns it off."""
+    charged ``adapter_weight x c_a`` on every endpoint that does not: a slot it takes there is
+    one another adapter's requests would wait for, so an adapter stays on the endpoints that
+    hold it unless they are that much slower. 0 turns it off."""
     adapter_window_seconds: float = 30.0
     """How long the endpoint epp last sent an adapter to counts as holding it."""
     session_spread_seconds: float = 0.0
@@ -254,6 +257,10 @@ class PredictedTtftScorer:
         ended, and how many of each."""
         self._adapter_home: OrderedDict[str, tuple[EndpointId, float]] = OrderedDict()
         """Per adapter, the endpoint epp last sent it to and when."""
+        self.lora_names: OrderedDict[str, None] = OrderedDict()
+        """The LoRA adapters the servers have reported running or waiting (the latest last)."""
+        self.base_models: OrderedDict[str, None] = OrderedDict()
+        """The base models the servers have reported serving (``Metrics.served_models``)."""
 
     def features(self, state: CycleState, e: Endpoint) -> tuple[float, ...]:
         p = self.params
@@ -281,7 +288,14 @@ class PredictedTtftScorer:
         # (bounded: a server that has not reported a plausible cache size adds nothing)
         overflow = (min(_MAX_OVERFLOW, max(0.0, kv + (u + q) / capacity - 1.0))
                     if capacity >= _MIN_CAPACITY_TOKENS else 0.0)  # fmt: skip
-        return (1.0, u, q, r, kv, overflow, self._slot_wait(state.request.adapter, e))
+        return (1.0, u, q, r, kv, overflow, self._slot_wait(self._lora(state), e))
+
+    def _lora(self, state: CycleState) -> str:
+        """The request's LoRA adapter: a name the servers have reported as an adapter, or,
+        where they report their base models, any name that is not one of those."""
+        adapter = state.request.adapter
+        known = adapter in self.lora_names or (bool(self.base_models) and adapter not in self.base_models)
+        return adapter if known else ""
 
     def _slot_wait(self, adapter: str, e: Endpoint) -> float:
         """How many times ``adapter`` would wait for the adapters holding ``e``'s slots to
@@ -290,7 +304,9 @@ class PredictedTtftScorer:
         m = e.metrics
         if not adapter or not m.known or m.max_adapters <= 0 or adapter in m.running_adapters:
             return 0.0
-        others = (m.running_adapters | self.adapters_on.get(e.id, {}).keys()) - {adapter}
+        names, base = self.lora_names, self.base_models
+        own = {a for a in self.adapters_on.get(e.id, {}) if a in names or (base and a not in base)}
+        others = (m.running_adapters | own) - {adapter}
         return float(max(0, len(others) - m.max_adapters + 1))
 
     def predict(self, x: tuple[float, ...]) -> float:
@@ -319,8 +335,8 @@ class PredictedTtftScorer:
             low = min(fills)
             cost = [c + f * x[1] * (k * (fill - low) + ev * fill)
                     for c, x, f, fill in zip(cost, feats, factors, fills, strict=True)]  # fmt: skip
-        if self.params.adapter_weight > 0 and state.request.adapter:
-            cost = self._keep_adapter(state.request.adapter, endpoints, feats, cost, factors, state.now_s)
+        if self.params.adapter_weight > 0 and (adapter := self._lora(state)):
+            cost = self._keep_adapter(adapter, endpoints, feats, cost, factors, state.now_s)
         if self.params.session_spread_seconds > 0:
             cost = self._spread_sessions(state, endpoints, cost)
         if log.isEnabledFor(logging.DEBUG):
@@ -393,7 +409,7 @@ class PredictedTtftScorer:
         self._prefilling[rid] = (target, x[1], state.now_s)
         self.outstanding[target] = self.outstanding.get(target, 0.0) + x[1]
         self._expire_prefilling(state.now_s)
-        adapter = state.request.adapter
+        adapter = state.request.adapter  # a base model's too: a name is known as an adapter later
         if adapter:
             self._adapter_home[adapter] = (target, state.now_s)
             self._adapter_home.move_to_end(adapter)
@@ -460,7 +476,14 @@ class PredictedTtftScorer:
             self._pending.pop(rid, None)
 
     def observe_endpoint(self, endpoint: Endpoint) -> None:
-        pass
+        m = endpoint.metrics
+        for names, seen in ((self.lora_names, m.running_adapters | m.waiting_adapters),
+                            (self.base_models, m.served_models)):  # fmt: skip
+            for name in seen:
+                if name not in names:
+                    names[name] = None
+                    if len(names) > _MAX_PENDING:
+                        names.popitem(last=False)
 
     def remove_endpoint(self, endpoint_id: EndpointId) -> None:
         self.outstanding.pop(endpoint_id, None)

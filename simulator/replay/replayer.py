@@ -718,6 +718,7 @@ class _Run:
                 block_size_tokens=cfg.block_size_tokens,
                 num_gpu_blocks=reported,
                 scraped_at_s=stamp,
+                served_models=frozenset({cfg.model}),
             )
             for eng in self.engines
         ]

@@ -33,8 +33,13 @@ async def start_replicas(
     tokenizer: str = "",
     kv_events: str = "",
     kv_store: str = "",
+    lora_adapters: tuple[str, ...] = (),
+    max_loras: int | None = None,
 ) -> list[RunningEmulator]:
-    extra: dict[str, Any] = {"tokenizer": tokenizer, "kv_events": kv_events, "kv_store": kv_store}
+    extra: dict[str, Any] = {"tokenizer": tokenizer, "kv_events": kv_events, "kv_store": kv_store,
+                             "lora_adapters": tuple(lora_adapters)}  # fmt: skip
+    if max_loras:
+        extra["max_loras"] = max_loras
     if kv_blocks:
         extra["num_gpu_blocks"] = kv_blocks
     if max_num_seqs:
@@ -141,6 +146,7 @@ async def _main(args: argparse.Namespace) -> None:
         reps = await start_replicas(
             args.count, args.speedup, args.model, args.kv_blocks, args.max_num_seqs,
             tokenizer=args.tokenizer, kv_events=args.kv_events, kv_store=args.kv_store,
+            lora_adapters=tuple(a for a in args.lora_adapters.split(",") if a), max_loras=args.max_loras,
         )  # fmt: skip
         print(json.dumps({"replica_urls": [r.url for r in reps]}), flush=True)
         try:
@@ -172,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default="", help="replicas: tokenizer directory")
     p.add_argument("--kv-events", default="", help="replicas: where to publish KV events")
     p.add_argument("--kv-store", default="", help="replicas: a KV store directory they share")
+    p.add_argument("--lora-adapters", default="", help="replicas: LoRA adapters served, comma-separated")
+    p.add_argument("--max-loras", type=int, default=None, help="replicas: most distinct adapters a batch")
     p.add_argument("--endpoints", default="", help="epp: the pool (default: the config's staticEndpoints)")
     p.add_argument("--config", default="")
     p.add_argument("--no-sync", action="store_true", help="epp: replicas do not share their index")

@@ -132,6 +132,12 @@ def register(subparsers: Any) -> None:
         help="KV cache blocks (16 tokens) per replica; small so that routing matters",
     )
     g.add_argument("--max-num-seqs", type=int, default=None, help="batch size per replica (default: the emulator's, 32)")
+    g.add_argument("--lora-adapters", default="", metavar="NAME[,NAME...]",
+                   help="emulated replicas: LoRA adapters served besides the base model (a request names "
+                   "one as its model; e.g. the support desk's desk-0,...,desk-5)")
+    g.add_argument("--max-loras", type=int, default=None,
+                   help="emulated replicas: most distinct adapters in one batch (default: the emulator's, 4); "
+                   "a request for another adapter waits for a slot")
     scrape = g.add_argument(
         "--scrape-interval-s", default="", metavar="S[,S...]",
         help="epp's period between two scrapes of a server's /metrics (default: the config's "
@@ -238,6 +244,8 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         speedup=args.speedup,
         kv_blocks=args.kv_blocks,
         max_num_seqs=args.max_num_seqs,
+        lora_adapters=tuple(a.strip() for a in args.lora_adapters.split(",") if a.strip()),
+        max_loras=args.max_loras,
         model=args.model,
         gateway=args.gateway,
         request_mode=args.mode,
@@ -306,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
                              "their KV events to one epp)")  # fmt: skip
         _check_servers(args)
         options = options_from_args(args)
+        _check_lora(options)
         workload = workload_from_args(args) if args.demo else None
         baselines = tuple(b.strip() for b in args.baseline.split(",") if b.strip())
         for b in baselines:
@@ -336,6 +345,14 @@ def _check_servers(args: argparse.Namespace) -> None:
                              "(the replay compares P/D: epp-sim replay --pd P:D)")  # fmt: skip
     if args.vllm_stream_interval < 1:
         raise ValueError(f"--vllm-stream-interval must be at least 1, not {args.vllm_stream_interval}")
+
+
+def _check_lora(options: StackOptions) -> None:
+    if (options.lora_adapters or options.max_loras) and options.engine == "vllm":
+        raise ValueError("--lora-adapters and --max-loras are for emulated servers "
+                         "(real vLLM needs adapter weights: --lora-modules)")  # fmt: skip
+    if options.max_loras is not None and options.max_loras < 1:
+        raise ValueError(f"--max-loras must be at least 1, not {options.max_loras}")
 
 
 def _lower_routing_priority(options: StackOptions) -> None:

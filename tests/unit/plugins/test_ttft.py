@@ -335,6 +335,12 @@ def lora_ep(eid: EndpointId, running: set[str], max_adapters: int = 1, waiting: 
                                     scraped_at_s=1.0))  # fmt: skip
 
 
+def knowing(sc: PredictedTtftScorer, *adapters: str) -> PredictedTtftScorer:
+    """The scorer after a scrape in which a server reported ``adapters``."""
+    sc.observe_endpoint(lora_ep(EndpointId("10.0.0.9:8000"), set(adapters), max_adapters=len(adapters)))
+    return sc
+
+
 def lora_state(rid: str, adapter: str, now_s: float = 0.0) -> CycleState:
     s = CycleState(InferenceRequest(rid, adapter or "m", "x" * 800, adapter=adapter), now_s, random.Random(0))
     s.prefix = PrefixMatch(list(range(12)), {}, 64)
@@ -342,7 +348,7 @@ def lora_state(rid: str, adapter: str, now_s: float = 0.0) -> CycleState:
 
 
 def test_an_adapter_waits_where_other_adapters_hold_every_slot() -> None:
-    sc = PredictedTtftScorer("t", PredictedTtftParams())
+    sc = knowing(PredictedTtftScorer("t", PredictedTtftParams()), "x", "y")
     held, free, own = lora_ep(A, {"x"}), lora_ep(B, set()), lora_ep(A, {"y"})
     assert sc.features(lora_state("r1", "y"), held)[6] == 1.0  # x holds A's one slot
     assert sc.features(lora_state("r1", "y"), free)[6] == 0.0
@@ -355,7 +361,7 @@ def test_an_adapter_waits_where_other_adapters_hold_every_slot() -> None:
 
 
 def test_requests_sent_since_the_last_scrape_hold_their_adapters_slots() -> None:
-    sc = PredictedTtftScorer("t", PredictedTtftParams())
+    sc = knowing(PredictedTtftScorer("t", PredictedTtftParams()), "x", "y", "z")
     s = lora_state("r1", "x")
     endpoint = lora_ep(B, set())
     sc.score(s, [endpoint])
@@ -374,11 +380,11 @@ def test_an_adapter_stays_on_the_endpoint_that_holds_it() -> None:
     that is slower by more than ``adapter_weight`` slot waits; with the weight 0 the free,
     idler endpoint wins."""
     home, spare = lora_ep(A, {"x"}, requests=2), lora_ep(B, set())
-    for weight, expect in ((0.5, 0), (0.0, 1)):
-        sc = PredictedTtftScorer("t", PredictedTtftParams(adapter_weight=weight))
+    for weight, expect in ((1.0, 0), (0.0, 1)):
+        sc = knowing(PredictedTtftScorer("t", PredictedTtftParams(adapter_weight=weight)), "x", "w")
         scores = sc.score(lora_state("r1", "x"), [home, spare])
         assert scores[expect] == 1.0, (weight, scores)
-    sc = PredictedTtftScorer("t", PredictedTtftParams())
+    sc = knowing(PredictedTtftScorer("t", PredictedTtftParams()), "x", "w")
     s = lora_state("r2", "w", now_s=5.0)
     sc.score(s, [spare])
     sc.post_pick(s, PickResult((spare,), s))
@@ -387,3 +393,29 @@ def test_an_adapter_stays_on_the_endpoint_that_holds_it() -> None:
     idle_a = lora_ep(A, set())
     assert sc.score(lora_state("r3", "w", now_s=10.0), [idle_a, spare])[1] == 1.0
     assert sc.score(lora_state("r4", "w", now_s=60.0), [idle_a, spare]) == [1.0, 1.0]  # window over
+
+
+def test_a_model_no_server_reports_as_an_adapter_is_the_base_model() -> None:
+    """Without ``requestControl.baseModels`` every model name reaches the scorer as an
+    adapter; the base model's must not hold slots or stick to the endpoints serving it."""
+    sc = knowing(PredictedTtftScorer("t", PredictedTtftParams()), "x")
+    busy, idle = lora_ep(A, {"x"}, requests=1), lora_ep(B, set())
+    for i, endpoint in enumerate((busy, idle)):  # base-model requests in flight on A and B
+        s = lora_state(f"r{i}", "base")
+        sc.score(s, [endpoint])
+        sc.post_pick(s, PickResult((endpoint,), s))
+    assert sc.features(lora_state("r2", "base"), busy)[6] == 0.0
+    assert sc.features(lora_state("r2", "x"), idle)[6] == 0.0  # "base" holds no slot on B
+    assert sc.score(lora_state("r3", "base"), [busy, idle])[1] == 1.0  # no pull to where it runs
+
+
+def test_where_servers_name_their_base_model_every_other_model_is_an_adapter_at_once() -> None:
+    """An adapter no server has reported yet (its first requests) still waits for a slot and
+    sticks to its endpoint, once the servers have said which model is their base."""
+    sc = PredictedTtftScorer("t", PredictedTtftParams())
+    base = Endpoint(B, "10.0.0.2", 8000, metrics=Metrics(running_adapters=frozenset({"x"}), max_adapters=1,
+                                                         served_models=frozenset({"base"}), scraped_at_s=1.0))
+    assert sc.features(lora_state("r1", "new"), base)[6] == 0.0  # not known to be an adapter yet
+    sc.observe_endpoint(base)
+    assert sc.features(lora_state("r2", "new"), base)[6] == 1.0  # x holds the one slot
+    assert sc.features(lora_state("r3", "base"), base)[6] == 0.0  # the base model takes no slot
