@@ -1,0 +1,101 @@
+"""LoRA adapters queueing for batch slots on the live stack (issue 40): the support desk of
+docs/examples/support-desk.jsonl sent by ``epp-sim load`` through real Envoy and epp to
+emulated servers that serve its six adapters with one adapter a batch, once per policy,
+beside the same trace replayed offline.
+
+The point is the sweep's hardest LoRA point (bench_profiles.py ``--workloads lora``): 4
+replicas of 1,024 KV blocks, ``--max-loras 1``, the trace at 2.5x its logged rate (253
+requests in ~50 s). A request for an adapter the server is not running waits while another
+adapter holds the slot. The emulated GPUs run ``--speedup`` times faster than real time and
+the trace is sent that much faster, so live figures times the speedup are in the replay's
+modelled seconds. Figures: the client's TTFT p50 / p90 / p99 (to the first text chunk) and
+the servers' prefix-cache hit rate from their ``usage``.
+
+Policies: the default; the default with ``adapterWeight: 0`` (the slot wait predicted, but
+adapters not kept where they are held); the cache-aware profile; random (epp's random
+picker, the same path); with ``--router`` the real SGLang router behind Envoy.
+
+Run: ./run python bench/bench_lora_live.py [--speedup 1] [--rate 2.5] [--router]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from simulator.load import LoadOptions, run_load, summarize  # noqa: E402
+from simulator.replay.policies import policy_factory  # noqa: E402
+from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
+from simulator.replay.report import summarize as replay_summary  # noqa: E402
+from simulator.replay.requestlog import RequestLog  # noqa: E402
+from simulator.stack.stack import StackOptions, start_stack  # noqa: E402
+
+TRACE = ROOT / "docs" / "examples" / "support-desk.jsonl"
+BASE_MODEL = "support-base"
+ADAPTERS = tuple(f"desk-{i}" for i in range(6))
+REPLICAS, KV_BLOCKS, MAX_LORAS = 4, 1024, 1
+POLICIES = {  # label: (stack policy, epp config, replay policy)
+    "default": ("epp", "", "epp"),
+    "adapterWeight 0": ("epp", "bench/configs/default-adapter-weight-0.yaml", "epp"),
+    "cache-aware profile": ("epp", "cache-aware", "epp"),
+    "random": ("random", "", "random"),
+}
+ROUTER = ("SGLang router", ("sglang", "", "cache-aware"))
+
+
+async def live(policy: str, config: str, rate: float, speedup: float) -> dict[str, float]:
+    options = StackOptions(replicas=REPLICAS, policy=policy, config=str(ROOT / config) if config.endswith(".yaml")
+                           else config, speedup=speedup, kv_blocks=KV_BLOCKS, model=BASE_MODEL,
+                           lora_adapters=ADAPTERS, max_loras=MAX_LORAS, fair=True, ready_timeout_s=120)  # fmt: skip
+    stack = await start_stack(options)
+    try:
+        trace = RequestLog.load(TRACE, time_scale=1 / (rate * speedup))
+        sent = await run_load(stack.gateway_url, trace, LoadOptions(BASE_MODEL))
+    finally:
+        await stack.stop()
+    s = summarize(sent)
+    return {"requests": s.requests, "ok": s.ok, "hit": s.hit_rate, "p50": s.ttft_p50_s * speedup,
+            "p90": s.ttft_p90_s * speedup, "p99": s.ttft_p99_s * speedup}  # fmt: skip
+
+
+def replay(spec: str, config: str, rate: float) -> dict[str, float]:
+    if spec == "epp" and config:
+        spec = f"epp:{ROOT / config if config.endswith('.yaml') else config}"
+    name, factory = policy_factory(spec)
+    cfg = ReplayConfig(replicas=REPLICAS, kv_blocks=KV_BLOCKS, max_loras=MAX_LORAS, model=BASE_MODEL)
+    s = replay_summary(Replayer(cfg).run(RequestLog.load(TRACE, time_scale=1 / rate), factory, name))
+    return {"hit": s.hit_rate, "p50": s.ttft_p50_s, "p90": s.ttft_p90_s, "p99": s.ttft_p99_s}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--speedup", type=float, default=1.0, help="emulated GPUs this many times real time")
+    ap.add_argument("--rate", type=float, default=2.5, help="the trace's logged rate times this")
+    ap.add_argument("--router", action="store_true", help="also the real SGLang router behind Envoy")
+    args = ap.parse_args()
+    if args.speedup <= 0 or args.rate <= 0:
+        ap.error("--speedup and --rate must be > 0")
+    policies = dict(POLICIES)
+    if args.router:
+        policies[ROUTER[0]] = ROUTER[1]
+    print(f"# support desk at {args.rate:g}x, {REPLICAS} replicas x {KV_BLOCKS} KV blocks, {MAX_LORAS} adapter a "
+          f"batch; live: real Envoy + epp + emulated servers at speedup {args.speedup:g} (figures in modelled "
+          "seconds); replay: the same trace offline\n")  # fmt: skip
+    print("| policy | live requests (ok) | live hit | live TTFT p50 | p90 | p99 | replay hit | replay TTFT p50 | p90 | p99 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, (policy, config, spec) in policies.items():
+        got = asyncio.run(live(policy, config, args.rate, args.speedup))
+        off = replay(spec, config, args.rate)
+        print(f"| {label} | {got['requests']:.0f} ({got['ok']:.0f}) | {got['hit']:.1%} | {got['p50']:.2f} "
+              f"| {got['p90']:.2f} | {got['p99']:.2f} | {off['hit']:.1%} | {off['p50']:.2f} | {off['p90']:.2f} "
+              f"| {off['p99']:.2f} |", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
