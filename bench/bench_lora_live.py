@@ -9,19 +9,21 @@ requests in ~50 s). A request for an adapter the server is not running waits whi
 adapter holds the slot. The emulated GPUs run ``--speedup`` times faster than real time and
 the trace is sent that much faster, so live figures times the speedup are in the replay's
 modelled seconds. Figures: the client's TTFT p50 / p90 / p99 (to the first text chunk) and
-the servers' prefix-cache hit rate from their ``usage``.
+the servers' prefix-cache hit rate from their ``usage``; with ``--rounds N`` every policy runs
+N times (in turn, a fresh stack each) and the medians print with the p90's range.
 
 Policies: the default; the default with ``adapterWeight: 0`` (the slot wait predicted, but
 adapters not kept where they are held); the cache-aware profile; random (epp's random
 picker, the same path); with ``--router`` the real SGLang router behind Envoy.
 
-Run: ./run python bench/bench_lora_live.py [--speedup 1] [--rate 2.5] [--router]
+Run: ./run python bench/bench_lora_live.py [--speedup 1] [--rate 2.5] [--router] [--rounds 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 from pathlib import Path
 
@@ -77,23 +79,32 @@ def main() -> int:
     ap.add_argument("--speedup", type=float, default=1.0, help="emulated GPUs this many times real time")
     ap.add_argument("--rate", type=float, default=2.5, help="the trace's logged rate times this")
     ap.add_argument("--router", action="store_true", help="also the real SGLang router behind Envoy")
+    ap.add_argument("--rounds", type=int, default=1, help="live runs of every policy, in turn")
     args = ap.parse_args()
-    if args.speedup <= 0 or args.rate <= 0:
-        ap.error("--speedup and --rate must be > 0")
+    if args.speedup <= 0 or args.rate <= 0 or args.rounds < 1:
+        ap.error("--speedup and --rate must be > 0, --rounds at least 1")
     policies = dict(POLICIES)
     if args.router:
         policies[ROUTER[0]] = ROUTER[1]
     print(f"# support desk at {args.rate:g}x, {REPLICAS} replicas x {KV_BLOCKS} KV blocks, {MAX_LORAS} adapter a "
           f"batch; live: real Envoy + epp + emulated servers at speedup {args.speedup:g} (figures in modelled "
           "seconds); replay: the same trace offline\n")  # fmt: skip
-    print("| policy | live requests (ok) | live hit | live TTFT p50 | p90 | p99 | replay hit | replay TTFT p50 | p90 | p99 |")
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label in policies}
+    for r in range(args.rounds):
+        for label, (policy, config, _) in policies.items():
+            got = asyncio.run(live(policy, config, args.rate, args.speedup))
+            runs[label].append(got)
+            print(f"round {r + 1} {label}: {got['ok']:.0f} of {got['requests']:.0f} ok, hit {got['hit']:.1%}, "
+                  f"TTFT p50 / p90 / p99 {got['p50']:.2f} / {got['p90']:.2f} / {got['p99']:.2f} s", flush=True)  # fmt: skip
+    print("\n| policy | live rounds | live hit | live TTFT p50 | p90 (range) | p99 | replay hit | replay TTFT p50 | p90 | p99 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for label, (policy, config, spec) in policies.items():
-        got = asyncio.run(live(policy, config, args.rate, args.speedup))
+    for label, (_, config, spec) in policies.items():
+        med = {k: statistics.median(g[k] for g in runs[label]) for k in ("hit", "p50", "p90", "p99")}
+        p90s = [g["p90"] for g in runs[label]]
         off = replay(spec, config, args.rate)
-        print(f"| {label} | {got['requests']:.0f} ({got['ok']:.0f}) | {got['hit']:.1%} | {got['p50']:.2f} "
-              f"| {got['p90']:.2f} | {got['p99']:.2f} | {off['hit']:.1%} | {off['p50']:.2f} | {off['p90']:.2f} "
-              f"| {off['p99']:.2f} |", flush=True)  # fmt: skip
+        print(f"| {label} | {len(p90s)} | {med['hit']:.1%} | {med['p50']:.2f} | {med['p90']:.2f} "
+              f"({min(p90s):.2f}-{max(p90s):.2f}) | {med['p99']:.2f} | {off['hit']:.1%} | {off['p50']:.2f} "
+              f"| {off['p90']:.2f} | {off['p99']:.2f} |", flush=True)  # fmt: skip
     return 0
 
 
