@@ -292,9 +292,12 @@ class PredictedTtftScorer:
 
     def _lora(self, state: CycleState) -> str:
         """The request's LoRA adapter: a name the servers have reported as an adapter, or,
-        where they report their base models, any name that is not one of those."""
+        once they have reported any (the pool serves adapters) and where they name their
+        base models, any name that is not one of those (an alias of the base model in a pool
+        without adapters is never one)."""
         adapter = state.request.adapter
-        known = adapter in self.lora_names or (bool(self.base_models) and adapter not in self.base_models)
+        names, base = self.lora_names, self.base_models
+        known = adapter in names or (bool(names) and bool(base) and adapter not in base)
         return adapter if known else ""
 
     def _slot_wait(self, adapter: str, e: Endpoint) -> float:
@@ -305,7 +308,7 @@ class PredictedTtftScorer:
         if not adapter or not m.known or m.max_adapters <= 0 or adapter in m.running_adapters:
             return 0.0
         names, base = self.lora_names, self.base_models
-        own = {a for a in self.adapters_on.get(e.id, {}) if a in names or (base and a not in base)}
+        own = {a for a in self.adapters_on.get(e.id, {}) if a in names or (names and base and a not in base)}
         others = (m.running_adapters | own) - {adapter}
         return float(max(0, len(others) - m.max_adapters + 1))
 

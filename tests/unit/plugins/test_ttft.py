@@ -419,3 +419,16 @@ def test_where_servers_name_their_base_model_every_other_model_is_an_adapter_at_
     sc.observe_endpoint(base)
     assert sc.features(lora_state("r2", "new"), base)[6] == 1.0  # x holds the one slot
     assert sc.features(lora_state("r3", "base"), base)[6] == 0.0  # the base model takes no slot
+
+
+def test_in_a_pool_without_adapters_an_alias_of_the_base_model_is_not_one() -> None:
+    """A client naming the base model by another name (no ``baseModels`` in the config) in a
+    pool that serves no adapters: no slot waits, no pull to where its requests run."""
+    sc = PredictedTtftScorer("t", PredictedTtftParams())
+    plain = Metrics(running=1, max_adapters=4, served_models=frozenset({"base"}), scraped_at_s=1.0)
+    busy, idle = Endpoint(A, "10.0.0.1", 8000, metrics=plain), lora_ep(B, set(), max_adapters=4)
+    sc.observe_endpoint(busy)
+    s = lora_state("r1", "alias")
+    sc.score(s, [busy])
+    sc.post_pick(s, PickResult((busy,), s))
+    assert sc.score(lora_state("r2", "alias"), [busy, idle])[1] == 1.0
