@@ -23,7 +23,9 @@ For a request of ``P`` prompt tokens and endpoint ``e``:
   request until those adapters drain, which under steady traffic for them can take seconds.
   0 while the adapter runs there or a slot is free, and for the base model: a request's
   model counts as an adapter once a server has reported it among its running or waiting
-  adapters (a base model never is, whatever ``requestControl.baseModels`` says).
+  adapters, or once the pool has reported some adapter and the servers name a base model
+  (``Metrics.served_models``) that it is not; a base model never is, whatever
+  ``requestControl.baseModels`` says.
 
 ``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o + c_a a``, and the decision's cost
 adds the delay its prefill imposes on later requests (``work_weight x c_u u``), where caches
@@ -290,15 +292,17 @@ class PredictedTtftScorer:
                     if capacity >= _MIN_CAPACITY_TOKENS else 0.0)  # fmt: skip
         return (1.0, u, q, r, kv, overflow, self._slot_wait(self._lora(state), e))
 
-    def _lora(self, state: CycleState) -> str:
-        """The request's LoRA adapter: a name the servers have reported as an adapter, or,
-        once they have reported any (the pool serves adapters) and where they name their
-        base models, any name that is not one of those (an alias of the base model in a pool
-        without adapters is never one)."""
-        adapter = state.request.adapter
+    def _is_adapter(self, name: str) -> bool:
+        """A name the servers have reported as an adapter, or, once they have reported any
+        (the pool serves adapters) and where they name their base models, any name that is
+        not one of those (an alias of the base model in a pool without adapters is never one)."""
         names, base = self.lora_names, self.base_models
-        known = adapter in names or (bool(names) and bool(base) and adapter not in base)
-        return adapter if known else ""
+        return name in names or (bool(names) and bool(base) and name not in base)
+
+    def _lora(self, state: CycleState) -> str:
+        """The request's LoRA adapter ('' for the base model)."""
+        adapter = state.request.adapter
+        return adapter if adapter and self._is_adapter(adapter) else ""
 
     def _slot_wait(self, adapter: str, e: Endpoint) -> float:
         """How many times ``adapter`` would wait for the adapters holding ``e``'s slots to
@@ -307,8 +311,7 @@ class PredictedTtftScorer:
         m = e.metrics
         if not adapter or not m.known or m.max_adapters <= 0 or adapter in m.running_adapters:
             return 0.0
-        names, base = self.lora_names, self.base_models
-        own = {a for a in self.adapters_on.get(e.id, {}) if a in names or (names and base and a not in base)}
+        own = {a for a in self.adapters_on.get(e.id, {}) if self._is_adapter(a)}
         others = (m.running_adapters | own) - {adapter}
         return float(max(0, len(others) - m.max_adapters + 1))
 
