@@ -355,8 +355,9 @@ class PredictedTtftScorer:
 
     def _keep_adapter(self, adapter: str, endpoints: Sequence[Endpoint], feats: list[tuple[float, ...]],
                       cost: list[float], factors: list[float], now_s: float) -> list[float]:  # fmt: skip
-        """Charge loading ``adapter`` into a free slot where another endpoint holds it
-        (``adapter_weight``)."""
+        """Where some endpoint holds ``adapter`` (running it, requests for it in flight there,
+        or epp's last pick of it within the window while a slot is free there), charge every
+        endpoint that does not ``adapter_weight`` slot waits."""
         home, at = self._adapter_home.get(adapter, ("", -math.inf))
         recent = home if now_s - at <= self.params.adapter_window_seconds else ""
         held = [adapter in e.metrics.running_adapters or adapter in self.adapters_on.get(e.id, {})
