@@ -344,3 +344,21 @@ def test_the_demo_runs_observers_over_replicas_with_sync_only() -> None:
     assert [o.sync for o in variants(base, ("epp",))] == [True, False]
     observed = variants(dataclasses.replace(base, response_observer=True), ("epp",))
     assert [(o.sync, o.response_observer) for o in observed] == [(True, True)]
+
+
+async def test_the_stack_serves_lora_adapters_with_the_batch_limit_asked_for(http: aiohttp.ClientSession) -> None:
+    """--lora-adapters / --max-loras reach the emulated servers: an adapter's request is
+    served through the gateway, and each server reports the limit (vLLM's lora_requests_info)."""
+    from simulator.stack import start_stack
+
+    stack = await start_stack(dataclasses.replace(FAST, replicas=2, lora_adapters=("desk-0", "desk-1"), max_loras=1))
+    try:
+        status, _, body = await post(http, f"{stack.gateway_url}/v1/completions",
+                                     {"model": "desk-1", "prompt": "hello there", "max_tokens": 4})  # fmt: skip
+        assert status == 200, body
+        for url in stack.replica_urls:
+            async with http.get(f"{url}/metrics") as r:
+                page = await r.text()
+            assert 'max_lora="1"' in page
+    finally:
+        await stack.stop()

@@ -36,6 +36,8 @@ def test_log_level_is_checked() -> None:
     [
         (["--routing-nice", "5"], "needs --engine vllm"),
         (["--routing-nice", "25", "--engine", "vllm"], "must be 1-19"),
+        (["--lora-adapters", "a,b", "--engine", "vllm"], "are for emulated servers"),
+        (["--max-loras", "0"], "--max-loras must be at least 1"),
     ],
 )
 def test_routing_nice_is_checked_before_anything_starts(
