@@ -27,26 +27,29 @@ For a request of ``P`` prompt tokens and endpoint ``e``:
   (``Metrics.served_models``) that it is not; a base model never is, whatever
   ``requestControl.baseModels`` says.
 
-``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o + c_a a``, and the decision's cost
-adds the delay its prefill imposes on later requests (``work_weight x c_u u``), where caches
-are unequally full the room it takes (``fill_weight x work_weight x c_u u x (fill - lowest
-fill)``, fill = the share of the endpoint's cache the prefix index holds), where they are full
-the prefixes its writes evict (``evict_weight x work_weight x c_u u x fill``), and where
-prefill is under way the delay its own prefill adds to it (``contention_weight x c_u x
-min(u, q)``). The coefficients start at priors for a 7-8B model on one A100-class GPU (``c_u
-= c_q`` ~ 1/11,000 s per token, ``c_r`` = 20 ms per running request, ``c0`` = 20 ms) and are
-refit by exponentially weighted least squares on what epp observes: for every response, the
-features it had at the pick and the time to its first body bytes. The endpoint with the
-lowest cost scores 1, the others ``best / theirs``. Parameters (``PredictedTtftParams``) are
-the priors, the forgetting factor, the prior's weight, ``work_weight``, ``fill_weight``,
-``evict_weight`` and ``contention_weight``; nothing is weighted per deployment. With
-``session_spread_seconds`` (off by default), a request that starts a session (its identity
-from a header, as ``session-affinity-scorer`` reads it) is also charged that many seconds per
-session active on the endpoint, since the session's later turns will follow its cache there;
-scaled down while the active sessions are short (``session_spread_requests``). The
-default profile uses it, with the spread at 0.2 s, beside prefix, queue and KV scores
-(docs/configuration.md); the measurements
-behind each parameter's default: docs/research/2026-11-26-predicted-ttft-parameters.md.
+``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o + c_a a``, and the decision's
+cost adds the delay its prefill imposes on later requests (``work_weight x c_u u``), where
+caches are unequally full the room it takes (``fill_weight x work_weight x c_u u x (fill -
+lowest fill)``, fill = the share of the endpoint's cache the prefix index holds), where they
+are full the prefixes its writes evict (``evict_weight x work_weight x c_u u x fill``),
+where prefill is under way the delay its own prefill adds to it (``contention_weight x c_u x
+min(u, q)``), and, with ``saturation_weight``, where every candidate has prefill queued (no
+server is free to absorb the pick's prefill) up to ``saturation_weight x c_u u`` more, as
+the least backlog grows. The coefficients start at priors for a 7-8B model on one A100-class
+GPU (``c_u = c_q`` ~ 1/11,000 s per token, ``c_r`` = 20 ms per running request, ``c0`` = 20
+ms) and are refit by exponentially weighted least squares on what epp observes: for every
+response, the features it had at the pick and the time to its first body bytes. The endpoint
+with the lowest cost scores 1, the others ``best / theirs``. Parameters
+(``PredictedTtftParams``) are the priors, the forgetting factor, the prior's weight,
+``work_weight``, ``fill_weight``, ``evict_weight``, ``contention_weight`` and
+``saturation_weight``; nothing is weighted per deployment. With ``session_spread_seconds``
+(off by default), a request that starts a session (its identity from a header, as
+``session-affinity-scorer`` reads it) is also charged that many seconds per session active
+on the endpoint, since the session's later turns will follow its cache there; scaled down
+while the active sessions are short (``session_spread_requests``). The default profile uses
+it, with the spread at 0.2 s, beside prefix, queue and KV scores (docs/configuration.md);
+the measurements behind each parameter's default:
+docs/research/2026-11-26-predicted-ttft-parameters.md.
 
 The scorer also reports its prediction error (``errors``), which the replay prints.
 """
@@ -163,6 +166,15 @@ class PredictedTtftParams:
     arrives while others are prefilling in the same steps as theirs: the score charges
     ``contention_weight x c_u x min(u, q)``, nothing on an endpoint with no prefill queued.
     0 turns it off."""
+    saturation_weight: float = 0.0
+    """When every candidate has prefill queued, no server is free to absorb the prefill a
+    pick adds: it is paid by the requests queued behind it wherever it goes, and a prompt
+    moved off its cache adds the most. The score charges ``saturation_weight x c_u x u x b /
+    (b + saturation_backlog_seconds)``, ``b`` the least prefill backlog among the candidates
+    in seconds (``c_q x q``), so that a saturated pool keeps prompts where they are cached;
+    nothing while some candidate has none queued. 0 (the default): off."""
+    saturation_backlog_seconds: float = 0.1
+    """The least backlog at which the saturation charge is half its full weight."""
 
 
 @dataclass(slots=True)
@@ -331,7 +343,8 @@ class PredictedTtftScorer:
                 del self._candidates[next(iter(self._candidates))]
         w = self.params.work_weight * self.coef[1]
         cw = self.params.contention_weight * self.coef[1]
-        cost = [t + f * (w * x[1] + cw * min(x[1], x[2]))
+        sat = self._saturation_charge(feats)
+        cost = [t + f * ((w + sat) * x[1] + cw * min(x[1], x[2]))
                 for x, t, f in zip(feats, preds, factors, strict=True)]  # fmt: skip
         fill_of = state.prefix.fill
         k = self.params.fill_weight * w
@@ -352,6 +365,17 @@ class PredictedTtftScorer:
                 for e, x, t, c in zip(endpoints, feats, preds, cost, strict=True)))
         best = min(cost)
         return [best / c for c in cost]
+
+    def _saturation_charge(self, feats: list[tuple[float, ...]]) -> float:
+        """Per uncached token, the saturation charge (``saturation_weight``): the least
+        prefill backlog among the candidates, in seconds, ramps it up to its full weight."""
+        p = self.params
+        if p.saturation_weight <= 0:
+            return 0.0
+        backlog = max(0.0, self.coef[2]) * min(x[2] for x in feats)
+        if backlog <= 0:
+            return 0.0
+        return p.saturation_weight * self.coef[1] * backlog / (backlog + p.saturation_backlog_seconds)
 
     def _keep_adapter(self, adapter: str, endpoints: Sequence[Endpoint], feats: list[tuple[float, ...]],
                       cost: list[float], factors: list[float], now_s: float) -> list[float]:  # fmt: skip

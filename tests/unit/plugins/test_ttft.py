@@ -309,6 +309,33 @@ def test_prefill_under_way_makes_a_pick_that_joins_it_cost_more() -> None:
     assert idle.score(state("r2", 8_000, {A: 60}), [ep(A), ep(B)])[0] == 1.0
 
 
+def test_a_saturated_pool_keeps_a_prompt_on_its_cache() -> None:
+    # A holds 60 of the prompt's 125 chunks (960 of 2,000 tokens) behind 3,500 queued tokens;
+    # B holds nothing. With B idle, or with B queueing 500 tokens and no saturation charge, B
+    # wins: A's longer queue outweighs what it saves. With both queueing, no endpoint is free
+    # to absorb the prefill: charged for it, the 1,040 tokens A would prefill beat B's 2,000.
+    def pick(params: PredictedTtftParams, queued_on_b: int) -> list[float]:
+        sc = PredictedTtftScorer("t", params)
+        for target, chars in ((A, 14_000), (B, 4 * queued_on_b)):
+            if chars:
+                ahead = state(f"ahead-{target}", chars)
+                sc.score(ahead, [ep(target)])
+                sc.post_pick(ahead, PickResult((ep(target),), ahead))
+        return list(sc.score(state("r1", 8_000, {A: 60}), [ep(A), ep(B)]))
+
+    off = pick(PredictedTtftParams(), 500)
+    assert off[1] == 1.0 and off[0] < 1.0
+    on = pick(PredictedTtftParams(saturation_weight=64), 500)
+    assert on[0] == 1.0 and on[1] < 1.0
+    # B has nothing queued: the pool can absorb the prefill, so nothing is charged
+    assert pick(PredictedTtftParams(saturation_weight=64), 0) == pick(PredictedTtftParams(), 0)
+    # the charge ramps with the least backlog: half its weight at saturation_backlog_seconds
+    sc = PredictedTtftScorer("t", PredictedTtftParams(saturation_weight=64))
+    half = 0.1 / sc.coef[2]  # tokens queued on each candidate for a backlog of 0.1 s
+    charge = sc._saturation_charge([(1.0, 100.0, half), (1.0, 50.0, 2 * half)])
+    assert charge == pytest.approx(32 * sc.coef[1])
+
+
 def test_requests_sharing_a_client_chosen_id_are_accounted_apart() -> None:
     # x-request-id comes from the client when Envoy keeps it: two requests in flight with the
     # same id must not leave phantom prefill on an endpoint (it would repel every later pick)
