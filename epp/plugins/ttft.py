@@ -47,7 +47,8 @@ with the lowest cost scores 1, the others ``best / theirs``. Parameters
 ``session-affinity-scorer`` reads it) is also charged that many seconds per session active
 on the endpoint, since the session's later turns will follow its cache there; scaled down
 while the active sessions are short (``session_spread_requests``). The default profile uses
-it, with the spread at 0.2 s, beside prefix, queue and KV scores (docs/configuration.md);
+it, with the spread at 0.2 s and the saturation charge at 64, beside prefix, queue and KV
+scores (docs/configuration.md);
 the measurements behind each parameter's default:
 docs/research/2026-11-26-predicted-ttft-parameters.md.
 
@@ -172,9 +173,11 @@ class PredictedTtftParams:
     moved off its cache adds the most. The score charges ``saturation_weight x c_u x u x b /
     (b + saturation_backlog_seconds)``, ``b`` the least prefill backlog among the candidates
     in seconds (``c_q x q``), so that a saturated pool keeps prompts where they are cached;
-    nothing while some candidate has none queued. 0 (the default): off."""
+    nothing while some candidate has none queued. 0 turns it off (the parameter's default;
+    the default profile sets 64: docs/research/2026-11-28-saturated-pools-keep-prompts-cached.md)."""
     saturation_backlog_seconds: float = 0.1
-    """The least backlog at which the saturation charge is half its full weight."""
+    """The least backlog at which the saturation charge is half its full weight (0: full at
+    any backlog)."""
 
 
 @dataclass(slots=True)
