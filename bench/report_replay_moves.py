@@ -102,7 +102,7 @@ def one(point: Point, spec: str, seed: int) -> dict[str, Any]:
     summary = summarize(result)
     row: dict[str, Any] = {
         "hit": summary.hit_rate, "p90": summary.ttft_p90_s,
-        "later": sum(1 for o in outcomes) - len(last), "moved": moved, "held": held,
+        "later": len(outcomes) - len(last), "moved": moved, "held": held,
         "lost_blocks": lost, "miss": {k: v / total for k, v in miss.items()},
         "system_homes": statistics.mean(len(v) for v in homes.values()),
         "per_replica": per_replica,
