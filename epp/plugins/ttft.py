@@ -279,7 +279,9 @@ class PredictedTtftScorer:
         self.base_models: OrderedDict[str, None] = OrderedDict()
         """The base models the servers have reported serving (``Metrics.served_models``)."""
 
-    def features(self, state: CycleState, e: Endpoint) -> tuple[float, ...]:
+    def features(self, state: CycleState, e: Endpoint, adapter: str | None = None) -> tuple[float, ...]:
+        """The cost model's inputs for ``e``; ``adapter`` is ``_lora(state)`` when the caller
+        has it (``score`` works it out once for all the endpoints)."""
         p = self.params
         prompt_tokens = len(state.request.prompt) / p.chars_per_token
         prefix = state.prefix
@@ -305,7 +307,9 @@ class PredictedTtftScorer:
         # (bounded: a server that has not reported a plausible cache size adds nothing)
         overflow = (min(_MAX_OVERFLOW, max(0.0, kv + (u + q) / capacity - 1.0))
                     if capacity >= _MIN_CAPACITY_TOKENS else 0.0)  # fmt: skip
-        return (1.0, u, q, r, kv, overflow, self._slot_wait(self._lora(state), e))
+        if adapter is None:
+            adapter = self._lora(state)
+        return (1.0, u, q, r, kv, overflow, self._slot_wait(adapter, e))
 
     def _is_adapter(self, name: str) -> bool:
         """A name the servers have reported as an adapter, or, once they have reported any
@@ -334,7 +338,8 @@ class PredictedTtftScorer:
         return sum(c * v for c, v in zip(self.coef, x, strict=True))
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
-        feats = [self.features(state, e) for e in endpoints]
+        adapter = self._lora(state)
+        feats = [self.features(state, e, adapter) for e in endpoints]
         speed = self.speed
         factors = [speed.get(e.id, 1.0) for e in endpoints]
         preds = [max(1e-4, f * self.predict(x)) for x, f in zip(feats, factors, strict=True)]
@@ -357,7 +362,7 @@ class PredictedTtftScorer:
             low = min(fills)
             cost = [c + f * x[1] * (k * (fill - low) + ev * fill)
                     for c, x, f, fill in zip(cost, feats, factors, fills, strict=True)]  # fmt: skip
-        if self.params.adapter_weight > 0 and (adapter := self._lora(state)):
+        if self.params.adapter_weight > 0 and adapter:
             cost = self._keep_adapter(adapter, endpoints, feats, cost, factors, state.now_s)
         if self.params.session_spread_seconds > 0:
             cost = self._spread_sessions(state, endpoints, cost)
