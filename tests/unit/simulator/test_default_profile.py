@@ -35,7 +35,7 @@ def test_no_shipped_profile_beats_the_default_on_the_quick_sweep() -> None:
             pytest.fail(f"{ROOT / bp.DEFAULT_TRACE} missing in CI (../shared/traces)")
         names.remove("mooncake")
     points = bp.grid(names, quick=True)
-    table, _bounds, per_seed = bp.measure(points, bp.PROFILES, seeds=bp.QUICK_SEEDS, quick=True)
+    table, _bounds, per_seed = bp.measure(points, bp.PROFILES, seeds=bp.SEEDS, quick=True)
     assert set(table) == set(points) and all(set(c) == set(bp.PROFILES) for c in table.values())
     assert bp.check(points, table, per_seed) == []
 
