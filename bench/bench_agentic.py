@@ -1,6 +1,7 @@
 """Agent traffic in the replay (issue 42): the default profile, the default with session
 affinity (``session-affinity-scorer``, weight 1), with load in tokens (``token-load-scorer``,
-1) and with both, the default without its session spread (``-session spread``), llm-d-style sticky routing (the shipped ``sticky`` profile) and SGLang's
+1) and with both, the default without its session spread (``-session spread``) or its
+saturation charge (``-saturation charge``), llm-d-style sticky routing (the shipped ``sticky`` profile) and SGLang's
 cache-aware router.
 
 Workload: the replay's ``agentic`` generator (``simulator.replay.workload.AgenticParams``):
@@ -49,7 +50,7 @@ from simulator.replay.workload import build_generator  # noqa: E402
 
 POLICIES = {"default": "epp", "+sessions": "epp", "+token load (agentic)": "epp", "+both": "epp",
             "+token load 128k": "epp", "+token load 128k x0.5": "epp", "+token load (decode)": "epp",
-            "-session spread": "epp:bench/configs/default-no-session-spread.yaml",
+            "-session spread": "epp", "-saturation charge": "epp",
             "sticky (llm-d style)": "epp:sticky", "SGLang cache-aware": "cache-aware"}  # fmt: skip
 TOKEN_128K = {"scaleTokens": 131072}
 ADDED: dict[str, tuple[tuple[str, dict[str, Any], float], ...]] = {
@@ -64,13 +65,22 @@ ADDED: dict[str, tuple[tuple[str, dict[str, Any], float], ...]] = {
 (the default with token load is the shipped ``agentic`` profile; the 128k ones are the
 candidates of bench/configs/default-token-load-128k*.yaml; "decode" counts only the tokens of
 requests past their first token, bench/configs/default-ph-token-load-decode.yaml)."""
+TURNED_OFF: dict[str, dict[str, float]] = {
+    "-session spread": {"sessionSpreadSeconds": 0},
+    "-saturation charge": {"saturationWeight": 0},
+}
+"""The variants of the default with one of its predicted-ttft-scorer's charges off."""
 
 
 def variant(name: str) -> Any:
-    """The shipped default with ``ADDED[name]`` (as it is today, whatever it weighs)."""
+    """The shipped default (as it is today, whatever it weighs) with ``ADDED[name]`` or
+    ``TURNED_OFF[name]``."""
     doc = yaml.safe_load(resources.files("epp.config").joinpath("profiles/default.yaml").read_text("utf-8"))
+    for plugin in doc["plugins"]:
+        if plugin["type"] == "predicted-ttft-scorer":
+            plugin.setdefault("parameters", {}).update(TURNED_OFF.get(name, {}))
     picker = doc["schedulingProfiles"][0]["plugins"].pop()  # the picker stays last
-    for scorer, params, weight in ADDED[name]:
+    for scorer, params, weight in ADDED.get(name, ()):
         doc["plugins"].append({"type": scorer, **({"parameters": params} if params else {})})
         doc["schedulingProfiles"][0]["plugins"].append({"pluginRef": scorer, "weight": weight})
     doc["schedulingProfiles"][0]["plugins"].append(picker)
@@ -81,7 +91,7 @@ POINTS = [(0.25, 16384), (0.5, 16384), (0.25, 65536)]
 def run_one(job: tuple[float, int, str, int, int, bool]) -> tuple[float, int, str, float, float, float, float]:
     rate, kv, policy, seed, sessions, closed = job
     workload = build_generator("agentic", {"rate": rate, "seed": seed, "num_sessions": sessions, "closed_loop": closed})
-    name, factory = policy_factory(POLICIES[policy], variant(policy) if policy in ADDED else None)
+    name, factory = policy_factory(POLICIES[policy], variant(policy) if policy in ADDED or policy in TURNED_OFF else None)
     s = summarize(Replayer(ReplayConfig(kv_blocks=kv, seed=seed)).run(workload, factory, name))
     return rate, kv, policy, s.hit_rate, s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s
 
