@@ -38,6 +38,10 @@ def test_shipped_configs_load() -> None:
     assert shipped_config("predicted-blend").profile.scorers == d.profile.scorers[:4]
     assert shipped_config("prefix-load").profile.scorers == d.profile.scorers[1:4]
     assert d.profile.picker == "max-score-picker"
+    # the agentic profile is the default with token load, whatever the default weighs
+    agentic = shipped_config("agentic")
+    assert agentic.profile.scorers == (*d.profile.scorers, ("token-load-scorer", 1.0))
+    assert agentic.plugins["predicted-ttft-scorer"].params == d.plugins["predicted-ttft-scorer"].params
     fc = shipped_config("filter-chain")
     assert fc.profile.filters == ("lora-affinity-filter", "load-threshold-filter", "longest-prefix-filter")
 
