@@ -51,3 +51,18 @@ def test_the_seed_by_seed_verdict_names_the_points_where_the_default_is_behind()
     [line] = bp.paired_verdicts([fast, mixed], per_seed)
     assert "behind at 1 point-profile pairs: chat 8/s 2048 KV (prefix-load 0.80x [0.80, 0.80])" in line
     assert "level at 2" in line
+
+
+def test_the_page_gives_each_miss_its_ratio_and_names_a_shipped_profile_ahead() -> None:
+    bp = sweep()
+    pt = bp.Point("chat", 12, 1024, 4)
+    seeds = {"default": [2.0, 2.2, 2.4, 2.6], "prefix-load": [2.0, 2.2, 2.2, 2.6],
+             "predicted-ttft": [2.5, 2.6, 2.7, 2.8], "cache-aware-profile": [1.5, 1.6, 1.7, 1.8]}
+    table = {pt: {p: (0.7, sorted(v)[len(v) // 2]) for p, v in seeds.items()}}
+    policies = {p: bp.PROFILES[p] for p in seeds}
+    md, data = bp.render([pt], table, {pt: 0.06}, policies, {pt: seeds})
+    assert "not at: chat 12/s 1024 KV (1.091x, +200 ms)" in md
+    [line] = [ln for ln in md.splitlines() if "beyond seed noise" in ln]
+    assert "chat 12/s 1024 KV: default p90 2.400s vs cache-aware-profile 1.700s" in line
+    assert "prefix-load" not in line  # 1.02x seed by seed: within noise
+    assert data["fails_p90"] == ["chat 12/s 1024 KV (1.091x, +200 ms)"]
