@@ -70,6 +70,7 @@ TURNED_OFF: dict[str, dict[str, float]] = {
     "-saturation charge": {"saturationWeight": 0},
 }
 """The variants of the default with one of its predicted-ttft-scorer's charges off."""
+VARIANTS = ADDED.keys() | TURNED_OFF.keys()
 
 
 def variant(name: str) -> Any:
@@ -91,7 +92,7 @@ POINTS = [(0.25, 16384), (0.5, 16384), (0.25, 65536)]
 def run_one(job: tuple[float, int, str, int, int, bool]) -> tuple[float, int, str, float, float, float, float]:
     rate, kv, policy, seed, sessions, closed = job
     workload = build_generator("agentic", {"rate": rate, "seed": seed, "num_sessions": sessions, "closed_loop": closed})
-    name, factory = policy_factory(POLICIES[policy], variant(policy) if policy in ADDED or policy in TURNED_OFF else None)
+    name, factory = policy_factory(POLICIES[policy], variant(policy) if policy in VARIANTS else None)
     s = summarize(Replayer(ReplayConfig(kv_blocks=kv, seed=seed)).run(workload, factory, name))
     return rate, kv, policy, s.hit_rate, s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s
 
