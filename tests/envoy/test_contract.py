@@ -46,8 +46,14 @@ async def test_json_and_sse_replies_arrive_intact_and_epp_learns_their_usage(
         assert usage["completion_tokens"] == 12
         # the second request found the first one's prompt where epp sent both
         assert usage["prompt_tokens_details"]["cached_tokens"] > 0
-        metrics = await _metrics(http, p.epps[0].metrics_port)
-        assert _sample(metrics, "epp_usage_completion_tokens_total") == 16
+        # epp learns from a reply once its last reply to Envoy is on the wire, so the client
+        # can hold the whole stream a moment before the count moves
+        deadline = time.monotonic() + 10
+        while (seen := _sample(await _metrics(http, p.epps[0].metrics_port),
+                               "epp_usage_completion_tokens_total")) < 16:  # fmt: skip
+            assert time.monotonic() < deadline, f"epp counted {seen} completion tokens, not 16"
+            await asyncio.sleep(0.05)  # poll
+        assert seen == 16
 
 
 @pytest.mark.parametrize("mode", BODY_MODES)
