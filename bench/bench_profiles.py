@@ -6,7 +6,9 @@ Workloads (``simulator.replay``): the shared Mooncake trace (8 replicas; its pac
 it; 4,096 / 8,192 / 16,384 KV blocks), and the chat, RAG and shared-prefix generators (4
 replicas; three loads x three KV sizes, as ``bench_ttft.py``), plus one point per workload
 with four epp replicas that do not share what they learn (``--routers 4``, arrivals
-round-robin); and ``lora``, the support desk of docs/examples/support-desk.jsonl (six
+round-robin), and chat at 12/s with 1,024 KV blocks over 6 system prompts instead of 8 (the
+sessions of 8 prompts split evenly over 4 replicas, which favours routing each prompt's
+sessions to one replica); and ``lora``, the support desk of docs/examples/support-desk.jsonl (six
 products on LoRA adapters, conversations of 2-6 turns, 4 replicas of 1,024 KV blocks) at its
 logged rate and 2.5x, with 1, 2 and 4 adapters a batch (``--max-loras``): where adapters
 queue for batch slots. Per point and policy: prefix-cache hit rate and TTFT p90, each point run with
@@ -94,6 +96,8 @@ class Point:
     """Shared-prefix only: prompts a group (0: the generator's 32)."""
     max_loras: int = 0
     """Adapters a batch (0: the replay's default)."""
+    system_prompts: int = 0
+    """Chat only: the shared system prompts (0: the generator's 8)."""
 
     @property
     def label(self) -> str:
@@ -101,6 +105,7 @@ class Point:
         extra = f", {self.routers} routers" if self.routers > 1 else ""
         extra += f", {self.per_group} a group" if self.per_group else ""
         extra += f", {self.max_loras} adapter{'s' if self.max_loras > 1 else ''} a batch" if self.max_loras else ""
+        extra += f", {self.system_prompts} system prompts" if self.system_prompts else ""
         return f"{self.workload} {self.load:g}{unit} {self.kv_blocks} KV{extra}"
 
 
@@ -132,6 +137,8 @@ def grid(names: list[str], quick: bool, per_group: int = 0) -> list[Point]:
         group = per_group if name == "shared-prefix" else 0
         points += [Point(name, load, kv, replicas, per_group=group) for load in loads for kv in kvs]
         points.append(Point(name, r_load, r_kv, replicas, routers=4, per_group=group))
+        if name == "chat":
+            points.append(Point(name, 12.0, 1024, replicas, system_prompts=6))
     return points
 
 
@@ -148,6 +155,8 @@ def workload_of(point: Point, quick: bool, seed: int = 0) -> Workload:
                    "shared-prefix": {"num_prompts_per_group": 12}}[point.workload]  # fmt: skip
     if point.per_group:
         params["num_prompts_per_group"] = point.per_group
+    if point.system_prompts:
+        params["num_system_prompts"] = point.system_prompts
     return scaled_rate(build_generator(point.workload, params), point.load)
 
 

@@ -66,3 +66,11 @@ def test_the_page_gives_each_miss_its_ratio_and_names_a_shipped_profile_ahead() 
     assert "chat 12/s 1024 KV: default p90 2.400s vs cache-aware-profile 1.700s" in line
     assert "prefix-load" not in line  # 1.02x seed by seed: within noise
     assert data["fails_p90"] == ["chat 12/s 1024 KV (1.091x, +200 ms)"]
+
+
+def test_the_full_grid_has_chat_over_six_system_prompts() -> None:
+    bp = sweep()
+    uneven = [p for p in bp.grid(["chat"], quick=False) if p.system_prompts]
+    assert [p.label for p in uneven] == ["chat 12/s 1024 KV, 6 system prompts"]
+    systems = {r.prompt[:400] for r in bp.workload_of(uneven[0], quick=False).requests()}
+    assert len(systems) == 6  # each session opens with one of the 6 shared system prompts
