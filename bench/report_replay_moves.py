@@ -136,13 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-blocks", type=int, default=1024, help="KV blocks per replica (default: 1024)")
     ap.add_argument("--replicas", type=int, default=4, help="replicas (default: 4)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default: 3)")
+    ap.add_argument("--system-prompts", type=int, default=0,
+                    help="the sessions' shared system prompts (default: the generator's 8)")  # fmt: skip
     ap.add_argument("--policies", default="epp,epp:cache-aware",
                     help="comma-separated, as epp-sim replay --policies (default: epp,epp:cache-aware)")  # fmt: skip
     a = ap.parse_args(argv)
-    if a.seeds < 1 or a.replicas < 1 or a.kv_blocks < 1 or a.load <= 0:
-        ap.error("--seeds, --replicas, --kv-blocks and --load must be positive")
-    point = Point("chat", a.load, a.kv_blocks, a.replicas)
-    print(f"chat at {a.load:g}/s, {a.kv_blocks} KV blocks, {a.replicas} replicas")
+    if a.seeds < 1 or a.replicas < 1 or a.kv_blocks < 1 or a.load <= 0 or a.system_prompts < 0:
+        ap.error("--seeds, --replicas, --kv-blocks and --load must be positive, --system-prompts not negative")
+    point = Point("chat", a.load, a.kv_blocks, a.replicas, system_prompts=a.system_prompts)
+    print(f"chat at {a.load:g}/s, {a.kv_blocks} KV blocks, {a.replicas} replicas"
+          + (f", {a.system_prompts} system prompts" if a.system_prompts else ""))
     for spec in a.policies.split(","):
         for seed in range(a.seeds):
             r = one(point, spec, seed)

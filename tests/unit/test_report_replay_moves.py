@@ -28,3 +28,10 @@ def test_the_command_prints_a_line_per_policy_and_seed(capsys) -> None:  # type:
     assert out[0] == "chat at 4/s, 1024 KV blocks, 4 replicas"
     assert out[1].startswith("epp seed 0: hit ") and "index vs cache: below" in out[1]
     assert out[2].startswith("round-robin seed 0: ") and "index vs cache" not in out[2]
+
+
+def test_over_six_system_prompts_the_sticky_rule_leaves_the_replicas_uneven() -> None:
+    # 8 prompts split 2 a replica; 6 cannot split evenly over 4, and nothing ever moves
+    sticky = one(Point("chat", 12.0, 1024, 4, system_prompts=6), "epp:cache-aware", 0)
+    assert sticky["moved"] == 0 and sticky["system_homes"] == 1.0
+    assert max(sticky["per_replica"]) >= 1.5 * min(sticky["per_replica"])
