@@ -8,12 +8,13 @@ replicas; three loads x three KV sizes, as ``bench_ttft.py``), plus one point pe
 with four epp replicas that do not share what they learn (``--routers 4``, arrivals
 round-robin), and chat at 12/s with 1,024 KV blocks over 6 system prompts instead of 8 (the
 sessions of 8 prompts split evenly over 4 replicas, which favours routing each prompt's
-sessions to one replica); and ``lora``, the support desk of docs/examples/support-desk.jsonl (six
-products on LoRA adapters, conversations of 2-6 turns, 4 replicas of 1,024 KV blocks) at its
-logged rate and 2.5x, with 1, 2 and 4 adapters a batch (``--max-loras``): where adapters
-queue for batch slots. Per point and policy: prefix-cache hit rate and TTFT p90, each point run with
-``--seeds`` seeds (mean hit rate, median p90): a seed draws the generator's workload
-(sessions, documents, arrival times) and the replayer's random choices; the trace is fixed.
+sessions to one replica); and ``lora``, the support desk of
+docs/examples/support-desk.jsonl (six products on LoRA adapters, conversations of 2-6 turns,
+4 replicas of 1,024 KV blocks) at its logged rate and 2.5x, with 1, 2 and 4 adapters a batch
+(``--max-loras``): where adapters queue for batch slots. Per point and policy: prefix-cache
+hit rate and TTFT p90, each point run with ``--seeds`` seeds (mean hit rate, median p90): a
+seed draws the generator's workload (sessions, documents, arrival times) and the replayer's
+random choices; the trace is fixed.
 
 Policies: the shipped profiles (``default``; ``prefix-load``, the default until 0.2;
 ``predicted-ttft``; ``filter-chain``; ``cache-aware`` as an epp profile), the baselines
