@@ -157,7 +157,8 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 def split_host_port(address: str, what: str = "address") -> tuple[str, int]:
     host, sep, port = address.strip().rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or len(port) > 5 \
+            or not 0 < int(port) < 65536:
         raise ValueError(f"{what}: {address!r} is not host:port")
     return host, int(port)
 

@@ -171,7 +171,7 @@ def _top_level(data: Any, source: str) -> Mapping[str, Any]:
     if "plugins" not in data and "schedulingProfiles" not in data:
         # A config that only sets other sections (prefixIndex, requestControl, ...) keeps the
         # shipped default scheduling profile.
-        default = yaml.safe_load(_shipped_text("default"))
+        default = yaml.safe_load(shipped_text("default"))
         return {**data, "plugins": default["plugins"],
                 "schedulingProfiles": default["schedulingProfiles"]}  # fmt: skip
     if "plugins" not in data:
@@ -403,10 +403,11 @@ def loads_config(text: str, source: str = "<config>") -> EppConfig:
 def shipped_config(name: str) -> EppConfig:
     if name not in SHIPPED:
         raise ConfigError("--config", f"no shipped config {name!r} (shipped: {', '.join(SHIPPED)})")
-    return loads_config(_shipped_text(name), f"shipped:{name}")
+    return loads_config(shipped_text(name), f"shipped:{name}")
 
 
-def _shipped_text(name: str) -> str:
+def shipped_text(name: str) -> str:
+    """The YAML text of a shipped profile (``SHIPPED``)."""
     return resources.files("epp.config").joinpath(f"profiles/{name}.yaml").read_text("utf-8")
 
 

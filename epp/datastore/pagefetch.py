@@ -92,7 +92,8 @@ class _Connection(asyncio.Protocol):
             self._encoding = value.strip().lower()
         elif lower == b"content-length":
             self._length_known = True
-            if not value.strip().isdigit() or int(value) > self._max_bytes:
+            digits = value.strip()
+            if not digits.isdigit() or len(digits) > 19 or int(digits) > self._max_bytes:
                 raise ScrapeError("too_large", f"content-length {value[:40]!r}")
         elif lower == b"transfer-encoding":
             self._length_known = True

@@ -201,6 +201,7 @@ class RequestStream:
             raise
         except Exception as exc:  # a bug: answer 500, keep the server alive
             log.exception("ext_proc stream failed on %s", kind)
+            self._director.internal_error(kind or "unknown")
             out = self._answer(exc)
         return _NO_REPLY if msg.observability_mode else out
 
@@ -359,6 +360,7 @@ class RequestStream:
             out = self._answer(exc)
         except Exception as exc:  # a bug: answer 500, keep the server alive
             log.exception("ext_proc stream failed routing a prepared request")
+            self._director.internal_error("routing")
             out = self._answer(exc)
         return _NO_REPLY if observe_only else out
 

@@ -95,7 +95,7 @@ def endpoint_id(address: str, port: int) -> EndpointId:
 def parse_endpoint_id(text: str) -> tuple[str, int]:
     """Split ``ip:port`` (or ``[v6]:port``); raises ValueError naming the bad value."""
     host, sep, port_s = text.strip().rpartition(":")
-    if not sep or not host or not port_s.isdigit():
+    if not sep or not host or not (port_s.isascii() and port_s.isdigit()) or len(port_s) > 5:
         raise ValueError(f"endpoint {text!r} is not of the form ip:port")
     port = int(port_s)
     if not 0 < port < 65536:

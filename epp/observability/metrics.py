@@ -133,6 +133,16 @@ class EppMetrics:
             ["family", "reason"],
             registry=r,
         )
+        self.internal_errors = Counter(
+            "epp_internal_errors",
+            "Requests epp answered 500 because of a fault of its own (an exception that is no "
+            "domain error), by the stage that raised: the ext_proc message being handled "
+            "(request_headers, request_body, response_body...), admission (preparation and "
+            "flow control) or routing (a prepared request). Each is logged with its traceback; "
+            "the stream keeps serving.",
+            ["stage"],
+            registry=r,
+        )
         self.task_failures = Counter(
             "epp_background_task_failures",
             "Background task runs that raised and were restarted by the supervisor.",

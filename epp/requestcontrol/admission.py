@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from epp.errors import EppError, Overloaded, Unavailable
+from epp.errors import BadRequest, EppError, Overloaded, Unavailable
 from epp.flowcontrol.controller import (
     DEFAULT_FAIRNESS_HEADER,
     FAIRNESS_HEADER_ALIAS,
@@ -29,6 +29,27 @@ from epp.framework.request import InferenceRequest
 log = logging.getLogger(__name__)
 
 DEADLINE_HEADER = "x-gateway-request-deadline-ms"
+"""How long the client will wait for the request, in milliseconds from its arrival: a queued
+request that cannot start within it leaves the queue as if it had waited its time."""
+MAX_DEADLINE_DIGITS = 10
+"""A deadline of more than ten digits (over 115 days) is no deadline a client means."""
+
+
+def parse_deadline_ms(raw: str) -> int:
+    """The ``x-gateway-request-deadline-ms`` value: 1 to 10 ASCII digits (milliseconds).
+
+    Raises BadRequest naming the header for anything else: an empty value, a sign, a
+    non-ASCII digit (``str.isdigit`` accepts ``"²"``, which ``int`` refuses), or more digits
+    than a deadline needs (``int`` on thousands of digits raises or costs quadratic time).
+    """
+    value = raw.strip()
+    if not (value.isascii() and value.isdigit()) or len(value) > MAX_DEADLINE_DIGITS:
+        shown = repr(value[:20]) + ("..." if len(value) > 20 else "")
+        raise BadRequest(
+            f"header {DEADLINE_HEADER} must be a whole number of milliseconds (1 to "
+            f"{MAX_DEADLINE_DIGITS} digits), not {shown}"
+        )
+    return int(value)
 
 
 def rejection(item_or_reason: QueuedRequest | str, max_queue_s: float) -> EppError:
@@ -81,8 +102,8 @@ class Admission:
         ) or request.model
         deadline = None
         raw = headers.get(DEADLINE_HEADER)
-        if raw and raw.isdigit():
-            deadline = now + int(raw) / 1000
+        if raw is not None:
+            deadline = now + parse_deadline_ms(raw) / 1000
         offer = c.offer(request, flow[:256], size_bytes, now, deadline)
         for victim in offer.displaced:
             self._settle(victim, now)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.datastore.store import Datastore
-from epp.errors import EppError, Overloaded, Unavailable
+from epp.errors import EppError, Internal, Overloaded, Unavailable
 from epp.flowcontrol.controller import FlowControlConfig, FlowController
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.request import InferenceRequest
@@ -138,14 +138,18 @@ class Director:
         """The asynchronous steps before routing a parsed request (``held``: the ext_proc
         stream's ``Held``): its preparation (tokenizing, in a worker thread), then flow
         control. Returns the error to answer with, or None to route it."""
-        if self.prepares:
-            await self.prepare(held.request)
-        if self.admission is None:
-            return None
         try:
+            if self.prepares:
+                await self.prepare(held.request)
+            if self.admission is None:
+                return None
             await self.admission.admit(held.request, held.size_bytes, held.headers)
         except EppError as exc:
             return exc
+        except Exception:  # a bug: the stream answers 500 and keeps serving
+            log.exception("admitting request %s failed", held.request.request_id)
+            self.internal_error("admission")
+            return Internal("epp failed to admit the request")
         return None
 
     async def prepare(self, request: InferenceRequest) -> None:
@@ -309,6 +313,10 @@ class Director:
             self.admission.wake()  # room for a queued request
         self._metrics.request_done(routing.client_model, status)
         self._metrics.request_running(routing.client_model, -1)
+
+    def internal_error(self, stage: str) -> None:
+        """epp answers a request 500 for a fault of its own (counted by ``stage``)."""
+        self._metrics.internal_errors.labels(stage).inc()
 
     def rejected(self, model: str, status: int) -> None:
         """A request answered by epp itself with an error status."""

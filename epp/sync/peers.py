@@ -33,7 +33,8 @@ class HostPort:
 def parse_host_port(text: str, flag: str) -> HostPort:
     host, sep, port = text.strip().rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or len(port) > 5 \
+            or not 0 < int(port) < 65536:
         raise ConfigError(flag, f"{text!r} is not host:port")
     return HostPort(host, int(port))
 

@@ -128,3 +128,51 @@ async def test_a_full_queue_answers_429_and_shutdown_answers_the_queue() -> None
     assert json.loads(reply.immediate_response.body)["error"]["reason"] == "shutting-down"
     await stopping
     await epp.channel.close()
+
+
+@pytest.mark.parametrize(
+    "deadline",
+    ["²", "1" * 400, "9" * 5000, "-5", "", "12ms", "\uff11\uff12"],  # superscript, huge, sign, fullwidth
+    ids=["superscript", "400-digits", "5000-digits", "negative", "empty", "unit", "fullwidth"],
+)
+async def test_a_bad_deadline_header_gets_400_and_the_stream_keeps_serving(
+    epp: Epp, deadline: str
+) -> None:
+    """The client's ``x-gateway-request-deadline-ms`` is read only with flow control on; a
+    value that is no count of milliseconds is the client's error (400, header named), never an
+    exception that ends the ext_proc stream (Envoy's fail-open would then pass the request
+    through unrouted)."""
+    s = ec.Stream(epp.channel)
+    await s.send(ec.request_headers(extra={"x-gateway-request-deadline-ms": deadline}),
+                 ec.request_body(body(1), True))  # fmt: skip
+    reply = await s.recv()
+    assert reply.immediate_response.status.code == 400
+    error = json.loads(reply.immediate_response.body)["error"]
+    assert "x-gateway-request-deadline-ms" in error["message"]
+    s.call.cancel()
+    ok = ec.Stream(epp.channel)  # the server still routes the next request
+    await ok.send(ec.request_headers(extra={"x-gateway-request-deadline-ms": "30000"}),
+                  ec.request_body(body(2), True))  # fmt: skip
+    assert ec.destination((await ok.recv_n(2))[0]) == "10.0.0.1:8000"
+    ok.call.cancel()
+
+
+async def test_a_fault_in_admission_answers_500_and_is_counted(
+    epp: Epp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any exception that is no domain error, raised while a request is admitted, becomes a
+    500 answer on its stream and a count in ``epp_internal_errors_total``."""
+    admission = epp.handle.director.admission
+    assert admission is not None
+
+    async def broken(*_args: object) -> None:
+        raise OverflowError("a bug")
+
+    monkeypatch.setattr(admission, "admit", broken)
+    s = ec.Stream(epp.channel)
+    await s.send(ec.request_headers(), ec.request_body(body(1), True))
+    reply = await s.recv()
+    assert reply.immediate_response.status.code == 500
+    assert epp.handle.registry.get_sample_value(
+        "epp_internal_errors_total", {"stage": "admission"}) == 1  # fmt: skip
+    s.call.cancel()
