@@ -284,8 +284,12 @@ def _add_pd_sidecar(sub: Any) -> None:
     p.add_argument("--prefill-timeout-s", type=_number(0, strict=True), default=60.0,
                    help="after this the request is decoded locally instead")
     p.add_argument("--allowed-prefillers", default="",
-                   help="comma-separated networks (CIDR) prefiller addresses must be in; "
-                   "default: private addresses only")
+                   help="required: where prefills may go, comma-separated NETWORK[:PORT] "
+                   "entries (10.0.0.0/8:8000, [fd00::/8]:8000): the networks and port your "
+                   "prefill pods run on. x-prefiller-host-port can come from anyone who reaches "
+                   "the pod, so any other target is refused (decoded locally, counted); "
+                   "loopback and link-local targets only by an entry inside those ranges "
+                   "(127.0.0.1/32:8100)")
     p.add_argument("--max-body-bytes", type=byte_size, default=16 << 20,
                    help="largest request body accepted")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -301,6 +305,12 @@ async def _pd_sidecar(args: argparse.Namespace) -> int:
         nets = parse_networks(args.allowed_prefillers)
     except ValueError as exc:
         print(f"epp pd-sidecar: --allowed-prefillers: {exc}", file=sys.stderr)
+        return 2
+    if not nets:
+        print("epp pd-sidecar: --allowed-prefillers is required: the networks (and port) your "
+              "prefill pods run on, e.g. --allowed-prefillers 10.0.0.0/8:8000. Without it a "
+              "forged x-prefiller-host-port could send the prompt anywhere the pod reaches.",
+              file=sys.stderr)  # fmt: skip
         return 2
     cfg = SidecarConfig(decoder=args.decoder, connector=args.connector,
                         prefill_timeout_s=args.prefill_timeout_s, allowed_prefillers=nets,

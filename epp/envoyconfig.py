@@ -39,6 +39,9 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 epp's choice (the Inference Extension's subset hint), forwarded to epp when present."""
 UPSTREAM_HOST_HEADER = "x-upstream-host"
 """Response header naming the server that answered (``%UPSTREAM_HOST%``), when asked for."""
+EPP_ONLY_REQUEST_HEADERS = ("x-prefiller-host-port",)
+"""Request headers only epp sets (its P/D handler: where the decoder's sidecar prefills);
+the bootstrap removes a client's copy before ext_proc (``_strip_filter``)."""
 ROUTINGS = ("epp", "random", "round-robin", "least-request")
 REQUEST_BODY_MODES = ("buffered", "full-duplex")
 RESPONSE_MODES = ("full-duplex", "observer", "none")
@@ -302,6 +305,20 @@ def _ext_proc_filter(o: EnvoyOptions) -> dict[str, Any]:
     }
 
 
+def _strip_filter() -> dict[str, Any]:
+    """First in the chain: the client's copy of a header only epp may set goes before any
+    other filter sees it, so it cannot reach a server when epp does not answer (fail-open).
+    ``x-prefiller-host-port`` tells a decoder's P/D sidecar where to send the prompt."""
+    return {
+        "name": "strip-epp-only-headers",
+        "typed_config": {
+            "@type": f"{_TYPE}filters.http.header_mutation.v3.HeaderMutation",
+            "mutations": {"request_mutations": [
+                {"remove": name} for name in EPP_ONLY_REQUEST_HEADERS]},
+        },
+    }
+
+
 def _observer_filter() -> dict[str, Any]:
     """The response goes to epp on a second stream that Envoy never waits for
     (``epp serve --response-observer``)."""
@@ -349,7 +366,7 @@ def _route(o: EnvoyOptions) -> dict[str, Any]:
 def envoy_config(o: EnvoyOptions) -> dict[str, Any]:
     """The Envoy bootstrap for ``o`` (a plain dict; dump it as YAML or JSON)."""
     o.validate()
-    filters: list[dict[str, Any]] = []
+    filters: list[dict[str, Any]] = [_strip_filter()]
     clusters = [pool_cluster(o)]
     if o.routing == "epp":
         filters.append(_ext_proc_filter(o))

@@ -14,6 +14,21 @@ This is the protocol of llm-d's routing sidecar, so either can run in front of a
 through storage: vLLM's ExampleConnector, LMCache; the prefill writes it, the decoder finds
 it by the prompt's hash, no parameters pass).
 
+Where a prefill may go: ``x-prefiller-host-port`` reaches the sidecar from whoever can send
+to the decoder's pod, and epp strips a client's copy only when it routes the request (not when
+it is down and the gateway fails open). So the sidecar takes only prefillers inside
+``allowed_prefillers``, networks with an optional port (``10.0.0.0/8:8000``) that the
+operator must give (the start fails without one): the networks and port the prefill pods run
+on. Loopback, link-local (``169.254.169.254``, the cloud metadata service), unspecified and
+multicast addresses are refused even inside a wide network such as ``0.0.0.0/0``; only an
+entry wholly inside such a range (``127.0.0.1/32:8100`` for a stack on one host) allows
+them.
+
+The prefill leg asks for exactly one token: every field that constrains the output's length
+or count is made consistent with that (``PREFILL_OVERRIDES``), or the server would refuse the
+prefill (vLLM answers 400 to ``max_tokens: 1`` with ``min_tokens: 5``) and every such request
+would silently be decoded locally.
+
 A prefill that fails, times out or names a prefiller not allowed is never fatal: the request
 is decoded locally in full, a warning is logged and ``epp_sidecar_prefill_total{outcome}``
 counts it. Token-id prompts pass through unchanged. A client that goes away cancels the
@@ -45,6 +60,21 @@ from epp.request.parse import PREFILLER_HEADER
 log = logging.getLogger(__name__)
 
 CONNECTORS = ("shared-storage", "nixlv2")
+PREFILL_OVERRIDES: dict[str, Any] = {
+    "max_tokens": 1,  # OpenAI, vLLM, SGLang
+    "max_completion_tokens": 1,  # OpenAI chat; vLLM takes it over max_tokens
+    "max_new_tokens": 1,  # SGLang's sampling_params name
+    "n": 1,
+    "stream": False,
+}
+"""Fields the prefill leg sets (those of them the request carries, and ``max_tokens``,
+``n`` and ``stream`` always)."""
+PREFILL_DROPPED = ("min_tokens", "min_new_tokens", "best_of", "use_beam_search", "beam_width",
+                   "length_penalty", "stream_options")  # fmt: skip
+"""Fields the prefill leg removes: each would contradict one output token (vLLM checks
+``min_tokens <= max_tokens``; ``best_of`` and beam search ask for several sequences) or only
+makes sense with a stream."""
+_SPECIAL_ADDRESS = ("is_loopback", "is_link_local", "is_unspecified", "is_multicast")
 _SPLIT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                           "te", "trailers", "transfer-encoding", "upgrade", "host",
@@ -60,8 +90,8 @@ class SidecarConfig:
     prefill_timeout_s: float = 60.0
     """How long the prefill may take before the request is decoded locally instead."""
     allowed_prefillers: tuple[str, ...] = ()
-    """Networks (CIDR) a prefiller address must be in; empty: private addresses only
-    (RFC 1918, loopback, link-local, unique-local), so the header cannot send prompts out."""
+    """``NETWORK[:PORT]`` entries (``parse_networks``) a prefiller address must match;
+    required: an empty tuple refuses every prefill (``epp pd-sidecar`` will not start so)."""
     max_body_bytes: int = 16 << 20
 
 
@@ -70,7 +100,7 @@ class Sidecar:
         if cfg.connector not in CONNECTORS:
             raise ValueError(f"connector {cfg.connector!r}: expected one of {', '.join(CONNECTORS)}")
         self.cfg = cfg
-        self._nets = [ipaddress.ip_network(n, strict=False) for n in cfg.allowed_prefillers]
+        self._allowed = [_allowed_entry(n) for n in cfg.allowed_prefillers]
         self.registry = CollectorRegistry()
         self.prefills = Counter(
             "epp_sidecar_prefill", "Remote prefills by outcome: ok, or why the request was "
@@ -178,13 +208,7 @@ class Sidecar:
         return body
 
     def _prefill_body(self, original: dict[str, Any]) -> dict[str, Any]:
-        out = dict(original)
-        out["max_tokens"] = 1
-        if "max_completion_tokens" in out:
-            out["max_completion_tokens"] = 1
-        out["stream"] = False
-        out.pop("stream_options", None)
-        out["n"] = 1
+        out = prefill_fields(original)
         if self.cfg.connector == "nixlv2":
             out["kv_transfer_params"] = {
                 "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -194,16 +218,19 @@ class Sidecar:
 
     def _refused(self, prefiller: str) -> str:
         try:
-            host, _port = parse_endpoint_id(prefiller)
+            host, port = parse_endpoint_id(prefiller)
             addr = ipaddress.ip_address(host)
         except ValueError:
             return "is not an ip:port"
-        if self._nets:
-            if not any(addr in net for net in self._nets):
-                return "is outside --allowed-prefillers"
-        elif not (addr.is_private or addr.is_loopback or addr.is_link_local):
-            return "is not a private address (set --allowed-prefillers to allow it)"
-        return ""
+        special = [name for name in _SPECIAL_ADDRESS if getattr(addr, name)]
+        for net, allowed_port in self._allowed:
+            if addr not in net or (allowed_port and port != allowed_port):
+                continue
+            # a loopback or link-local target only where the entry names that range itself
+            if all(getattr(net.network_address, n) and getattr(net.broadcast_address, n)
+                   for n in special):  # fmt: skip
+                return ""
+        return "is not in --allowed-prefillers"
 
     def _local(self, request: web.Request, outcome: str, why: str, body: bytes) -> bytes:
         self.prefills.labels(outcome).inc()
@@ -257,14 +284,63 @@ async def run(cfg: SidecarConfig, host: str, port: int, stop: asyncio.Event | No
         await runner.cleanup()
 
 
+def prefill_fields(original: dict[str, Any]) -> dict[str, Any]:
+    """The prefill leg's body: ``original`` asking for one token (``PREFILL_OVERRIDES``,
+    ``PREFILL_DROPPED``), in SGLang's nested ``sampling_params`` too."""
+    out = dict(original)
+    for key in PREFILL_DROPPED:
+        out.pop(key, None)
+    for key in ("max_tokens", "n", "stream"):
+        out[key] = PREFILL_OVERRIDES[key]
+    for key in ("max_completion_tokens", "max_new_tokens"):
+        if key in out:
+            out[key] = 1
+    nested = out.get("sampling_params")
+    if isinstance(nested, dict):
+        nested = {k: v for k, v in nested.items() if k not in PREFILL_DROPPED}
+        for key in ("max_new_tokens", "max_tokens", "n"):
+            if key in nested:
+                nested[key] = 1
+        out["sampling_params"] = nested
+    return out
+
+
+def _allowed_entry(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int]:
+    """``NETWORK[:PORT]``: ``10.0.0.0/8``, ``10.1.2.3:8000``, ``[fd00::/8]:8000`` or
+    ``fd00::/8`` (IPv6 takes brackets to carry a port); port 0 = any. Raises ValueError."""
+    item = text.strip()
+    port_text = ""
+    if item.startswith("["):
+        net_text, sep, rest = item[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"{text!r}: expected [IPv6 network]:port")
+        port_text = rest[1:]
+    elif item.count(":") == 1:
+        net_text, _, port_text = item.partition(":")
+    else:
+        net_text = item
+    net = ipaddress.ip_network(net_text, strict=False)
+    port = 0
+    if port_text or item.endswith(":"):
+        if not (port_text.isascii() and port_text.isdigit()) or len(port_text) > 5 \
+                or not 0 < int(port_text) < 65536:
+            raise ValueError(f"{text!r}: port must be 1..65535")
+        port = int(port_text)
+    return net, port
+
+
 def parse_networks(text: str) -> tuple[str, ...]:
-    """``10.0.0.0/8,fd00::/8`` -> the networks; raises ValueError naming a bad one."""
+    """``10.0.0.0/8:8000,[fd00::/8]:8000`` -> the entries; raises ValueError naming a bad one."""
     nets: list[str] = []
     for item in (t.strip() for t in text.split(",")):
         if item:
-            ipaddress.ip_network(item, strict=False)
+            try:
+                _allowed_entry(item)
+            except ValueError as exc:
+                raise ValueError(f"{item!r} is no NETWORK[:PORT] ({exc})") from None
             nets.append(item)
     return tuple(nets)
 
 
-__all__: Sequence[str] = ("CONNECTORS", "Sidecar", "SidecarConfig", "parse_networks", "run")
+__all__: Sequence[str] = ("CONNECTORS", "PREFILL_DROPPED", "PREFILL_OVERRIDES", "Sidecar",
+                          "SidecarConfig", "parse_networks", "prefill_fields", "run")

@@ -859,6 +859,8 @@ async def _start_sidecars(
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "epp.cli", "pd-sidecar", "--host", "127.0.0.1", "--port",
                 str(port), "--decoder", url, "--connector", connector,
+                # the stack's prefillers run on this host, any port
+                "--allowed-prefillers", "127.0.0.1/32",
                 stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
             )  # fmt: skip
         finally:

@@ -90,7 +90,8 @@ def test_the_shipped_default_fails_open_over_an_override_host_pool() -> None:
     """What the rest of the tier relies on, read from the shipped file."""
     raw = yaml.safe_load((ROOT / "deploy" / "envoy" / "envoy.yaml").read_text())
     hcm = raw["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    ext_proc = hcm["http_filters"][0]["typed_config"]
+    (ext_proc,) = [f["typed_config"] for f in hcm["http_filters"]
+                   if f["name"] == "envoy.filters.http.ext_proc"]  # fmt: skip
     assert ext_proc["failure_mode_allow"] is True
     assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"
     assert ext_proc["processing_mode"]["response_body_mode"] == "FULL_DUPLEX_STREAMED"

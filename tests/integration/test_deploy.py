@@ -440,6 +440,8 @@ def test_pd_example_has_both_roles_and_a_sidecar_on_the_pool_port() -> None:
     assert sidecar["command"] == ["epp", "pd-sidecar"] and "--port=8000" in sidecar["args"]
     decoder = next(a for a in sidecar["args"] if a.startswith("--decoder="))
     assert decoder.endswith(":8200") and "--port=8200" in server["args"]
+    allowed = next(a for a in sidecar["args"] if a.startswith("--allowed-prefillers="))
+    assert allowed.endswith(":8000")  # the prefillers' port, nothing else on their pods
     from epp.cli import build_parser  # the sidecar's flags parse as written
 
     build_parser().parse_args(["pd-sidecar", *sidecar["args"]])
@@ -457,6 +459,7 @@ def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
     suite expects them."""
     from envoy.config.bootstrap.v3 import bootstrap_pb2
     from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
+    from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
     from envoy.extensions.filters.http.router.v3 import router_pb2
     from envoy.extensions.filters.network.http_connection_manager.v3 import (
         http_connection_manager_pb2 as hcm_pb2,
@@ -473,6 +476,7 @@ def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
     # ParseDict resolves each typed_config Any against the types imported so far, and
     # rejects unknown fields anywhere in the tree
     assert router_pb2.Router and http_protocol_options_pb2.HttpProtocolOptions
+    assert header_mutation_pb2.HeaderMutation
     assert least_request_pb2 and override_host_pb2 and previous_hosts_pb2
     assert downstream_connections_pb2
 
@@ -480,8 +484,12 @@ def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
     bootstrap = json_format.ParseDict(raw, bootstrap_pb2.Bootstrap())
     hcm = hcm_pb2.HttpConnectionManager()
     assert bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    filters = {f.name: f for f in hcm.http_filters}
+    strip = header_mutation_pb2.HeaderMutation()  # first: a client's epp-only headers go
+    assert hcm.http_filters[0].typed_config.Unpack(strip)
+    assert [m.remove for m in strip.mutations.request_mutations] == ["x-prefiller-host-port"]
     routing = ext_proc_pb2.ExternalProcessor()
-    assert hcm.http_filters[0].typed_config.Unpack(routing)
+    assert filters["envoy.filters.http.ext_proc"].typed_config.Unpack(routing)
     assert hcm.http_filters[-1].name == "envoy.filters.http.router"
     pm = processing_mode_pb2.ProcessingMode
     mode = routing.processing_mode
@@ -500,7 +508,7 @@ def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
     assert routing.failure_mode_allow and mode.request_body_mode == pm.BUFFERED
     if name == "envoy-observer.yaml":
         observer = ext_proc_pb2.ExternalProcessor()
-        assert hcm.http_filters[1].typed_config.Unpack(observer)
+        assert filters["epp-response-observer"].typed_config.Unpack(observer)
         o = observer.processing_mode
         # the routing filter never sees the response; the observer sees nothing it could change
         assert (mode.response_header_mode, mode.response_body_mode) == (pm.SKIP, pm.NONE)

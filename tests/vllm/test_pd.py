@@ -81,8 +81,9 @@ async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: 
     async with pd_stack(tmp_path, connector) as s, aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=180)
     ) as http:
-        async def ask(text: str) -> tuple[int, str]:
-            body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": text}]}
+        async def ask(text: str, **fields: object) -> tuple[int, str]:
+            body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": text}],
+                    **fields}  # fmt: skip
             async with http.post(s.envoy + "/v1/chat/completions", json=body) as r:
                 await r.read()
                 return r.status, r.headers.get(UPSTREAM_HOST_HEADER, "")
@@ -100,6 +101,15 @@ async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: 
         assert split == 4 and prefilled == 4
         # the decoder loaded what the prefiller wrote: ~700 tokens a request, whole blocks
         assert external >= 4 * 512, external
+
+        # a request whose output-length fields contradict the prefill's one token (vLLM
+        # refuses max_tokens 1 with min_tokens 5) is split all the same
+        assert await ask(prompt("harbour cranes"), min_tokens=5) == (200, s.sidecar)
+        prefilled = await metric(http, sidecar_metrics, "epp_sidecar_prefill_total", 'outcome="ok"')
+        external_after = await metric(http, decoder_metrics, "vllm:external_prefix_cache_hits_total")
+        print(f"min_tokens 5: prefilled remotely {prefilled:g} of 5, external hits "
+              f"+{external_after - external:g} tokens")
+        assert prefilled == 5 and external_after - external >= 512
 
         await s.kill_prefiller()
         after = [await ask(prompt(t)) for t in TOPICS[4:]]
