@@ -9,6 +9,7 @@ Real sockets: the sidecar's app, a decoder and a would-be target, each an HTTP s
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -115,12 +116,14 @@ async def test_a_port_other_than_the_allowed_one_is_refused() -> None:
         assert target.bodies == [] and outcome(side, "not-allowed") == 1
 
 
-async def test_the_sidecar_refuses_to_start_without_an_allow_list(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from epp.cli import main
-
-    code = await asyncio.to_thread(main, ["pd-sidecar", "--port", "0"])
-    assert code == 2
-    assert "--allowed-prefillers is required" in capsys.readouterr().err
+async def test_the_sidecar_refuses_to_start_without_an_allow_list() -> None:
+    # its own process: epp's CLI sets up logging for the process it runs in
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "epp.cli", "pd-sidecar", "--port", "0",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert b"--allowed-prefillers is required" in err
 
