@@ -99,9 +99,9 @@ def pydantic_table(model: Any) -> list[str]:
 def render() -> str:
     from epp.datastore.scraper import ScrapingConfig
     from epp.flowcontrol.controller import FlowControlConfig
+    from epp.framework.saturation import SaturationConfig
     from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
     from epp.request import settings as request_control
-    from epp.scheduling.saturation import SaturationConfig
 
     out = [
         "# Configuration reference",

@@ -48,9 +48,9 @@ from epp.datastore.static import endpoints_from_config
 from epp.errors import ConfigError
 from epp.flowcontrol.controller import FlowControlConfig
 from epp.framework.endpoint import Endpoint
+from epp.framework.saturation import SaturationConfig
 from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
 from epp.request.settings import RequestControlConfig, parse_request_control
-from epp.scheduling.saturation import SaturationConfig
 
 __all__ = ["EppConfig", "PluginSpec", "ProfileSpec", "SaturationConfig",
            "default_config", "load_config", "loads_config", "parse_config", "shipped_config"]

@@ -30,11 +30,12 @@ from epp.errors import EppError, Internal, Overloaded, Unavailable
 from epp.flowcontrol.controller import FlowControlConfig, FlowController
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.request import InferenceRequest
+from epp.framework.saturation import SaturationConfig
 from epp.framework.types import PickResult, ResponseInfo
 from epp.observability.metrics import EppMetrics
 from epp.request.parse import PREFILLER_HEADER
 from epp.requestcontrol.admission import Admission
-from epp.scheduling.saturation import SaturationConfig, detector, pool_saturated
+from epp.scheduling.saturation import detector, pool_saturated
 from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)

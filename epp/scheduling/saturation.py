@@ -20,18 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from epp.framework.endpoint import Endpoint, EndpointId
-
-
-@dataclass(slots=True, frozen=True)
-class SaturationConfig:
-    """The ``saturation:`` config section."""
-
-    queue_threshold: int = 5
-    """An endpoint with more requests waiting (scraped, plus those epp sent since) is saturated."""
-    kv_cache_threshold: float = 0.8
-    """An endpoint using more of its KV cache (0-1) is saturated."""
-    metrics_staleness_seconds: float = 2.0
-    """Metrics older than this make an endpoint count as saturated (unknown)."""
+from epp.framework.saturation import SaturationConfig
 
 
 def endpoint_fresh(endpoint: Endpoint, cfg: SaturationConfig, now_s: float) -> bool:

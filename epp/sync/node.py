@@ -24,8 +24,8 @@ from typing import Any, Protocol, runtime_checkable
 import grpc
 
 from epp.datastore.store import Datastore
-from epp.extproc.observer import Kind, Observation
 from epp.framework.endpoint import EndpointId
+from epp.framework.observation import Kind, Observation
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
 from epp.supervise import spawn

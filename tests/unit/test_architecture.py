@@ -1,11 +1,15 @@
 """The package structure docs/architecture.md describes: no import cycle between epp's
-packages, and the simulator drives the request lifecycle only through the Director."""
+packages nor between its modules, layers that point one way (sync does not stand on the
+Envoy transport, the config loader not on the scheduler), and the simulator drives the
+request lifecycle only through the Director."""
 
 from __future__ import annotations
 
 import ast
 from collections import defaultdict
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,6 +78,56 @@ def test_no_import_cycle_between_epp_packages() -> None:
 
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def module_imports() -> dict[str, set[str]]:
+    """epp module -> the epp modules it imports, every import counted (at the top, inside a
+    function, under ``TYPE_CHECKING``): ``from epp.a import b`` names the module ``epp.a.b``
+    when there is one, else ``epp.a``; a package is its ``__init__``."""
+    modules: dict[str, Path] = {}
+    for path in (ROOT / "epp").rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[:3] == ("epp", "sync", "gen"):
+            continue
+        parts = rel.with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for src, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert node.level == 0, f"{path}: a relative import"
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                dst = name
+                while dst and dst not in modules:
+                    dst = dst.rpartition(".")[0]
+                if dst and dst != src:
+                    edges[src].add(dst)
+    return edges
+
+
+def test_no_import_cycle_between_epp_modules() -> None:
+    """Inside a package too, modules import one way (a plugin's producer uses its subscriber
+    and its metrics, which name what they need of it by protocol)."""
+    edges = module_imports()
+    assert "epp.plugins.preciseprefix.producer" in edges  # the walk saw the modules
+    assert cycles(edges) == []
+
+
+LAYERS_APART = [
+    ("sync", "extproc"),  # replica sync carries observations; it does not stand on Envoy's transport
+    ("config", "scheduling"),  # the loader's sections are value types (epp.framework), not the scheduler's
+]
+
+
+@pytest.mark.parametrize(("src", "dst"), LAYERS_APART)
+def test_a_lower_layer_imports_no_upper_one(src: str, dst: str) -> None:
+    edges = package_imports()
+    assert src in edges  # the walk saw the package
+    assert dst not in edges[src], f"epp/{src} imports epp/{dst}"
 
 
 def test_simulator_reaches_the_request_lifecycle_only_through_the_director() -> None:

@@ -18,20 +18,48 @@ tokenizing and keying, per keyed request); the key cache's
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from epp.plugins.preciseprefix.keyer import TokenizingKeyer
+from epp.plugins.preciseprefix.keyer import BlockKeyer, TokenizingKeyer
+from epp.prefix.kvindex import KvBlockIndex
 
-if TYPE_CHECKING:
-    from epp.plugins.preciseprefix.producer import PrecisePrefixProducer
+
+@dataclass(slots=True)
+class PreciseStats:
+    """Counters read by the metrics collector at scrape time (never on the request path)."""
+
+    events: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(endpoint, event type) -> events applied."""
+    dropped: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(endpoint, reason) -> batches or events dropped."""
+    gaps: Counter[str] = field(default_factory=Counter)
+    resyncs: Counter[str] = field(default_factory=Counter)
+    replays: Counter[str] = field(default_factory=Counter)
+    """Outcome (``complete``, ``incomplete``, ``failed``) -> count."""
+    restarts: Counter[str] = field(default_factory=Counter)
+    unkeyed: Counter[str] = field(default_factory=Counter)
+    """Reason -> requests scored by the approximate index instead."""
+
+
+class PreciseSource(Protocol):
+    """What the collector reads of the producer (``PrecisePrefixProducer``), at scrape time."""
+
+    @property
+    def stats(self) -> PreciseStats: ...
+    @property
+    def index(self) -> KvBlockIndex: ...
+    @property
+    def keyer(self) -> BlockKeyer: ...
 
 
 class PreciseCollector(Collector):
-    def __init__(self, producer: PrecisePrefixProducer) -> None:
+    def __init__(self, producer: PreciseSource) -> None:
         self.producer = producer
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | SummaryMetricFamily]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -46,7 +45,7 @@ from epp.framework.request import InferenceRequest
 from epp.framework.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 from epp.plugins.preciseprefix.events import EventBatch, Kind
 from epp.plugins.preciseprefix.keyer import BlockKeyer, TokenizingKeyer
-from epp.plugins.preciseprefix.metrics import PreciseCollector
+from epp.plugins.preciseprefix.metrics import PreciseCollector, PreciseStats
 from epp.plugins.preciseprefix.params import PreciseIndexConfig
 from epp.plugins.preciseprefix.subscriber import KvEventSubscriber
 from epp.prefix.blockhash import BlockKeys
@@ -68,23 +67,6 @@ class _Publisher:
 class _EndpointEvents:
     publishers: dict[int, _Publisher] = field(default_factory=dict)
     resync_until_s: float = 0.0
-
-
-@dataclass(slots=True)
-class PreciseStats:
-    """Counters read by the metrics collector at scrape time (never on the request path)."""
-
-    events: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """(endpoint, event type) -> events applied."""
-    dropped: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """(endpoint, reason) -> batches or events dropped."""
-    gaps: Counter[str] = field(default_factory=Counter)
-    resyncs: Counter[str] = field(default_factory=Counter)
-    replays: Counter[str] = field(default_factory=Counter)
-    """Outcome (``complete``, ``incomplete``, ``failed``) -> count."""
-    restarts: Counter[str] = field(default_factory=Counter)
-    unkeyed: Counter[str] = field(default_factory=Counter)
-    """Reason -> requests scored by the approximate index instead."""
 
 
 class PrecisePrefixProducer:

@@ -28,9 +28,9 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import zmq
 import zmq.asyncio
@@ -39,9 +39,6 @@ from epp.framework.endpoint import EndpointId
 from epp.plugins.preciseprefix.events import MAX_MESSAGE_BYTES, BadMessage, EventBatch, decode
 from epp.plugins.preciseprefix.params import PreciseIndexConfig
 from epp.supervise import spawn
-
-if TYPE_CHECKING:
-    from epp.plugins.preciseprefix.producer import PrecisePrefixProducer
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +51,25 @@ def _host(endpoint_id: EndpointId) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+class EventSink(Protocol):
+    """What the subscriber feeds (``PrecisePrefixProducer``): the batches it reads, the
+    losses it counts, and the endpoints' ranks and topics it asks about."""
+
+    @property
+    def params(self) -> PreciseIndexConfig: ...
+    def rank_of(self, endpoint_id: EndpointId) -> int: ...
+    def endpoint_for_topic(self, topic: str) -> EndpointId | None: ...
+    def drop(self, endpoint_id: EndpointId, reason: str, count: int = 1) -> None: ...
+    def apply(self, endpoint_id: EndpointId, batch: EventBatch, now_s: float) -> int | None: ...
+    def apply_replayed(
+        self, endpoint_id: EndpointId, held: EventBatch, replayed: Sequence[EventBatch] | None,
+        now_s: float,
+    ) -> None: ...  # fmt: skip
+
+
 @dataclass(slots=True)
 class KvEventSubscriber:
-    producer: PrecisePrefixProducer
+    producer: EventSink
     clock: Callable[[], float] = time.monotonic
     ctx: zmq.asyncio.Context = field(default_factory=zmq.asyncio.Context)
     _readers: dict[EndpointId, asyncio.Task[None]] = field(default_factory=dict)

@@ -157,7 +157,8 @@ def test_nothing_is_lost(n: int) -> None:
 
 def test_the_thresholds_detector_fails_open_without_fresh_metrics() -> None:
     from epp.framework.endpoint import Endpoint, EndpointId, Metrics
-    from epp.scheduling.saturation import SaturationConfig, ThresholdDetector
+    from epp.framework.saturation import SaturationConfig
+    from epp.scheduling.saturation import ThresholdDetector
 
     cfg = SaturationConfig(queue_threshold=2, metrics_staleness_seconds=1.0)
 
