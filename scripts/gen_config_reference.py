@@ -1,13 +1,17 @@
 """Write docs/config-reference.md from the schema: every top-level section and every plugin
 type of the registry, with each parameter's YAML name, type, default and the comment written
-beside the field in the code. tests/unit/config/test_config_reference.py fails when the file
-is stale. Run: ./run python scripts/gen_config_reference.py"""
+beside the field in the code, and a link to the plugin's own page. Each plugin's page (the
+README of its folder, or the page beside its module: ``plugin_page``) is written by hand
+but for its parameter tables, which this script rewrites between ``<!-- parameters: TYPE
+-->`` and ``<!-- end parameters -->``. tests/unit/config/test_config_reference.py fails when
+either is stale. Run: ./run python scripts/gen_config_reference.py"""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import inspect
+import re
 import sys
 import textwrap
 import typing
@@ -96,6 +100,45 @@ def pydantic_table(model: Any) -> list[str]:
     return [*rows, ""]
 
 
+def plugin_page(pt: Any) -> Path:
+    """A plugin type's page: ``README.md`` in its package's folder (``epp/plugins/NAME/``), or
+    for a plugin that is a module (``epp/plugins/NAME.py``, which may hold several types of a
+    kind) the page beside it, ``epp/plugins/NAME.md``. Each type is a ``## `TYPE` `` section."""
+    parts = pt.factory.__module__.split(".")
+    assert parts[:2] == ["epp", "plugins"] and len(parts) >= 3, pt.factory.__module__
+    if len(parts) > 3:
+        return ROOT / "epp" / "plugins" / parts[2] / "README.md"
+    return ROOT / "epp" / "plugins" / f"{parts[2]}.md"
+
+
+_PARAMS_BLOCK = re.compile(r"(<!-- parameters: (?P<name>[a-z0-9-]+) -->\n).*?(<!-- end parameters -->)", re.S)
+
+
+def render_pages() -> dict[Path, str]:
+    """Every plugin page with its parameter tables regenerated. Raises ValueError naming a
+    plugin type whose page, section or parameter block is missing."""
+    from epp.plugins.registry import PLUGIN_TYPES
+
+    pages: dict[Path, str] = {}
+    for name, pt in PLUGIN_TYPES.items():
+        path = plugin_page(pt)
+        if path not in pages:
+            if not path.is_file():
+                raise ValueError(f"{name}: no page {path.relative_to(ROOT)}")
+            pages[path] = path.read_text(encoding="utf-8")
+        text = pages[path]
+        if f"## `{name}`" not in text or f"<!-- parameters: {name} -->" not in text:
+            raise ValueError(f"{path.relative_to(ROOT)}: no '## `{name}`' section with a "
+                             f"'<!-- parameters: {name} -->' block")  # fmt: skip
+
+    def table(match: re.Match[str]) -> str:
+        pt = PLUGIN_TYPES[match["name"]]
+        rows = dataclass_table(pt.params)
+        return match.group(1) + "\n".join(rows) + match.group(3)
+
+    return {path: _PARAMS_BLOCK.sub(table, text) for path, text in pages.items()}
+
+
 def render() -> str:
     from epp.datastore.scraper import ScrapingConfig
     from epp.flowcontrol.controller import FlowControlConfig
@@ -163,6 +206,9 @@ def render() -> str:
                 notes.append(f"defaults from the `{pt.section}` section")
             if notes:
                 out += ["; ".join(notes).capitalize() + ".", ""]
+            page = plugin_page(pt).relative_to(ROOT).as_posix()
+            out += [f"What it does, its formula, the data it reads and why it is built so: "
+                    f"[{page}](../{page}#{name}).", ""]
             out += dataclass_table(pt.params)
     return "\n".join(out).rstrip() + "\n"
 
@@ -170,6 +216,10 @@ def render() -> str:
 def main() -> None:
     OUT.write_text(render())
     print(f"wrote {OUT.relative_to(ROOT)}")
+    for path, text in render_pages().items():
+        if path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -1,58 +1,13 @@
 """``predicted-ttft-scorer``: route by the time to first token each endpoint would give,
 from a cost model learnt online, instead of hand-weighted scores.
 
-For a request of ``P`` prompt tokens and endpoint ``e``:
-
-* ``u`` = its uncached tokens there: ``P`` minus the prefix match (from whichever prefix
-  producer runs: the approximate index or KV events);
-* ``q`` = prefill work queued ahead of it: the uncached tokens of the requests epp sent
-  there whose first token has not come back (the ``post_first_token`` hook: in ``epp
-  serve`` the first response bytes, in the replay the engine's first token; with index sync
-  the other epp replicas' too, ``epp/sync/load.py``), or, when the
-  server reports more (other routers, traffic past epp), ``waiting x`` the mean uncached
-  tokens of a request (learnt);
-* ``r`` = requests decoding there (``running``), whose decode steps share the GPU and
-  whose slots new requests wait for;
-* ``kv`` = its KV-cache use, and ``o`` = the share of its KV cache the request (and the
-  work queued ahead) would need beyond what is free: it waits for blocks to be released;
-* ``a`` = how many times a request for a LoRA adapter would wait for the adapters holding
-  the endpoint's slots to drain (vLLM's ``--max-loras``, from its
-  ``vllm:lora_requests_info``): the other adapters there beyond the slots, plus one, where an
-  adapter holds a slot if the server reports it running or epp has requests for it there
-  whose response has not ended (a burst since the last scrape). The server skips such a
-  request until those adapters drain, which under steady traffic for them can take seconds.
-  0 while the adapter runs there or a slot is free, and for the base model: a request's
-  model counts as an adapter once a server has reported it among its running or waiting
-  adapters, or once the pool has reported some adapter and the servers name a base model
-  (``Metrics.served_models``) that it is not; a base model never is, whatever
-  ``requestControl.baseModels`` says.
-
-``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o + c_a a``, and the decision's
-cost adds the delay its prefill imposes on later requests (``work_weight x c_u u``), where
-caches are unequally full the room it takes (``fill_weight x work_weight x c_u u x (fill -
-lowest fill)``, fill = the share of the endpoint's cache the prefix index holds), where they
-are full the prefixes its writes evict (``evict_weight x work_weight x c_u u x fill``),
-where prefill is under way the delay its own prefill adds to it (``contention_weight x c_u x
-min(u, q)``), and, with ``saturation_weight``, where every candidate has prefill queued (no
-server is free to absorb the pick's prefill) up to ``saturation_weight x c_u u`` more, as
-the least backlog grows. The coefficients start at priors for a 7-8B model on one A100-class
-GPU (``c_u = c_q`` ~ 1/11,000 s per token, ``c_r`` = 20 ms per running request, ``c0`` = 20
-ms) and are refit by exponentially weighted least squares on what epp observes: for every
-response, the features it had at the pick and the time to its first body bytes. The endpoint
-with the lowest cost scores 1, the others ``best / theirs``. Parameters
-(``PredictedTtftParams``) are the priors, the forgetting factor, the prior's weight,
-``work_weight``, ``fill_weight``, ``evict_weight``, ``contention_weight`` and
-``saturation_weight``; nothing is weighted per deployment. With ``session_spread_seconds``
-(off by default), a request that starts a session (its identity from a header, as
-``session-affinity-scorer`` reads it) is also charged that many seconds per session active
-on the endpoint, since the session's later turns will follow its cache there; scaled down
-while the active sessions are short (``session_spread_requests``). The default profile uses
-it, with the spread at 0.2 s and the saturation charge at 64, beside prefix, queue and KV
-scores (docs/configuration.md);
-the measurements behind each parameter's default:
-docs/research/2026-11-26-predicted-ttft-parameters.md.
-
-The scorer also reports its prediction error (``errors``), which the replay prints.
+``predicted TTFT = c0 + c_u u + c_q q + c_r r + c_k kv + c_o o + c_a a`` (uncached tokens,
+prefill queued ahead, running requests, KV use and overflow, LoRA slot waits), plus what the
+pick costs later requests (work, fill, evict, contention, adapter, saturation and session
+spread charges); the lowest cost scores 1, the others ``best / theirs``. The coefficients
+start at priors and are refit by exponentially weighted least squares on the observed first
+tokens. What each feature reads, each term, the parameters and why each default is what it
+is: the plugin's page, ``epp/plugins/ttft.md``.
 """
 
 from __future__ import annotations

@@ -35,3 +35,19 @@ def test_every_plugin_and_parameter_is_documented() -> None:
         for f in dataclasses.fields(pt.params):
             assert f"| `{gen._camel(f.name)}` |" in text
     assert "|  |\n" not in text  # every parameter has its meaning written beside it
+
+
+def test_every_plugin_has_its_page_and_the_reference_links_it() -> None:
+    """Each plugin type has a section on its page beside its code (the README of its folder,
+    or the page beside its module), whose parameter tables are current, and the reference
+    links that section."""
+    gen = generator()
+    reference = gen.render()
+    for path, text in gen.render_pages().items():  # raises naming a type without its page
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{path.relative_to(ROOT)}: its parameter tables are stale: "
+            "./run python scripts/gen_config_reference.py"
+        )
+    for name, pt in PLUGIN_TYPES.items():
+        page = gen.plugin_page(pt).relative_to(ROOT).as_posix()
+        assert f"[{page}](../{page}#{name})" in reference, name
