@@ -20,7 +20,7 @@ stack's time to first token? (issue 43)
    router's hits the host's stalls). ``--fit-miss-cost`` also fits an uncached token's own
    cost, with the runs' wall time in the loss. ``--fitted server=FILE`` fits nothing and
    replays every run with a profile fitted to another session (calibrate once, replay later
-   traffic); ``--skip-live`` reads runs kept in docs/results/runs/ (request log gzipped).
+   traffic); ``--skip-live`` reads runs kept from earlier sessions (request log gzipped).
 4. Every run (policy x round) becomes a request log (``epp-sim trace convert --from stack``:
    the closed loop the demo's client ran, each turn after the last answer) replayed with the
    same policy (the SGLang router as the replay's ``cache-aware``) on 2 replicas with the
@@ -152,7 +152,7 @@ value a round."""
 
 @dataclass
 class Session:
-    """One live session's runs: a demo ``--out-dir`` (or a run kept in docs/results/runs/)."""
+    """One live session's runs: a demo ``--out-dir`` (or one kept with its request log gzipped)."""
 
     name: str
     demo: Path
@@ -164,7 +164,7 @@ class Session:
     @classmethod
     def load(cls, demo: Path) -> Session:
         log = demo / "requests.jsonl"
-        if not log.is_file() and log.with_suffix(".jsonl.gz").is_file():  # a run kept in docs/results/runs/
+        if not log.is_file() and log.with_suffix(".jsonl.gz").is_file():  # a run kept gzipped
             log = log.with_suffix(".jsonl.gz")
         rows = stack_rows(log)
         hits = {(r["policy"], r["round"]): r["hit_rate"]
@@ -580,8 +580,8 @@ def main() -> int:
     ap.add_argument("--policies", default="epp,random,sglang")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every policy, live")
     ap.add_argument("--skip-live", type=Path, action="append", default=[], metavar="DIR",
-                    help="a demo --out-dir already made with the settings above (or a run kept in "
-                    "docs/results/runs/: its demo.json and requests.jsonl.gz) instead of running live; "
+                    help="a demo --out-dir already made with the settings above (or a run kept gzipped: "
+                    "its demo.json and requests.jsonl.gz) instead of running live; "
                     "repeatable: several sessions, fitted together (or each replayed with --fitted), "
                     "then compared with each other: does live repeat within the 15%% asked of the replay?")
     ap.add_argument("--profile", help="a profile probed before (epp-sim calibrate URL) instead of probing now")

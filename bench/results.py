@@ -1,6 +1,7 @@
 """Benchmark results as files: ``docs/results/NAME.md`` (the table, with the command line, the
-commit, the date and the machine that made it) and ``NAME.json`` (the figures). Regenerating a
-table is running the command at its top again."""
+commit, the date and the machine that made it) and ``docs/results/data/NAME.json`` (the
+figures). Regenerating a table is running the command at its top again; regenerating every
+page is ``./run bench --record-all`` (``scripts/record_results.py``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
+DATA = RESULTS / "data"
+"""The figures of each page, as JSON (a folder of their own, so that ``docs/results`` lists
+the pages)."""
 
 
 def machine() -> dict[str, Any]:
@@ -51,8 +55,8 @@ def commit() -> str:
 
 def write_result(name: str, title: str, markdown: str, data: dict[str, Any],
                  argv: list[str] | None = None) -> Path:  # fmt: skip
-    """Write ``docs/results/NAME.md`` and ``NAME.json``; returns the .md path."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    """Write ``docs/results/NAME.md`` and ``docs/results/data/NAME.json``; returns the .md path."""
+    DATA.mkdir(parents=True, exist_ok=True)
     argv = sys.argv if argv is None else argv
     script = Path(argv[0]).resolve()
     try:
@@ -71,7 +75,7 @@ def write_result(name: str, title: str, markdown: str, data: dict[str, Any],
     )
     md = RESULTS / f"{name}.md"
     md.write_text(header + markdown.rstrip() + "\n", encoding="utf-8")
-    (RESULTS / f"{name}.json").write_text(
+    (DATA / f"{name}.json").write_text(
         json.dumps({**stamp, "results": data}, indent=1) + "\n", encoding="utf-8"
     )
     return md

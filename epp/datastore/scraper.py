@@ -96,7 +96,7 @@ class ScrapingConfig:
     scorers) needs it fresh; one that carries the load in its own accounting between scrapes
     (``predicted-ttft``, ``cache-aware``) can run at 1 s. Every scrape costs the model server
     CPU it would spend on requests: real vLLM (0.32, CPU) spends ~12 ms rendering its page, so
-    at 0.2 s it gave 8-10% more server TTFT than at 1 s (docs/results/vllm-scrape-rounds.md);
+    at 0.2 s it gave 8-10% more server TTFT than at 1 s (docs/research/findings.md, "Scrape period");
     ``serverShare`` stretches the period of such a server, while one that answers in a
     millisecond or two keeps ``intervalSeconds``. ``epp serve --scrape-interval-s`` overrides
     ``intervalSeconds``."""
@@ -115,8 +115,8 @@ class ScrapingConfig:
 class ScrapeOptions:
     interval_s: float = DEFAULT_INTERVAL_S
     """Shortest period between two scrapes of one endpoint. 200 ms: the replay loses nothing
-    against 50 ms (docs/research/2026-11-26-readme-lab-notebook.md, "Benchmarks"), and a model server renders its page a quarter as
-    often (vLLM spends ~7 ms of CPU on each: at 20 Hz, 0.14 of a core per server)."""
+    against 50 ms, and a model server renders its page a quarter as often (docs/research/findings.md,
+    "Scrape period")."""
     budget_per_s: float = 500.0
     """Most scrapes per second over the whole pool; 0 = no limit."""
     server_share: float = DEFAULT_SERVER_SHARE

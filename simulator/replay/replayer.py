@@ -138,7 +138,7 @@ class ReplayConfig:
     the reply as the tokens generated (a model whose text comes back through its tokenizer as
     the same tokens). False: only the prompt's blocks do, as on the stack's real vLLM
     servers, whose tiny model has random weights: its replies come back as other tokens, and
-    the next turn hits no block of the reply (docs/results/runs/2026-11-28-joint-8)."""
+    the next turn hits no block of the reply (the joint-8 session, docs/research/findings.md)."""
 
     def __post_init__(self) -> None:
         for name in ("replicas", "kv_blocks", "block_size_tokens", "max_num_seqs", "max_loras"):

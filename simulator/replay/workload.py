@@ -154,7 +154,7 @@ def final_block_hashes(
     tokens). The marker stands for the chat template's assistant header, which a real
     server's prompt already ends with, so it adds no computed token: a 1,288-token prompt
     with a 24-token reply leaves 40 blocks of 32 cached, as real vLLM's next turn finds
-    (docs/results/runs/2026-11-28-joint-8)."""
+    (the joint-8 session, docs/research/findings.md)."""
     if request.api is not ApiKind.CHAT or not reply:
         return None
     if request.adapter:
@@ -195,7 +195,7 @@ def _mooncake_row(obj: Any) -> _MooncakeRow:
 
 def open_text(path: str | Path, newline: str | None = None) -> TextIO:
     """A trace or request log opened to read as text; a ``.gz`` one through gzip, as the
-    live runs kept in docs/results/runs/ are."""
+    live runs a session keeps gzipped are."""
     if str(path).lower().endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8", newline=newline)
     return open(path, encoding="utf-8", newline=newline)
