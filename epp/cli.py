@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from epp import package_version
 from epp.config.loader import SHIPPED, EppConfig, default_config, load_config
 from epp.datastore.pagefetch import DEFAULT_MAX_BYTES as DEFAULT_MAX_PAGE_BYTES
 from epp.datastore.scraper import ScrapeOptions
@@ -101,6 +102,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epp", description="Prefix-cache-aware endpoint picker")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
         "serve",
@@ -245,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM, how long open ext_proc streams may take to finish, in seconds")
     g.add_argument("--shutdown-delay-s", type=_number(0, strict=False), default=0.0,
                    help="on SIGTERM, seconds to keep accepting streams after reporting "
-                   "NOT_SERVING (default: 0)")
+                   "NOT_SERVING")
     g.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"],
                    help="log level (prompt text is only ever logged at debug)")

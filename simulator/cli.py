@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="epp-sim", description="Emulated model servers, dev gateway and trace replay for epp."
     )
+    from epp import package_version
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument(
         "--log-level", type=str.lower, choices=["debug", "info", "warning", "error"],
         default="warning", help="log level of epp-sim itself (default: warning)",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import importlib.metadata
 import logging
 import os
 import random
@@ -25,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from epp import package_version
 from epp.config.loader import EppConfig, default_config
 from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
@@ -249,7 +249,7 @@ async def start_server(
     registry = registry if registry is not None else CollectorRegistry()
     metrics = EppMetrics(registry)
     metrics.pool_name = opts.pool_name
-    metrics.set_build(os.environ.get("EPP_COMMIT", "unknown"), _version())
+    metrics.set_build(os.environ.get("EPP_COMMIT", "unknown"), package_version())
     ds = datastore or Datastore(stale_after_s=cfg.saturation.metrics_staleness_seconds)
     sched = scheduler or build_scheduler(cfg, rng or random.Random())
     ds.on_removed(sched.remove_endpoint)
@@ -428,13 +428,6 @@ async def _start_plugins(handle: ServerHandle) -> None:
         await plugin.start(ctx)
         handle._started.append(plugin)
         log.info("plugin %s started", plugin.name)
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("epp")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 async def _pool_known(ds: Datastore) -> None:
