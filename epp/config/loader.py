@@ -227,8 +227,11 @@ def _producers(
             ptype = DEFAULT_PRODUCERS[data_key]
             pt = PLUGIN_TYPES[ptype]
             where = pt.section or ptype
-            log.info("config %s: %s reads %s and no producer provides it; adding %s "
-                     "(settings: %s)", source, sp.name, data_key, ptype, where)  # fmt: skip
+            # the usual case, by design (as llm-d registers default producers by the data
+            # they produce): debug, so a shipped config starts without a line that reads
+            # like a warning
+            log.debug("config %s: %s reads %s, which %s produces (settings: %s)",
+                      source, sp.name, data_key, ptype, where)  # fmt: skip
             params = _checked(build_params(pt.params, data.get(pt.section), where), where)
             added = PluginSpec(ptype, ptype, "producer", params)
             plugins[ptype] = added

@@ -407,7 +407,9 @@ async def _start_rest(
         on_failure=metrics.task_failed,
     ))
     log.info(
-        "epp serving: grpc=%d health=%d metrics=%d sync=%d endpoints=%d mode=%s",
+        "epp serving on %s%s: grpc=%d health=%d metrics=%d sync=%d endpoints=%d mode=%s",
+        opts.host, " (every interface; --host 127.0.0.1 keeps it to this machine)"
+        if opts.host in ("0.0.0.0", "::", "") else "",
         handle.grpc_port, handle.health_port, handle.metrics_port, handle.sync_port, len(ds),
         convert.BodySendMode.Name(opts.processing_mode),
     )

@@ -641,6 +641,25 @@ def test_the_chart_kustomize_and_the_image_build_agree_on_the_image_name() -> No
     assert kustomized["spec"]["template"]["spec"]["containers"][0]["image"] == built
 
 
+def test_the_readme_installs_the_image_it_builds_and_pushes() -> None:
+    """README's Kubernetes commands build and push an image, and its helm install (rendered
+    with real helm) runs that image: no registry publishes epp:<version>."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "helm install" in b)
+    lines = [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    build = next(c for c in lines if c[:2] == ["docker", "build"])
+    tag = build[build.index("-t") + 1]
+    assert ["docker", "push", tag] == next(c for c in lines if "push" in c)[-3:]
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None and tag.endswith(f":{version.group(1)}")
+    helm = next(c for c in lines if c[:2] == ["helm", "install"])
+    release, chart, *flags = helm[2:]
+    docs = docs_of(run(tool("helm"), "template", release, str(ROOT / chart), *flags))
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"] == tag
+
+
 def test_the_istio_tls_rule_names_the_service_the_chart_makes() -> None:
     """deploy/gateways/istio/epp-tls.yaml is for a release named llama in default, as the
     walk-through installs it."""

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.config.loader import EppConfig, default_config, load_config, loads_config, shipped_config
+from epp.config.loader import SHIPPED, EppConfig, default_config, load_config, loads_config, shipped_config
 from epp.errors import ConfigError
 from epp.plugins.approxprefix import PrefixIndexConfig
 
@@ -145,7 +145,7 @@ def test_unknown_top_level_section_is_named_in_a_warning(caplog: pytest.LogCaptu
 def test_prefix_producer_is_added_implicitly_with_the_prefix_index_section(caplog) -> None:  # type: ignore[no-untyped-def]
     import logging
 
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.DEBUG):
         cfg = loads_config(
             "plugins: [{type: prefix-cache-scorer}, {type: max-score-picker}]\n"
             "schedulingProfiles: [{name: p, plugins: [{pluginRef: prefix-cache-scorer}, {pluginRef: max-score-picker}]}]\n"
@@ -153,7 +153,19 @@ def test_prefix_producer_is_added_implicitly_with_the_prefix_index_section(caplo
         )
     assert cfg.producers == ("approx-prefix-cache-producer",)
     assert cfg.plugins["approx-prefix-cache-producer"].params.block_chars == 32
-    assert any("adding approx-prefix-cache-producer" in r.getMessage() for r in caplog.records)
+    added = [r for r in caplog.records if "which approx-prefix-cache-producer produces" in r.getMessage()]
+    assert [r.levelname for r in added] == ["DEBUG"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_shipped_config_loads_without_a_line_at_info_or_above(name: str, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Every start with a shipped profile logs nothing about the config that reads like a
+    warning (the implicitly added producer is by design)."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="epp.config"):
+        shipped_config(name)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("epp.config")] == []
 
 
 def test_explicit_producer_parameters_override_the_section_and_no_producer_when_none_reads() -> None:
