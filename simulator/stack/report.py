@@ -302,7 +302,29 @@ def parse_buckets(rows: Sequence[Sequence[Any]]) -> list[tuple[float, float]]:
     return sorted((float(le), float(n)) for le, n in rows)
 
 
+SERVER_ONLY_ROWS = ("server queue mean, preemptions", "engine steps per request, tokens a step")
+"""Rows from counters real vLLM reports and the emulator does not: left out of the table when
+no run has them (they would read ``nan ms, 0`` and ``n/a`` for every policy)."""
+
+
 def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
+    """The demo table's rows; a server-only row (``SERVER_ONLY_ROWS``) only when some run's
+    servers reported its counters."""
+    rows = _all_rows(runs)
+    reported = {
+        SERVER_ONLY_ROWS[0]: any(not math.isnan(s.server_queue_mean_ms) for s in runs),
+        SERVER_ONLY_ROWS[1]: any(s.engine_steps for s in runs),
+    }
+    return [(label, cells) for label, cells in rows if reported.get(label, True)]
+
+
+def unreported_rows(runs: Sequence[RunSummary]) -> list[str]:
+    """The server-only rows ``table_rows`` left out: what the table's note names."""
+    shown = {label for label, _ in table_rows(runs)}
+    return [label for label in SERVER_ONLY_ROWS if label not in shown]
+
+
+def _all_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
     def loads(s: RunSummary) -> str:
         return (
             " / ".join(str(n) for n in s.per_replica_requests) + f"  (max/mean {s.imbalance:.2f})"
@@ -358,6 +380,11 @@ def print_table(runs: Sequence[RunSummary], title: str) -> None:
         table.add_column(f"via {s.policy}", justify="right")
     for label, cells in table_rows(runs):
         table.add_row(label, *cells)
+    missing = unreported_rows(runs)
+    if missing:
+        table.caption = (f"not shown: {'; '.join(missing)} (the servers report no queue time "
+                         "or engine steps; real vLLM does: --engine vllm)")
+        table.caption_justify = "left"
     Console().print(table)
 
 

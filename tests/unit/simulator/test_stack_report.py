@@ -175,5 +175,18 @@ def test_engine_steps_are_read_from_a_real_vllm_page_and_are_a_runs_own() -> Non
     assert merged.engine_steps == 160 and merged.engine_step_tokens == 100.0
     merged = dataclasses.replace(merged, requests=40)
     assert ("engine steps per request, tokens a step", ["4.0, 100"]) in table_rows([merged])
-    assert ("engine steps per request, tokens a step", ["n/a"]) in table_rows(
-        [summarize("epp", RunRecords([], 1.0), [ReplicaCounters("b")])])
+    assert ("engine steps per request, tokens a step", ["n/a", "4.0, 100"]) in table_rows(
+        [summarize("epp", RunRecords([], 1.0), [ReplicaCounters("b")]), merged])
+
+
+def test_rows_the_servers_did_not_report_are_left_out_and_named() -> None:
+    """The emulated servers report no queue time and no engine steps: the demo table leaves
+    those rows out (instead of 'nan ms, 0' and 'n/a' for every policy) and its note names
+    them."""
+    from simulator.stack.driver import RunRecords
+    from simulator.stack.report import SERVER_ONLY_ROWS, summarize, table_rows, unreported_rows
+
+    emulated = [summarize(p, RunRecords([], 1.0), [ReplicaCounters("a")]) for p in ("epp", "random")]
+    labels = [label for label, _ in table_rows(emulated)]
+    assert not set(SERVER_ONLY_ROWS) & set(labels) and "prefix cache hit rate" in labels
+    assert unreported_rows(emulated) == list(SERVER_ONLY_ROWS)
