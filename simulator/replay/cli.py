@@ -23,7 +23,9 @@ from epp.config.loader import default_config, load_config
 from epp.errors import ConfigError
 from simulator.clihelp import HelpFormatter, deprecated_alias
 from simulator.model.cost import CostModel, load_profile
+from simulator.replay.advice import advice, no_reuse_warning, prefix_reuse
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds
+from simulator.replay.convert import CSV_COLUMNS, convert, csv_format, left_out_note
 from simulator.replay.policies import POLICY_NAMES, ROLE_AWARE_POLICIES, policy_factory
 from simulator.replay.replayer import ReplayConfig, Replayer, ReplayResult, pd_roles
 from simulator.replay.report import PolicyStats, print_table, summarize
@@ -137,10 +139,12 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         "--workload-file",
         help="YAML generator parameters (flat, or an inference-perf config with data.shared_prefix)",
     )
-    p.add_argument("--trace-format", choices=("auto", "requests", "mooncake"), default="auto",
+    p.add_argument("--trace-format", choices=("auto", "requests", "mooncake", *CSV_COLUMNS),
+                   default="auto",
                    help="the --trace file's format: auto reads Mooncake JSONL when the first row "
                    "has exactly its four fields (timestamp in ms, input_length, output_length, "
-                   "hash_ids), else a request log (timestamp in seconds)")
+                   "hash_ids), an Azure or BurstGPT CSV by its columns (converted as epp-sim "
+                   "trace convert does), else a request log (timestamp in seconds)")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast; generators: use --set rate=)")
     p.add_argument("--limit", type=_non_negative_int, default=0,
                    help="replay only the first N trace requests (0 = all)")
@@ -178,12 +182,13 @@ MOONCAKE_FIELDS = {"timestamp", "input_length", "output_length", "hash_ids"}
 
 
 def trace_format(path: Path, given: str = "auto") -> str:
-    """``mooncake`` or ``requests``: as given, else from the file (a CSV is a request log;
-    JSONL whose first row has exactly Mooncake's fields is Mooncake)."""
+    """``mooncake``, ``azure``, ``burstgpt`` or ``requests``: as given, else from the file (a
+    CSV with Azure's or BurstGPT's columns is that trace, another CSV a request log; JSONL
+    whose first row has exactly Mooncake's fields is Mooncake)."""
     if given != "auto":
         return given
     if plain_suffix(path) == ".csv":
-        return "requests"
+        return csv_format(path) or "requests"
     with open_text(path) as f:
         for line in f:
             if line.strip():
@@ -216,8 +221,16 @@ def build_workload(args: argparse.Namespace) -> Workload:
     if not path.exists():
         raise ValueError(f"trace {path} not found (pass --trace or --workload)")
     trace: MooncakeTrace | RequestLog
-    if trace_format(path, args.trace_format) == "mooncake":
+    fmt = trace_format(path, args.trace_format)
+    if fmt == "mooncake":
         trace = MooncakeTrace.load(path, args.time_scale, args.limit, args.skip_bad_rows)
+    elif fmt in CSV_COLUMNS:
+        left_out: list[int] = []
+        rows = enumerate(convert(fmt, path, left_out=left_out), 2)  # line 1 is the header
+        trace = RequestLog.load(path, args.time_scale, args.limit, args.skip_bad_rows, rows)
+        print(f"epp-sim replay: {path} is {'an Azure' if fmt == 'azure' else 'a BurstGPT'} trace: "
+              f"read as epp-sim trace convert --from {fmt} converts it"
+              + left_out_note(left_out, len(trace)), file=sys.stderr)  # fmt: skip
     else:
         trace = RequestLog.load(path, args.time_scale, args.limit, args.skip_bad_rows)
     if trace.skipped:
@@ -305,6 +318,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, ConfigError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2
+    reuse = prefix_reuse(workload, config.block_size_tokens)
+    if reuse == 0.0:
+        err.print(no_reuse_warning(workload.name), highlight=False)
     progress = not args.no_progress and sys.stderr.isatty()
     rows: list[dict[str, Any]] = []
     plots: list[Path] = []
@@ -319,6 +335,9 @@ def run(args: argparse.Namespace) -> int:
             f"TTFT no policy beats (simulator/replay/bound.py): p50 {p50:.2f}s, p90 {p90:.2f}s, "
             f"p99 {p99:.2f}s", highlight=False,
         )  # fmt: skip
+        for line in advice(stats, reuse, config.kv_blocks, config.block_size_tokens,
+                           args.config or ""):  # fmt: skip
+            console.print(line, highlight=False)
         rows = [s.to_json() for s in stats]
         bound = {"p50": p50, "p90": p90, "p99": p99}
         for plot_dir in (d for d in (args.plot_dir, args.out_dir) if d):

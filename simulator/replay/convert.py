@@ -34,9 +34,30 @@ from pathlib import Path
 from typing import Any
 
 from simulator.model.tokens import CHARS_PER_TOKEN, generate_text
+from simulator.replay.requestlog import CONVERTED
 from simulator.replay.workload import MOONCAKE_BLOCK_TOKENS, json_lines, open_text, random_text
 
-FORMATS = ("mooncake", "azure", "burstgpt", "stack")
+FORMATS = CONVERTED
+CSV_COLUMNS = {
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
+}
+"""The columns that tell a public trace's CSV apart (``csv_format``)."""
+
+
+def csv_format(path: str | Path) -> str | None:
+    """``azure`` or ``burstgpt`` when the CSV's header has that trace's columns, else None
+    (a request log, or something else the request-log reader will name)."""
+    try:
+        with open_text(path, newline="") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    names = {h.strip() for h in header}
+    for fmt, columns in CSV_COLUMNS.items():
+        if set(columns) <= names:
+            return fmt
+    return None
 
 
 class _Ids:
@@ -81,11 +102,12 @@ def _azure_time(text: str) -> float:
 
 
 def convert(fmt: str, path: str | Path, policy: str = "", round_: int | None = None,
-            closed_loop: bool = True) -> Iterator[dict[str, Any]]:  # fmt: skip
+            closed_loop: bool = True, left_out: list[int] | None = None) -> Iterator[dict[str, Any]]:  # fmt: skip
     """The rows of ``path`` (a ``fmt`` log) as request-log rows, in file order; ``policy``
     picks one policy's run out of a stack log holding several, ``round_`` one of its rounds
     (``--rounds``; the first by default), ``closed_loop`` whether its rows wait for the
-    answers that let them go (module docstring)."""
+    answers that let them go (module docstring). The line of each row left out (a BurstGPT
+    failure) is appended to ``left_out``."""
     path = Path(path)
     ids = _Ids()
     if fmt == "mooncake":
@@ -107,6 +129,8 @@ def convert(fmt: str, path: str | Path, policy: str = "", round_: int | None = N
             try:
                 tokens, out = int(r["Request tokens"]), int(r["Response tokens"])
                 if out == 0:  # a failed request
+                    if left_out is not None:
+                        left_out.append(lineno)
                     continue
                 row: dict[str, Any] = {"timestamp": float(r["Timestamp"]), "hash_ids": ids.take(tokens),
                                        "input_length": max(1, tokens), "output_length": out,
@@ -120,6 +144,15 @@ def convert(fmt: str, path: str | Path, policy: str = "", round_: int | None = N
         yield from _stack(path, policy, round_, closed_loop)
     else:
         raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+
+
+def left_out_note(left_out: list[int], kept: int) -> str:
+    """What a conversion left out, for the line that reports it ('' when nothing)."""
+    if not left_out:
+        return ""
+    lines = ", ".join(map(str, left_out[:5])) + (", ..." if len(left_out) > 5 else "")
+    return (f" (left out {len(left_out)} of {kept + len(left_out)} rows, a response of 0 "
+            f"tokens: BurstGPT's record of a failed request; line {lines})")
 
 
 def _one_run(rows: list[dict[str, Any]], path: Path, policy: str, round_: int | None) -> list[dict[str, Any]]:

@@ -61,6 +61,8 @@ from simulator.replay.workload import (
 )
 
 PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids", "hash_ids")
+CONVERTED = ("mooncake", "azure", "burstgpt", "stack")
+"""The formats ``epp-sim trace convert`` reads (``simulator.replay.convert.FORMATS``)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -177,7 +179,8 @@ def parse_row(obj: Any, index: int) -> _Row:
     if not isinstance(obj, Mapping):
         raise TypeError("a row is a JSON object")
     if "timestamp" not in obj or obj["timestamp"] in ("", None):
-        raise ValueError("no timestamp")
+        raise ValueError("no timestamp; another trace format converts to a request log with "
+                         "epp-sim trace convert --from " + "|".join(CONVERTED))
     at = _time(obj["timestamp"])
     if "output_length" not in obj:
         raise ValueError("no output_length")
@@ -238,9 +241,12 @@ class RequestLog:
 
     @classmethod
     def load(cls, path: str | Path, time_scale: float = 1.0, limit: int = 0,
-             skip_bad_rows: bool = False) -> RequestLog:  # fmt: skip
+             skip_bad_rows: bool = False, source: Iterable[tuple[int, Any]] | None = None) -> RequestLog:  # fmt: skip
+        """Read ``path``; ``source`` (line, row) stands for the file's own rows when given
+        (another format's, converted by ``simulator.replay.convert``)."""
         path = Path(path)
-        rows, skipped = read_rows(path, _rows(path), parse_row, "a request-log row", "request rows",
+        raw = _rows(path) if source is None else source
+        rows, skipped = read_rows(path, raw, parse_row, "a request-log row", "request rows",
                                   limit, skip_bad_rows)  # fmt: skip
         kinds = {type(r.at) for r in rows}
         if len(kinds) > 1:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.clihelp import HelpFormatter
-from simulator.replay.convert import FORMATS, convert
+from simulator.replay.convert import FORMATS, convert, left_out_note
 from simulator.replay.requestlog import RequestLog, write_request_log
 
 
@@ -75,16 +75,18 @@ def _export(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     n = 0
+    left_out: list[int] = []
     try:
         with open(args.out, "w", encoding="utf-8") as f:
-            for row in convert(args.fmt, args.input, args.policy, args.round, not args.open_loop):
+            for row in convert(args.fmt, args.input, args.policy, args.round, not args.open_loop,
+                               left_out):  # fmt: skip
                 f.write(json.dumps(row) + "\n")
                 n += 1
     except (ValueError, KeyError, TypeError, OSError) as exc:
         Path(args.out).unlink(missing_ok=True)
         print(f"epp-sim trace convert: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {n} requests to {args.out}")
+    print(f"wrote {n} requests to {args.out}" + left_out_note(left_out, n))
     return 0
 
 

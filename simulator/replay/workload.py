@@ -241,7 +241,8 @@ def read_rows(path: str | Path, raw: Iterable[tuple[int, Any]], parse: Callable[
         if limit and len(rows) >= limit:
             break
     if not rows:
-        raise ValueError(f"{path}: no {plural}" + (f" ({len(skipped)} bad)" if skipped else ""))
+        raise ValueError(f"{path}: no {plural}"
+                         + (f" ({len(skipped)} bad, the first: {skipped[0]})" if skipped else ""))
     return rows, skipped
 
 
