@@ -23,6 +23,7 @@ from epp.extproc.observer import DEFAULT_WAIT_S as OBSERVER_WAIT_S
 from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.observability.logging import setup_logging
+from epp.observability.tracing import tracing_from_env
 from epp.request.settings import DEFAULT_MAX_BODY_BYTES
 from epp.requestcontrol.response import MAX_JSON_BYTES, MAX_SSE_LINE_BYTES, ResponseLimits
 from epp.server.runner import ServerOptions, SourceStarter, start_server
@@ -503,6 +504,7 @@ async def serve(args: argparse.Namespace) -> int:
                           "or Kubernetes discovery flags")
 
     _check_tls_files(args)
+    tracing = tracing_from_env()  # the OTEL_* variables (docs/observability.md)
 
     options = ServerOptions(
         host=args.host,
@@ -538,6 +540,7 @@ async def serve(args: argparse.Namespace) -> int:
         grace_s=args.grace_s,
         shutdown_delay_s=args.shutdown_delay_s,
         sync=sync_options(args),
+        tracing=tracing,
     )
     try:
         handle = await start_server(

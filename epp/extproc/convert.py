@@ -168,8 +168,27 @@ RESPONSE_HEADERS_CONTINUE = pb.ProcessingResponse(response_headers=pb.HeadersRes
 
 def response_headers_with(key: str, value: str) -> pb.ProcessingResponse:
     """Continue the response with one header set (the served-endpoint header)."""
+    return response_headers_response(((key, value),))
+
+
+FAIL_OPEN_HEADER = "x-epp-fail-open"
+"""Added by Envoy's route to every response (``epp.envoyconfig``) and removed by epp from the
+responses it routed: what still carries it was served without epp (fail-open)."""
+FAIL_OPEN_REMOVE = (FAIL_OPEN_HEADER,)
+
+
+def response_headers_response(
+    set_headers: Sequence[tuple[str, str]], remove: Sequence[str] = ()
+) -> pb.ProcessingResponse:
+    """Continue the response with ``set_headers`` set (those with a value) and ``remove``
+    removed."""
     msg = pb.ProcessingResponse()
-    _set_header(msg.response_headers.response.header_mutation, key, value)
+    mutation = msg.response_headers.response.header_mutation
+    for key, value in set_headers:
+        if value:
+            _set_header(mutation, key, value)
+    if remove:
+        mutation.remove_headers.extend(remove)
     return msg
 RESPONSE_BODY_CONTINUE = pb.ProcessingResponse(response_body=pb.BodyResponse())
 RESPONSE_TRAILERS_CONTINUE = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())

@@ -27,6 +27,7 @@ from epp.errors import Unavailable
 from epp.extproc.errors import immediate_response
 from epp.extproc.observer import ResponseHandoff
 from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
+from epp.observability.tracing import Tracing
 from epp.request.parse import RequestParser
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits
@@ -49,8 +50,10 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         limits: ResponseLimits = DEFAULT_LIMITS,
         max_open_streams: int = DEFAULT_MAX_OPEN_STREAMS,
         handoff: ResponseHandoff | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._parser = parser
+        self._tracing = tracing
         self.handoff = handoff
         """Set with ``--response-observer``: responses come on an observer filter's stream."""
         self.max_open_streams = max_open_streams
@@ -74,7 +77,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             log.warning("ext_proc streams accepted again (%d open)", self.open_streams)
         stream = RequestStream(
             self._parser, self._director, self._default_mode, self.budget, self._limits,
-            self.handoff,
+            self.handoff, self._tracing,
         )
         self.open_streams += 1
         read, write, eof = context.read, context.write, grpc.aio.EOF

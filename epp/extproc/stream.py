@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,8 +42,17 @@ from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
 from epp.extproc.observer import OBSERVE_HEADER, Kind, ResponseHandoff
 from epp.framework.request import InferenceRequest
-from epp.request.parse import CONTROL_HEADERS, PREFILLER_HEADER, ParsedRequest, RequestParser, echo
+from epp.observability.tracing import RequestTrace, Tracing
+from epp.request.parse import (
+    CONTROL_HEADERS,
+    PREFILLER_HEADER,
+    REQUEST_ID_HEADER,
+    ParsedRequest,
+    RequestParser,
+    echo,
+)
 from epp.requestcontrol.director import Director, Routing
+from epp.requestcontrol.explain import PICK_REASON_HEADER, pick_reason
 from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits, ResponseReader
 
 log = logging.getLogger(__name__)
@@ -64,6 +74,8 @@ class Held:
     request: InferenceRequest
     size_bytes: int
     headers: Mapping[str, str]
+    trace: RequestTrace | None = None
+    """The request's trace: the waits before routing are its spans."""
 
 
 class ProtocolError(Exception):
@@ -97,6 +109,7 @@ class RequestStream:
         "_budget",
         "_deferred",
         "_director",
+        "_explain",
         "_finish_later",
         "_first",
         "_first_body_s",
@@ -104,6 +117,7 @@ class RequestStream:
         "_headers",
         "_held",
         "_limits",
+        "_new_id",
         "_observing",
         "_parser",
         "_path",
@@ -117,6 +131,8 @@ class RequestStream:
         "_strip",
         "_subset",
         "_token",
+        "_trace",
+        "_tracing",
         "awaiting",
     )
 
@@ -128,8 +144,15 @@ class RequestStream:
         budget: BodyBudget | None = None,
         limits: ResponseLimits = DEFAULT_LIMITS,
         handoff: ResponseHandoff | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._parser = parser
+        self._tracing = tracing
+        self._trace: RequestTrace | None = None
+        self._explain = False
+        """The response carries ``x-epp-pick-reason`` (config, or a trusted request header)."""
+        self._new_id = ""
+        """The ``x-request-id`` epp made up for a request without one (set upstream too)."""
         self._limits = limits
         self._handoff = handoff
         self._remote = ""
@@ -255,6 +278,8 @@ class RequestStream:
             routing = None  # its response is the observer stream's (or the handoff's) now
         if routing is not None and not routing.released:
             self._director.abandon(routing, "cancelled")
+        elif self._trace is not None and self._routing is None:
+            self._trace.ended("cancelled")  # before it was routed
         self._drop_body()
         self._reader = None
 
@@ -281,6 +306,12 @@ class RequestStream:
                 self._handoff.observed(token, Kind.CLAIMED)
             self._phase = Phase.ROUTED
             return _NO_REPLY
+        if not headers.get(REQUEST_ID_HEADER):  # one id for the logs, the server and the client
+            self._new_id = headers[REQUEST_ID_HEADER] = str(uuid.uuid4())
+        self._explain = self._parser.explains(headers)
+        if self._tracing is not None:
+            self._trace = self._tracing.begin(headers, headers[REQUEST_ID_HEADER],
+                                              headers.get(":path", "/"), headers.get(":method", ""))  # fmt: skip
         if not self._parser.trust_control_headers:
             self._strip = tuple(name for name in CONTROL_HEADERS if name in headers)
         if PREFILLER_HEADER in headers:  # only epp's P/D handler says where to prefill
@@ -290,12 +321,12 @@ class RequestStream:
         mode = self._request_mode
         if h.end_of_stream or mode == convert.NONE:
             request = self._parser.headers_only(self._path, headers, body_seen=h.end_of_stream)
-            routing = self._routing = self._deferred = self._director.route(request, self._subset)
+            routing = self._routing = self._deferred = self._route(request, 0)
             self._phase = Phase.ROUTED
             return [
                 convert.routed_headers_response(
                     routing.destination, None, self._removed(routing), self._hand_off(routing),
-                    routing.headers,
+                    self._upstream_headers(routing),
                 )
             ]
         self._phase = Phase.REQUEST_BODY
@@ -367,31 +398,69 @@ class RequestStream:
     def _route_body(self, trailers_follow: bool) -> list[pb.ProcessingResponse]:
         raw = bytes(self._body)
         self._drop_body()
-        parsed = self._parser.parse(self._path, self._headers, raw)
+        trace = self._trace
+        if trace is not None and trace.recording:
+            parsed = self._traced_parse(trace, raw)
+        else:
+            parsed = self._parser.parse(self._path, self._headers, raw)
         if self._director.holds:
             self._held = (parsed, len(raw), trailers_follow, self._observing)
-            self.awaiting = Held(parsed.request, len(raw), self._headers)
+            self.awaiting = Held(parsed.request, len(raw), self._headers, trace)
             return _NO_REPLY
         return self._routed(parsed, len(raw), trailers_follow)
+
+    def _traced_parse(self, trace: RequestTrace, raw: bytes) -> ParsedRequest:
+        t0 = time.time_ns()
+        try:
+            parsed = self._parser.parse(self._path, self._headers, raw)
+        except EppError as exc:
+            trace.child("epp.parse", t0, time.time_ns(), {"http.request.body.size": len(raw)},
+                        error=exc.message)  # fmt: skip
+            raise
+        trace.child("epp.parse", t0, time.time_ns(), {"http.request.body.size": len(raw)})
+        r = parsed.request
+        trace.request(r.model, r.api.value, r.stream, r.priority, len(raw), len(r.prompt))
+        return parsed
+
+    def _route(self, request: InferenceRequest, size: int) -> Routing:
+        """The Director's pick, traced and recorded for the pick-reason header when asked."""
+        trace = self._trace
+        recording = trace is not None and trace.recording
+        t0 = time.time_ns() if recording else 0
+        routing = self._director.route(request, self._subset, size, record=recording or self._explain)
+        if trace is not None:
+            routing.trace = trace
+            if recording:
+                trace.scheduled(routing.result, routing.destination, t0, time.time_ns())
+        return routing
+
+    def _upstream_headers(self, routing: Routing) -> tuple[tuple[str, str], ...]:
+        """Request headers epp sets for the model server: the Director's (the prefiller),
+        a made-up ``x-request-id``, the trace context."""
+        extra = routing.headers
+        if self._new_id:
+            extra = (*extra, (REQUEST_ID_HEADER, self._new_id))
+        if self._trace is not None:
+            extra = (*extra, *self._trace.upstream(routing.target_id).items())
+        return extra
 
     def _routed(
         self, parsed: ParsedRequest, size: int, trailers_follow: bool
     ) -> list[pb.ProcessingResponse]:
-        routing = self._routing = self._deferred = self._director.route(
-            parsed.request, self._subset, size
-        )
+        routing = self._routing = self._deferred = self._route(parsed.request, size)
         self._phase = Phase.ROUTED
         body = parsed.body
         token = self._hand_off(routing)
+        extra = self._upstream_headers(routing)
         if self._request_mode != convert.FULL_DUPLEX_STREAMED:
             return [
                 convert.routed_buffered_body_response(
                     routing.destination, body if parsed.body_rewritten else None,
-                    self._removed(routing), token, routing.headers,
+                    self._removed(routing), token, extra,
                 )
             ]
         out = [convert.routed_headers_response(routing.destination, len(body), self._removed(routing),
-                                               token, routing.headers)]  # fmt: skip
+                                               token, extra)]  # fmt: skip
         if len(body) <= STREAMED_CHUNK_BYTES:
             out.append(convert.streamed_request_body(body, not trailers_follow))
             return out
@@ -443,10 +512,25 @@ class RequestStream:
         self._phase = Phase.RESPONSE_BODY
         if h.end_of_stream:
             self._finish()
+        if routing is None:
+            return [convert.RESPONSE_HEADERS_CONTINUE]
+        return [convert.response_headers_response(self._response_headers_set(routing),
+                                                  convert.FAIL_OPEN_REMOVE)]  # fmt: skip
+
+    def _response_headers_set(self, routing: Routing) -> list[tuple[str, str]]:
+        """Response headers epp sets: the request id, the pick's reason when asked, the
+        conformance profile's served endpoint."""
+        out = [(REQUEST_ID_HEADER, self._headers.get(REQUEST_ID_HEADER, ""))]
+        if self._explain:
+            runs = routing.result.state.runs or ()
+            prefiller = routing.result.prefiller
+            reason = pick_reason(runs, routing.target_id, prefiller.id if prefiller else "")
+            if reason:
+                out.append((PICK_REASON_HEADER, reason))
         served = self._parser.served_endpoint_header
-        if served and routing is not None:  # the conformance profile's read-back
-            return [convert.response_headers_with(served, routing.destination.split(",")[0])]
-        return [convert.RESPONSE_HEADERS_CONTINUE]
+        if served:  # the conformance profile's read-back
+            out.append((served, routing.destination.split(",")[0]))
+        return out
 
     def _response_body(self, b: pb.HttpBody) -> list[pb.ProcessingResponse]:
         reader = self._reader
@@ -508,6 +592,9 @@ class RequestStream:
 
     def _answer(self, exc: BaseException) -> list[pb.ProcessingResponse]:
         kind = error_kind(exc)
+        if self._trace is not None:
+            self._trace.answered(kind.status, kind.type,
+                                 exc.message if isinstance(exc, EppError) else type(exc).__name__)  # fmt: skip
         routing = self._routing
         if routing is not None and not routing.released:
             self._director.abandon(routing, str(kind.status))

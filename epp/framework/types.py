@@ -56,6 +56,46 @@ class CycleState:
     in_flight: Mapping[EndpointId, int] = field(default_factory=lambda: _NO_MATCH)
     """Requests epp has in flight per endpoint (the Director's, ``Datastore.in_flight_view``;
     empty when the caller keeps none)."""
+    runs: list[ProfileRun] | None = None
+    """When a list: each profile run appends what it did (``ProfileRun``), for a trace, the
+    pick-reason header or ``epp dry-run``; None (the default): nothing is recorded."""
+
+
+@dataclass(slots=True, frozen=True)
+class FilterStep:
+    """A filter's outcome in a recorded run: the endpoints it let through, in order."""
+
+    name: str
+    survivors: tuple[EndpointId, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class ScorerColumn:
+    """A scorer's scores (0..1, before its weight) for a recorded run's candidates, aligned
+    with ``ProfileRun.candidates``."""
+
+    name: str
+    weight: float
+    scores: tuple[float, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class ProfileRun:
+    """What one profile did for one request (recorded when ``CycleState.runs`` is a list):
+    the endpoints it was given, each filter's survivors, each scorer's column for the
+    candidates that survived them all, their weighted totals and the picker's choice.
+    ``start_ns`` / ``end_ns``: wall clock (``time.time_ns``), for a trace's span."""
+
+    profile: str
+    endpoints: tuple[EndpointId, ...]
+    filters: tuple[FilterStep, ...]
+    candidates: tuple[EndpointId, ...]
+    scorers: tuple[ScorerColumn, ...]
+    totals: tuple[float, ...]
+    picker: str
+    picked: tuple[EndpointId, ...]
+    start_ns: int
+    end_ns: int
 
 
 @dataclass(slots=True, frozen=True)

@@ -40,7 +40,9 @@ OBJECTIVE_HEADERS = (OBJECTIVE_HEADER, "x-gateway-inference-objective")
 PREFILLER_HEADER = "x-prefiller-host-port"
 """Set by epp on a request its P/D handler split: where the decoder's sidecar runs the
 prefill (llm-d's name). Stripped from every client request, trusted or not."""
-CONTROL_HEADERS = (MODEL_REWRITE_HEADER, *OBJECTIVE_HEADERS)
+EXPLAIN_HEADER = "x-epp-explain"
+"""``1`` asks for ``x-epp-pick-reason`` on the response (a control header: trusted only)."""
+CONTROL_HEADERS = (MODEL_REWRITE_HEADER, *OBJECTIVE_HEADERS, EXPLAIN_HEADER)
 """Headers that steer epp. Honoured only with ``trust_control_headers`` (a proxy in front
 sets or strips them); otherwise a client could pick its own model or priority."""
 REQUEST_ID_HEADER = "x-request-id"
@@ -105,6 +107,13 @@ class RequestParser:
     def served_endpoint_header(self) -> str:
         """The response header naming the endpoint routed to ('' = none: requestControl)."""
         return self._config.served_endpoint_header
+
+    def explains(self, headers: Mapping[str, str]) -> bool:
+        """The response should carry ``x-epp-pick-reason``: the config says so for every
+        request, or a trusted request asks (``x-epp-explain: 1``)."""
+        if self._config.pick_reason_header:
+            return True
+        return self.trust_control_headers and headers.get(EXPLAIN_HEADER, "").strip().lower() in ("1", "true", "yes")
 
     def check_headers(self, path: str, headers: Mapping[str, str]) -> ApiKind:
         """Validate what can be validated before the body arrives (the request has a body)."""

@@ -14,6 +14,7 @@ does to a request before and after the scheduler sees it (the Director that does
       modelPriorities: {batch-summarizer: -1}
       objectives: {premium: 10, batch: -1}   # x-gateway-inference-objective -> priority
       servedEndpointHeader: ""       # response header naming the endpoint epp routed to
+      pickReasonHeader: false        # x-epp-pick-reason on every response: why that endpoint
 
 Every field is optional. Errors name the field (``requestControl.modelRewrites.chat[1].weight``).
 """
@@ -52,6 +53,10 @@ class RequestControlConfig:
     served_endpoint_header: str = ""
     """A response header set to the endpoint epp routed the request to ('' = none; the
     conformance profile: ``x-conformance-test-served-endpoint``)."""
+    pick_reason_header: bool = False
+    """Every response carries ``x-epp-pick-reason``: the winner, the runner-up and the scores
+    that separated them (it names the pool's endpoints; off by default). Without it a request
+    asks with ``x-epp-explain: 1``, honoured only with ``--trust-control-headers``."""
 
 
 SECTION = "requestControl"
@@ -80,6 +85,7 @@ class _Section(BaseModel):
     model_priorities: dict[str, int] = {}
     objectives: dict[str, int] = {}
     served_endpoint_header: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]*$")] = ""
+    pick_reason_header: bool = False
 
 
 def parse_request_control(raw: Mapping[str, Any] | None) -> RequestControlConfig:
@@ -103,4 +109,5 @@ def parse_request_control(raw: Mapping[str, Any] | None) -> RequestControlConfig
         model_priorities=MappingProxyType(dict(parsed.model_priorities)),
         objective_priorities=MappingProxyType(dict(parsed.objectives)),
         served_endpoint_header=parsed.served_endpoint_header,
+        pick_reason_header=parsed.pick_reason_header,
     )

@@ -33,6 +33,7 @@ from epp.framework.request import InferenceRequest
 from epp.framework.saturation import SaturationConfig
 from epp.framework.types import PickResult, ResponseInfo
 from epp.observability.metrics import EppMetrics
+from epp.observability.tracing import RequestTrace
 from epp.request.parse import PREFILLER_HEADER
 from epp.requestcontrol.admission import Admission
 from epp.scheduling.saturation import detector, pool_saturated
@@ -59,6 +60,9 @@ class Routing:
     """Request headers epp sets for the upstream (``x-prefiller-host-port``)."""
     released: bool = False
     settled: bool = False
+    trace: RequestTrace | None = None
+    """The request's trace (``epp.observability.tracing``): ended with the response, on
+    whichever stream sees it end."""
 
     @property
     def target_id(self) -> EndpointId:
@@ -139,18 +143,29 @@ class Director:
         """The asynchronous steps before routing a parsed request (``held``: the ext_proc
         stream's ``Held``): its preparation (tokenizing, in a worker thread), then flow
         control. Returns the error to answer with, or None to route it."""
+        trace = held.trace if held.trace is not None and held.trace.recording else None
+        t0 = time.time_ns()
         try:
             if self.prepares:
                 await self.prepare(held.request)
+                if trace is not None:
+                    trace.child("epp.prepare", t0, time.time_ns())
             if self.admission is None:
                 return None
+            t0 = time.time_ns()
             await self.admission.admit(held.request, held.size_bytes, held.headers)
         except EppError as exc:
+            if trace is not None and self.admission is not None:
+                trace.child("epp.flow_control.wait", t0, time.time_ns(),
+                            {"epp.flow_control.outcome": type(exc).__name__}, error=exc.message)  # fmt: skip
             return exc
         except Exception:  # a bug: the stream answers 500 and keeps serving
             log.exception("admitting request %s failed", held.request.request_id)
             self.internal_error("admission")
             return Internal("epp failed to admit the request")
+        if trace is not None:
+            trace.child("epp.flow_control.wait", t0, time.time_ns(),
+                        {"epp.flow_control.outcome": "dispatched"})  # fmt: skip
         return None
 
     async def prepare(self, request: InferenceRequest) -> None:
@@ -165,11 +180,14 @@ class Director:
             log.exception("preparing request %s failed", request.request_id)
 
     def route(
-        self, request: InferenceRequest, subset: Sequence[str] | None, request_bytes: int = 0
+        self, request: InferenceRequest, subset: Sequence[str] | None, request_bytes: int = 0,
+        record: bool = False,
     ) -> Routing:
-        """Pick targets for ``request``; raises Unavailable (503) or Overloaded (429)."""
+        """Pick targets for ``request``; raises Unavailable (503) or Overloaded (429).
+        ``record``: keep each profile's run in ``routing.result.state.runs`` (a trace, the
+        pick-reason header)."""
         try:
-            routing = self._route(request, subset, request_bytes)
+            routing = self._route(request, subset, request_bytes, record)
         except (Unavailable, Overloaded):
             self._metrics.schedule_failed()
             raise
@@ -178,7 +196,8 @@ class Director:
         return routing
 
     def _route(
-        self, request: InferenceRequest, subset: Sequence[str] | None, request_bytes: int
+        self, request: InferenceRequest, subset: Sequence[str] | None, request_bytes: int,
+        record: bool = False,
     ) -> Routing:
         now_s = self._clock()
         endpoints: Sequence[Endpoint] = self._datastore.routable()
@@ -202,7 +221,7 @@ class Director:
         try:
             result = self._scheduler.schedule(
                 request, endpoints, now_s, fallbacks=self._fallbacks, commit=False,
-                in_flight=self._in_flight,
+                in_flight=self._in_flight, record=record,
             )  # fmt: skip
         except Unavailable:
             # The filters left none of the endpoints with fresh metrics: if some were left out
@@ -215,7 +234,7 @@ class Director:
                       request.request_id)  # fmt: skip
             result = self._scheduler.schedule(
                 request, pool, now_s, fallbacks=self._fallbacks, commit=False,
-                in_flight=self._in_flight,
+                in_flight=self._in_flight, record=record,
             )  # fmt: skip
         # Record the pick before the reply goes out: in a burst, the next stream routes while
         # this reply is being sent, and must see this pick (its prefix, its queued prefill).
@@ -254,6 +273,8 @@ class Director:
         with the response's HTTP ``status`` where known (0: not known)."""
         if routing.released:
             return
+        if routing.trace is not None:
+            routing.trace.first_token(ttft_s)
         if 0 < status < 500:
             self._datastore.request_answered(routing.target_id)  # it is serving
         if not self._scheduler.wants_first_token:
@@ -270,6 +291,8 @@ class Director:
         if routing.released:
             return
         self.settle(routing)  # learning from the reply extends the recorded chain
+        if routing.trace is not None:
+            routing.trace.finished(info)
         if 0 < info.status < 500:
             self._datastore.request_answered(routing.target_id)
         self._release(routing, str(info.status))
@@ -294,6 +317,8 @@ class Director:
         plugin holds for the request (prefill counted in flight) is released now."""
         if not routing.released:
             self._release(routing, status)
+            if routing.trace is not None:
+                routing.trace.ended(status if not status.isdigit() else f"HTTP {status}")
             if status.isdigit():
                 self._metrics.objective_done(
                     routing.client_model, routing.request.model, int(status),

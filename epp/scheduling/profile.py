@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import Filter, Picker, Scorer
-from epp.framework.types import CycleState, ProfileResult
+from epp.framework.types import CycleState, FilterStep, ProfileResult, ProfileRun, ScorerColumn
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +40,19 @@ class Profile:
     def run(self, state: CycleState, endpoints: Sequence[Endpoint], count: int) -> ProfileResult:
         clock = time.perf_counter
         timings = state.timings
+        record = state.runs
+        start_ns = time.time_ns() if record is not None else 0
+        steps: list[FilterStep] | None = [] if record is not None else None
         candidates = endpoints
         for f in self.filters:
             t0 = clock()
             candidates = f.filter(state, candidates)
             timings[f.name] = clock() - t0
+            if steps is not None:
+                steps.append(FilterStep(f.name, tuple(e.id for e in candidates)))
             if not candidates:
+                if record is not None and steps is not None:
+                    record.append(self._recorded(endpoints, steps, (), [], [], [], start_ns))
                 return ProfileResult([], (), ())
         columns = []
         for ws in self.scorers:
@@ -58,7 +65,22 @@ class Profile:
         timings[self.picker.name] = clock() - t0
         if log.isEnabledFor(logging.DEBUG):
             self._log_scores(state, candidates, columns, total, targets)
+        if record is not None and steps is not None:
+            record.append(self._recorded(endpoints, steps, candidates, columns, total, targets,
+                                         start_ns))  # fmt: skip
         return ProfileResult(targets, candidates, total)
+
+    def _recorded(self, endpoints: Sequence[Endpoint], steps: list[FilterStep],
+                  candidates: Sequence[Endpoint], columns: list[Sequence[float]],
+                  total: Sequence[float], targets: Sequence[Endpoint], start_ns: int) -> ProfileRun:  # fmt: skip
+        return ProfileRun(
+            self.name, tuple(e.id for e in endpoints), tuple(steps),
+            tuple(e.id for e in candidates),
+            tuple(ScorerColumn(ws.scorer.name, ws.weight, tuple(float(x) for x in column))
+                  for ws, column in zip(self.scorers, columns, strict=False)),
+            tuple(float(x) for x in total), self.picker.name, tuple(e.id for e in targets),
+            start_ns, time.time_ns(),
+        )  # fmt: skip
 
     def _log_scores(self, state: CycleState, candidates: Sequence[Endpoint], columns: list[Sequence[float]],
                     total: Sequence[float], targets: Sequence[Endpoint]) -> None:  # fmt: skip

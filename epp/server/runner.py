@@ -37,6 +37,7 @@ from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import Lifecycle, PluginContext
 from epp.observability.looplag import watch_loop
 from epp.observability.metrics import EppMetrics
+from epp.observability.tracing import Tracing
 from epp.prefix.index import PrefixIndex
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.request.settings import RequestControlConfig
@@ -96,6 +97,8 @@ class ServerOptions:
     """gRPC message cap; 0 derives it from the body cap."""
     sync: SyncOptions | None = None
     """Index sync with peer replicas (docs/sync.md); None: this replica learns alone."""
+    tracing: Tracing | None = None
+    """OpenTelemetry tracing (``tracing_from_env``: the ``OTEL_*`` variables); None: off."""
 
 
 HEALTH_MAX_CALLS = 256
@@ -191,8 +194,19 @@ class ServerHandle:
                     await res
         if self._web is not None:
             await self._web.cleanup()
+        await _flush_traces(self._options.tracing)
         self.stopped.set()
         log.info("stopped")
+
+
+async def _flush_traces(tracing: Tracing | None, timeout_s: float = 5.0) -> None:
+    """Export the drained requests' spans, waiting at most ``timeout_s``."""
+    if tracing is None:
+        return
+    try:
+        await asyncio.wait_for(asyncio.to_thread(tracing.shutdown), timeout_s)
+    except TimeoutError:
+        log.warning("tracing: spans still unexported %g s into shutdown were dropped", timeout_s)
 
 
 def _bind(server: Any, address: str, options: ServerOptions) -> int:
@@ -274,7 +288,7 @@ async def start_server(
     )
     service = ExtProcService(
         parser, director, opts.processing_mode, BodyBudget(opts.max_buffered_bytes),
-        opts.response_limits, opts.max_open_streams, handoff,
+        opts.response_limits, opts.max_open_streams, handoff, opts.tracing,
     )
     health_service = health.aio.HealthServicer()
 

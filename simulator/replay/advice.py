@@ -42,7 +42,7 @@ def prefix_reuse(workload: Workload, block_tokens: int) -> float:
     total = reused = 0
     for r in workload.requests():
         total += r.prompt_tokens
-        seed = xxhash.xxh3_64_intdigest(r.adapter) if r.adapter else 0
+        seed = xxhash.xxh3_64_intdigest(r.adapter.encode()) if r.adapter else 0
         if r.hash_ids:
             blocks, size = list(r.hash_ids), MOONCAKE_BLOCK_TOKENS
         else:

