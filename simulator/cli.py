@@ -59,6 +59,12 @@ def _calibrate(subparsers: Any) -> None:
     register(subparsers)
 
 
+def _otlp(subparsers: Any) -> None:
+    from simulator.otlp import register
+
+    register(subparsers)
+
+
 def _load(subparsers: Any) -> None:
     from simulator.load import register
 
@@ -73,6 +79,7 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "trace": _trace,
     "calibrate": _calibrate,
     "load": _load,
+    "otlp": _otlp,
 }
 
 
