@@ -42,6 +42,10 @@ UPSTREAM_HOST_HEADER = "x-upstream-host"
 EPP_ONLY_REQUEST_HEADERS = ("x-prefiller-host-port",)
 """Request headers only epp sets (its P/D handler: where the decoder's sidecar prefills);
 the bootstrap removes a client's copy before ext_proc (``_strip_filter``)."""
+FAIL_OPEN_HEADER = "x-epp-fail-open"
+"""Set on every response by the route and removed by epp from the responses it routed
+(``epp.extproc.convert.FAIL_OPEN_HEADER``): a response that still carries it was served
+without epp (fail-open). Only where epp sees the response headers (``response`` full-duplex)."""
 ROUTINGS = ("epp", "random", "round-robin", "least-request")
 REQUEST_BODY_MODES = ("buffered", "full-duplex")
 RESPONSE_MODES = ("full-duplex", "observer", "none")
@@ -355,11 +359,19 @@ def _route(o: EnvoyOptions) -> dict[str, Any]:
         }
     vhost: dict[str, Any] = {"name": "all", "domains": ["*"],
                              "routes": [{"match": {"prefix": "/"}, "route": route}]}  # fmt: skip
+    added = []
     if o.upstream_host_header:
-        vhost["response_headers_to_add"] = [{
+        added.append({
             "header": {"key": UPSTREAM_HOST_HEADER, "value": "%UPSTREAM_HOST%"},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-        }]  # fmt: skip
+        })  # fmt: skip
+    if o.routing == "epp" and o.failure == "open" and o.response == "full-duplex":
+        added.append({
+            "header": {"key": FAIL_OPEN_HEADER, "value": "true"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        })  # fmt: skip
+    if added:
+        vhost["response_headers_to_add"] = added
     return {"name": "inference", "virtual_hosts": [vhost]}
 
 
@@ -382,6 +394,9 @@ def envoy_config(o: EnvoyOptions) -> dict[str, Any]:
         # LLM responses stream for minutes: no idle or whole-request deadline of Envoy's own
         "stream_idle_timeout": "0s",
         "request_timeout": "0s",
+        # one x-request-id from the client (or made up here) to epp, the server and back
+        "preserve_external_request_id": True,
+        "always_set_request_id_in_response": True,
         "route_config": _route(o),
         "http_filters": filters,
     }

@@ -14,6 +14,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 
 from epp import errors
+from epp.extproc.convert import FAIL_OPEN_HEADER
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,7 +71,8 @@ def immediate_response(error: BaseException) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=kind.status),
-            headers=pb.HeaderMutation(set_headers=headers),
+            # the route's fail-open marker (epp.envoyconfig) does not belong on epp's answer
+            headers=pb.HeaderMutation(set_headers=headers, remove_headers=[FAIL_OPEN_HEADER]),
             body=error_body(error),
             details=f"epp_{kind.type}",
         )

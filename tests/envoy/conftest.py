@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -60,6 +61,8 @@ class EppProcess:
     grpc_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     extra: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables added to the process's environment (``OTEL_*``)."""
     proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -75,6 +78,7 @@ class EppProcess:
                 "--metrics-port", str(self.metrics_port), "--log-format", "text",
                 "--endpoints", ",".join(self.endpoints), *self.extra,
                 stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err,
+                env={**os.environ, **self.env},
             )  # fmt: skip
         finally:
             err.close()
