@@ -318,11 +318,16 @@ async def _pd_sidecar(args: argparse.Namespace) -> int:
     cfg = SidecarConfig(decoder=args.decoder, connector=args.connector,
                         prefill_timeout_s=args.prefill_timeout_s, allowed_prefillers=nets,
                         max_body_bytes=args.max_body_bytes)  # fmt: skip
+    try:
+        tracing = tracing_from_env()  # the OTEL_* variables, as epp serve reads them
+    except ConfigError as exc:
+        print(f"epp pd-sidecar: {exc}", file=sys.stderr)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await run(cfg, args.host, args.port, stop)
+    await run(cfg, args.host, args.port, stop, tracing)
     return 0
 
 

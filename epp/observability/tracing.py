@@ -138,6 +138,29 @@ class Tracing:
             })  # fmt: skip
         return RequestTrace(self, span)
 
+    def span(self, name: str, *, headers: Mapping[str, str] | None = None, parent: Any = None,
+             kind: str = "internal", attributes: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
+        """Start a span (end it with ``.end()``): a child of ``parent`` (a span), else of the
+        context in ``headers`` (a ``traceparent``), else a new trace's root. ``kind``:
+        internal, server or client."""
+        trace = self._trace
+        if parent is not None:
+            ctx = trace.set_span_in_context(parent)
+        else:
+            ctx = self._propagator.extract(headers) if headers is not None else None
+        span_kind = {"server": trace.SpanKind.SERVER, "client": trace.SpanKind.CLIENT}.get(
+            kind, trace.SpanKind.INTERNAL)  # fmt: skip
+        return self._tracer.start_span(name, ctx, kind=span_kind, attributes=attributes)
+
+    def headers_of(self, span: Any) -> dict[str, str]:
+        """The headers that carry ``span``'s context to the next hop (``traceparent``...)."""
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier, context=self._trace.set_span_in_context(span))
+        return carrier
+
+    def failed(self, span: Any, why: str) -> None:
+        span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, why))
+
     def shutdown(self) -> None:
         """Export what is buffered and stop (blocks up to the exporter's timeout)."""
         if self._provider is not None:

@@ -55,6 +55,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from epp.framework.endpoint import parse_endpoint_id
+from epp.observability.tracing import Tracing
 from epp.request.parse import PREFILLER_HEADER
 
 log = logging.getLogger(__name__)
@@ -96,11 +97,14 @@ class SidecarConfig:
 
 
 class Sidecar:
-    def __init__(self, cfg: SidecarConfig) -> None:
+    def __init__(self, cfg: SidecarConfig, tracing: Tracing | None = None) -> None:
         if cfg.connector not in CONNECTORS:
             raise ValueError(f"connector {cfg.connector!r}: expected one of {', '.join(CONNECTORS)}")
         self.cfg = cfg
         self._allowed = [_allowed_entry(n) for n in cfg.allowed_prefillers]
+        self._tracing = tracing
+        """With the OTEL_* variables: a span per request (``epp.pd_sidecar``) and one per leg
+        (``prefill``, ``decode``), each leg's request carrying its own ``traceparent``."""
         self.registry = CollectorRegistry()
         self.prefills = Counter(
             "epp_sidecar_prefill", "Remote prefills by outcome: ok, or why the request was "
@@ -147,14 +151,36 @@ class Sidecar:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         prefiller = request.headers.get(PREFILLER_HEADER, "").strip()
-        if prefiller and request.method == "POST" and request.path in _SPLIT_PATHS:
-            self.requests.labels("yes").inc()
-            body = await self._prefill_then(request, prefiller, body)
-        elif request.path in _SPLIT_PATHS:
-            self.requests.labels("no").inc()
-        return await self._forward(request, self.cfg.decoder, body)
+        tracing = self._tracing
+        span = None
+        if tracing is not None and request.path in _SPLIT_PATHS:
+            span = tracing.span("epp.pd_sidecar", headers=request.headers, kind="server",
+                                attributes={"url.path": request.path, "epp.prefiller": prefiller})  # fmt: skip
+        try:
+            if prefiller and request.method == "POST" and request.path in _SPLIT_PATHS:
+                self.requests.labels("yes").inc()
+                body = await self._prefill_then(request, prefiller, body, span)
+            elif request.path in _SPLIT_PATHS:
+                self.requests.labels("no").inc()
+            return await self._forward(request, self.cfg.decoder, body, span)
+        finally:
+            if span is not None:
+                span.end()
 
-    async def _prefill_then(self, request: web.Request, prefiller: str, body: bytes) -> bytes:
+    def _leg(self, name: str, parent: Any, address: str) -> tuple[Any, dict[str, str]]:
+        """A traced leg: its span (None untraced) and the headers carrying its context."""
+        if self._tracing is None or parent is None:
+            return None, {}
+        host, _, port = address.rpartition(":")
+        attributes: dict[str, Any] = {"server.address": host.strip("[]")}
+        if port.isdigit():
+            attributes["server.port"] = int(port)
+        leg = self._tracing.span(f"epp.pd_sidecar.{name}", parent=parent, kind="client",
+                                 attributes=attributes)  # fmt: skip
+        return leg, self._tracing.headers_of(leg)
+
+    async def _prefill_then(self, request: web.Request, prefiller: str, body: bytes,
+                            span: Any = None) -> bytes:  # fmt: skip
         """Run the prefill on ``prefiller``; the body to decode with (the original when the
         prefill did not happen)."""
         why = self._refused(prefiller)
@@ -171,20 +197,26 @@ class Sidecar:
         prefill_body = self._prefill_body(original)
         t0 = time.monotonic()
         assert self._session is not None
+        leg, context = self._leg("prefill", span, prefiller)
         try:
             async with asyncio.timeout(self.cfg.prefill_timeout_s):
                 async with self._session.post(
                     f"http://{prefiller}{request.path}", json=prefill_body,
-                    headers=_forwarded_headers(request, {"x-request-id": request_id}),
+                    headers=_forwarded_headers(request, {"x-request-id": request_id, **context}),
                 ) as resp:  # fmt: skip
                     payload = await resp.read()
                     status = resp.status
+                    if leg is not None:
+                        leg.set_attribute("http.response.status_code", status)
         except TimeoutError:
             return self._local(request, "timeout",
                                f"prefill on {prefiller} took over {self.cfg.prefill_timeout_s:g} s",
                                body)  # fmt: skip
         except aiohttp.ClientError as exc:
             return self._local(request, "failed", f"prefill on {prefiller} failed: {exc}", body)
+        finally:
+            if leg is not None:
+                leg.end()
         if not 200 <= status < 300:
             return self._local(request, "failed", f"prefill on {prefiller} answered HTTP {status}",
                                body)  # fmt: skip
@@ -241,28 +273,38 @@ class Sidecar:
                         request.method, request.path, why, outcome)  # fmt: skip
         return body
 
-    async def _forward(self, request: web.Request, base: str, body: bytes) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, base: str, body: bytes,
+                       span: Any = None) -> web.StreamResponse:  # fmt: skip
         assert self._session is not None
         url = base.rstrip("/") + request.path_qs
+        leg, context = self._leg("decode", span, base.split("://", 1)[-1].rstrip("/"))
         try:
-            upstream = await self._session.request(
-                request.method, url, data=body, headers=_forwarded_headers(request, {}),
-            )  # fmt: skip
-        except aiohttp.ClientError as exc:
-            return web.json_response(
-                {"error": {"message": f"decoder {base} unreachable: {exc}", "type": "bad_gateway"}},
-                status=502,
-            )  # fmt: skip
-        async with upstream:
-            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for key, value in upstream.headers.items():
-                if key.lower() not in _HOP_HEADERS:
-                    resp.headers.add(key, value)
-            await resp.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await resp.write(chunk)
-            await resp.write_eof()
-            return resp
+            try:
+                upstream = await self._session.request(
+                    request.method, url, data=body, headers=_forwarded_headers(request, context),
+                )  # fmt: skip
+            except aiohttp.ClientError as exc:
+                if leg is not None and self._tracing is not None:
+                    self._tracing.failed(leg, str(exc))
+                return web.json_response(
+                    {"error": {"message": f"decoder {base} unreachable: {exc}", "type": "bad_gateway"}},
+                    status=502,
+                )  # fmt: skip
+            if leg is not None:
+                leg.set_attribute("http.response.status_code", upstream.status)
+            async with upstream:
+                resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                for key, value in upstream.headers.items():
+                    if key.lower() not in _HOP_HEADERS:
+                        resp.headers.add(key, value)
+                await resp.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+        finally:
+            if leg is not None:
+                leg.end()
 
 
 def _forwarded_headers(request: web.Request, extra: dict[str, str]) -> dict[str, str]:
@@ -272,8 +314,9 @@ def _forwarded_headers(request: web.Request, extra: dict[str, str]) -> dict[str,
     return headers
 
 
-async def run(cfg: SidecarConfig, host: str, port: int, stop: asyncio.Event | None = None) -> None:
-    runner = web.AppRunner(Sidecar(cfg).app(), access_log=None)
+async def run(cfg: SidecarConfig, host: str, port: int, stop: asyncio.Event | None = None,
+              tracing: Tracing | None = None) -> None:  # fmt: skip
+    runner = web.AppRunner(Sidecar(cfg, tracing).app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -282,6 +325,8 @@ async def run(cfg: SidecarConfig, host: str, port: int, stop: asyncio.Event | No
         await (stop or asyncio.Event()).wait()
     finally:
         await runner.cleanup()
+        if tracing is not None:
+            await asyncio.to_thread(tracing.shutdown)
 
 
 def prefill_fields(original: dict[str, Any]) -> dict[str, Any]:
