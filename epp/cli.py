@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from epp import package_version
+from epp import dryrun, package_version
 from epp.config.loader import SHIPPED, EppConfig, default_config, load_config
 from epp.datastore.pagefetch import DEFAULT_MAX_BYTES as DEFAULT_MAX_PAGE_BYTES
 from epp.datastore.scraper import ScrapeOptions
@@ -258,9 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     # --- Kubernetes discovery flags plug in here (epp.datastore.kubernetes) ---------------
     if _k8s is not None:
         _k8s.add_kubernetes_flags(serve)
+    _add_other_commands(sub)
+    return parser
+
+
+def _add_other_commands(sub: Any) -> None:
     _add_envoy_config(sub)
     _add_pd_sidecar(sub)
-    return parser
+    dryrun.register(sub, _HelpFormatter)
 
 
 def _add_pd_sidecar(sub: Any) -> None:
@@ -574,6 +579,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"epp envoy-config: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "dry-run":
+        setup_logging("warning", json_lines=False)
+        return int(args.run(args))
     setup_logging(args.log_level, json_lines=args.log_format == "json")
     if args.command == "pd-sidecar":
         return asyncio.run(_pd_sidecar(args))

@@ -221,7 +221,7 @@ class Director:
         try:
             result = self._scheduler.schedule(
                 request, endpoints, now_s, fallbacks=self._fallbacks, commit=False,
-                in_flight=self._in_flight, record=record,
+                in_flight=self._in_flight, runs=[] if record else None,
             )  # fmt: skip
         except Unavailable:
             # The filters left none of the endpoints with fresh metrics: if some were left out
@@ -234,7 +234,7 @@ class Director:
                       request.request_id)  # fmt: skip
             result = self._scheduler.schedule(
                 request, pool, now_s, fallbacks=self._fallbacks, commit=False,
-                in_flight=self._in_flight, record=record,
+                in_flight=self._in_flight, runs=[] if record else None,
             )  # fmt: skip
         # Record the pick before the reply goes out: in a burst, the next stream routes while
         # this reply is being sent, and must see this pick (its prefix, its queued prefill).

@@ -30,7 +30,7 @@ from epp.framework.interfaces import (
     Sweeper,
 )
 from epp.framework.request import InferenceRequest
-from epp.framework.types import CycleState, PickResult, ProfileResult, ResponseInfo
+from epp.framework.types import CycleState, PickResult, ProfileResult, ProfileRun, ResponseInfo
 from epp.scheduling.profile import Profile
 
 P = TypeVar("P")
@@ -106,7 +106,7 @@ class Scheduler:
         *,
         commit: bool = True,
         in_flight: Mapping[EndpointId, int] | None = None,
-        record: bool = False,
+        runs: list[ProfileRun] | None = None,
     ) -> PickResult:
         """Pick an endpoint (and up to ``fallbacks`` more) for ``request``.
 
@@ -114,15 +114,15 @@ class Scheduler:
         the prefix index). ``commit=False`` leaves that to the caller's ``commit(result)``
         (the director commits before its reply: the next pick must see this one).
         ``in_flight``: the caller's requests in flight per endpoint, for plugins that read
-        them (``CycleState.in_flight``). ``record``: each profile run is kept in
-        ``result.state.runs`` (``ProfileRun``: filters' survivors, scorers' columns, the pick).
+        them (``CycleState.in_flight``). ``runs``: a list each profile run is appended to
+        (``ProfileRun``: filters' survivors, scorers' columns, the pick), also
+        ``result.state.runs``; the caller keeps it when the filters leave none.
         Raises ``Unavailable`` when ``endpoints`` is empty or the filters leave none.
         """
         if not endpoints:
             raise Unavailable("no ready endpoint in the pool")
         state = CycleState(request, now_s, self.rng)
-        if record:
-            state.runs = []
+        state.runs = runs
         if in_flight is not None:
             state.in_flight = in_flight
         t0 = time.perf_counter()

@@ -27,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from epp import package_version
 from epp.config.loader import EppConfig, default_config
 from epp.datastore.scraper import MetricsScraper, ScrapeOptions
+from epp.datastore.snapshot import snapshot_json
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.extproc import convert
@@ -355,7 +356,7 @@ async def _start_rest(
     if opts.metrics_port >= 0:
         try:
             handle._web, handle.metrics_port = await _start_metrics_http(
-                handle.registry, opts.host, opts.metrics_port
+                handle.registry, opts.host, opts.metrics_port, ds
             )
         except OSError as exc:
             raise OSError(
@@ -484,14 +485,23 @@ async def _sweeper(scheduler: Scheduler, interval_s: float) -> None:
 
 
 async def _start_metrics_http(
-    registry: CollectorRegistry, host: str, port: int
+    registry: CollectorRegistry, host: str, port: int, datastore: Datastore | None = None
 ) -> tuple[web.AppRunner, int]:
+    """``/metrics``, and ``/debug/endpoints``: the pool as epp sees it (JSON,
+    ``epp.datastore.snapshot``), what ``epp dry-run --snapshot`` reads."""
+
     async def metrics_view(_: web.Request) -> web.Response:
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def endpoints_view(_: web.Request) -> web.Response:
+        assert datastore is not None
+        return web.json_response(snapshot_json(datastore, time.monotonic()))
+
     app = web.Application()
     app.router.add_get("/metrics", metrics_view)
+    if datastore is not None:
+        app.router.add_get("/debug/endpoints", endpoints_view)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -45,9 +45,8 @@ async def start_epp(
     config: EppConfig | None = None,
     **options: Any,
 ) -> Epp:
-    opts = ServerOptions(
-        host="127.0.0.1", grpc_port=0, health_port=0, metrics_port=-1, scrape=False, **options
-    )
+    opts = ServerOptions(**{"host": "127.0.0.1", "grpc_port": 0, "health_port": 0,
+                            "metrics_port": -1, "scrape": False, **options})
     handle = await start_server(
         config, pool(4) if endpoints is None else endpoints, opts, rng=random.Random(7)
     )
