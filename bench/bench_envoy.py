@@ -29,6 +29,14 @@ says so: unrouted requests are cheaper and would flatter the figure.
                                             [--concurrency 1,16]
 
 Writes docs/results/envoy-overhead.md and .json.
+
+**Tracing** (``--tracing also``, the default, or ``only``): epp's OpenTelemetry tracing in the
+``default`` mode at the same concurrencies, three ``epp serve`` processes differing only in their
+``OTEL_*`` variables: off (none set), on with every request sampled out
+(``parentbased_traceidratio`` at 0: the spans are started, not recorded, and a
+``traceparent`` still goes upstream) and on with every request sampled in (``parentbased_always_on``:
+all spans recorded and exported over OTLP/HTTP to a receiver in this process). Interleaved
+rounds as above; writes docs/results/envoy-tracing.md and .json.
 """
 
 from __future__ import annotations
@@ -267,9 +275,9 @@ async def measure(envoy_options: Any, server_pid: int | None, url_script: Path, 
             "envoy_cpu_ms": (c1[0] - c0[0]) * 1e3 / n, "server_cpu_ms": (c1[1] - c0[1]) * 1e3 / n}  # fmt: skip
 
 
-def start_server(argv: list[str]) -> subprocess.Popen[str]:
+def start_server(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})  # fmt: skip
 
 
 async def wait_epp(port: int, deadline_s: float = 30.0) -> None:
@@ -348,6 +356,114 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+# --- tracing: epp's OpenTelemetry spans off, sampled out, sampled in ---------------------
+
+TRACING = {
+    "off": {},
+    "sampled out": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"},
+    "sampled in": {"OTEL_TRACES_SAMPLER": "parentbased_always_on"},
+}
+
+
+async def run_tracing(args: argparse.Namespace) -> dict[str, Any]:
+    """The tracing section (module docstring): one epp per ``TRACING`` variant, the
+    ``default`` mode, interleaved rounds; the spans the receiver got, per variant."""
+    from epp.envoyconfig import EnvoyOptions
+    from simulator.envoy import start_envoy, with_ports
+    from simulator.otlp import OtlpReceiver
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-envoy-tracing-"))
+    ports = free_ports(UPSTREAMS)
+    pool = tuple(f"127.0.0.1:{p}" for p in ports)
+    upstream = await start_envoy(EnvoyOptions(), workdir, name="upstreams",
+                                 config=upstream_config(ports, PAGE.read_text()))  # fmt: skip
+    script = wrk_script(workdir / "bodies.lua")
+    receiver = await OtlpReceiver(max_spans=1000).start()
+    epps: dict[str, tuple[subprocess.Popen[str], int]] = {}
+    results: dict[str, Any] = {}
+    try:
+        for variant, env in TRACING.items():
+            port = free_ports(1)[0]
+            otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **env} if env else {}
+            epps[variant] = (start_server([sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1",
+                                           "--grpc-port", str(port), "--health-port", "-1",
+                                           "--metrics-port", "-1", "--endpoints", ",".join(pool),
+                                           "--log-level", "error"], otel), port)  # fmt: skip
+            await wait_epp(port)
+        for conc in args.concurrency:
+            runs: dict[str, list[dict[str, float]]] = {v: [] for v in TRACING}
+            spans = dict.fromkeys(TRACING, 0)
+            for r in range(args.rounds):
+                order = list(TRACING)[r % 3:] + list(TRACING)[: r % 3]
+                for variant in order:
+                    for name, (proc, _) in epps.items():  # only the one measured runs
+                        os.kill(proc.pid, signal.SIGCONT if name == variant else signal.SIGSTOP)
+                    proc, port = epps[variant]
+                    options = EnvoyOptions(epp=(f"127.0.0.1:{port}",), pool=pool, **MODES["default"])
+                    await asyncio.sleep(1.5)  # epp rescrapes
+                    before = receiver.received
+                    runs[variant].append(await measure(with_ports(options), proc.pid, script, conc,
+                                                       args.seconds, workdir))  # fmt: skip
+                    await asyncio.sleep(0.5)  # the batch of the run's last spans
+                    spans[variant] += receiver.received - before
+            results[str(conc)] = {"runs": runs, "spans": spans}
+            print(tracing_row(conc, runs, spans), flush=True)
+    finally:
+        for proc, _ in epps.values():
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.terminate()
+            proc.wait()
+        await receiver.stop()
+        await upstream.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+TRACING_HEAD = ("| concurrency | tracing off: req/s, p50 | on, sampled out: req/s, p50 "
+                "| sampled in: req/s, p50 | sampled out / off throughput, p50 "
+                "| sampled in / off throughput, p50 | epp CPU ms a request: off / out / in "
+                "| spans received (sampled out, in) | unrouted, errors |\n"
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+
+
+def tracing_row(conc: int, runs: dict[str, list[dict[str, float]]], spans: dict[str, int]) -> str:
+    off, out, into = runs["off"], runs["sampled out"], runs["sampled in"]
+
+    def paired(a: list[dict[str, float]], key: str) -> float:
+        return statistics.median(x[key] / y[key] for x, y in zip(a, off, strict=True))
+
+    unrouted = int(sum(r["unrouted"] for r in off + out + into))
+    bad = int(sum(r["bad"] for r in off + out + into))
+    return (
+        f"| {conc} | {med(off, 'rps'):,.0f}, {med(off, 'p50_ms'):.2f} ms "
+        f"| {med(out, 'rps'):,.0f}, {med(out, 'p50_ms'):.2f} ms "
+        f"| {med(into, 'rps'):,.0f}, {med(into, 'p50_ms'):.2f} ms "
+        f"| {paired(out, 'rps'):.2f}, {paired(out, 'p50_ms'):.2f} "
+        f"| {paired(into, 'rps'):.2f}, {paired(into, 'p50_ms'):.2f} "
+        f"| {med(off, 'server_cpu_ms'):.2f} / {med(out, 'server_cpu_ms'):.2f} / {med(into, 'server_cpu_ms'):.2f} "
+        f"| {spans['sampled out']:,}, {spans['sampled in']:,} | {unrouted}, {bad} |"
+    )
+
+
+def write_tracing(results: dict[str, Any]) -> Path:
+    from bench.results import write_result
+
+    rows = [tracing_row(int(conc), r["runs"], r["spans"]) for conc, r in results.items()]
+    notes = (
+        "\n\nThe default mode (request buffered, response full-duplex, fail-open), three "
+        "`epp serve` processes alike but for their OTEL_* variables: off (none), sampled out "
+        "(OTEL_EXPORTER_OTLP_ENDPOINT set, OTEL_TRACES_SAMPLER=parentbased_traceidratio, ARG 0: "
+        "every request's spans started and dropped, its traceparent still sent upstream), "
+        "sampled in (parentbased_always_on: five spans a request recorded and exported over "
+        "OTLP/HTTP to a receiver in the benchmark's process; the SDK's batch queue drops what "
+        "it cannot send in time, so spans received can be fewer than 5 a request). Ratios are "
+        "paired: the median of the per-round ratios against off. Everything else as in "
+        "envoy-overhead.md."
+    )  # fmt: skip
+    return write_result("envoy-tracing", "The cost of epp's tracing through real Envoy",
+                        TRACING_HEAD + "\n" + "\n".join(rows) + notes, results)  # fmt: skip
+
+
 def med(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -379,6 +495,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0, help="wrk duration of one run")
     p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     p.add_argument("--concurrency", default="1,16")
+    p.add_argument("--tracing", choices=("also", "only", "off"), default="also",
+                   help="the tracing section (docs/results/envoy-tracing.md): also, only it, or not")
     p.add_argument("--serve-noop", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_noop:
@@ -392,6 +510,12 @@ def main() -> None:
         sys.exit("bench_envoy: wrk is not installed (Debian: apt-get install wrk)")
     if not PAGE.exists():
         sys.exit(f"bench_envoy: the real vLLM page is missing ({PAGE})")
+    if args.tracing != "off":
+        print(TRACING_HEAD, flush=True)
+        path = write_tracing(asyncio.run(run_tracing(args)))
+        print(f"wrote {path.relative_to(ROOT)}", flush=True)
+        if args.tracing == "only":
+            return
     print(HEAD, flush=True)
     results = asyncio.run(run(args))
     from bench.results import write_result

@@ -87,6 +87,8 @@ class OtlpReceiver:
     def __init__(self, max_spans: int = 100_000) -> None:
         self.spans: collections.deque[ReceivedSpan] = collections.deque(maxlen=max_spans)
         self.exports = 0
+        self.received = 0
+        """Spans received in all (``spans`` keeps the last ``max_spans``)."""
         self.port = 0
         self._runner: web.AppRunner | None = None
         self._arrived = asyncio.Event()
@@ -125,6 +127,7 @@ class OtlpReceiver:
             return web.Response(status=400, text=f"not an ExportTraceServiceRequest: {exc}")
         self.spans.extend(spans)
         self.exports += 1
+        self.received += len(spans)
         self._arrived.set()
         if self.on_spans is not None:
             self.on_spans(spans)
