@@ -40,7 +40,8 @@ async def split_request(tracing: Tracing | None) -> tuple[Recorder, Recorder]:
         p_runner, p_port = await serve_app(prefiller.app())
         d_runner, d_port = await serve_app(decoder.app())
         runners += [p_runner, d_runner]
-        sidecar = Sidecar(SidecarConfig(decoder=f"http://127.0.0.1:{d_port}"), tracing)
+        sidecar = Sidecar(SidecarConfig(decoder=f"http://127.0.0.1:{d_port}",
+                                        allowed_prefillers=(f"127.0.0.1:{p_port}",)), tracing)
         s_runner, s_port = await serve_app(sidecar.app())
         runners.append(s_runner)
         async with aiohttp.ClientSession() as http, http.post(
