@@ -10,19 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
-import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import pytest
 import yaml
 
 from simulator.vllm import free_port
 from tests.envoy.conftest import Pool, chat, pool, until_epp_routes
+from tests.prometheus_tools import prometheus_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "monitoring" / "grafana-dashboard.json"
@@ -33,19 +31,10 @@ FEATURES_OFF = re.compile(r"flow_control|kv_events|precise_|sync_")
 """Metric names of the features this run does not turn on: their panels may be empty."""
 
 
-def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus missing in CI (.ci/run installs Debian's prometheus package)")
-        pytest.skip("prometheus not installed (apt-get install --no-install-recommends prometheus)")
-    return found
-
-
 @contextlib.asynccontextmanager
 async def prometheus(tmp_path: Path, epp_metrics: list[str], servers: list[str]) -> AsyncIterator[str]:
     """Prometheus scraping epp (job ``epp``) and the servers (job ``vllm``) every second."""
-    binary = prometheus_binary()
+    binary = prometheus_tool("prometheus")
     config = {"global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
               "scrape_configs": [{"job_name": "epp", "static_configs": [{"targets": epp_metrics}]},
                                  {"job_name": "vllm", "static_configs": [{"targets": servers}]}]}  # fmt: skip

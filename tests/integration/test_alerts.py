@@ -7,16 +7,14 @@ promtool tests skip on a developer's machine and fail in CI."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.integration.test_deploy import CHART, docs_of, run, tool, validate_custom_resources
+from tests.prometheus_tools import prometheus_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "deploy" / "monitoring"
@@ -24,12 +22,7 @@ RULES = MONITORING / "epp-alerts.yaml"
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool missing in CI (.ci/run installs Debian's prometheus package)")
-        pytest.skip("promtool not installed (apt-get install --no-install-recommends prometheus)")
-    return found
+    return prometheus_tool("promtool")
 
 
 def alerts() -> list[dict[str, object]]:
