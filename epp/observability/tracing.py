@@ -128,14 +128,11 @@ class Tracing:
     def begin(self, headers: Mapping[str, str], request_id: str, path: str, method: str) -> RequestTrace:
         """The request's trace, its root span a child of the client's ``traceparent`` (if
         any); started now."""
-        trace = self._trace
         parent = self._propagator.extract(headers)
-        span = self._tracer.start_span("epp.request", parent, kind=trace.SpanKind.SERVER)
-        if span.is_recording():
-            span.set_attributes({
-                "http.request.method": method, "url.path": path.partition("?")[0],
-                "epp.request_id": request_id,
-            })  # fmt: skip
+        attributes = {"http.request.method": method, "url.path": path.partition("?")[0],
+                      "epp.request_id": request_id}  # fmt: skip
+        span = self._tracer.start_span("epp.request", parent, kind=self._trace.SpanKind.SERVER,
+                                       attributes=attributes)  # fmt: skip
         return RequestTrace(self, span)
 
     def span(self, name: str, *, headers: Mapping[str, str] | None = None, parent: Any = None,
@@ -279,16 +276,24 @@ class RequestTrace:
         self._end({"epp.outcome": why}, "")
 
     def _end(self, attributes: Mapping[str, Any], error: str) -> None:
+        """The response's attributes on ``epp.upstream`` (on ``epp.request`` when the request
+        was never routed), its status on both; then both end."""
         self._ended = True
         t = self._tracing
-        for span in (self._upstream, self._span):
-            if span is None:
-                continue
-            span.set_attributes(attributes)
-            if error:
-                span.set_status(t._trace.Status(t._trace.StatusCode.ERROR, error))
-        if self._upstream is not None:
-            self._upstream.end()
+        status = t._trace.Status(t._trace.StatusCode.ERROR, error) if error else None
+        upstream = self._upstream
+        if upstream is not None:
+            upstream.set_attributes(attributes)
+            if status is not None:
+                upstream.set_status(status)
+            upstream.end()
+            code = attributes.get("http.response.status_code")
+            if code is not None:
+                self._span.set_attribute("http.response.status_code", code)
+        else:
+            self._span.set_attributes(attributes)
+        if status is not None:
+            self._span.set_status(status)
         self._span.end()
 
 
