@@ -36,7 +36,7 @@ Writes docs/results/envoy-overhead.md and .json.
 (``parentbased_traceidratio`` at 0: the spans are started, not recorded, and a
 ``traceparent`` still goes upstream) and on with every request sampled in (``parentbased_always_on``:
 all spans recorded and exported over OTLP/HTTP to a receiver in this process). Interleaved
-rounds as above; writes docs/results/envoy-tracing.md and .json.
+rounds as above; writes docs/results/envoy-tracing.md and data/envoy-tracing.json.
 """
 
 from __future__ import annotations
