@@ -160,7 +160,8 @@ class ResponseHandoff:
         )
 
     def observed(
-        self, token: str, kind: int, first_s: float | None = None, info: ResponseInfo | None = None
+        self, token: str, kind: int, first_s: float | None = None, info: ResponseInfo | None = None,
+        stored: Sequence[str] = (),
     ) -> None:
         """Send the peers what this replica saw of ``token``'s response."""
         if self.publish is None:
@@ -177,6 +178,7 @@ class ResponseHandoff:
             msg.completion_tokens = _bounded(info.completion_tokens)
             msg.response_bytes = _bounded(info.response_bytes)
             msg.generated_text = info.generated_text
+        msg.stored_ids = tuple(stored)
         self.forwarded += 1
         self.publish(msg)
 
@@ -215,6 +217,8 @@ class ResponseHandoff:
             director.first_token(routing, first_s - routing.started_s)
             return
         del self._remote[token]
+        if obs.stored_ids:
+            director.stored(routing, obs.stored_ids)
         if kind == Kind.ENDED:
             director.abandon(routing, "cancelled")
             return

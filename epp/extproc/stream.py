@@ -128,6 +128,7 @@ class RequestStream:
         "_response_mode",
         "_routing",
         "_status",
+        "_stored_seen",
         "_strip",
         "_subset",
         "_token",
@@ -174,6 +175,8 @@ class RequestStream:
         self._routing: Routing | None = None
         self._reader: ResponseReader | None = None
         self._status = 0
+        self._stored_seen = 0
+        """How many of the reader's ``stored_ids`` the Director was told of."""
         self._deferred: Routing | None = None
         self.awaiting: Held | None = None
         """A parsed request held until the service has run ``Director.prepare`` (off the
@@ -271,7 +274,8 @@ class RequestStream:
             self._finish()
         self.after_replies()
         if self._remote and self._handoff is not None:  # ended before the response did
-            self._handoff.observed(self._remote, Kind.ENDED)
+            stored = self._reader.stored_ids if self._reader is not None else ()
+            self._handoff.observed(self._remote, Kind.ENDED, stored=stored)
             self._remote = ""
         routing = self._routing
         if self._token and self._phase is Phase.ROUTED:
@@ -544,7 +548,11 @@ class RequestStream:
                 self._director.first_token(routing, first - routing.started_s, self._status)
             elif self._remote and self._handoff is not None:
                 self._handoff.observed(self._remote, Kind.FIRST_BYTES)
-        data = chunk if reader is None else reader.feed(chunk, end)
+        data = chunk
+        if reader is not None:
+            data = reader.feed(chunk, end)
+            if len(reader.stored_ids) > self._stored_seen:
+                self._report_stored(reader)
         if end:
             self._finish()
         if mode == convert.FULL_DUPLEX_STREAMED:
@@ -563,9 +571,20 @@ class RequestStream:
                 rest = reader.feed(b"", True)
                 if rest and self._response_mode == convert.FULL_DUPLEX_STREAMED:
                     out.append(convert.streamed_response_body(rest, False))
+                if len(reader.stored_ids) > self._stored_seen:
+                    self._report_stored(reader)
             self._finish()
         out.append(convert.RESPONSE_TRAILERS_CONTINUE)
         return out
+
+    def _report_stored(self, reader: ResponseReader) -> None:
+        """The server stored objects for this request (a stored response): the plugins that
+        route follow-ups to them learn of it now, before the client can send one. An observer
+        stream of another replica's request sends them with its last observation."""
+        new = reader.stored_ids[self._stored_seen :]
+        self._stored_seen = len(reader.stored_ids)
+        if self._routing is not None:
+            self._director.stored(self._routing, new)
 
     def _finish(self) -> None:
         """The response is complete; what epp learns from it and its metrics run in
@@ -578,7 +597,8 @@ class RequestStream:
         if routing is None:
             if self._remote and self._handoff is not None and self._reader is not None:
                 first = self._first_body_s or None
-                self._handoff.observed(self._remote, Kind.FINISHED, first, self._reader.info())
+                self._handoff.observed(self._remote, Kind.FINISHED, first, self._reader.info(),
+                                       self._reader.stored_ids)  # fmt: skip
                 self._remote = ""
             return
         reader = self._reader

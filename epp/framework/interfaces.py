@@ -10,6 +10,7 @@
   that needs only the request (tokenizing) and may run in a worker thread before scheduling.
 * **Request-control hooks**: ``PostPick`` (the pick is on the wire: record it),
   ``PostResponse`` (the response is complete: learn from its usage and text),
+  ``PostStored`` (the response names an object the server stored: a stored response),
   ``EndpointListener`` (an endpoint's metrics arrived / it left the pool) and ``Sweeper``
   (periodic housekeeping off the request path).
 * A **profile handler** (``ProfileHandler``), when the config has more than one profile,
@@ -113,6 +114,18 @@ class PostResponse(Protocol):
     name: str
 
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None: ...
+
+
+@runtime_checkable
+class PostStored(Protocol):
+    """Told, as soon as the response shows them, of the ids of objects the model server
+    stored for this request (a Responses-API response with ``store``, a conversation): only
+    the endpoint that answered can continue or return them. Runs before ``PostResponse``
+    (a streamed response names its id in its first event)."""
+
+    name: str
+
+    def post_stored(self, state: CycleState, result: PickResult, ids: Sequence[str]) -> None: ...
 
 
 @runtime_checkable

@@ -4,7 +4,7 @@ replicas. They live on the ground floor so that sync does not stand on the Envoy
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -44,6 +44,9 @@ class Observation:
     completion_tokens: int = 0
     response_bytes: int = 0
     generated_text: str = ""
+    stored_ids: Sequence[str] = ()
+    """FINISHED or ENDED: ids of objects the server stored for the request (a stored
+    response), for the routing replica's ``Director.stored``."""
 
 
 Publish = Callable[[Observation], None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,32 @@ API_PATHS: dict[str, ApiKind] = {
     "/v1/responses": ApiKind.RESPONSES,
     "/v1/embeddings": ApiKind.EMBEDDINGS,
 }
+
+_STORED_OBJECT_PATH = re.compile(
+    r"/v1/(?:responses/([^/]+)(?:/(?:cancel|input_items))?"
+    r"|conversations(?:/([^/]+)(?:/items(?:/[^/]+)?)?)?)"
+)
+"""OpenAI's paths to objects a model server stores: a stored response (``GET``/``DELETE
+/v1/responses/{id}``, ``POST .../cancel``, ``GET .../input_items``) and conversations
+(``/v1/conversations[/{id}[/items[/{item_id}]]]``)."""
+
+
+MAX_STORED_ID_CHARS = 256
+"""An id of a stored object longer than this is neither learnt nor looked up (no model
+server issues one; vLLM's are 37 characters)."""
+
+
+def stored_object_id(path: str) -> str | None:
+    """For a ``:path`` that addresses an object a model server stores (a stored response, a
+    conversation): the object's id ('' when the path creates one, ``POST /v1/conversations``);
+    None for any other path. Query string and trailing slash ignored."""
+    path = path.partition("?")[0]
+    if not path.startswith(("/v1/responses/", "/v1/conversations")):
+        return None
+    m = _STORED_OBJECT_PATH.fullmatch(path.rstrip("/"))
+    if m is None:
+        return None
+    return m.group(1) or m.group(2) or ""
 
 
 @dataclass(slots=True, frozen=True)

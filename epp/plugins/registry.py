@@ -23,6 +23,7 @@ from epp.plugins import (
     filters,
     pickers,
     prefixhome,
+    responseaffinity,
     scorers,
     session,
     tokenload,
@@ -136,6 +137,13 @@ _ALL: dict[str, PluginType[Any]] = {
     "lora-affinity-scorer": PluginType(
         scorers.LoraAffinityScorer, scorers.LoraAffinityScorerParams, "scorer",
         "adapter running > free slot > waiting > none",
+    ),
+    "response-affinity-filter": PluginType(
+        responseaffinity.ResponseAffinityFilter, responseaffinity.ResponseAffinityParams,
+        "filter",
+        "a request naming a stored response or conversation (previous_response_id, "
+        "GET/DELETE /v1/responses/{id}, .../cancel) goes to the endpoint that produced it; "
+        "ids learnt from the replies, shared by index sync",
     ),
     "lora-affinity-filter": PluginType(
         filters.LoraAffinityFilter, filters.NoParams, "filter",

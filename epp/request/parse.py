@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.errors import BadRequest, NotFound, PayloadTooLarge
-from epp.framework.request import API_PATHS, ApiKind, InferenceRequest
+from epp.framework.request import API_PATHS, ApiKind, InferenceRequest, stored_object_id
 from epp.request import flatten, jsondoc
 from epp.request.settings import ModelTarget, RequestControlConfig
 
@@ -118,6 +118,8 @@ class RequestParser:
     def check_headers(self, path: str, headers: Mapping[str, str]) -> ApiKind:
         """Validate what can be validated before the body arrives (the request has a body)."""
         api = api_for_path(path)
+        if api is None and stored_object_id(path) is not None:
+            api = ApiKind.NONE  # a stored response or conversation: its body is not parsed
         if api is None:
             raise NotFound(
                 f"unknown API path {echo(path.partition('?')[0])}; epp serves "
@@ -171,6 +173,8 @@ class RequestParser:
         api = self.check_headers(path, headers)
         if len(body) > self.max_body_bytes:
             raise PayloadTooLarge(self.too_large_message(len(body)))
+        if api is ApiKind.NONE:  # routed as a request without a body; the body goes as it came
+            return ParsedRequest(self.headers_only(path, headers, body_seen=False), body)
         # a body that may be written back (a model rewrite) is read exactly, once
         forced = self.trust_control_headers and MODEL_REWRITE_HEADER in headers
         read = jsondoc.strict if forced or self._config.model_rewrites else jsondoc.loads

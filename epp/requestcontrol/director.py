@@ -286,6 +286,19 @@ class Director:
             log.exception("scheduler.on_first_token failed for request %s",
                           routing.request.request_id)  # fmt: skip
 
+    @property
+    def wants_stored(self) -> bool:
+        """Some plugin learns from the ids of objects the server stored (``stored``)."""
+        return self._scheduler.wants_stored
+
+    def stored(self, routing: Routing, ids: Sequence[str]) -> None:
+        """The response names objects the server stored for this request (a stored
+        response's id), as soon as it shows them; before ``finish``."""
+        try:
+            self._scheduler.on_stored(routing.result, ids)
+        except Exception:  # learning is best effort; never fail the stream for it
+            log.exception("scheduler.on_stored failed for request %s", routing.request.request_id)
+
     def finish(self, routing: Routing, info: ResponseInfo) -> None:
         """The response ended: learn from it and release the in-flight count."""
         if routing.released:

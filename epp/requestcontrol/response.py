@@ -5,6 +5,9 @@
 - finds ``usage`` (prompt, ``prompt_tokens_details.cached_tokens``, completion tokens) in a
   plain JSON body or in an SSE stream (the chunk with ``stream_options.include_usage``),
 - keeps the generated text (capped) so the scheduler can record the next conversation turn,
+- notes the ids of objects the server stored (``stored_ids``): a Responses-API response
+  (JSON, or the ``response`` object of its SSE events: ``response.created`` first) unless it
+  says ``"store": false``, its conversation, a created conversation,
 - maps a rewritten ``model`` back to the name the client sent, returning the bytes to forward.
 
 Without a rewrite every chunk is forwarded unchanged as soon as it arrives; with one, a JSON
@@ -18,6 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from epp.framework.request import MAX_STORED_ID_CHARS
 from epp.framework.types import ResponseInfo
 from epp.request import jsondoc
 
@@ -42,6 +46,8 @@ class ResponseLimits:
 
 
 DEFAULT_LIMITS = ResponseLimits()
+_MAX_STORED_IDS = 4
+"""Stored objects noted per response (a response and its conversation)."""
 MAX_TOKENS = 1 << 31
 """Token counts outside [0, MAX_TOKENS] in ``usage`` are read as absent (0)."""
 
@@ -68,6 +74,7 @@ class ResponseReader:
         "_too_big",
         "sse",
         "status",
+        "stored_ids",
         "usage",
     )
 
@@ -94,6 +101,9 @@ class ResponseReader:
         self._size = 0
         self._long_line = False
         """Inside an SSE line past MAX_SSE_LINE_BYTES: pass it through up to its newline."""
+        self.stored_ids: list[str] = []
+        """Ids of objects the server stored for this request, in the order first seen (a
+        successful response only)."""
 
     @property
     def rewriting(self) -> bool:
@@ -147,6 +157,7 @@ class ResponseReader:
         if isinstance(doc, dict):
             self._take_usage(doc.get("usage"))
             self._take_text(doc)
+            self._take_stored(doc)
         return doc
 
     # --- SSE ---------------------------------------------------------------------------
@@ -190,6 +201,10 @@ class ResponseReader:
         except (ValueError, RecursionError):
             return
         if isinstance(doc, dict):
+            response = doc.get("response")
+            if isinstance(response, dict):  # a Responses-API event: the response object
+                doc = response
+                self._take_stored(doc)
             usage = doc.get("usage")
             if usage:
                 self._take_usage(usage)
@@ -207,6 +222,29 @@ class ResponseReader:
         details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
         if isinstance(details, dict) and "cached_tokens" in details:
             u.cached_tokens = _int(details.get("cached_tokens"))
+
+    def _take_stored(self, doc: dict[str, Any]) -> None:
+        """A response object the server stored (OpenAI's default; vLLM with
+        ``VLLM_ENABLE_RESPONSES_API_STORE=1``, whose replies omit ``store``), its
+        conversation, or a conversation object."""
+        if not 200 <= self.status < 300:
+            return
+        kind = doc.get("object")
+        if kind == "response":
+            if doc.get("store") is False:
+                return
+            self._note_stored(doc.get("id"))
+            conversation = doc.get("conversation")
+            if isinstance(conversation, dict):
+                self._note_stored(conversation.get("id"))
+        elif kind == "conversation":
+            self._note_stored(doc.get("id"))
+
+    def _note_stored(self, oid: Any) -> None:
+        ids = self.stored_ids
+        if (isinstance(oid, str) and 0 < len(oid) <= MAX_STORED_ID_CHARS and oid not in ids
+                and len(ids) < _MAX_STORED_IDS):  # fmt: skip
+            ids.append(oid)
 
     def _take_text(self, doc: dict[str, Any]) -> None:
         if self._text_len >= MAX_GENERATED_CHARS:

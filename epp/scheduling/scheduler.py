@@ -4,8 +4,8 @@
 ``schedule`` runs the data producers (the prefix match), then the profile (filters ->
 weighted scorers -> picker), or, with several profiles, the profile handler that runs them
 (disaggregated serving: decode, then an optional prefill); ``commit`` runs the post-pick hooks (recording the pick);
-``on_response`` the post-response hooks. Which plugin implements which hook is sorted out
-once, here, from the protocols in ``epp.framework.interfaces``. Plugins are built from the
+``on_stored`` and ``on_response`` the response hooks. Which plugin implements which hook is
+sorted out once, here, from the protocols in ``epp.framework.interfaces``. Plugins are built from the
 config by ``epp.wiring``. Never blocks on I/O: endpoints and their metrics are values.
 """
 
@@ -25,6 +25,7 @@ from epp.framework.interfaces import (
     PostFirstToken,
     PostPick,
     PostResponse,
+    PostStored,
     ProfileHandler,
     RequestPreparer,
     Sweeper,
@@ -74,6 +75,7 @@ class Scheduler:
         self._post_pick = [p for p in plugins if isinstance(p, PostPick)]
         self._post_response = [p for p in plugins if isinstance(p, PostResponse)]
         self._post_first_token = [p for p in plugins if isinstance(p, PostFirstToken)]
+        self._post_stored = [p for p in plugins if isinstance(p, PostStored)]
         self._listeners = [p for p in plugins if isinstance(p, EndpointListener)]
         self._sweepers = [p for p in plugins if isinstance(p, Sweeper)]
         self._preparers = [p for p in self.producers if isinstance(p, RequestPreparer)]
@@ -165,6 +167,14 @@ class Scheduler:
     def on_first_token(self, result: PickResult, ttft_s: float) -> None:
         for hook in self._post_first_token:
             hook.post_first_token(result.state, result, ttft_s)
+
+    @property
+    def wants_stored(self) -> bool:
+        return bool(self._post_stored)
+
+    def on_stored(self, result: PickResult, ids: Sequence[str]) -> None:
+        for hook in self._post_stored:
+            hook.post_stored(result.state, result, ids)
 
     def on_response(self, result: PickResult, info: ResponseInfo) -> None:
         for hook in self._post_response:

@@ -48,6 +48,7 @@ from epp.scheduling.scheduler import Scheduler
 from epp.supervise import spawn
 from epp.sync.load import SharedPrefill
 from epp.sync.node import SharedIndex, SyncNode, SyncOptions, WarmStart
+from epp.sync.stored import SharedStored
 from epp.wiring import build_scheduler
 
 log = logging.getLogger(__name__)
@@ -378,6 +379,9 @@ async def _start_rest(
         counter = sched.plugin(SharedPrefill)  # type: ignore[type-abstract]
         if counter is not None and opts.sync.share_prefill:  # each one's prefill in flight, added to the others' own
             counter.use_peer_prefill(handle.sync.share_prefill(counter.prefill_in_flight))
+        owner = sched.plugin(SharedStored)  # type: ignore[type-abstract]
+        if owner is not None:  # where stored responses live, learnt by any replica
+            handle.sync.share_stored(owner)
         handoff = handle.service.handoff
         if handoff is not None:  # observer streams that reach another replica report here
             handoff.publish = handle.sync.publish_observation

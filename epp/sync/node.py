@@ -29,11 +29,12 @@ from epp.framework.observation import Kind, Observation
 from epp.observability.metrics import EppMetrics
 from epp.prefix.index import PrefixIndex
 from epp.supervise import spawn
-from epp.sync.apply import RemoteApplier
+from epp.sync.apply import RemoteApplier, stamp_from_age
 from epp.sync.gen import sync_pb2, sync_pb2_grpc
 from epp.sync.load import PeerPrefill
-from epp.sync.outbox import ObservationBox, Outbox, OutboxRead
+from epp.sync.outbox import ItemRing, Outbox, OutboxRead
 from epp.sync.peers import HostPort, PeerSet, resolve_ips, watch_dns
+from epp.sync.stored import SharedStored
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,10 @@ _PREFILL_HEARTBEAT_S = 1.0
 _PREFILL_STALE_S = 3.0
 """A peer's prefill set that has not been renewed for this long no longer counts."""
 _SELF = "subscribed to itself"
+_STORED_PER_PART = 4096
+_MAX_OBSERVED_STORED = 4
+"""Stored ids taken from one observation (a reader notes at most 4)."""
+"""Stored objects per snapshot part."""
 
 RecordSink = Callable[[EndpointId, Sequence[int], float], None]
 """Told of each index write the replica makes itself: endpoint, chain hashes, stamp."""
@@ -176,7 +181,11 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
         self.subscribers = 0
         self.snapshots = 0
         self.index: PrefixIndex | None = None
-        self.observations = ObservationBox()
+        self.observations = ItemRing()
+        self.stored = ItemRing(options.buffer_records)
+        """Stored objects this replica learnt, ``(id, endpoint)`` stamped with their use."""
+        self.stored_source: Callable[[], list[tuple[str, EndpointId, float]]] | None = None
+        """Every stored object this replica holds, for snapshots (``SharedStored``)."""
         self.prefill_source: Callable[[], Mapping[str, float]] | None = None
         """This replica's prefill in flight per endpoint (the predicted-TTFT scorer's
         ``outstanding``), sent to the subscribers whole (``RecordBatch.prefill``)."""
@@ -221,7 +230,18 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
                         part_chunks = 0
                 part.roots.extend(export.roots)
                 yield part
-            log.info("sync snapshot of %d entries sent to %s", sent, request.replica_id)
+            stored = 0
+            if self.stored_source is not None:
+                items = self.stored_source()
+                now = self._clock()
+                for start in range(0, len(items), _STORED_PER_PART):
+                    part = sync_pb2.SnapshotPart()
+                    for oid, eid, stamp in items[start : start + _STORED_PER_PART]:
+                        part.stored.add(id=oid, endpoint_id=eid, age_s=now - stamp)
+                    stored += len(part.stored)
+                    yield part
+            log.info("sync snapshot of %d entries and %d stored objects sent to %s", sent,
+                     stored, request.replica_id)  # fmt: skip
         finally:
             self.snapshots -= 1
 
@@ -229,8 +249,8 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         await self._admit(request, context)
-        outbox, observations = self._outbox, self.observations
-        cursor, seen = outbox.head, observations.head
+        outbox, observations, stored = self._outbox, self.observations, self.stored
+        cursor, seen, stored_seen = outbox.head, observations.head, stored.head
         self.subscribers += 1
         self._metrics.sync_subscribers.set(self.subscribers)
         log.info("sync subscriber %s connected (%s)", request.replica_id, context.peer())
@@ -247,18 +267,21 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
                 while True:
                     read = outbox.read(cursor, most, _MAX_BATCH_CHUNKS)
                     observed = observations.read(seen, most)
-                    if not read.writes and not read.dropped and not observed.items and prefill is None:
+                    homes = stored.read(stored_seen, most)
+                    if (not read.writes and not read.dropped and not observed.items
+                            and not homes.items and prefill is None):  # fmt: skip
                         break
-                    cursor, seen = read.next_cursor, observed.next_cursor
+                    cursor, seen, stored_seen = read.next_cursor, observed.next_cursor, homes.next_cursor
                     batch = self._encode(read)
                     self._add_observations(batch, observed.items)
+                    self._add_stored(batch, homes.items, homes.dropped)
                     if prefill is not None:
                         batch.prefill_snapshot = True
                         for eid, tokens in prefill.items():
                             batch.prefill.add(endpoint_id=eid, tokens=tokens)
                         sent_prefill, sent_prefill_at, prefill = prefill, self._clock(), None
                     yield batch
-                    if len(read.writes) < most and len(observed.items) < most:
+                    if len(read.writes) < most and len(observed.items) < most and len(homes.items) < most:
                         break
         finally:
             self.subscribers -= 1
@@ -288,8 +311,18 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
                 first_bytes_age_s=max(0.0, now - first) if first >= 0 else first,
                 status=o.status, prompt_tokens=o.prompt_tokens, cached_tokens=o.cached_tokens,
                 completion_tokens=o.completion_tokens, response_bytes=o.response_bytes,
-                generated_text=o.generated_text,
+                generated_text=o.generated_text, stored_ids=o.stored_ids,
             )  # fmt: skip
+
+    def _add_stored(self, batch: Any, items: list[tuple[Any, float]], dropped: int) -> None:
+        if dropped:
+            self._metrics.sync_dropped_slow.inc(dropped)
+        if not items:
+            return
+        now = self._clock()
+        add = batch.stored.add
+        for (oid, eid), stamp in items:
+            add(id=oid, endpoint_id=eid, age_s=now - stamp)
 
     def _encode(self, read: OutboxRead) -> Any:
         now = self._clock()
@@ -310,6 +343,7 @@ def _observation(o: Any) -> Observation:
     return Observation(
         o.token, kind, o.age_s, o.first_bytes_age_s, o.status, o.prompt_tokens,
         o.cached_tokens, o.completion_tokens, o.response_bytes, o.generated_text,
+        tuple(o.stored_ids[:_MAX_OBSERVED_STORED]),
     )
 
 
@@ -352,6 +386,8 @@ class SyncNode:
         self._rng = random.Random()
         self._warm_progress: tuple[str, int, int] | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._stored: SharedStored | None = None
+        self._unsubscribe_stored: Callable[[], None] | None = None
 
     async def start(self, host: str) -> int:
         """Serve on ``host:options.port``, hook the producer, start following peers."""
@@ -379,6 +415,8 @@ class SyncNode:
         await server.start()
         self._server = server
         self._unsubscribe = self._producer.subscribe(self.outbox.append)
+        if self._stored is not None:
+            self._unsubscribe_stored = self._stored.subscribe_stored(self._publish_stored)
         self.peers.update(str(p) for p in self.options.peers)
         if self.options.peer_dns is not None:
             self._tasks.append(spawn(
@@ -398,6 +436,26 @@ class SyncNode:
         ``peer_prefill``)."""
         self.service.prefill_source = own
         return self.peer_prefill.tokens
+
+    def share_stored(self, owner: SharedStored) -> None:
+        """Send the stored objects ``owner`` learns to the subscribers and in snapshots;
+        give it the peers' (before ``start``)."""
+        self._stored = owner
+        self.service.stored_source = owner.export_stored
+
+    def _publish_stored(self, object_id: str, endpoint_id: EndpointId, stamp_s: float) -> None:
+        self.service.stored.append((object_id, endpoint_id), stamp_s)
+
+    def _apply_stored(self, items: Sequence[Any]) -> int:
+        """Peers' stored objects (``epp.sync.v1.StoredObject``) into the owner's table."""
+        owner = self._stored
+        if owner is None:
+            return 0
+        now = self._clock()
+        for item in items:
+            owner.apply_remote_stored(item.id, EndpointId(item.endpoint_id),
+                                      stamp_from_age(now, item.age_s))  # fmt: skip
+        return len(items)
 
     def publish_observation(self, observation: Observation) -> None:
         """Queue an observation of a peer's request for every subscriber (stamped now on
@@ -419,6 +477,9 @@ class SyncNode:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        if self._unsubscribe_stored is not None:
+            self._unsubscribe_stored()
+            self._unsubscribe_stored = None
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -472,7 +533,7 @@ class SyncNode:
 
     async def _fetch_snapshot(self, target: str, started: float) -> WarmStart | None:
         opts = self.options
-        entries = 0
+        entries = stored = 0
         endpoints: set[str] = set()
         try:
             async with self._channel(target, [
@@ -483,6 +544,9 @@ class SyncNode:
                     replica_id=self.replica_id, max_entries=opts.warm_max_entries
                 ))  # fmt: skip
                 async for part in call:
+                    if part.stored:
+                        stored += self._apply_stored(part.stored)
+                        continue
                     entries += self.applier.restore(part)
                     endpoints.add(part.endpoint_id)
                     self._warm_progress = (target, entries, len(endpoints))
@@ -495,8 +559,8 @@ class SyncNode:
             return None
         result = WarmStart(target, entries, len(endpoints), self._clock() - started,
                            entries < opts.warm_max_entries)  # fmt: skip
-        log.info("sync warm start: %d entries for %d endpoints from %s in %.2fs",
-                 entries, len(endpoints), target, result.seconds)
+        log.info("sync warm start: %d entries for %d endpoints and %d stored objects from %s "
+                 "in %.2fs", entries, len(endpoints), stored, target, result.seconds)
         return result
 
     # --- following one peer --------------------------------------------------------------
@@ -532,6 +596,8 @@ class SyncNode:
                             )  # fmt: skip
                         if batch.observations and self.on_observations is not None:
                             self.on_observations([_observation(o) for o in batch.observations])
+                        if batch.stored:
+                            self._apply_stored(batch.stored)
                         if batch.records:
                             res = self.applier.apply(batch.records)
                             self.metrics.sync_applied.inc(res.applied)

@@ -108,18 +108,19 @@ class Outbox:
 
 
 @dataclass(slots=True, frozen=True)
-class ObservationRead:
+class RingRead:
     items: list[tuple[Any, float]]
-    """``(observation, stamp_s)``, oldest first."""
+    """``(item, stamp_s)``, oldest first."""
     next_cursor: int
     dropped: int
 
 
-class ObservationBox:
-    """This replica's observations of other replicas' responses (``--response-observer``),
-    waiting to be streamed to its peers: a bounded ring with a cursor per reader, as the
-    outbox. An observation is a generated ``epp.sync.v1.Observation`` without its age, which
-    the sender fills in from the stamp."""
+class ItemRing:
+    """Items waiting to be streamed to the peers with the stamp they carry: a bounded ring
+    with a cursor per reader, as the outbox. Two of them: this replica's observations of
+    other replicas' responses (``--response-observer``: a generated
+    ``epp.sync.v1.Observation`` without its age, which the sender fills in from the stamp),
+    and the stored objects it learnt (``(id, endpoint)``)."""
 
     def __init__(self, capacity: int = 4096) -> None:
         if capacity <= 0:
@@ -132,11 +133,11 @@ class ObservationBox:
     def head(self) -> int:
         return self._head
 
-    def append(self, observation: Any, now_s: float) -> None:
-        self._items[self._head % self.capacity] = (observation, now_s)
+    def append(self, item: Any, now_s: float) -> None:
+        self._items[self._head % self.capacity] = (item, now_s)
         self._head += 1
 
-    def read(self, cursor: int, max_items: int) -> ObservationRead:
+    def read(self, cursor: int, max_items: int) -> RingRead:
         cursor, end, dropped = _window(self._head, self.capacity, cursor, max_items)
         items = [self._items[seq % self.capacity] for seq in range(cursor, end)]
-        return ObservationRead(items, end, dropped)
+        return RingRead(items, end, dropped)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65pp/sync/v1/sync.proto\x12\x0b\x65pp.sync.v1\":\n\x0fSnapshotRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_entries\x18\x02 \x01(\x04\"[\n\x0cSnapshotPart\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12#\n\x06writes\x18\x02 \x03(\x0b\x32\x13.epp.sync.v1.Record\x12\x11\n\x05roots\x18\x03 \x03(\x06\x42\x02\x10\x01\"&\n\x10SubscribeRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"\xcd\x01\n\x0bRecordBatch\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12$\n\x07records\x18\x02 \x03(\x0b\x32\x13.epp.sync.v1.Record\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x04\x12.\n\x0cobservations\x18\x04 \x03(\x0b\x32\x18.epp.sync.v1.Observation\x12)\n\x07prefill\x18\x05 \x03(\x0b\x32\x18.epp.sync.v1.PrefillLoad\x12\x18\n\x10prefill_snapshot\x18\x06 \x01(\x08\"2\n\x0bPrefillLoad\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x01\"\xbb\x02\n\x0bObservation\x12\r\n\x05token\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.epp.sync.v1.Observation.Kind\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\x12\x19\n\x11\x66irst_bytes_age_s\x18\x04 \x01(\x01\x12\x0e\n\x06status\x18\x05 \x01(\r\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x04\x12\x15\n\rcached_tokens\x18\x07 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\x04\x12\x16\n\x0eresponse_bytes\x18\t \x01(\x04\x12\x16\n\x0egenerated_text\x18\n \x01(\t\"=\n\x04Kind\x12\x0b\n\x07\x43LAIMED\x10\x00\x12\x0f\n\x0b\x46IRST_BYTES\x10\x01\x12\x0c\n\x08\x46INISHED\x10\x02\x12\t\n\x05\x45NDED\x10\x03\"@\n\x06Record\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x12\n\x06hashes\x18\x02 \x03(\x06\x42\x02\x10\x01\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\x32\x9a\x01\n\tIndexSync\x12\x46\n\tSubscribe\x12\x1d.epp.sync.v1.SubscribeRequest\x1a\x18.epp.sync.v1.RecordBatch0\x01\x12\x45\n\x08Snapshot\x12\x1c.epp.sync.v1.SnapshotRequest\x1a\x19.epp.sync.v1.SnapshotPart0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65pp/sync/v1/sync.proto\x12\x0b\x65pp.sync.v1\":\n\x0fSnapshotRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_entries\x18\x02 \x01(\x04\"\x86\x01\n\x0cSnapshotPart\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12#\n\x06writes\x18\x02 \x03(\x0b\x32\x13.epp.sync.v1.Record\x12\x11\n\x05roots\x18\x03 \x03(\x06\x42\x02\x10\x01\x12)\n\x06stored\x18\x04 \x03(\x0b\x32\x19.epp.sync.v1.StoredObject\"&\n\x10SubscribeRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"\xf8\x01\n\x0bRecordBatch\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12$\n\x07records\x18\x02 \x03(\x0b\x32\x13.epp.sync.v1.Record\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x04\x12.\n\x0cobservations\x18\x04 \x03(\x0b\x32\x18.epp.sync.v1.Observation\x12)\n\x07prefill\x18\x05 \x03(\x0b\x32\x18.epp.sync.v1.PrefillLoad\x12\x18\n\x10prefill_snapshot\x18\x06 \x01(\x08\x12)\n\x06stored\x18\x07 \x03(\x0b\x32\x19.epp.sync.v1.StoredObject\">\n\x0cStoredObject\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\"2\n\x0bPrefillLoad\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x01\"\xcf\x02\n\x0bObservation\x12\r\n\x05token\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.epp.sync.v1.Observation.Kind\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\x12\x19\n\x11\x66irst_bytes_age_s\x18\x04 \x01(\x01\x12\x0e\n\x06status\x18\x05 \x01(\r\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x04\x12\x15\n\rcached_tokens\x18\x07 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\x04\x12\x16\n\x0eresponse_bytes\x18\t \x01(\x04\x12\x16\n\x0egenerated_text\x18\n \x01(\t\x12\x12\n\nstored_ids\x18\x0b \x03(\t\"=\n\x04Kind\x12\x0b\n\x07\x43LAIMED\x10\x00\x12\x0f\n\x0b\x46IRST_BYTES\x10\x01\x12\x0c\n\x08\x46INISHED\x10\x02\x12\t\n\x05\x45NDED\x10\x03\"@\n\x06Record\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x12\n\x06hashes\x18\x02 \x03(\x06\x42\x02\x10\x01\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\x32\x9a\x01\n\tIndexSync\x12\x46\n\tSubscribe\x12\x1d.epp.sync.v1.SubscribeRequest\x1a\x18.epp.sync.v1.RecordBatch0\x01\x12\x45\n\x08Snapshot\x12\x1c.epp.sync.v1.SnapshotRequest\x1a\x19.epp.sync.v1.SnapshotPart0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,20 +37,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECORD'].fields_by_name['hashes']._serialized_options = b'\020\001'
   _globals['_SNAPSHOTREQUEST']._serialized_start=39
   _globals['_SNAPSHOTREQUEST']._serialized_end=97
-  _globals['_SNAPSHOTPART']._serialized_start=99
-  _globals['_SNAPSHOTPART']._serialized_end=190
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=192
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=230
-  _globals['_RECORDBATCH']._serialized_start=233
-  _globals['_RECORDBATCH']._serialized_end=438
-  _globals['_PREFILLLOAD']._serialized_start=440
-  _globals['_PREFILLLOAD']._serialized_end=490
-  _globals['_OBSERVATION']._serialized_start=493
-  _globals['_OBSERVATION']._serialized_end=808
-  _globals['_OBSERVATION_KIND']._serialized_start=747
-  _globals['_OBSERVATION_KIND']._serialized_end=808
-  _globals['_RECORD']._serialized_start=810
-  _globals['_RECORD']._serialized_end=874
-  _globals['_INDEXSYNC']._serialized_start=877
-  _globals['_INDEXSYNC']._serialized_end=1031
+  _globals['_SNAPSHOTPART']._serialized_start=100
+  _globals['_SNAPSHOTPART']._serialized_end=234
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=236
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=274
+  _globals['_RECORDBATCH']._serialized_start=277
+  _globals['_RECORDBATCH']._serialized_end=525
+  _globals['_STOREDOBJECT']._serialized_start=527
+  _globals['_STOREDOBJECT']._serialized_end=589
+  _globals['_PREFILLLOAD']._serialized_start=591
+  _globals['_PREFILLLOAD']._serialized_end=641
+  _globals['_OBSERVATION']._serialized_start=644
+  _globals['_OBSERVATION']._serialized_end=979
+  _globals['_OBSERVATION_KIND']._serialized_start=918
+  _globals['_OBSERVATION_KIND']._serialized_end=979
+  _globals['_RECORD']._serialized_start=981
+  _globals['_RECORD']._serialized_end=1045
+  _globals['_INDEXSYNC']._serialized_start=1048
+  _globals['_INDEXSYNC']._serialized_end=1202
 # @@protoc_insertion_point(module_scope)

@@ -98,10 +98,10 @@ def test_every_write_is_either_delivered_in_order_or_counted_as_dropped(
     assert len(got) + dropped == n
 
 
-def test_the_observation_ring_keeps_the_newest_and_counts_what_a_reader_missed() -> None:
-    from epp.sync.outbox import ObservationBox
+def test_the_item_ring_keeps_the_newest_and_counts_what_a_reader_missed() -> None:
+    from epp.sync.outbox import ItemRing
 
-    box = ObservationBox(capacity=4)
+    box = ItemRing(capacity=4)
     start = box.head
     for i in range(10):
         box.append(f"o{i}", float(i))
