@@ -255,8 +255,17 @@ class ResponseAffinityFilter:
     async def _expire_loop(self) -> None:
         while True:
             await asyncio.sleep(self.params.sweep_seconds)
-            while self.homes.expire(self._clock(), _EXPIRE_SLICE) == _EXPIRE_SLICE:
-                await asyncio.sleep(0)  # a long backlog in slices: requests run between
+            await self.expire(self._clock())
+
+    async def expire(self, now_s: float) -> int:
+        """Forget every id past its TTL, in slices (requests run between); returns how many."""
+        total = 0
+        while True:
+            removed = self.homes.expire(now_s, _EXPIRE_SLICE)
+            total += removed
+            if removed < _EXPIRE_SLICE:
+                return total
+            await asyncio.sleep(0)
 
 
 class _Collector(Collector):

@@ -368,32 +368,7 @@ async def _start_rest(
     if endpoints:
         ds.replace_all(endpoints)
     if opts.sync is not None:
-        producer = sched.plugin(SharedIndex)  # type: ignore[type-abstract]
-        if producer is None:
-            raise ConfigError(
-                "--peers/--peer-dns",
-                "index sync shares the approximate prefix index (a plugin owning a shared "
-                "index, such as approx-prefix-cache-producer), and the config has none",
-            )
-        handle.sync = SyncNode(opts.sync, producer, ds, metrics)
-        counter = sched.plugin(SharedPrefill)  # type: ignore[type-abstract]
-        if counter is not None and opts.sync.share_prefill:  # each one's prefill in flight, added to the others' own
-            counter.use_peer_prefill(handle.sync.share_prefill(counter.prefill_in_flight))
-        owner = sched.plugin(SharedStored)  # type: ignore[type-abstract]
-        if owner is not None:  # where stored responses live, learnt by any replica
-            handle.sync.share_stored(owner)
-        handoff = handle.service.handoff
-        if handoff is not None:  # observer streams that reach another replica report here
-            handoff.publish = handle.sync.publish_observation
-            handle.sync.on_observations = handoff.apply_remote
-        try:
-            handle.sync_port = await handle.sync.start(opts.host)
-        except (RuntimeError, OSError):
-            handle.sync = None
-            raise OSError(
-                f"cannot listen on {opts.host}:{opts.sync.port} (--sync-port): port in use "
-                "or address not local"
-            ) from None
+        await _start_sync(handle, opts.sync, opts.host)
     await _start_plugins(handle)
     for start in sources:
         result = start(ds)
@@ -432,6 +407,38 @@ async def _start_rest(
         handle.grpc_port, handle.health_port, handle.metrics_port, handle.sync_port, len(ds),
         convert.BodySendMode.Name(opts.processing_mode),
     )
+
+
+async def _start_sync(handle: ServerHandle, options: SyncOptions, host: str) -> None:
+    """Index sync with the peers: what the plugins share (the prefix index, the prefill in
+    flight, stored responses' homes) and the observations of --response-observer streams."""
+    sched = handle.scheduler
+    producer = sched.plugin(SharedIndex)  # type: ignore[type-abstract]
+    if producer is None:
+        raise ConfigError(
+            "--peers/--peer-dns",
+            "index sync shares the approximate prefix index (a plugin owning a shared "
+            "index, such as approx-prefix-cache-producer), and the config has none",
+        )
+    handle.sync = SyncNode(options, producer, handle.datastore, handle.metrics)
+    counter = sched.plugin(SharedPrefill)  # type: ignore[type-abstract]
+    if counter is not None and options.share_prefill:  # each one's prefill in flight, added to the others' own
+        counter.use_peer_prefill(handle.sync.share_prefill(counter.prefill_in_flight))
+    owner = sched.plugin(SharedStored)  # type: ignore[type-abstract]
+    if owner is not None:  # where stored responses live, learnt by any replica
+        handle.sync.share_stored(owner)
+    handoff = handle.service.handoff
+    if handoff is not None:  # observer streams that reach another replica report here
+        handoff.publish = handle.sync.publish_observation
+        handle.sync.on_observations = handoff.apply_remote
+    try:
+        handle.sync_port = await handle.sync.start(host)
+    except (RuntimeError, OSError):
+        handle.sync = None
+        raise OSError(
+            f"cannot listen on {host}:{options.port} (--sync-port): port in use "
+            "or address not local"
+        ) from None
 
 
 async def _start_plugins(handle: ServerHandle) -> None:

@@ -565,6 +565,22 @@ class SyncNode:
 
     # --- following one peer --------------------------------------------------------------
 
+    def _apply_batch(self, target: str, batch: Any) -> None:
+        """One ``RecordBatch`` from the peer at ``target``."""
+        if batch.prefill_snapshot:
+            self.peer_prefill.update(
+                target, ((p.endpoint_id, p.tokens) for p in batch.prefill), self._clock()
+            )  # fmt: skip
+        if batch.observations and self.on_observations is not None:
+            self.on_observations([_observation(o) for o in batch.observations])
+        if batch.stored:
+            self._apply_stored(batch.stored)
+        if batch.records:
+            res = self.applier.apply(batch.records)
+            self.metrics.sync_applied.inc(res.applied)
+            if res.ignored:
+                self.metrics.sync_dropped_unknown.inc(res.ignored)
+
     async def _follow(self, target: str) -> None:
         """Subscribe to ``target`` and apply what it sends; on any failure wait (exponential
         backoff with jitter, reset once a stream opens) and subscribe again. Until cancelled,
@@ -590,19 +606,7 @@ class SyncNode:
                             self.metrics.sync_peers_connected.set(len(self.connected))
                             log.info("sync: following %s (replica %s)", target, batch.replica_id)
                             failing, backoff = False, opts.backoff_initial_s
-                        if batch.prefill_snapshot:
-                            self.peer_prefill.update(
-                                target, ((p.endpoint_id, p.tokens) for p in batch.prefill), self._clock()
-                            )  # fmt: skip
-                        if batch.observations and self.on_observations is not None:
-                            self.on_observations([_observation(o) for o in batch.observations])
-                        if batch.stored:
-                            self._apply_stored(batch.stored)
-                        if batch.records:
-                            res = self.applier.apply(batch.records)
-                            self.metrics.sync_applied.inc(res.applied)
-                            if res.ignored:
-                                self.metrics.sync_dropped_unknown.inc(res.ignored)
+                        self._apply_batch(target, batch)
                 raise ConnectionResetError("stream ended")
             except asyncio.CancelledError:
                 raise

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +37,7 @@ from simulator.emulator.kvpublish import KvEventPublisher
 from simulator.emulator.kvstore import SharedKvStore
 from simulator.emulator.metrics import VllmMetrics, restrict_page
 from simulator.emulator.openai import Api, ApiError
+from simulator.emulator.responses import CANCELLABLE, ResponseStore, StoredResponse
 from simulator.model.cache import PrefixCache, model_seed, text_block_hashes
 from simulator.model.engine import (
     Engine,
@@ -102,6 +105,10 @@ class Emulator:
             self.kv_store = SharedKvStore(config.kv_store, config.kv_store_max_blocks)
         self._pending: dict[str, _Pending] = {}
         self._streams: set[_Pending] = set()
+        self.responses = ResponseStore()
+        """Responses created with ``store`` (vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1)."""
+        self._background: set[asyncio.Task[None]] = set()
+        """Background responses running (``background: true``)."""
         self._ids = itertools.count(1)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -157,7 +164,10 @@ class Emulator:
         app = web.Application(middlewares=[_errors])
         app.router.add_post("/v1/completions", self._api(Api.COMPLETIONS))
         app.router.add_post("/v1/chat/completions", self._api(Api.CHAT))
-        app.router.add_post("/v1/responses", self._api(Api.RESPONSES))
+        app.router.add_post("/v1/responses", self._create_response)
+        app.router.add_get("/v1/responses/{rid}", self._get_response)
+        app.router.add_delete("/v1/responses/{rid}", self._delete_response)
+        app.router.add_post("/v1/responses/{rid}/cancel", self._cancel_response)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
@@ -250,7 +260,7 @@ class Emulator:
 
     def _submit(
         self, model: str, prompt: str, max_tokens: int, stream: bool, id_prefix: str = "cmpl-",
-        body: Mapping[str, Any] | None = None, api: Api = Api.COMPLETIONS,
+        body: Mapping[str, Any] | None = None, api: Api = Api.COMPLETIONS, rid: str = "",
     ) -> _Pending:  # fmt: skip
         cfg = self.config
         text = generate_text(prompt, max_tokens)
@@ -262,7 +272,7 @@ class Emulator:
                 f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
                 f"prompt, {max_tokens} for the completion).",
             )
-        rid = f"{id_prefix}{next(self._ids):08x}"
+        rid = rid or f"{id_prefix}{next(self._ids):08x}"
         blocks = final[:n_prompt_blocks]
         request = EngineRequest(
             rid,
@@ -358,22 +368,26 @@ class Emulator:
         return openai.usage(p.prompt_tokens, p.max_tokens, cached)
 
     async def _stream(
-        self, request: web.Request, gen: openai.Generation, p: _Pending
-    ) -> web.StreamResponse:
+        self, request: web.Request, gen: openai.Generation, p: _Pending,
+        completed: Callable[[dict[str, Any]], None] | None = None,
+    ) -> web.StreamResponse:  # fmt: skip
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
         try:
-            await self._stream_events(resp, gen, p)
+            await self._stream_events(resp, gen, p, completed)
         except (ConnectionResetError, ApiError) as exc:
             # The client left (the caller then aborts the request) or the server stops.
             log.debug("stream %s ended early: %s", p.rid, exc)
         return resp
 
     async def _stream_events(
-        self, resp: web.StreamResponse, gen: openai.Generation, p: _Pending
-    ) -> None:
+        self, resp: web.StreamResponse, gen: openai.Generation, p: _Pending,
+        completed: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:  # fmt: skip
+        """``completed`` is told of a Responses stream's final response object before it is
+        sent (the response store keeps it)."""
         created = int(time.time())
         responses = gen.api is Api.RESPONSES
         if responses:
@@ -421,6 +435,8 @@ class Emulator:
         use = self._usage(gen.api, p, p.first.result().cached_tokens)
         if responses:
             body = openai.responses_body(p.rid, created, gen.model, p.text, "completed", use)
+            if completed is not None:
+                completed(body)
             await resp.write(
                 openai.sse({"type": "response.completed", "response": body}, "response.completed")
             )
@@ -433,6 +449,107 @@ class Emulator:
                 )
             await resp.write(openai.SSE_DONE)
         await resp.write_eof()
+
+    # -- stored Responses (simulator/emulator/responses.py) -------------------------------
+
+    async def _create_response(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/responses`` as vLLM serves it with a response store: ``store`` (default
+        true) keeps the response, ``previous_response_id`` continues a stored one (404 when
+        this server holds none), ``background`` (needs ``store``) answers at once with the
+        queued response and runs it; streamed or not."""
+        body = openai.load_json(await request.read())
+        store, background = body.get("store", True), body.get("background", False)
+        for name, value in (("store", store), ("background", background)):
+            if not isinstance(value, bool):
+                raise ApiError(400, f"'{name}' must be a boolean", name)
+        if background and not store:
+            raise ApiError(400, "background can only be used when `store` is true", "background")
+        previous = body.get("previous_response_id")
+        history = ""
+        if previous is not None:
+            if not isinstance(previous, str):
+                raise ApiError(400, "'previous_response_id' must be a string", "previous_response_id")
+            history = self.responses.get(previous).conversation
+        gen = openai.parse_generation(Api.RESPONSES, body, self.config.model)
+        self._check_model(gen.model)
+        prompt = history + gen.prompt
+        rid = f"resp_{uuid.uuid4().hex}"  # vLLM's form: unique across servers
+        pending = self._submit(gen.model, prompt, gen.max_tokens, gen.stream, body=body,
+                               api=Api.RESPONSES, rid=rid)  # fmt: skip
+        created = int(time.time())
+        stored: StoredResponse | None = None
+        if store:
+            status = "queued" if background else "in_progress"
+            head = openai.responses_body(rid, created, gen.model, "", status, None)
+            stored = StoredResponse(head, prompt + pending.text)
+            if background:  # retrievable and cancellable from now on
+                self.responses.put(rid, stored)
+                stored.cancel = functools.partial(self._stop, pending)
+
+        def completed(final: dict[str, Any]) -> None:
+            if stored is not None and stored.body["status"] != "cancelled":
+                stored.body, stored.cancel = final, None
+                self.responses.put(rid, stored)
+
+        if background and not gen.stream:
+            task = asyncio.create_task(self._run_background(gen, pending, created, completed))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return web.json_response(stored.body if stored is not None else {})
+        try:
+            if gen.stream:
+                return await self._stream(request, gen, pending, completed)
+            await pending.done
+            use = self._usage(Api.RESPONSES, pending, pending.first.result().cached_tokens)
+            final = openai.responses_body(rid, created, gen.model, pending.text, "completed", use)
+            completed(final)
+            return web.json_response(final)
+        finally:
+            self._abandon(pending)
+
+    async def _run_background(
+        self, gen: openai.Generation, pending: _Pending, created: int,
+        completed: Callable[[dict[str, Any]], None],
+    ) -> None:  # fmt: skip
+        try:
+            await pending.done
+        except ApiError:  # cancelled, or the server stops
+            return
+        finally:
+            self._abandon(pending)
+        use = self._usage(Api.RESPONSES, pending, pending.first.result().cached_tokens)
+        completed(openai.responses_body(pending.rid, created, gen.model, pending.text,
+                                        "completed", use))  # fmt: skip
+
+    def _stop(self, pending: _Pending) -> None:
+        """Stop a running request (a cancelled background response): out of the engine, and
+        whoever waits for it (its stream, its background task) ends."""
+        self._abandon(pending)
+        for fut in (pending.first, pending.done):
+            if not fut.done():
+                fut.set_exception(ApiError(400, "the response was cancelled"))
+                fut.exception()  # nobody needs to read it
+        pending.progress.set()
+
+    async def _get_response(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self.responses.get(request.match_info["rid"]).body)
+
+    async def _delete_response(self, request: web.Request) -> web.StreamResponse:
+        rid = request.match_info["rid"]
+        stored = self.responses.pop(rid)
+        if stored.cancel is not None:
+            stored.cancel()
+        return web.json_response({"id": rid, "object": "response.deleted", "deleted": True})
+
+    async def _cancel_response(self, request: web.Request) -> web.StreamResponse:
+        stored = self.responses.get(request.match_info["rid"])
+        if stored.body["status"] not in CANCELLABLE:
+            raise ApiError(400, "Cannot cancel a synchronous response.", "response_id")
+        stored.body = {**stored.body, "status": "cancelled"}
+        if stored.cancel is not None:
+            stored.cancel()
+            stored.cancel = None
+        return web.json_response(stored.body)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         job = openai.parse_embeddings(openai.load_json(await request.read()), self.config.model)

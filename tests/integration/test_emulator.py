@@ -338,3 +338,69 @@ def test_cli_prints_bound_url_and_serves() -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+async def test_stored_responses_continue_retrieve_cancel_and_delete_on_their_server(
+    http: aiohttp.ClientSession,
+) -> None:
+    """As vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1: a stored response is continued,
+    returned and cancelled only by the server that holds it; another answers 404."""
+    config = EmulatorConfig(model=MODEL, speedup=100.0, num_gpu_blocks=2048)
+    home, other = await start_emulator(config), await start_emulator(config)
+    try:
+        status, first = await post(http, home.url + "/v1/responses",
+                                   {"model": MODEL, "input": PROMPT, "max_output_tokens": 4})  # fmt: skip
+        assert status == 200 and first["id"].startswith("resp_") and len(first["id"]) == 37
+        follow = {"model": MODEL, "input": "and then?", "previous_response_id": first["id"],
+                  "max_output_tokens": 4}  # fmt: skip
+        status, err = await post(http, other.url + "/v1/responses", follow)
+        assert status == 404 and first["id"] in err["error"]["message"]
+        status, second = await post(http, home.url + "/v1/responses", follow)
+        assert status == 200 and second["id"] != first["id"]
+        # the follow-up's prompt is the stored conversation plus the new input: cached
+        assert second["usage"]["input_tokens_details"]["cached_tokens"] >= first["usage"]["input_tokens"] - 16
+        async with http.get(f"{home.url}/v1/responses/{first['id']}") as r:
+            assert r.status == 200 and (await r.json())["status"] == "completed"
+        async with http.get(f"{other.url}/v1/responses/{first['id']}") as r:
+            assert r.status == 404
+        async with http.post(f"{home.url}/v1/responses/{first['id']}/cancel") as r:
+            assert r.status == 400  # finished: not cancellable, as vLLM says
+
+        # a background response: queued at once, cancelled while it runs
+        status, queued = await post(http, home.url + "/v1/responses", {
+            "model": MODEL, "input": PROMPT, "max_output_tokens": 4000, "background": True,
+        })  # fmt: skip
+        assert status == 200 and queued["status"] == "queued"
+        async with http.post(f"{other.url}/v1/responses/{queued['id']}/cancel") as r:
+            assert r.status == 404
+        async with http.post(f"{home.url}/v1/responses/{queued['id']}/cancel") as r:
+            assert r.status == 200 and (await r.json())["status"] == "cancelled"
+        async with http.get(f"{home.url}/v1/responses/{queued['id']}") as r:
+            assert (await r.json())["status"] == "cancelled"
+        assert not home.emulator._pending  # out of the engine
+
+        # store false: nothing kept; delete forgets
+        status, unstored = await post(http, home.url + "/v1/responses",
+                                      {"model": MODEL, "input": "x", "store": False})  # fmt: skip
+        async with http.get(f"{home.url}/v1/responses/{unstored['id']}") as r:
+            assert r.status == 404
+        async with http.delete(f"{home.url}/v1/responses/{second['id']}") as r:
+            assert r.status == 200 and (await r.json())["deleted"] is True
+        async with http.get(f"{home.url}/v1/responses/{second['id']}") as r:
+            assert r.status == 404
+    finally:
+        await home.close()
+        await other.close()
+
+
+async def test_a_streamed_stored_response_names_its_id_first_and_is_kept(
+    emulator: RunningEmulator, http: aiohttp.ClientSession
+) -> None:
+    async with http.post(emulator.url + "/v1/responses",
+                         json={"model": MODEL, "input": "hi", "stream": True}) as resp:  # fmt: skip
+        events = [json.loads(e) async for e in sse_events(resp)]
+    assert events[0]["type"] == "response.created"
+    rid = events[0]["response"]["id"]
+    assert events[-1]["type"] == "response.completed" and events[-1]["response"]["id"] == rid
+    async with http.get(f"{emulator.url}/v1/responses/{rid}") as r:
+        assert r.status == 200 and (await r.json())["status"] == "completed"
