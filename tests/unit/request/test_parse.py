@@ -186,3 +186,24 @@ def test_a_rewritten_body_keeps_integers_beyond_64_bits_exact() -> None:
 def test_a_body_in_another_unicode_encoding_is_refused() -> None:
     with pytest.raises(BadRequest, match="UTF-8"):
         parser().parse("/v1/completions", H, json.dumps({"model": "m", "prompt": "x"}).encode("utf-16"))
+
+
+@pytest.mark.parametrize("path", [
+    "/v1/responses/resp_1", "/v1/responses/resp_1/cancel", "/v1/responses/resp_1/input_items?limit=2",
+    "/v1/conversations", "/v1/conversations/conv_1/items",
+])  # fmt: skip
+def test_a_stored_object_path_is_routed_with_its_body_as_it_came(path: str) -> None:
+    """A stored response or conversation (cancel sent with a body, a conversation created):
+    routed by load (and by the response-affinity filter), the body never parsed."""
+    raw = b'{"anything": [1, 2'  # not even JSON: the model server judges it
+    parsed = parser().parse(path, {":path": path, ":method": "POST", **H}, raw)
+    assert (parsed.request.api, parsed.request.prompt, parsed.body) == (ApiKind.NONE, "", raw)
+    assert parser().headers_only(path, {":method": "POST"}).api is ApiKind.NONE
+    with pytest.raises(PayloadTooLarge):
+        parser(max_body_bytes=4).parse(path, H, raw)
+
+
+@pytest.mark.parametrize("path", ["/v1/responses/a/b", "/v1/responses/a/cancel/x", "/v1/conversationsx"])
+def test_other_paths_under_the_stored_apis_stay_unknown(path: str) -> None:
+    with pytest.raises(NotFound):
+        parser().check_headers(path, {})

@@ -83,3 +83,46 @@ def test_json_over_the_limit_is_forwarded_unread() -> None:
     r = ResponseReader(200, sse=False, limits=ResponseLimits(json_bytes=100))
     assert r.feed(body[:120], False) + r.feed(body[120:], True) == body
     assert r.info().prompt_tokens == 0
+
+
+RESPONSE = {"id": "resp_1", "object": "response", "status": "completed", "model": "m",
+            "output": [], "usage": {"input_tokens": 9, "output_tokens": 2,
+                                    "input_tokens_details": {"cached_tokens": 4}}}  # fmt: skip
+
+
+def responses_sse(response: dict[str, object]) -> bytes:
+    events = [
+        ("response.created", {"type": "response.created", "response": {**response, "status": "in_progress", "usage": None}}),
+        ("response.output_text.delta", {"type": "response.output_text.delta", "delta": "hi"}),
+        ("response.completed", {"type": "response.completed", "response": response}),
+    ]  # fmt: skip
+    return b"".join(f"event: {name}\ndata: {json.dumps(e)}\n\n".encode() for name, e in events)
+
+
+def test_a_stored_response_names_its_id_in_json_and_in_its_first_event() -> None:
+    r = ResponseReader(200, sse=False)
+    r.feed(json.dumps(RESPONSE).encode(), True)
+    assert r.stored_ids == ["resp_1"]
+    s = ResponseReader(200, sse=True)
+    data = responses_sse({**RESPONSE, "conversation": {"id": "conv_1"}})
+    first_event = data.index(b"\n\n") + 2
+    s.feed(data[:first_event], False)
+    assert s.stored_ids == ["resp_1", "conv_1"]  # known before the stream ends
+    s.feed(data[first_event:], True)
+    assert s.stored_ids == ["resp_1", "conv_1"]
+    info = s.info()  # the Responses stream's usage, from response.completed
+    assert (info.prompt_tokens, info.cached_tokens, info.completion_tokens) == (9, 4, 2)
+
+
+@pytest.mark.parametrize(("status", "body", "expected"), [
+    (200, {**RESPONSE, "store": False}, []),
+    (404, {"error": {"message": "not found"}, "object": "response", "id": "resp_1"}, []),
+    (200, {"id": "conv_9", "object": "conversation"}, ["conv_9"]),
+    (200, {"id": "chatcmpl-1", "object": "chat.completion"}, []),
+    (200, {**RESPONSE, "id": "x" * 257}, []),
+    (200, {**RESPONSE, "id": 5}, []),
+])  # fmt: skip
+def test_only_a_successful_stored_object_is_noted(status: int, body: dict[str, object], expected: list[str]) -> None:
+    r = ResponseReader(status, sse=False)
+    r.feed(json.dumps(body).encode(), True)
+    assert r.stored_ids == expected
