@@ -104,14 +104,15 @@ class EppProcess:
         """Endpoints this epp has fresh metrics for (``epp_pool_ready_endpoints``)."""
         return await self.metric("epp_pool_ready_endpoints")
 
-    async def metric(self, name: str) -> float:
-        """The sum of ``name``'s samples on this epp's metrics page."""
+    async def metric(self, name: str, label: str = "") -> float:
+        """The sum of ``name``'s samples on this epp's metrics page (those with ``label``,
+        e.g. ``outcome="home"``, when given)."""
         async with aiohttp.ClientSession() as http, http.get(
             f"http://127.0.0.1:{self.metrics_port}/metrics"
         ) as r:
             text = await r.text()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + "{", name + " ")))  # fmt: skip
+                   if line.startswith((name + "{", name + " ")) and label in line)  # fmt: skip
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -151,12 +152,17 @@ async def pool(
     speedup: float = 20.0,
     max_num_seqs: int | None = None,
     epp_args: tuple[str, ...] = (),
+    sync: bool = False,
     **envoy: object,
 ) -> AsyncIterator[Pool]:
-    """Emulated replicas, ``epps`` epp processes and Envoy (``EnvoyOptions`` fields)."""
+    """Emulated replicas, ``epps`` epp processes and Envoy (``EnvoyOptions`` fields);
+    ``sync``: the epp processes follow each other (``--peers``, docs/sync.md)."""
     reps = await child.start_replicas(replicas, speedup, MODEL, None, max_num_seqs)
     endpoints = [r.url.removeprefix("http://") for r in reps]
-    procs = [EppProcess(endpoints, tmp_path / f"epp-{i}.log", extra=epp_args) for i in range(epps)]
+    sync_ports = [free_port() for _ in range(epps)] if sync else []
+    procs = [EppProcess(endpoints, tmp_path / f"epp-{i}.log",
+                        extra=(*epp_args, *_sync_args(sync_ports, i)))
+             for i in range(epps)]  # fmt: skip
     started: list[EppProcess] = []
     running: RunningEnvoy | None = None
     try:
@@ -174,6 +180,13 @@ async def pool(
             await p.stop()
         for r in reps:
             await r.close()
+
+
+def _sync_args(ports: list[int], i: int) -> tuple[str, ...]:
+    if not ports:
+        return ()
+    peers = ",".join(f"127.0.0.1:{port}" for k, port in enumerate(ports) if k != i)
+    return ("--sync-port", str(ports[i]), "--peers", peers, "--sync-warm-timeout-s", "0")
 
 
 async def until_epp_routes(p: Pool, http: aiohttp.ClientSession) -> None:
