@@ -66,6 +66,11 @@ def register(subparsers: Any) -> None:
                    "chunk after the first (the first token still goes out at once); every policy "
                    "gets the same servers. Each chunk costs the gateway and epp a gRPC message "
                    "each way (docs/local-stack.md)")
+    g.add_argument("--vllm-responses-store", action="store_true",
+                   help="with --engine vllm: the servers keep stored Responses "
+                   "(VLLM_ENABLE_RESPONSES_API_STORE=1: previous_response_id, GET and cancel "
+                   "of /v1/responses/{id}; epp routes them to the server holding the "
+                   "response). The emulator always keeps them")
     g.add_argument(
         "--prefix", choices=["approx", "precise"], default="approx",
         help="precise: the model servers publish KV-cache events to epp, which adds the "
@@ -260,6 +265,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         engine=args.engine,
         vllm_kv_cache_bytes=args.kv_mib << 20,
         vllm_stream_interval=args.vllm_stream_interval,
+        vllm_responses_store=args.vllm_responses_store,
         prefix=args.prefix,
         fair=args.fair,
         sglang_behind_gateway=args.sglang_behind_gateway,

@@ -100,6 +100,9 @@ class StackOptions:
     vllm_stream_interval: int = 1
     """vLLM's ``--stream-interval`` (tokens per streamed chunk after the first)."""
     vllm_block_size: int = 32
+    vllm_responses_store: bool = False
+    """The vLLM servers keep stored Responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``); the
+    emulator always does."""
     prefix: str = "approx"
     """``approx``: epp's approximate index only; ``precise``: the servers publish KV-cache
     events to epp and it adds the precise-prefix-cache-producer (docs/precise-prefix.md)."""
@@ -526,6 +529,7 @@ async def _start_vllm(
         stream_interval=options.vllm_stream_interval,
         kv_events_endpoint="" if precise is None else precise.events,  # '' = no events
         shared_kv_dir=_kv_dir(options) if options.pd and not nixl else "",
+        responses_store=options.vllm_responses_store,
     )  # fmt: skip
     urls = []
     for i in range(options.replicas):

@@ -74,6 +74,10 @@ class ServerOptions:
     """vLLM's ``--otlp-traces-endpoint`` (an OTLP/HTTP URL ending in ``/v1/traces``): the
     server exports a span per request, in the trace of the request's ``traceparent`` ('' =
     off; needs :func:`ensure_vllm_tracing`)."""
+    responses_store: bool = False
+    """Stored Responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``): a response is kept in the
+    server's memory, for ``previous_response_id``, retrieval and cancel (vLLM never forgets
+    one: a server's memory grows with every response)."""
 
 
 def vllm_home() -> Path:
@@ -270,12 +274,14 @@ def server_env(index: int, options: ServerOptions | None = None) -> dict[str, st
     """Environment of server ``index``: its OpenMP threads pinned to one core of their own
     (all would pin core 0 otherwise); dev mode for ``POST /reset_prefix_cache`` (the demo's
     rounds empty the caches between runs on the same servers); NIXL's side channel when
-    ``options.nixl_port``."""
+    ``options.nixl_port``; the response store when ``options.responses_store``."""
     cores = os.cpu_count() or 1
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     env.update(VLLM_CPU_OMP_THREADS_BIND=str(index % cores), PYTHONUNBUFFERED="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", VLLM_SERVER_DEV_MODE="1")  # fmt: skip
+    if options is not None and options.responses_store:
+        env["VLLM_ENABLE_RESPONSES_API_STORE"] = "1"
     if options is not None and options.nixl_port:
         env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(options.nixl_port))  # fmt: skip
