@@ -60,6 +60,8 @@ dict's slot and links, the (endpoint, time) pair; measured with tracemalloc on C
 _EXPIRE_SLICE = 4096
 """Entries the background expiry removes before it lets other work run."""
 OUTCOMES = ("home", "home_unavailable", "unknown")
+_NO_BODY, _RESPONSES = ApiKind.NONE, ApiKind.RESPONSES
+"""Bound once: an enum member read from its class costs ~0.2 us, on every request."""
 
 StoredSink = Callable[[str, EndpointId, float], None]
 """Told of each object this replica learnt from a response: id, endpoint, time (index sync)."""
@@ -92,10 +94,10 @@ def stored_reference(request: InferenceRequest) -> str:
     ``/v1/conversations/{id}...``), else a Responses request's ``previous_response_id``, else
     its ``conversation``; '' when it names none (or one longer than MAX_STORED_ID_CHARS)."""
     oid: object = None
-    path = request.headers.get(":path")
-    if path:
-        oid = stored_object_id(path)
-    if oid is None and request.api is ApiKind.RESPONSES and request.body is not None:
+    api = request.api
+    if api is _NO_BODY:  # the parser routes the stored-object paths without a body
+        oid = stored_object_id(request.headers.get(":path", ""))
+    elif api is _RESPONSES and request.body is not None:
         body = request.body
         oid = body.get("previous_response_id")
         if not oid:
