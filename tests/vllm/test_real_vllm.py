@@ -9,8 +9,8 @@ scraper on the real /metrics page (names, ``engine`` label, ``cache_config_info`
 prefix index), the precise producer (the servers' KV events over ZMQ carry exactly the block
 keys epp computes from the request with the model's tokenizer and chat template; vLLM's own
 hash functions agree for both algorithms), the prefix-cache reset the demo's rounds use, responses read on an
-observability-mode stream (``--response-observer``), and a server killed mid-run leaving the
-rotation.
+observability-mode stream (``--response-observer``), stored Responses reaching the server that
+holds them, and a server killed mid-run leaving the rotation.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     config.write_text("saturation: {metricsStalenessSeconds: 2}\n")
     s = await start_stack(StackOptions(
         engine="vllm", replicas=2, isolation="inline", model=MODEL, config=str(config),
-        log_dir=logs, ready_timeout_s=300, prefix="precise",
+        log_dir=logs, ready_timeout_s=300, prefix="precise", vllm_responses_store=True,
     ))  # fmt: skip
     try:
         yield s
@@ -320,6 +320,37 @@ async def test_the_stack_empties_a_real_servers_prefix_cache(
     assert await cached() > 0
     await ModelServers([url], None).reset_prefix_caches()
     assert await cached() == 0
+
+
+async def test_stored_responses_are_continued_retrieved_and_cancelled_on_their_server(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    """vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1 answers a stored response only on the
+    server that produced it (404 elsewhere): through epp, every follow-up (streamed ones
+    learnt from their response.created event), retrieval and cancel reaches it."""
+    url = stack.gateway_url
+    for stream in (False, True):
+        body: dict[str, Any] = {"model": MODEL, "input": "Plan a picnic.", "max_output_tokens": 4,
+                                "stream": stream}  # fmt: skip
+        for turn in range(4):
+            async with http.post(url + "/v1/responses", json=body) as r:
+                assert r.status == 200, await r.text()
+                if stream:
+                    events = [json.loads(line[5:]) async for line in r.content
+                              if line.startswith(b"data:")]  # fmt: skip
+                    rid = events[0]["response"]["id"]
+                    assert events[0]["type"] == "response.created"
+                else:
+                    rid = (await r.json())["id"]
+            body = {**body, "input": f"And then {turn}?", "previous_response_id": rid}
+        async with http.get(f"{url}/v1/responses/{rid}") as r:
+            assert r.status == 200 and (await r.json())["id"] == rid
+    status, _, raw = await post(http, url + "/v1/responses", {
+        "model": MODEL, "input": "Write a long story.", "max_output_tokens": 4000, "background": True,
+    })  # fmt: skip
+    assert status == 200, raw
+    async with http.post(f"{url}/v1/responses/{json.loads(raw)['id']}/cancel") as r:
+        assert r.status == 200, await r.text()
 
 
 async def test_a_killed_server_leaves_the_rotation(stack: Stack, http: aiohttp.ClientSession) -> None:
