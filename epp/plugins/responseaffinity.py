@@ -270,38 +270,37 @@ class ResponseAffinityFilter:
             await asyncio.sleep(0)
 
 
+def _by_label(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, n in values.items():
+        family.add_metric([key], n)
+    return family
+
+
 class _Collector(Collector):
     def __init__(self, plugin: ResponseAffinityFilter) -> None:
         self._plugin = plugin
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         p = self._plugin
-        requests = CounterMetricFamily(
+        yield _by_label(
             "epp_response_affinity_requests",
             "Requests naming a stored response or conversation, by outcome: home (routed to "
             "the endpoint holding it), home_unavailable (that endpoint is gone or not ready: "
             "routed normally), unknown (an id epp did not learn: routed by load).",
-            labels=["outcome"],
+            "outcome", p.outcomes,
         )
-        for outcome, n in p.outcomes.items():
-            requests.add_metric([outcome], n)
-        yield requests
-        learned = CounterMetricFamily(
+        yield _by_label(
             "epp_response_affinity_learned",
             "Stored objects' homes learnt: from this replica's responses, or from its peers.",
-            labels=["source"],
+            "source", p.learned,
         )
-        for source, n in p.learned.items():
-            learned.add_metric([source], n)
-        yield learned
-        forgotten = CounterMetricFamily(
+        yield _by_label(
             "epp_response_affinity_forgotten",
             "Stored objects' homes forgotten: past ttlSeconds (expired), or to stay within "
-            "maxEntries / maxBytes (evicted).", labels=["reason"],
+            "maxEntries / maxBytes (evicted).",
+            "reason", {"expired": p.homes.expired, "evicted": p.homes.evicted},
         )
-        forgotten.add_metric(["expired"], p.homes.expired)
-        forgotten.add_metric(["evicted"], p.homes.evicted)
-        yield forgotten
         yield GaugeMetricFamily("epp_response_affinity_entries",
                                 "Stored objects whose home epp remembers.", value=len(p.homes))
         yield GaugeMetricFamily("epp_response_affinity_bytes",
