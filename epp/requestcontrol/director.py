@@ -286,11 +286,6 @@ class Director:
             log.exception("scheduler.on_first_token failed for request %s",
                           routing.request.request_id)  # fmt: skip
 
-    @property
-    def wants_stored(self) -> bool:
-        """Some plugin learns from the ids of objects the server stored (``stored``)."""
-        return self._scheduler.wants_stored
-
     def stored(self, routing: Routing, ids: Sequence[str]) -> None:
         """The response names objects the server stored for this request (a stored
         response's id), as soon as it shows them; before ``finish``."""

@@ -168,10 +168,6 @@ class Scheduler:
         for hook in self._post_first_token:
             hook.post_first_token(result.state, result, ttft_s)
 
-    @property
-    def wants_stored(self) -> bool:
-        return bool(self._post_stored)
-
     def on_stored(self, result: PickResult, ids: Sequence[str]) -> None:
         for hook in self._post_stored:
             hook.post_stored(result.state, result, ids)
