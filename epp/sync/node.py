@@ -444,7 +444,11 @@ class SyncNode:
         self.service.stored_source = owner.export_stored
 
     def _publish_stored(self, object_id: str, endpoint_id: EndpointId, stamp_s: float) -> None:
+        """A stored object this replica learnt goes to the peers at once, not at the next
+        flush: a client's follow-up may come through a peer as soon as the reply reached it
+        (an agent's tool call and its result, milliseconds later)."""
         self.service.stored.append((object_id, endpoint_id), stamp_s)
+        self._wakeup()
 
     def _apply_stored(self, items: Sequence[Any]) -> int:
         """Peers' stored objects (``epp.sync.v1.StoredObject``) into the owner's table."""

@@ -7,6 +7,8 @@ follow-up sends it home."""
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +40,12 @@ async def other_traffic(http: aiohttp.ClientSession, p: Pool, turn: int) -> set[
 
 
 async def conversation(
-    http: aiohttp.ClientSession, p: Pool, turns: int = FOLLOW_UPS, previous: str = ""
+    http: aiohttp.ClientSession, p: Pool, turns: int = FOLLOW_UPS, previous: str = "",
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[str, list[str], set[str], str]:
     """A stored conversation (continuing ``previous`` when given): its first response's
-    server, each follow-up's server, the other traffic's servers, and the last response id."""
+    server, each follow-up's server, the other traffic's servers, and the last response id.
+    ``settle`` is awaited before each follow-up."""
     home = ""
     if not previous:
         status, first, home = await respond(http, p, {"input": "Let us plan a trip to Lisbon."})
@@ -51,6 +55,8 @@ async def conversation(
     others: set[str] = set()
     for turn in range(turns):
         others |= await other_traffic(http, p, turn)
+        if settle is not None:
+            await settle()
         status, out, upstream = await respond(http, p, {"input": f"and day {turn + 1}?",
                                                         "previous_response_id": previous})  # fmt: skip
         assert status == 200, (turn, out)  # any other server answers 404
@@ -83,6 +89,22 @@ async def test_follow_ups_retrieve_and_cancel_reach_the_server_holding_the_respo
         assert await p.epps[0].metric("epp_response_affinity_requests_total", 'outcome="home"') == FOLLOW_UPS + 5
 
 
+async def synced(p: Pool) -> None:
+    """Until every response either replica learnt has reached the other: a follow-up sent
+    before its id reached the replica that routes it finds no home yet (docs/sync.md), and
+    on a loaded machine one message between the replicas can take longer than the test's
+    other traffic between two turns."""
+    name = "epp_response_affinity_learned_total"
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        own = [await e.metric(name, 'source="response"') for e in p.epps]
+        peer = [await e.metric(name, 'source="peer"') for e in p.epps]
+        if peer == own[::-1]:
+            return
+        assert asyncio.get_running_loop().time() < deadline, (own, peer)
+        await asyncio.sleep(0.01)  # readiness poll
+
+
 async def test_two_epp_replicas_syncing_send_each_follow_up_home(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
@@ -94,7 +116,7 @@ async def test_two_epp_replicas_syncing_send_each_follow_up_home(
                    or await e.metric("epp_sync_peers_connected") < 1):  # fmt: skip
                 assert asyncio.get_running_loop().time() < deadline, "the replicas never synced"
                 await asyncio.sleep(0.05)  # readiness poll
-        home, served, _, last = await conversation(http, p)
+        home, served, _, last = await conversation(http, p, settle=functools.partial(synced, p))
         # Envoy spreads the ext_proc streams over both replicas: each must have routed
         # follow-ups home, from ids the other one learnt too (more turns until it has)
         routed = [0.0, 0.0]
@@ -103,7 +125,7 @@ async def test_two_epp_replicas_syncing_send_each_follow_up_home(
                       for e in p.epps]  # fmt: skip
             if min(routed) >= 2:
                 break
-            _, more, _, last = await conversation(http, p, 4, last)
+            _, more, _, last = await conversation(http, p, 4, last, functools.partial(synced, p))
             served += more
         assert served == [home] * len(served) and min(routed) >= 2, (served, routed)
         assert sum(routed) == len(served)
