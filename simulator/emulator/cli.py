@@ -22,7 +22,10 @@ def register(subparsers: Any) -> None:
         description=(
             "Serve one emulated vLLM replica: the OpenAI API (/v1/completions, "
             "/v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models), /health and "
-            "vLLM's /metrics. Timings come from a cost model of a 7-8B model on one A100-class "
+            "vLLM's /metrics. Responses are stored as vLLM stores them with "
+            "VLLM_ENABLE_RESPONSES_API_STORE=1 (previous_response_id, GET/DELETE "
+            "/v1/responses/{id}, .../cancel of a background response; 404 for a response "
+            "this replica does not hold). Timings come from a cost model of a 7-8B model on one A100-class "
             "GPU with a prefix KV cache; text is 4 characters per token and deterministic. "
             'On start-up prints one JSON line {"url": ...} with the bound address.'
         ),
