@@ -34,6 +34,8 @@ _STORED_OBJECT_PATH = re.compile(
 (``/v1/conversations[/{id}[/items[/{item_id}]]]``)."""
 
 
+STORED_OBJECT_PREFIXES = ("/v1/responses/", "/v1/conversations")
+"""What every stored-object path starts with (a cheap first test)."""
 MAX_STORED_ID_CHARS = 256
 """An id of a stored object longer than this is neither learnt nor looked up (no model
 server issues one; vLLM's are 37 characters)."""
@@ -43,10 +45,9 @@ def stored_object_id(path: str) -> str | None:
     """For a ``:path`` that addresses an object a model server stores (a stored response, a
     conversation): the object's id ('' when the path creates one, ``POST /v1/conversations``);
     None for any other path. Query string and trailing slash ignored."""
-    path = path.partition("?")[0]
-    if not path.startswith(("/v1/responses/", "/v1/conversations")):
+    if not path.startswith(STORED_OBJECT_PREFIXES):
         return None
-    m = _STORED_OBJECT_PATH.fullmatch(path.rstrip("/"))
+    m = _STORED_OBJECT_PATH.fullmatch(path.partition("?")[0].rstrip("/"))
     if m is None:
         return None
     return m.group(1) or m.group(2) or ""
