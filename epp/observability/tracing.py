@@ -82,6 +82,8 @@ def tracing_from_env(environ: Mapping[str, str] | None = None) -> Tracing | None
         var = next((v for v in ("OTEL_TRACES_EXPORTER", *_ENDPOINT_VARS) if env.get(v)), "OTEL_*")
         raise ConfigError(var, "asks for traces, but the OpenTelemetry SDK is not installed: "
                           "pip install 'epp[tracing]'") from None  # fmt: skip
+    except ValueError as exc:  # the SDK reads OTEL_PROPAGATORS when propagate is imported
+        raise ConfigError("OTEL_PROPAGATORS", str(exc)) from None
     attributes = {"service.version": package_version()}
     if not env.get("OTEL_SERVICE_NAME") and "service.name=" not in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
         attributes["service.name"] = "epp"
@@ -90,12 +92,31 @@ def tracing_from_env(environ: Mapping[str, str] | None = None) -> Tracing | None
         exporter = ConsoleSpanExporter() if name == "console" else _otlp_exporter(env)
         provider.add_span_processor(BatchSpanProcessor(exporter))
     where = next((env[v] for v in _ENDPOINT_VARS if env.get(v)), "the default endpoint")
-    log.info("tracing on: %s exporter(s) to %s", ",".join(exporters), where)
+    log.info("tracing on: %s", ", ".join(
+        f"OTLP to {where}" if name == "otlp" else "console (standard output)" for name in exporters))
     return Tracing(provider.get_tracer(INSTRUMENTATION, package_version()),
                    propagate.get_global_textmap(), provider)  # fmt: skip
 
 
+STALE_OTLP_PROTOS_FIX = "pip install --force-reinstall --no-deps opentelemetry-proto"
+
+
+def _check_otlp_protos(var: str) -> None:
+    """xds-protos (Envoy's protos, which epp needs) ships an old copy of OpenTelemetry's
+    ``opentelemetry/proto`` modules (grpc/grpc#42926); installed after opentelemetry-proto in
+    one pip run, it overwrites them and every OTLP exporter fails to import. ``./run`` and the
+    container image reinstall opentelemetry-proto after the rest; anyone else is told how."""
+    try:
+        from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope  # noqa: F401
+    except ImportError:
+        raise ConfigError(var or "OTEL_EXPORTER_OTLP_ENDPOINT", "asks for OTLP, but the "
+                          "installed opentelemetry-proto modules were overwritten by xds-protos' "
+                          f"older copy (grpc/grpc#42926); repair them with: {STALE_OTLP_PROTOS_FIX}"
+                          ) from None  # fmt: skip
+
+
 def _otlp_exporter(env: Mapping[str, str]) -> Any:
+    _check_otlp_protos(next((v for v in _ENDPOINT_VARS if env.get(v)), ""))
     var = next((v for v in _PROTOCOL_VARS if env.get(v)), "")
     protocol = env.get(var, "http/protobuf").strip().lower() if var else "http/protobuf"
     if protocol == "http/protobuf":

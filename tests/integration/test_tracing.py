@@ -6,6 +6,9 @@ on the request to the model server, sampling, and no prompt text anywhere."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -182,3 +185,34 @@ def test_what_cannot_work_fails_naming_the_variable(env: dict[str, str], field: 
     with pytest.raises(ConfigError) as err:
         tracing_from_env(env)
     assert err.value.field == field
+
+
+def test_stale_otlp_protos_fail_at_start_naming_the_repair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """xds-protos overwrites opentelemetry-proto's modules with an old copy when pip installs it
+    last (grpc/grpc#42926): epp says so and how to repair it, not an ImportError traceback."""
+    import types
+
+    stale = types.ModuleType("opentelemetry.proto.common.v1.common_pb2")  # no InstrumentationScope
+    monkeypatch.setitem(sys.modules, "opentelemetry.proto.common.v1.common_pb2", stale)
+    with pytest.raises(ConfigError) as err:
+        tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    assert err.value.field == "OTEL_EXPORTER_OTLP_ENDPOINT"
+    assert "--force-reinstall --no-deps opentelemetry-proto" in str(err.value)
+
+
+def test_the_installed_otlp_protos_are_current() -> None:
+    """What ``./run`` installs (and CI tests) has OpenTelemetry's own modules, not xds-protos'."""
+    from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+
+    assert InstrumentationScope.DESCRIPTOR.name == "InstrumentationScope"
+
+
+def test_an_unknown_propagator_fails_at_start_naming_the_variable() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "epp.cli", "serve", "--endpoints", "127.0.0.1:1", "--host",
+         "127.0.0.1", "--grpc-port", "0", "--health-port", "-1", "--metrics-port", "0"],
+        env={**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_PROPAGATORS": "bogus"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "OTEL_PROPAGATORS" in proc.stderr and "Traceback" not in proc.stderr
