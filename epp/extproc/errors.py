@@ -54,8 +54,9 @@ def error_body(error: BaseException) -> bytes:
 
 
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
-"""Set on an error that has a reason (flow control's ``queue-full``, ``queue-timeout``...,
-shedding's): llm-d's response header for why a request was not served."""
+"""llm-d's response header for why a request was shed (``EppError.dropped``: its values are
+llm-d's, ``epp.errors.DROPPED_*``); the body's ``error.reason`` gives epp's finer cause. The
+table cause -> status -> header is in docs/serve.md ("Shedding")."""
 
 
 def _header(key: str, value: bytes) -> base_pb2.HeaderValueOption:
@@ -65,9 +66,9 @@ def _header(key: str, value: bytes) -> base_pb2.HeaderValueOption:
 def immediate_response(error: BaseException) -> pb.ProcessingResponse:
     kind = error_kind(error)
     headers = [_header("content-type", b"application/json")]
-    reason = error.reason if isinstance(error, errors.EppError) else ""
-    if reason:
-        headers.append(_header(DROPPED_REASON_HEADER, reason.encode()))
+    dropped = error.dropped if isinstance(error, errors.EppError) else ""
+    if dropped:
+        headers.append(_header(DROPPED_REASON_HEADER, dropped.encode()))
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=kind.status),

@@ -14,9 +14,15 @@ dispatcher (``epp.requestcontrol.admission``), the replay from its simulated clo
   the next request leaves: the highest non-empty band; inside it the flows take turns
   (round-robin), or the oldest head of any flow goes first (``global-strict``); inside a
   flow, first come first served or earliest deadline first.
-* :meth:`FlowController.expire`: requests past their deadline (``maxQueueSeconds`` after
-  they were queued) leave with an error; :meth:`cancel` removes one whose client left;
-  :meth:`drain` empties the queue at shutdown.
+* :meth:`FlowController.expire`: requests past their deadline leave with an error; the
+  deadline is the request's queue-time limit after it was queued (its objective's, else its
+  band's, else ``maxQueueSeconds``; shortened by its own deadline header); :meth:`cancel`
+  removes one whose client left; :meth:`drain` empties the queue at shutdown.
+* **Scale from zero**: while the pool has no ready endpoint (scaled to zero, every server
+  starting or asleep), requests wait for the first one, bounded by ``scaleFromZeroSeconds``
+  (the longer of it and their own limit), ``scaleFromZeroMaxRequests`` and
+  ``scaleFromZeroMaxBytes``; nothing is dispatched until an endpoint is ready. A request
+  that overflows those bounds is rejected ``no-endpoints``.
 
 The detector sees how many requests were released and are not routed yet (``reserved``),
 so one dispatch cycle cannot release more than the pool can take.
@@ -27,10 +33,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from epp.errors import ConfigError
 from epp.framework.request import InferenceRequest
 
 DEFAULT_FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
@@ -58,7 +65,21 @@ class FlowControlConfig:
     """Inside a flow: arrival order, or earliest deadline (the deadline is the queue-time
     limit, shortened by a request's own ``x-gateway-request-deadline-ms`` header)."""
     max_queue_seconds: float = 30.0
-    """A request queued this long is answered 503 (or 429 when shed)."""
+    """A request queued this long leaves with 429 ``queue-timeout`` (503 when no endpoint is
+    ready then). Bands and objectives may set their own (below)."""
+    band_max_queue_seconds: Mapping[int, float] = field(default_factory=dict)
+    """Priority -> queue-time limit of that band (e.g. ``{100: 120, -10: 5}``: critical
+    traffic waits longer than sheddable); a band not listed uses ``maxQueueSeconds``."""
+    objective_max_queue_seconds: Mapping[str, float] = field(default_factory=dict)
+    """InferenceObjective name -> queue-time limit of its requests; wins over the band's."""
+    scale_from_zero_seconds: float | None = None
+    """While no endpoint is ready (pool scaled to zero, all starting or asleep), requests
+    wait this long for the first one (the longer of it and their own limit); unset: the
+    same as ``maxQueueSeconds``; 0: answer 503 at once."""
+    scale_from_zero_max_requests: int = 1000
+    """Requests that may wait at once while no endpoint is ready (more: 503)."""
+    scale_from_zero_max_bytes: int = 64 << 20
+    """Request-body bytes that may wait at once while no endpoint is ready (more: 503)."""
     max_requests: int = 10_000
     """Requests queued at once, all bands."""
     max_bytes: int = 512 << 20
@@ -71,6 +92,36 @@ class FlowControlConfig:
     """A full queue makes room for a higher band by rejecting the lowest band's newest."""
     dispatch_interval_seconds: float = 0.02
     """How often the dispatcher looks again without an event (expiry, stale metrics)."""
+
+    def __post_init__(self) -> None:
+        for name, table in (("bandMaxQueueSeconds", self.band_max_queue_seconds),
+                            ("objectiveMaxQueueSeconds", self.objective_max_queue_seconds)):  # fmt: skip
+            for key, seconds in table.items():
+                if not seconds > 0 or seconds == float("inf"):
+                    raise ConfigError(f"flowControl.{name}.{key}",
+                                      f"must be a number of seconds > 0, got {seconds!r}")
+
+    @property
+    def cold_seconds(self) -> float:
+        """The scale-from-zero wait (``scaleFromZeroSeconds``, unset: ``maxQueueSeconds``)."""
+        if self.scale_from_zero_seconds is None:
+            return self.max_queue_seconds
+        return self.scale_from_zero_seconds
+
+    def queue_seconds(self, request: InferenceRequest) -> float:
+        """The request's queue-time limit: its objective's, else its band's, else
+        ``maxQueueSeconds``."""
+        if request.objective:
+            limit = self.objective_max_queue_seconds.get(request.objective)
+            if limit is not None:
+                return limit
+        return self.band_max_queue_seconds.get(request.priority, self.max_queue_seconds)
+
+    def longest_hold_seconds(self) -> float:
+        """The longest a request may wait in the queue (for Envoy's timeouts)."""
+        return max(self.max_queue_seconds, self.cold_seconds,
+                   *self.band_max_queue_seconds.values(),
+                   *self.objective_max_queue_seconds.values())  # fmt: skip
 
 
 @dataclass(slots=True, eq=False)
@@ -87,6 +138,8 @@ class QueuedRequest:
     outcome: str = ""
     """``dispatched`` or the reason it left: ``expired``, ``displaced``, ``cancelled``,
     ``shutdown``."""
+    limit_s: float = 0.0
+    """The queue-time limit it was given (its deadline is at most this after queueing)."""
     queued: bool = True
 
 
@@ -99,7 +152,8 @@ class Offer:
     item: QueuedRequest | None = None
     """Queued: wait for it to be dispatched (or to leave with ``outcome``)."""
     rejected: str = ""
-    """Not queued: ``queue-full`` or ``band-full``."""
+    """Not queued: ``queue-full``, ``band-full``, or ``no-endpoints`` (no endpoint is ready
+    and scale from zero is off or its wait is full)."""
     displaced: tuple[QueuedRequest, ...] = ()
     """Lower-band requests rejected to make room."""
 
@@ -168,10 +222,19 @@ Saturated = Callable[[int], bool]
 """The detector: is the pool full, given ``reserved`` requests released but not routed?"""
 
 
+def _never() -> bool:
+    return False
+
+
 class FlowController:
-    def __init__(self, cfg: FlowControlConfig, saturated: Saturated) -> None:
+    def __init__(
+        self, cfg: FlowControlConfig, saturated: Saturated,
+        no_endpoint: Callable[[], bool] = _never,
+    ) -> None:  # fmt: skip
         self.cfg = cfg
         self.saturated = saturated
+        self.no_endpoint = no_endpoint
+        """Is no endpoint ready now? (scale from zero: requests wait, nothing dispatches)"""
         self.bands: dict[int, _Band] = {}
         self.count = 0
         self.bytes = 0
@@ -189,7 +252,15 @@ class FlowController:
         self, request: InferenceRequest, flow: str, size_bytes: int, now_s: float,
         deadline_s: float | None = None,
     ) -> Offer:  # fmt: skip
-        if self.count == 0 and not self.saturated(self.reserved):
+        cold = self.no_endpoint()
+        if cold:
+            cfg = self.cfg
+            if cfg.cold_seconds <= 0 or self.count + 1 > cfg.scale_from_zero_max_requests or (
+                self.bytes + size_bytes > cfg.scale_from_zero_max_bytes
+            ):
+                self.stats.reject("no-endpoints")
+                return Offer(go=False, rejected="no-endpoints")
+        elif self.count == 0 and not self.saturated(self.reserved):
             self.stats.immediate += 1
             return Offer(go=True)
         band_id = request.priority
@@ -204,9 +275,13 @@ class FlowController:
             self._leave(victim, "displaced")
             displaced.append(victim)
             band = self.bands.get(band_id)
-        limit = now_s + self.cfg.max_queue_seconds
+        limit_s = self.cfg.queue_seconds(request)
+        if cold:  # waiting for the first ready endpoint: the longer of the two budgets
+            limit_s = max(limit_s, self.cfg.cold_seconds)
+        limit = now_s + limit_s
         item = QueuedRequest(request, flow, band_id, size_bytes, now_s,
-                             min(limit, deadline_s) if deadline_s else limit, next(self._seq))  # fmt: skip
+                             min(limit, deadline_s) if deadline_s else limit, next(self._seq),
+                             limit_s=limit_s)  # fmt: skip
         if band is None:
             band = self.bands[band_id] = _Band()
             self.bands = dict(sorted(self.bands.items(), key=lambda kv: -kv[0]))
@@ -286,6 +361,8 @@ class FlowController:
     def dispatch(self, now_s: float) -> list[QueuedRequest]:
         """Release requests while the pool has room, in band / fairness / ordering order."""
         out: list[QueuedRequest] = []
+        if self.count and self.no_endpoint():
+            return out  # waiting for the first ready endpoint
         while self.count and not self.saturated(self.reserved):
             item = self._next()
             if item is None:

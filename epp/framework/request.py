@@ -70,6 +70,10 @@ class InferenceRequest:
     adapter: str = ""
     cache_salt: str = ""
     priority: int = 0
+    objective: str = ""
+    """The InferenceObjective the request named (``x-llm-d-inference-objective``, read only
+    with ``--trust-control-headers``), '' when none: flow control reads its queue-time
+    limit by it."""
     stream: bool = False
     original_model: str = ""
     """The ``model`` the client sent, when it was rewritten; responses map back to it."""

@@ -143,6 +143,25 @@ class EppMetrics:
             ["stage"],
             registry=r,
         )
+        self.endpoint_resets = Counter(
+            "epp_endpoint_identity_changes",
+            "Times the server behind an endpoint address changed and epp dropped what it "
+            "believed about it (prefix index, metrics, in-flight counts): 'replaced' (a new "
+            "pod at the same address), 'restarted' (a new process start time, or counters "
+            "that went backwards), 'model_changed' (it serves another model).",
+            ["reason"], registry=r,
+        )
+        self.endpoint_not_serving = Gauge(
+            "epp_endpoint_not_serving",
+            "1 while the endpoint reports it cannot serve now and is out of the candidates "
+            "('asleep': vLLM's sleep mode, weights offloaded).", ["endpoint", "reason"],
+            registry=r,
+        )
+        self.endpoint_not_serving_transitions = Counter(
+            "epp_endpoint_not_serving_transitions",
+            "Times an endpoint left the candidates because it reported it cannot serve "
+            "(its prefix-cache entries are forgotten then).", ["reason"], registry=r,
+        )
         self.task_failures = Counter(
             "epp_background_task_failures",
             "Background task runs that raised and were restarted by the supervisor.",
@@ -313,6 +332,13 @@ class EppMetrics:
             self.scheduling_duration, self.flow_queue_size, self.flow_queue_bytes,
             self.flow_queue_duration, self.flow_dispatch_cycle, self.flow_pool_saturation,
         ]))  # fmt: skip
+        self.pool_waiting = Gauge(
+            "epp_pool_waiting_requests",
+            "Requests waiting in epp's flow-control queue for this pool now, whether the pool "
+            "is saturated or has no ready endpoint (scale from zero): the demand an "
+            "autoscaler (KEDA, HPA) should scale the pool on. Read live at every scrape.",
+            ["inference_pool"], registry=r,
+        )
         self._flow_labels: set[tuple[str, ...]] = set()
         self.pool_name = "static"
         self._objective_children: dict[tuple[str, str], tuple[Any, ...]] = {}

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 OBJECTIVE_HEADERS = (OBJECTIVE_HEADER, "x-gateway-inference-objective")
+MAX_OBJECTIVE_CHARS = 253
+"""An objective is a Kubernetes object name (at most 253 characters)."""
 """llm-d's name first; the Inference Extension's ``x-gateway-`` name is its alias."""
 PREFILLER_HEADER = "x-prefiller-host-port"
 """Set by epp on a request its P/D handler split: where the decoder's sidecar runs the
@@ -164,6 +166,7 @@ class RequestParser:
             prompt="",
             api=ApiKind.NONE,
             priority=self._priority(headers, ""),
+            objective=self._objective(headers),
             headers=headers,
         )
 
@@ -225,6 +228,7 @@ class RequestParser:
             adapter="" if target in self._config.base_models else target,
             cache_salt=salt,
             priority=self._priority(headers, model, target),
+            objective=self._objective(headers),
             stream=doc.get("stream") is True,
             original_model=model if rewritten else "",
             headers=headers,
@@ -242,6 +246,12 @@ class RequestParser:
         if len(targets) == 1:
             return targets[0].model
         return _weighted(targets, self._rng)
+
+    def _objective(self, headers: Mapping[str, str]) -> str:
+        """The objective the request names (trusted headers only; bounded like a label)."""
+        if not self.trust_control_headers:
+            return ""
+        return (first_header(headers, OBJECTIVE_HEADERS) or "")[:MAX_OBJECTIVE_CHARS]
 
     def _priority(self, headers: Mapping[str, str], *models: str) -> int:
         objective = first_header(headers, OBJECTIVE_HEADERS) if self.trust_control_headers else None

@@ -4,10 +4,16 @@ has room (woken when a request ends, when metrics arrive, and every
 ``dispatchIntervalSeconds`` for deadlines), and rejects those that expire. The queueing
 rules are :class:`epp.flowcontrol.controller.FlowController`'s, shared with the replay.
 
-Errors, with ``error.reason`` in the JSON body: 429 ``queue-full`` / ``band-full`` (no room
-and nothing lower to displace), 429 ``displaced`` (a higher band took the place), 503
-``queue-timeout`` (waited ``maxQueueSeconds``), 503 ``shutting-down`` (SIGTERM drains the
-queue). A client that goes away leaves the queue at once.
+Errors follow llm-d's rule: a request shed because the pool is busy gets 429, whichever
+path shed it; 503 only when no endpoint can serve it. ``error.reason`` in the JSON body says
+epp's cause, the ``x-llm-d-request-dropped-reason`` header llm-d's (docs/serve.md, the
+shedding table): 429 ``queue-full`` / ``band-full`` (no room and nothing lower to displace)
+and ``displaced`` (a higher band took the place), all ``rejected-saturated``; 429
+``queue-timeout`` / ``rejected-ttl-expired`` (waited its limit); 503 ``no-endpoints`` /
+``rejected-no-endpoints`` (no endpoint is ready, and the wait for one ran out, overflowed or
+is off; also a time-out while none is ready); 503 ``shutting-down`` /
+``rejected-shutting-down`` (SIGTERM drains the queue). A client that goes away leaves the
+queue at once.
 """
 
 from __future__ import annotations
@@ -17,7 +23,16 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from epp.errors import BadRequest, EppError, Overloaded, Unavailable
+from epp.errors import (
+    DROPPED_NO_ENDPOINTS,
+    DROPPED_SATURATED,
+    DROPPED_SHUTTING_DOWN,
+    DROPPED_TTL_EXPIRED,
+    BadRequest,
+    EppError,
+    Overloaded,
+    Unavailable,
+)
 from epp.flowcontrol.controller import (
     DEFAULT_FAIRNESS_HEADER,
     FAIRNESS_HEADER_ALIAS,
@@ -52,22 +67,36 @@ def parse_deadline_ms(raw: str) -> int:
     return int(value)
 
 
-def rejection(item_or_reason: QueuedRequest | str, max_queue_s: float) -> EppError:
-    reason = item_or_reason if isinstance(item_or_reason, str) else item_or_reason.outcome
+def rejection(item_or_reason: QueuedRequest | str, no_endpoint: bool = False) -> EppError:
+    """The error a request gets for leaving the queue (or not entering it) with this reason;
+    ``no_endpoint``: no endpoint is ready now (a time-out is then 503, not 429)."""
+    if isinstance(item_or_reason, str):
+        reason, waited = item_or_reason, ""
+    else:
+        reason, waited = item_or_reason.outcome, f"{item_or_reason.limit_s:g} s"
     if reason == "queue-full":
-        return Overloaded("flow control: the pool is saturated and epp's queue is full", reason)
+        return Overloaded("flow control: the pool is saturated and epp's queue is full", reason,
+                          DROPPED_SATURATED)  # fmt: skip
     if reason == "band-full":
         return Overloaded(
-            "flow control: the pool is saturated and this priority's queue is full", reason
+            "flow control: the pool is saturated and this priority's queue is full", reason,
+            DROPPED_SATURATED,
         )
     if reason == "displaced":
         return Overloaded("flow control: displaced from the queue by higher-priority requests",
-                          reason)  # fmt: skip
-    if reason == "expired":
+                          reason, DROPPED_SATURATED)  # fmt: skip
+    if reason == "no-endpoints":
         return Unavailable(
-            f"flow control: waited {max_queue_s:g} s for room in the pool", "queue-timeout"
+            "flow control: no endpoint is ready, and no more requests may wait for one",
+            reason, DROPPED_NO_ENDPOINTS,
         )
-    return Unavailable("flow control: epp is shutting down", "shutting-down")
+    if reason == "expired":
+        if no_endpoint:
+            return Unavailable(f"flow control: waited {waited} and no endpoint became ready",
+                               "queue-timeout", DROPPED_NO_ENDPOINTS)  # fmt: skip
+        return Overloaded(f"flow control: waited {waited} for room in the pool",
+                          "queue-timeout", DROPPED_TTL_EXPIRED)  # fmt: skip
+    return Unavailable("flow control: epp is shutting down", "shutting-down", DROPPED_SHUTTING_DOWN)
 
 
 class Admission:
@@ -110,7 +139,7 @@ class Admission:
         if offer.go:
             return
         if offer.item is None:
-            raise rejection(offer.rejected, c.cfg.max_queue_seconds)
+            raise rejection(offer.rejected)
         item = offer.item
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         item.ticket = fut
@@ -140,7 +169,7 @@ class Admission:
         if item.outcome == "dispatched":
             fut.set_result(None)
         else:
-            fut.set_exception(rejection(item, self.controller.cfg.max_queue_seconds))
+            fut.set_exception(rejection(item, self.controller.no_endpoint()))
 
     def cycle(self) -> None:
         """One dispatch cycle: expire, then release while there is room."""

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.datastore.store import Datastore
-from epp.errors import EppError, Internal, Overloaded, Unavailable
+from epp.errors import (
+    DROPPED_NO_ENDPOINTS,
+    DROPPED_SATURATED,
+    EppError,
+    Internal,
+    Overloaded,
+    Unavailable,
+)
 from epp.flowcontrol.controller import FlowControlConfig, FlowController
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.request import InferenceRequest
@@ -103,7 +110,7 @@ class Director:
         self.admission: Admission | None = None
         """Flow control on the event loop (``epp serve``)."""
         if flow is not None and flow.enabled:
-            self.flow = FlowController(flow, self.pool_full)
+            self.flow = FlowController(flow, self.pool_full, self.no_ready_endpoint)
         self._detector = detector(
             flow.saturation if flow is not None else "thresholds", saturation, self._in_flight,
             flow.max_concurrency if flow is not None else 0,
@@ -121,6 +128,11 @@ class Director:
         if self.flow is None:
             return 0.0
         return self._detector.level(self._datastore.routable(), self._clock())
+
+    def no_ready_endpoint(self) -> bool:
+        """No endpoint can take a request now (none in the pool, or none ready: asleep,
+        draining): flow control holds requests for the first one (scale from zero)."""
+        return not self._datastore.routable()
 
     def pool_full(self, reserved: int) -> bool:
         """Flow control's saturation detector (``flowControl.saturation``)."""
@@ -208,14 +220,15 @@ class Director:
                 raise Unavailable(
                     "no endpoint in the proxy's subset hint"
                     if allowed
-                    else "the proxy's subset hint is empty"
+                    else "the proxy's subset hint is empty",
+                    "no-endpoints", DROPPED_NO_ENDPOINTS,
                 )
         if not endpoints:
-            raise Unavailable("no ready endpoint in the pool")
+            raise Unavailable("no ready endpoint in the pool", "no-endpoints", DROPPED_NO_ENDPOINTS)
         if request.priority < 0 and pool_saturated(endpoints, self._saturation, now_s):
             raise Overloaded(
                 f"request shed: priority {request.priority} is sheddable and every endpoint is "
-                "saturated"
+                "saturated", "shed", DROPPED_SATURATED,
             )
         t0 = time.perf_counter()
         try:

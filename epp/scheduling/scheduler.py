@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from epp.errors import Unavailable
+from epp.errors import DROPPED_NO_ENDPOINTS, Unavailable
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.interfaces import (
     DataProducer,
@@ -122,7 +122,7 @@ class Scheduler:
         Raises ``Unavailable`` when ``endpoints`` is empty or the filters leave none.
         """
         if not endpoints:
-            raise Unavailable("no ready endpoint in the pool")
+            raise Unavailable("no ready endpoint in the pool", "no-endpoints", DROPPED_NO_ENDPOINTS)
         state = CycleState(request, now_s, self.rng)
         state.runs = runs
         if in_flight is not None:
@@ -140,7 +140,7 @@ class Scheduler:
             handled = self.handler.handle(state, endpoints, self._run_profile(state), count)
             outcome, prefill, decision = handled.primary, handled.prefill, handled.decision
         if not outcome.targets:
-            raise Unavailable("no endpoint passed the filters")
+            raise Unavailable("no endpoint passed the filters", "no-endpoints", DROPPED_NO_ENDPOINTS)
         result = PickResult(tuple(outcome.targets), state, outcome.candidates, outcome.totals,
                             prefill, decision)  # fmt: skip
         if commit:

@@ -283,6 +283,10 @@ async def start_server(
         ds.on_metrics(lambda _endpoint: admission.wake())
         cycle_hist = metrics.flow_dispatch_cycle.labels(metrics.pool_name)
         admission.on_cycle = cycle_hist.observe
+    flow = director.flow
+    metrics.pool_waiting.labels(metrics.pool_name).set_function(
+        lambda: float(flow.count) if flow is not None else 0.0
+    )
     handoff = (
         ResponseHandoff(director, opts.response_observer_wait_s)
         if opts.response_observer_wait_s > 0
