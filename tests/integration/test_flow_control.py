@@ -177,3 +177,91 @@ async def test_a_fault_in_admission_answers_500_and_is_counted(
     assert epp.handle.registry.get_sample_value(
         "epp_internal_errors_total", {"stage": "admission"}) == 1  # fmt: skip
     s.call.cancel()
+
+
+async def start_banded(**flow: object) -> Epp:
+    raw = dict(default_config().raw)
+    raw["flowControl"] = {"enabled": True, "saturation": "concurrency", "maxConcurrency": 1,
+                          "dispatchIntervalSeconds": 0.01, "maxQueueSeconds": 30, **flow}  # fmt: skip
+    raw["requestControl"] = {"objectives": {"critical": 100, "sheddable": -10}}
+    return await start_epp(pool(1), config=config_with(raw), trust_control_headers=True)
+
+
+async def open_objective(epp: Epp, n: int, objective: str) -> ec.Stream:
+    s = ec.Stream(epp.channel)
+    headers = ec.request_headers(extra={"x-llm-d-inference-objective": objective})
+    await s.send(headers, ec.request_body(body(n), True))
+    return s
+
+
+@pytest.mark.parametrize("limits", [{"bandMaxQueueSeconds": {-10: 0.3, 100: 30}},
+                                    {"objectiveMaxQueueSeconds": {"sheddable": 0.3}}],
+                         ids=["per-band", "per-objective"])  # fmt: skip
+async def test_a_sheddable_request_leaves_at_its_limit_and_a_critical_one_is_served(
+    limits: dict[str, object],
+) -> None:
+    epp = await start_banded(**limits)
+    try:
+        flow = epp.handle.director.flow
+        assert flow is not None
+        busy = await open_request(epp, 0)
+        await busy.recv_n(2)  # the pool's one slot
+        sheddable = await open_objective(epp, 1, "sheddable")
+        critical = await open_objective(epp, 2, "critical")
+        await until(lambda: flow.count == 2)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        shed = await sheddable.recv()
+        waited = loop.time() - started
+        assert shed.immediate_response.status.code == 429
+        assert json.loads(shed.immediate_response.body)["error"]["reason"] == "queue-timeout"
+        assert waited < 5.0 and flow.count == 1  # left at its 0.3 s, not at maxQueueSeconds
+        busy.call.cancel()  # the slot frees: the critical request, still queued, is served
+        served = (await critical.recv_n(2))[0]
+        assert ec.destination(served) == "10.0.0.1:8000"
+        critical.call.cancel()
+    finally:
+        await stop_epp(epp)
+
+
+async def test_with_no_ready_endpoint_requests_wait_and_the_first_ready_endpoint_gets_them() -> None:
+    """Scale from zero at the ext_proc level (the pool starts empty; Envoy-level in
+    tests/envoy/test_cluster_settings.py)."""
+    raw = dict(default_config().raw)
+    raw["flowControl"] = {"enabled": True, "saturation": "concurrency", "maxConcurrency": 100,
+                          "dispatchIntervalSeconds": 0.01, "scaleFromZeroMaxRequests": 5}  # fmt: skip
+    epp = await start_epp([], config=config_with(raw))
+    try:
+        flow = epp.handle.director.flow
+        assert flow is not None
+        waiting = [await open_request(epp, i) for i in range(5)]
+        await until(lambda: flow.count == 5)
+        gauge = epp.handle.registry.get_sample_value
+        assert gauge("epp_pool_waiting_requests", {"inference_pool": "static"}) == 5
+        overflow = await open_request(epp, 99)
+        reply = await overflow.recv()
+        assert reply.immediate_response.status.code == 503
+        assert ec.header_value(reply.immediate_response.headers,
+                               "x-llm-d-request-dropped-reason") == "rejected-no-endpoints"  # fmt: skip
+        epp.handle.datastore.replace_all(pool(1))  # the first endpoint is ready
+        for s in waiting:
+            assert ec.destination((await s.recv_n(2))[0]) == "10.0.0.1:8000"
+            s.call.cancel()
+        assert gauge("epp_pool_waiting_requests", {"inference_pool": "static"}) == 0
+    finally:
+        await stop_epp(epp)
+
+
+async def test_a_request_that_waits_out_a_pool_with_no_ready_endpoint_gets_503() -> None:
+    raw = dict(default_config().raw)
+    raw["flowControl"] = {"enabled": True, "dispatchIntervalSeconds": 0.01,
+                          "scaleFromZeroSeconds": 0.2, "maxQueueSeconds": 0.1}  # fmt: skip
+    epp = await start_epp([], config=config_with(raw))
+    try:
+        reply = await (await open_request(epp, 1)).recv()
+        assert reply.immediate_response.status.code == 503
+        assert json.loads(reply.immediate_response.body)["error"]["reason"] == "queue-timeout"
+        assert ec.header_value(reply.immediate_response.headers,
+                               "x-llm-d-request-dropped-reason") == "rejected-no-endpoints"  # fmt: skip
+    finally:
+        await stop_epp(epp)

@@ -174,3 +174,86 @@ def test_the_thresholds_detector_fails_open_without_fresh_metrics() -> None:
     assert not thresholds([ep(0, 10.0)], cfg, 10.5, 1) and thresholds([ep(2, 10.0)], cfg, 10.5, 1)
     assert not thresholds([ep(5, 10.0)], cfg, 30.0, 0)  # stale everywhere: cannot judge
     assert not thresholds([ep(0, 0.0)], cfg, 30.0, 0)  # never scraped
+
+
+def test_each_band_and_each_objective_waits_its_own_limit() -> None:
+    c, _ = make(max_queue_seconds=10.0, band_max_queue_seconds={100: 60.0, -10: 2.0},
+                objective_max_queue_seconds={"premium": 120.0})  # fmt: skip
+    sheddable = c.offer(req("shed", -10), "t", 1, 0.0).item
+    critical = c.offer(req("crit", 100), "t", 1, 0.0).item
+    plain = c.offer(req("plain", 0), "t", 1, 0.0).item
+    premium = c.offer(replace(req("prem", 100), objective="premium"), "t", 1, 0.0).item
+    unknown = c.offer(replace(req("other", 0), objective="not-configured"), "t", 1, 0.0).item
+    assert [i.limit_s for i in (sheddable, critical, plain, premium, unknown)] == [  # type: ignore[union-attr]
+        2.0, 60.0, 10.0, 120.0, 10.0]  # fmt: skip
+    assert ids(c.expire(2.0)) == ["shed"]
+    assert ids(c.expire(10.0)) == ["plain", "other"]
+    assert ids(c.expire(60.0)) == ["crit"]
+    assert ids(c.expire(119.9)) == [] and ids(c.expire(120.0)) == ["prem"]
+    assert c.cfg.longest_hold_seconds() == 120.0
+    # a request's own deadline header still shortens its limit
+    short = c.offer(req("short", 100), "t", 1, 200.0, deadline_s=201.0).item
+    assert short is not None and short.deadline_s == 201.0
+
+
+@pytest.mark.parametrize(("field", "value"), [("band_max_queue_seconds", {5: 0.0}),
+                                              ("objective_max_queue_seconds", {"x": -1.0}),
+                                              ("band_max_queue_seconds", {5: float("inf")})])  # fmt: skip
+def test_a_per_band_or_objective_limit_must_be_positive(field: str, value: object) -> None:
+    from epp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="flowControl"):
+        replace(FlowControlConfig(enabled=True), **{field: value})
+
+
+class Empty:
+    """The pool's readiness: no endpoint ready while ``empty``."""
+
+    def __init__(self) -> None:
+        self.empty = True
+
+    def __call__(self) -> bool:
+        return self.empty
+
+
+def cold(**cfg: object) -> tuple[FlowController, Pool, Empty]:
+    pool, empty = Pool(room=10), Empty()
+    c = FlowController(replace(FlowControlConfig(enabled=True), **cfg), pool, empty)  # type: ignore[arg-type]
+    return c, pool, empty
+
+
+def test_with_no_ready_endpoint_requests_wait_and_leave_when_the_first_is_ready() -> None:
+    c, _, empty = cold(max_queue_seconds=5.0, scale_from_zero_seconds=60.0)
+    items = [c.offer(req(f"r{i}"), "t", 10, float(i)).item for i in range(20)]
+    assert all(i is not None for i in items) and c.count == 20
+    assert c.dispatch(8.0) == [] and c.expire(8.0) == []  # nothing to send to, nothing expired
+    empty.empty = False  # the first endpoint is ready (room for 10 at once)
+    first = c.dispatch(8.1)
+    assert len(first) == 10 and ids(first) == [f"r{i}" for i in range(10)]
+    for _ in first:
+        c.routed()
+    assert len(c.dispatch(8.2)) == 10 and c.count == 0
+
+
+def test_the_wait_for_a_ready_endpoint_is_bounded_in_count_bytes_and_time() -> None:
+    c, _, _ = cold(max_queue_seconds=5.0, scale_from_zero_seconds=60.0,
+                   scale_from_zero_max_requests=3, scale_from_zero_max_bytes=25)  # fmt: skip
+    assert c.offer(req("a"), "t", 10, 0.0).item is not None
+    assert c.offer(req("b"), "t", 10, 0.0).item is not None
+    assert c.offer(req("c"), "t", 10, 0.0).rejected == "no-endpoints"  # 30 bytes > 25
+    assert c.offer(req("d"), "t", 5, 0.0).item is not None
+    assert c.offer(req("e"), "t", 1, 0.0).rejected == "no-endpoints"  # a fourth request
+    assert c.expire(59.9) == [] and ids(c.expire(60.0)) == ["a", "b", "d"]
+    assert c.stats.rejected == {"no-endpoints": 2, "expired": 3}
+
+
+def test_scale_from_zero_off_rejects_at_once_and_unset_follows_max_queue_seconds() -> None:
+    off, _, _ = cold(scale_from_zero_seconds=0.0)
+    assert off.offer(req("a"), "t", 1, 0.0).rejected == "no-endpoints"
+    unset, _, _ = cold(max_queue_seconds=7.0)
+    item = unset.offer(req("a"), "t", 1, 0.0).item
+    assert item is not None and item.limit_s == 7.0
+    # a band that may wait longer keeps its own limit while the pool comes up
+    longer, _, _ = cold(max_queue_seconds=7.0, band_max_queue_seconds={9: 90.0})
+    item = longer.offer(req("a", 9), "t", 1, 0.0).item
+    assert item is not None and item.limit_s == 90.0
