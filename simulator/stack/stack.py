@@ -147,20 +147,26 @@ class StackOptions:
 
     def envoy_options(self, policy: str, epps: list[str], endpoints: list[str]) -> EnvoyOptions:
         """The Envoy bootstrap of this stack: the shipped one, on free loopback ports, failing
-        open in buffered mode (closed in full-duplex, where Envoy cannot fail open)."""
+        open in buffered mode (closed in full-duplex, where Envoy cannot fail open), with the
+        settings that must agree with epp's config derived from it (``epp envoy-config``'s
+        rule), the message timeout at least 10 s (a loaded laptop)."""
+        from epp.config.loader import default_config, load_config
+        from epp.envoyconfig import derive, needs_from_config
+
+        config = self.config or ("pd" if self.pd else "")
+        needs = needs_from_config(load_config(config) if config else default_config())
         response = "observer" if self.response_observer else (self.response_mode or "full-duplex")
         if response not in ("full-duplex", "observer", "none"):
             raise ValueError(f"real Envoy runs response mode full-duplex or none (or the "
                              f"observer), not {response!r}: use --gateway python")  # fmt: skip
-        return with_ports(
-            EnvoyOptions(
-                epp=tuple(epps), pool=tuple(endpoints), routing=policy,
-                failure="open" if self.request_mode == "buffered" else "closed",
-                request_body=self.request_mode, response=response,
-                upstream_host_header=True, message_timeout_s=10.0,
-            ),
-            port=self.gateway_port,
-        )  # fmt: skip
+        options = derive(EnvoyOptions(
+            epp=tuple(epps), pool=tuple(endpoints), routing=policy,
+            failure="open" if self.request_mode == "buffered" else "closed",
+            request_body=self.request_mode, response=response, upstream_host_header=True,
+        ), needs)  # fmt: skip
+        timeout = max(10.0, options.message_timeout_s)
+        return with_ports(dataclasses.replace(options, message_timeout_s=timeout),
+                          port=self.gateway_port)  # fmt: skip
 
 
 @dataclass(slots=True)
