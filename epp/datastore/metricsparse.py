@@ -57,6 +57,14 @@ class MetricNames:
     cache_config: str = ""
     kv_capacity_tokens: str = ""
     """Engines that report KV capacity in tokens rather than blocks (SGLang)."""
+    started: str = "process_start_time_seconds"
+    """The process start time (Prometheus' client writes it): a new value, a new server."""
+    lifetime: tuple[str, ...] = ()
+    """Counters (sample names) that only grow while the server lives: summed, a smaller sum
+    means it restarted."""
+    sleep_state: str = ""
+    """vLLM's ``engine_sleep_state`` gauge (one series per ``sleep_state``: ``awake`` 0, or
+    ``weights_offloaded`` / ``discard_all`` 1, means asleep)."""
 
 
 VLLM = MetricNames(
@@ -65,6 +73,8 @@ VLLM = MetricNames(
     kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     lora_info="vllm:lora_requests_info",
     cache_config="vllm:cache_config_info",
+    lifetime=("vllm:prefix_cache_queries_total",),
+    sleep_state="vllm:engine_sleep_state",
 )
 SGLANG = MetricNames(
     waiting=("sglang:num_queue_reqs",),
@@ -80,7 +90,8 @@ def query_for(names: MetricNames) -> str:
     vLLM's and SGLang's pages) then renders only those: vLLM's 56 KB page becomes ~2 KB and
     the server collects only those metrics. Servers that ignore the query send it all."""
     wanted = [*names.waiting, *names.running, *names.kv_usage, names.lora_info,
-              names.cache_config, names.kv_capacity_tokens]  # fmt: skip
+              names.cache_config, names.kv_capacity_tokens, names.started, *names.lifetime,
+              names.sleep_state]  # fmt: skip
     return "?" + "&".join(f"name%5B%5D={quote(n, safe='')}" for n in wanted if n)
 
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -181,7 +192,8 @@ class PageParser:
         self._encoded = {
             n: n.encode()
             for n in (*names.waiting, *names.running, *names.kv_usage, names.lora_info,
-                      names.cache_config, names.kv_capacity_tokens)
+                      names.cache_config, names.kv_capacity_tokens, names.started,
+                      *names.lifetime, names.sleep_state)
             if n
         }  # fmt: skip
         self._on_reject = on_reject or _ignore
@@ -261,7 +273,37 @@ class PageParser:
             num_gpu_blocks=gpu_blocks,
             scraped_at_s=now_s,
             served_models=self._served_models(running_samples),
+            started_s=self._started(page),
+            lifetime_total=self._lifetime(page),
+            not_serving="asleep" if self._asleep(page) else "",
         )
+
+    def _started(self, page: bytes) -> float:
+        if not self._names.started:
+            return 0.0
+        samples = self._values(page, self._names.started)
+        return samples[0].value if samples and samples[0].value > 0 else 0.0
+
+    def _lifetime(self, page: bytes) -> float:
+        """The lifetime counters' sum (-1: none on the page)."""
+        total, seen = 0.0, False
+        for family in self._names.lifetime:
+            for s in self._values(page, family):
+                if s.value >= 0:
+                    total, seen = total + s.value, True
+        return total if seen else -1.0
+
+    def _asleep(self, page: bytes) -> bool:
+        """Any engine of the server reports it is not awake (vLLM's sleep mode)."""
+        if not self._names.sleep_state:
+            return False
+        for s in self._values(page, self._names.sleep_state):
+            if b'sleep_state="awake"' in s.labels:
+                if s.value == 0:
+                    return True
+            elif s.value == 1:  # weights_offloaded, discard_all
+                return True
+        return False
 
     def _served_models(self, samples: list[Sample]) -> frozenset[str]:
         """The ``model_name`` labels of the running gauge's series (parsed once per set)."""

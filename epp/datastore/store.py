@@ -5,6 +5,20 @@ metrics scraper calls ``update_metrics``; the request path calls ``snapshot`` an
 in-flight counters. Listeners hear about endpoints leaving (the prefix index drops them) and
 about cache configs (the index sizes the endpoint's LRU).
 
+**Identity.** Endpoints are keyed by ``ip:port``, but the server behind an address can
+change: a new pod at a reused IP (its UID, ``Endpoint.instance``, differs: a re-list after a
+dropped watch shows no removal), a restarted server (a new process start time, or lifetime
+counters that went backwards, on its next scrape), a server now serving another model. Then
+everything epp believed about the old one is dropped: the removal listeners forget it (the
+prefix index in either mode, the plugins' per-endpoint state), its metrics and in-flight
+counts start afresh (requests still in flight to the old server are not counted against the
+new one: ``request_started`` returns a generation ``request_finished`` checks), and the
+reset listeners hear the reason (counted, logged).
+
+**Not serving.** A server that reports it cannot serve now (``Metrics.not_serving``: vLLM's
+sleep mode) leaves the candidates (``routable``) until it reports it can again; entering
+that state forgets its cache (the removal listeners), which it lost.
+
 Single-threaded by design: everything runs on the serving event loop. ``snapshot`` returns a
 cached tuple that is rebuilt only after a change, so a scheduling decision costs no copying.
 """
@@ -16,10 +30,17 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from epp.framework.endpoint import Endpoint, EndpointId, Metrics
+from epp.framework.endpoint import Endpoint, EndpointId, Metrics, identity_change
+
+MAX_GENERATIONS = 65_536
+"""Addresses that left the pool whose last generation is remembered."""
 
 RemovalListener = Callable[[EndpointId], None]
 MetricsListener = Callable[[Endpoint], None]
+ResetListener = Callable[[EndpointId, str], None]
+"""``(endpoint, reason)``: ``replaced``, ``restarted``, ``model_changed``."""
+ServingListener = Callable[[EndpointId, str], None]
+"""``(endpoint, reason)``: it stopped serving (``asleep``), or '' when it serves again."""
 
 
 @dataclass(slots=True)
@@ -40,6 +61,9 @@ class _Entry:
     """``answered`` at the last ``mark_stale``."""
     alive_s: float = -math.inf
     """The last ``mark_stale`` (its clock) that found new answers: the endpoint was serving."""
+    generation: int = 0
+    """Bumped when another server takes the address: in-flight requests of an older
+    generation are not released against this one."""
 
 
 @dataclass(slots=True)
@@ -52,6 +76,11 @@ class Datastore:
     """Index of each endpoint in ``_snapshot`` (valid while it is)."""
     _removal_listeners: list[RemovalListener] = field(default_factory=list)
     _metrics_listeners: list[MetricsListener] = field(default_factory=list)
+    _reset_listeners: list[ResetListener] = field(default_factory=list)
+    _serving_listeners: list[ServingListener] = field(default_factory=list)
+    _generations: dict[EndpointId, int] = field(default_factory=dict)
+    """The last generation of addresses that left the pool (bounded by ``MAX_GENERATIONS``):
+    one that comes back gets a newer one, so requests to its old server stay unmatched."""
     synced: bool = False
     """True once a source has delivered its first full list (health reports SERVING then)."""
     _synced_listeners: list[Callable[[], None]] = field(default_factory=list)
@@ -70,25 +99,60 @@ class Datastore:
     def on_metrics(self, listener: MetricsListener) -> None:
         self._metrics_listeners.append(listener)
 
+    def on_reset(self, listener: ResetListener) -> None:
+        """Hear of a new server behind a known address (after the removal listeners forgot
+        the old one)."""
+        self._reset_listeners.append(listener)
+
+    def on_serving(self, listener: ServingListener) -> None:
+        """Hear of an endpoint that stops serving (with the reason) or serves again ('')."""
+        self._serving_listeners.append(listener)
+
     # --- sources -------------------------------------------------------------------------
 
     def upsert(self, endpoint: Endpoint) -> None:
-        """Add an endpoint or update its address data and labels, keeping its metrics."""
+        """Add an endpoint or update its address data and labels, keeping its metrics; one
+        whose ``instance`` differs from the known one's is another server (``_reset``)."""
         entry = self._entries.get(endpoint.id)
         if entry is None:
-            self._entries[endpoint.id] = _Entry(endpoint)
+            generation = self._generations.pop(endpoint.id, -1) + 1
+            self._entries[endpoint.id] = _Entry(endpoint, generation=generation)
+        elif endpoint.instance and entry.endpoint.instance and (
+            endpoint.instance != entry.endpoint.instance
+        ):
+            self._reset(entry, endpoint, "replaced")
         else:
             entry.endpoint = dataclasses.replace(
-                endpoint, metrics=entry.endpoint.metrics, stale=entry.endpoint.stale
+                endpoint, metrics=entry.endpoint.metrics, stale=entry.endpoint.stale,
+                instance=endpoint.instance or entry.endpoint.instance,
             )
         self._snapshot = None
 
     def remove(self, endpoint_id: EndpointId) -> None:
-        if self._entries.pop(endpoint_id, None) is None:
+        entry = self._entries.pop(endpoint_id, None)
+        if entry is None:
             return
+        self._generations[endpoint_id] = entry.generation
+        if len(self._generations) > MAX_GENERATIONS:
+            del self._generations[next(iter(self._generations))]
         self._snapshot = None
         for listener in self._removal_listeners:
             listener(endpoint_id)
+
+    def _reset(self, entry: _Entry, endpoint: Endpoint, reason: str) -> _Entry:
+        """Another server behind ``entry``'s address: forget the old one (removal
+        listeners), start a fresh entry (no metrics, nothing in flight), tell the reset
+        listeners."""
+        eid = endpoint.id
+        for listener in self._removal_listeners:
+            listener(eid)
+        fresh = _Entry(dataclasses.replace(endpoint, metrics=Metrics(), stale=False, pending=0),
+                       generation=entry.generation + 1)  # fmt: skip
+        self._entries[eid] = fresh
+        self._snapshot = None
+        for reset in self._reset_listeners:
+            reset(eid, reason)
+        return fresh
 
     def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
         """Make the pool exactly ``endpoints`` (a full re-list from a source)."""
@@ -109,9 +173,19 @@ class Datastore:
         entry = self._entries.get(endpoint_id)
         if entry is None:  # vanished while its scrape was in flight
             return
+        old = entry.endpoint.metrics
+        changed = identity_change(old, metrics)
+        if changed:
+            entry = self._reset(entry, entry.endpoint, changed)
+        elif metrics.not_serving and not old.not_serving:
+            for listener in self._removal_listeners:  # the cache it held is gone
+                listener(endpoint_id)
         entry.started = entry.sent = 0
         entry.endpoint = dataclasses.replace(entry.endpoint, metrics=metrics, stale=False, pending=0)
         self._snapshot = None
+        if metrics.not_serving != old.not_serving and (metrics.not_serving or old.known):
+            for serving in self._serving_listeners:
+                serving(endpoint_id, metrics.not_serving)
         for listener in self._metrics_listeners:
             listener(entry.endpoint)
 
@@ -165,18 +239,27 @@ class Datastore:
         self._routable = new if self._routable is snap else None
 
     def routable(self) -> tuple[Endpoint, ...]:
-        """The endpoints a request may go to: those with fresh metrics, or all of them when
-        none has (a replica whose ``/metrics`` stopped answering has most likely stopped
-        serving too; with every scrape failing, the pool is still tried rather than refused).
-        The director also tries the stale ones when the filters leave none of these (one
-        role's only endpoint stale, say)."""
+        """The endpoints a request may go to: of those that can serve (``serving``), the
+        ones with fresh metrics, or all of them when none has (a replica whose ``/metrics``
+        stopped answering has most likely stopped serving too; with every scrape failing,
+        the pool is still tried rather than refused). The director also tries the stale
+        ones when the filters leave none of these (one role's only endpoint stale, say).
+        Empty: no endpoint is ready (flow control then holds requests: scale from zero)."""
         snap = self.snapshot()
         routable = self._routable
         if routable is None:
-            fresh = tuple(e for e in snap if not e.stale)
+            serving = self.serving()
+            fresh = tuple(e for e in serving if not e.stale)
             # all fresh (or none): the snapshot itself, so a per-request patch keeps it cached
-            routable = self._routable = fresh if 0 < len(fresh) < len(snap) else snap
+            routable = self._routable = fresh if 0 < len(fresh) < len(serving) else serving
         return routable
+
+    def serving(self) -> tuple[Endpoint, ...]:
+        """The endpoints that do not report they cannot serve now (asleep)."""
+        snap = self.snapshot()
+        if not any(e.metrics.not_serving for e in snap):
+            return snap
+        return tuple(e for e in snap if not e.metrics.not_serving)
 
     def get(self, endpoint_id: EndpointId) -> Endpoint | None:
         entry = self._entries.get(endpoint_id)
@@ -185,13 +268,16 @@ class Datastore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def request_started(self, endpoint_id: EndpointId) -> None:
+    def request_started(self, endpoint_id: EndpointId) -> int:
+        """Count a request in flight; returns the endpoint's generation, for
+        ``request_finished`` (-1: unknown endpoint)."""
         entry = self._entries.get(endpoint_id)
         if entry is None:
-            return
+            return -1
         entry.in_flight += 1
         entry.started += 1
         self._update_pending(entry)
+        return entry.generation
 
     def _update_pending(self, entry: _Entry) -> None:
         pending = entry.started + entry.sent
@@ -215,9 +301,14 @@ class Datastore:
         if entry is not None:
             entry.answered += 1
 
-    def request_finished(self, endpoint_id: EndpointId) -> None:
+    def request_finished(self, endpoint_id: EndpointId, generation: int | None = None) -> None:
+        """A request ``request_started`` counted ended; ``generation``: what that returned
+        (a request to a server that has since been replaced is not released against the new
+        one)."""
         entry = self._entries.get(endpoint_id)
         if entry is None or entry.in_flight == 0:
+            return
+        if generation is not None and generation != entry.generation:
             return
         entry.in_flight -= 1
         if entry.started > entry.in_flight:
@@ -255,4 +346,4 @@ class _InFlightView(Mapping[EndpointId, int]):
 def _with_pending(e: Endpoint, pending: int) -> Endpoint:
     """``dataclasses.replace`` for the per-request field, 4x cheaper (request path)."""
     return Endpoint(e.id, e.address, e.port, e.labels, e.metrics, pending, e.metrics_port, e.stale,
-                    e.rank)
+                    e.rank, e.instance)

@@ -37,6 +37,16 @@ class Metrics:
     served_models: frozenset[str] = frozenset()
     """The model names the server's load gauges carry (vLLM's ``model_name`` label): its base
     model, never one of its LoRA adapters."""
+    started_s: float = 0.0
+    """The server process's start time (``process_start_time_seconds``, Unix seconds; 0:
+    not reported). A new value means a new process behind the address."""
+    lifetime_total: float = -1.0
+    """A counter that only grows while the server process lives (vLLM's
+    ``prefix_cache_queries_total``, summed; -1: not reported): a smaller value means the
+    server restarted."""
+    not_serving: str = ""
+    """Why the server says it cannot serve now ('' = it can): ``asleep`` (vLLM's sleep mode:
+    ``vllm:engine_sleep_state`` not awake, weights offloaded or discarded, KV cache gone)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.kv_usage <= 1.0:  # servers report odd values; scorers rely on [0, 1]
@@ -74,6 +84,9 @@ class Endpoint:
     rank: int = 0
     """Data-parallel rank: the endpoint's index among its pod's ports (an InferencePool's
     ``targetPorts``, one per rank). vLLM offsets a rank's KV-event and replay ports by it."""
+    instance: str = ""
+    """Who is behind the address (a pod's UID; '' when the source does not know): another
+    value for the same ``id`` is another server, and what epp knew of the old one is dropped."""
     queue: int = field(init=False, default=0, compare=False)
     """Waiting requests, plus those epp sent, still in flight, since the last scrape (derived;
     stored because every scheduling cycle reads it for every endpoint)."""
@@ -84,6 +97,21 @@ class Endpoint:
     @property
     def engine(self) -> str:
         return self.labels.get(ENGINE_LABEL, "vllm")
+
+
+def identity_change(old: Metrics, new: Metrics) -> str:
+    """Why ``new`` cannot come from the same server process as ``old`` ('' when it can):
+    ``restarted`` (another process start time, or a lifetime counter that went backwards),
+    ``model_changed`` (it serves other models)."""
+    if not old.known:
+        return ""
+    if old.started_s and new.started_s and new.started_s != old.started_s:
+        return "restarted"
+    if 0 <= new.lifetime_total < old.lifetime_total:
+        return "restarted"
+    if old.served_models and new.served_models and old.served_models != new.served_models:
+        return "model_changed"
+    return ""
 
 
 def endpoint_id(address: str, port: int) -> EndpointId:

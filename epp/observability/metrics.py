@@ -154,8 +154,7 @@ class EppMetrics:
         self.endpoint_not_serving = Gauge(
             "epp_endpoint_not_serving",
             "1 while the endpoint reports it cannot serve now and is out of the candidates "
-            "('asleep': vLLM's sleep mode, weights offloaded).", ["endpoint", "reason"],
-            registry=r,
+            "(vLLM's sleep mode: weights offloaded or discarded).", ["endpoint"], registry=r,
         )
         self.endpoint_not_serving_transitions = Counter(
             "epp_endpoint_not_serving_transitions",
@@ -369,6 +368,16 @@ class EppMetrics:
         self._flow_labels |= seen
         self.flow_pool_saturation.labels(self.pool_name).set(saturation)
 
+    def endpoint_reset(self, endpoint_id: str, reason: str) -> None:
+        """Another server is behind ``endpoint_id``: what epp knew of the old one is gone."""
+        self.endpoint_resets.labels(reason).inc()
+
+    def endpoint_serving(self, endpoint_id: str, reason: str) -> None:
+        """The endpoint stopped serving (``reason``) or serves again ('')."""
+        if reason:
+            self.endpoint_not_serving_transitions.labels(reason).inc()
+        self.endpoint_not_serving.labels(endpoint_id).set(1 if reason else 0)
+
     def set_build(self, commit: str, build_ref: str) -> None:
         self.extension_info.labels(commit, build_ref).set(1)
 
@@ -503,8 +512,9 @@ class EppMetrics:
             self.endpoint_queue.labels(e.id).set(e.metrics.waiting)
             self.endpoint_kv.labels(e.id).set(e.metrics.kv_usage)
             self.endpoint_stale.labels(e.id).set(1 if e.stale else 0)
+            self.endpoint_not_serving.labels(e.id).set(1 if e.metrics.not_serving else 0)
             self.pool_pod_queue.labels(self.pool_name, e.id).set(e.metrics.waiting)
-            if not e.stale and e.metrics.known:
+            if not e.stale and e.metrics.known and not e.metrics.not_serving:
                 ready += 1
                 queue_sum += e.metrics.waiting
                 kv_sum += e.metrics.kv_usage
@@ -512,7 +522,7 @@ class EppMetrics:
             with contextlib.suppress(KeyError):
                 self.pool_pod_queue.remove(self.pool_name, gone)
             for g in (self.endpoint_in_flight, self.endpoint_queue, self.endpoint_kv,
-                      self.endpoint_stale):
+                      self.endpoint_stale, self.endpoint_not_serving):
                 with contextlib.suppress(KeyError):
                     g.remove(gone)
         self._endpoint_labels = seen

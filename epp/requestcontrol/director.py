@@ -70,6 +70,8 @@ class Routing:
     trace: RequestTrace | None = None
     """The request's trace (``epp.observability.tracing``): ended with the response, on
     whichever stream sees it end."""
+    generation: int = 0
+    """The target's generation when it was picked (``Datastore.request_started``)."""
 
     @property
     def target_id(self) -> EndpointId:
@@ -240,7 +242,7 @@ class Director:
             # The filters left none of the endpoints with fresh metrics: if some were left out
             # as stale, try them rather than refuse. A slow /metrics is not a dead server (a
             # decoder busy with a prefill it pulled, the only one of its role).
-            pool = [e for e in self._datastore.snapshot() if allowed is None or e.id in allowed]
+            pool = [e for e in self._datastore.serving() if allowed is None or e.id in allowed]
             if len(pool) == len(endpoints):
                 raise
             log.debug("request %s: no fresh endpoint passed the filters; trying the stale ones too",
@@ -258,7 +260,7 @@ class Director:
         scheduling_s = time.perf_counter() - t0
         targets = result.targets
         destination = targets[0].id if len(targets) == 1 else ",".join(e.id for e in targets)
-        self._datastore.request_started(targets[0].id)
+        generation = self._datastore.request_started(targets[0].id)
         headers: tuple[tuple[str, str], ...] = ()
         prefiller = result.prefiller
         if prefiller is not None:  # the decoder's sidecar sends it the prefill
@@ -270,7 +272,8 @@ class Director:
                 request.request_id, request.model, request.api.value, len(request.prompt),
                 destination,
             )
-        return Routing(request, result, destination, now_s, scheduling_s, request_bytes, headers)
+        return Routing(request, result, destination, now_s, scheduling_s, request_bytes, headers,
+                       generation=generation)  # fmt: skip
 
     def settle(self, routing: Routing) -> None:
         """After the routing reply was sent: observe scheduling metrics (the pick was recorded
@@ -355,7 +358,7 @@ class Director:
 
     def _release(self, routing: Routing, status: str) -> None:
         routing.released = True
-        self._datastore.request_finished(routing.target_id)
+        self._datastore.request_finished(routing.target_id, routing.generation)
         if self.admission is not None:
             self.admission.wake()  # room for a queued request
         self._metrics.request_done(routing.client_model, status)

@@ -270,6 +270,8 @@ async def start_server(
     sched = scheduler or build_scheduler(cfg, rng or random.Random())
     ds.on_removed(sched.remove_endpoint)
     ds.on_metrics(sched.observe_endpoint)
+    ds.on_reset(functools.partial(_endpoint_reset, metrics))
+    ds.on_serving(functools.partial(_endpoint_serving, metrics))
     parser = RequestParser(rc, objective_lookup, trust_control_headers=opts.trust_control_headers)
     director = Director(ds, sched, cfg.saturation, metrics, fallbacks=rc.fallbacks,
                         flow=cfg.flow_control)  # fmt: skip
@@ -460,6 +462,21 @@ async def _start_plugins(handle: ServerHandle) -> None:
         await plugin.start(ctx)
         handle._started.append(plugin)
         log.info("plugin %s started", plugin.name)
+
+
+def _endpoint_reset(metrics: EppMetrics, endpoint_id: str, reason: str) -> None:
+    metrics.endpoint_reset(endpoint_id, reason)
+    log.warning("endpoint %s: another server is behind it (%s): its prefix-index entries, "
+                "metrics and in-flight counts are dropped", endpoint_id, reason)
+
+
+def _endpoint_serving(metrics: EppMetrics, endpoint_id: str, reason: str) -> None:
+    metrics.endpoint_serving(endpoint_id, reason)
+    if reason:
+        log.warning("endpoint %s reports it cannot serve (%s): out of the candidates, its "
+                    "prefix-cache entries forgotten", endpoint_id, reason)
+    else:
+        log.info("endpoint %s serves again: back among the candidates", endpoint_id)
 
 
 async def _pool_known(ds: Datastore) -> None:

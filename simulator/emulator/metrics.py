@@ -9,7 +9,7 @@ run 100x fast still reports the TTFTs of the GPU it models.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -68,10 +68,15 @@ E2E_BUCKETS_S = (
 
 
 class _EngineState(Collector):
-    def __init__(self, engine: Engine, model: str, max_loras: int) -> None:
+    def __init__(
+        self, engine: Engine, model: str, max_loras: int, sleep_level: Callable[[], int | None],
+        started_s: float,
+    ) -> None:  # fmt: skip
         self._engine = engine
         self._model = model
         self._max_loras = str(max_loras)
+        self._sleep_level = sleep_level
+        self._started_s = started_s
 
     def collect(self) -> Iterator[Metric]:
         e = self._engine
@@ -155,16 +160,36 @@ class _EngineState(Collector):
             time.time(),
         )
         yield lora
+        # vLLM's sleep mode: awake 1, or awake 0 and the level's series 1 (level 0: the KV
+        # cache released, level 1: weights offloaded, level 2: discarded)
+        level = self._sleep_level()
+        sleep = GaugeMetricFamily(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine "
+            "is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep "
+            "level 2.", labels=["engine", "model_name", "sleep_state"],
+        )  # fmt: skip
+        for state, value in (("awake", level is None), ("weights_offloaded", level == 1),
+                             ("discard_all", level == 2)):  # fmt: skip
+            sleep.add_metric(["0", self._model, state], 1.0 if value else 0.0)
+        yield sleep
+        # as Prometheus' client writes for the process: a restarted server has a new one
+        started = GaugeMetricFamily("process_start_time_seconds",
+                                    "Start time of the process since unix epoch in seconds.")
+        started.add_metric([], self._started_s)
+        yield started
 
 
 class VllmMetrics:
     """The emulator's metrics. Label children are bound once; hot paths only observe/inc."""
 
     def __init__(
-        self, registry: CollectorRegistry, engine: Engine, model: str, max_loras: int
-    ) -> None:
+        self, registry: CollectorRegistry, engine: Engine, model: str, max_loras: int,
+        sleep_level: Callable[[], int | None] = lambda: None, started_s: float = 0.0,
+    ) -> None:  # fmt: skip
         self.registry = registry
-        registry.register(_EngineState(engine, model, max_loras))
+        registry.register(_EngineState(engine, model, max_loras, sleep_level,
+                                       started_s or time.time()))  # fmt: skip
         self.ttft_s = Histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",

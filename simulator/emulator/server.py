@@ -92,7 +92,10 @@ class Emulator:
             EngineConfig(config.max_num_seqs, config.max_batched_tokens, config.max_loras),
         )
         self.registry = CollectorRegistry()
-        self.metrics = VllmMetrics(self.registry, self.engine, config.model, config.max_loras)
+        self.sleep_level: int | None = None
+        """vLLM's sleep mode (``POST /sleep?level=N``): the level, None while awake."""
+        self.metrics = VllmMetrics(self.registry, self.engine, config.model, config.max_loras,
+                                   lambda: self.sleep_level)  # fmt: skip
         self._adapters = frozenset(config.lora_adapters)
         self._tokenizer: ModelTokenizer | None = None
         self._hasher: VllmBlockHasher | None = None
@@ -114,6 +117,8 @@ class Emulator:
         self._task: asyncio.Task[None] | None = None
         self._stream_tick_s = max(0.002, min(0.02, cost.decode_step_s(1)))
         self._created = int(time.time())
+        self.requests_received = 0
+        """Generation requests that reached this server (tests read it)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -173,6 +178,9 @@ class Emulator:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        app.router.add_post("/sleep", self._sleep)
+        app.router.add_post("/wake_up", self._wake_up)
+        app.router.add_get("/is_sleeping", self._is_sleeping)
         return app
 
     # -- engine driving --------------------------------------------------------------------
@@ -341,6 +349,9 @@ class Emulator:
 
     def _api(self, api: Api) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
+            self.requests_received += 1
+            if self.sleep_level is not None:  # the emulator's choice: vLLM's is not defined
+                raise ApiError(503, "the engine is sleeping (POST /wake_up)")
             body = openai.load_json(await request.read())
             gen = openai.parse_generation(api, body, self.config.model)
             self._check_model(gen.model)
@@ -611,6 +622,37 @@ class Emulator:
             return web.json_response({"success": False})
         self.engine.cache.reset()
         return web.json_response({"success": True})
+
+    async def _sleep(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's dev-mode ``POST /sleep?level=N`` (0-2): the KV cache is dropped (every
+        level frees it), ``vllm:engine_sleep_state`` says so; requests in flight are aborted
+        (vLLM's default mode)."""
+        try:
+            level = int(request.query.get("level", "1"))
+        except ValueError:
+            level = -1
+        if not 0 <= level <= 2:
+            raise ApiError(400, "level must be 0, 1 or 2", "level")
+        self._sync()
+        now = self._now()
+        for p in list(self._pending.values()):
+            self.engine.abort(p.rid, now)
+            for fut in (p.first, p.done):
+                if not fut.done():
+                    fut.set_exception(ApiError(503, "the engine went to sleep"))
+            p.progress.set()
+        self._pending.clear()
+        self._streams.clear()
+        self.sleep_level = level
+        self.engine.cache.reset()
+        return web.json_response({"status": "sleeping", "level": level})
+
+    async def _wake_up(self, request: web.Request) -> web.StreamResponse:
+        self.sleep_level = None
+        return web.json_response({"status": "awake", "tags": None})
+
+    async def _is_sleeping(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"is_sleeping": self.sleep_level is not None})
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self._sync()

@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -226,6 +227,8 @@ class FakeKubeApi:
             meta.setdefault("namespace", collection.split("/namespaces/")[1].split("/")[0])
             items = self._collections.setdefault(collection, {})
             old = items.get(meta["name"])
+            # as the API server: a new object gets a UID, an update keeps it
+            meta.setdefault("uid", old["metadata"]["uid"] if old is not None else str(uuid.uuid4()))
             items[meta["name"]] = obj
             if record:
                 kind = "ADDED" if old is None else "MODIFIED"
@@ -233,13 +236,15 @@ class FakeKubeApi:
             self._cond.notify_all()
         return obj
 
-    def delete(self, collection: str, name: str) -> None:
+    def delete(self, collection: str, name: str, *, record: bool = True) -> None:
+        """Delete an object; ``record=False``: without a watch event (see ``put``)."""
         with self._cond:
             old = self._collections[collection].pop(name)
             self._rv += 1
             gone = copy.deepcopy(old)
             gone["metadata"]["resourceVersion"] = str(self._rv)
-            self._events.append(_Event(self._rv, collection, "DELETED", gone, old))
+            if record:
+                self._events.append(_Event(self._rv, collection, "DELETED", gone, old))
             self._cond.notify_all()
 
     # --- request handling (handler threads) ------------------------------------------------

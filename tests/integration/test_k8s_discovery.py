@@ -192,6 +192,44 @@ async def test_watch_expiry_relists_and_sees_changes_the_watch_missed(
     await eventually(lambda: "10.0.0.4:8000" in ids(datastore))
 
 
+async def test_a_new_pod_at_a_reused_ip_seen_only_by_a_relist_is_another_server(
+    api, datastore, started
+) -> None:
+    """The watch drops; before the re-list, pod a is deleted and pod b takes its IP. The
+    re-list shows the same ip:port and no removal: the pod's UID says it is another server."""
+    from epp.framework.endpoint import Metrics
+    from epp.plugins.approxprefix import PrefixIndexConfig, PrefixProducer
+
+    forgotten: list[str] = []
+    resets: list[tuple[str, str]] = []
+    index = PrefixProducer.from_params("approx", PrefixIndexConfig()).index
+    datastore.on_removed(forgotten.append)
+    datastore.on_removed(index.remove_endpoint)
+    datastore.on_reset(lambda eid, why: resets.append((eid, why)))
+    api.put(POOLS(), pool("llama", VLLM, [8000]))
+    api.put(PODS(), pod("a", "10.0.0.1"))
+    await started(pool_name="llama")
+    eid = EndpointId("10.0.0.1:8000")
+    old = datastore.get(eid)
+    assert old is not None and old.instance
+    datastore.update_metrics(eid, Metrics(waiting=7, kv_usage=0.9, scraped_at_s=1.0))
+    index.record(eid, [1, 2, 3], 1.0)  # what pod a was sent
+    generation = datastore.request_started(eid)  # a request in flight to pod a
+
+    api.delete(PODS(), "a", record=False)
+    api.put(PODS(), pod("b", "10.0.0.1"), record=False)
+    api.expire_watches()  # the watch cannot resume: re-list
+
+    await eventually(lambda: (e := datastore.get(eid)) is not None and e.instance != old.instance)
+    assert forgotten == [eid] and resets == [(eid, "replaced")]
+    new = datastore.get(eid)
+    assert new is not None and not new.metrics.known and new.metrics.waiting == 0  # fresh
+    assert index.chunks_of(eid) == {}  # an empty index entry
+    assert datastore.in_flight()[eid] == 0
+    datastore.request_finished(eid, generation)  # pod a's request ends: not pod b's count
+    assert datastore.in_flight()[eid] == 0
+
+
 async def test_dropped_watch_reconnects(api, datastore, started) -> None:
     api.put(POOLS(), pool("llama", VLLM, [8000]))
     await started(pool_name="llama")

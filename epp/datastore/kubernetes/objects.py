@@ -107,15 +107,17 @@ def pod_is_member(pod: RawObject) -> bool:
 
 def pod_endpoints(pod: RawObject, spec: PoolSpec) -> list[Endpoint]:
     """The endpoints a pod contributes: one per target port (a data-parallel rank each, in
-    the order the pool lists them), or none."""
+    the order the pool lists them), or none. Each carries the pod's UID (``instance``): a
+    new pod at a reused IP is another server."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
     if not spec.selects(labels) or not pod_is_member(pod):
         return []
     ip = str(pod["status"]["podIP"])
     frozen = MappingProxyType(dict(labels))
+    uid = str((pod.get("metadata") or {}).get("uid") or "")[:64]
     return [
         Endpoint(id=endpoint_id(ip, port), address=ip, port=port, labels=frozen, metrics_port=port,
-                 rank=rank)
+                 rank=rank, instance=uid)
         for rank, port in enumerate(spec.target_ports)
     ]
 
