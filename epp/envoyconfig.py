@@ -611,9 +611,9 @@ DERIVED = ("message_timeout_s", "stream_idle_timeout_s", "max_request_bytes")
 
 def derive(o: EnvoyOptions, needs: EppNeeds, given: frozenset[str] = frozenset()) -> EnvoyOptions:
     """``o`` with each of ``DERIVED`` not in ``given`` set from ``needs``."""
-    values = {"message_timeout_s": needs.message_timeout_s,
-              "stream_idle_timeout_s": needs.stream_idle_timeout_s,
-              "max_request_bytes": needs.max_body_bytes}  # fmt: skip
+    values: dict[str, Any] = {"message_timeout_s": needs.message_timeout_s,
+                              "stream_idle_timeout_s": needs.stream_idle_timeout_s,
+                              "max_request_bytes": needs.max_body_bytes}  # fmt: skip
     return replace(o, **{k: v for k, v in values.items() if k not in given})
 
 

@@ -178,8 +178,8 @@ class Datastore:
         if changed:
             entry = self._reset(entry, entry.endpoint, changed)
         elif metrics.not_serving and not old.not_serving:
-            for listener in self._removal_listeners:  # the cache it held is gone
-                listener(endpoint_id)
+            for forget in self._removal_listeners:  # the cache it held is gone
+                forget(endpoint_id)
         entry.started = entry.sent = 0
         entry.endpoint = dataclasses.replace(entry.endpoint, metrics=metrics, stale=False, pending=0)
         self._snapshot = None
@@ -245,7 +245,7 @@ class Datastore:
         the pool is still tried rather than refused). The director also tries the stale
         ones when the filters leave none of these (one role's only endpoint stale, say).
         Empty: no endpoint is ready (flow control then holds requests: scale from zero)."""
-        snap = self.snapshot()
+        self.snapshot()  # a rebuilt snapshot drops the cached routable tuple
         routable = self._routable
         if routable is None:
             serving = self.serving()

@@ -91,10 +91,10 @@ class Setup:
     envoy: RunningEnvoy
 
 
-def bootstrap(epp: EppProcess, server: StandIn, config: Path, *flags: str) -> dict[str, Any]:
-    """What ``epp envoy-config --config CONFIG ... FLAGS`` prints, parsed."""
+def bootstrap(epp: str, server: str, config: Path, *flags: str) -> dict[str, Any]:
+    """What ``epp envoy-config --config CONFIG --epp EPP --pool SERVER FLAGS`` prints, parsed."""
     args = build_parser().parse_args([
-        "envoy-config", "--config", str(config), "--epp", epp.address, "--pool", server.address,
+        "envoy-config", "--config", str(config), "--epp", epp, "--pool", server,
         "--port", "0", "--admin-port", "0", "--address", "127.0.0.1", *flags,
     ])  # fmt: skip
     return yaml.safe_load(envoy_bootstrap(args).yaml)  # type: ignore[no-any-return]
@@ -119,7 +119,7 @@ async def setup(
     try:
         await epp.start()
         if contradiction is None:
-            doc = bootstrap(epp, server, config, *flags)
+            doc = bootstrap(epp.address, server.address, config, *flags)
             envoy = await start_envoy(with_ports(EnvoyOptions()), tmp_path, config=doc)
         else:
             options = with_ports(replace(contradiction, epp=(epp.address,),
@@ -207,7 +207,7 @@ async def test_a_message_timeout_below_the_queue_wait_fails_open_to_an_unrouted_
         _, queued = await saturated(s, http, hold_s=3.0, queued=2)
         unrouted = s.server.unrouted()
     assert unrouted == 2 and all(a.took_s < 3.0 for a in queued)
-    with pytest.raises(ValueError, match="--message-timeout-s 1 .*flowControl.maxQueueSeconds"):
+    with pytest.raises(ValueError, match=r"--message-timeout-s 1 .*flowControl.maxQueueSeconds"):
         envoy_bootstrap(build_parser().parse_args(
             ["envoy-config", "--pool", "127.0.0.1:1", "--message-timeout-s", "1", "--config",
              str(tmp_path / "epp.yaml")]))  # fmt: skip
@@ -251,7 +251,7 @@ async def test_a_buffer_limit_above_epps_body_cap_lets_a_large_body_through_unro
         answer = await ask(http, s.envoy.url, big, chunked=True)
         unrouted = s.server.unrouted()
     assert answer.status == 200 and unrouted == 1
-    with pytest.raises(ValueError, match="--max-request-bytes 67108864 .*--max-body-bytes 1048576"):
+    with pytest.raises(ValueError, match=r"--max-request-bytes 67108864 .*--max-body-bytes 1048576"):
         envoy_bootstrap(build_parser().parse_args(
             ["envoy-config", "--pool", "127.0.0.1:1", "--max-request-bytes", "64MiB", *cap]))
 
