@@ -223,11 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="records per message; a full batch is sent without waiting")
     g.add_argument("--sync-cert", default="",
                    help="PEM certificate of this replica for mutual TLS on the sync port "
-                   "(with --sync-key and --sync-ca; without them sync is plaintext and "
-                   "unauthenticated, and says so in the log)")
+                   "(with --sync-key and --sync-ca). Sync with peers needs them, or "
+                   "--sync-insecure")
     g.add_argument("--sync-key", default="", help="PEM private key for --sync-cert")
     g.add_argument("--sync-ca", default="",
                    help="PEM CA bundle: peers must present a certificate it signed")
+    g.add_argument("--sync-insecure", action="store_true",
+                   help="run index sync PLAINTEXT AND UNAUTHENTICATED: any process that "
+                   "reaches the sync port can read the chunk hashes of every prompt routed "
+                   "(and confirm a guessed prompt by its hash) and steer routing. Without "
+                   "TLS flags, sync refuses to start unless this is given; with it, every "
+                   "start logs a warning")
     g.add_argument("--sync-server-name", default="",
                    help="name the peers' certificate must carry (checked instead of the "
                    "dialled address, which is usually a pod IP)")
@@ -524,8 +530,18 @@ def sync_options(args: argparse.Namespace) -> SyncOptions | None:
 
 def _sync_tls(args: argparse.Namespace) -> SyncTls | None:
     files = (args.sync_cert, args.sync_key, args.sync_ca)
-    if not any(files):
+    if args.sync_insecure:
+        if any(files):
+            raise ConfigError("--sync-insecure", "given with --sync-cert/--sync-key/--sync-ca: "
+                              "choose mutual TLS or plaintext, not both")
         return None
+    if not any(files):
+        raise ConfigError(
+            "--sync-cert/--sync-key/--sync-ca",
+            "index sync with peers needs mutual TLS (all three), or --sync-insecure to run it "
+            "plaintext and unauthenticated: anyone who reaches the sync port could then read "
+            "the chunk hashes of every prompt routed and steer routing (docs/sync.md)",
+        )
     if not all(files):
         raise ConfigError("--sync-cert/--sync-key/--sync-ca", "mutual TLS needs all three")
     return SyncTls(args.sync_cert, args.sync_key, args.sync_ca, args.sync_server_name)

@@ -405,9 +405,10 @@ class SyncNode:
             self.port = server.add_secure_port(address, tls.server_credentials())
         else:
             log.warning(
-                "index sync is PLAINTEXT and unauthenticated on %s: any process that reaches "
-                "it can read routing decisions and steer routing. Set --sync-cert/--sync-key/"
-                "--sync-ca (docs/sync.md)", address,
+                "INSECURE: index sync is PLAINTEXT and unauthenticated on %s (--sync-insecure): "
+                "any process that reaches it can read the chunk hashes of every prompt routed "
+                "and steer routing. Set --sync-cert/--sync-key/--sync-ca instead (docs/sync.md)",
+                address,
             )
             self.port = server.add_insecure_port(address)
         if self.port == 0:

@@ -106,6 +106,10 @@ def test_sync_tls_comes_from_a_secret_and_its_flags_are_accepted() -> None:
     assert opts.warm_timeout_s == 10 and opts.max_subscribers == 32
     plain = container(render("--set", "replicaCount=3", "--set", "sync.tls.generate=false"))
     assert not any(a.startswith("--sync-cert") for a in plain["args"])
+    # plaintext is chosen explicitly, or epp would refuse to start its sync
+    assert "--sync-insecure" in plain["args"] and "--sync-insecure" not in args
+    opts = sync_options(build_parser().parse_args([*plain["args"], "--endpoints", "10.0.0.1:8000"]))
+    assert opts is not None and opts.tls is None
 
 
 def test_the_network_policy_admits_the_gateway_epp_and_monitoring_each_to_its_port() -> None:

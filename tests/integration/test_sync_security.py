@@ -132,3 +132,35 @@ async def test_mutual_tls_sync_works_and_refuses_strangers(tmp_path: Path) -> No
     finally:
         await stop_epp(a)
         await stop_epp(b)
+
+
+def _serve(*flags: str) -> subprocess.Popen[str]:
+    import sys
+
+    argv = [sys.executable, "-m", "epp.cli", "serve", "--endpoints", "10.0.0.1:8000",
+            "--grpc-port", "0", "--health-port", "-1", "--metrics-port", "-1", "--sync-port", "0",
+            "--log-format", "text", "--peers", "127.0.0.1:1", *flags]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_sync_started_by_hand_without_tls_refuses_to_start_unless_insecure_is_chosen() -> None:
+    """The public report: ``epp serve --peers ...`` without TLS flags accepted any peer in
+    plaintext. Now it does not start; with ``--sync-insecure`` it starts, and says so."""
+    refused = _serve()
+    _, err = refused.communicate(timeout=60)
+    assert refused.returncode == 2
+    assert "--sync-insecure" in err and "mutual TLS" in err
+    for _start in range(2):  # at every start
+        chosen = _serve("--sync-insecure")
+        assert chosen.stderr is not None
+        try:
+            seen = ""
+            while "epp serving" not in seen:
+                line = chosen.stderr.readline()
+                assert line, f"epp exited: {seen}"
+                seen += line
+            assert "INSECURE: index sync is PLAINTEXT and unauthenticated" in seen
+            assert "--sync-insecure" in seen
+        finally:
+            chosen.terminate()
+            chosen.wait(timeout=30)

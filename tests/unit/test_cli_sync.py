@@ -19,6 +19,7 @@ def test_sync_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     args = build_parser().parse_args([
         "serve", "--endpoints", "10.0.0.1:8000", "--peer-dns", "epp-peers.models.svc:9004",
         "--sync-flush-ms", "50", "--sync-batch-records", "128", "--sync-port", "9104",
+        "--sync-insecure",
     ])
     opts = sync_options(args)
     assert opts is not None
@@ -35,6 +36,10 @@ def test_sync_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--peers", "a:1", "--sync-flush-ms", "0"], "--sync-flush-ms"),
         (["--peers", "a:1", "--sync-port", "-1"], "--sync-port"),
         (["--peers", "a:1", "--sync-buffer-records", "10"], "--sync-buffer-records"),
+        (["--peers", "a:1"], "--sync-insecure"),  # plaintext is never the silent default
+        (["--peer-dns", "epp-peers:9004"], "--sync-insecure"),
+        (["--peers", "a:1", "--sync-cert", "c.pem"], "all three"),
+        (["--peers", "a:1", "--sync-insecure", "--sync-ca", "ca.pem"], "not both"),
     ],
 )
 def test_bad_sync_flags_name_the_flag(flags: list[str], field: str) -> None:
