@@ -368,6 +368,12 @@ def test_ha_overlay_wires_index_sync_between_replicas() -> None:
     assert deployment["spec"]["replicas"] == 3
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert "--peer-dns=epp-peers.$(POD_NAMESPACE).svc:9004" in container["args"]
+    # plaintext sync, chosen explicitly: epp parses these flags (it refuses it otherwise)
+    from epp.cli import build_parser, sync_options
+
+    flags = [a.replace("$(POD_NAMESPACE)", "models") for a in container["args"]]
+    opts = sync_options(build_parser().parse_args([*flags, "--endpoints", "10.0.0.1:8000"]))
+    assert "--sync-insecure" in container["args"] and opts is not None and opts.tls is None
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["POD_NAMESPACE"]  # expanded into --peer-dns by the kubelet
