@@ -747,3 +747,25 @@ def test_envoy_gateway_closes_idle_server_connections_as_the_standalone_bootstra
     assert (target["kind"], target["name"]) == ("HTTPRoute", route["metadata"]["name"])
     idle = policy["spec"]["timeout"]["http"]["connectionIdleTimeout"]
     assert idle.endswith("s") and float(idle[:-1]) == EnvoyOptions().upstream_idle_timeout_s < 5
+
+
+def test_the_scaler_wiring_in_the_docs_names_the_waiting_demand_gauge_and_validates() -> None:
+    """docs/kubernetes.md's KEDA ScaledObject and HPA scale the model servers on the gauge
+    epp exports (epp_pool_waiting_requests); the HPA is a valid autoscaling/v2 object."""
+    from prometheus_client import CollectorRegistry
+
+    from epp.observability.metrics import EppMetrics
+
+    text = (DEPLOY.parent / "docs" / "kubernetes.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    objects = {d["kind"]: d for b in blocks for d in docs_of(b) if isinstance(d, dict) and "kind" in d}
+    keda, hpa = objects["ScaledObject"], objects["HorizontalPodAutoscaler"]
+    registry = CollectorRegistry()
+    EppMetrics(registry).pool_waiting.labels("vllm-llama3-8b-instruct").set(0)
+    exported = {m.name for m in registry.collect()}
+    (trigger,) = keda["spec"]["triggers"]
+    assert "epp_pool_waiting_requests" in exported
+    assert trigger["metadata"]["query"].startswith("sum(epp_pool_waiting_requests{")
+    assert keda["spec"]["minReplicaCount"] == 0  # from zero
+    assert hpa["spec"]["metrics"][0]["external"]["metric"]["name"] == "epp_pool_waiting_requests"
+    validate_schema([hpa])
