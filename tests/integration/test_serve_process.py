@@ -116,3 +116,30 @@ async def test_tls_on_the_grpc_port(tls_files: tuple[Path, Path]) -> None:
             s.call.cancel()
     finally:
         await handle.stop(0)
+
+
+def test_serve_says_at_start_what_its_envoy_needs(tmp_path: Path) -> None:
+    """Issue 69: the settings that span Envoy and epp are logged at start, from epp's own
+    config (here flow control with a 12 s queue and a 1 MiB body cap)."""
+    config = tmp_path / "epp.yaml"
+    config.write_text("flowControl: {enabled: true, maxQueueSeconds: 12}\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epp.cli", "serve", "--endpoints", "127.0.0.1:1", "--grpc-port", "0",
+         "--health-port", "-1", "--metrics-port", "-1", "--host", "127.0.0.1", "--no-scrape",
+         "--log-format", "text", "--config", str(config), "--max-body-bytes", "1MiB"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        seen = ""
+        while "epp serving" not in seen:
+            line = proc.stderr.readline()
+            assert line, f"epp exited: {seen}"
+            seen += line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    needs = next(line for line in seen.splitlines() if "the Envoy in front of this epp needs" in line)
+    assert "message_timeout >= 17s" in needs and "flowControl.maxQueueSeconds" in needs
+    assert "per_connection_buffer_limit_bytes <= 1048576 (--max-body-bytes)" in needs
+    assert "skip flow control's queue" in needs  # fail-open's consequence, said
