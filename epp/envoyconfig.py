@@ -75,10 +75,6 @@ EPP_WORK_S = 5.0
 """What epp's own work on one message may take beyond any queue wait: parsing, scheduling,
 the P/D decision (milliseconds on an idle host: docs/results/long_prompts.md), with room for
 a loaded one."""
-PRECISE_KEYING_S_PER_BYTE = 1e-6
-"""Precise mode tokenizes the prompt before it is queued: ~2 us of CPU per token on the
-whole-prompt rows of docs/results/long_prompts.md (410 ms for 204k tokens), doubled for a
-shared host, at ~4 bytes of body per token. A body at the 8 MiB cap: ~8.4 s."""
 
 _LB_EXTENSIONS = {
     "random": ("envoy.load_balancing_policies.random", "random.v3.Random"),
@@ -486,7 +482,8 @@ class EppNeeds:
     scale-from-zero wait); 0 without flow control."""
     hold_from: str = ""
     work_s: float = EPP_WORK_S
-    """epp's own work on one message (``EPP_WORK_S``, plus precise keying of a body at the cap)."""
+    """epp's own work on one message (``EPP_WORK_S``, plus what its plugins do before
+    scheduling a body at the cap: precise keying, ``PluginType.prepare_s_per_body_byte``)."""
     work_from: str = "parsing and scheduling"
     max_body_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     body_from: str = "requestControl.maxBodyBytes"
@@ -523,7 +520,7 @@ class EppNeeds:
 
 def needs_from_config(cfg: EppConfig, max_body_bytes: int | None = None) -> EppNeeds:
     """What ``cfg`` (with ``epp serve --max-body-bytes`` when given) asks of Envoy."""
-    from epp.plugins.preciseprefix import PRECISE_PREFIX_PRODUCER
+    from epp.plugins.registry import PLUGIN_TYPES
 
     body = cfg.request_control.max_body_bytes if max_body_bytes is None else max_body_bytes
     body_from = "requestControl.maxBodyBytes" if max_body_bytes is None else "--max-body-bytes"
@@ -540,10 +537,12 @@ def needs_from_config(cfg: EppConfig, max_body_bytes: int | None = None) -> EppN
         if hold_from.endswith("scaleFromZeroSeconds") and fc.scale_from_zero_seconds is None:
             hold_from = "flowControl.maxQueueSeconds"
     work_s, work_from = EPP_WORK_S, "parsing and scheduling"
-    if any(p.type == PRECISE_PREFIX_PRODUCER for p in cfg.plugins.values()):
-        keying = round(body * PRECISE_KEYING_S_PER_BYTE, 1)
-        work_s += keying
-        work_from += f", precise keying of a {body}-byte body (~{keying:g} s)"
+    for spec in cfg.plugins.values():
+        per_byte = PLUGIN_TYPES[spec.type].prepare_s_per_body_byte
+        if per_byte:
+            keying = round(body * per_byte, 1)
+            work_s += keying
+            work_from += f", {spec.name} preparing a {body}-byte body (~{keying:g} s)"
     return EppNeeds(hold_s, hold_from, work_s, work_from, body, body_from, fc.enabled)
 
 

@@ -31,6 +31,7 @@ from epp.plugins import (
 )
 from epp.plugins.approxprefix import APPROX_PREFIX_PRODUCER, PrefixIndexConfig, PrefixProducer
 from epp.plugins.preciseprefix import (
+    KEYING_S_PER_BODY_BYTE,
     PRECISE_PREFIX_PRODUCER,
     PreciseIndexConfig,
     PrecisePrefixProducer,
@@ -53,6 +54,9 @@ class PluginType(Generic[T]):
     section: str = ""
     """A top-level config section whose fields are the defaults of its parameters (the
     plugin's own ``parameters`` override them)."""
+    prepare_s_per_body_byte: float = 0.0
+    """Work it does on a request before it is scheduled (tokenizing), in seconds per byte of
+    body: Envoy's per-message timeout must allow for it (``epp.envoyconfig``)."""
 
 
 PREFIX_MATCH = "prefix-match"
@@ -81,6 +85,7 @@ PRODUCERS: dict[str, PluginType[DataProducer]] = {
         "servers' KV-cache events; the approximate index covers servers without events "
         "(docs/precise-prefix.md)",
         reads=_precise_reads, provides=(PREFIX_MATCH,),
+        prepare_s_per_body_byte=KEYING_S_PER_BODY_BYTE,
     ),
 }
 

@@ -43,7 +43,7 @@ def test_precise_keying_adds_to_epps_own_work_in_proportion_to_the_body_cap() ->
     cfg = loads_config(yaml.safe_dump(raw))
     small = needs_from_config(cfg, max_body_bytes=1 << 20)
     large = needs_from_config(cfg, max_body_bytes=8 << 20)
-    assert "precise keying" in large.work_from
+    assert "precise-prefix-cache-producer preparing" in large.work_from
     assert needs_from_config(shipped_config("default")).work_s == 5.0
     assert 5.0 < small.work_s < large.work_s  # ~1 s more per MiB of body cap
 

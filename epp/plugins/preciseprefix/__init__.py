@@ -9,8 +9,12 @@ tests/integration/test_kv_events.py.
 """
 
 from epp.plugins.preciseprefix.keyer import TokenizingKeyer
-from epp.plugins.preciseprefix.params import PRECISE_PREFIX_PRODUCER, PreciseIndexConfig
+from epp.plugins.preciseprefix.params import (
+    KEYING_S_PER_BODY_BYTE,
+    PRECISE_PREFIX_PRODUCER,
+    PreciseIndexConfig,
+)
 from epp.plugins.preciseprefix.producer import PrecisePrefixProducer
 
-__all__ = ["PRECISE_PREFIX_PRODUCER", "PreciseIndexConfig", "PrecisePrefixProducer",
-           "TokenizingKeyer"]
+__all__ = ["KEYING_S_PER_BODY_BYTE", "PRECISE_PREFIX_PRODUCER", "PreciseIndexConfig",
+           "PrecisePrefixProducer", "TokenizingKeyer"]

@@ -8,6 +8,11 @@ from typing import Literal
 from epp.prefix.blockhash import DEFAULT_NONE_HASH_SEED, HashAlgo
 
 PRECISE_PREFIX_PRODUCER = "precise-prefix-cache-producer"
+KEYING_S_PER_BODY_BYTE = 1e-6
+"""What tokenizing and keying a request costs before it is scheduled, per byte of body: ~2 us
+of CPU per token on the whole-prompt rows of docs/results/long_prompts.md (410 ms for 204k
+tokens), doubled for a shared host, at ~4 bytes of body per token (a body at the 8 MiB cap:
+~8.4 s). What the Envoy in front must wait on top of any queue (``epp.envoyconfig``)."""
 
 
 @dataclass(slots=True, frozen=True)
