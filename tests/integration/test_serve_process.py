@@ -118,6 +118,17 @@ async def test_tls_on_the_grpc_port(tls_files: tuple[Path, Path]) -> None:
         await handle.stop(0)
 
 
+def log_until_serving(proc: subprocess.Popen[str]) -> str:
+    """An ``epp serve`` process's log (text, on stderr) up to its ``epp serving`` line."""
+    assert proc.stderr is not None
+    seen = ""
+    while "epp serving" not in seen:
+        line = proc.stderr.readline()
+        assert line, f"epp exited: {seen}"
+        seen += line
+    return seen
+
+
 def test_serve_says_at_start_what_its_envoy_needs(tmp_path: Path) -> None:
     """Issue 69: the settings that span Envoy and epp are logged at start, from epp's own
     config (here flow control with a 12 s queue and a 1 MiB body cap)."""
@@ -129,13 +140,8 @@ def test_serve_says_at_start_what_its_envoy_needs(tmp_path: Path) -> None:
          "--log-format", "text", "--config", str(config), "--max-body-bytes", "1MiB"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
-    assert proc.stderr is not None
     try:
-        seen = ""
-        while "epp serving" not in seen:
-            line = proc.stderr.readline()
-            assert line, f"epp exited: {seen}"
-            seen += line
+        seen = log_until_serving(proc)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -16,6 +16,7 @@ from epp.sync.gen import sync_pb2, sync_pb2_grpc
 from epp.sync.node import SyncTls
 from epp.sync.peers import HostPort
 from tests.integration.extproc_fixtures import Epp, pool, start_epp, stop_epp
+from tests.integration.test_serve_process import log_until_serving
 from tests.integration.test_sync import connect, connected, route, sync_of, sync_options, until
 
 PROMPTS = [f"Tenant {i}: you are an assistant for the billing team. " * 20 for i in range(12)]
@@ -152,13 +153,8 @@ def test_sync_started_by_hand_without_tls_refuses_to_start_unless_insecure_is_ch
     assert "--sync-insecure" in err and "mutual TLS" in err
     for _start in range(2):  # at every start
         chosen = _serve("--sync-insecure")
-        assert chosen.stderr is not None
         try:
-            seen = ""
-            while "epp serving" not in seen:
-                line = chosen.stderr.readline()
-                assert line, f"epp exited: {seen}"
-                seen += line
+            seen = log_until_serving(chosen)
             assert "INSECURE: index sync is PLAINTEXT and unauthenticated" in seen
             assert "--sync-insecure" in seen
         finally:
