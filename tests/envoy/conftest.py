@@ -186,7 +186,9 @@ def _sync_args(ports: list[int], i: int) -> tuple[str, ...]:
     if not ports:
         return ()
     peers = ",".join(f"127.0.0.1:{port}" for k, port in enumerate(ports) if k != i)
-    return ("--sync-port", str(ports[i]), "--peers", peers, "--sync-warm-timeout-s", "0")
+    # replicas on loopback: plaintext sync, chosen explicitly (epp refuses it otherwise)
+    return ("--sync-port", str(ports[i]), "--peers", peers, "--sync-warm-timeout-s", "0",
+            "--sync-insecure")
 
 
 async def until_epp_routes(p: Pool, http: aiohttp.ClientSession) -> None:
