@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 FAKE_PYTHON = """#!/bin/sh
 if [ "$1 $2" = "-m pip" ]; then
-    case "$*" in *--upgrade*) echo "Requirement already satisfied: pip"; exit 0 ;; esac
+    case "$*" in *--upgrade*|*--force-reinstall*) echo "Requirement already satisfied: pip"; exit 0 ;; esac
     echo "Obtaining file://$PWD"
     echo "Collecting xxhash>=3.4 (from epp==0.1.0)"
     echo "  Downloading xxhash-4.1.0-cp311-manylinux.whl (194 kB)"
