@@ -49,6 +49,18 @@ _ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDP
 _PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 
 
+ENV_HELP = (
+    "Tracing: the standard OpenTelemetry variables turn it on, nothing else: "
+    "OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) exports spans there over OTLP, "
+    "OTEL_TRACES_EXPORTER=otlp|console|none chooses, OTEL_SDK_DISABLED=true turns it off; the "
+    "sampler, propagators, resource and batching follow the other OTEL_* variables. When they "
+    "ask for what cannot work (an unknown exporter, protocol or propagator, OTLP without the "
+    "SDK installed: pip install 'epp[tracing]'), start-up stops with an error naming the "
+    "variable. See docs/observability.md."
+)
+"""The ``epilog`` of the commands that read the variables (``epp serve``, ``epp pd-sidecar``)."""
+
+
 def _exporters(environ: Mapping[str, str]) -> list[str]:
     """The exporters the variables ask for; [] when tracing is off."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
