@@ -126,6 +126,8 @@ class Sidecar:
         )  # fmt: skip
         self._split, self._fallback, self._unsplit = (self.requests.labels(v)
                                                       for v in ("yes", "fallback", "no"))  # fmt: skip
+        if tracing is not None:
+            tracing.register_metrics(self.registry)
         self._session: aiohttp.ClientSession | None = None
         self._warned_s = -_WARN_PERIOD_S
 
