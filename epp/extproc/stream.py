@@ -616,12 +616,9 @@ class RequestStream:
             self._trace.answered(kind.status, kind.type,
                                  exc.message if isinstance(exc, EppError) else type(exc).__name__)  # fmt: skip
         routing = self._routing
-        if routing is not None and not routing.released:
-            self._director.abandon(routing, str(kind.status))
-            model = routing.client_model
-        else:
-            self._director.rejected("", kind.status)
-            model = ""
+        model = routing.client_model if routing is not None else ""
+        reason = exc.reason if isinstance(exc, EppError) and exc.reason else kind.type
+        self._director.answered(routing, model, kind.status, reason)
         log.info(
             "request answered by epp: status=%d type=%s path=%s model=%s reason=%s",
             kind.status, kind.type, echo(self._path.partition("?")[0]), echo(model),

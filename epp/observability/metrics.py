@@ -161,6 +161,17 @@ class EppMetrics:
             "Times an endpoint left the candidates because it reported it cannot serve "
             "(its prefix-cache entries are forgotten then).", ["reason"], registry=r,
         )
+        self.answered = Counter(
+            "epp_answered_requests",
+            "Requests epp answered itself with an error status instead of routing them (or "
+            "after routing them: a response over its limits), by HTTP status and reason: flow "
+            "control's queue-full, band-full, displaced, queue-timeout, shutting-down; "
+            "max-open-streams; else the error's type (service_unavailable: no endpoint, "
+            "rate_limit_exceeded: a sheddable request shed, invalid_request_error...). A model "
+            "server's own error statuses are never counted here (epp_requests_total has them).",
+            ["status", "reason"],
+            registry=r,
+        )
         self.task_failures = Counter(
             "epp_background_task_failures",
             "Background task runs that raised and were restarted by the supervisor.",
@@ -457,6 +468,11 @@ class EppMetrics:
         if child is None:
             child = self._request_children[key] = self.requests.labels(model, status)
         child.inc()
+
+    def answered_by_epp(self, status: int, reason: str) -> None:
+        """Label values come from epp's code (the error table and the errors' reasons), a
+        bounded set."""
+        self.answered.labels(str(status), reason).inc()
 
     def plugin_timings(self, timings: Mapping[str, float]) -> None:
         children = self._plugin_children

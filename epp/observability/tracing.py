@@ -9,7 +9,9 @@ the protocol (``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL``: ``http/protobuf``, the d
 ``_ARG``; parent-based always-on by default), the propagators (``OTEL_PROPAGATORS``: W3C
 trace context and baggage by default), the resource (``OTEL_SERVICE_NAME``, default ``epp``;
 ``OTEL_RESOURCE_ATTRIBUTES``) and the batch processor's bounds (``OTEL_BSP_*``: a full queue
-drops spans, it never blocks a request).
+drops spans, it never blocks a request). Each span's export is counted by outcome
+(``epp_tracing_spans_exported_total{exporter, outcome}``): a receiver that refuses or cannot
+be reached shows as ``failed`` there, not only in a log line.
 
 One span tree per request, continuing the client's ``traceparent``::
 
@@ -33,6 +35,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from epp import package_version
@@ -47,6 +50,18 @@ there were): attribute arrays stay bounded however large the pool."""
 INSTRUMENTATION = "epp"
 _ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+
+ENV_HELP = (
+    "Tracing: the standard OpenTelemetry variables turn it on, nothing else: "
+    "OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) exports spans there over OTLP, "
+    "OTEL_TRACES_EXPORTER=otlp|console|none chooses, OTEL_SDK_DISABLED=true turns it off; the "
+    "sampler, propagators, resource and batching follow the other OTEL_* variables. When they "
+    "ask for what cannot work (an unknown exporter, protocol or propagator, OTLP without the "
+    "SDK installed: pip install 'epp[tracing]'), start-up stops with an error naming the "
+    "variable. See docs/observability.md."
+)
+"""The ``epilog`` of the commands that read the variables (``epp serve``, ``epp pd-sidecar``)."""
 
 
 def _exporters(environ: Mapping[str, str]) -> list[str]:
@@ -88,14 +103,82 @@ def tracing_from_env(environ: Mapping[str, str] | None = None) -> Tracing | None
     if not env.get("OTEL_SERVICE_NAME") and "service.name=" not in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
         attributes["service.name"] = "epp"
     provider = TracerProvider(resource=Resource.create(attributes))
+    counts = []
     for name in exporters:
         exporter = ConsoleSpanExporter() if name == "console" else _otlp_exporter(env)
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        counts.append(ExportCounts(name))
+        provider.add_span_processor(BatchSpanProcessor(_counted(exporter, counts[-1])))
     where = next((env[v] for v in _ENDPOINT_VARS if env.get(v)), "the default endpoint")
     log.info("tracing on: %s", ", ".join(
         f"OTLP to {where}" if name == "otlp" else "console (standard output)" for name in exporters))
     return Tracing(provider.get_tracer(INSTRUMENTATION, package_version()),
-                   propagate.get_global_textmap(), provider)  # fmt: skip
+                   propagate.get_global_textmap(), provider, counts)  # fmt: skip
+
+
+@dataclass(slots=True)
+class ExportCounts:
+    """Spans whose export finished, by outcome, for one exporter: written by its batch
+    processor's thread only, read when Prometheus scrapes (``epp_tracing_spans_exported_total``)."""
+
+    exporter: str
+    ok: int = 0
+    failed: int = 0
+
+
+def _counted(exporter: Any, counts: ExportCounts) -> Any:
+    """``exporter`` with each batch's spans counted by outcome: a batch the exporter gave up
+    on (an error status, a receiver down past its retries and timeout, an exception) is lost,
+    and the SDK says so only in a log line; an operator alerts on the count
+    (``EppTraceExportFailing``)."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class CountedExporter(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> Any:
+            try:
+                result = exporter.export(spans)
+            except Exception:
+                counts.failed += len(spans)
+                raise
+            if result == SpanExportResult.SUCCESS:
+                counts.ok += len(spans)
+            else:
+                counts.failed += len(spans)
+            return result
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    return CountedExporter()
+
+
+class ExportCollector:
+    """``epp_tracing_spans_exported_total{exporter, outcome}`` (``ok``, ``failed``) from the
+    exporters' counts, read at scrape time."""
+
+    NAME = "epp_tracing_spans_exported"
+    HELP = ("Spans whose export finished, by exporter (otlp, console) and outcome: ok, or "
+            "failed (the receiver refused them, was unreachable past the exporter's retries "
+            "and timeout, or the exporter raised): failed spans are lost.")  # fmt: skip
+
+    def __init__(self, counts: Sequence[ExportCounts]) -> None:
+        self._counts = counts
+
+    def describe(self) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        return [CounterMetricFamily(self.NAME, self.HELP, labels=("exporter", "outcome"))]
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(self.NAME, self.HELP, labels=("exporter", "outcome"))
+        for c in self._counts:
+            family.add_metric([c.exporter, "ok"], c.ok)
+            family.add_metric([c.exporter, "failed"], c.failed)
+        yield family
 
 
 STALE_OTLP_PROTOS_FIX = "pip install --force-reinstall --no-deps opentelemetry-proto"
@@ -138,13 +221,21 @@ def _otlp_exporter(env: Mapping[str, str]) -> Any:
 class Tracing:
     """Starts a :class:`RequestTrace` per request (``begin``); ``shutdown`` flushes."""
 
-    def __init__(self, tracer: Any, propagator: Any, provider: Any = None) -> None:
+    def __init__(self, tracer: Any, propagator: Any, provider: Any = None,
+                 export_counts: Sequence[ExportCounts] = ()) -> None:  # fmt: skip
         from opentelemetry import trace
 
         self._tracer = tracer
         self._propagator = propagator
         self._provider = provider
         self._trace = trace
+        self.export_counts = export_counts
+        """Per exporter, the spans exported and failed (``register_metrics``)."""
+
+    def register_metrics(self, registry: Any) -> None:
+        """Export ``epp_tracing_spans_exported_total`` in ``registry`` (a CollectorRegistry)."""
+        if self.export_counts:
+            registry.register(ExportCollector(self.export_counts))
 
     def begin(self, headers: Mapping[str, str], request_id: str, path: str, method: str) -> RequestTrace:
         """The request's trace, its root span a child of the client's ``traceparent`` (if
@@ -344,4 +435,5 @@ def now_ns() -> int:
     return time.time_ns()
 
 
-__all__: Sequence[str] = ("RequestTrace", "Tracing", "profile_attributes", "tracing_from_env")
+__all__: Sequence[str] = ("ExportCounts", "RequestTrace", "Tracing", "profile_attributes",
+                          "tracing_from_env")

@@ -44,9 +44,17 @@ PREFILLER_HEADER = "x-prefiller-host-port"
 prefill (llm-d's name). Stripped from every client request, trusted or not."""
 EXPLAIN_HEADER = "x-epp-explain"
 """``1`` asks for ``x-epp-pick-reason`` on the response (a control header: trusted only)."""
-CONTROL_HEADERS = (MODEL_REWRITE_HEADER, *OBJECTIVE_HEADERS, EXPLAIN_HEADER)
+CONTROL_HEADER_EFFECTS = {
+    MODEL_REWRITE_HEADER: "the model the request is served as",
+    OBJECTIVE_HEADER: "its objective, hence its priority",
+    OBJECTIVE_HEADERS[1]: "the same, by the Inference Extension's name",
+    EXPLAIN_HEADER: "asks for x-epp-pick-reason on the response",
+}
+"""Headers that steer epp, and what each sets (``epp serve --help`` lists them from here)."""
+CONTROL_HEADERS = tuple(CONTROL_HEADER_EFFECTS)
 """Headers that steer epp. Honoured only with ``trust_control_headers`` (a proxy in front
-sets or strips them); otherwise a client could pick its own model or priority."""
+sets or strips them); otherwise a client could pick its own model or priority, or learn the
+pool's endpoints from the pick's reason. Untrusted, they are removed from the request."""
 REQUEST_ID_HEADER = "x-request-id"
 MAX_ECHO_CHARS = 120
 """Client-supplied text quoted in an error message (a path, a header) is cut to this."""

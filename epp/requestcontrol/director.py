@@ -368,7 +368,16 @@ class Director:
         """epp answers a request 500 for a fault of its own (counted by ``stage``)."""
         self._metrics.internal_errors.labels(stage).inc()
 
-    def rejected(self, model: str, status: int) -> None:
-        """A request answered by epp itself with an error status."""
-        self._metrics.request_done(model, str(status))
-        self._metrics.objective_done(model, "", status, 0.0, 0, 0, 0, 0)
+    def answered(self, routing: Routing | None, model: str, status: int, reason: str) -> None:
+        """epp answered the request itself with an error ``status`` (an ImmediateResponse:
+        refused, shed, bad input, its own fault): released if it was routed, counted in
+        ``epp_requests_total`` with every request and in ``epp_answered_requests_total``,
+        which holds epp's own answers only (``reason``: flow control's ``queue-full``...,
+        else the error's type), never a model server's."""
+        if routing is not None:
+            if not routing.released:
+                self.abandon(routing, str(status))
+        else:
+            self._metrics.request_done(model, str(status))
+            self._metrics.objective_done(model, "", status, 0.0, 0, 0, 0, 0)
+        self._metrics.answered_by_epp(status, reason)

@@ -266,6 +266,8 @@ async def start_server(
     metrics = EppMetrics(registry)
     metrics.pool_name = opts.pool_name
     metrics.set_build(os.environ.get("EPP_COMMIT", "unknown"), package_version())
+    if opts.tracing is not None:
+        opts.tracing.register_metrics(registry)
     ds = datastore or Datastore(stale_after_s=cfg.saturation.metrics_staleness_seconds)
     sched = scheduler or build_scheduler(cfg, rng or random.Random())
     ds.on_removed(sched.remove_endpoint)

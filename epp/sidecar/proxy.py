@@ -22,7 +22,7 @@ operator must give (the start fails without one): the networks and port the pref
 on. Loopback, link-local (``169.254.169.254``, the cloud metadata service), unspecified and
 multicast addresses are refused even inside a wide network such as ``0.0.0.0/0``; only an
 entry wholly inside such a range (``127.0.0.1/32:8100`` for a stack on one host) allows
-them.
+them. The list is logged at start, with a warning for an entry that allows every address.
 
 The prefill leg asks for exactly one token: every field that constrains the output's length
 or count is made consistent with that (``PREFILL_OVERRIDES``), or the server would refuse the
@@ -30,8 +30,9 @@ prefill (vLLM answers 400 to ``max_tokens: 1`` with ``min_tokens: 5``) and every
 would silently be decoded locally.
 
 A prefill that fails, times out or names a prefiller not allowed is never fatal: the request
-is decoded locally in full, a warning is logged and ``epp_sidecar_prefill_total{outcome}``
-counts it. Token-id prompts pass through unchanged. A client that goes away cancels the
+is decoded locally in full, a warning is logged, ``epp_sidecar_prefill_total{outcome}``
+counts why and ``epp_sidecar_requests_total{split="fallback"}`` that it happened (``yes``
+counts the requests actually split, ``no`` those that asked for no split). Token-id prompts pass through unchanged. A client that goes away cancels the
 upstream request. Requests without the header, and every other path (``/metrics``,
 ``/health``, ``/v1/models``), are proxied to the decoder as they are. The sidecar's own
 metrics are at ``/sidecar/metrics``.
@@ -116,9 +117,17 @@ class Sidecar:
             registry=self.registry,
         )  # fmt: skip
         self.requests = Counter(
-            "epp_sidecar_requests", "Requests proxied to the decoder, by whether a remote "
-            "prefill was asked for.", ["split"], registry=self.registry,
+            "epp_sidecar_requests", "Completion requests proxied to the decoder, by what "
+            "happened: 'yes' (split: prefilled on the prefiller x-prefiller-host-port named, "
+            "decoded here), 'fallback' (a split was asked for, but the request was decoded "
+            "here in full: the prefiller not allowed, the prefill failed or timed out; "
+            "epp_sidecar_prefill_total{outcome} says why), 'no' (no split asked for).",
+            ["split"], registry=self.registry,
         )  # fmt: skip
+        self._split, self._fallback, self._unsplit = (self.requests.labels(v)
+                                                      for v in ("yes", "fallback", "no"))  # fmt: skip
+        if tracing is not None:
+            tracing.register_metrics(self.registry)
         self._session: aiohttp.ClientSession | None = None
         self._warned_s = -_WARN_PERIOD_S
 
@@ -158,10 +167,9 @@ class Sidecar:
                                 attributes={"url.path": request.path, "epp.prefiller": prefiller})  # fmt: skip
         try:
             if prefiller and request.method == "POST" and request.path in _SPLIT_PATHS:
-                self.requests.labels("yes").inc()
                 body = await self._prefill_then(request, prefiller, body, span)
             elif request.path in _SPLIT_PATHS:
-                self.requests.labels("no").inc()
+                self._unsplit.inc()
             return await self._forward(request, self.cfg.decoder, body, span)
         finally:
             if span is not None:
@@ -228,6 +236,7 @@ class Sidecar:
             return self._local(request, "bad-response", f"prefill on {prefiller} returned no JSON "
                                "object", body)  # fmt: skip
         self.prefills.labels("ok").inc()
+        self._split.inc()
         self.prefill_seconds.observe(time.monotonic() - t0)
         if self.cfg.connector == "nixlv2":
             params = answer.get("kv_transfer_params")
@@ -266,6 +275,7 @@ class Sidecar:
 
     def _local(self, request: web.Request, outcome: str, why: str, body: bytes) -> bytes:
         self.prefills.labels(outcome).inc()
+        self._fallback.inc()
         now = time.monotonic()
         if now - self._warned_s >= _WARN_PERIOD_S:
             self._warned_s = now
@@ -320,7 +330,13 @@ async def run(cfg: SidecarConfig, host: str, port: int, stop: asyncio.Event | No
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    log.info("pd-sidecar on %s:%d -> decoder %s (connector %s)", host, port, cfg.decoder, cfg.connector)
+    log.info("pd-sidecar on %s:%d -> decoder %s (connector %s); prefills allowed to %s", host,
+             port, cfg.decoder, cfg.connector, ", ".join(cfg.allowed_prefillers) or "nowhere")  # fmt: skip
+    for entry in wide_entries(cfg.allowed_prefillers):
+        log.warning("--allowed-prefillers %s allows every address (but loopback, link-local, "
+                    "unspecified and multicast ones): a forged x-prefiller-host-port can send "
+                    "the prompt to any host the pod reaches; name the prefill pods' network "
+                    "instead (e.g. 10.0.0.0/8:8000)", entry)  # fmt: skip
     try:
         await (stop or asyncio.Event()).wait()
     finally:
@@ -374,6 +390,12 @@ def _allowed_entry(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Net
     return net, port
 
 
+def wide_entries(entries: Sequence[str]) -> list[str]:
+    """The ``--allowed-prefillers`` entries that match every address of their family
+    (``0.0.0.0/0``, ``::/0``, with or without a port): warned about at start."""
+    return [e for e in entries if _allowed_entry(e)[0].prefixlen == 0]
+
+
 def parse_networks(text: str) -> tuple[str, ...]:
     """``10.0.0.0/8:8000,[fd00::/8]:8000`` -> the entries; raises ValueError naming a bad one."""
     nets: list[str] = []
@@ -388,4 +410,4 @@ def parse_networks(text: str) -> tuple[str, ...]:
 
 
 __all__: Sequence[str] = ("CONNECTORS", "PREFILL_DROPPED", "PREFILL_OVERRIDES", "Sidecar",
-                          "SidecarConfig", "parse_networks", "prefill_fields", "run")
+                          "SidecarConfig", "parse_networks", "prefill_fields", "run", "wide_entries")

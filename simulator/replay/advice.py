@@ -5,6 +5,9 @@
   pool with unbounded KV caches and perfect routing would reach. 0 means no request shares a
   prefix with another (a public trace converted from lengths only): every policy then hits
   0% whatever it does, and the replay says nothing about prefix-aware routing.
+* ``kv_fit``: how many of the trace's requests are larger than a replica's whole KV cache
+  (prompt and output: the replay rejects them, as vLLM refuses them) and the size that fits
+  the largest; ``too_large_warning`` says so, before any figure, with that size.
 * ``advice``: a legend for the columns that need one, the policy that did best and how to
   run it, and, when the best hit rate is far below what the trace could give, that the KV
   caches are too small to show the routing's effect (``--kv-blocks``).
@@ -14,10 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import xxhash
 
 from simulator.model.cache import text_block_hashes
+from simulator.replay.bound import TtftBound
 from simulator.replay.report import PolicyStats
 from simulator.replay.workload import MOONCAKE_BLOCK_TOKENS, Workload
 
@@ -64,10 +69,41 @@ def no_reuse_warning(name: str) -> str:
             "block ids (docs/replay.md), or a generated workload (--workload)")  # fmt: skip
 
 
+@dataclass(slots=True, frozen=True)
+class KvFit:
+    requests: int
+    too_large: int
+    """Requests needing more KV blocks (prompt and output) than a replica has: rejected."""
+    largest_blocks: int
+    """KV blocks the largest request needs: the least ``--kv-blocks`` that serves them all."""
+
+
+def kv_fit(bounds: Sequence[TtftBound], kv_blocks: int) -> KvFit:
+    """From the requests' ``blocks_needed`` (``ttft_lower_bounds``)."""
+    needed = [b.blocks_needed for b in bounds]
+    return KvFit(len(needed), sum(n > kv_blocks for n in needed), max(needed, default=0))
+
+
+def too_large_warning(fit: KvFit, kv_blocks: int, block_tokens: int) -> str:
+    """'' when every request fits; else what was rejected and the size that fits them all."""
+    if not fit.too_large:
+        return ""
+    every = fit.too_large == fit.requests
+    which = ("every request of the trace needs" if every
+             else f"{fit.too_large:,} of the trace's {fit.requests:,} requests need")  # fmt: skip
+    served = "nothing was served, so the table has no figures" if every else "the table's figures are of the others"
+    return (f"warning: {which} more KV than a replica holds "
+            f"({kv_blocks * block_tokens:,} tokens: --kv-blocks {kv_blocks} of {block_tokens} "
+            f"tokens) and were rejected, as vLLM refuses a request over its KV cache; {served}. "
+            f"The largest needs {fit.largest_blocks:,} blocks (prompt and output): replay with "
+            f"--kv-blocks {fit.largest_blocks} or more")  # fmt: skip
+
+
 def advice(stats: Sequence[PolicyStats], reuse: float, kv_blocks: int, block_tokens: int,
-           config: str = "") -> list[str]:  # fmt: skip
+           config: str = "", fit: KvFit | None = None) -> list[str]:  # fmt: skip
     """Lines to print under the table (module docstring); ``config`` is the epp config the
-    epp policies ran (``--config``; '' = the shipped default)."""
+    epp policies ran (``--config``; '' = the shipped default); ``fit``: the requests against
+    the KV cache (``kv_fit``), so a suggested size serves the largest."""
     columns = ["hit rate", "queue share", "imbalance", "rejected", "sim req/s"]
     if any(s.ttft_pred_count for s in stats):
         columns.append("TTFT pred. error")
@@ -76,14 +112,16 @@ def advice(stats: Sequence[PolicyStats], reuse: float, kv_blocks: int, block_tok
     best = _best(stats)
     if best is not None:
         lines.append(_verdict(best, stats, config))
-    top = max((s.hit_rate for s in stats), default=0.0)
-    if reuse >= 0.2 and top < reuse / 2:
+    served = [s for s in stats if s.served]
+    top = max((s.hit_rate for s in served), default=0.0)
+    if served and reuse >= 0.2 and top < reuse / 2:
         kv_tokens = kv_blocks * block_tokens
+        more = max(kv_blocks * 4, fit.largest_blocks if fit is not None else 0)
         lines.append(
             f"the best hit rate ({top:.1%}) is far below the {reuse:.1%} this trace could hit: "
             f"each replica's KV cache ({kv_tokens:,} tokens, --kv-blocks {kv_blocks}) holds "
             f"little of what it sees, so every policy recomputes; replay with more KV "
-            f"(--kv-blocks {kv_blocks * 4}) to see what routing gains on your servers' caches"
+            f"(--kv-blocks {more}) to see what routing gains on your servers' caches"
         )
     return lines
 

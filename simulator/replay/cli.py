@@ -23,7 +23,13 @@ from epp.config.loader import default_config, load_config
 from epp.errors import ConfigError
 from simulator.clihelp import HelpFormatter, deprecated_alias
 from simulator.model.cost import CostModel, load_profile
-from simulator.replay.advice import advice, no_reuse_warning, prefix_reuse
+from simulator.replay.advice import (
+    advice,
+    kv_fit,
+    no_reuse_warning,
+    prefix_reuse,
+    too_large_warning,
+)
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds
 from simulator.replay.convert import CSV_COLUMNS, convert, csv_format, left_out_note
 from simulator.replay.policies import POLICY_NAMES, ROLE_AWARE_POLICIES, policy_factory
@@ -327,19 +333,23 @@ def run(args: argparse.Namespace) -> int:
     bound: dict[str, float] = {}
     if sweep is None:
         results, stats = _run_policies(workload, config, specs, epp_cfg, console, progress)
-        print_table(stats, console, title=_title(workload, config))
         bounds = ttft_lower_bounds(workload.requests(), config.cost, config.block_size_tokens,
                                    config.model, config.replies_cached)  # fmt: skip
+        fit = kv_fit(bounds, config.kv_blocks)
+        if warning := too_large_warning(fit, config.kv_blocks, config.block_size_tokens):
+            console.print(warning, highlight=False)  # before any figure
+        print_table(stats, console, title=_title(workload, config))
         p50, p90, p99 = (bound_percentile(bounds, config.kv_blocks, q) for q in (50, 90, 99))
-        console.print(
-            f"TTFT no policy beats (simulator/replay/bound.py): p50 {p50:.2f}s, p90 {p90:.2f}s, "
-            f"p99 {p99:.2f}s", highlight=False,
-        )  # fmt: skip
+        if fit.too_large < fit.requests:  # no bound for nothing served
+            console.print(
+                f"TTFT no policy beats (simulator/replay/bound.py): p50 {p50:.2f}s, p90 {p90:.2f}s, "
+                f"p99 {p99:.2f}s", highlight=False,
+            )  # fmt: skip
         for line in advice(stats, reuse, config.kv_blocks, config.block_size_tokens,
-                           args.config or ""):  # fmt: skip
+                           args.config or "", fit):  # fmt: skip
             console.print(line, highlight=False)
         rows = [s.to_json() for s in stats]
-        bound = {"p50": p50, "p90": p90, "p99": p99}
+        bound = {"p50": p50, "p90": p90, "p99": p99} if fit.too_large < fit.requests else {}
         for plot_dir in (d for d in (args.plot_dir, args.out_dir) if d):
             from simulator.replay.plots import write_plots
 

@@ -132,25 +132,30 @@ def stats_table(stats: Sequence[PolicyStats], title: str = "") -> Table:
     if predicting:
         table.add_column("TTFT pred. error", justify="right")
     for s in stats:
-        extra = [f"{s.split_share:.0%}"] if splitting else []
+        extra = [_served(s, f"{s.split_share:.0%}")] if splitting else []
         extra += [_pred_error(s)] if predicting else []
         table.add_row(
             s.policy,
-            f"{s.hit_rate:.1%}",
+            _served(s, f"{s.hit_rate:.1%}"),
             _secs(s.ttft_p50_s, "s"),
             _secs(s.ttft_p90_s, "s"),
             _secs(s.ttft_p99_s, "s"),
             _ms(s.tpot_p50_s),
             _ms(s.tpot_p90_s),
             _secs(s.e2e_p99_s, "s"),
-            f"{s.throughput_tok_s:,.0f}",
-            f"{s.queue_share:.0%}",
-            f"{s.load_imbalance:.2f}",
+            _served(s, f"{s.throughput_tok_s:,.0f}"),
+            _served(s, f"{s.queue_share:.0%}"),
+            _served(s, f"{s.load_imbalance:.2f}"),
             str(s.rejected),
             f"{s.sim_requests_per_s:,.0f}",
             *extra,
         )
     return table
+
+
+def _served(s: PolicyStats, text: str) -> str:
+    """A figure of the served requests, or "-" when none was served (every one rejected)."""
+    return text if s.served else "-"
 
 
 def _secs(value: float, unit: str) -> str:
@@ -175,10 +180,11 @@ def markdown_table(stats: Sequence[PolicyStats]) -> str:
         "| queue share | imbalance |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     rows = "".join(
-        f"| {s.policy} | {s.hit_rate:.1%} | {_secs(s.ttft_p50_s, ' s')} "
+        f"| {s.policy} | {_served(s, f'{s.hit_rate:.1%}')} | {_secs(s.ttft_p50_s, ' s')} "
         f"| {_secs(s.ttft_p90_s, ' s')} | {_secs(s.ttft_p99_s, ' s')} "
         f"| {_secs(s.e2e_p50_s, ' s')} | {_secs(s.e2e_p99_s, ' s')} "
-        f"| {s.throughput_tok_s:,.0f} | {s.queue_share:.0%} | {s.load_imbalance:.2f} |\n"
+        f"| {_served(s, f'{s.throughput_tok_s:,.0f}')} | {_served(s, f'{s.queue_share:.0%}')} "
+        f"| {_served(s, f'{s.load_imbalance:.2f}')} |\n"
         for s in stats
     )
     return head + rows

@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
                         formatter_class=HelpFormatter)  # fmt: skip
     from simulator.replay.workload import GENERATORS
 
-    ex.add_argument("--workload", required=True, choices=sorted(GENERATORS))
+    ex.add_argument("--workload", required=True, choices=sorted(GENERATORS),
+                    help="the generator (as epp-sim replay --workload)")
     ex.add_argument("--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
                     help="generator parameter (repeatable)")
     ex.add_argument("--workload-file", help="YAML generator parameters")

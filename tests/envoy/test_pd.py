@@ -125,4 +125,8 @@ async def test_a_dead_prefiller_never_fails_a_request(tmp_path: Path) -> None:
                                      'decision="no-prefiller"')  # fmt: skip
         ok = await counter(http, p["sidecar_metrics"], "epp_sidecar_prefill_total", 'outcome="ok"')
         assert ok == 3 and failed + no_prefiller == 9
+        # what happened to each: split, decoded here after a failed prefill, not split
+        for split, want in (("yes", 3), ("fallback", failed), ("no", no_prefiller)):
+            assert await counter(http, p["sidecar_metrics"], "epp_sidecar_requests_total",
+                                 f'split="{split}"') == want  # fmt: skip
 

@@ -533,6 +533,8 @@ def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
 
 EPP_METRICS = {
     "epp_requests_total",
+    "epp_answered_requests_total",
+    "epp_tracing_spans_exported_total",
     "epp_scheduling_duration_seconds",
     "epp_plugin_duration_seconds",
     "epp_event_loop_lag_seconds",

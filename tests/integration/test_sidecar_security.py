@@ -9,6 +9,7 @@ Real sockets: the sidecar's app, a decoder and a would-be target, each an HTTP s
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,7 +19,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from epp.sidecar.proxy import Sidecar, SidecarConfig
+from epp.sidecar.proxy import Sidecar, SidecarConfig, run
 
 pytestmark = pytest.mark.asyncio
 
@@ -77,6 +78,12 @@ def outcome(side: Sidecar, name: str) -> float:
     return side.registry.get_sample_value("epp_sidecar_prefill_total", {"outcome": name}) or 0.0
 
 
+def splits(side: Sidecar) -> dict[str, float]:
+    """``epp_sidecar_requests_total`` by ``split``: what happened to each request."""
+    return {v: side.registry.get_sample_value("epp_sidecar_requests_total", {"split": v}) or 0.0
+            for v in ("yes", "fallback", "no")}  # fmt: skip
+
+
 BODY = {"model": "m", "prompt": "a secret prompt", "max_tokens": 8}
 
 
@@ -91,6 +98,7 @@ async def test_a_loopback_target_is_refused_unless_its_range_and_port_are_allowe
         assert len(decoder.bodies) == 1 and decoder.bodies[0]["max_tokens"] == 8
         assert "x-prefiller-host-port" not in {k.lower() for k in decoder.headers[0]}
         assert outcome(side, "not-allowed") == 1
+        assert splits(side) == {"yes": 0, "fallback": 1, "no": 0}  # asked, not split
 
 
 async def test_an_entry_inside_the_loopback_range_allows_it() -> None:
@@ -98,6 +106,9 @@ async def test_an_entry_inside_the_loopback_range_allows_it() -> None:
         assert await post(url, tgt, BODY) == 200
         assert len(target.bodies) == 1 and target.bodies[0]["max_tokens"] == 1
         assert outcome(side, "ok") == 1
+        async with aiohttp.ClientSession() as http, http.post(f"http://{url}/v1/completions", json=BODY) as r:
+            assert r.status == 200  # no header: no split asked for
+        assert splits(side) == {"yes": 1, "fallback": 0, "no": 1}
 
 
 @pytest.mark.parametrize("forged", ["169.254.169.254:80", "0.0.0.0:80", "[::1]:80",
@@ -127,3 +138,21 @@ async def test_the_sidecar_refuses_to_start_without_an_allow_list() -> None:
     assert proc.returncode == 2
     assert b"--allowed-prefillers is required" in err
 
+
+
+@pytest.mark.parametrize(("allowed", "warned"), [
+    (("10.0.0.0/8:8000",), []),
+    (("10.0.0.0/8:8000", "0.0.0.0/0:8000", "[::/0]:8000"), ["0.0.0.0/0:8000", "[::/0]:8000"]),
+])  # fmt: skip
+async def test_the_allow_list_is_logged_at_start_and_an_entry_allowing_everything_warned(
+    allowed: tuple[str, ...], warned: list[str], caplog: pytest.LogCaptureFixture,
+) -> None:
+    stop = asyncio.Event()
+    stop.set()  # start, log, stop
+    with caplog.at_level(logging.INFO, logger="epp.sidecar.proxy"):
+        await run(SidecarConfig(allowed_prefillers=allowed), "127.0.0.1", 0, stop)
+    (started,) = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert started.endswith("prefills allowed to " + ", ".join(allowed))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w.split()[1] for w in warnings] == warned
+    assert all("any host the pod reaches" in w for w in warnings)

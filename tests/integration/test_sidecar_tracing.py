@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from epp.observability.tracing import Tracing
+from epp.observability.tracing import Tracing, tracing_from_env
 from epp.sidecar.proxy import Sidecar, SidecarConfig
 from tests.http_app import serve_app
 from tests.integration.test_tracing import CLIENT_SPAN, CLIENT_TRACE, TRACEPARENT, in_memory
@@ -77,3 +77,15 @@ async def test_an_untraced_sidecar_passes_the_traceparent_to_both_legs() -> None
     prefiller, decoder = await split_request(None)
     assert [h["traceparent"] for h in prefiller.seen + decoder.seen] == [TRACEPARENT, TRACEPARENT]
 
+
+
+def test_a_traced_sidecar_counts_its_span_exports_on_its_metrics() -> None:
+    tracing = tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    assert tracing is not None
+    try:
+        side = Sidecar(SidecarConfig(allowed_prefillers=("10.0.0.0/8",)), tracing)
+        for outcome in ("ok", "failed"):
+            labels = {"exporter": "otlp", "outcome": outcome}
+            assert side.registry.get_sample_value("epp_tracing_spans_exported_total", labels) == 0
+    finally:
+        tracing.shutdown()

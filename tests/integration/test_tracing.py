@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
+from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -22,6 +23,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from epp.errors import ConfigError
 from epp.observability.tracing import Tracing, tracing_from_env
+from simulator.otlp import OtlpReceiver
 from tests.integration import envoy_client as ec
 from tests.integration.extproc_fixtures import Epp, config_with, start_epp, stop_epp
 
@@ -216,3 +218,36 @@ def test_an_unknown_propagator_fails_at_start_naming_the_variable() -> None:
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "OTEL_PROPAGATORS" in proc.stderr and "Traceback" not in proc.stderr
+
+
+
+async def _refuse(_request: web.Request) -> web.Response:
+    return web.Response(status=400, text="refused")
+
+
+@pytest.mark.parametrize("receiver_refuses", [False, True], ids=["received", "refused"])
+async def test_each_spans_export_is_counted_by_outcome(receiver_refuses: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver that refuses the spans (HTTP 400: the exporter gives up at once) shows as
+    ``failed`` on epp's /metrics, not only in a log line; one that takes them, as ``ok``."""
+    receiver = await OtlpReceiver().start()
+    app = web.Application()
+    app.router.add_post("/v1/traces", _refuse)
+    refuser = web.AppRunner(app, access_log=None)
+    await refuser.setup()
+    await web.TCPSite(refuser, "127.0.0.1", 0).start()
+    endpoint = f"http://127.0.0.1:{refuser.addresses[0][1]}" if receiver_refuses else receiver.endpoint
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)  # the SDK's exporter reads it
+    tracing = tracing_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    assert tracing is not None
+    epp = await start_epp(tracing=tracing)
+    try:
+        await exchange(epp, {"traceparent": TRACEPARENT})
+    finally:
+        await stop_epp(epp)  # exports what the batch processor holds
+        await receiver.stop()
+        await refuser.cleanup()
+    reg = epp.handle.registry
+    counted = {o: reg.get_sample_value("epp_tracing_spans_exported_total", {"exporter": "otlp", "outcome": o})
+               for o in ("ok", "failed")}  # fmt: skip
+    assert counted == ({"ok": 0, "failed": 5} if receiver_refuses else {"ok": 5, "failed": 0})
+    assert receiver.received == (0 if receiver_refuses else 5)

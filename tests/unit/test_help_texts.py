@@ -1,5 +1,6 @@
 """The command lines as a new user meets them: ``--version`` answers from the package
-metadata, and no option's help says its default twice."""
+metadata; every option has a help text that states its default once, never as a Python
+literal; the tracing variables and the control headers are spelled out where they act."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from epp.cli import build_parser as epp_parser
 from epp.cli import main as epp_main
+from epp.request.parse import CONTROL_HEADERS
 from simulator.cli import build_parser as sim_parser
 from simulator.cli import main as sim_main
 
@@ -32,9 +34,8 @@ def _parsers(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, 
                 yield from _parsers(sub, f"{path} {name}")
 
 
-@pytest.mark.parametrize("build", [epp_parser, sim_parser])
-def test_no_option_help_states_its_default_twice(build) -> None:  # type: ignore[no-untyped-def]
-    seen = 0
+def _option_helps(build) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    """Every option's help as ``--help`` shows it: (``command --option``, text)."""
     for path, parser in _parsers(build(), ""):
         formatter = parser._get_formatter()
         for action in parser._actions:
@@ -43,7 +44,34 @@ def test_no_option_help_states_its_default_twice(build) -> None:  # type: ignore
             text = formatter._expand_help(action) if action.help else ""
             if isinstance(formatter, argparse.ArgumentDefaultsHelpFormatter):
                 text = formatter._get_help_string(action) % {"default": action.default, "prog": ""}
-            defaults = len(re.findall(r"\(default: ", text))
-            assert defaults <= 1, f"{path} {action.option_strings[0]}: {text!r}"
-            seen += 1
-    assert seen > 50  # the walk reached the subcommands' options
+            yield f"{path} {action.option_strings[0]}".strip(), text
+
+
+@pytest.mark.parametrize("build", [epp_parser, sim_parser])
+def test_every_option_has_help_stating_its_default_once_and_never_as_a_python_literal(build) -> None:  # type: ignore[no-untyped-def]
+    helps = list(_option_helps(build))
+    assert len(helps) > 50  # the walk reached the subcommands' options
+    for option, text in helps:
+        if option.endswith(("--help", "--version")):
+            continue
+        assert text.strip(), f"{option} has no help"
+        assert len(re.findall(r"\(default: ", text)) <= 1, f"{option}: {text!r}"
+        assert not re.search(r"\(default: [\[({]", text), f"{option}: {text!r}"
+
+
+def test_trust_control_headers_lists_every_header_it_unlocks() -> None:
+    (text,) = [t for o, t in _option_helps(epp_parser) if o == "serve --trust-control-headers"]
+    assert set(CONTROL_HEADERS) >= {"x-epp-explain", "x-llm-d-inference-objective",
+                                    "x-gateway-inference-objective", "x-gateway-model-name-rewrite"}  # fmt: skip
+    for name in CONTROL_HEADERS:
+        assert f" {name} (" in f" {text}", f"--trust-control-headers does not name {name}"
+
+
+@pytest.mark.parametrize("command", ["serve", "pd-sidecar"])
+def test_the_commands_that_read_otel_variables_say_so_in_their_help(command: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit):
+        epp_main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in text and "OTEL_TRACES_EXPORTER" in text
+    assert "start-up stops with an error naming the variable" in text
+    assert "x-gateway-destination-endpoint" in text or command == "pd-sidecar"  # no name cut at a hyphen

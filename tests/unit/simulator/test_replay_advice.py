@@ -1,10 +1,13 @@
 """The replay as a new user meets it with a public trace: Azure and BurstGPT CSVs are read as
 they are (or the error names the converter), what a conversion leaves out is said, a trace
 with no shared prefix is flagged before its 0% hit rates, and the table comes with a legend,
-the policy to run and, when the caches are too small to show routing, ``--kv-blocks``."""
+the policy to run and, when the caches are too small to show routing or to hold a request,
+``--kv-blocks``."""
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,3 +95,37 @@ def test_a_small_cache_replay_suggests_kv_blocks(capsys: pytest.CaptureFixture[s
     out = " ".join(capsys.readouterr().out.split())
     assert "what this trace could hit" in out and "best here:" in out
     assert "--kv-blocks 800" in out
+
+
+def _replay(kv_blocks: int, out: Path) -> None:
+    assert sim_main(["replay", "--workload", "chat", "--kv-blocks", str(kv_blocks), "--policies", "epp,random",
+                     "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+
+
+def test_requests_larger_than_the_kv_cache_are_said_first_with_a_size_that_fits_them_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QA's run: a chat workload on 40-block caches rejects every request. The replay says so
+    before any figure, prints none for what nothing served, and names the least --kv-blocks
+    that serves them all: with it nothing is rejected, with one block less something is."""
+    _replay(40, tmp_path / "small.json")
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    assert flat.startswith("warning: every request of the trace needs more KV than a replica holds")
+    assert "nothing was served" in flat
+    assert "nan" not in out and "every policy recomputes" not in flat and "TTFT no policy beats" not in flat
+    rows = [line for line in out.splitlines() if line.startswith(("│ epp", "│ random"))]
+    assert len(rows) == 2
+    for row in rows:  # no figure for nothing served, the rejections counted
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        assert cells[1:11] == ["-"] * 10 and cells[11] == "384", cells
+    suggested = int(re.search(r"replay with --kv-blocks (\d+) or more", flat).group(1))  # type: ignore[union-attr]
+    for blocks, rejected in ((suggested, 0), (suggested - 1, None)):
+        _replay(blocks, tmp_path / f"{blocks}.json")
+        results = json.loads((tmp_path / f"{blocks}.json").read_text())
+        if rejected == 0:
+            assert [r["rejected"] for r in results] == [0, 0]
+            assert "warning:" not in capsys.readouterr().out
+        else:
+            assert all(r["rejected"] > 0 for r in results)
+            assert "the table's figures are of the others" in " ".join(capsys.readouterr().out.split())

@@ -1,0 +1,31 @@
+"""``--help`` formatting shared by ``epp`` and ``epp-sim``."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` only where there is a value to show: not for unset (None),
+    empty (``''``, an empty list such as a repeatable option's) or off (False) defaults, nor
+    twice when the help text already says ``default:``; and never breaks a line inside a
+    hyphenated name (``x-gateway-destination-endpoint``, ``--allowed-prefillers``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if default is None or default is False or default is argparse.SUPPRESS:
+            return text
+        if isinstance(default, str | list | tuple | dict | set | frozenset) and not default:
+            return text
+        if "default:" in text or "%(default)" in text:
+            return text
+        return super()._get_help_string(action) or ""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)  # fmt: skip
