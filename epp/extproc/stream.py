@@ -51,7 +51,7 @@ from epp.request.parse import (
     RequestParser,
     echo,
 )
-from epp.requestcontrol.director import Director, Routing
+from epp.requestcontrol.director import UNSEEN, Director, Routing
 from epp.requestcontrol.explain import PICK_REASON_HEADER, pick_reason
 from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits, ResponseReader
 
@@ -113,6 +113,7 @@ class RequestStream:
         "_finish_later",
         "_first",
         "_first_body_s",
+        "_forward_only",
         "_handoff",
         "_headers",
         "_held",
@@ -184,6 +185,8 @@ class RequestStream:
         self._held: tuple[ParsedRequest, int, bool, bool] | None = None
         self._observing = False
         self._first_body_s = 0.0
+        self._forward_only = False
+        """The observer stream claimed this stream's request first: it only forwards."""
         self._finish_later = False
 
     @property
@@ -265,7 +268,9 @@ class RequestStream:
         A stream that ends before the response is complete counts as ``cancelled``: gRPC does
         not tell a client cancel from an early half-close, and both mean nobody is waiting.
         With response body mode NONE the response is complete once its headers came: the
-        stream's end is the exchange's.
+        stream's end is the exchange's; and when no response headers came either, the proxy
+        sends epp no response at all (``--response none``): the request ends as ``routed``,
+        its outcome unknown (the post-response hooks hear status 0).
         """
         if self._phase is Phase.RESPONSE_BODY and self._response_mode == convert.NONE:
             # response_body_mode NONE: Envoy sends no body and ends the stream when the
@@ -278,10 +283,16 @@ class RequestStream:
             self._handoff.observed(self._remote, Kind.ENDED, stored=stored)
             self._remote = ""
         routing = self._routing
-        if self._token and self._phase is Phase.ROUTED:
+        if (self._token and self._phase is Phase.ROUTED) or self._forward_only:
             routing = None  # its response is the observer stream's (or the handoff's) now
         if routing is not None and not routing.released:
-            self._director.abandon(routing, "cancelled")
+            if self._phase is Phase.ROUTED and self._response_mode == convert.NONE:
+                # the proxy sends this stream no response (Envoy's ``--response none``:
+                # response headers SKIP, body NONE): the request is over for epp, its
+                # outcome unknown, not a cancel
+                self._director.abandon(routing, UNSEEN)
+            else:
+                self._director.abandon(routing, "cancelled")
         elif self._trace is not None and self._routing is None:
             self._trace.ended("cancelled")  # before it was routed
         self._drop_body()
@@ -494,19 +505,21 @@ class RequestStream:
     # --- response path -----------------------------------------------------------------
 
     def _response_headers(self, h: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        routing = self._routing
         if self._token and self._handoff is not None:
             # the response came here after all (the proxy sends it to both filters): the
-            # first stream to see it observes it
-            self._handoff.claim(self._token)
+            # first stream to see it observes it. Claimed by the observer stream already:
+            # that stream reads it; this one only forwards it
+            self._forward_only = self._handoff.claim(self._token) is None
             self._token = ""
         headers = convert.headers_to_dict(h.headers)
         status_text = headers.get(":status", "200")
         ok = status_text.isascii() and status_text.isdigit() and len(status_text) == 3
         self._status = int(status_text) if ok else 0
-        routing = self._routing
-        if routing is not None:
+        observed = self._observed()
+        if observed is not None:
             sse = "text/event-stream" in headers.get("content-type", "")
-            req = routing.request
+            req = observed.request
             self._reader = ResponseReader(
                 self._status, sse, req.model, req.original_model, self._limits
             )
@@ -543,7 +556,7 @@ class RequestStream:
         end = b.end_of_stream
         if chunk and not self._first_body_s:
             self._first_body_s = first = time.monotonic()
-            routing = self._routing
+            routing = self._observed()
             if routing is not None:
                 self._director.first_token(routing, first - routing.started_s, self._status)
             elif self._remote and self._handoff is not None:
@@ -592,7 +605,14 @@ class RequestStream:
         self._phase = Phase.DONE
         self._finish_later = True
 
+    def _observed(self) -> Routing | None:
+        """The request whose response this stream reads: its own routing, unless the
+        observer stream claimed it first (then this one only forwards the response)."""
+        return None if self._forward_only else self._routing
+
     def _settle_response(self) -> None:
+        if self._forward_only:
+            return
         routing = self._routing
         if routing is None:
             if self._remote and self._handoff is not None and self._reader is not None:

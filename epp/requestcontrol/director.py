@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 _CLIENT_CLOSED = 499
 """The status the post-response hooks see for a request whose client went away."""
+UNSEEN = "routed"
+"""The final status of a request whose response the proxy never shows epp (Envoy's
+``--response none``): routed, outcome unknown. The post-response hooks see status 0."""
 
 
 @dataclass(slots=True)
@@ -333,7 +336,7 @@ class Director:
                     self._clock() - routing.started_s, routing.request_bytes, 0, 0, 0,
                 )  # fmt: skip
             if routing.settled:
-                code = int(status) if status.isdigit() else _CLIENT_CLOSED
+                code = int(status) if status.isdigit() else 0 if status == UNSEEN else _CLIENT_CLOSED
                 try:
                     self._scheduler.on_response(routing.result, ResponseInfo(code))
                 except Exception:  # best effort, as in finish

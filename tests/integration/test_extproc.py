@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.framework.endpoint import Metrics
 from tests.integration import envoy_client as ec
+from tests.integration.test_sync import until
 from tests.integration.extproc_fixtures import (
     Epp,
     config_with,
@@ -152,6 +153,39 @@ async def test_buffered_routes_in_body_reply(epp: Epp) -> None:
     assert rb.WhichOneof("response") == "response_body"
     assert not rb.response_body.response.HasField("body_mutation")
     assert await s.close() == grpc.StatusCode.OK
+
+
+async def test_a_proxy_that_sends_no_response_ends_requests_as_routed_not_cancelled() -> None:
+    """Envoy's ``--response none``: response headers SKIP, body NONE. The stream ends after
+    the routing reply; that is the documented mode, not a client cancel (issue 70, item 4)."""
+    from epp.framework.types import ResponseInfo
+    from epp.scheduling.scheduler import Scheduler
+
+    e = await start_epp()
+    heard: list[int] = []
+    sched: Scheduler = e.handle.scheduler
+    on_response = sched.on_response
+
+    def told(result: object, info: ResponseInfo) -> None:
+        heard.append(info.status)
+        on_response(result, info)  # type: ignore[arg-type]
+
+    sched.on_response = told  # type: ignore[method-assign]
+    try:
+        for _ in range(3):
+            s = ec.Stream(e.channel)
+            await s.send(ec.request_headers(modes=(ec.BUFFERED, ec.NONE)))
+            await s.recv()
+            await s.send(ec.request_body(BODY, True))
+            assert ec.destination(await s.recv())
+            assert await s.close() == grpc.StatusCode.OK
+        reg = e.handle.registry
+        await until(lambda: sum(e.handle.datastore.in_flight().values()) == 0, "released")
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "routed"}) == 3
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "cancelled"}) is None
+        assert heard == [0, 0, 0]  # the post-response hooks hear "unknown", not 499
+    finally:
+        await stop_epp(e)
 
 
 async def test_flag_mode_used_when_envoy_sends_no_protocol_config() -> None:
