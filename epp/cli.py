@@ -25,7 +25,12 @@ from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.observability.logging import setup_logging
 from epp.observability.tracing import tracing_from_env
 from epp.request.settings import DEFAULT_MAX_BODY_BYTES
-from epp.requestcontrol.response import MAX_JSON_BYTES, MAX_SSE_LINE_BYTES, ResponseLimits
+from epp.requestcontrol.response import (
+    MAX_HELD_BYTES,
+    MAX_JSON_BYTES,
+    MAX_SSE_LINE_BYTES,
+    ResponseLimits,
+)
 from epp.server.runner import ServerOptions, SourceStarter, start_server
 from epp.sync.node import SyncOptions, SyncTls
 from epp.sync.peers import parse_host_port, parse_peers
@@ -158,8 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest line of a streamed (SSE) response epp holds to read usage "
                    "from; a longer one is forwarded as it comes, unread")
     g.add_argument("--max-response-json-bytes", type=byte_size, default=MAX_JSON_BYTES,
-                   help="largest JSON response epp holds to read usage from; a larger one is "
-                   "forwarded unread")
+                   help="largest JSON response epp holds to read usage from (or to map a "
+                   "rewritten model back); a larger one is forwarded unread, its model "
+                   "rewritten in place")
+    g.add_argument("--max-buffered-response-bytes", type=byte_size, default=MAX_HELD_BYTES,
+                   help="response bytes all open streams may hold together (JSON bodies and "
+                   "unfinished SSE lines being read); past it, responses are forwarded unread")
     g.add_argument("--trust-control-headers", action="store_true",
                    help="honour x-gateway-model-name-rewrite and x-gateway-inference-objective "
                    "on requests. Only set this when a proxy in front sets or strips them: "
@@ -546,7 +555,8 @@ async def serve(args: argparse.Namespace) -> int:
         ),
         trust_control_headers=args.trust_control_headers,
         pool_name=getattr(args, "pool_name", "") or "static",
-        response_limits=ResponseLimits(args.max_response_json_bytes, args.max_sse_line_bytes),
+        response_limits=ResponseLimits(args.max_response_json_bytes, args.max_sse_line_bytes,
+                                       args.max_buffered_response_bytes),
         grace_s=args.grace_s,
         shutdown_delay_s=args.shutdown_delay_s,
         sync=sync_options(args),

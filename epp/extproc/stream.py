@@ -23,7 +23,8 @@ in-flight count stays exact under any message sequence.
 
 Bounds: at most ``MAX_HEADERS`` request headers (400 above); the request body up to the
 parser's ``max_body_bytes`` per stream (413) and a :class:`BodyBudget` over all streams
-together (503 when it is spent).
+together (503 when it is spent); what a response makes epp hold, by ``ResponseLimits`` per
+stream and a second budget over all streams (``ResponseReader``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from epp.request.parse import (
 )
 from epp.requestcontrol.director import UNSEEN, Director, Routing
 from epp.requestcontrol.explain import PICK_REASON_HEADER, pick_reason
-from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits, ResponseReader
+from epp.requestcontrol.response import DEFAULT_LIMITS, BodyBudget, ResponseLimits, ResponseReader
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +82,6 @@ class Held:
 class ProtocolError(Exception):
     """The ext_proc messages broke the protocol's order; the stream is ended with a gRPC
     error (Envoy would not do this; a buggy or hostile client would)."""
-
-
-class BodyBudget:
-    """Request-body bytes held by all streams together, bounded by ``max_bytes``."""
-
-    __slots__ = ("max_bytes", "used")
-
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BUFFERED_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.used = 0
 
 
 class Phase(enum.Enum):
@@ -126,6 +117,7 @@ class RequestStream:
         "_reader",
         "_remote",
         "_request_mode",
+        "_response_budget",
         "_response_mode",
         "_routing",
         "_status",
@@ -147,8 +139,12 @@ class RequestStream:
         limits: ResponseLimits = DEFAULT_LIMITS,
         handoff: ResponseHandoff | None = None,
         tracing: Tracing | None = None,
+        response_budget: BodyBudget | None = None,
     ) -> None:
         self._parser = parser
+        self._response_budget = (
+            response_budget if response_budget is not None else BodyBudget(limits.total_bytes)
+        )
         self._tracing = tracing
         self._trace: RequestTrace | None = None
         self._explain = False
@@ -278,6 +274,8 @@ class RequestStream:
             # cannot tell a client that left mid-response from one that did not)
             self._finish()
         self.after_replies()
+        if self._reader is not None:
+            self._reader.release()
         if self._remote and self._handoff is not None:  # ended before the response did
             stored = self._reader.stored_ids if self._reader is not None else ()
             self._handoff.observed(self._remote, Kind.ENDED, stored=stored)
@@ -521,11 +519,13 @@ class RequestStream:
             sse = "text/event-stream" in headers.get("content-type", "")
             req = observed.request
             self._reader = ResponseReader(
-                self._status, sse, req.model, req.original_model, self._limits
+                self._status, sse, req.model, req.original_model, self._limits,
+                self._response_budget,
             )
         elif self._remote:  # read for the replica that routed it (nothing to rewrite)
             sse = "text/event-stream" in headers.get("content-type", "")
-            self._reader = ResponseReader(self._status, sse, "", "", self._limits)
+            self._reader = ResponseReader(self._status, sse, "", "", self._limits,
+                                          self._response_budget)  # fmt: skip
         self._phase = Phase.RESPONSE_BODY
         if h.end_of_stream:
             self._finish()

@@ -33,7 +33,7 @@ from epp.errors import ConfigError
 from epp.extproc import convert
 from epp.extproc.observer import ResponseHandoff
 from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS, ExtProcService, add_to_server
-from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
+from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import Lifecycle, PluginContext
 from epp.observability.looplag import watch_loop
@@ -43,7 +43,7 @@ from epp.prefix.index import PrefixIndex
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.request.settings import RequestControlConfig
 from epp.requestcontrol.director import Director
-from epp.requestcontrol.response import ResponseLimits
+from epp.requestcontrol.response import BodyBudget, ResponseLimits
 from epp.scheduling.scheduler import Scheduler
 from epp.supervise import spawn
 from epp.sync.load import SharedPrefill

@@ -267,3 +267,79 @@ async def test_model_label_cardinality_is_bounded(epp: Epp) -> None:
     models = {s.labels["model"] for m in epp.handle.registry.collect() if m.name == "epp_requests"
               for s in m.samples}  # fmt: skip
     assert len(models) == 101 and "other" in models
+
+
+async def test_a_huge_json_response_with_a_rewritten_model_is_not_held_past_the_limit() -> None:
+    """10 MiB of JSON answer to a rewritten model: epp holds at most the 1 MiB limit (it
+    used to hold the whole body to map the model back) and the client still sees its own
+    model name (issue 70, item 7)."""
+    from epp.requestcontrol.response import ResponseLimits
+
+    e = await start_epp(trust_control_headers=True,
+                        response_limits=ResponseLimits(json_bytes=1 << 20))  # fmt: skip
+    budget = e.handle.service.response_budget
+    try:
+        s = ec.Stream(e.channel)
+        await s.send(ec.request_headers(extra={"x-gateway-model-name-rewrite": "served"}),
+                     ec.request_body(BODY, True))  # fmt: skip
+        await s.recv_n(2)
+        await s.send(ec.response_headers())
+        await s.recv()
+        answer = b'{"id":"c","model":"served","choices":[{"text":"' + b"t" * (10 << 20) + b'"}]}'
+        parts = ec.chunks(answer, 256 << 10)
+
+        async def read_all() -> bytes:  # as Envoy does, while it still sends
+            out = b""
+            while True:
+                sr = (await s.recv()).response_body.response.body_mutation.streamed_response
+                out += sr.body
+                if sr.end_of_stream:
+                    return out
+
+        reading = asyncio.create_task(read_all())
+        most = 0
+        for i, part in enumerate(parts):  # a held body gets no reply until it is let go
+            await s.send(ec.response_body(part, i == len(parts) - 1))
+            most = max(most, budget.used)
+        async with asyncio.timeout(20):
+            out = await reading
+        assert most <= 1 << 20
+        assert out == answer.replace(b'"model":"served"', b'"model":"m"', 1)
+        assert await s.close() == grpc.StatusCode.OK
+        assert budget.used == 0 and in_flight(e) == 0
+    finally:
+        await stop_epp(e)
+
+
+async def test_responses_held_by_many_streams_share_one_budget() -> None:
+    """Streams each holding an unfinished SSE line stay within the shared response budget;
+    the ones past it are forwarded unread, and everything is given back as they end."""
+    from epp.requestcontrol.response import ResponseLimits
+
+    e = await start_epp(response_limits=ResponseLimits(sse_line_bytes=1 << 20, total_bytes=2 << 20))
+    budget = e.handle.service.response_budget
+    streams = []
+    try:
+        line = b"data: " + b"x" * ((700 << 10) - 6)
+        for _ in range(6):
+            s = ec.Stream(e.channel)
+            await s.send(ec.request_headers(), ec.request_body(BODY, True))
+            await s.recv_n(2)
+            await s.send(ec.response_headers(content_type="text/event-stream"),
+                         ec.response_body(line, False))  # fmt: skip
+            await s.recv_n(1)
+            streams.append(s)
+            assert budget.used <= 2 << 20
+        assert budget.used == 2 * len(line)  # two held; four went through unread
+        for s in streams:
+            s.call.cancel()
+        await until_released(e)
+        assert budget.used == 0
+    finally:
+        await stop_epp(e)
+
+
+async def until_released(e: Epp) -> None:
+    async with asyncio.timeout(5):
+        while in_flight(e):
+            await asyncio.sleep(0.01)
