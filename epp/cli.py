@@ -33,6 +33,7 @@ from epp.requestcontrol.response import (
 )
 from epp.server.runner import ServerOptions, SourceStarter, start_server
 from epp.sync.node import SyncOptions, SyncTls
+from epp.sync.outbox import DEFAULT_CAPACITY_CHUNKS
 from epp.sync.peers import parse_host_port, parse_peers
 
 log = logging.getLogger("epp.cli")
@@ -251,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "predicted-TTFT scorer's count per endpoint; shared by default)")
     g.add_argument("--sync-buffer-records", type=int, default=8192,
                    help="writes kept for slow peers; a peer further behind loses the oldest")
+    g.add_argument("--sync-buffer-chunks", type=_number(1, strict=False, integer=True),
+                   default=DEFAULT_CAPACITY_CHUNKS,
+                   help="chain hashes those writes may hold together (~40 bytes each); past "
+                   "it the oldest writes go first. Nothing is held while no peer subscribes")
 
     g = serve.add_argument_group("lifecycle and logging")
     g.add_argument("--grace-s", type=_number(0, strict=False), default=30.0,
@@ -447,6 +452,7 @@ def sync_options(args: argparse.Namespace) -> SyncOptions | None:
         flush_interval_s=args.sync_flush_ms / 1000.0,
         batch_records=args.sync_batch_records,
         buffer_records=args.sync_buffer_records,
+        buffer_chunks=args.sync_buffer_chunks,
         tls=_sync_tls(args),
         max_subscribers=args.sync_max_subscribers,
         warm_timeout_s=args.sync_warm_timeout_s,

@@ -32,7 +32,7 @@ from epp.supervise import spawn
 from epp.sync.apply import RemoteApplier, stamp_from_age
 from epp.sync.gen import sync_pb2, sync_pb2_grpc
 from epp.sync.load import PeerPrefill
-from epp.sync.outbox import ItemRing, Outbox, OutboxRead
+from epp.sync.outbox import DEFAULT_CAPACITY_CHUNKS, ItemRing, Outbox, OutboxRead
 from epp.sync.peers import HostPort, PeerSet, resolve_ips, watch_dns
 from epp.sync.stored import SharedStored
 
@@ -89,6 +89,8 @@ class SyncOptions:
     flush_interval_s: float = 0.02
     batch_records: int = 256
     buffer_records: int = 8192
+    buffer_chunks: int = DEFAULT_CAPACITY_CHUNKS
+    """Chain hashes the outbox holds for slow subscribers, at most (its bound in bytes)."""
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
     tls: SyncTls | None = None
@@ -250,7 +252,7 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
     ) -> AsyncIterator[Any]:
         await self._admit(request, context)
         outbox, observations, stored = self._outbox, self.observations, self.stored
-        cursor, seen, stored_seen = outbox.head, observations.head, stored.head
+        cursor, seen, stored_seen = outbox.attach(), observations.head, stored.head
         self.subscribers += 1
         self._metrics.sync_subscribers.set(self.subscribers)
         log.info("sync subscriber %s connected (%s)", request.replica_id, context.peer())
@@ -284,6 +286,7 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
                     if len(read.writes) < most and len(observed.items) < most and len(homes.items) < most:
                         break
         finally:
+            outbox.detach()
             self.subscribers -= 1
             self._metrics.sync_subscribers.set(self.subscribers)
             log.info("sync subscriber %s left", request.replica_id)
@@ -362,7 +365,8 @@ class SyncNode:
         self.replica_id = uuid.uuid4().hex[:12]
         self.metrics = metrics
         self._wakeup = _Wakeup()
-        self.outbox = Outbox(options.buffer_records, options.batch_records, self._wakeup)
+        self.outbox = Outbox(options.buffer_records, options.batch_records, self._wakeup,
+                             options.buffer_chunks)  # fmt: skip
         self.applier = RemoteApplier(
             producer.apply_remote, lambda eid: datastore.get(eid) is not None, clock,
             index=producer.index,
