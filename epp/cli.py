@@ -208,6 +208,28 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-scrape", action="store_true",
                    help="do not scrape endpoints (load then comes only from in-flight counts)")
 
+    _add_sync_flags(serve)
+
+    g = serve.add_argument_group("lifecycle and logging")
+    g.add_argument("--grace-s", type=_number(0, strict=False), default=30.0,
+                   help="on SIGTERM, how long open ext_proc streams may take to finish, in seconds")
+    g.add_argument("--shutdown-delay-s", type=_number(0, strict=False), default=0.0,
+                   help="on SIGTERM, seconds to keep accepting streams after reporting "
+                   "NOT_SERVING")
+    g.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"],
+                   help="log level (prompt text is only ever logged at debug)")
+    g.add_argument("--log-format", default="json", choices=["json", "text"],
+                   help="JSON lines (production) or plain text")
+
+    # --- Kubernetes discovery flags plug in here (epp.datastore.kubernetes) ---------------
+    if _k8s is not None:
+        _k8s.add_kubernetes_flags(serve)
+    _add_other_commands(sub)
+    return parser
+
+
+def _add_sync_flags(serve: Any) -> None:
     g = serve.add_argument_group(
         "index sync between replicas",
         "each replica streams the prefix-index writes it made and the prefill it has in "
@@ -256,24 +278,6 @@ def build_parser() -> argparse.ArgumentParser:
                    default=DEFAULT_CAPACITY_CHUNKS,
                    help="chain hashes those writes may hold together (~40 bytes each); past "
                    "it the oldest writes go first. Nothing is held while no peer subscribes")
-
-    g = serve.add_argument_group("lifecycle and logging")
-    g.add_argument("--grace-s", type=_number(0, strict=False), default=30.0,
-                   help="on SIGTERM, how long open ext_proc streams may take to finish, in seconds")
-    g.add_argument("--shutdown-delay-s", type=_number(0, strict=False), default=0.0,
-                   help="on SIGTERM, seconds to keep accepting streams after reporting "
-                   "NOT_SERVING")
-    g.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error"],
-                   help="log level (prompt text is only ever logged at debug)")
-    g.add_argument("--log-format", default="json", choices=["json", "text"],
-                   help="JSON lines (production) or plain text")
-
-    # --- Kubernetes discovery flags plug in here (epp.datastore.kubernetes) ---------------
-    if _k8s is not None:
-        _k8s.add_kubernetes_flags(serve)
-    _add_other_commands(sub)
-    return parser
 
 
 def _add_other_commands(sub: Any) -> None:

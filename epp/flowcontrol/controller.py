@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal

@@ -12,7 +12,7 @@
   ``PostResponse`` (the response is complete: learn from its usage and text),
   ``PostStored`` (the response names an object the server stored: a stored response),
   ``EndpointListener`` (an endpoint's metrics arrived / it left the pool) and ``Sweeper``
-  (periodic housekeeping off the request path).
+  (periodic housekeeping, in bounded slices between requests).
 * A **profile handler** (``ProfileHandler``), when the config has more than one profile,
   decides which profiles run for a request and what their picks mean: disaggregated
   serving runs the decode profile, asks a decider whether a separate prefill is worth it,
@@ -31,7 +31,7 @@ Any plugin may implement any hooks; the scheduler sorts them out once, when it i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -168,8 +168,11 @@ class Sweeper(Protocol):
         interval among the plugins)."""
         ...
 
-    def sweep(self, now_s: float) -> int:
-        """Periodic cleanup (may run in a worker thread); returns what it removed."""
+    def sweep_steps(self, now_s: float) -> Iterator[int]:
+        """Periodic cleanup, a bounded slice of work (~1k entries) per step; each step yields
+        what it removed. The server runs the steps on the event loop one at a time and serves
+        requests between them, so no step may be proportional to what the plugin holds; the
+        replay runs them all at once."""
         ...
 
 

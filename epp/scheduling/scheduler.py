@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from epp.errors import Unavailable
@@ -190,4 +190,10 @@ class Scheduler:
         return min((s.sweep_interval_s for s in self._sweepers), default=5.0)
 
     def sweep(self, now_s: float) -> int:
-        return sum(s.sweep(now_s) for s in self._sweepers)
+        """Every sweeper's whole pass at once (the replay); returns what they removed."""
+        return sum(self.sweep_steps(now_s))
+
+    def sweep_steps(self, now_s: float) -> Iterator[int]:
+        """The sweepers' passes, one bounded step at a time (``Sweeper.sweep_steps``)."""
+        for s in self._sweepers:
+            yield from s.sweep_steps(now_s)

@@ -486,11 +486,15 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
 
 
 async def _sweeper(scheduler: Scheduler, interval_s: float) -> None:
-    """Expire old index entries in a worker thread: a large sweep never stalls the loop (the
-    index takes its own lock; requests keep being served between its steps)."""
+    """Expire old index entries on the loop, one bounded slice (~1k entries) at a time,
+    letting requests in between: a 500k-entry pass never holds the loop more than a slice
+    (in a worker thread it held the index lock that every request's match waits on)."""
     while True:
         await asyncio.sleep(interval_s)
-        removed = await asyncio.to_thread(scheduler.sweep, time.monotonic())
+        removed = 0
+        for n in scheduler.sweep_steps(time.monotonic()):
+            removed += n
+            await asyncio.sleep(0)
         if removed:
             log.debug("prefix index sweep removed %d expired entries", removed)
 

@@ -12,7 +12,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.framework.endpoint import Metrics
 from tests.integration import envoy_client as ec
-from tests.integration.test_sync import until
 from tests.integration.extproc_fixtures import (
     Epp,
     config_with,
@@ -21,6 +20,7 @@ from tests.integration.extproc_fixtures import (
     start_epp,
     stop_epp,
 )
+from tests.integration.test_sync import until
 
 PROMPT = "You are a helpful assistant. Ünïcödé — 日本語のテキスト 🚀 " * 40
 BODY = json.dumps({"model": "m", "prompt": PROMPT}, ensure_ascii=False).encode()

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from epp.framework.endpoint import Endpoint, EndpointId
@@ -354,5 +354,5 @@ class PrecisePrefixProducer:
             for listener in self._endpoint_listeners:
                 listener(endpoint_id, False)
 
-    def sweep(self, now_s: float) -> int:
-        return self.index.sweep(now_s)
+    def sweep_steps(self, now_s: float) -> Iterator[int]:
+        return self.index.sweep_steps(now_s)
