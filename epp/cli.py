@@ -25,6 +25,7 @@ from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.observability.logging import setup_logging
 from epp.observability.tracing import tracing_from_env
 from epp.request.settings import DEFAULT_MAX_BODY_BYTES
+from epp.requestcontrol.director import DEFAULT_MAX_LEARNING_BYTES
 from epp.requestcontrol.response import (
     MAX_HELD_BYTES,
     MAX_JSON_BYTES,
@@ -147,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-buffered-bytes", type=byte_size, default=DEFAULT_MAX_BUFFERED_BYTES,
                    help="request-body bytes all open streams may hold together; a request "
                    "that would pass it gets 503 (bounds memory under many slow uploads)")
+    g.add_argument("--max-learning-bytes", type=byte_size, default=DEFAULT_MAX_LEARNING_BYTES,
+                   help="prompt text and chain hashes all requests in flight keep to learn "
+                   "from their replies (~1.7x their bodies); a request past it keeps none, "
+                   "and its reply is not learnt from (it is routed as any other)")
     g.add_argument("--response-observer", action="store_true",
                    help="responses come on a second ext_proc filter's stream in Envoy's "
                    "observability_mode (send and go: Envoy does not wait for epp on each "
@@ -270,8 +275,9 @@ def _add_sync_flags(serve: Any) -> None:
     g.add_argument("--sync-warm-max-entries", type=_number(1, strict=False, integer=True),
                    default=4_000_000, help="most index entries fetched at start")
     g.add_argument("--no-sync-prefill", action="store_true",
-                   help="share the index writes but not the prefill in flight (the "
-                   "predicted-TTFT scorer's count per endpoint; shared by default)")
+                   help="share the index writes but not the prefill in flight (epp's "
+                   "count per endpoint of prompt tokens sent and not prefilled; shared by "
+                   "default)")
     g.add_argument("--sync-buffer-records", type=int, default=8192,
                    help="writes kept for slow peers; a peer further behind loses the oldest")
     g.add_argument("--sync-buffer-chunks", type=_number(1, strict=False, integer=True),
@@ -559,6 +565,7 @@ async def serve(args: argparse.Namespace) -> int:
         fallbacks=args.fallbacks,
         max_body_bytes=args.max_body_bytes,
         max_buffered_bytes=args.max_buffered_bytes,
+        max_learning_bytes=args.max_learning_bytes,
         max_open_streams=args.max_open_streams,
         response_observer_wait_s=(
             args.response_observer_wait_s if args.response_observer else 0.0

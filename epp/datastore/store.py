@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from epp.datastore.prefill import PrefillLedger
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 
 RemovalListener = Callable[[EndpointId], None]
@@ -54,6 +55,8 @@ class Datastore:
     _metrics_listeners: list[MetricsListener] = field(default_factory=list)
     synced: bool = False
     """True once a source has delivered its first full list (health reports SERVING then)."""
+    prefill: PrefillLedger = field(default_factory=PrefillLedger)
+    """Prompt characters in flight to prefill per endpoint (the Director keeps it)."""
     _synced_listeners: list[Callable[[], None]] = field(default_factory=list)
 
     def on_synced(self, listener: Callable[[], None]) -> None:
@@ -87,6 +90,7 @@ class Datastore:
         if self._entries.pop(endpoint_id, None) is None:
             return
         self._snapshot = None
+        self.prefill.forget(endpoint_id)
         for listener in self._removal_listeners:
             listener(endpoint_id)
 

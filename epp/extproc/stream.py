@@ -34,7 +34,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -52,11 +52,15 @@ from epp.request.parse import (
     RequestParser,
     echo,
 )
+from epp.observability.logging import LogEvery
 from epp.requestcontrol.director import UNSEEN, Director, Routing
 from epp.requestcontrol.explain import PICK_REASON_HEADER, pick_reason
 from epp.requestcontrol.response import DEFAULT_LIMITS, BodyBudget, ResponseLimits, ResponseReader
 
 log = logging.getLogger(__name__)
+_ANSWERED = LogEvery(log)
+"""Requests epp answers itself: a line per status and type at most every second (under
+overload every request is one: 429s by the thousand)."""
 
 STREAMED_CHUNK_BYTES = 1 << 20
 """A rewritten request body goes back to Envoy in pieces of at most this size."""
@@ -77,6 +81,8 @@ class Held:
     headers: Mapping[str, str]
     trace: RequestTrace | None = None
     """The request's trace: the waits before routing are its spans."""
+    prepared: dict[str, object] = field(default_factory=dict)
+    """What the request preparers computed for it (``Director.admit_held`` fills it)."""
 
 
 class ProtocolError(Exception):
@@ -390,6 +396,7 @@ class RequestStream:
     def resume(self, error: EppError | None = None) -> list[pb.ProcessingResponse]:
         """Route the held request (see ``awaiting``), or answer ``error`` (flow control
         rejected it)."""
+        waited = self.awaiting
         held, self._held, self.awaiting = self._held, None, None
         if held is None:
             return _NO_REPLY
@@ -397,7 +404,8 @@ class RequestStream:
         try:
             if error is not None:
                 raise error
-            out = self._routed(parsed, size, trailers_follow)
+            out = self._routed(parsed, size, trailers_follow,
+                               waited.prepared if waited is not None else None)  # fmt: skip
             if trailers_follow:
                 out.append(convert.REQUEST_TRAILERS_CONTINUE)
         except EppError as exc:
@@ -435,12 +443,16 @@ class RequestStream:
         trace.request(r.model, r.api.value, r.stream, r.priority, len(raw), len(r.prompt))
         return parsed
 
-    def _route(self, request: InferenceRequest, size: int) -> Routing:
-        """The Director's pick, traced and recorded for the pick-reason header when asked."""
+    def _route(
+        self, request: InferenceRequest, size: int, prepared: Mapping[str, object] | None = None
+    ) -> Routing:
+        """The Director's pick (``prepared``: what the preparers computed for the request),
+        traced and recorded for the pick-reason header when asked."""
         trace = self._trace
         recording = trace is not None and trace.recording
         t0 = time.time_ns() if recording else 0
-        routing = self._director.route(request, self._subset, size, record=recording or self._explain)
+        routing = self._director.route(request, self._subset, size, prepared,
+                                       record=recording or self._explain)  # fmt: skip
         if trace is not None:
             routing.trace = trace
             if recording:
@@ -458,9 +470,10 @@ class RequestStream:
         return extra
 
     def _routed(
-        self, parsed: ParsedRequest, size: int, trailers_follow: bool
+        self, parsed: ParsedRequest, size: int, trailers_follow: bool,
+        prepared: Mapping[str, object] | None = None,
     ) -> list[pb.ProcessingResponse]:
-        routing = self._routing = self._deferred = self._route(parsed.request, size)
+        routing = self._routing = self._deferred = self._route(parsed.request, size, prepared)
         self._phase = Phase.ROUTED
         body = parsed.body
         token = self._hand_off(routing)
@@ -642,7 +655,8 @@ class RequestStream:
         else:
             self._director.rejected("", kind.status)
             model = ""
-        log.info(
+        _ANSWERED.log(
+            logging.INFO, (kind.status, kind.type),
             "request answered by epp: status=%d type=%s path=%s model=%s reason=%s",
             kind.status, kind.type, echo(self._path.partition("?")[0]), echo(model),
             exc.message if isinstance(exc, EppError) else type(exc).__name__,

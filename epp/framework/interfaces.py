@@ -141,11 +141,12 @@ class DataProducer(Protocol):
 class RequestPreparer(Protocol):
     name: str
 
-    def prepare_request(self, request: InferenceRequest) -> None:
+    def prepare_request(self, request: InferenceRequest) -> object | None:
         """Slow per-request work that needs no endpoint data (tokenizing a prompt). Runs in
         a worker thread before scheduling when the server can (``epp serve``), so it must be
-        thread-safe; ``prepare`` finds its result, or does the work itself when it was not
-        run (the replay)."""
+        thread-safe and keep nothing itself: it returns its result, which the request carries
+        to its cycle (``CycleState.data[name]``); ``prepare`` finds it there, or does the
+        work itself when it was not run (the replay)."""
         ...
 
 

@@ -146,6 +146,18 @@ class EppMetrics:
             ["stage"],
             registry=r,
         )
+        self.held_bytes = Gauge(
+            "epp_held_bytes",
+            "Bytes epp holds for requests, by kind, each under its own bound: request bodies "
+            "being read (--max-buffered-bytes), responses being read (--max-buffered-response-"
+            "bytes), prompts and chain hashes kept to learn from replies (--max-learning-bytes).",
+            ["kind"], registry=r,
+        )
+        self.learning_dropped = Gauge(
+            "epp_learning_dropped_requests",
+            "Requests routed with --max-learning-bytes spent: their replies were not learnt "
+            "from (a running total).", registry=r,
+        )
         self.task_failures = Counter(
             "epp_background_task_failures",
             "Background task runs that raised and were restarted by the supervisor.",

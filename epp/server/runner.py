@@ -42,7 +42,7 @@ from epp.observability.tracing import Tracing
 from epp.prefix.index import PrefixIndex
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.request.settings import RequestControlConfig
-from epp.requestcontrol.director import Director
+from epp.requestcontrol.director import DEFAULT_MAX_LEARNING_BYTES, Director
 from epp.requestcontrol.response import BodyBudget, ResponseLimits
 from epp.scheduling.scheduler import Scheduler
 from epp.supervise import spawn
@@ -79,6 +79,8 @@ class ServerOptions:
     max_body_bytes: int | None = None
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     """Request-body bytes all open streams may hold together (503 past it)."""
+    max_learning_bytes: int = DEFAULT_MAX_LEARNING_BYTES
+    """Prompt text and chain hashes all requests in flight keep to learn from their replies."""
     max_open_streams: int = DEFAULT_MAX_OPEN_STREAMS
     """ext_proc streams open at once; a new one past it is answered 503."""
     response_observer_wait_s: float = 0.0
@@ -272,7 +274,7 @@ async def start_server(
     ds.on_metrics(sched.observe_endpoint)
     parser = RequestParser(rc, objective_lookup, trust_control_headers=opts.trust_control_headers)
     director = Director(ds, sched, cfg.saturation, metrics, fallbacks=rc.fallbacks,
-                        flow=cfg.flow_control)  # fmt: skip
+                        flow=cfg.flow_control, max_learning_bytes=opts.max_learning_bytes)  # fmt: skip
     if director.flow is not None:
         admission = director.enable_admission(
             lambda item, wait_s: metrics.flow_left(
@@ -421,9 +423,9 @@ async def _start_sync(handle: ServerHandle, options: SyncOptions, host: str) -> 
             "index, such as approx-prefix-cache-producer), and the config has none",
         )
     handle.sync = SyncNode(options, producer, handle.datastore, handle.metrics)
-    counter = sched.plugin(SharedPrefill)  # type: ignore[type-abstract]
-    if counter is not None and options.share_prefill:  # each one's prefill in flight, added to the others' own
-        counter.use_peer_prefill(handle.sync.share_prefill(counter.prefill_in_flight))
+    if options.share_prefill:  # each one's prefill in flight, added to the others' own
+        ledger: SharedPrefill = handle.datastore.prefill
+        ledger.use_peer_prefill(handle.sync.share_prefill(ledger.prefill_in_flight))
     owner = sched.plugin(SharedStored)  # type: ignore[type-abstract]
     if owner is not None:  # where stored responses live, learnt by any replica
         handle.sync.share_stored(owner)
@@ -482,6 +484,11 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
         if handoff is not None:  # when no new request comes to expire what waits
             handoff.expire()
             handle.metrics.observer_refresh(handoff.counts())
+        held = handle.metrics.held_bytes
+        held.labels("request_bodies").set(handle.service.budget.used)
+        held.labels("responses").set(handle.service.response_budget.used)
+        held.labels("learning").set(handle.director.learning_bytes)
+        handle.metrics.learning_dropped.set(handle.director.learning_dropped)
         await asyncio.sleep(opts.housekeeping_interval_s)
 
 

@@ -101,8 +101,9 @@ class SyncOptions:
     """A starting replica spends at most this long fetching a peer's index (0: no warm start)."""
     warm_max_entries: int = 4_000_000
     share_prefill: bool = True
-    """Also send this replica's prefill in flight and add the peers' to its own (when the
-    profile counts it: the predicted-TTFT scorer); False: the index writes alone."""
+    """Also send this replica's prefill in flight and add the peers' to its own (the prefill
+    ledger the predicted-TTFT and token-load scorers and the load-aware decider read);
+    False: the index writes alone."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -380,7 +381,7 @@ class SyncNode:
         self.on_observations: Callable[[Sequence[Observation]], None] | None = None
         """Peers' observations of responses (``ResponseHandoff.apply_remote``)."""
         self.peer_prefill = PeerPrefill(stale_s=_PREFILL_STALE_S, max_endpoints=_MAX_PREFILL_ENDPOINTS)
-        """The other replicas' prefill in flight (``share_prefill`` connects it to the scorer)."""
+        """The other replicas' prefill in flight (``share_prefill`` connects it to the ledger)."""
         self._clock = clock
         self.peers = PeerSet(self._follow, metrics.task_failed)
         self.connected: set[str] = set()

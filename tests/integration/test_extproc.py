@@ -461,7 +461,7 @@ async def test_client_cancel_leaves_no_state(stage: str) -> None:
             await asyncio.wait_for(closed.wait(), 5)
             assert e.handle.registry.get_sample_value("epp_requests_total", {"model": "m", "status": "cancelled"}) == 1
         assert sum(e.handle.datastore.in_flight().values()) == 0
-        assert not scorer.outstanding  # the hooks heard of the cancel: no prefill left counted
+        assert not e.handle.datastore.prefill  # the cancel released its prefill
         await route_ok(e)
     finally:
         await stop_epp(e)
@@ -538,12 +538,13 @@ async def test_the_first_response_bytes_reach_the_scorers_before_the_response_en
         await s.send(ec.request_headers(), ec.request_body(BODY, True))
         headers, _ = await s.recv_n(2)
         target = assert_routed(headers, {x.id for x in e.handle.datastore.snapshot()})
-        assert scorer.outstanding[target] > 0  # prefill sent, no first token yet
+        prefill = e.handle.datastore.prefill  # the one accounting the scorer reads
+        assert prefill.get(target) > 0  # prefill sent, no first token yet
         await s.send(ec.response_headers())
         await s.recv()
         await s.send(ec.response_body(b'{"choices": [{"text": "o', False))
         await s.recv()
-        assert target not in scorer.outstanding and scorer.errors.count == 1
+        assert target not in prefill and scorer.errors.count == 1
         await s.send(ec.response_body(b'k"}]}', True))
         await s.recv()
         assert await s.close() == grpc.StatusCode.OK

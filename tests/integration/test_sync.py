@@ -162,15 +162,14 @@ async def test_sync_metrics_are_exposed(trio: list[Epp]) -> None:
 
 
 async def test_a_replicas_prefill_in_flight_reaches_its_peers_until_it_ends() -> None:
-    """The default profile's predicted-TTFT scorer counts the prefill this replica has in
-    flight per endpoint; its peers add it to their own (docs/sync.md). It leaves them when
-    the request's response starts or the request ends, and with the replica."""
+    """Each replica counts the prefill it has in flight per endpoint (its prefill ledger);
+    its peers add it to their own (docs/sync.md). It leaves them when the request's response
+    starts or the request ends, and with the replica."""
     a, b = await start_replica(), await start_replica()
     try:
         connect([a, b])
         await until(lambda: connected(a, [b]) and connected(b, [a]), "peers connected")
-        counter = a.handle.scheduler.plugin(SharedPrefill)  # type: ignore[type-abstract]
-        assert counter is not None
+        counter: SharedPrefill = a.handle.datastore.prefill
         body = json.dumps({"model": "m", "prompt": PROMPT}).encode()
 
         async def open_request() -> tuple[ec.Stream, EndpointId, float]:
