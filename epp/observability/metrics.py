@@ -187,6 +187,11 @@ class EppMetrics:
             registry=r,
         )
         self.sync_peers = Gauge("epp_sync_peers", "Peers this replica subscribes to.", registry=r)
+        self.sync_follow_failures = Counter(
+            "epp_sync_follow_failures", "Subscriptions to a peer that failed or ended (each "
+            "is retried with backoff): a peer down, refusing this replica, or unreachable.",
+            registry=r,
+        )
         self.sync_peers_connected = Gauge(
             "epp_sync_peers_connected", "Peers with an open subscription stream.", registry=r
         )

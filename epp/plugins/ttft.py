@@ -311,10 +311,12 @@ class PredictedTtftScorer:
         speed = self.speed
         factors = [speed.get(e.id, 1.0) for e in endpoints]
         preds = [max(1e-4, f * self.predict(x)) for x, f in zip(feats, factors, strict=True)]
-        if self.params.learn:
-            state.write(self.name, _Scored(
-                {e.id: (x, t) for e, x, t in zip(endpoints, feats, preds, strict=True)}
-            ))  # fmt: skip
+        # for post_pick (sessions, adapters, the mean uncached size) and learning; kept with
+        # ``learn: false`` too (without it the sessions were never recorded and the spread
+        # charge never applied)
+        state.write(self.name, _Scored(
+            {e.id: (x, t) for e, x, t in zip(endpoints, feats, preds, strict=True)}
+        ))  # fmt: skip
         w = self.params.work_weight * self.coef[1]
         cw = self.params.contention_weight * self.coef[1]
         sat = self._saturation_charge(feats)
@@ -463,7 +465,8 @@ class PredictedTtftScorer:
         if rate > 0 and predicted > 0 and ttft > 0:
             ratio = min(10.0, max(0.1, ttft / predicted))
             self.speed[target] = min(10.0, max(0.1, factor * ratio**rate))
-        self._learn(x, ttft / factor, at_s)  # the shared model learns the endpoint-neutral time
+        if self.params.learn:  # the shared model learns the endpoint-neutral time
+            self._learn(x, ttft / factor, at_s)
 
     def _learn(self, x: tuple[float, ...], y: float, at_s: float) -> None:
         lam = self.params.forgetting

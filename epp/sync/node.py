@@ -9,6 +9,7 @@ publishes, so a write travels exactly one hop. Design and failure modes: docs/sy
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import itertools
@@ -385,6 +386,8 @@ class SyncNode:
         self._clock = clock
         self.peers = PeerSet(self._follow, metrics.task_failed)
         self.connected: set[str] = set()
+        self.follow_failures: collections.Counter[str] = collections.Counter()
+        """Per peer, subscriptions that failed or ended (then retried with backoff)."""
         self.port = -1
         self._producer = producer
         self._server: grpc.aio.Server | None = None
@@ -592,6 +595,10 @@ class SyncNode:
             if res.ignored:
                 self.metrics.sync_dropped_unknown.inc(res.ignored)
 
+    def _follow_failed(self, target: str) -> None:
+        self.follow_failures[target] += 1
+        self.metrics.sync_follow_failures.inc()
+
     async def _follow(self, target: str) -> None:
         """Subscribe to ``target`` and apply what it sends; on any failure wait (exponential
         backoff with jitter, reset once a stream opens) and subscribe again. Until cancelled,
@@ -629,10 +636,12 @@ class SyncNode:
                     log.warning("sync: peer %s unreachable (%s), retrying with backoff",
                                 target, exc.code().name)
                 failing = True
+                self._follow_failed(target)
             except Exception as exc:
                 if not failing:
                     log.warning("sync: peer %s failed (%s), retrying with backoff", target, exc)
                 failing = True
+                self._follow_failed(target)
             finally:
                 self.peer_prefill.forget(target)
                 if target in self.connected:

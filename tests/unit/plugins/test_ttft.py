@@ -123,9 +123,11 @@ def session_state(rid: str, session: str, now_s: float) -> CycleState:
     return s
 
 
-def test_new_sessions_spread_over_the_endpoints_their_turns_will_follow() -> None:
+@pytest.mark.parametrize("learn", [True, False])
+def test_new_sessions_spread_over_the_endpoints_their_turns_will_follow(learn: bool) -> None:
+    # with learn: false too (a pinned cost model): the sessions were not recorded then
     sc = PredictedTtftScorer("t", PredictedTtftParams(calibration_rate=0, session_spread_seconds=0.2,
-                                                      session_window_seconds=60.0))  # fmt: skip
+                                                      session_window_seconds=60.0, learn=learn))  # fmt: skip
     for i, target in enumerate((A, A, B)):  # sessions s0 and s1 on A, s2 on B
         s = session_state(f"r{i}", f"s{i}", 1.0)
         sc.score(s, [ep(A), ep(B)])
