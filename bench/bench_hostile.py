@@ -19,9 +19,14 @@
    loop-lag watcher (``epp_event_loop_lag_seconds``, 1 ms timer) records how late the loop
    ran: each pass in one piece (the baseline: how it ran before), then in the slices the
    server runs. Target: under 10 ms.
+6. Memory within its bounds and per-request work (issue 70, items 5, 7, 8, 11, 13): 5,000
+   enqueue-and-cancel cycles behind a blocked head; a 10 MiB JSON answer to a rewritten
+   model; the sync outbox with no subscriber and with a stalled one; what a routed request
+   keeps while in flight; the TTFT fit per response, a displacement with a full queue, and the
+   log lines 1,000 rejections write.
 
     python bench/bench_hostile.py [--requests 20000] [--entries 1000000] [--streams 4000]
-        [--pass-entries 500000] [--only passes]
+        [--pass-entries 500000] [--only passes|memory]
 """
 
 from __future__ import annotations
@@ -496,6 +501,196 @@ async def index_passes(entries: int) -> None:
                    lambda: approx(snapshot_entries, 99.0), export_whole, export)
 
 
+# --- 6. memory within its bounds, work per request ----------------------------------------
+
+
+def _retained(run: Any) -> int:
+    """Bytes still allocated after ``run()`` (tracemalloc), garbage collected."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    keep = run()
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del keep
+    return after - before
+
+
+async def memory_and_work() -> None:
+    from dataclasses import replace
+
+    from epp.flowcontrol.controller import FlowControlConfig, FlowController
+    from epp.framework.request import InferenceRequest
+    from epp.requestcontrol.admission import Admission
+    from epp.requestcontrol.response import BodyBudget, ResponseLimits, ResponseReader
+    from epp.sync.outbox import Outbox
+
+    # a. flow control: cancel while queued, the head blocked
+    c = FlowController(replace(FlowControlConfig(enabled=True), max_queue_seconds=3600),
+                       lambda reserved: True)  # fmt: skip
+    admission = Admission(c)
+    head = c.offer(InferenceRequest("head", "m", "p"), "A", 1, 0.0)
+    prompt = "p" * 10_000
+
+    async def cycles() -> None:
+        for i in range(5_000):
+            task = asyncio.ensure_future(admission.admit(
+                InferenceRequest(f"r{i}", "m", prompt + str(i)), 10_000, {}))
+            await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    await cycles()
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    flows = [f for b in c.bands.values() for f in b.flows.values()]
+    entries = len(c._deadlines) + sum(len(f.items) + len(f.heap) for f in flows)
+    print(f"  flow control, 5,000 enqueue-and-cancel cycles (10 KB prompts) behind a blocked head: "
+          f"queue reports {c.count}, holds {entries} entries, {held / 1024:.0f} KB retained "
+          f"(the 5,000 prompts: {5_000 * 10_000 / 1e6:.0f} MB); head still queued: "
+          f"{head.item is not None and head.item.queued}")
+
+    # b. a 10 MiB JSON answer to a rewritten model, 1 MiB limit
+    budget = BodyBudget(512 << 20)
+    reader = ResponseReader(200, False, "served", "alias", ResponseLimits(json_bytes=1 << 20), budget)
+    answer = b'{"id":"x","model":"served","choices":[{"text":"' + b"t" * (10 << 20) + b'"}]}'
+    peak, out = 0, 0
+    for at in range(0, len(answer), 256 << 10):
+        out += len(reader.feed(answer[at:at + (256 << 10)], at + (256 << 10) >= len(answer)))
+        peak = max(peak, budget.used)
+    print(f"  10 MiB JSON answer, model rewritten, 1 MiB limit: peak held {peak / (1 << 20):.2f} "
+          f"MiB, forwarded {out / (1 << 20):.2f} MiB, held after {budget.used} bytes")
+
+    # c. the sync outbox: 2,048 writes of a 270 KB prompt's chain (~4,200 distinct hashes)
+    rng = random.Random(2)
+    base = [rng.getrandbits(62) for _ in range(4_200)]
+    writes = 2_048
+
+    def fill(box: Outbox) -> Outbox:
+        for i in range(writes):
+            box.append("10.0.0.1:8000", [h ^ (i << 1) | 1 for h in base], float(i))  # type: ignore[arg-type]
+        return box
+
+    alone = _retained(lambda: fill(Outbox()))
+
+    def stalled() -> Outbox:
+        box = Outbox()
+        box.attach()  # a subscriber that never reads
+        return fill(box)
+
+    behind = _retained(stalled)
+    whole = _retained(lambda: [[h ^ (i << 1) | 1 for h in base] for i in range(writes)])
+    print(f"  sync outbox, {writes:,} writes of 4,200-hash chains ({whole / 1e6:.0f} MB if all "
+          f"were kept): no subscriber {alone / 1e6:.1f} MB held; a stalled subscriber "
+          f"{behind / 1e6:.1f} MB held (bound: 1,048,576 hashes)")
+
+    # d. what a routed request keeps while in flight
+    from tests.integration import envoy_client as ec
+    from tests.integration.extproc_fixtures import start_epp, stop_epp
+
+    e = await start_epp()
+    try:
+        words = ["alpha", "beta", "gamma", "delta", "omega"]
+        bodies = [json.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user",
+                  "content": f"{i} " + " ".join(rng.choice(words) for _ in range(10_000))}]}).encode()
+                  for i in range(40)]  # fmt: skip
+        streams = []
+        gc.collect()
+        tracemalloc.start()
+        for body in bodies:
+            st = ec.Stream(e.channel)
+            await st.send(ec.request_headers("/v1/chat/completions"), ec.request_body(body, True))
+            await st.recv_n(2)
+            streams.append(st)
+        gc.collect()
+        in_flight = tracemalloc.get_traced_memory()[0]
+        learning = e.handle.director.learning_bytes
+        for st in streams:
+            await st.send(ec.response_headers(), ec.response_body(b'{"choices":[]}', True))
+            await st.recv_n(2)
+            await st.close()
+        streams.clear()
+        gc.collect()
+        kept = in_flight - tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+    finally:
+        await stop_epp(e)
+    total = sum(map(len, bodies))
+    print(f"  40 routed chat requests of ~{total // 40 // 1000} KB in flight: {kept / total:.2f}x "
+          f"their bodies kept, {learning / total:.2f}x of it counted in --max-learning-bytes")
+
+    # e. work per response and per overload
+    from epp.plugins.ttft import PredictedTtftParams, PredictedTtftScorer
+
+    xs = [(1.0, rng.random() * 4000, rng.random() * 8000, float(rng.randrange(20)), rng.random(),
+           0.0, 0.0) for _ in range(3000)]  # fmt: skip
+    timings = {}
+    for how in ("solve per response (before)", "as shipped"):
+        sc = PredictedTtftScorer("t", PredictedTtftParams())
+        t0 = time.perf_counter()
+        for i, x in enumerate(xs):
+            sc._learn(x, 0.05 + 1e-4 * x[1], i * 0.001)  # 1,000 responses a second
+            if how.startswith("solve"):
+                sc.refit()
+        timings[how] = (time.perf_counter() - t0) / len(xs)
+    before_us, after_us = (t * 1e6 for t in timings.values())
+    print(f"  TTFT fit per response at 1,000 responses/s: {before_us:.1f} us solving each, "
+          f"{after_us:.1f} us as shipped ({before_us / after_us:.1f}x less)")
+    offers = [InferenceRequest(f"h{i}", "m", "p", priority=5) for i in range(2_000)]
+    per_offer = {}
+    for queued in (1_000, 10_000):
+        for full in (False, True):
+            c = FlowController(replace(FlowControlConfig(enabled=True),
+                                       max_requests=queued + (0 if full else 2_000)),
+                               lambda reserved: True)  # fmt: skip
+            for i in range(queued):
+                c.offer(InferenceRequest(f"q{i}", "m", "p", priority=-1), f"tenant{i % 100}", 1, 0.0)
+            t0 = time.perf_counter()
+            for r in offers:
+                c.offer(r, "hi", 1, 1.0)
+            per_offer[(queued, full)] = (time.perf_counter() - t0) / len(offers) * 1e6
+    print(f"  an offer to a queue of 1,000 / 10,000 in 100 flows: {per_offer[(1_000, False)]:.1f} / "
+          f"{per_offer[(10_000, False)]:.1f} us with room, {per_offer[(1_000, True)]:.1f} / "
+          f"{per_offer[(10_000, True)]:.1f} us full (each displacing one; 10x the queue: "
+          f"{per_offer[(10_000, True)] / per_offer[(1_000, True)]:.1f}x the time)")
+    import logging
+
+    from epp.errors import Overloaded
+    from epp.extproc.stream import _ANSWERED
+
+    lines = []
+
+    class Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record)
+
+    logger = logging.getLogger("epp.extproc.stream")
+    handler, level = Count(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(1_000):
+            _ANSWERED.log(logging.INFO, (429, Overloaded.__name__), "request answered by epp")
+        took = time.perf_counter() - t0
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    print(f"  1,000 rejections within {took * 1e3:.1f} ms: {len(lines)} log line(s) written")
+
+
 # --- 4. idle streams ---------------------------------------------------------------------
 
 
@@ -586,6 +781,9 @@ async def main_async(args: argparse.Namespace) -> None:
     if part in (None, "streams"):
         print(f"4. idle ext_proc streams (--max-open-streams {args.streams}):")
         await idle_streams(args.streams)
+    if part in (None, "memory"):
+        print("6. memory within its bounds, and the work per response and per overload:")
+        await memory_and_work()
     if part in (None, "passes"):
         print("5. event-loop lag while the index passes run (loop-lag watcher, 1 ms timer; "
               "a request task matching meanwhile):")
@@ -602,7 +800,7 @@ def main() -> None:
                     help="--max-open-streams for part 4; it opens that many idle streams")
     ap.add_argument("--pass-entries", type=int, default=500_000,
                     help="entries of the indexes part 5 clears, sweeps and exports (2/5 of it)")
-    ap.add_argument("--only", choices=["scrape", "requests", "warm", "streams", "passes"],
+    ap.add_argument("--only", choices=["scrape", "requests", "warm", "streams", "passes", "memory"],
                     help="run one part")
     args = ap.parse_args()
     if args.serve_pages:
