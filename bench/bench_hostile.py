@@ -26,7 +26,7 @@
    log lines 1,000 rejections write.
 
     python bench/bench_hostile.py [--requests 20000] [--entries 1000000] [--streams 4000]
-        [--pass-entries 500000] [--only passes|memory]
+        [--pass-entries 500000] [--only passes,memory]
 """
 
 from __future__ import annotations
@@ -767,27 +767,37 @@ async def idle_streams(cap: int) -> None:
 async def main_async(args: argparse.Namespace) -> None:
     print(f"hostile-input bench, python {sys.version.split()[0]}, {os.cpu_count()} CPUs "
           "shared with other work")
-    part = args.only
-    if part in (None, "scrape"):
+    parts = set(args.only.split(",")) if args.only else None
+    if parts is None or "scrape" in parts:
         print("1. event-loop stalls while scraping (probe: sleep(1 ms) lateness, "
               f"{args.seconds:.0f} s each):")
         await scrape_stalls(args.seconds)
-    if part in (None, "requests"):
+    if parts is None or "requests" in parts:
         print(f"2. epp serve memory over {args.requests} mostly hostile requests:")
         await rss_over_requests(args.requests)
-    if part in (None, "warm"):
+    if parts is None or "warm" in parts:
         print("3. restart to warm:")
         await warm_restart(args.entries)
-    if part in (None, "streams"):
+    if parts is None or "streams" in parts:
         print(f"4. idle ext_proc streams (--max-open-streams {args.streams}):")
         await idle_streams(args.streams)
-    if part in (None, "memory"):
+    if parts is None or "memory" in parts:
         print("6. memory within its bounds, and the work per response and per overload:")
         await memory_and_work()
-    if part in (None, "passes"):
+    if parts is None or "passes" in parts:
         print("5. event-loop lag while the index passes run (loop-lag watcher, 1 ms timer; "
               "a request task matching meanwhile):")
         await index_passes(args.pass_entries)
+
+
+_PARTS = ("scrape", "requests", "warm", "streams", "passes", "memory")
+
+
+def _parts(text: str) -> str:
+    unknown = set(text.split(",")) - set(_PARTS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown part(s) {sorted(unknown)}; the parts: {', '.join(_PARTS)}")
+    return text
 
 
 def main() -> None:
@@ -800,8 +810,9 @@ def main() -> None:
                     help="--max-open-streams for part 4; it opens that many idle streams")
     ap.add_argument("--pass-entries", type=int, default=500_000,
                     help="entries of the indexes part 5 clears, sweeps and exports (2/5 of it)")
-    ap.add_argument("--only", choices=["scrape", "requests", "warm", "streams", "passes", "memory"],
-                    help="run one part")
+    ap.add_argument("--only", type=_parts,
+                    help="run these parts only, comma-separated: scrape, requests, warm, "
+                    "streams, passes, memory")
     args = ap.parse_args()
     if args.serve_pages:
         asyncio.run(serve_pages())

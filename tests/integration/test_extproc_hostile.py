@@ -332,15 +332,16 @@ async def test_responses_held_by_many_streams_share_one_budget() -> None:
             streams.append(s)
             assert budget.used <= 2 << 20
         assert budget.used == 2 * len(line)  # two held; four went through unread
-        for s in streams:
-            s.call.cancel()
-        await until_released(e)
+        await cancel_all(e, streams)
         assert budget.used == 0
     finally:
         await stop_epp(e)
 
 
-async def until_released(e: Epp) -> None:
+async def cancel_all(e: Epp, streams: list[ec.Stream]) -> None:
+    """The clients leave; until epp has released what their requests held."""
+    for s in streams:
+        s.call.cancel()
     async with asyncio.timeout(5):
         while in_flight(e):
             await asyncio.sleep(0.01)
@@ -401,9 +402,7 @@ async def test_requests_in_flight_keep_less_of_their_body_and_within_a_bound() -
         director = e.handle.director
         assert director.learning_dropped == 10 - 3 or director.learning_dropped == 10 - 2
         assert director.learning_bytes <= 3 * 2 * one and in_flight(e) == 10
-        for s in streams:
-            s.call.cancel()
-        await until_released(e)
+        await cancel_all(e, streams)
         assert director.learning_bytes == 0
     finally:
         await stop_epp(e)

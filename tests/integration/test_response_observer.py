@@ -69,6 +69,17 @@ async def observe(e: Epp, token: str, chunks: tuple[bytes, ...] = SSE, complete:
         s.call.cancel()
 
 
+async def route_and_stay(e: Epp) -> tuple[ec.Stream, str]:
+    """A routing stream that stays open (the proxy sends it the response too): the stream
+    and its token."""
+    s = ec.Stream(e.channel)
+    await s.send(ec.request_headers(), ec.request_body(BODY, True))
+    headers, _ = await s.recv_n(2)
+    token = ec.header_value(headers.request_headers.response.header_mutation, "x-epp-observe")
+    assert token
+    return s, token
+
+
 async def settled(e: Epp) -> None:
     await until(lambda: in_flight(e) == 0, "the request released")
 
@@ -140,11 +151,7 @@ async def test_a_response_sent_to_the_routing_stream_is_observed_there_once() ->
     it; the observer stream, if any, then finds nothing to claim."""
     e = await start_epp(response_observer_wait_s=30.0)
     try:
-        s = ec.Stream(e.channel)
-        await s.send(ec.request_headers(), ec.request_body(BODY, True))
-        headers, _ = await s.recv_n(2)
-        token = ec.header_value(headers.request_headers.response.header_mutation, "x-epp-observe")
-        assert token
+        s, token = await route_and_stay(e)
         await s.send(ec.response_headers(content_type="text/event-stream"),
                      ec.response_body(SSE[0] + SSE[1], True))  # fmt: skip
         await s.recv_n(2)
@@ -175,11 +182,7 @@ async def test_a_response_sent_to_both_streams_is_observed_by_the_one_that_claim
 
     director.first_token = counted  # type: ignore[method-assign]
     try:
-        s = ec.Stream(e.channel)
-        await s.send(ec.request_headers(), ec.request_body(BODY, True))
-        headers, _ = await s.recv_n(2)
-        token = ec.header_value(headers.request_headers.response.header_mutation, "x-epp-observe")
-        assert token
+        s, token = await route_and_stay(e)
         o = ec.Stream(e.channel)
         await o.send(
             observed(ec.request_headers(extra={"x-epp-observe": token}, end_of_stream=True,
