@@ -150,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "that would pass it gets 503 (bounds memory under many slow uploads)")
     g.add_argument("--max-learning-bytes", type=byte_size, default=DEFAULT_MAX_LEARNING_BYTES,
                    help="prompt text and chain hashes all requests in flight keep to learn "
-                   "from their replies (~1.7x their bodies); a request past it keeps none, "
-                   "and its reply is not learnt from (it is routed as any other)")
+                   "from their replies (the parsed body goes at the pick); a request past it "
+                   "keeps none, and its reply is not learnt from (it is routed as any other)")
     g.add_argument("--response-observer", action="store_true",
                    help="responses come on a second ext_proc filter's stream in Envoy's "
                    "observability_mode (send and go: Envoy does not wait for epp on each "
