@@ -53,10 +53,13 @@ async def test_with_epp_killed_requests_are_served_and_routing_resumes_when_it_r
         back_at = time.monotonic()
         await epp.start()  # the same port
         before = await epp.routed()
-        while await epp.routed() <= before:
-            assert time.monotonic() - back_at < 15, "epp never routed again"
-            await asyncio.sleep(0.05)  # readiness poll
-        resumed_s = time.monotonic() - back_at
+
+        async def routing_again() -> bool:  # Envoy's health check lets it back in
+            hosts = await p.envoy.host_stats("epp")
+            return hosts[epp.address]["healthy"] and await epp.routed() > before
+
+        # how soon is bench_failover's figure (results/failover.md); here, that it does
+        await until("Envoy sends epp requests again", routing_again, timeout_s=60.0)
         stop.set()
         await task
     during = [o for o in load.outcomes if killed_at <= o.started_s < back_at]
@@ -66,7 +69,6 @@ async def test_with_epp_killed_requests_are_served_and_routing_resumes_when_it_r
     assert served == len(during), [o.status for o in during if o.status != 200]
     assert {o.upstream for o in during} <= set(p.endpoints())
     assert len({o.upstream for o in during}) > 1
-    assert resumed_s < 5.0
     failed = [o.status for o in load.outcomes if o.status != 200]
     # only requests in flight through epp when it was killed may fail (their stream died)
     assert len(failed) <= load.workers, failed
