@@ -43,6 +43,7 @@ from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
 from epp.extproc.observer import OBSERVE_HEADER, Kind, ResponseHandoff
 from epp.framework.request import InferenceRequest
+from epp.observability.logging import LogEvery
 from epp.observability.tracing import RequestTrace, Tracing
 from epp.request.parse import (
     CONTROL_HEADERS,
@@ -52,7 +53,6 @@ from epp.request.parse import (
     RequestParser,
     echo,
 )
-from epp.observability.logging import LogEvery
 from epp.requestcontrol.director import UNSEEN, Director, Routing
 from epp.requestcontrol.explain import PICK_REASON_HEADER, pick_reason
 from epp.requestcontrol.response import DEFAULT_LIMITS, BodyBudget, ResponseLimits, ResponseReader
