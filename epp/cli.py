@@ -29,9 +29,16 @@ from epp.observability.tracing import ENV_HELP as TRACING_ENV_HELP
 from epp.observability.tracing import tracing_from_env
 from epp.request.parse import CONTROL_HEADER_EFFECTS
 from epp.request.settings import DEFAULT_MAX_BODY_BYTES
-from epp.requestcontrol.response import MAX_JSON_BYTES, MAX_SSE_LINE_BYTES, ResponseLimits
+from epp.requestcontrol.director import DEFAULT_MAX_LEARNING_BYTES
+from epp.requestcontrol.response import (
+    MAX_HELD_BYTES,
+    MAX_JSON_BYTES,
+    MAX_SSE_LINE_BYTES,
+    ResponseLimits,
+)
 from epp.server.runner import ServerOptions, SourceStarter, start_server
 from epp.sync.node import SyncOptions, SyncTls
+from epp.sync.outbox import DEFAULT_CAPACITY_CHUNKS
 from epp.sync.peers import parse_host_port, parse_peers
 
 log = logging.getLogger("epp.cli")
@@ -138,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-buffered-bytes", type=byte_size, default=DEFAULT_MAX_BUFFERED_BYTES,
                    help="request-body bytes all open streams may hold together; a request "
                    "that would pass it gets 503 (bounds memory under many slow uploads)")
+    g.add_argument("--max-learning-bytes", type=byte_size, default=DEFAULT_MAX_LEARNING_BYTES,
+                   help="prompt text and chain hashes all requests in flight keep to learn "
+                   "from their replies (the parsed body goes at the pick); a request past it "
+                   "keeps none, and its reply is not learnt from (it is routed as any other)")
     g.add_argument("--response-observer", action="store_true",
                    help="responses come on a second ext_proc filter's stream in Envoy's "
                    "observability_mode (send and go: Envoy does not wait for epp on each "
@@ -155,8 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest line of a streamed (SSE) response epp holds to read usage "
                    "from; a longer one is forwarded as it comes, unread")
     g.add_argument("--max-response-json-bytes", type=byte_size, default=MAX_JSON_BYTES,
-                   help="largest JSON response epp holds to read usage from; a larger one is "
-                   "forwarded unread")
+                   help="largest JSON response epp holds to read usage from (or to map a "
+                   "rewritten model back); a larger one is forwarded unread, its model "
+                   "rewritten in place")
+    g.add_argument("--max-buffered-response-bytes", type=byte_size, default=MAX_HELD_BYTES,
+                   help="response bytes all open streams may hold together (JSON bodies and "
+                   "unfinished SSE lines being read); past it, responses are forwarded unread")
     g.add_argument("--trust-control-headers", action="store_true",
                    help="honour the headers that steer epp on requests: " + "; ".join(
                        f"{name} ({effect})" for name, effect in CONTROL_HEADER_EFFECTS.items())
@@ -197,6 +212,28 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-scrape", action="store_true",
                    help="do not scrape endpoints (load then comes only from in-flight counts)")
 
+    _add_sync_flags(serve)
+
+    g = serve.add_argument_group("lifecycle and logging")
+    g.add_argument("--grace-s", type=_number(0, strict=False), default=30.0,
+                   help="on SIGTERM, how long open ext_proc streams may take to finish, in seconds")
+    g.add_argument("--shutdown-delay-s", type=_number(0, strict=False), default=0.0,
+                   help="on SIGTERM, seconds to keep accepting streams after reporting "
+                   "NOT_SERVING")
+    g.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"],
+                   help="log level (prompt text is only ever logged at debug)")
+    g.add_argument("--log-format", default="json", choices=["json", "text"],
+                   help="JSON lines (production) or plain text")
+
+    # --- Kubernetes discovery flags plug in here (epp.datastore.kubernetes) ---------------
+    if _k8s is not None:
+        _k8s.add_kubernetes_flags(serve)
+    _add_other_commands(sub)
+    return parser
+
+
+def _add_sync_flags(serve: Any) -> None:
     g = serve.add_argument_group(
         "index sync between replicas",
         "each replica streams the prefix-index writes it made and the prefill it has in "
@@ -243,28 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sync-warm-max-entries", type=_number(1, strict=False, integer=True),
                    default=4_000_000, help="most index entries fetched at start")
     g.add_argument("--no-sync-prefill", action="store_true",
-                   help="share the index writes but not the prefill in flight (the "
-                   "predicted-TTFT scorer's count per endpoint; shared by default)")
+                   help="share the index writes but not the prefill in flight (epp's "
+                   "count per endpoint of prompt tokens sent and not prefilled; shared by "
+                   "default)")
     g.add_argument("--sync-buffer-records", type=int, default=8192,
                    help="writes kept for slow peers; a peer further behind loses the oldest")
-
-    g = serve.add_argument_group("lifecycle and logging")
-    g.add_argument("--grace-s", type=_number(0, strict=False), default=30.0,
-                   help="on SIGTERM, how long open ext_proc streams may take to finish, in seconds")
-    g.add_argument("--shutdown-delay-s", type=_number(0, strict=False), default=0.0,
-                   help="on SIGTERM, seconds to keep accepting streams after reporting "
-                   "NOT_SERVING")
-    g.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error"],
-                   help="log level (prompt text is only ever logged at debug)")
-    g.add_argument("--log-format", default="json", choices=["json", "text"],
-                   help="JSON lines (production) or plain text")
-
-    # --- Kubernetes discovery flags plug in here (epp.datastore.kubernetes) ---------------
-    if _k8s is not None:
-        _k8s.add_kubernetes_flags(serve)
-    _add_other_commands(sub)
-    return parser
+    g.add_argument("--sync-buffer-chunks", type=_number(1, strict=False, integer=True),
+                   default=DEFAULT_CAPACITY_CHUNKS,
+                   help="chain hashes those writes may hold together (~40 bytes each); past "
+                   "it the oldest writes go first. Nothing is held while no peer subscribes")
 
 
 def _add_other_commands(sub: Any) -> None:
@@ -519,6 +543,7 @@ def sync_options(args: argparse.Namespace) -> SyncOptions | None:
         flush_interval_s=args.sync_flush_ms / 1000.0,
         batch_records=args.sync_batch_records,
         buffer_records=args.sync_buffer_records,
+        buffer_chunks=args.sync_buffer_chunks,
         tls=_sync_tls(args),
         max_subscribers=args.sync_max_subscribers,
         warm_timeout_s=args.sync_warm_timeout_s,
@@ -636,13 +661,15 @@ async def serve(args: argparse.Namespace) -> int:
         fallbacks=args.fallbacks,
         max_body_bytes=args.max_body_bytes,
         max_buffered_bytes=args.max_buffered_bytes,
+        max_learning_bytes=args.max_learning_bytes,
         max_open_streams=args.max_open_streams,
         response_observer_wait_s=(
             args.response_observer_wait_s if args.response_observer else 0.0
         ),
         trust_control_headers=args.trust_control_headers,
         pool_name=getattr(args, "pool_name", "") or "static",
-        response_limits=ResponseLimits(args.max_response_json_bytes, args.max_sse_line_bytes),
+        response_limits=ResponseLimits(args.max_response_json_bytes, args.max_sse_line_bytes,
+                                       args.max_buffered_response_bytes),
         grace_s=args.grace_s,
         shutdown_delay_s=args.shutdown_delay_s,
         sync=sync_options(args),

@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from epp.datastore.prefill import PrefillLedger
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics, identity_change
 
 MAX_GENERATIONS = 65_536
@@ -83,6 +84,8 @@ class Datastore:
     one that comes back gets a newer one, so requests to its old server stay unmatched."""
     synced: bool = False
     """True once a source has delivered its first full list (health reports SERVING then)."""
+    prefill: PrefillLedger = field(default_factory=PrefillLedger)
+    """Prompt characters in flight to prefill per endpoint (the Director keeps it)."""
     _synced_listeners: list[Callable[[], None]] = field(default_factory=list)
 
     def on_synced(self, listener: Callable[[], None]) -> None:
@@ -136,6 +139,7 @@ class Datastore:
         if len(self._generations) > MAX_GENERATIONS:
             del self._generations[next(iter(self._generations))]
         self._snapshot = None
+        self.prefill.forget(endpoint_id)
         for listener in self._removal_listeners:
             listener(endpoint_id)
 

@@ -26,11 +26,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.errors import Unavailable
 from epp.extproc.errors import immediate_response
 from epp.extproc.observer import ResponseHandoff
-from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
+from epp.extproc.stream import ProtocolError, RequestStream
 from epp.observability.tracing import Tracing
 from epp.request.parse import RequestParser
 from epp.requestcontrol.director import Director
-from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits
+from epp.requestcontrol.response import DEFAULT_LIMITS, BodyBudget, ResponseLimits
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._director = director
         self._default_mode = default_mode
         self.budget = budget if budget is not None else BodyBudget()
+        self.response_budget = BodyBudget(limits.total_bytes)
+        """Response bytes held by all streams together (``limits.total_bytes``)."""
         self.open_streams = 0
 
     async def Process(self, request_iterator: Any, context: Any) -> None:
@@ -77,7 +79,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             log.warning("ext_proc streams accepted again (%d open)", self.open_streams)
         stream = RequestStream(
             self._parser, self._director, self._default_mode, self.budget, self._limits,
-            self.handoff, self._tracing,
+            self.handoff, self._tracing, self.response_budget,
         )
         self.open_streams += 1
         read, write, eof = context.read, context.write, grpc.aio.EOF

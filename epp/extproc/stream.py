@@ -23,7 +23,8 @@ in-flight count stays exact under any message sequence.
 
 Bounds: at most ``MAX_HEADERS`` request headers (400 above); the request body up to the
 parser's ``max_body_bytes`` per stream (413) and a :class:`BodyBudget` over all streams
-together (503 when it is spent).
+together (503 when it is spent); what a response makes epp hold, by ``ResponseLimits`` per
+stream and a second budget over all streams (``ResponseReader``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -42,6 +43,7 @@ from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
 from epp.extproc.observer import OBSERVE_HEADER, Kind, ResponseHandoff
 from epp.framework.request import InferenceRequest
+from epp.observability.logging import LogEvery
 from epp.observability.tracing import RequestTrace, Tracing
 from epp.request.parse import (
     CONTROL_HEADERS,
@@ -51,11 +53,14 @@ from epp.request.parse import (
     RequestParser,
     echo,
 )
-from epp.requestcontrol.director import Director, Routing
+from epp.requestcontrol.director import UNSEEN, Director, Routing
 from epp.requestcontrol.explain import PICK_REASON_HEADER, pick_reason
-from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits, ResponseReader
+from epp.requestcontrol.response import DEFAULT_LIMITS, BodyBudget, ResponseLimits, ResponseReader
 
 log = logging.getLogger(__name__)
+_ANSWERED = LogEvery(log)
+"""Requests epp answers itself: a line per status and type at most every second (under
+overload every request is one: 429s by the thousand)."""
 
 STREAMED_CHUNK_BYTES = 1 << 20
 """A rewritten request body goes back to Envoy in pieces of at most this size."""
@@ -76,21 +81,13 @@ class Held:
     headers: Mapping[str, str]
     trace: RequestTrace | None = None
     """The request's trace: the waits before routing are its spans."""
+    prepared: dict[str, object] = field(default_factory=dict)
+    """What the request preparers computed for it (``Director.admit_held`` fills it)."""
 
 
 class ProtocolError(Exception):
     """The ext_proc messages broke the protocol's order; the stream is ended with a gRPC
     error (Envoy would not do this; a buggy or hostile client would)."""
-
-
-class BodyBudget:
-    """Request-body bytes held by all streams together, bounded by ``max_bytes``."""
-
-    __slots__ = ("max_bytes", "used")
-
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BUFFERED_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.used = 0
 
 
 class Phase(enum.Enum):
@@ -113,6 +110,7 @@ class RequestStream:
         "_finish_later",
         "_first",
         "_first_body_s",
+        "_forward_only",
         "_handoff",
         "_headers",
         "_held",
@@ -125,6 +123,7 @@ class RequestStream:
         "_reader",
         "_remote",
         "_request_mode",
+        "_response_budget",
         "_response_mode",
         "_routing",
         "_status",
@@ -146,8 +145,12 @@ class RequestStream:
         limits: ResponseLimits = DEFAULT_LIMITS,
         handoff: ResponseHandoff | None = None,
         tracing: Tracing | None = None,
+        response_budget: BodyBudget | None = None,
     ) -> None:
         self._parser = parser
+        self._response_budget = (
+            response_budget if response_budget is not None else BodyBudget(limits.total_bytes)
+        )
         self._tracing = tracing
         self._trace: RequestTrace | None = None
         self._explain = False
@@ -184,6 +187,8 @@ class RequestStream:
         self._held: tuple[ParsedRequest, int, bool, bool] | None = None
         self._observing = False
         self._first_body_s = 0.0
+        self._forward_only = False
+        """The observer stream claimed this stream's request first: it only forwards."""
         self._finish_later = False
 
     @property
@@ -265,7 +270,9 @@ class RequestStream:
         A stream that ends before the response is complete counts as ``cancelled``: gRPC does
         not tell a client cancel from an early half-close, and both mean nobody is waiting.
         With response body mode NONE the response is complete once its headers came: the
-        stream's end is the exchange's.
+        stream's end is the exchange's; and when no response headers came either, the proxy
+        sends epp no response at all (``--response none``): the request ends as ``routed``,
+        its outcome unknown (the post-response hooks hear status 0).
         """
         if self._phase is Phase.RESPONSE_BODY and self._response_mode == convert.NONE:
             # response_body_mode NONE: Envoy sends no body and ends the stream when the
@@ -273,15 +280,23 @@ class RequestStream:
             # cannot tell a client that left mid-response from one that did not)
             self._finish()
         self.after_replies()
+        if self._reader is not None:
+            self._reader.release()
         if self._remote and self._handoff is not None:  # ended before the response did
             stored = self._reader.stored_ids if self._reader is not None else ()
             self._handoff.observed(self._remote, Kind.ENDED, stored=stored)
             self._remote = ""
         routing = self._routing
-        if self._token and self._phase is Phase.ROUTED:
+        if (self._token and self._phase is Phase.ROUTED) or self._forward_only:
             routing = None  # its response is the observer stream's (or the handoff's) now
         if routing is not None and not routing.released:
-            self._director.abandon(routing, "cancelled")
+            if self._phase is Phase.ROUTED and self._response_mode == convert.NONE:
+                # the proxy sends this stream no response (Envoy's ``--response none``:
+                # response headers SKIP, body NONE): the request is over for epp, its
+                # outcome unknown, not a cancel
+                self._director.abandon(routing, UNSEEN)
+            else:
+                self._director.abandon(routing, "cancelled")
         elif self._trace is not None and self._routing is None:
             self._trace.ended("cancelled")  # before it was routed
         self._drop_body()
@@ -381,6 +396,7 @@ class RequestStream:
     def resume(self, error: EppError | None = None) -> list[pb.ProcessingResponse]:
         """Route the held request (see ``awaiting``), or answer ``error`` (flow control
         rejected it)."""
+        waited = self.awaiting
         held, self._held, self.awaiting = self._held, None, None
         if held is None:
             return _NO_REPLY
@@ -388,7 +404,8 @@ class RequestStream:
         try:
             if error is not None:
                 raise error
-            out = self._routed(parsed, size, trailers_follow)
+            out = self._routed(parsed, size, trailers_follow,
+                               waited.prepared if waited is not None else None)  # fmt: skip
             if trailers_follow:
                 out.append(convert.REQUEST_TRAILERS_CONTINUE)
         except EppError as exc:
@@ -426,12 +443,16 @@ class RequestStream:
         trace.request(r.model, r.api.value, r.stream, r.priority, len(raw), len(r.prompt))
         return parsed
 
-    def _route(self, request: InferenceRequest, size: int) -> Routing:
-        """The Director's pick, traced and recorded for the pick-reason header when asked."""
+    def _route(
+        self, request: InferenceRequest, size: int, prepared: Mapping[str, object] | None = None
+    ) -> Routing:
+        """The Director's pick (``prepared``: what the preparers computed for the request),
+        traced and recorded for the pick-reason header when asked."""
         trace = self._trace
         recording = trace is not None and trace.recording
         t0 = time.time_ns() if recording else 0
-        routing = self._director.route(request, self._subset, size, record=recording or self._explain)
+        routing = self._director.route(request, self._subset, size, prepared,
+                                       record=recording or self._explain)  # fmt: skip
         if trace is not None:
             routing.trace = trace
             if recording:
@@ -449,9 +470,10 @@ class RequestStream:
         return extra
 
     def _routed(
-        self, parsed: ParsedRequest, size: int, trailers_follow: bool
+        self, parsed: ParsedRequest, size: int, trailers_follow: bool,
+        prepared: Mapping[str, object] | None = None,
     ) -> list[pb.ProcessingResponse]:
-        routing = self._routing = self._deferred = self._route(parsed.request, size)
+        routing = self._routing = self._deferred = self._route(parsed.request, size, prepared)
         self._phase = Phase.ROUTED
         body = parsed.body
         token = self._hand_off(routing)
@@ -494,25 +516,29 @@ class RequestStream:
     # --- response path -----------------------------------------------------------------
 
     def _response_headers(self, h: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        routing = self._routing
         if self._token and self._handoff is not None:
             # the response came here after all (the proxy sends it to both filters): the
-            # first stream to see it observes it
-            self._handoff.claim(self._token)
+            # first stream to see it observes it. Claimed by the observer stream already:
+            # that stream reads it; this one only forwards it
+            self._forward_only = self._handoff.claim(self._token) is None
             self._token = ""
         headers = convert.headers_to_dict(h.headers)
         status_text = headers.get(":status", "200")
         ok = status_text.isascii() and status_text.isdigit() and len(status_text) == 3
         self._status = int(status_text) if ok else 0
-        routing = self._routing
-        if routing is not None:
+        observed = self._observed()
+        if observed is not None:
             sse = "text/event-stream" in headers.get("content-type", "")
-            req = routing.request
+            req = observed.request
             self._reader = ResponseReader(
-                self._status, sse, req.model, req.original_model, self._limits
+                self._status, sse, req.model, req.original_model, self._limits,
+                self._response_budget,
             )
         elif self._remote:  # read for the replica that routed it (nothing to rewrite)
             sse = "text/event-stream" in headers.get("content-type", "")
-            self._reader = ResponseReader(self._status, sse, "", "", self._limits)
+            self._reader = ResponseReader(self._status, sse, "", "", self._limits,
+                                          self._response_budget)  # fmt: skip
         self._phase = Phase.RESPONSE_BODY
         if h.end_of_stream:
             self._finish()
@@ -543,7 +569,7 @@ class RequestStream:
         end = b.end_of_stream
         if chunk and not self._first_body_s:
             self._first_body_s = first = time.monotonic()
-            routing = self._routing
+            routing = self._observed()
             if routing is not None:
                 self._director.first_token(routing, first - routing.started_s, self._status)
             elif self._remote and self._handoff is not None:
@@ -592,7 +618,14 @@ class RequestStream:
         self._phase = Phase.DONE
         self._finish_later = True
 
+    def _observed(self) -> Routing | None:
+        """The request whose response this stream reads: its own routing, unless the
+        observer stream claimed it first (then this one only forwards the response)."""
+        return None if self._forward_only else self._routing
+
     def _settle_response(self) -> None:
+        if self._forward_only:
+            return
         routing = self._routing
         if routing is None:
             if self._remote and self._handoff is not None and self._reader is not None:
@@ -619,7 +652,8 @@ class RequestStream:
         model = routing.client_model if routing is not None else ""
         reason = exc.reason if isinstance(exc, EppError) and exc.reason else kind.type
         self._director.answered(routing, model, kind.status, reason)
-        log.info(
+        _ANSWERED.log(
+            logging.INFO, (kind.status, kind.type),
             "request answered by epp: status=%d type=%s path=%s model=%s reason=%s",
             kind.status, kind.type, echo(self._path.partition("?")[0]), echo(model),
             exc.message if isinstance(exc, EppError) else type(exc).__name__,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -159,50 +159,76 @@ class Offer:
 
 
 class _Flow:
-    __slots__ = ("heap", "items", "ordering")
+    """One flow's queued requests: by arrival (``items``, oldest first: FCFS order, the
+    newest last) and, with ``edf``, also in a deadline heap. A request that leaves is
+    removed from ``items`` at once; the heap drops it lazily and is compacted once more than
+    half of it is gone, so a flow holds at most ~2x its queued requests."""
+
+    __slots__ = ("edf", "heap", "items")
 
     def __init__(self, ordering: str) -> None:
-        self.ordering = ordering
-        self.items: deque[QueuedRequest] = deque()
+        self.edf = ordering == "edf"
+        self.items: OrderedDict[int, QueuedRequest] = OrderedDict()
         self.heap: list[tuple[float, int, QueuedRequest]] = []
 
-    def push(self, item: QueuedRequest) -> None:
-        if self.ordering == "edf":
-            heapq.heappush(self.heap, (item.deadline_s, item.seq, item))
-        else:
-            self.items.append(item)
+    def __len__(self) -> int:
+        return len(self.items)
 
-    def _clean(self) -> None:
-        while self.items and not self.items[0].queued:
-            self.items.popleft()
-        while self.heap and not self.heap[0][2].queued:
-            heapq.heappop(self.heap)
+    def push(self, item: QueuedRequest) -> None:
+        self.items[item.seq] = item
+        if self.edf:
+            heapq.heappush(self.heap, (item.deadline_s, item.seq, item))
+
+    def remove(self, item: QueuedRequest) -> None:
+        del self.items[item.seq]
+        if self.edf and len(self.heap) > 2 * len(self.items) + 16:
+            self.heap = [e for e in self.heap if e[2].queued]
+            heapq.heapify(self.heap)
 
     def head(self) -> QueuedRequest | None:
-        self._clean()
-        if self.items:
-            return self.items[0]
-        return self.heap[0][2] if self.heap else None
-
-    def pop(self) -> QueuedRequest:
-        self._clean()
-        return self.items.popleft() if self.items else heapq.heappop(self.heap)[2]
+        if not self.items:
+            return None
+        if not self.edf:
+            return next(iter(self.items.values()))
+        heap = self.heap
+        while not heap[0][2].queued:
+            heapq.heappop(heap)
+        return heap[0][2]
 
     def newest(self) -> QueuedRequest | None:
-        live = [i for i in self.all() if i.queued]
-        return max(live, key=lambda i: i.seq) if live else None
+        return next(reversed(self.items.values()), None)
 
     def all(self) -> Iterator[QueuedRequest]:
-        yield from self.items
-        for _, _, item in self.heap:
-            yield item
+        yield from self.items.values()
 
 
 @dataclass(slots=True)
 class _Band:
     flows: OrderedDict[str, _Flow] = field(default_factory=OrderedDict)
+    """Non-empty flows; the first is next in round-robin turn."""
     count: int = 0
     bytes: int = 0
+    by_size: dict[int, dict[str, None]] = field(default_factory=dict)
+    """Flow names by how many requests each has queued: the displacement victim comes from
+    the largest flow without a scan of the queue."""
+    largest: int = 0
+
+    def resized(self, name: str, old: int, new: int) -> None:
+        """Flow ``name`` went from ``old`` to ``new`` requests queued (0: none)."""
+        if old:
+            bucket = self.by_size[old]
+            del bucket[name]
+            if not bucket:
+                del self.by_size[old]
+        if new:
+            self.by_size.setdefault(new, {})[name] = None
+            self.largest = max(self.largest, new)
+        while self.largest and self.largest not in self.by_size:
+            self.largest -= 1  # a size changes by one at a time: one step, amortised
+
+    def biggest_flow(self) -> _Flow | None:
+        bucket = self.by_size.get(self.largest)
+        return self.flows[next(iter(bucket))] if bucket else None
 
 
 @dataclass(slots=True)
@@ -244,7 +270,8 @@ class FlowController:
         self._band_max_requests = cfg.band_max_requests or cfg.max_requests
         self._band_max_bytes = cfg.band_max_bytes or cfg.max_bytes
         self._deadlines: list[tuple[float, int, QueuedRequest]] = []
-        """Every queued request by deadline (those that left are skipped when popped)."""
+        """Every queued request by deadline (those that left are skipped when popped, and
+        dropped once they are half of it: the queue's memory follows what it holds)."""
 
     # --- entry ------------------------------------------------------------------------
 
@@ -289,6 +316,7 @@ class FlowController:
         if f is None:
             f = band.flows[flow] = _Flow(self.cfg.ordering)
         f.push(item)
+        band.resized(flow, len(f) - 1, len(f))
         heapq.heappush(self._deadlines, (item.deadline_s, item.seq, item))
         band.count += 1
         band.bytes += size_bytes
@@ -309,19 +337,17 @@ class FlowController:
         return band.count + 1 <= self._band_max_requests and band.bytes + size <= self._band_max_bytes
 
     def _victim(self, band_id: int) -> QueuedRequest | None:
-        """The newest request of the lowest non-empty band below ``band_id``; when the band
-        itself is full, nothing below it can help (bands have their own limits)."""
+        """The newest request of the largest flow of the lowest band below ``band_id``; when
+        the band itself is full, nothing below it can help (bands have their own limits).
+        O(1): no scan of the queue, however full (bands are few and kept sorted)."""
         band = self.bands.get(band_id)
         if band is not None and (band.count + 1 > self._band_max_requests):
             return None
-        for bid in sorted(self.bands):
-            if bid >= band_id:
-                return None
-            b = self.bands[bid]
-            if b.count:
-                biggest = max(b.flows.values(), key=lambda f: sum(1 for i in f.all() if i.queued))
-                return biggest.newest()
-        return None
+        lowest = next(reversed(self.bands), None)  # empty bands are dropped: it has requests
+        if lowest is None or lowest >= band_id:
+            return None
+        biggest = self.bands[lowest].biggest_flow()
+        return biggest.newest() if biggest is not None else None
 
     # --- leaving ----------------------------------------------------------------------
 
@@ -341,10 +367,17 @@ class FlowController:
         else:
             self.stats.reject(outcome)
         f = band.flows.get(item.flow)
-        if f is not None and f.head() is None:
-            del band.flows[item.flow]
+        if f is not None and item.seq in f.items:
+            f.remove(item)
+            band.resized(item.flow, len(f) + 1, len(f))
+            if not f.items:
+                del band.flows[item.flow]
         if band.count == 0:
             del self.bands[item.band]
+        heap = self._deadlines
+        if len(heap) > 2 * self.count + 64:  # what left is skipped when popped; past half, drop it
+            self._deadlines = [e for e in heap if e[2].queued]
+            heapq.heapify(self._deadlines)
 
     def routed(self) -> None:
         """A dispatched request was routed (or gave up): it no longer counts as reserved."""
@@ -385,13 +418,13 @@ class FlowController:
                         if best is None or key < best:
                             best = key
                 if best is not None:
-                    return band.flows[best[2]].pop()
+                    return band.flows[best[2]].head()
                 continue
-            for name in list(band.flows):
-                f = band.flows[name]
-                band.flows.move_to_end(name)  # the next turn goes to the next flow
-                if f.head() is not None:
-                    return f.pop()
+            flows = band.flows
+            if flows:  # only flows with requests queued are kept: the first one has a head
+                name = next(iter(flows))
+                flows.move_to_end(name)  # the next turn goes to the next flow
+                return flows[name].head()
         return None
 
     def expire(self, now_s: float) -> list[QueuedRequest]:

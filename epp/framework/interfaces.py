@@ -12,7 +12,7 @@
   ``PostResponse`` (the response is complete: learn from its usage and text),
   ``PostStored`` (the response names an object the server stored: a stored response),
   ``EndpointListener`` (an endpoint's metrics arrived / it left the pool) and ``Sweeper``
-  (periodic housekeeping off the request path).
+  (periodic housekeeping, in bounded slices between requests).
 * A **profile handler** (``ProfileHandler``), when the config has more than one profile,
   decides which profiles run for a request and what their picks mean: disaggregated
   serving runs the decode profile, asks a decider whether a separate prefill is worth it,
@@ -31,7 +31,7 @@ Any plugin may implement any hooks; the scheduler sorts them out once, when it i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -141,11 +141,12 @@ class DataProducer(Protocol):
 class RequestPreparer(Protocol):
     name: str
 
-    def prepare_request(self, request: InferenceRequest) -> None:
+    def prepare_request(self, request: InferenceRequest) -> object | None:
         """Slow per-request work that needs no endpoint data (tokenizing a prompt). Runs in
         a worker thread before scheduling when the server can (``epp serve``), so it must be
-        thread-safe; ``prepare`` finds its result, or does the work itself when it was not
-        run (the replay)."""
+        thread-safe and keep nothing itself: it returns its result, which the request carries
+        to its cycle (``CycleState.data[name]``); ``prepare`` finds it there, or does the
+        work itself when it was not run (the replay)."""
         ...
 
 
@@ -168,8 +169,11 @@ class Sweeper(Protocol):
         interval among the plugins)."""
         ...
 
-    def sweep(self, now_s: float) -> int:
-        """Periodic cleanup (may run in a worker thread); returns what it removed."""
+    def sweep_steps(self, now_s: float) -> Iterator[int]:
+        """Periodic cleanup, a bounded slice of work (~1k entries) per step; each step yields
+        what it removed. The server runs the steps on the event loop one at a time and serves
+        requests between them, so no step may be proportional to what the plugin holds; the
+        replay runs them all at once."""
         ...
 
 

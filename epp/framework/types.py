@@ -6,11 +6,14 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.request import InferenceRequest
 
 _NO_MATCH: Mapping[EndpointId, int] = MappingProxyType({})
+_NO_PREFILL: Mapping[EndpointId, float] = MappingProxyType({})
+T = TypeVar("T")
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,9 +41,14 @@ _EMPTY_PREFIX = PrefixMatch(hashes=())
 
 @dataclass(slots=True)
 class CycleState:
-    """What one scheduling cycle knows: the request, the clock, and shared precomputation.
+    """What one scheduling cycle knows: the request, the clock, and shared precomputation;
+    and, for the request's whole life (it travels with the pick to the first-token and
+    post-response hooks), what each plugin keeps for it (``read`` / ``write``).
 
     Mutable so that the scheduler can attach the prefix match once and every plugin reads it.
+    Per-request plugin state lives here, never in a table of the plugin's keyed by the
+    request's or the cycle's ``id()``: it dies with the request, with no cap, expiry or
+    "identity reused" repair to get wrong.
     """
 
     request: InferenceRequest
@@ -59,6 +67,24 @@ class CycleState:
     runs: list[ProfileRun] | None = None
     """When a list: each profile run appends what it did (``ProfileRun``), for a trace, the
     pick-reason header or ``epp dry-run``; None (the default): nothing is recorded."""
+    prefill: Mapping[EndpointId, float] = field(default_factory=lambda: _NO_PREFILL)
+    """Prompt characters sent to each endpoint to prefill and not prefilled yet (no first
+    token back), with index sync the other replicas' too: one accounting, kept by the
+    Director (``epp.datastore.prefill.PrefillLedger``), read by every plugin that weighs
+    queued prefill (divide by its characters per token). Empty when the caller keeps none."""
+    data: dict[str, object] = field(default_factory=dict)
+    """Per-request plugin state by key (``read`` / ``write``); seeded with what the request
+    preparers computed (``RequestPreparer.prepare_request``, by preparer name)."""
+
+    def read(self, key: str, kind: type[T]) -> T | None:
+        """The state ``key`` holds if it is a ``kind``, else None."""
+        value = self.data.get(key)
+        return value if isinstance(value, kind) else None
+
+    def write(self, key: str, value: object) -> None:
+        """Keep ``value`` for this request under ``key`` (a plugin's name, or its name and
+        a suffix)."""
+        self.data[key] = value
 
 
 @dataclass(slots=True, frozen=True)

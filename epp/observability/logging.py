@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
+from collections.abc import Callable, Hashable
 from typing import TextIO
 
 _STD_ATTRS = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
@@ -66,3 +68,44 @@ def setup_logging(level: str = "info", stream: TextIO | None = None, json_lines:
     root.addHandler(handler)
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+class LogEvery:
+    """A line per event that can come thousands of times a second (every rejected request
+    under overload), written at most once per ``interval_s`` per ``key``; the lines held
+    back are counted into the next one. A synchronous log write per event would itself load
+    the loop exactly when it is busiest. At DEBUG every event is written."""
+
+    __slots__ = ("_clock", "_held", "_logger", "interval_s", "max_keys")
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 1.0, max_keys: int = 256,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self._logger = logger
+        self.interval_s = interval_s
+        self.max_keys = max_keys
+        self._clock = clock
+        self._held: dict[Hashable, tuple[float, int]] = {}
+        """Per key: when its last line was written, and the events held back since."""
+
+    def log(self, level: int, key: Hashable, msg: str, *args: object) -> bool:
+        """Write ``msg % args`` unless a line of ``key`` was written within the interval;
+        returns whether it was written."""
+        logger = self._logger
+        if not logger.isEnabledFor(level):
+            return False
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.log(level, msg, *args)
+            return True
+        now = self._clock()
+        last, held = self._held.get(key, (-math.inf, 0))
+        if now - last < self.interval_s:
+            self._held[key] = (last, held + 1)
+            return False
+        if key not in self._held and len(self._held) >= self.max_keys:
+            self._held.clear()  # keys are few (statuses); a flood of new ones starts over
+        self._held[key] = (now, 0)
+        if held:
+            msg += " (and %d more like it since the last such line)"
+            args = (*args, held)
+        logger.log(level, msg, *args)
+        return True

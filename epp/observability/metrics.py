@@ -23,6 +23,9 @@ _TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384
 
 MAX_MODEL_LABELS = 100
 """Distinct ``model`` label values; models first seen after that count under ``other``."""
+MAX_FLOW_LABELS = 100
+"""Distinct flow-control ``fairness_id`` label values (a budget of their own: the header is
+the client's, and its values must not use up the models' labels); later ones as ``other``."""
 MAX_LABEL_CHARS = 128
 OTHER_MODEL = "other"
 
@@ -172,6 +175,18 @@ class EppMetrics:
             ["status", "reason"],
             registry=r,
         )
+        self.held_bytes = Gauge(
+            "epp_held_bytes",
+            "Bytes epp holds for requests, by kind, each under its own bound: request bodies "
+            "being read (--max-buffered-bytes), responses being read (--max-buffered-response-"
+            "bytes), prompts and chain hashes kept to learn from replies (--max-learning-bytes).",
+            ["kind"], registry=r,
+        )
+        self.learning_dropped = Gauge(
+            "epp_learning_dropped_requests",
+            "Requests routed with --max-learning-bytes spent: their replies were not learnt "
+            "from (a running total).", registry=r,
+        )
         self.task_failures = Counter(
             "epp_background_task_failures",
             "Background task runs that raised and were restarted by the supervisor.",
@@ -201,6 +216,11 @@ class EppMetrics:
             registry=r,
         )
         self.sync_peers = Gauge("epp_sync_peers", "Peers this replica subscribes to.", registry=r)
+        self.sync_follow_failures = Counter(
+            "epp_sync_follow_failures", "Subscriptions to a peer that failed or ended (each "
+            "is retried with backoff): a peer down, refusing this replica, or unreachable.",
+            registry=r,
+        )
         self.sync_peers_connected = Gauge(
             "epp_sync_peers_connected", "Peers with an open subscription stream.", registry=r
         )
@@ -233,6 +253,7 @@ class EppMetrics:
         self._usage_children: dict[str, tuple[Any, Any, Any]] = {}
         self._endpoint_labels: set[str] = set()
         self._models: set[str] = set()
+        self._flows: set[str] = set()
         self._last_lookup_chunks = 0
         self._last_hit_chunks = 0
         self.observe_scheduling: Callable[[float], None] = self.scheduling_duration.observe
@@ -358,7 +379,7 @@ class EppMetrics:
                   wait_s: float) -> None:  # fmt: skip
         """A request left the flow-control queue after ``wait_s``."""
         self.flow_queue_duration.labels(
-            self.model_label(flow), str(band), outcome, self.pool_name, self.model_label(model),
+            self.flow_label(flow), str(band), outcome, self.pool_name, self.model_label(model),
             self.model_label(target),
         ).observe(wait_s)
 
@@ -368,7 +389,7 @@ class EppMetrics:
         """Queue gauges from ``(flow, band, model, target) -> (requests, bytes)``."""
         seen: set[tuple[str, ...]] = set()
         for (flow, band, model, target), (n, size) in queued.items():
-            key = (self.model_label(flow), str(band), self.pool_name, self.model_label(model),
+            key = (self.flow_label(flow), str(band), self.pool_name, self.model_label(model),
                    self.model_label(target))  # fmt: skip
             seen.add(key)
             self.flow_queue_size.labels(*key).set(n)
@@ -453,13 +474,12 @@ class EppMetrics:
     def model_label(self, model: str) -> str:
         """``model`` as a label value: the first MAX_MODEL_LABELS names as they are (cut to
         MAX_LABEL_CHARS), any later one as ``other``, so clients cannot mint series."""
-        if model in self._models:
-            return model
-        if len(self._models) >= MAX_MODEL_LABELS:
-            return OTHER_MODEL
-        model = model[:MAX_LABEL_CHARS]
-        self._models.add(model)
-        return model
+        return _bounded_label(self._models, MAX_MODEL_LABELS, model)
+
+    def flow_label(self, flow: str) -> str:
+        """A flow-control fairness id as a label value: bounded as ``model_label``, with a
+        budget of its own (``MAX_FLOW_LABELS``)."""
+        return _bounded_label(self._flows, MAX_FLOW_LABELS, flow)
 
     def request_done(self, model: str, status: str) -> None:
         model = self.model_label(model)
@@ -560,3 +580,16 @@ class EppMetrics:
                 self.index_hit_ratio.set((hits - self._last_hit_chunks) / d_lookups)
             self._last_lookup_chunks = lookups
             self._last_hit_chunks = hits
+
+
+def _bounded_label(seen: set[str], most: int, value: str) -> str:
+    """``value`` cut to MAX_LABEL_CHARS, as it is among the first ``most`` values ``seen``,
+    else ``other`` (the cut value is what is kept and looked up)."""
+    if len(value) > MAX_LABEL_CHARS:
+        value = value[:MAX_LABEL_CHARS]
+    if value in seen:
+        return value
+    if len(seen) >= most:
+        return OTHER_MODEL
+    seen.add(value)
+    return value

@@ -62,6 +62,8 @@ _EXPIRE_SLICE = 4096
 """Entries the background expiry removes before it lets other work run."""
 OUTCOMES = ("home", "home_unavailable", "unknown")
 _RESPONSES = ApiKind.RESPONSES
+_NOT_STORED = "store: false"
+"""Kept on the cycle state of a request that asked not to be stored."""
 """Bound once: an enum member read from its class costs ~0.2 us, on every request."""
 
 StoredSink = Callable[[str, EndpointId, float], None]
@@ -217,9 +219,15 @@ class ResponseAffinityFilter:
                   "routed without it", state.request.request_id, oid, home)  # fmt: skip
         return endpoints
 
-    def post_stored(self, state: CycleState, result: PickResult, ids: Sequence[str]) -> None:
+    def post_pick(self, state: CycleState, result: PickResult) -> None:
+        """Note a ``"store": false`` on the request's cycle state: its parsed body is let go
+        once it is picked (the Director keeps what a request holds in flight small)."""
         body = state.request.body
         if body is not None and body.get("store") is False:
+            state.write(self.name, _NOT_STORED)
+
+    def post_stored(self, state: CycleState, result: PickResult, ids: Sequence[str]) -> None:
+        if state.data.get(self.name) is _NOT_STORED:
             return
         endpoint = result.target.id
         now = state.now_s

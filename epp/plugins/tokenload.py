@@ -5,8 +5,11 @@ A request count treats a 100k-token agent turn and a 200-token question alike; t
 request holds on its server do not. Each plugin counts, per endpoint, the tokens of the
 requests epp sent there and that have not ended: what each keeps in the KV cache (its prompt,
 ``ceil(chars / 4)``, and its output, ``max_tokens`` or ``decodeTokens`` when the request sets
-none), and apart from it the prompt still to prefill, until the first token comes back. A request ends at its response's end or cancellation; one never heard of
-again is dropped after ``ttlSeconds``.
+none); what it counts for a request lives on the request (``CycleState``) and is taken back
+when the request ends (its response's end or cancellation). Apart from it, the prompt still
+to prefill: epp's one accounting of the prefill it sent and has not seen done
+(``CycleState.prefill``, the uncached part, until the first token), read at 4 characters
+a token.
 
 * the scorer: ``1 - load / max load`` over the candidates (all 1 when none carries load), or
   over ``scaleTokens`` when that is more;
@@ -34,8 +37,6 @@ from epp.framework.interfaces import PluginContext
 from epp.framework.types import CycleState, PickResult, ResponseInfo
 
 _CHARS_PER_TOKEN = 4
-_MAX_TRACKED = 100_000
-"""Requests tracked at most (the oldest dropped first): bounded whatever the traffic."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,20 +56,17 @@ class TokenLoadParams:
     max_share: float = 0.9
     """Filter: keep endpoints whose tokens in flight are at most this share of the KV
     capacity they report (ignored for servers that report none)."""
-    ttl_seconds: float = 600.0
-    """A request not heard of this long after its pick is no longer counted."""
     __config_min__: ClassVar[dict[str, float]] = {"decode_tokens": 0, "prefill_weight": 0,
                                                   "scale_tokens": 0}  # fmt: skip
 
 
 @dataclass(slots=True)
 class _Held:
+    """What one request counts in ``held`` (kept on its cycle state)."""
+
     endpoint: EndpointId
-    prefill: int
-    """Prompt tokens still to prefill (0 after the first token)."""
-    held: int
+    tokens: int
     """Tokens the request keeps in the KV cache."""
-    picked_s: float
 
 
 def _output_tokens(body: Mapping[str, Any] | None, params: TokenLoadParams) -> int:
@@ -80,66 +78,62 @@ def _output_tokens(body: Mapping[str, Any] | None, params: TokenLoadParams) -> i
     return params.decode_tokens
 
 
+_NO_PREFILL: Mapping[EndpointId, float] = {}
+
+
 class _InFlightTokens:
-    """Per-endpoint tokens of the requests in flight, fed by the post-pick, first-token and
-    post-response hooks."""
+    """Per-endpoint tokens held by the requests in flight, fed by the post-pick and
+    post-response hooks; the prefill part is read from ``CycleState.prefill``."""
 
-    def __init__(self, params: TokenLoadParams) -> None:
+    def __init__(self, name: str, params: TokenLoadParams) -> None:
+        self.name = name
         self.params = params
-        self.prefill: dict[EndpointId, int] = {}
         self.held: dict[EndpointId, int] = {}
-        self._requests: dict[int, _Held] = {}
+        """Per endpoint with requests in flight (no entry for one without: an endpoint
+        seen once is not exported for ever)."""
+        self.prefill_view: Mapping[EndpointId, float] = _NO_PREFILL
+        """The prefill ledger the cycles read (characters), for the exported gauge."""
 
-    def load(self, endpoint_id: EndpointId, prefill_weight: float = 1.0) -> float:
-        return self.held.get(endpoint_id, 0) + (prefill_weight - 1.0) * self.prefill.get(endpoint_id, 0)
+    def load(self, state: CycleState, endpoint_id: EndpointId, prefill_weight: float = 1.0) -> float:
+        held = self.held.get(endpoint_id, 0)
+        if prefill_weight == 1.0:
+            return float(held)
+        prefill = state.prefill.get(endpoint_id, 0.0) / _CHARS_PER_TOKEN
+        return held + (prefill_weight - 1.0) * prefill
 
     def post_pick(self, state: CycleState, result: PickResult) -> None:
         request = state.request
         prompt = -(-len(request.prompt) // _CHARS_PER_TOKEN)
-        held = prompt + _output_tokens(request.body, self.params)
-        target = result.target.id
-        self._expire(state.now_s)
-        entry = _Held(target, prompt, held, state.now_s)
-        old = self._requests.pop(id(state), None)
-        if old is not None:  # a cycle never heard of again, its identity reused
-            self._add(old, -1)
-        self._requests[id(state)] = entry
-        self._add(entry, 1)
-        while len(self._requests) > _MAX_TRACKED:
-            self._add(self._requests.pop(next(iter(self._requests))), -1)
-
-    def post_first_token(self, state: CycleState, result: PickResult, ttft_s: float) -> None:
-        entry = self._requests.get(id(state))
-        if entry is not None and entry.prefill:
-            self.prefill[entry.endpoint] = self.prefill.get(entry.endpoint, 0) - entry.prefill
-            entry.prefill = 0
+        entry = _Held(result.target.id, prompt + _output_tokens(request.body, self.params))
+        if state.read(self.name, _Held) is not None:  # picked again: one count per request
+            self._take(state)
+        state.write(self.name, entry)
+        self.held[entry.endpoint] = self.held.get(entry.endpoint, 0) + entry.tokens
+        self.prefill_view = state.prefill
 
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
-        entry = self._requests.pop(id(state), None)
-        if entry is not None:
-            self._add(entry, -1)
+        self._take(state)
 
-    def _add(self, entry: _Held, sign: int) -> None:
-        eid = entry.endpoint
-        self.prefill[eid] = self.prefill.get(eid, 0) + sign * entry.prefill
-        self.held[eid] = self.held.get(eid, 0) + sign * entry.held
+    def _take(self, state: CycleState) -> None:
+        entry = state.read(self.name, _Held)
+        if entry is None:
+            return
+        state.data.pop(self.name, None)
+        held = self.held
+        left = held.get(entry.endpoint, 0) - entry.tokens
+        if left > 0:
+            held[entry.endpoint] = left
+        else:
+            held.pop(entry.endpoint, None)
 
-    def _expire(self, now_s: float) -> None:
-        requests = self._requests
-        ttl = self.params.ttl_seconds
-        while requests:
-            key = next(iter(requests))  # picked in time order
-            entry = requests[key]
-            if now_s - entry.picked_s <= ttl:
-                return
-            del requests[key]
-            self._add(entry, -1)
+    def observe_endpoint(self, endpoint: Endpoint) -> None:
+        pass
+
+    def remove_endpoint(self, endpoint_id: EndpointId) -> None:
+        self.held.pop(endpoint_id, None)
 
 
 class TokenLoadScorer(_InFlightTokens):
-    def __init__(self, name: str, params: TokenLoadParams) -> None:
-        super().__init__(params)
-        self.name = name
 
     async def start(self, ctx: PluginContext) -> None:
         ctx.register(_TokensCollector(self))
@@ -149,7 +143,7 @@ class TokenLoadScorer(_InFlightTokens):
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         w = self.params.prefill_weight
-        loads = [self.load(e.id, w) for e in endpoints]
+        loads = [self.load(state, e.id, w) for e in endpoints]
         top = max(max(loads, default=0.0), self.params.scale_tokens)
         if top <= 0:
             return [1.0] * len(endpoints)
@@ -157,15 +151,11 @@ class TokenLoadScorer(_InFlightTokens):
 
 
 class TokenLoadFilter(_InFlightTokens):
-    def __init__(self, name: str, params: TokenLoadParams) -> None:
-        super().__init__(params)
-        self.name = name
-
     def filter(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
         p = self.params
         kept = []
         for e in endpoints:
-            load = self.load(e.id)
+            load = self.load(state, e.id)
             if p.max_tokens and load > p.max_tokens:
                 continue
             capacity = e.metrics.kv_capacity_tokens()
@@ -185,7 +175,10 @@ class _TokensCollector(Collector):
             "Tokens of the requests epp has in flight on the endpoint (token-load-scorer): "
             "held in KV, or still to prefill.", labels=["endpoint", "phase"],
         )  # fmt: skip
-        for phase, counts in (("held", self.tokens.held), ("prefill", self.tokens.prefill)):
-            for eid, n in sorted(list(counts.items())):
-                fam.add_metric([eid, phase], n)
+        tokens = self.tokens
+        for eid, n in sorted(list(tokens.held.items())):
+            fam.add_metric([eid, "held"], n)
+        prefill = tokens.prefill_view
+        for eid in sorted(list(prefill)):
+            fam.add_metric([eid, "prefill"], prefill.get(eid, 0.0) / _CHARS_PER_TOKEN)
         yield fam

@@ -6,7 +6,10 @@ prefill queued ahead, running requests, KV use and overflow, LoRA slot waits), p
 pick costs later requests (work, fill, evict, contention, adapter, saturation and session
 spread charges); the lowest cost scores 1, the others ``best / theirs``. The coefficients
 start at priors and are refit by exponentially weighted least squares on the observed first
-tokens. What each feature reads, each term, the parameters and why each default is what it
+tokens (each one joins the normal equations at once; they are solved at most every
+``_REFIT_INTERVAL_S`` of the Director's clock, or once ``_REFIT_MOST`` responses wait). ``q``
+reads the Director's one prefill accounting (``CycleState.prefill``); what the scorer keeps
+for a request lives on its cycle state. What each feature reads, each term, the parameters and why each default is what it
 is: the plugin's page, ``epp/plugins/ttft.md``.
 """
 
@@ -16,7 +19,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +33,11 @@ _FEATURES = 7  # 1, u, q, r, kv, overflow, adapter slot wait
 _LOG_FIRST, _LOG_PERIOD_S = 50, 30.0
 """The fitted model is logged after the first 50 responses, then at most every 30 s."""
 _MAX_PENDING = 100_000
+"""Adapters, model names and sessions remembered at most (the oldest forgotten first)."""
+_REFIT_INTERVAL_S = 0.05
+"""The normal equations are solved again at most this often (the observations' clock)..."""
+_REFIT_MOST = 64
+"""...unless this many responses wait to be solved for."""
 _MAX_PAIRS = 1_000_000
 _MAX_OVERFLOW = 4.0
 _MIN_CAPACITY_TOKENS = 1024
@@ -68,14 +76,12 @@ class PredictedTtftParams:
     transient queueing as slowness. Meant for pools of unequal servers (mixed GPUs)."""
     count_own_running: bool = False
     """Count as running on an endpoint the requests epp sent there whose response has not
-    ended, when that is more than the scraped ``running`` (a burst epp just sent is in no
-    scrape yet). For servers whose step time grows with the batch (vLLM on CPU); off for
-    GPU-like servers, where a larger decode batch costs little."""
+    ended (epp's in-flight count, ``CycleState.in_flight``), when that is more than the
+    scraped ``running`` (a burst epp just sent is in no scrape yet). For servers whose step
+    time grows with the batch (vLLM on CPU); off for GPU-like servers, where a larger decode
+    batch costs little."""
     learn: bool = True
     """Fit the cost model online from observed first tokens (else keep the starting coefficients)."""
-    prefill_timeout_s: float = 600.0
-    """A request whose first token was not reported this long after the pick no longer
-    counts as prefill queued on its endpoint."""
     shared_prefill_cost: bool = False
     """Fit one cost per prefill token for the request's own uncached tokens and the queued
     ones ahead of it (``c_u = c_q``), as a server spends the same on either; with two, a
@@ -169,6 +175,27 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
+@dataclass(slots=True)
+class _Scored:
+    """A request's features and predictions per candidate, from ``score`` to ``post_pick``
+    (kept on its cycle state)."""
+
+    candidates: dict[EndpointId, tuple[tuple[float, ...], float]]
+
+
+@dataclass(slots=True)
+class _Picked:
+    """A picked request's features and prediction, kept on its cycle state until its first
+    token is observed (learning) and its response ends (its adapter's slot)."""
+
+    target: EndpointId
+    x: tuple[float, ...]
+    predicted: float
+    adapter: str = ""
+    """Counted in ``adapters_on[target]`` until the response ends ('' none)."""
+    observed: bool = False
+
+
 def _take(counts: dict[Any, Any], key: Any, amount: float) -> None:
     """Subtract ``amount`` from a per-endpoint count, dropping the key once nothing is left."""
     left = counts.get(key, 0) - amount
@@ -197,25 +224,14 @@ class PredictedTtftScorer:
         self._xty = [k * z for z in self._prior_z]
         self.mean_uncached = 512.0
         """Uncached tokens of a routed request, averaged (EWMA): the size of a queued one."""
-        # the per-request maps are keyed by the cycle's identity (``id(state)``), not the
-        # request id: that comes from the client when Envoy keeps its x-request-id, and two
-        # requests in flight under one id would cross their accounting
-        self._pending: OrderedDict[int, tuple[EndpointId, tuple[float, ...], float]] = OrderedDict()
+        # what the scorer keeps for a request (its features at the pick, its adapter) lives
+        # on the request's cycle state (``_Scored``, ``_Picked``): it dies with the request
         self.speed: dict[EndpointId, float] = {}
         """Per endpoint, observed / predicted TTFT (geometric EWMA; 1 until observed)."""
-        self._prefilling: OrderedDict[int, tuple[EndpointId, float, float]] = OrderedDict()
-        """Requests picked whose first token has not come back: endpoint, uncached tokens,
-        pick time (only filled when the caller reports first tokens)."""
-        self.outstanding: dict[EndpointId, float] = {}
-        """Per endpoint, the uncached prompt tokens epp sent that are not prefilled yet."""
-        self.peer_prefill: Callable[[EndpointId], float] | None = None
-        """With index sync: the same figure summed over the other epp replicas
-        (``epp.sync.load.PeerPrefill.tokens``), added to this replica's own."""
-        self._active: OrderedDict[int, EndpointId] = OrderedDict()
-        self.active: dict[EndpointId, int] = {}
-        """Per endpoint, the requests epp sent whose response has not ended (kept only with
-        ``count_own_running``)."""
-        self._candidates: dict[int, dict[EndpointId, tuple[tuple[float, ...], float]]] = {}
+        self._unsolved = 0
+        """Responses added to the normal equations since they were last solved."""
+        self._solved_s = -math.inf
+        """When they were (the clock of the observations: pick time + time to first token)."""
         self.errors = TtftErrors()
         self._session_params = SessionAffinityParams(headers=list(p.session_headers))
         self._sessions = SessionTable(p.session_window_seconds, _MAX_PENDING)
@@ -223,7 +239,6 @@ class PredictedTtftScorer:
         self.sessions_on = self._sessions.on
         """Per endpoint, the sessions active there."""
         self._logged_s = -math.inf
-        self._adapter_of: OrderedDict[int, tuple[EndpointId, str]] = OrderedDict()
         self.adapters_on: dict[EndpointId, dict[str, int]] = {}
         """Per endpoint, the adapters of the requests epp sent there whose response has not
         ended, and how many of each."""
@@ -246,15 +261,13 @@ class PredictedTtftScorer:
         # prefill queued ahead: what epp sent and has not seen prefilled (this replica's, and
         # with index sync the other replicas'), or what the server
         # reports waiting when that is more (other routers, traffic past epp). Not the
-        # requests sent since the last scrape (``e.pending``): epp's own are in
-        # ``outstanding`` until their first token, and once it came they wait no more
-        own = self.outstanding.get(e.id, 0.0)
-        if self.peer_prefill is not None:
-            own += self.peer_prefill(e.id)
+        # requests sent since the last scrape (``e.pending``): epp's own are in the prefill
+        # accounting until their first token, and once it came they wait no more
+        own = state.prefill.get(e.id, 0.0) / p.chars_per_token
         q = max(own, m.waiting * self.mean_uncached)
         r = float(m.running)
         if p.count_own_running:
-            r = max(r, float(self.active.get(e.id, 0)))
+            r = max(r, float(state.in_flight.get(e.id, 0)))
         capacity = m.kv_capacity_tokens()
         kv = m.kv_usage
         # the share of the KV cache this request would need beyond what is free: it waits
@@ -298,12 +311,12 @@ class PredictedTtftScorer:
         speed = self.speed
         factors = [speed.get(e.id, 1.0) for e in endpoints]
         preds = [max(1e-4, f * self.predict(x)) for x, f in zip(feats, factors, strict=True)]
-        if self.params.learn:
-            self._candidates[id(state)] = {
-                e.id: (x, t) for e, x, t in zip(endpoints, feats, preds, strict=True)
-            }
-            if len(self._candidates) > 1024:  # scored but never picked (a filter after us)
-                del self._candidates[next(iter(self._candidates))]
+        # for post_pick (sessions, adapters, the mean uncached size) and learning; kept with
+        # ``learn: false`` too (without it the sessions were never recorded and the spread
+        # charge never applied)
+        state.write(self.name, _Scored(
+            {e.id: (x, t) for e, x, t in zip(endpoints, feats, preds, strict=True)}
+        ))  # fmt: skip
         w = self.params.work_weight * self.coef[1]
         cw = self.params.contention_weight * self.coef[1]
         sat = self._saturation_charge(feats)
@@ -371,20 +384,11 @@ class PredictedTtftScorer:
         on = sessions.on
         return [c + k * on.get(e.id, 0) for c, e in zip(cost, endpoints, strict=True)]
 
-    def prefill_in_flight(self) -> dict[EndpointId, float]:
-        """Index sync's ``SharedPrefill``: the prefill this replica has in flight."""
-        return self.outstanding
-
-    def use_peer_prefill(self, tokens: Callable[[EndpointId], float]) -> None:
-        """Index sync's ``SharedPrefill``: the other replicas' prefill in flight."""
-        self.peer_prefill = tokens
-
     def post_pick(self, state: CycleState, result: PickResult) -> None:
-        rid = id(state)
-        cands = self._candidates.pop(rid, None)
-        if not cands:
+        scored = state.read(self.name, _Scored)
+        if scored is None:
             return
-        picked = cands.get(result.target.id)
+        picked = scored.candidates.get(result.target.id)
         if picked is None:
             return
         x, t = picked
@@ -394,80 +398,35 @@ class PredictedTtftScorer:
             session = session_of(state.request, self._session_params)
             if session:
                 self._sessions.record(session, target, state.now_s)
-        self._pending[rid] = (target, x, t)
-        if len(self._pending) > _MAX_PENDING:
-            self._pending.popitem(last=False)
-        stale = self._prefilling.pop(rid, None)  # picked again, or a dead cycle's identity reused
-        if stale is not None:
-            self._done_prefilling(stale[0], stale[1])
-        self._prefilling[rid] = (target, x[1], state.now_s)
-        self.outstanding[target] = self.outstanding.get(target, 0.0) + x[1]
-        self._expire_prefilling(state.now_s)
+        entry = _Picked(target, x, t)
+        state.write(self.name, entry)
         adapter = state.request.adapter  # a base model's too: a name is known as an adapter later
         if adapter:
             self._adapter_home[adapter] = (target, state.now_s)
             self._adapter_home.move_to_end(adapter)
             if len(self._adapter_home) > _MAX_PENDING:
                 self._adapter_home.popitem(last=False)
-        if adapter and rid not in self._adapter_of:
-            self._adapter_of[rid] = (target, adapter)
+            entry.adapter = adapter
             on = self.adapters_on.setdefault(target, {})
             on[adapter] = on.get(adapter, 0) + 1
-            if len(self._adapter_of) > _MAX_PENDING:  # responses never reported: forget the oldest
-                self._end_adapter(next(iter(self._adapter_of)))
-        if self.params.count_own_running and rid not in self._active:
-            self._active[rid] = target
-            self.active[target] = self.active.get(target, 0) + 1
-            if len(self._active) > _MAX_PENDING:  # responses never reported: forget the oldest
-                self._end_active(next(iter(self._active)))
-
-    def _end_adapter(self, rid: int) -> None:
-        entry = self._adapter_of.pop(rid, None)
-        if entry is not None:
-            target, adapter = entry
-            on = self.adapters_on.get(target, {})
-            _take(on, adapter, 1)
-            if not on:
-                self.adapters_on.pop(target, None)
-
-    def _end_active(self, rid: int) -> None:
-        target = self._active.pop(rid, None)
-        if target is not None:
-            _take(self.active, target, 1)
-
-    def _expire_prefilling(self, now_s: float) -> None:
-        """Forget requests whose first token never came (cancelled, or a caller that does
-        not report first tokens) after ``prefill_timeout_s``."""
-        pre = self._prefilling
-        limit = now_s - self.params.prefill_timeout_s
-        while pre:
-            rid, (target, u, at) = next(iter(pre.items()))
-            if at >= limit and len(pre) <= _MAX_PENDING:
-                break
-            del pre[rid]
-            self._done_prefilling(target, u)
-
-    def _done_prefilling(self, target: EndpointId, u: float) -> None:
-        _take(self.outstanding, target, u)
 
     def post_first_token(self, state: CycleState, result: PickResult, ttft_s: float) -> None:
-        rid = id(state)
-        entry = self._prefilling.pop(rid, None)
+        entry = state.read(self.name, _Picked)
         if entry is not None:
-            self._done_prefilling(entry[0], entry[1])
-        self._observe(rid, ttft_s)
+            self._observe(entry, ttft_s, state.now_s + ttft_s)
 
     def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
-        rid = id(state)
-        self._end_active(rid)
-        self._end_adapter(rid)
-        entry = self._prefilling.pop(rid, None)
-        if entry is not None:  # no first token was reported
-            self._done_prefilling(entry[0], entry[1])
+        entry = state.read(self.name, _Picked)
+        if entry is None:
+            return
+        state.data.pop(self.name, None)
+        if entry.adapter:  # its slot is free again
+            on = self.adapters_on.get(entry.target, {})
+            _take(on, entry.adapter, 1)
+            if not on:
+                self.adapters_on.pop(entry.target, None)
         if info.status < 400 and info.ttft_s is not None:
-            self._observe(rid, info.ttft_s)
-        else:
-            self._pending.pop(rid, None)
+            self._observe(entry, info.ttft_s, state.now_s + info.ttft_s)
 
     def observe_endpoint(self, endpoint: Endpoint) -> None:
         m = endpoint.metrics
@@ -480,17 +439,16 @@ class PredictedTtftScorer:
                         names.popitem(last=False)
 
     def remove_endpoint(self, endpoint_id: EndpointId) -> None:
-        self.outstanding.pop(endpoint_id, None)
-        self.active.pop(endpoint_id, None)
         self.adapters_on.pop(endpoint_id, None)
         self.speed.pop(endpoint_id, None)
         # its sessions stay counted (no longer scored) until they expire or move
 
-    def _observe(self, rid: int, ttft: float) -> None:
-        entry = self._pending.pop(rid, None)
-        if entry is None or not math.isfinite(ttft):
+    def _observe(self, entry: _Picked, ttft: float, at_s: float) -> None:
+        """Learn from a request's first token (once), which came at ``at_s``."""
+        if entry.observed or not math.isfinite(ttft):
             return
-        target, x, predicted = entry
+        entry.observed = True
+        target, x, predicted = entry.target, entry.x, entry.predicted
         self.errors.add(predicted, ttft)
         if self.errors.count >= _LOG_FIRST and (now := time.monotonic()) - self._logged_s >= _LOG_PERIOD_S:
             self._logged_s = now
@@ -507,21 +465,30 @@ class PredictedTtftScorer:
         if rate > 0 and predicted > 0 and ttft > 0:
             ratio = min(10.0, max(0.1, ttft / predicted))
             self.speed[target] = min(10.0, max(0.1, factor * ratio**rate))
-        self._learn(x, ttft / factor)  # the shared model learns the endpoint-neutral time
+        if self.params.learn:  # the shared model learns the endpoint-neutral time
+            self._learn(x, ttft / factor, at_s)
 
-    def _learn(self, x: tuple[float, ...], y: float) -> None:
+    def _learn(self, x: tuple[float, ...], y: float, at_s: float) -> None:
         lam = self.params.forgetting
         z = [v / s for v, s in zip(x, self._scale, strict=True)]
         shared = self.params.shared_prefill_cost
         if shared:  # one coefficient (slot 1) for own and queued prefill; slot 2 follows it
             z[1], z[2] = z[1] + z[2], 0.0
+        xtx = self._xtx
+        for i, zi in enumerate(z):
+            xtx[i] = [lam * v + zi * zj for v, zj in zip(xtx[i], z, strict=True)]
+        self._xty = [lam * v + zi * y for v, zi in zip(self._xty, z, strict=True)]
+        self._unsolved += 1
+        if at_s - self._solved_s >= _REFIT_INTERVAL_S or self._unsolved >= _REFIT_MOST:
+            self._solved_s = at_s
+            self.refit()
+
+    def refit(self) -> None:
+        """Solve the normal equations for the coefficients (see ``_REFIT_INTERVAL_S``; a
+        test or the replay may call it at any time)."""
+        self._unsolved = 0
         xtx, xty = self._xtx, self._xty
-        for i in range(_FEATURES):
-            row = xtx[i]
-            zi = z[i]
-            for j in range(_FEATURES):
-                row[j] = lam * row[j] + zi * z[j]
-            xty[i] = lam * xty[i] + zi * y
+        shared = self.params.shared_prefill_cost
         # the prior decays with the data; a feature the traffic never sets (no KV overflow,
         # no queue) would leave a zero row after ~30k responses and freeze the whole fit, so
         # the solve keeps a fixed floor of it (_PRIOR_FLOOR observations' worth)

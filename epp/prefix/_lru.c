@@ -167,11 +167,26 @@ key_of(PyObject *item, uint64_t *out)
     return 0;
 }
 
+
+/* An object made by LruChunks.__new__ without __init__ (or whose __init__ failed) has no
+ * table: every method checks, so it raises instead of reading a NULL table. */
+static int
+ready(const Lru *s)
+{
+    if (s->nodes == NULL || s->slots == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "LruChunks is not initialised (call __init__)");
+        return 0;
+    }
+    return 1;
+}
+
 /* --- methods ----------------------------------------------------------------------- */
 
 static PyObject *
 Lru_record(Lru *s, PyObject *args)
 {
+    if (!ready(s))
+        return NULL;
     PyObject *seq;
     double stamp;
     if (!PyArg_ParseTuple(args, "Od", &seq, &stamp))
@@ -245,6 +260,8 @@ fail:
 static PyObject *
 Lru_held(Lru *s, PyObject *args)
 {
+    if (!ready(s))
+        return NULL;
     PyObject *seq;
     double cutoff;
     if (!PyArg_ParseTuple(args, "Od", &seq, &cutoff))
@@ -295,6 +312,8 @@ Lru_held(Lru *s, PyObject *args)
 static PyObject *
 Lru_get(Lru *s, PyObject *item)
 {
+    if (!ready(s))
+        return NULL;
     uint64_t key;
     if (key_of(item, &key) < 0)
         return NULL;
@@ -305,13 +324,16 @@ Lru_get(Lru *s, PyObject *item)
 }
 
 static PyObject *
-Lru_sweep(Lru *s, PyObject *arg)
+Lru_sweep(Lru *s, PyObject *args)
 {
-    double cutoff = PyFloat_AsDouble(arg);
-    if (cutoff == -1.0 && PyErr_Occurred())
+    if (!ready(s))
+        return NULL;
+    double cutoff;
+    Py_ssize_t limit = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTuple(args, "d|n", &cutoff, &limit))
         return NULL;
     Py_ssize_t removed = 0;
-    while (s->size > 0 && s->nodes[s->nodes[0].next].stamp < cutoff) {
+    while (removed < limit && s->size > 0 && s->nodes[s->nodes[0].next].stamp < cutoff) {
         evict_node(s, s->nodes[0].next);
         removed++;
     }
@@ -321,6 +343,8 @@ Lru_sweep(Lru *s, PyObject *arg)
 static PyObject *
 Lru_evict_oldest(Lru *s, PyObject *arg)
 {
+    if (!ready(s))
+        return NULL;
     Py_ssize_t count = PyLong_AsSsize_t(arg);
     if (count == -1 && PyErr_Occurred())
         return NULL;
@@ -335,6 +359,8 @@ Lru_evict_oldest(Lru *s, PyObject *arg)
 static PyObject *
 Lru_set_capacity(Lru *s, PyObject *arg)
 {
+    if (!ready(s))
+        return NULL;
     Py_ssize_t capacity = PyLong_AsSsize_t(arg);
     if (capacity == -1 && PyErr_Occurred())
         return NULL;
@@ -354,19 +380,46 @@ Lru_set_capacity(Lru *s, PyObject *arg)
 static PyObject *
 Lru_oldest_stamp(Lru *s, PyObject *Py_UNUSED(ignored))
 {
+    if (!ready(s))
+        return NULL;
     if (s->size == 0)
         Py_RETURN_NONE;
     return PyFloat_FromDouble(s->nodes[s->nodes[0].next].stamp);
 }
 
 static PyObject *
-Lru_items(Lru *s, PyObject *Py_UNUSED(ignored))
+Lru_items(Lru *s, PyObject *args)
 {
-    PyObject *out = PyList_New(s->size);
+    if (!ready(s))
+        return NULL;
+    Py_ssize_t start = 0, count = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTuple(args, "|nn", &start, &count))
+        return NULL;
+    if (start < 0 || count < 0) {
+        PyErr_SetString(PyExc_ValueError, "start and count must be >= 0");
+        return NULL;
+    }
+    Py_ssize_t len = start >= s->size ? 0 : s->size - start;
+    if (count < len)
+        len = count;
+    PyObject *out = PyList_New(len);
     if (out == NULL)
         return NULL;
-    Py_ssize_t i = 0;
-    for (int32_t n = s->nodes[0].next; n != 0; n = s->nodes[n].next, i++) {
+    if (len == 0)
+        return out;
+    /* walk to the start from the nearer end of the list */
+    int32_t n;
+    if (start <= s->size / 2) {
+        n = s->nodes[0].next;
+        for (Py_ssize_t k = 0; k < start; k++)
+            n = s->nodes[n].next;
+    }
+    else {
+        n = s->nodes[0].prev;
+        for (Py_ssize_t k = s->size - 1; k > start; k--)
+            n = s->nodes[n].prev;
+    }
+    for (Py_ssize_t i = 0; i < len; n = s->nodes[n].next, i++) {
         PyObject *pair = Py_BuildValue("(Kd)", (unsigned long long)s->nodes[n].key, s->nodes[n].stamp);
         if (pair == NULL) {
             Py_DECREF(out);
@@ -418,6 +471,10 @@ Lru_init(Lru *s, PyObject *args, PyObject *kwds)
     s->nodes = PyMem_Malloc(sizeof(Node));
     s->slots = PyMem_Calloc(16, sizeof(int32_t));
     if (!s->nodes || !s->slots) {
+        PyMem_Free(s->nodes);
+        PyMem_Free(s->slots);
+        s->nodes = NULL;
+        s->slots = NULL;
         PyErr_NoMemory();
         return -1;
     }
@@ -440,11 +497,13 @@ static PyMethodDef Lru_methods[] = {
     {"held", (PyCFunction)Lru_held, METH_VARARGS,
      "held(hashes, cutoff) -> leading chunks held with a last use at or after cutoff"},
     {"get", (PyCFunction)Lru_get, METH_O, "get(hash) -> last use, or None"},
-    {"sweep", (PyCFunction)Lru_sweep, METH_O, "sweep(cutoff) -> entries removed (older than cutoff)"},
+    {"sweep", (PyCFunction)Lru_sweep, METH_VARARGS,
+     "sweep(cutoff[, limit]) -> entries removed (older than cutoff; at most limit)"},
     {"evict_oldest", (PyCFunction)Lru_evict_oldest, METH_O, "evict_oldest(n) -> entries removed"},
     {"set_capacity", (PyCFunction)Lru_set_capacity, METH_O, "set_capacity(n) -> entries evicted"},
     {"oldest_stamp", (PyCFunction)Lru_oldest_stamp, METH_NOARGS, "last use of the oldest entry"},
-    {"items", (PyCFunction)Lru_items, METH_NOARGS, "[(hash, last use)], oldest first"},
+    {"items", (PyCFunction)Lru_items, METH_VARARGS,
+     "items([start[, count]]) -> [(hash, last use)], oldest first, from position start"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,11 +33,11 @@ class ChunkStore(Protocol):
     def record(self, hashes: Sequence[int], stamp: float, /) -> int: ...
     def held(self, hashes: Sequence[int], cutoff: float, /) -> int: ...
     def get(self, chunk: int, /) -> float | None: ...
-    def sweep(self, cutoff: float, /) -> int: ...
+    def sweep(self, cutoff: float, limit: int = ..., /) -> int: ...
     def evict_oldest(self, count: int, /) -> int: ...
     def set_capacity(self, capacity: int, /) -> int: ...
     def oldest_stamp(self) -> float | None: ...
-    def items(self) -> list[tuple[int, float]]: ...
+    def items(self, start: int = 0, count: int = ..., /) -> list[tuple[int, float]]: ...
 
 
 class PyLruChunks:
@@ -97,9 +97,9 @@ class PyLruChunks:
     def get(self, chunk: int, /) -> float | None:
         return self._chunks.get(chunk)
 
-    def sweep(self, cutoff: float, /) -> int:
+    def sweep(self, cutoff: float, limit: int = sys.maxsize, /) -> int:
         expired = []
-        for h, ts in self._chunks.items():
+        for h, ts in islice(self._chunks.items(), max(0, limit)):
             if ts >= cutoff:
                 break
             expired.append(h)
@@ -121,8 +121,12 @@ class PyLruChunks:
     def oldest_stamp(self) -> float | None:
         return next(iter(self._chunks.values()), None)
 
-    def items(self) -> list[tuple[int, float]]:
-        return list(self._chunks.items())
+    def items(self, start: int = 0, count: int = sys.maxsize, /) -> list[tuple[int, float]]:
+        if start < 0 or count < 0:
+            raise ValueError("start and count must be >= 0")
+        if start == 0 and count >= len(self._chunks):
+            return list(self._chunks.items())
+        return list(islice(self._chunks.items(), start, min(sys.maxsize, start + count)))
 
 
 def _held(chunks: dict[int, float], hashes: Sequence[int]) -> int:

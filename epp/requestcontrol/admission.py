@@ -123,6 +123,15 @@ class Admission:
         self, request: InferenceRequest, size_bytes: int, headers: Mapping[str, str]
     ) -> None:
         """Return when the request may be routed; raise the rejection otherwise."""
+        item = self.enter(request, size_bytes, headers)
+        if item is not None:
+            await self.wait(item)
+
+    def enter(
+        self, request: InferenceRequest, size_bytes: int, headers: Mapping[str, str]
+    ) -> QueuedRequest | None:
+        """Offer the request to the queue: None when it may be routed at once, its place
+        when it waits (then ``wait``); raises the rejection when it is refused."""
         c = self.controller
         now = self.clock()
         flow = headers.get(c.cfg.fairness_header) or (
@@ -137,13 +146,19 @@ class Admission:
         for victim in offer.displaced:
             self._settle(victim, now)
         if offer.go:
-            return
+            return None
         if offer.item is None:
             raise rejection(offer.rejected)
         item = offer.item
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        item.ticket = fut
+        item.ticket = asyncio.get_running_loop().create_future()
         self.wake()  # the dispatcher may have room already (reserved requests routed)
+        return item
+
+    async def wait(self, item: QueuedRequest) -> None:
+        """Return when the queued request is dispatched; raise its rejection otherwise (a
+        client that goes away leaves the queue at once)."""
+        c = self.controller
+        fut: asyncio.Future[None] = item.ticket
         try:
             await fut
         except asyncio.CancelledError:

@@ -10,6 +10,11 @@ For each request the ``Director``
 5. when the response ends, reports usage to the scheduler and to metrics, and releases the
    in-flight count; a cancelled request is only released.
 
+What a request keeps while in flight is bounded: once it is picked, its parsed body (the
+JSON document) is let go, and what remains for learning from its reply (the prompt text and
+its chain hashes, ~1.7x the body) counts against ``max_learning_bytes`` over all requests in
+flight; a request past it keeps none of that (its reply is not learnt from).
+
 It knows nothing about protobuf: the ext_proc layer hands it domain values.
 """
 
@@ -17,14 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import os
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from epp.datastore.prefill import prefill_of
 from epp.datastore.store import Datastore
 from epp.errors import (
     DROPPED_NO_ENDPOINTS,
@@ -38,7 +46,7 @@ from epp.flowcontrol.controller import FlowControlConfig, FlowController
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.request import InferenceRequest
 from epp.framework.saturation import SaturationConfig
-from epp.framework.types import PickResult, ResponseInfo
+from epp.framework.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 from epp.observability.metrics import EppMetrics
 from epp.observability.tracing import RequestTrace
 from epp.request.parse import PREFILLER_HEADER
@@ -48,8 +56,16 @@ from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
+DEFAULT_MAX_LEARNING_BYTES = 512 << 20
+"""Prompt text and chain hashes all requests in flight keep to learn from their replies."""
+_HASH_BYTES = 40
+"""A chain hash in a Python list: a 64-bit int (32-36 bytes) and its list slot."""
+_NO_PREFIX = PrefixMatch(())
 _CLIENT_CLOSED = 499
 """The status the post-response hooks see for a request whose client went away."""
+UNSEEN = "routed"
+"""The final status of a request whose response the proxy never shows epp (Envoy's
+``--response none``): routed, outcome unknown. The post-response hooks see status 0."""
 
 
 @dataclass(slots=True)
@@ -72,6 +88,11 @@ class Routing:
     whichever stream sees it end."""
     generation: int = 0
     """The target's generation when it was picked (``Datastore.request_started``)."""
+    prefill_at: EndpointId | None = None
+    """Where its prefill runs while it counts in the prefill ledger (until its first token)."""
+    prefill_chars: float = 0.0
+    kept_bytes: int = 0
+    """What it keeps to learn from its reply, counted in ``Director.learning_bytes``."""
 
     @property
     def target_id(self) -> EndpointId:
@@ -99,9 +120,16 @@ class Director:
         fallbacks: int = 0,
         clock: Callable[[], float] = time.monotonic,
         flow: FlowControlConfig | None = None,
+        max_learning_bytes: int = DEFAULT_MAX_LEARNING_BYTES,
     ) -> None:
         self._datastore = datastore
+        self.max_learning_bytes = max_learning_bytes
+        self.learning_bytes = 0
+        """Prompt text and chain hashes the requests in flight keep (``max_learning_bytes``)."""
+        self.learning_dropped = 0
+        """Requests that kept none of it: the bound was reached."""
         self._in_flight = datastore.in_flight_view()
+        self._prefill = datastore.prefill
         self._scheduler = scheduler
         self._saturation = saturation
         self._metrics = metrics
@@ -155,19 +183,32 @@ class Director:
 
     async def admit_held(self, held: Any) -> EppError | None:
         """The asynchronous steps before routing a parsed request (``held``: the ext_proc
-        stream's ``Held``): its preparation (tokenizing, in a worker thread), then flow
-        control. Returns the error to answer with, or None to route it."""
+        stream's ``Held``): flow control, and its preparation (tokenizing, in a worker
+        thread) while it waits in the queue; what the preparers computed goes to
+        ``held.prepared`` (then ``route(..., prepared=held.prepared)``). A request flow
+        control refuses at once is not prepared. Returns the error to answer with, or None
+        to route it."""
         trace = held.trace if held.trace is not None and held.trace.recording else None
-        t0 = time.time_ns()
+        t0 = waited = time.time_ns()
         try:
-            if self.prepares:
-                await self.prepare(held.request)
-                if trace is not None:
-                    trace.child("epp.prepare", t0, time.time_ns())
+            request = held.request
+            queued = None
+            if self.admission is not None:
+                queued = self.admission.enter(request, held.size_bytes, held.headers)
+            preparing = (asyncio.ensure_future(self._prepare_traced(request, trace))
+                         if self.prepares else None)  # fmt: skip
+            if queued is not None:
+                try:
+                    await self.admission.wait(queued)  # type: ignore[union-attr]
+                except BaseException:
+                    if preparing is not None:
+                        preparing.cancel()
+                    raise
+            waited = time.time_ns()
+            if preparing is not None:
+                held.prepared.update(await preparing)
             if self.admission is None:
                 return None
-            t0 = time.time_ns()
-            await self.admission.admit(held.request, held.size_bytes, held.headers)
         except EppError as exc:
             if trace is not None and self.admission is not None:
                 trace.child("epp.flow_control.wait", t0, time.time_ns(),
@@ -178,30 +219,40 @@ class Director:
             self.internal_error("admission")
             return Internal("epp failed to admit the request")
         if trace is not None:
-            trace.child("epp.flow_control.wait", t0, time.time_ns(),
+            trace.child("epp.flow_control.wait", t0, waited,
                         {"epp.flow_control.outcome": "dispatched"})  # fmt: skip
         return None
 
-    async def prepare(self, request: InferenceRequest) -> None:
+    async def _prepare_traced(self, request: InferenceRequest, trace: Any) -> dict[str, object]:
+        t0 = time.time_ns()
+        prepared = await self.prepare(request)
+        if trace is not None:
+            trace.child("epp.prepare", t0, time.time_ns())
+        return prepared
+
+    async def prepare(self, request: InferenceRequest) -> dict[str, object]:
         """The producers' per-request work (tokenizing) in a worker thread, so a long prompt
-        does not hold the event loop; a failure only costs the work (``route`` redoes it or
+        does not hold the event loop; returns what they computed, by producer, for
+        ``route(..., prepared=)``. A failure only costs the work (``route`` redoes it or
         falls back)."""
         try:
-            await asyncio.get_running_loop().run_in_executor(
+            return await asyncio.get_running_loop().run_in_executor(
                 _prepare_pool(), self._scheduler.prepare_request, request
             )
         except Exception:
             log.exception("preparing request %s failed", request.request_id)
+            return {}
 
     def route(
         self, request: InferenceRequest, subset: Sequence[str] | None, request_bytes: int = 0,
+        prepared: Mapping[str, object] | None = None,
         record: bool = False,
     ) -> Routing:
-        """Pick targets for ``request``; raises Unavailable (503) or Overloaded (429).
-        ``record``: keep each profile's run in ``routing.result.state.runs`` (a trace, the
-        pick-reason header)."""
+        """Pick targets for ``request`` (``prepared``: what ``prepare`` returned for it);
+        raises Unavailable (503) or Overloaded (429). ``record``: keep each profile's run in
+        ``routing.result.state.runs`` (a trace, the pick-reason header)."""
         try:
-            routing = self._route(request, subset, request_bytes, record)
+            routing = self._route(request, subset, request_bytes, prepared, record)
         except (Unavailable, Overloaded):
             self._metrics.schedule_failed()
             raise
@@ -211,6 +262,7 @@ class Director:
 
     def _route(
         self, request: InferenceRequest, subset: Sequence[str] | None, request_bytes: int,
+        prepared: Mapping[str, object] | None,
         record: bool = False,
     ) -> Routing:
         now_s = self._clock()
@@ -236,7 +288,8 @@ class Director:
         try:
             result = self._scheduler.schedule(
                 request, endpoints, now_s, fallbacks=self._fallbacks, commit=False,
-                in_flight=self._in_flight, runs=[] if record else None,
+                in_flight=self._in_flight, runs=[] if record else None, prefill=self._prefill,
+                prepared=prepared,
             )  # fmt: skip
         except Unavailable:
             # The filters left none of the endpoints with fresh metrics: if some were left out
@@ -249,7 +302,8 @@ class Director:
                       request.request_id)  # fmt: skip
             result = self._scheduler.schedule(
                 request, pool, now_s, fallbacks=self._fallbacks, commit=False,
-                in_flight=self._in_flight, runs=[] if record else None,
+                in_flight=self._in_flight, runs=[] if record else None, prefill=self._prefill,
+                prepared=prepared,
             )  # fmt: skip
         # Record the pick before the reply goes out: in a burst, the next stream routes while
         # this reply is being sent, and must see this pick (its prefix, its queued prefill).
@@ -266,14 +320,39 @@ class Director:
         if prefiller is not None:  # the decoder's sidecar sends it the prefill
             headers = ((PREFILLER_HEADER, prefiller.id),)
             self._datastore.request_sent(prefiller.id)
+        where, chars = prefill_of(result)  # the prefill it queues, where it runs
+        self._prefill.sent(where, chars)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "routed request %s model=%s api=%s prompt_chars=%d -> %s",
                 request.request_id, request.model, request.api.value, len(request.prompt),
                 destination,
             )
+        request, kept = self._keep_for_learning(request, result.state)
         return Routing(request, result, destination, now_s, scheduling_s, request_bytes, headers,
-                       generation=generation)  # fmt: skip
+                       generation=generation, prefill_at=where, prefill_chars=chars,
+                       kept_bytes=kept)  # fmt: skip
+
+    def _keep_for_learning(
+        self, request: InferenceRequest, state: CycleState
+    ) -> tuple[InferenceRequest, int]:
+        """After the pick: the request as it stays in flight. Its parsed body goes (the
+        post-pick hooks were its last readers); its prompt and chain hashes stay for the
+        post-response hooks while ``max_learning_bytes`` has room, else they go too."""
+        kept = sys.getsizeof(request.prompt) + _HASH_BYTES * sum(
+            len(m.hashes) for m in {id(m): m for m in state.matches.values()}.values()
+        )
+        if self.learning_bytes + kept <= self.max_learning_bytes:
+            self.learning_bytes += kept
+            slim = dataclasses.replace(request, body=None) if request.body is not None else request
+        else:
+            self.learning_dropped += 1
+            kept = 0
+            slim = dataclasses.replace(request, body=None, prompt="")
+            state.matches.clear()
+            state.prefix = _NO_PREFIX
+        state.request = slim
+        return slim, kept
 
     def settle(self, routing: Routing) -> None:
         """After the routing reply was sent: observe scheduling metrics (the pick was recorded
@@ -291,6 +370,7 @@ class Director:
             return
         if routing.trace is not None:
             routing.trace.first_token(ttft_s)
+        self._prefilled(routing)
         if 0 < status < 500:
             self._datastore.request_answered(routing.target_id)  # it is serving
         if not self._scheduler.wants_first_token:
@@ -348,16 +428,26 @@ class Director:
                     routing.client_model, routing.request.model, int(status),
                     self._clock() - routing.started_s, routing.request_bytes, 0, 0, 0,
                 )  # fmt: skip
-            if routing.settled:
-                code = int(status) if status.isdigit() else _CLIENT_CLOSED
-                try:
-                    self._scheduler.on_response(routing.result, ResponseInfo(code))
-                except Exception:  # best effort, as in finish
-                    log.exception("scheduler.on_response failed for request %s",
-                                  routing.request.request_id)  # fmt: skip
+            self.settle(routing)  # the pick was recorded in route: its hooks hear of the end
+            code = int(status) if status.isdigit() else 0 if status == UNSEEN else _CLIENT_CLOSED
+            try:
+                self._scheduler.on_response(routing.result, ResponseInfo(code))
+            except Exception:  # best effort, as in finish
+                log.exception("scheduler.on_response failed for request %s",
+                              routing.request.request_id)  # fmt: skip
+
+    def _prefilled(self, routing: Routing) -> None:
+        """The request's prefill is done (or it ended): out of the prefill ledger."""
+        where = routing.prefill_at
+        if where is not None:
+            routing.prefill_at = None
+            self._prefill.done(where, routing.prefill_chars)
 
     def _release(self, routing: Routing, status: str) -> None:
         routing.released = True
+        self._prefilled(routing)
+        self.learning_bytes -= routing.kept_bytes
+        routing.kept_bytes = 0
         self._datastore.request_finished(routing.target_id, routing.generation)
         if self.admission is not None:
             self.admission.wake()  # room for a queued request

@@ -12,6 +12,12 @@
 
 Without a rewrite every chunk is forwarded unchanged as soon as it arrives; with one, a JSON
 body is held until its end and an SSE stream is forwarded line by line.
+
+Bounds: a JSON body is held (to read its usage, or to rewrite its model) up to
+``ResponseLimits.json_bytes``, an SSE line up to ``sse_line_bytes``, and all responses together
+up to a shared :class:`BodyBudget` (``total_bytes``). Past a bound the response is forwarded
+as it comes, unread; a held JSON body being rewritten is then let go with its ``"model"``
+rewritten in place (the first occurrence: servers write the top-level field first).
 """
 
 from __future__ import annotations
@@ -36,13 +42,30 @@ MAX_SSE_LINE_BYTES = 1024 * 1024
 """Default: an SSE line longer than this is forwarded without being parsed (nor held)."""
 
 
+MAX_HELD_BYTES = 512 << 20
+"""Default: response bytes all streams hold together (``--max-buffered-response-bytes``)."""
+
+
 @dataclass(slots=True, frozen=True)
 class ResponseLimits:
     """What a response may make epp hold (``--max-response-json-bytes``,
-    ``--max-sse-line-bytes``)."""
+    ``--max-sse-line-bytes``), and all responses together
+    (``--max-buffered-response-bytes``)."""
 
     json_bytes: int = MAX_JSON_BYTES
     sse_line_bytes: int = MAX_SSE_LINE_BYTES
+    total_bytes: int = MAX_HELD_BYTES
+
+
+class BodyBudget:
+    """Body bytes held by all streams together, bounded by ``max_bytes`` (one for request
+    bodies, one for responses)."""
+
+    __slots__ = ("max_bytes", "used")
+
+    def __init__(self, max_bytes: int = 512 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
 
 
 DEFAULT_LIMITS = ResponseLimits()
@@ -62,7 +85,9 @@ class Usage:
 
 class ResponseReader:
     __slots__ = (
+        "_budget",
         "_buf",
+        "_charged",
         "_from",
         "_held",
         "_limits",
@@ -85,9 +110,13 @@ class ResponseReader:
         served_model: str = "",
         client_model: str = "",
         limits: ResponseLimits = DEFAULT_LIMITS,
+        budget: BodyBudget | None = None,
     ):
         self.status = status
         self._limits = limits
+        self._budget = budget if budget is not None else BodyBudget(limits.total_bytes)
+        self._charged = 0
+        """Bytes of ``_buf`` counted in the shared budget."""
         self.sse = sse
         rewrite = bool(client_model) and client_model != served_model
         self._from = json.dumps(served_model).encode() if rewrite else b""
@@ -112,19 +141,47 @@ class ResponseReader:
     def feed(self, chunk: bytes, end: bool) -> bytes:
         """Consume one body chunk; return the bytes to forward now."""
         self._size += len(chunk)
-        if self.sse:
-            return self._feed_sse(chunk, end)
+        try:
+            if self.sse:
+                return self._feed_sse(chunk, end)
+            return self._feed_json(chunk, end)
+        finally:
+            self._charge()
+
+    def release(self) -> None:
+        """Give back what this response holds in the shared budget (the stream ended)."""
+        self._buf = bytearray()
+        self._charge()
+
+    def _charge(self) -> None:
+        held = len(self._buf)
+        if held != self._charged:
+            self._budget.used += held - self._charged
+            self._charged = held
+
+    def _room(self, held: int, limit: int) -> bool:
+        """Whether this response may hold ``held`` bytes (its own limit, the shared budget)."""
+        budget = self._budget
+        return held <= limit and budget.used - self._charged + held <= budget.max_bytes
+
+    def _feed_json(self, chunk: bytes, end: bool) -> bytes:
         if not self._too_big:
-            self._buf += chunk
-            if len(self._buf) > self._limits.json_bytes and not self._held:
+            if self._room(len(self._buf) + len(chunk), self._limits.json_bytes):
+                self._buf += chunk
+            else:  # too large to hold: forwarded as it comes, unread
                 self._too_big = True
-                self._buf.clear()
+                if self._held:  # let go of it, rewritten in place
+                    self._held = False
+                    out = self._rewrite_model(bytes(self._buf) + chunk)
+                    self._buf = bytearray()
+                    return out
+                self._buf = bytearray()
         if not end:
             return b"" if self._held else chunk
         if self._too_big:
             return chunk
         body = bytes(self._buf)
-        self._buf.clear()
+        self._buf = bytearray()
         doc = self._read_json(body)
         if not self._held:
             return chunk
@@ -132,6 +189,15 @@ class ResponseReader:
             doc["model"] = json.loads(self._to)
             return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
         return body
+
+    def _rewrite_model(self, data: bytes) -> bytes:
+        """``data`` with its first ``"model": <served>`` naming the client's model."""
+        for sep in (b'"model":', b'"model": '):
+            at = data.find(sep + self._from)
+            if at >= 0:
+                cut = at + len(sep)
+                return data[:cut] + self._to + data[cut + len(self._from):]
+        return data
 
     def info(self, ttft_s: float | None = None) -> ResponseInfo:
         u = self.usage
@@ -171,6 +237,12 @@ class ResponseReader:
             self._long_line = False
             passed, chunk = chunk[: nl + 1], chunk[nl + 1 :]
         buf = self._buf
+        if not self._room(len(buf) + len(chunk), 1 << 62) and chunk.rfind(b"\n") < 0:
+            # the shared budget is spent: this line goes through as it comes, unread
+            held = bytes(buf) + chunk if self.rewriting else chunk
+            self._buf = bytearray()
+            self._long_line = True
+            return passed + held
         buf += chunk
         cut = buf.rfind(b"\n") + 1
         if end:

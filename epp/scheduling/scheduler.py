@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from epp.errors import DROPPED_NO_ENDPOINTS, Unavailable
@@ -87,10 +87,15 @@ class Scheduler:
         """Some producer has per-request work worth running off the event loop."""
         return bool(self._preparers)
 
-    def prepare_request(self, request: InferenceRequest) -> None:
-        """The producers' request preparation (thread-safe; see ``RequestPreparer``)."""
+    def prepare_request(self, request: InferenceRequest) -> dict[str, object]:
+        """The producers' request preparation (thread-safe; see ``RequestPreparer``): what
+        each computed, by its name, for ``schedule(..., prepared=)``."""
+        out: dict[str, object] = {}
         for p in self._preparers:
-            p.prepare_request(request)
+            value = p.prepare_request(request)
+            if value is not None:
+                out[p.name] = value
+        return out
 
     def plugin(self, cls: type[P]) -> P | None:
         """The first plugin of the given class (e.g. the approximate prefix producer)."""
@@ -109,6 +114,8 @@ class Scheduler:
         commit: bool = True,
         in_flight: Mapping[EndpointId, int] | None = None,
         runs: list[ProfileRun] | None = None,
+        prefill: Mapping[EndpointId, float] | None = None,
+        prepared: Mapping[str, object] | None = None,
     ) -> PickResult:
         """Pick an endpoint (and up to ``fallbacks`` more) for ``request``.
 
@@ -116,8 +123,10 @@ class Scheduler:
         the prefix index). ``commit=False`` leaves that to the caller's ``commit(result)``
         (the director commits before its reply: the next pick must see this one).
         ``in_flight``: the caller's requests in flight per endpoint, for plugins that read
-        them (``CycleState.in_flight``). ``runs``: a list each profile run is appended to
-        (``ProfileRun``: filters' survivors, scorers' columns, the pick), also
+        them (``CycleState.in_flight``); ``prefill``: its prefill in flight
+        (``CycleState.prefill``); ``prepared``: what ``prepare_request`` returned for this
+        request (it seeds ``CycleState.data``). ``runs``: a list each profile run is appended
+        to (``ProfileRun``: filters' survivors, scorers' columns, the pick), also
         ``result.state.runs``; the caller keeps it when the filters leave none.
         Raises ``Unavailable`` when ``endpoints`` is empty or the filters leave none.
         """
@@ -127,6 +136,10 @@ class Scheduler:
         state.runs = runs
         if in_flight is not None:
             state.in_flight = in_flight
+        if prefill is not None:
+            state.prefill = prefill
+        if prepared:
+            state.data.update(prepared)
         t0 = time.perf_counter()
         for producer in self.producers:
             producer.prepare(state, endpoints)
@@ -134,15 +147,15 @@ class Scheduler:
         count = 1 + max(0, fallbacks)
         if self.handler is None:
             outcome = self.profile.run(state, endpoints, count)
-            prefill: tuple[Endpoint, ...] = ()
+            prefillers: tuple[Endpoint, ...] = ()
             decision = ""
         else:
             handled = self.handler.handle(state, endpoints, self._run_profile(state), count)
-            outcome, prefill, decision = handled.primary, handled.prefill, handled.decision
+            outcome, prefillers, decision = handled.primary, handled.prefill, handled.decision
         if not outcome.targets:
             raise Unavailable("no endpoint passed the filters", "no-endpoints", DROPPED_NO_ENDPOINTS)
         result = PickResult(tuple(outcome.targets), state, outcome.candidates, outcome.totals,
-                            prefill, decision)  # fmt: skip
+                            prefillers, decision)  # fmt: skip
         if commit:
             self.commit(result)
         return result
@@ -190,4 +203,10 @@ class Scheduler:
         return min((s.sweep_interval_s for s in self._sweepers), default=5.0)
 
     def sweep(self, now_s: float) -> int:
-        return sum(s.sweep(now_s) for s in self._sweepers)
+        """Every sweeper's whole pass at once (the replay); returns what they removed."""
+        return sum(self.sweep_steps(now_s))
+
+    def sweep_steps(self, now_s: float) -> Iterator[int]:
+        """The sweepers' passes, one bounded step at a time (``Sweeper.sweep_steps``)."""
+        for s in self._sweepers:
+            yield from s.sweep_steps(now_s)

@@ -33,7 +33,7 @@ from epp.errors import ConfigError
 from epp.extproc import convert
 from epp.extproc.observer import ResponseHandoff
 from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS, ExtProcService, add_to_server
-from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
+from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import Lifecycle, PluginContext
 from epp.observability.looplag import watch_loop
@@ -42,8 +42,8 @@ from epp.observability.tracing import Tracing
 from epp.prefix.index import PrefixIndex
 from epp.request.parse import ObjectiveLookup, RequestParser
 from epp.request.settings import RequestControlConfig
-from epp.requestcontrol.director import Director
-from epp.requestcontrol.response import ResponseLimits
+from epp.requestcontrol.director import DEFAULT_MAX_LEARNING_BYTES, Director
+from epp.requestcontrol.response import BodyBudget, ResponseLimits
 from epp.scheduling.scheduler import Scheduler
 from epp.supervise import spawn
 from epp.sync.load import SharedPrefill
@@ -79,6 +79,8 @@ class ServerOptions:
     max_body_bytes: int | None = None
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     """Request-body bytes all open streams may hold together (503 past it)."""
+    max_learning_bytes: int = DEFAULT_MAX_LEARNING_BYTES
+    """Prompt text and chain hashes all requests in flight keep to learn from their replies."""
     max_open_streams: int = DEFAULT_MAX_OPEN_STREAMS
     """ext_proc streams open at once; a new one past it is answered 503."""
     response_observer_wait_s: float = 0.0
@@ -276,7 +278,7 @@ async def start_server(
     ds.on_serving(functools.partial(_endpoint_serving, metrics))
     parser = RequestParser(rc, objective_lookup, trust_control_headers=opts.trust_control_headers)
     director = Director(ds, sched, cfg.saturation, metrics, fallbacks=rc.fallbacks,
-                        flow=cfg.flow_control)  # fmt: skip
+                        flow=cfg.flow_control, max_learning_bytes=opts.max_learning_bytes)  # fmt: skip
     if director.flow is not None:
         admission = director.enable_admission(
             lambda item, wait_s: metrics.flow_left(
@@ -429,9 +431,9 @@ async def _start_sync(handle: ServerHandle, options: SyncOptions, host: str) -> 
             "index, such as approx-prefix-cache-producer), and the config has none",
         )
     handle.sync = SyncNode(options, producer, handle.datastore, handle.metrics)
-    counter = sched.plugin(SharedPrefill)  # type: ignore[type-abstract]
-    if counter is not None and options.share_prefill:  # each one's prefill in flight, added to the others' own
-        counter.use_peer_prefill(handle.sync.share_prefill(counter.prefill_in_flight))
+    if options.share_prefill:  # each one's prefill in flight, added to the others' own
+        ledger: SharedPrefill = handle.datastore.prefill
+        ledger.use_peer_prefill(handle.sync.share_prefill(ledger.prefill_in_flight))
     owner = sched.plugin(SharedStored)  # type: ignore[type-abstract]
     if owner is not None:  # where stored responses live, learnt by any replica
         handle.sync.share_stored(owner)
@@ -505,15 +507,24 @@ async def _housekeeping(handle: ServerHandle, opts: ServerOptions) -> None:
         if handoff is not None:  # when no new request comes to expire what waits
             handoff.expire()
             handle.metrics.observer_refresh(handoff.counts())
+        held = handle.metrics.held_bytes
+        held.labels("request_bodies").set(handle.service.budget.used)
+        held.labels("responses").set(handle.service.response_budget.used)
+        held.labels("learning").set(handle.director.learning_bytes)
+        handle.metrics.learning_dropped.set(handle.director.learning_dropped)
         await asyncio.sleep(opts.housekeeping_interval_s)
 
 
 async def _sweeper(scheduler: Scheduler, interval_s: float) -> None:
-    """Expire old index entries in a worker thread: a large sweep never stalls the loop (the
-    index takes its own lock; requests keep being served between its steps)."""
+    """Expire old index entries on the loop, one bounded slice (~1k entries) at a time,
+    letting requests in between: a 500k-entry pass never holds the loop more than a slice
+    (in a worker thread it held the index lock that every request's match waits on)."""
     while True:
         await asyncio.sleep(interval_s)
-        removed = await asyncio.to_thread(scheduler.sweep, time.monotonic())
+        removed = 0
+        for n in scheduler.sweep_steps(time.monotonic()):
+            removed += n
+            await asyncio.sleep(0)
         if removed:
             log.debug("prefix index sweep removed %d expired entries", removed)
 

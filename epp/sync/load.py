@@ -1,11 +1,12 @@
 """The prefill other epp replicas have in flight, per endpoint.
 
-Each replica's predicted-TTFT scorer counts the prefill it sent to an endpoint and has not
-seen answered (``PredictedTtftScorer.outstanding``); between two scrapes of the endpoint's
-metrics that is all it knows of the endpoint's queue. With R replicas it sees 1/R of it, and
-the replicas pile onto the same endpoint. Over index sync each replica also sends its own
+Each replica counts the prefill it sent to an endpoint and has not seen answered (the
+Director's prefill ledger, ``epp.datastore.prefill``, which the predicted-TTFT and token-load
+scorers and the load-aware P/D decider read); between two scrapes of the endpoint's metrics
+that is all it knows of the endpoint's queue. With R replicas it sees 1/R of it, and the
+replicas pile onto the same endpoint. Over index sync each replica also sends its own
 figures, whole, every flush they changed and at least once a second (``RecordBatch.prefill``);
-this table keeps the last set from each peer, and the scorer adds their sum to its own.
+this table keeps the last set from each peer, and the ledger adds their sum to its own.
 
 A set replaces the peer's previous one, so a lost message costs one flush of accuracy, not a
 drift. A peer that stops sending is dropped after ``stale_s`` (its stream's keepalive ends
@@ -26,9 +27,7 @@ _MAX_TOKENS = 1e9
 
 @runtime_checkable
 class SharedPrefill(Protocol):
-    """What prefill sharing reads and feeds, implemented by the plugin that counts the prefill
-    in flight (the predicted-TTFT scorer): the server finds it among the plugins by this
-    protocol, not by name."""
+    """What prefill sharing reads and feeds: the prefill ledger (``Datastore.prefill``)."""
 
     def prefill_in_flight(self) -> Mapping[str, float]:
         """This replica's prefill in flight per endpoint (uncached prompt tokens)."""

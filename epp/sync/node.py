@@ -9,6 +9,7 @@ publishes, so a write travels exactly one hop. Design and failure modes: docs/sy
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import itertools
@@ -32,7 +33,7 @@ from epp.supervise import spawn
 from epp.sync.apply import RemoteApplier, stamp_from_age
 from epp.sync.gen import sync_pb2, sync_pb2_grpc
 from epp.sync.load import PeerPrefill
-from epp.sync.outbox import ItemRing, Outbox, OutboxRead
+from epp.sync.outbox import DEFAULT_CAPACITY_CHUNKS, ItemRing, Outbox, OutboxRead
 from epp.sync.peers import HostPort, PeerSet, resolve_ips, watch_dns
 from epp.sync.stored import SharedStored
 
@@ -89,6 +90,8 @@ class SyncOptions:
     flush_interval_s: float = 0.02
     batch_records: int = 256
     buffer_records: int = 8192
+    buffer_chunks: int = DEFAULT_CAPACITY_CHUNKS
+    """Chain hashes the outbox holds for slow subscribers, at most (its bound in bytes)."""
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
     tls: SyncTls | None = None
@@ -99,8 +102,9 @@ class SyncOptions:
     """A starting replica spends at most this long fetching a peer's index (0: no warm start)."""
     warm_max_entries: int = 4_000_000
     share_prefill: bool = True
-    """Also send this replica's prefill in flight and add the peers' to its own (when the
-    profile counts it: the predicted-TTFT scorer); False: the index writes alone."""
+    """Also send this replica's prefill in flight and add the peers' to its own (the prefill
+    ledger the predicted-TTFT and token-load scorers and the load-aware decider read);
+    False: the index writes alone."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -213,22 +217,24 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
             for eid in index.endpoint_ids():
                 if sent >= budget:
                     break
-                # the export copies the endpoint's entries under the index lock: off the loop
-                export = await asyncio.to_thread(index.export_endpoint, eid)
-                now = self._clock()
+                # the export reads the index a slice (~1k entries) at a time, on the loop:
+                # requests are served between slices (one piece held it 55 ms per 200k)
                 part = sync_pb2.SnapshotPart(endpoint_id=eid)
                 part_chunks = 0
-                for w in export.writes:
-                    if sent >= budget:
-                        break
-                    part.writes.add(hashes=w.hashes, age_s=now - w.stamp_s)
-                    part_chunks += len(w.hashes)
-                    sent += len(w.hashes)
-                    if part_chunks >= _MAX_BATCH_CHUNKS:
-                        yield part
-                        part = sync_pb2.SnapshotPart(endpoint_id=eid)
-                        part_chunks = 0
-                part.roots.extend(export.roots)
+                for piece in index.export_slices(eid):
+                    now = self._clock()
+                    for w in piece.writes:
+                        if sent >= budget:
+                            break
+                        part.writes.add(hashes=w.hashes, age_s=now - w.stamp_s)
+                        part_chunks += len(w.hashes)
+                        sent += len(w.hashes)
+                        if part_chunks >= _MAX_BATCH_CHUNKS:
+                            yield part
+                            part = sync_pb2.SnapshotPart(endpoint_id=eid)
+                            part_chunks = 0
+                    part.roots.extend(piece.roots)
+                    await asyncio.sleep(0)
                 yield part
             stored = 0
             if self.stored_source is not None:
@@ -250,7 +256,7 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
     ) -> AsyncIterator[Any]:
         await self._admit(request, context)
         outbox, observations, stored = self._outbox, self.observations, self.stored
-        cursor, seen, stored_seen = outbox.head, observations.head, stored.head
+        cursor, seen, stored_seen = outbox.attach(), observations.head, stored.head
         self.subscribers += 1
         self._metrics.sync_subscribers.set(self.subscribers)
         log.info("sync subscriber %s connected (%s)", request.replica_id, context.peer())
@@ -284,6 +290,7 @@ class IndexSyncService(sync_pb2_grpc.IndexSyncServicer):  # type: ignore[misc]
                     if len(read.writes) < most and len(observed.items) < most and len(homes.items) < most:
                         break
         finally:
+            outbox.detach()
             self.subscribers -= 1
             self._metrics.sync_subscribers.set(self.subscribers)
             log.info("sync subscriber %s left", request.replica_id)
@@ -362,7 +369,8 @@ class SyncNode:
         self.replica_id = uuid.uuid4().hex[:12]
         self.metrics = metrics
         self._wakeup = _Wakeup()
-        self.outbox = Outbox(options.buffer_records, options.batch_records, self._wakeup)
+        self.outbox = Outbox(options.buffer_records, options.batch_records, self._wakeup,
+                             options.buffer_chunks)  # fmt: skip
         self.applier = RemoteApplier(
             producer.apply_remote, lambda eid: datastore.get(eid) is not None, clock,
             index=producer.index,
@@ -374,10 +382,12 @@ class SyncNode:
         self.on_observations: Callable[[Sequence[Observation]], None] | None = None
         """Peers' observations of responses (``ResponseHandoff.apply_remote``)."""
         self.peer_prefill = PeerPrefill(stale_s=_PREFILL_STALE_S, max_endpoints=_MAX_PREFILL_ENDPOINTS)
-        """The other replicas' prefill in flight (``share_prefill`` connects it to the scorer)."""
+        """The other replicas' prefill in flight (``share_prefill`` connects it to the ledger)."""
         self._clock = clock
         self.peers = PeerSet(self._follow, metrics.task_failed)
         self.connected: set[str] = set()
+        self.follow_failures: collections.Counter[str] = collections.Counter()
+        """Per peer, subscriptions that failed or ended (then retried with backoff)."""
         self.port = -1
         self._producer = producer
         self._server: grpc.aio.Server | None = None
@@ -586,6 +596,10 @@ class SyncNode:
             if res.ignored:
                 self.metrics.sync_dropped_unknown.inc(res.ignored)
 
+    def _follow_failed(self, target: str) -> None:
+        self.follow_failures[target] += 1
+        self.metrics.sync_follow_failures.inc()
+
     async def _follow(self, target: str) -> None:
         """Subscribe to ``target`` and apply what it sends; on any failure wait (exponential
         backoff with jitter, reset once a stream opens) and subscribe again. Until cancelled,
@@ -623,10 +637,12 @@ class SyncNode:
                     log.warning("sync: peer %s unreachable (%s), retrying with backoff",
                                 target, exc.code().name)
                 failing = True
+                self._follow_failed(target)
             except Exception as exc:
                 if not failing:
                     log.warning("sync: peer %s failed (%s), retrying with backoff", target, exc)
                 failing = True
+                self._follow_failed(target)
             finally:
                 self.peer_prefill.forget(target)
                 if target in self.connected:

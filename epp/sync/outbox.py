@@ -2,9 +2,12 @@
 
 One bounded ring shared by every subscriber; each subscriber reads from its own cursor. The
 request path only stores a reference into the ring (``append``: no copy, no lock, no I/O).
-A subscriber that falls more than ``capacity`` writes behind loses the oldest ones: its next
-read skips to the oldest write still held and reports how many it missed. Nothing is
-replayed to a new subscriber: it starts at the newest write.
+The ring is bounded twice: in writes (``capacity_records``) and in the chain hashes they hold
+(``capacity_chunks``: a 270 KB prompt's chain is ~4,000 Python ints, ~160 KB, so a bound in
+writes alone let 8,192 of them pin over a gigabyte). Past either bound the oldest writes go;
+a subscriber behind them loses them: its next read skips to the oldest write still held and
+reports how many it missed. Nothing is replayed to a new subscriber: it starts at the newest
+write, and with no subscriber attached nothing is held at all.
 
 Single-threaded: ``append`` and the readers run on the serving event loop.
 """
@@ -34,11 +37,10 @@ class OutboxRead:
     """Writes between the cursor and the oldest one still held: lost to this reader."""
 
 
-def _window(head: int, capacity: int, cursor: int, most: int) -> tuple[int, int, int]:
-    """A reader's next window of a ring that has seen ``head`` items and holds the last
-    ``capacity``: (first, end, dropped), where ``dropped`` items fell out of the ring
+def _window(head: int, oldest: int, cursor: int, most: int) -> tuple[int, int, int]:
+    """A reader's next window of a ring that has seen ``head`` items and still holds those
+    from ``oldest`` on: (first, end, dropped), where ``dropped`` items fell out of the ring
     between ``cursor`` and the oldest one still held."""
-    oldest = max(0, head - capacity)
     dropped = 0
     if cursor < oldest:
         dropped, cursor = oldest - cursor, oldest
@@ -49,17 +51,29 @@ def _no_wakeup() -> None:
     return None
 
 
+DEFAULT_CAPACITY_CHUNKS = 1 << 20
+"""Chain hashes the outbox holds at most (~40 MB of Python ints and list slots)."""
+
+
 class Outbox:
     def __init__(
         self,
         capacity_records: int = 8192,
         batch_records: int = 256,
         wakeup: Callable[[], None] = _no_wakeup,
+        capacity_chunks: int = DEFAULT_CAPACITY_CHUNKS,
     ) -> None:
-        if capacity_records <= 0 or batch_records <= 0:
-            raise ValueError("capacity_records and batch_records must be positive")
+        if capacity_records <= 0 or batch_records <= 0 or capacity_chunks <= 0:
+            raise ValueError("capacity_records, batch_records and capacity_chunks must be positive")
         self.capacity = capacity_records
+        self.capacity_chunks = capacity_chunks
         self.batch_records = batch_records
+        self.readers = 0
+        """Subscribers attached (``attach``); with none, writes are counted, not held."""
+        self.chunks = 0
+        """Chain hashes held in the ring."""
+        self._tail = 0
+        """Sequence number of the oldest write still held."""
         # three parallel rings: appending stores three references and allocates nothing
         self._eids: list[EndpointId] = [EndpointId("")] * capacity_records
         self._hashes: list[Sequence[int]] = [()] * capacity_records
@@ -77,21 +91,48 @@ class Outbox:
     def published(self) -> int:
         return self._head
 
+    def attach(self) -> int:
+        """A subscriber starts reading: returns its cursor (the newest write)."""
+        self.readers += 1
+        return self._head
+
+    def detach(self) -> None:
+        """A subscriber left; the last one to leave lets go of everything held."""
+        self.readers = max(0, self.readers - 1)
+        if not self.readers:
+            while self._tail < self._head:
+                self._drop_oldest()
+
     def append(self, endpoint_id: EndpointId, hashes: Sequence[int], now_s: float) -> None:
         """The producer's ``on_record``: remember one write of this replica's own."""
         seq = self._head
+        self._head = seq + 1
+        if not self.readers:  # nobody to send it to: count it, hold nothing
+            self._tail = self._head
+            return
+        if len(hashes) > self.capacity_chunks:  # the leading chunks: still a prefix
+            hashes = hashes[: self.capacity_chunks]
+        while self._tail < seq and (seq - self._tail >= self.capacity
+                                    or self.chunks + len(hashes) > self.capacity_chunks):  # fmt: skip
+            self._drop_oldest()
         i = seq % self.capacity
         self._eids[i] = endpoint_id
         self._hashes[i] = hashes
         self._stamps[i] = now_s
-        self._head = seq + 1
+        self.chunks += len(hashes)
         if (seq + 1) % self.batch_records == 0:
             self._wakeup()  # a full batch is waiting: readers need not wait for the timer
+
+    def _drop_oldest(self) -> None:
+        i = self._tail % self.capacity
+        self.chunks -= len(self._hashes[i])
+        self._hashes[i] = ()
+        self._tail += 1
 
     def read(self, cursor: int, max_records: int, max_chunks: int = 1 << 62) -> OutboxRead:
         """Writes from ``cursor`` on: at most ``max_records``, and no more chunks than
         ``max_chunks`` (unless the first write alone exceeds it)."""
-        cursor, end, dropped = _window(self._head, self.capacity, cursor, max_records)
+        cursor, end, dropped = _window(self._head, self._tail, cursor, max_records)
         cap = self.capacity
         writes: list[OwnWrite] = []
         chunks = 0
@@ -138,6 +179,7 @@ class ItemRing:
         self._head += 1
 
     def read(self, cursor: int, max_items: int) -> RingRead:
-        cursor, end, dropped = _window(self._head, self.capacity, cursor, max_items)
+        cursor, end, dropped = _window(self._head, max(0, self._head - self.capacity), cursor,
+                                       max_items)  # fmt: skip
         items = [self._items[seq % self.capacity] for seq in range(cursor, end)]
         return RingRead(items, end, dropped)

@@ -151,8 +151,8 @@ class Policy:
         return None
 
     def prefill_counter(self) -> SharedPrefill | None:
-        """The plugin that counts the policy's prefill in flight, which index sync shares
-        between routers (None: the policy has none)."""
+        """What counts the policy's prefill in flight (epp's prefill ledger), which index
+        sync shares between routers (None: the policy has none)."""
         return None
 
 
@@ -398,7 +398,7 @@ class _EppBase(Policy):
         return self.scheduler.plugin(PrefixProducer)
 
     def prefill_counter(self) -> SharedPrefill | None:
-        return self.scheduler.plugin(SharedPrefill)  # type: ignore[type-abstract]
+        return self.store.prefill
 
 
 class EppPolicy(_EppBase):

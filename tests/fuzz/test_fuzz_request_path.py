@@ -24,13 +24,13 @@ from epp.config.loader import default_config
 from epp.datastore.store import Datastore
 from epp.errors import EppError
 from epp.extproc import convert
-from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
+from epp.extproc.stream import ProtocolError, RequestStream
 from epp.framework.endpoint import Endpoint, Metrics, endpoint_id
 from epp.observability.metrics import EppMetrics
 from epp.request.parse import RequestParser
 from epp.request.settings import RequestControlConfig
 from epp.requestcontrol.director import Director
-from epp.requestcontrol.response import ResponseReader
+from epp.requestcontrol.response import BodyBudget, ResponseReader
 from epp.wiring import build_scheduler
 from tests.integration import envoy_client as ec
 

@@ -3,7 +3,6 @@ headless Service over the epp pods, --peer-dns naming it, the sync port and POD_
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import subprocess
@@ -163,9 +162,13 @@ async def test_the_default_chart_authenticates_sync_refusing_strangers_and_fake_
                 await call.read()
         # a fake peer: b is pointed at it and never accepts its stream
         assert b.handle.sync is not None and fake.handle.sync is not None
-        b.handle.sync.peers.update([target, f"127.0.0.1:{fake.handle.sync_port}"])
+        fake_target = f"127.0.0.1:{fake.handle.sync_port}"
+        b.handle.sync.peers.update([target, fake_target])
         fake.handle.sync.peers.update([target])  # nor does a accept it as a subscriber
-        await asyncio.sleep(1.0)  # several connection attempts with backoff
+        b_sync, fake_sync = b.handle.sync, fake.handle.sync
+        await until(lambda: b_sync.follow_failures[fake_target] >= 3
+                    and fake_sync.follow_failures[target] >= 3,
+                    "three refused attempts each way")  # fmt: skip
         assert not connected(b, [fake]) and connected(b, [a])
         assert not connected(fake, [a])
     finally:

@@ -20,6 +20,7 @@ from tests.integration.extproc_fixtures import (
     start_epp,
     stop_epp,
 )
+from tests.integration.test_sync import until
 
 PROMPT = "You are a helpful assistant. Ünïcödé — 日本語のテキスト 🚀 " * 40
 BODY = json.dumps({"model": "m", "prompt": PROMPT}, ensure_ascii=False).encode()
@@ -152,6 +153,39 @@ async def test_buffered_routes_in_body_reply(epp: Epp) -> None:
     assert rb.WhichOneof("response") == "response_body"
     assert not rb.response_body.response.HasField("body_mutation")
     assert await s.close() == grpc.StatusCode.OK
+
+
+async def test_a_proxy_that_sends_no_response_ends_requests_as_routed_not_cancelled() -> None:
+    """Envoy's ``--response none``: response headers SKIP, body NONE. The stream ends after
+    the routing reply; that is the documented mode, not a client cancel (issue 70, item 4)."""
+    from epp.framework.types import ResponseInfo
+    from epp.scheduling.scheduler import Scheduler
+
+    e = await start_epp()
+    heard: list[int] = []
+    sched: Scheduler = e.handle.scheduler
+    on_response = sched.on_response
+
+    def told(result: object, info: ResponseInfo) -> None:
+        heard.append(info.status)
+        on_response(result, info)  # type: ignore[arg-type]
+
+    sched.on_response = told  # type: ignore[method-assign]
+    try:
+        for _ in range(3):
+            s = ec.Stream(e.channel)
+            await s.send(ec.request_headers(modes=(ec.BUFFERED, ec.NONE)))
+            await s.recv()
+            await s.send(ec.request_body(BODY, True))
+            assert ec.destination(await s.recv())
+            assert await s.close() == grpc.StatusCode.OK
+        reg = e.handle.registry
+        await until(lambda: sum(e.handle.datastore.in_flight().values()) == 0, "released")
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "routed"}) == 3
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "cancelled"}) is None
+        assert heard == [0, 0, 0]  # the post-response hooks hear "unknown", not 499
+    finally:
+        await stop_epp(e)
 
 
 async def test_flag_mode_used_when_envoy_sends_no_protocol_config() -> None:
@@ -429,7 +463,7 @@ async def test_client_cancel_leaves_no_state(stage: str) -> None:
             await asyncio.wait_for(closed.wait(), 5)
             assert e.handle.registry.get_sample_value("epp_requests_total", {"model": "m", "status": "cancelled"}) == 1
         assert sum(e.handle.datastore.in_flight().values()) == 0
-        assert not scorer.outstanding  # the hooks heard of the cancel: no prefill left counted
+        assert not e.handle.datastore.prefill  # the cancel released its prefill
         await route_ok(e)
     finally:
         await stop_epp(e)
@@ -506,12 +540,13 @@ async def test_the_first_response_bytes_reach_the_scorers_before_the_response_en
         await s.send(ec.request_headers(), ec.request_body(BODY, True))
         headers, _ = await s.recv_n(2)
         target = assert_routed(headers, {x.id for x in e.handle.datastore.snapshot()})
-        assert scorer.outstanding[target] > 0  # prefill sent, no first token yet
+        prefill = e.handle.datastore.prefill  # the one accounting the scorer reads
+        assert prefill.get(target) > 0  # prefill sent, no first token yet
         await s.send(ec.response_headers())
         await s.recv()
         await s.send(ec.response_body(b'{"choices": [{"text": "o', False))
         await s.recv()
-        assert target not in scorer.outstanding and scorer.errors.count == 1
+        assert target not in prefill and scorer.errors.count == 1
         await s.send(ec.response_body(b'k"}]}', True))
         await s.recv()
         assert await s.close() == grpc.StatusCode.OK

@@ -166,10 +166,10 @@ async def test_a_fault_in_admission_answers_500_and_is_counted(
     admission = epp.handle.director.admission
     assert admission is not None
 
-    async def broken(*_args: object) -> None:
+    def broken(*_args: object) -> None:
         raise OverflowError("a bug")
 
-    monkeypatch.setattr(admission, "admit", broken)
+    monkeypatch.setattr(admission, "enter", broken)  # what the Director calls first
     s = ec.Stream(epp.channel)
     await s.send(ec.request_headers(), ec.request_body(body(1), True))
     reply = await s.recv()

@@ -69,6 +69,17 @@ async def observe(e: Epp, token: str, chunks: tuple[bytes, ...] = SSE, complete:
         s.call.cancel()
 
 
+async def route_and_stay(e: Epp) -> tuple[ec.Stream, str]:
+    """A routing stream that stays open (the proxy sends it the response too): the stream
+    and its token."""
+    s = ec.Stream(e.channel)
+    await s.send(ec.request_headers(), ec.request_body(BODY, True))
+    headers, _ = await s.recv_n(2)
+    token = ec.header_value(headers.request_headers.response.header_mutation, "x-epp-observe")
+    assert token
+    return s, token
+
+
 async def settled(e: Epp) -> None:
     await until(lambda: in_flight(e) == 0, "the request released")
 
@@ -140,11 +151,7 @@ async def test_a_response_sent_to_the_routing_stream_is_observed_there_once() ->
     it; the observer stream, if any, then finds nothing to claim."""
     e = await start_epp(response_observer_wait_s=30.0)
     try:
-        s = ec.Stream(e.channel)
-        await s.send(ec.request_headers(), ec.request_body(BODY, True))
-        headers, _ = await s.recv_n(2)
-        token = ec.header_value(headers.request_headers.response.header_mutation, "x-epp-observe")
-        assert token
+        s, token = await route_and_stay(e)
         await s.send(ec.response_headers(content_type="text/event-stream"),
                      ec.response_body(SSE[0] + SSE[1], True))  # fmt: skip
         await s.recv_n(2)
@@ -156,6 +163,48 @@ async def test_a_response_sent_to_the_routing_stream_is_observed_there_once() ->
         assert handoff.claimed == 1  # the routing stream's own claim
         assert e.handle.registry.get_sample_value(
             "epp_requests_total", {"model": "m", "status": "200"}) == 1
+    finally:
+        await stop_epp(e)
+
+
+async def test_a_response_sent_to_both_streams_is_observed_by_the_one_that_claimed_it() -> None:
+    """The observer stream claimed the request first; the routing stream then gets the same
+    response too (a proxy that sends it to both filters): only the claimant observes it, so
+    the first-token hooks and the release run once (issue 70, item 3)."""
+    e = await start_epp(response_observer_wait_s=30.0)
+    director = e.handle.director
+    firsts: list[float] = []
+    first_token = director.first_token
+
+    def counted(routing: object, ttft_s: float, status: int = 0) -> None:
+        firsts.append(ttft_s)
+        first_token(routing, ttft_s, status)  # type: ignore[arg-type]
+
+    director.first_token = counted  # type: ignore[method-assign]
+    try:
+        s, token = await route_and_stay(e)
+        o = ec.Stream(e.channel)
+        await o.send(
+            observed(ec.request_headers(extra={"x-epp-observe": token}, end_of_stream=True,
+                                        modes=(ec.NONE, ec.STREAMED))),
+            observed(ec.response_headers(content_type="text/event-stream")),
+            observed(ec.response_body(SSE[0], False)),
+        )  # fmt: skip
+        handoff = e.handle.service.handoff
+        assert handoff is not None
+        await until(lambda: len(firsts) == 1, "the observer stream saw the first bytes")
+        await s.send(ec.response_headers(content_type="text/event-stream"),
+                     ec.response_body(SSE[0] + SSE[1], True))  # fmt: skip
+        await s.recv_n(2)  # the routing stream still forwards the response
+        assert await s.close() == grpc.StatusCode.OK
+        await o.send(observed(ec.response_body(SSE[1], True)))
+        await o.call.done_writing()
+        assert await o.call.read() is grpc.aio.EOF
+        await settled(e)
+        assert len(firsts) == 1 and handoff.claimed == 1
+        reg = e.handle.registry
+        assert reg.get_sample_value("epp_requests_total", {"model": "m", "status": "200"}) == 1
+        assert reg.get_sample_value("epp_usage_prompt_tokens_total", {"model": "m"}) == 9
     finally:
         await stop_epp(e)
 

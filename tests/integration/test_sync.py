@@ -162,15 +162,14 @@ async def test_sync_metrics_are_exposed(trio: list[Epp]) -> None:
 
 
 async def test_a_replicas_prefill_in_flight_reaches_its_peers_until_it_ends() -> None:
-    """The default profile's predicted-TTFT scorer counts the prefill this replica has in
-    flight per endpoint; its peers add it to their own (docs/sync.md). It leaves them when
-    the request's response starts or the request ends, and with the replica."""
+    """Each replica counts the prefill it has in flight per endpoint (its prefill ledger);
+    its peers add it to their own (docs/sync.md). It leaves them when the request's response
+    starts or the request ends, and with the replica."""
     a, b = await start_replica(), await start_replica()
     try:
         connect([a, b])
         await until(lambda: connected(a, [b]) and connected(b, [a]), "peers connected")
-        counter = a.handle.scheduler.plugin(SharedPrefill)  # type: ignore[type-abstract]
-        assert counter is not None
+        counter: SharedPrefill = a.handle.datastore.prefill
         body = json.dumps({"model": "m", "prompt": PROMPT}).encode()
 
         async def open_request() -> tuple[ec.Stream, EndpointId, float]:
@@ -212,8 +211,10 @@ async def test_without_prefill_sharing_only_the_index_travels() -> None:
         headers, _ = await s.recv_n(2)
         dest = EndpointId(ec.destination(headers) or "")
         chunks = set(a.handle.index.chunks_of(dest))
-        await until(lambda: holds(b, dest, chunks), "B holds A's chunks")  # the index travels
-        await asyncio.sleep(0.1)  # ten flushes
+        # the index travels: the batch that brought these chunks is the one that would carry
+        # the prefill the same pick queued (both are recorded in one step of the loop, and a
+        # batch carries the prefill set whenever it changed), so no wait is needed after it
+        await until(lambda: holds(b, dest, chunks), "B holds A's chunks")
         assert sync_of(b).peer_prefill.peers == 0 and sync_of(b).peer_prefill.tokens(dest) == 0
         s.call.cancel()
     finally:

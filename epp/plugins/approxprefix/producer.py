@@ -10,7 +10,7 @@ free of grpc: a ``subscribe``d sink sees every write this replica makes itself, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from epp.errors import ConfigError
@@ -116,8 +116,8 @@ class PrefixProducer:
         self._listeners.append(sink)
         return lambda: self._listeners.remove(sink)
 
-    def sweep(self, now_s: float) -> int:
-        return self.index.sweep(now_s)
+    def sweep_steps(self, now_s: float) -> Iterator[int]:
+        return self.index.sweep_steps(now_s)
 
     def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
         request = state.request

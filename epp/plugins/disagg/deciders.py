@@ -18,8 +18,10 @@ prefiller is found, ``confirm(state, decoder, prefiller)`` may still keep the re
   decodes). Prefillers that fall behind stop taking work until they catch up, so a pool
   with too few of them degrades to serving locally instead of queueing behind them
   (NVIDIA Dynamo's conditional disaggregation weighs its prefill queue the same way). The
-  waiting tokens are epp's own accounting, per endpoint, of the requests it sent: added at
-  the pick (to the prefiller for a split request), released at the first token or the end.
+  waiting tokens are epp's one accounting of the prefill it sent and has not seen done
+  (``CycleState.prefill``: added at the pick where the prefill runs, the prefiller of a
+  split request, released at the first token or the end; with index sync the other
+  replicas' too), read at ``charsPerToken``.
 
 Token counts come from the prefix match (``CycleState.prefix``: chunks of ``block_chars``
 characters) and the prompt's length, read at ``charsPerToken``.
@@ -30,11 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from epp.framework.endpoint import Endpoint, EndpointId
-from epp.framework.types import CycleState, PickResult, ResponseInfo
-
-_MAX_TRACKED = 100_000
-"""Requests the load-aware decider tracks at most (the oldest dropped first)."""
+from epp.framework.endpoint import Endpoint
+from epp.framework.types import CycleState
 
 
 def uncached_tokens(state: CycleState, endpoint: Endpoint, chars_per_token: float) -> float:
@@ -121,9 +120,7 @@ class LoadAwareDeciderParams(PrefixDeciderParams):
     exceed the decoder's by at most this many: ~3 s of prefill for an 8B model on an A100,
     the wait a split may add to spare the decoder's running requests a prefill (4,096 kept
     too much on the decoders when prefillers were plentiful: docs/results/pd.md)."""
-    ttl_seconds: float = 600.0
-    """A request not heard of this long after its pick no longer counts as waiting."""
-    __config_min__: ClassVar[dict[str, float]] = {"slack_tokens": 0, "ttl_seconds": 1}
+    __config_min__: ClassVar[dict[str, float]] = {"slack_tokens": 0}
 
 
 class LoadAwareDecider(PrefixBasedDecider):
@@ -132,56 +129,12 @@ class LoadAwareDecider(PrefixBasedDecider):
     def __init__(self, name: str, params: LoadAwareDeciderParams) -> None:
         super().__init__(name, params)
         self.params = params
-        self.waiting: dict[EndpointId, float] = {}
-        """Prompt tokens to prefill before their first token, per endpoint."""
-        self._requests: dict[int, tuple[EndpointId, float, float]] = {}
-        """Per cycle (``id(state)``): where its prefill runs, its tokens, when it was picked."""
 
     def confirm(self, state: CycleState, decoder: Endpoint, prefiller: Endpoint) -> bool:
         p = self.params
         at_decoder = uncached_tokens(state, decoder, p.chars_per_token)
         at_prefiller = uncached_tokens(state, prefiller, p.chars_per_token)
-        waiting = self.waiting
-        there = waiting.get(prefiller.id, 0.0) + at_prefiller
-        here = waiting.get(decoder.id, 0.0) + at_decoder
+        waiting = state.prefill
+        there = waiting.get(prefiller.id, 0.0) / p.chars_per_token + at_prefiller
+        here = waiting.get(decoder.id, 0.0) / p.chars_per_token + at_decoder
         return there <= here + p.slack_tokens
-
-    # request hooks, forwarded by the profile handler
-
-    def post_pick(self, state: CycleState, result: PickResult) -> None:
-        self._expire(state.now_s)
-        runs = result.prefiller or result.target  # where the prompt is prefilled
-        where = runs.id
-        tokens = uncached_tokens(state, runs, self.params.chars_per_token)
-        old = self._requests.pop(id(state), None)
-        if old is not None:  # a cycle never heard of again, its identity reused
-            self._release(old)
-        self._requests[id(state)] = (where, tokens, state.now_s)
-        self.waiting[where] = self.waiting.get(where, 0.0) + tokens
-        while len(self._requests) > _MAX_TRACKED:
-            self._release(self._requests.pop(next(iter(self._requests))))
-
-    def post_first_token(self, state: CycleState, result: PickResult, ttft_s: float) -> None:
-        entry = self._requests.pop(id(state), None)
-        if entry is not None:
-            self._release(entry)
-
-    def post_response(self, state: CycleState, result: PickResult, info: ResponseInfo) -> None:
-        self.post_first_token(state, result, 0.0)
-
-    def _release(self, entry: tuple[EndpointId, float, float]) -> None:
-        where, tokens, _ = entry
-        left = self.waiting.get(where, 0.0) - tokens
-        if left > 1e-6:
-            self.waiting[where] = left
-        else:
-            self.waiting.pop(where, None)
-
-    def _expire(self, now_s: float) -> None:
-        requests = self._requests
-        ttl = self.params.ttl_seconds
-        while requests:
-            key = next(iter(requests))  # picked in time order
-            if now_s - requests[key][2] <= ttl:
-                return
-            self._release(requests.pop(key))

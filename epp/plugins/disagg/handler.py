@@ -99,7 +99,7 @@ class DisaggProfileHandler:
     @property
     def bound(self) -> tuple[object, ...]:
         """The plugins it runs outside the profiles (its decider): the scheduler calls their
-        request hooks too (the load-aware decider counts prefill work with them)."""
+        request hooks too, as it does the profiles' plugins'."""
         return () if self.decider is None else (self.decider,)
 
     def bind(self, plugins: Mapping[str, object]) -> None:

@@ -35,8 +35,7 @@ LoRA adapter whose path on the server is not configured) keep the approximate ma
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from epp.framework.endpoint import Endpoint, EndpointId
@@ -52,8 +51,6 @@ from epp.prefix.blockhash import BlockKeys
 from epp.prefix.kvindex import KvBlockIndex
 
 log = logging.getLogger(__name__)
-
-_MAX_PREPARED = 4096
 
 
 @dataclass(slots=True)
@@ -93,9 +90,6 @@ class PrecisePrefixProducer:
         self._known: set[EndpointId] = set()
         self._ranks: dict[EndpointId, int] = {}
         self._endpoint_listeners: list[Callable[[EndpointId, bool], None]] = []
-        self._prepared: dict[int, tuple[InferenceRequest, BlockKeys | str]] = {}
-        """Keys computed by ``prepare_request`` (a worker thread), by request identity."""
-        self._prepared_lock = threading.Lock()
         self.subscriber: KvEventSubscriber | None = None
         """The KV-event subscriber, while the server runs this plugin (``start``)."""
         self.sweep_interval_s = 5.0
@@ -124,22 +118,17 @@ class PrecisePrefixProducer:
 
     # --- the request path ------------------------------------------------------------
 
-    def prepare_request(self, request: InferenceRequest) -> None:
+    def prepare_request(self, request: InferenceRequest) -> BlockKeys | str:
         """Tokenize and key the request (a worker thread, before scheduling: see
-        ``RequestPreparer``); ``prepare`` picks the result up."""
-        keyed = self.keyer.keys(request)
-        with self._prepared_lock:
-            prepared = self._prepared
-            prepared[id(request)] = (request, keyed)
-            if len(prepared) > _MAX_PREPARED:  # requests prepared and never scheduled
-                del prepared[next(iter(prepared))]
+        ``RequestPreparer``); the request carries the result to its cycle, however long it
+        waits in flow control's queue, and ``prepare`` finds it there."""
+        return self.keyer.keys(request)
 
     def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
         request = state.request
-        with self._prepared_lock:
-            entry = self._prepared.pop(id(request), None)
-        prepared = entry is not None and entry[0] is request
-        keyed = entry[1] if entry is not None and prepared else self.keyer.keys(request)
+        keyed = state.data.get(self.name)
+        if not isinstance(keyed, BlockKeys | str):  # not prepared ahead (the replay)
+            keyed = self.keyer.keys(request)
         if isinstance(keyed, str):
             self.stats.unkeyed[keyed] += 1
             return
@@ -354,5 +343,5 @@ class PrecisePrefixProducer:
             for listener in self._endpoint_listeners:
                 listener(endpoint_id, False)
 
-    def sweep(self, now_s: float) -> int:
-        return self.index.sweep(now_s)
+    def sweep_steps(self, now_s: float) -> Iterator[int]:
+        return self.index.sweep_steps(now_s)

@@ -257,3 +257,50 @@ def test_scale_from_zero_off_rejects_at_once_and_unset_follows_max_queue_seconds
     longer, _, _ = cold(max_queue_seconds=7.0, band_max_queue_seconds={9: 90.0})
     item = longer.offer(req("a", 9), "t", 1, 0.0).item
     assert item is not None and item.limit_s == 90.0
+def held_entries(c: FlowController) -> int:
+    """Queue entries the controller keeps references to (flows, their heaps, deadlines)."""
+    flows = [f for band in c.bands.values() for f in band.flows.values()]
+    return len(c._deadlines) + sum(len(f.items) + len(f.heap) for f in flows)
+
+
+@pytest.mark.parametrize("ordering", ["fcfs", "edf"])
+def test_cancelled_requests_leave_the_queues_memory(ordering: str) -> None:
+    """5,000 enqueue-and-cancel cycles behind a blocked head: the queue reports one request
+    and holds about one, not 5,001 prompts until their deadline (issue 70, item 5)."""
+    import tracemalloc
+
+    c, _ = make(ordering=ordering, max_queue_seconds=3600)
+    head = c.offer(req("head"), "A", 1, 0.0).item
+    assert head is not None
+    prompt = "p" * 10_000
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for i in range(5_000):
+            item = c.offer(InferenceRequest(f"r{i}", "m", prompt + str(i)), "A", 10_000, 1.0).item
+            assert item is not None and c.cancel(item)
+            del item
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert c.count == 1 and c.bytes == 1 and held_entries(c) <= 2 * c.count + 64 + 16
+    assert after - before < 1_000_000  # 5,000 prompts of 10 KB would be 50 MB
+
+
+def test_displacement_takes_the_newest_of_the_largest_flow_without_a_scan() -> None:
+    c, _ = make(max_requests=6)
+    for i in range(4):
+        c.offer(req(f"noisy{i}", -1), "noisy", 1, 0.1 * i)
+    c.offer(req("quiet0", -1), "quiet", 1, 0.5)
+    c.offer(req("mid", 0), "B", 1, 0.6)
+    taken = [c.offer(req(f"hi{i}", 5), "C", 1, 1.0 + i).displaced for i in range(3)]
+    assert [ids(list(d)) for d in taken] == [["noisy3"], ["noisy2"], ["noisy1"]]
+    band = c.bands[-1]
+    assert {n: len(f) for n, f in band.flows.items()} == {"noisy": 1, "quiet": 1}
+    assert band.largest == 1 and c.count == 6
+    # ties: either flow's newest goes; then the next band up, then nothing is left below
+    assert len(c.offer(req("hi3", 5), "C", 1, 5.0).displaced) == 1
+    assert len(c.offer(req("hi4", 5), "C", 1, 6.0).displaced) == 1
+    assert -1 not in c.bands
+    assert ids(list(c.offer(req("hi5", 5), "C", 1, 7.0).displaced)) == ["mid"]
+    assert c.offer(req("hi6", 5), "C", 1, 8.0).rejected == "queue-full"

@@ -41,3 +41,24 @@ def test_text_format_keeps_the_traceback_below_the_fields(restore_root: logging.
     first, *rest = out.getvalue().splitlines()
     assert first.endswith("scrape failed endpoint=e1")
     assert rest[0].startswith("Traceback") and rest[-1] == "RuntimeError: boom"
+
+
+def test_a_line_per_event_is_written_at_most_once_a_second_per_key(caplog: pytest.LogCaptureFixture) -> None:
+    """Under overload every rejected request wrote its own log line, synchronously, on the
+    loop (issue 70, item 13): now a line per kind per second, counting the rest."""
+    import logging
+
+    from epp.observability.logging import LogEvery
+
+    now = [0.0]
+    every = LogEvery(logging.getLogger("epp.test.every"), interval_s=1.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="epp.test.every"):
+        written = [every.log(logging.INFO, 429, "rejected %d", i) for i in range(1000)]
+        written.append(every.log(logging.INFO, 503, "unavailable"))
+        now[0] = 1.5
+        written.append(every.log(logging.INFO, 429, "rejected %d", 1000))
+    lines = [r.getMessage() for r in caplog.records if r.name == "epp.test.every"]
+    assert sum(written) == 3
+    assert lines == ["rejected 0", "unavailable", "rejected 1000 (and 999 more like it since the last such line)"]
+    with caplog.at_level(logging.DEBUG, logger="epp.test.every"):  # debugging: every one
+        assert all(every.log(logging.INFO, 429, "again") for _ in range(3))

@@ -23,8 +23,9 @@ async def test_a_blocked_loop_is_recorded_and_warned_about(caplog: pytest.LogCap
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert lags and min(lags) >= 0
-    assert max(lags) >= 0.25
-    assert sum(lag >= 0.1 for lag in lags) == 1
+    assert max(lags) >= 0.25  # the 0.3 s block, whatever else the host does
+    # how many other wake-ups a busy host makes late is not this test's business (the exact
+    # count, on an injected clock, is the next test's)
     assert any("event loop stalled" in r.getMessage() for r in caplog.records)
 
 

@@ -115,27 +115,36 @@ def test_cache_aware_decider_keeps_local_what_the_prefiller_would_recompute() ->
 
 
 def test_load_aware_decider_stops_splitting_while_the_prefiller_is_behind() -> None:
+    from epp.datastore.store import Datastore
+    from epp.observability.metrics import EppMetrics
+    from epp.requestcontrol.director import Director
+
     text = shipped_config("pd").raw
     assert any(p["type"] == "load-aware-pd-decider" for p in text["plugins"])  # the shipped one
     cfg = loads_config(yaml.safe_dump(text).replace("slackTokens: 32768", "slackTokens: 1000"))
     sched = build_scheduler(cfg, random.Random(3))
-    pool = [ep(1, "prefill"), ep(2, "decode")]
-    decider = next(p for p in sched.plugins if isinstance(p, LoadAwareDecider))
+    assert any(isinstance(p, LoadAwareDecider) for p in sched.plugins)
+    store = Datastore(stale_after_s=60.0)
+    for e in (ep(1, "prefill"), ep(2, "decode")):
+        store.upsert(e)
+        store.update_metrics(e.id, e.metrics)
+    d = Director(store, sched, cfg.saturation, EppMetrics(CollectorRegistry()), clock=lambda: 1.0)
+    waiting = store.prefill  # the Director's prefill accounting, which the decider reads
     prompts = [f"{i} {LONG}" for i in range(5)]  # ~640 tokens each, sharing nothing at the start
-    first = sched.schedule(request(prompts[0], "a"), pool, 1.0)
-    second = sched.schedule(request(prompts[1], "b"), pool, 1.1)
-    assert first.decision == second.decision == "split"
-    assert decider.waiting[EndpointId("10.0.0.1:8000")] == pytest.approx(2 * len(prompts[0]) / 4, rel=0.01)
+    first = d.route(request(prompts[0], "a"), None)
+    second = d.route(request(prompts[1], "b"), None)
+    assert first.result.decision == second.result.decision == "split"
+    assert waiting.get(EndpointId("10.0.0.1:8000")) == pytest.approx(2 * len(prompts[0]), rel=0.01)
     # the prefiller is now ~1,280 tokens behind the decoder: a third would wait past the slack
-    third = sched.schedule(request(prompts[2], "c"), pool, 1.2)
-    assert third.decision == "local" and third.prefill == ()
-    assert decider.waiting[EndpointId("10.0.0.2:8000")] > 0  # prefilled on the decoder
+    third = d.route(request(prompts[2], "c"), None)
+    assert third.result.decision == "local" and third.result.prefill == ()
+    assert waiting.get(EndpointId("10.0.0.2:8000")) > 0  # prefilled on the decoder
     # the first two get their first tokens: the prefiller caught up, splitting resumes
-    sched.on_first_token(first, 0.5)
-    sched.on_response(second, ResponseInfo(200))
-    sched.on_first_token(third, 0.5)
-    assert decider.waiting == {}
-    assert sched.schedule(request(prompts[3], "d"), pool, 2.0).decision == "split"
+    d.first_token(first, 0.5)
+    d.finish(second, ResponseInfo(200))
+    d.first_token(third, 0.5)
+    assert len(waiting) == 0
+    assert d.route(request(prompts[3], "d"), None).result.decision == "split"
 
 
 def test_decisions_are_exported() -> None:

@@ -4,6 +4,7 @@ produced; bounded, forgetful, shared with peers, and silent for everything else.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from typing import Any
 
@@ -69,6 +70,8 @@ def test_what_a_request_names(request_: InferenceRequest, expected: str) -> None
 def learn(f: ResponseAffinityFilter, home: Endpoint, ids: list[str], now: float = 1.0,
           body: dict[str, Any] | None = None) -> None:  # fmt: skip
     state = CycleState(responses(body or {}), now, random.Random(1))
+    f.post_pick(state, PickResult((home,), state))  # as the Director runs the hooks: the pick,
+    state.request = dataclasses.replace(state.request, body=None)  # its body let go, then the reply
     f.post_stored(state, PickResult((home,), state), ids)
 
 

@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import random
 
+from prometheus_client import CollectorRegistry
+
 from epp.config.loader import loads_config
+from epp.datastore.store import Datastore
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 from epp.framework.request import InferenceRequest
-from epp.framework.types import ResponseInfo
-from epp.plugins.tokenload import TokenLoadFilter, TokenLoadParams, TokenLoadScorer
+from epp.framework.types import CycleState, ResponseInfo
+from epp.observability.metrics import EppMetrics
+from epp.plugins.tokenload import (
+    TokenLoadFilter,
+    TokenLoadParams,
+    TokenLoadScorer,
+    _TokensCollector,
+)
+from epp.requestcontrol.director import Director
 from epp.wiring import build_scheduler
 
 CONFIG = """
@@ -37,24 +47,41 @@ def req(rid: str, tokens: int, max_tokens: int | None = None) -> InferenceReques
     return InferenceRequest(rid, "m", "x" * (4 * tokens), body=body)
 
 
-def test_tokens_are_counted_at_the_pick_prefill_drops_at_the_first_token_all_at_the_end() -> None:
-    sched = build_scheduler(loads_config(CONFIG), random.Random(1))
+def director(pool: list[Endpoint]) -> tuple[Director, Datastore, TokenLoadScorer]:
+    """The config above behind a Director, as epp serve runs it (the Director keeps the
+    prefill accounting the scorer reads)."""
+    cfg = loads_config(CONFIG)
+    sched = build_scheduler(cfg, random.Random(1))
+    store = Datastore(stale_after_s=60.0)
+    store.on_removed(sched.remove_endpoint)
+    for e in pool:
+        store.upsert(e)
+        store.update_metrics(e.id, e.metrics)
     scorer = sched.plugin(TokenLoadScorer)
     assert scorer is not None
+    return Director(store, sched, cfg.saturation, EppMetrics(CollectorRegistry()),
+                    clock=lambda: 1.0), store, scorer  # fmt: skip
+
+
+def prefill_tokens(store: Datastore) -> dict[EndpointId, float]:
+    return {eid: chars / 4 for eid, chars in store.prefill.own().items()}
+
+
+def test_tokens_are_counted_at_the_pick_prefill_drops_at_the_first_token_all_at_the_end() -> None:
     pool = [ep(1), ep(2)]
-    big = sched.schedule(req("a", 20_000, max_tokens=100), pool, 1.0)
-    sched.commit(big)
-    a = big.target.id
-    assert scorer.held[a] == 20_100 and scorer.prefill[a] == 20_000
+    d, store, scorer = director(pool)
+    big = d.route(req("a", 20_000, max_tokens=100), None)
+    a = big.target_id
+    assert scorer.held[a] == 20_100 and prefill_tokens(store) == {a: 20_000}
     # the next requests go elsewhere: the scorer prefers the other endpoint
-    small = sched.schedule(req("b", 100), pool, 1.1)
-    sched.commit(small)
-    assert small.target.id != a and scorer.held[small.target.id] == 100 + 256  # decodeTokens
-    sched.on_first_token(big, 0.5)
-    assert scorer.prefill[a] == 0 and scorer.held[a] == 20_100
-    sched.on_response(big, ResponseInfo(200))
-    sched.on_response(small, ResponseInfo(499))  # a cancel releases too
-    assert scorer.held[a] == 0 and scorer.held[small.target.id] == 0
+    small = d.route(req("b", 100), None)
+    b = small.target_id
+    assert b != a and scorer.held[b] == 100 + 256  # decodeTokens
+    d.first_token(big, 0.5)
+    assert prefill_tokens(store) == {b: 100} and scorer.held[a] == 20_100
+    d.finish(big, ResponseInfo(200))
+    d.abandon(small, "cancelled")  # a cancel releases too
+    assert scorer.held == {} and prefill_tokens(store) == {}
 
 
 def test_the_filter_keeps_endpoints_under_their_caps_and_all_when_none_is() -> None:
@@ -66,21 +93,36 @@ def test_the_filter_keeps_endpoints_under_their_caps_and_all_when_none_is() -> N
     assert f.filter(None, pool) == pool  # type: ignore[arg-type]
 
 
-def test_prefill_weighs_more_and_requests_never_heard_of_again_expire() -> None:
-    s = TokenLoadScorer("s", TokenLoadParams(prefill_weight=4.0, ttl_seconds=10.0))
+def test_prefill_weighs_more() -> None:
+    s = TokenLoadScorer("s", TokenLoadParams(prefill_weight=4.0))
     pool = [ep(1), ep(2)]
     s.held = {pool[0].id: 1_000, pool[1].id: 1_600}
-    s.prefill = {pool[0].id: 1_000, pool[1].id: 0}
-    assert s.score(None, pool) == [0.0, 1.0 - 1_600 / 4_000]  # type: ignore[arg-type]
-    sched = build_scheduler(loads_config(CONFIG), random.Random(1))
-    scorer = sched.plugin(TokenLoadScorer)
-    assert scorer is not None
-    lost = sched.schedule(req("a", 1_000), pool, 1.0)
-    sched.commit(lost)  # never finished: the server or the stream vanished
-    assert scorer.held[lost.target.id] > 0
-    later = sched.schedule(req("b", 10), pool, 1.0 + 601)
-    sched.commit(later)
-    assert scorer.held[lost.target.id] == (266 if later.target.id == lost.target.id else 0)
+    state = CycleState(req("q", 10), 1.0, random.Random(0))
+    state.prefill = {pool[0].id: 4_000.0}  # 1,000 tokens to prefill, at 4 characters a token
+    assert s.score(state, pool) == [0.0, 1.0 - 1_600 / 4_000]
+
+
+def test_the_exported_series_forget_endpoints_with_nothing_in_flight_and_those_gone() -> None:
+    """epp_endpoint_tokens_in_flight kept a zero series for every pod ever seen: with pods
+    coming and going it grew without end (issue 70, item 10)."""
+    pool = [ep(n) for n in range(1, 42)]
+    d, store, scorer = director(pool)
+    collector = _TokensCollector(scorer)
+
+    def series() -> set[tuple[str, str]]:
+        return {(s.labels["endpoint"], s.labels["phase"]) for fam in collector.collect()
+                for s in fam.samples}  # fmt: skip
+
+    for i in range(40):  # each pod serves one request, then leaves the pool
+        routing = d.route(req(f"r{i}", 50), None)
+        assert series()  # counted while in flight
+        d.first_token(routing, 0.1)
+        d.finish(routing, ResponseInfo(200))
+        store.remove(routing.target_id)
+    assert series() == set() and scorer.held == {} and len(store.prefill) == 0
+    last = d.route(req("last", 50), None)
+    store.remove(last.target_id)  # gone with a request in flight
+    assert last.target_id not in {eid for eid, _ in series()}
 
 
 def test_a_scale_leaves_small_loads_nearly_even_and_large_ones_as_without_it() -> None:

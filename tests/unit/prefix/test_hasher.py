@@ -126,3 +126,45 @@ def test_a_lone_surrogate_in_a_hashed_chunk_raises_the_codec_error(native: bool,
     with pytest.raises(UnicodeEncodeError, match="surrogates not allowed"):
         hasher.hashes(text, SEED)
     assert hasher.hashes(text[:2], SEED) == []  # a trailing partial chunk is never encoded
+
+
+def test_a_native_loop_that_disagrees_with_xxhash_is_not_used(caplog: pytest.LogCaptureFixture) -> None:
+    """A C loop linked against an XXH3 of another output (libxxhash before 0.8.0) would key
+    every chunk differently from the replicas on the Python path: the import-time self-test
+    refuses it and the hasher falls back to the Python loop."""
+    from epp.prefix import hasher
+
+    def older_xxh3(text: str, block: int, seed: int, start: int, max_chunks: int) -> list[int]:
+        return [h ^ 1 for h in hasher._python_chain(text, block, seed, start, max_chunks)]
+
+    def broken(text: str, block: int, seed: int, start: int, max_chunks: int) -> list[int]:
+        raise SystemError("bad build")
+
+    with caplog.at_level("WARNING", logger="epp.prefix.hasher"):
+        assert hasher.checked_native(older_xxh3) is None
+        assert hasher.checked_native(broken) is None
+    assert "disagrees" in caplog.text and "self-test" in caplog.text
+    assert hasher.checked_native(hasher._python_chain) is hasher._python_chain
+    if NATIVE:  # the loop built here passed it
+        assert hasher._native is not None and hasher.checked_native(hasher._native) is not None
+
+
+def test_an_import_with_a_disagreeing_native_loop_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+    import sys
+    import types
+
+    from epp.prefix import hasher
+
+    fake = types.ModuleType("epp.prefix._chainhash")
+    fake.chain_hashes = lambda text, block, seed, start, cap: [0] * ((len(text) - start) // block)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "epp.prefix._chainhash", fake)
+    monkeypatch.delenv("EPP_PURE_PYTHON", raising=False)
+    try:
+        reloaded = importlib.reload(hasher)
+        assert reloaded.NATIVE is False
+        text = "x" * 640
+        assert reloaded.ChunkHasher().hashes(text, 5) == reloaded.ChunkHasher(native=False).hashes(text, 5)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(hasher)

@@ -272,3 +272,75 @@ def test_lookups_only_visit_endpoints_that_recorded_the_chain_root() -> None:
     idx.remove_endpoint(B)
     assert idx.match(chain(2, 10), {A, B}, now_s=2.0) == {}
     assert idx.sweep(now_s=2.0) == 0 and idx.match(chain(3, 20), {A}, now_s=2.0) == {A: 20}
+
+
+def test_an_uninitialised_native_store_raises_instead_of_crashing() -> None:
+    """``LruChunks.__new__(LruChunks)`` has no table until ``__init__``: every method must
+    raise, not read a NULL table (run in a child process: a crash would end pytest)."""
+    import subprocess
+    import sys
+
+    if not lru.NATIVE:
+        pytest.skip("native LRU extension not built on this machine")
+    probe = (
+        "from epp.prefix._lru import LruChunks\n"
+        "calls = [lambda s: s.get(1), lambda s: s.record([1, 2], 1.0), lambda s: s.held([1], 0.0),\n"
+        "         lambda s: s.sweep(1.0), lambda s: s.evict_oldest(1), lambda s: s.set_capacity(4),\n"
+        "         lambda s: s.oldest_stamp(), lambda s: s.items()]\n"
+        "for call in calls:\n"
+        "    s = LruChunks.__new__(LruChunks)\n"
+        "    try:\n"
+        "        call(s)\n"
+        "    except RuntimeError as exc:\n"
+        "        assert 'not initialised' in str(exc), exc\n"
+        "    else:\n"
+        "        raise SystemExit('no error')\n"
+        "s = LruChunks.__new__(LruChunks)\n"
+        "assert len(s) == 0 and s.nbytes > 0\n"
+        "s.__init__(8)\n"
+        "s.record([1, 2], 1.0)\n"
+        "assert s.get(1) == 1.0\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr)
+
+
+def test_sweep_and_items_take_a_slice() -> None:
+    """What the index's incremental passes use: a sweep of at most ``limit`` entries and the
+    entries from a position on, oldest first, in both stores."""
+    for native in (False, True):
+        if native and not lru.NATIVE:
+            continue
+        s = lru.store_factory(native)(100)
+        for i in range(10):
+            s.record([i], float(i))
+        assert s.items(3, 2) == [(3, 3.0), (4, 4.0)]
+        assert s.items(8) == [(8, 8.0), (9, 9.0)] and s.items(20, 5) == []
+        assert s.items(7, 2) == [(7, 7.0), (8, 8.0)]  # walked from the young end
+        assert s.sweep(6.0, 4) == 4 and len(s) == 6
+        assert s.sweep(6.0) == 2 and s.items(0, 1) == [(6, 6.0)]
+
+
+def test_the_passes_over_the_index_run_in_bounded_slices() -> None:
+    """A sweep, a removed endpoint's entries and a snapshot export each go ~1k entries a
+    step, the lock taken per step: the loop serves requests between them (issue 70, item 12)."""
+    from epp.prefix.index import SLICE_ITEMS
+
+    idx = PrefixIndex(capacity_chunks=100_000, max_entries=1_000_000, ttl_s=10.0)
+    for i in range(200):
+        idx.record(A, chain(i, 50), now_s=float(i) / 100)  # 10,000 entries
+        idx.record(B, chain(i, 50), now_s=100.0)
+    whole = idx.export_endpoint(A)
+    parts = list(idx.export_slices(A))
+    assert len(parts) >= 10_000 // SLICE_ITEMS
+    assert max(sum(len(w.hashes) for w in p.writes) for p in parts) <= SLICE_ITEMS
+    assert [h for p in parts for w in p.writes for h in w.hashes] == [
+        h for w in whole.writes for h in w.hashes]  # fmt: skip
+    assert sorted(r for p in parts for r in p.roots) == sorted(whole.roots)
+    steps = list(idx.sweep_steps(now_s=50.0))
+    assert max(steps) <= SLICE_ITEMS and sum(steps) == 10_000 and len(idx) == 10_000
+    assert idx.remove_endpoint(B) == 10_000 and len(idx) == 0
+    freeing = list(idx.sweep_steps(now_s=50.0))
+    assert len(freeing) >= 10_000 // SLICE_ITEMS and not idx._retired

@@ -126,3 +126,45 @@ def test_only_a_successful_stored_object_is_noted(status: int, body: dict[str, o
     r = ResponseReader(status, sse=False)
     r.feed(json.dumps(body).encode(), True)
     assert r.stored_ids == expected
+
+
+def test_json_over_the_limit_with_a_rewrite_is_let_go_rewritten_in_place() -> None:
+    """A rewritten model used to make the reader hold the whole JSON body whatever its size
+    (10 MiB held against a 1 MiB limit): past the limit it is forwarded as it comes, its
+    model mapped back in place (issue 70, item 7)."""
+    from epp.requestcontrol.response import BodyBudget, ResponseLimits
+
+    body = b'{"id":"x","model":"served","choices":[{"text":"' + b"t" * 10_000 + b'"}]}'
+    budget = BodyBudget(1 << 20)
+    r = ResponseReader(200, sse=False, served_model="served", client_model="alias",
+                       limits=ResponseLimits(json_bytes=1000), budget=budget)  # fmt: skip
+    out = b""
+    most = 0
+    for i in range(0, len(body), 300):
+        out += r.feed(body[i : i + 300], i + 300 >= len(body))
+        most = max(most, budget.used)
+    assert most <= 1000 and budget.used == 0
+    assert out == body.replace(b'"model":"served"', b'"model":"alias"')
+    # Envoy's BUFFERED mode: the whole body in one message
+    r = ResponseReader(200, sse=False, served_model="served", client_model="alias",
+                       limits=ResponseLimits(json_bytes=1000), budget=budget)  # fmt: skip
+    assert json.loads(r.feed(body, True))["model"] == "alias" and budget.used == 0
+
+
+def test_responses_share_one_byte_budget() -> None:
+    """Many responses held at once are bounded together, not each on its own: past the
+    shared budget a response is forwarded unread."""
+    from epp.requestcontrol.response import BodyBudget, ResponseLimits
+
+    budget = BodyBudget(10_000)
+    limits = ResponseLimits(json_bytes=4_000, sse_line_bytes=4_000)
+    readers = [ResponseReader(200, sse=i % 2 == 0, limits=limits, budget=budget) for i in range(10)]
+    part = b"data: " + b"x" * 2_994  # an unfinished SSE line / a JSON head of 3,000 bytes
+    for r in readers:
+        assert r.feed(part, False) in (b"", part)
+        assert budget.used <= budget.max_bytes
+    assert budget.used == 9_000  # three held, the others passed through unread
+    for r in readers:
+        r.feed(b"\n", True)
+        r.release()
+    assert budget.used == 0

@@ -52,18 +52,24 @@ def _endpoint(eid: EndpointId) -> Endpoint:
     return Endpoint(eid, host, int(port), metrics=Metrics(kv_usage=0.1, scraped_at_s=1.0))
 
 
-def test_the_scorer_adds_the_peers_prefill_to_its_own() -> None:
+def test_the_ledger_adds_the_peers_prefill_to_its_own() -> None:
+    from epp.datastore.prefill import PrefillLedger
+
+    ledger = PrefillLedger()
+    assert isinstance(ledger, SharedPrefill)
     scorer = PredictedTtftScorer("ttft", PredictedTtftParams())
-    assert isinstance(scorer, SharedPrefill)
     pool = [_endpoint(A), _endpoint(B)]
     state = CycleState(InferenceRequest("r", "m", "x" * 4000), 1.0, random.Random(0))
     state.prefix = PrefixMatch([], {})
+    state.prefill = ledger  # what every plugin reads
     alone = scorer.score(state, pool)
     assert alone[0] == alone[1]  # equal endpoints
     peers = PeerPrefill()
-    scorer.use_peer_prefill(peers.tokens)
+    ledger.use_peer_prefill(peers.tokens)
     peers.update("p1", [(A, 20_000.0)], 0.0)  # another replica queued 20k tokens on A
     assert scorer.features(state, pool[0])[2] == 20_000.0
     scored = scorer.score(state, pool)
     assert scored[0] < scored[1] == 1.0
-    assert scorer.prefill_in_flight() == {}  # its own is what it publishes, not the sum
+    assert ledger.prefill_in_flight() == {}  # its own is what it publishes, not the sum
+    ledger.sent(B, 400.0)
+    assert ledger.prefill_in_flight() == {B: 100.0}  # tokens on the wire, 4 characters each

@@ -19,7 +19,7 @@ def fill(box: Outbox, n: int, start: int = 0) -> None:
 def test_a_new_reader_starts_at_the_newest_write() -> None:
     box = Outbox(capacity_records=8)
     fill(box, 3)
-    cursor = box.head
+    cursor = box.attach()
     assert box.read(cursor, 10).writes == []
     fill(box, 2, start=3)
     read = box.read(cursor, 10)
@@ -29,7 +29,7 @@ def test_a_new_reader_starts_at_the_newest_write() -> None:
 
 def test_a_slow_reader_loses_the_oldest_writes_and_is_told_how_many() -> None:
     box = Outbox(capacity_records=4)
-    fast = slow = box.head
+    fast = slow = box.attach()
     fill(box, 3)
     fast = box.read(fast, 10).next_cursor
     fill(box, 7, start=3)  # 10 writes in all, the ring holds the last 4
@@ -43,7 +43,7 @@ def test_a_slow_reader_loses_the_oldest_writes_and_is_told_how_many() -> None:
 
 def test_reads_are_split_by_records_and_by_chunks() -> None:
     box = Outbox(capacity_records=16)
-    cursor = box.head
+    cursor = box.attach()
     for i in range(6):
         box.append(E, list(range(10)), float(i))
     assert len(box.read(cursor, 4).writes) == 4
@@ -55,6 +55,7 @@ def test_reads_are_split_by_records_and_by_chunks() -> None:
 def test_a_full_batch_wakes_the_readers() -> None:
     wakes: list[int] = []
     box = Outbox(capacity_records=64, batch_records=4, wakeup=lambda: wakes.append(box.head))
+    box.attach()
     fill(box, 9)
     assert wakes == [4, 8]
 
@@ -62,7 +63,7 @@ def test_a_full_batch_wakes_the_readers() -> None:
 def test_append_keeps_a_reference_not_a_copy() -> None:
     box = Outbox()
     hashes = [1, 2, 3]
-    cursor = box.head
+    cursor = box.attach()
     box.append(E, hashes, 1.0)
     assert box.read(cursor, 1).writes[0].hashes is hashes
 
@@ -74,8 +75,8 @@ def test_append_keeps_a_reference_not_a_copy() -> None:
 def test_every_write_is_either_delivered_in_order_or_counted_as_dropped(
     capacity: int, steps: list[int]
 ) -> None:
-    box = Outbox(capacity_records=capacity)
-    cursor = box.head
+    box = Outbox(capacity_records=capacity, capacity_chunks=max(1, capacity // 2))
+    cursor = box.attach()
     got: list[float] = []
     dropped = 0
     n = 0
@@ -110,3 +111,40 @@ def test_the_item_ring_keeps_the_newest_and_counts_what_a_reader_missed() -> Non
     rest = box.read(read.next_cursor, 3)
     assert rest.dropped == 0 and rest.items == [("o9", 9.0)] and rest.next_cursor == box.head
     assert box.read(box.head, 3).items == []
+
+
+def test_with_no_subscriber_nothing_is_held() -> None:
+    """A replica with sync on and no peer subscribed yet kept the last 8,192 chains whole
+    (issue 70, item 11): now it counts its writes and holds none; the last subscriber to
+    leave lets go of what it had not read."""
+    box = Outbox(capacity_records=8192)
+    for i in range(100):
+        box.append(E, list(range(4_000)), float(i))
+    assert box.published == 100 and box.chunks == 0
+    cursor = box.attach()
+    fill(box, 3, start=100)
+    assert box.chunks == 3 and len(box.read(cursor, 10).writes) == 3
+    box.detach()
+    assert box.chunks == 0 and box.readers == 0
+
+
+def test_the_ring_is_bounded_in_chain_hashes_not_only_in_writes() -> None:
+    """8,192 writes of a 270 KB prompt's chain (~4,200 hashes each) pinned ~1.5 GB: the
+    ring now also holds at most ``capacity_chunks`` hashes, the oldest writes going first,
+    and a slow reader is told what it lost."""
+    import sys
+
+    box = Outbox(capacity_records=8192, capacity_chunks=100_000)
+    cursor = box.attach()
+    chain = 4_200
+    for i in range(500):
+        box.append(E, list(range(i, i + chain)), float(i))
+        assert box.chunks <= 100_000
+    held = box.chunks
+    assert held > 100_000 - chain
+    read = box.read(cursor, 8192, max_chunks=1 << 62)
+    assert read.dropped == 500 - len(read.writes) and len(read.writes) == held // chain
+    assert sum(sys.getsizeof(w.hashes) for w in read.writes) < 8 * 100_000 + 64 * len(read.writes)
+    big = list(range(300_000))  # one write larger than the bound keeps its leading chunks
+    box.append(E, big, 600.0)
+    assert box.chunks == 100_000

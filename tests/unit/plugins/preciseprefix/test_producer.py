@@ -248,7 +248,7 @@ def test_a_pick_sticks_speculatively_until_confirmed_or_lapsed() -> None:
     p.post_pick(state, PickResult((target,), state))
     assert dict(prepare(p, [1, 2], now=2.0).prefix.matched) == {A: 2}
     p.apply(A, batch(1, stored(1)), 2.5)
-    p.sweep(3.0)
+    sum(p.sweep_steps(3.0))
     assert dict(prepare(p, [1, 2], now=3.5).prefix.matched) == {A: 1}
 
 
@@ -384,3 +384,27 @@ def test_cached_tokens_reported_by_the_server_confirm_blocks_events_missed() -> 
     result = PickResult((Endpoint(A, "10.0.0.1", 8000),), state)
     p.post_response(state, result, ResponseInfo(200, 64, 48, 1))  # 48 cached tokens: 3 blocks
     assert p.index.match([1, 2, 3, 4], [A], 1e9) == {A: 3}  # confirmed, not speculative
+
+
+def test_clearing_a_large_endpoint_is_instant_and_finished_in_bounded_sweep_steps() -> None:
+    """Clearing 50k entries held the index (and the loop) for the whole walk (137 ms for
+    500k): now ``clear`` detaches them at once and ``sweep_steps`` unsets them ~1k keys a
+    step; matches never see them meanwhile, and the slot is reused only once clean
+    (issue 70, item 12)."""
+    from epp.prefix.kvindex import SLICE_ITEMS
+
+    idx = KvBlockIndex(max_entries=120_000)
+    keys = list(range(50_000))
+    idx.store(A, keys)
+    idx.store(B, keys[:10])
+    assert idx.clear(A) == 50_000
+    assert idx.entries == 10 and idx.detached_entries == 50_000
+    assert idx.match(keys[:20], [A, B], 0.0) == {B: 10}
+    assert idx.store(C, range(100_000, 200_000)) == 100_000 - (120_000 - 10 - 50_000)  # counted
+    steps = list(idx.sweep_steps(0.0))
+    assert len(steps) >= 50_000 // SLICE_ITEMS and idx.detached_entries == 0
+    assert idx.store(A, keys[:5]) == 0  # back, on a clean slot
+    assert idx.match(keys[:20], [A, B, C], 0.0) == {A: 5, B: 10}
+    idx.speculate(B, list(range(300_000, 305_000)), deadline_s=1.0)
+    spec = list(idx.sweep_steps(2.0))
+    assert sum(spec) == 5_000 and max(spec) <= SLICE_ITEMS and len(spec) >= 5
