@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
 from epp.datastore.store import Datastore
 from epp.errors import Overloaded
+from epp.extproc.stream import Held  # what the ext_proc stream hands the Director
 from epp.flowcontrol.controller import FlowControlConfig
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 from epp.framework.request import InferenceRequest
@@ -40,14 +40,6 @@ class ThreadRecordingKeyer:
         with self.lock:
             self.threads.append(threading.current_thread().name)
         return BlockKeys([1, 2, 3], 16, 48)
-
-
-@dataclass
-class Held:  # what the ext_proc stream hands the Director (``epp.extproc.stream.Held``)
-    request: InferenceRequest
-    size_bytes: int
-    headers: dict[str, str]
-    prepared: dict[str, object] = field(default_factory=dict)
 
 
 async def test_thousands_queued_are_each_keyed_once_off_the_loop_and_refused_ones_never() -> None:
