@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.interfaces import PluginContext
-from epp.framework.request import InferenceRequest
+from epp.framework.request import ApiKind, InferenceRequest
 from epp.framework.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 from epp.plugins.preciseprefix.events import EventBatch, Kind
 from epp.plugins.preciseprefix.keyer import BlockKeyer, TokenizingKeyer
@@ -127,6 +127,8 @@ class PrecisePrefixProducer:
     def prepare_request(self, request: InferenceRequest) -> None:
         """Tokenize and key the request (a worker thread, before scheduling: see
         ``RequestPreparer``); ``prepare`` picks the result up."""
+        if request.api is ApiKind.AUXILIARY:  # routed by load: nothing to key
+            return
         keyed = self.keyer.keys(request)
         with self._prepared_lock:
             prepared = self._prepared
@@ -136,6 +138,8 @@ class PrecisePrefixProducer:
 
     def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
         request = state.request
+        if request.api is ApiKind.AUXILIARY:
+            return
         with self._prepared_lock:
             entry = self._prepared.pop(id(request), None)
         prepared = entry is not None and entry[0] is request

@@ -1,0 +1,243 @@
+"""Anthropic Messages (``POST /v1/messages``) flattened for prefix hashing, in the order the
+model server renders it.
+
+vLLM 0.32 serves Messages by converting the request to a chat completion
+(``vllm/entrypoints/anthropic/serving.py``, ``to_chat_completion_request``) and rendering that
+with the model's chat template; this module writes the key of the converted request in the
+vocabulary of :mod:`epp.request.flatten`, so a Messages conversation and its chat twin key
+alike:
+
+* ``system`` (a string, or text blocks joined with nothing between them) is the leading
+  ``<|system|>`` message; text blocks that start with ``x-anthropic-billing-header`` are
+  dropped, as vLLM drops them (Claude Code puts a per-request hash there that would otherwise
+  make every request's prefix unique);
+* ``tools`` follow it (``<|tools|>`` and their JSON), then the messages;
+* a message is ``<|role|>`` and its blocks: ``text`` as is; ``image`` (base64 or URL source) as
+  the media key of the data URL vLLM builds from it; ``document`` as the media key of its
+  source; ``thinking`` as ``[think]...[/think]`` before the text (vLLM hands it to the
+  template as the message's reasoning); ``tool_use`` as ``[call name(input)]`` after the
+  text; ``redacted_thinking`` and ``tool_reference`` as nothing;
+* a ``tool_result`` block in a user message becomes a ``<|tool|>[result id]`` message of its
+  own, written before the rest of that user message (vLLM emits the tool messages first),
+  with its images after it as a user message; in an assistant message it is the text
+  ``Tool result: ...``.
+
+Each block is validated as vLLM's ``AnthropicMessagesRequest`` would validate it (the field is
+named in the 400), except that ``document`` blocks and tools of a server ``type`` are accepted
+(other servers take them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from epp.errors import BadRequest
+from epp.request.flatten import media_digest, media_key, tools_text, url_digest
+
+BILLING_HEADER = "x-anthropic-billing-header"
+_ROLES = ("user", "assistant", "system")
+
+
+def messages_prompt(doc: Mapping[str, Any]) -> str:
+    """The key text of a Messages request body (``system``, ``tools``, ``messages``)."""
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    out: list[str] = []
+    system = doc.get("system")
+    if system is not None:
+        text = _system_text(system, "system")
+        if text:
+            out.append("<|system|>")
+            out.append(text)
+    tools = doc.get("tools")
+    if tools is not None:
+        out.append(tools_text(tools, "tools", _check_tool))
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise BadRequest(f"'messages[{i}]' must be an object")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise BadRequest(f"'messages[{i}].role' must be one of user, assistant, system")
+        content = message.get("content")
+        where = f"messages[{i}].content"
+        if isinstance(content, str):
+            if role != "system" or not content.startswith(BILLING_HEADER):
+                out.append(f"<|{role}|>")
+                out.append(content)
+        elif not isinstance(content, list):
+            raise BadRequest(f"'{where}' must be a string or a list of content blocks")
+        elif role == "system":
+            text = _system_text(content, where)
+            if text:
+                out.append("<|system|>")
+                out.append(text)
+        else:
+            _blocks(role, content, where, out)
+    return "".join(out)
+
+
+def _system_text(system: Any, where: str) -> str:
+    if isinstance(system, str):
+        return system
+    if not isinstance(system, list):
+        raise BadRequest(f"'{where}' must be a string or a list of text blocks")
+    parts = []
+    for j, block in enumerate(system):
+        kind = _block_type(block, f"{where}[{j}]")
+        if kind == "text":
+            text = _text(block, f"{where}[{j}]")
+            if text and not text.startswith(BILLING_HEADER):
+                parts.append(text)
+        elif kind in ("tool_addition", "tool_removal"):
+            parts.append(f"[{kind} {_dumps(block.get('tool'))}]")
+    return "".join(parts)
+
+
+def _blocks(role: str, blocks: list[Any], where: str, out: list[str]) -> None:
+    """One user or assistant message of content blocks, as vLLM converts it."""
+    content: list[str] = []
+    calls: list[str] = []
+    thinking: list[str] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}[{j}]"
+        kind = _block_type(block, at)
+        if kind == "text":
+            text = _text(block, at)
+            if text:
+                content.append(text)
+        elif kind in ("image", "document"):
+            content.append(_media(kind, block, at))
+        elif kind == "thinking":
+            text = block.get("thinking")
+            if text is not None and not isinstance(text, str):
+                raise BadRequest(f"'{at}.thinking' must be a string")
+            thinking.append(text or "")
+        elif kind == "tool_use":
+            calls.append(_tool_use(block, at))
+        elif kind == "tool_result":
+            if role == "user":
+                _tool_result(block, at, out)
+            else:
+                content.append(f"Tool result: {_result_text(block, at)}")
+        elif kind in ("tool_addition", "tool_removal"):
+            raise BadRequest(f"'{at}': {kind} blocks are only allowed in system messages")
+        # redacted_thinking, tool_reference: vLLM renders nothing for them
+    if not content and role == "user":
+        return  # only tool results: vLLM sends no empty user message
+    out.append(f"<|{role}|>")
+    if thinking:
+        out.append("[think]" + "".join(thinking) + "[/think]")
+    out.extend(content)
+    out.extend(calls)
+
+
+def _media(kind: str, block: Mapping[str, Any], at: str) -> str:
+    if kind == "image":
+        return media_key("image_url", _image_digest(block.get("source"), at))
+    digest = media_digest(block.get("source"))
+    if digest is None:
+        raise BadRequest(f"'{at}.source' must be an object with its data or url")
+    return media_key("document", digest)
+
+
+def _tool_use(block: Mapping[str, Any], at: str) -> str:
+    name = block.get("name")
+    if not isinstance(name, str):
+        raise BadRequest(f"'{at}.name' must be a string")
+    args = block.get("input")
+    if args is not None and not isinstance(args, Mapping):
+        raise BadRequest(f"'{at}.input' must be an object")
+    return f"[call {name}({_dumps(args or {})})]"
+
+
+def _tool_result(block: Mapping[str, Any], at: str, out: list[str]) -> None:
+    tool_use_id = block.get("tool_use_id")
+    if not isinstance(tool_use_id, str):
+        raise BadRequest(f"'{at}.tool_use_id' must be a string")
+    out.append(f"<|tool|>[result {tool_use_id}]")
+    body = block.get("content")
+    images: list[str] = []
+    if isinstance(body, str):
+        out.append(body)
+    elif isinstance(body, list):
+        texts = []
+        for k, item in enumerate(body):
+            kind = _block_type(item, f"{at}.content[{k}]")
+            if kind == "text":
+                texts.append(_text(item, f"{at}.content[{k}]"))
+            elif kind == "image":
+                images.append(media_key("image_url", _image_digest(item.get("source"), f"{at}.content[{k}]")))
+        out.append("\n".join(texts))
+    elif body is not None:
+        raise BadRequest(f"'{at}.content' must be a string or a list of blocks")
+    if images:
+        out.append("<|user|>")
+        out.extend(images)
+
+
+def _result_text(block: Mapping[str, Any], at: str) -> str:
+    body = block.get("content")
+    if body is None or isinstance(body, str):
+        return body or ""
+    if not isinstance(body, list):
+        raise BadRequest(f"'{at}.content' must be a string or a list of blocks")
+    return _dumps(body)
+
+
+def _image_digest(source: Any, at: str) -> str:
+    """The digest of the URL vLLM makes of an image source (``url``, else a base64 data
+    URL), hashed in place (the data is not copied)."""
+    if not isinstance(source, Mapping):
+        raise BadRequest(f"'{at}.source' must be an object")
+    if source.get("type") == "url":
+        url = source.get("url")
+        if not isinstance(url, str):
+            raise BadRequest(f"'{at}.source.url' must be a string")
+        return url_digest(url)
+    if source.get("type") == "file":
+        digest = media_digest(source)
+        if digest is None:
+            raise BadRequest(f"'{at}.source.file_id' must be a string")
+        return digest
+    data = source.get("data")
+    media_type = source.get("media_type", "image/jpeg")
+    if not isinstance(data, str) or not isinstance(media_type, str):
+        raise BadRequest(f"'{at}.source' must hold 'data' (base64) and 'media_type' strings")
+    return url_digest("data:", media_type, ";base64,", data)
+
+
+def _check_tool(tool: Mapping[str, Any], where: str) -> None:
+    if not isinstance(tool.get("name"), str):
+        raise BadRequest(f"'{where}.name' must be a string")
+    if tool.get("type", "custom") == "custom" and not isinstance(tool.get("input_schema"), Mapping):
+        raise BadRequest(f"'{where}.input_schema' must be an object")
+
+
+def _block_type(block: Any, at: str) -> str:
+    if not isinstance(block, Mapping):
+        raise BadRequest(f"'{at}' must be an object")
+    kind = block.get("type")
+    if not isinstance(kind, str):
+        raise BadRequest(f"'{at}.type' must be a string")
+    return kind
+
+
+def _text(block: Mapping[str, Any], at: str) -> str:
+    text = block.get("text")
+    if text is None:
+        return ""  # vLLM skips a text block without text
+    if not isinstance(text, str):
+        raise BadRequest(f"'{at}.text' must be a string")
+    return text
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # an integer beyond 64 bits (a body read exactly)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
