@@ -6,7 +6,8 @@
   plain JSON body or in an SSE stream (the chunk with ``stream_options.include_usage``); in
   Anthropic Messages replies, ``input_tokens`` + ``cache_read_input_tokens`` +
   ``cache_creation_input_tokens`` are the prompt and ``cache_read_input_tokens`` the cached
-  part (JSON, or a stream's ``message_start`` and ``message_delta`` events),
+  part (JSON, or a stream's ``message_start`` and ``message_delta`` events); SGLang's
+  ``/generate`` puts them in ``meta_info``,
 - keeps the generated text (capped) so the scheduler can record the next conversation turn,
 - notes the ids of objects the server stored (``stored_ids``): a Responses-API response
   (JSON, or the ``response`` object of its SSE events: ``response.created`` first) unless it
@@ -270,7 +271,10 @@ class ResponseReader:
             return
         choices = doc.get("choices")
         if choices is None:
-            self._take_anthropic_text(doc)
+            if "meta_info" in doc:
+                self._take_sglang(doc)
+            else:
+                self._take_anthropic_text(doc)
             return
         if not isinstance(choices, list) or not choices:
             return
@@ -301,6 +305,20 @@ class ResponseReader:
             message = doc.get("message")
             if isinstance(message, dict):
                 self._take_usage(message.get("usage"))
+
+    def _take_sglang(self, doc: dict[str, Any]) -> None:
+        """SGLang's ``/generate``: usage in ``meta_info``; ``text`` is the whole text so far
+        (a stream repeats it, growing: SGLang's default), so the last one is kept."""
+        meta = doc.get("meta_info")
+        if isinstance(meta, dict) and "prompt_tokens" in meta:
+            self._take_usage({"prompt_tokens": meta.get("prompt_tokens"),
+                              "completion_tokens": meta.get("completion_tokens"),
+                              "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens")}})  # fmt: skip
+        text = doc.get("text")
+        if isinstance(text, str):
+            self._text.clear()
+            self._text_len = 0
+            self._keep(text)
 
     def _keep(self, text: Any) -> None:
         if isinstance(text, str) and text and self._text_len < MAX_GENERATED_CHARS:
