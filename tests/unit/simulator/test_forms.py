@@ -93,3 +93,23 @@ def test_bad_api_rows_name_the_problem(tmp_path: Path, row: dict[str, object], w
     path.write_text(json.dumps({"timestamp": 0, "output_length": 1, **row}) + "\n")
     with pytest.raises(ValueError, match=words):
         RequestLog.load(path)
+
+
+def test_an_agent_log_in_messages_form_replays_with_its_turns_cached(tmp_path: Path) -> None:
+    """A session's Messages requests kept as a log: the replay keys them as epp does and
+    its engines find each turn's predecessor cached."""
+    from simulator.replay.policies import policy_factory
+    from simulator.replay.replayer import ReplayConfig, Replayer
+    from simulator.replay.report import summarize
+
+    rows = []
+    for i, r in enumerate(agent_requests()):
+        _, body = request_as(r, ApiKind.MESSAGES, {})
+        rows.append({"timestamp": i * 30.0, "output_length": 4, "api": "messages", "session": "a", **body})
+    path = tmp_path / "agent.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = RequestLog.load(path)
+    assert {r.api for r in log.requests()} == {ApiKind.MESSAGES}
+    name, factory = policy_factory("epp")
+    s = summarize(Replayer(ReplayConfig(replicas=2, kv_blocks=2048)).run(log, factory, name))
+    assert s.requests == 4 and s.hit_rate > 0.5
