@@ -175,11 +175,13 @@ def figures(run: Run) -> dict[str, float]:
         "client_ttft_p90": ttft[int(0.9 * (len(ttft) - 1))] if ttft else 0.0,
         "home": sum(t.record.upstream == home.get(t.session) for t in later) / max(1, len(later)),
         "spread": max(Counter(home.values()).values()) / max(1, len(home)),
+        "prompt_max": max((r.prompt_tokens for r in ok), default=0),
     }  # fmt: skip
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    w = Workload(sessions=args.sessions, turns=args.turns, concurrency=args.concurrency, max_tokens=args.max_tokens)
+    w = Workload(sessions=args.sessions, turns=args.turns, concurrency=args.concurrency, max_tokens=args.max_tokens,
+                 tool_output_chars=args.tool_output_chars)
     base = StackOptions(replicas=2, engine="vllm", vllm_tools=True, vllm_kv_cache_bytes=args.kv_mib << 20,
                         vllm_stream_interval=8, fair=True, model=MODEL, ready_timeout_s=600)  # fmt: skip
     print(f"# {w.sessions} agent sessions ({w.concurrency} at a time) x {w.turns} turns in Anthropic Messages form, "
@@ -198,7 +200,8 @@ async def main_async(args: argparse.Namespace) -> int:
                       f"(count_tokens {got['count_tokens'] - got['count_errors']:.0f} of {got['count_tokens']:.0f}), "
                       f"vLLM hit {got['hit']:.1%}, server TTFT mean {got['server_ttft_mean'] * 1e3:.0f} ms / "
                       f"p90 {got['server_ttft_p90'] * 1e3:.0f} ms, client TTFT p50 {got['client_ttft_p50'] * 1e3:.0f} ms, "
-                      f"later turns home {got['home']:.0%}, busiest server has {got['spread']:.0%} of the sessions",
+                      f"later turns home {got['home']:.0%}, busiest server has {got['spread']:.0%} of the sessions, "
+                      f"longest prompt {got['prompt_max']:,.0f} tokens",
                       flush=True)  # fmt: skip
     finally:
         await servers.stop()
@@ -232,6 +235,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4, help="sessions running at once")
     ap.add_argument("--max-tokens", type=int, default=24, help="tokens a turn's reply may have")
     ap.add_argument("--kv-mib", type=int, default=16, help="KV cache per server, MiB (1 KiB a token)")
+    ap.add_argument("--tool-output-chars", type=int, default=Workload.tool_output_chars,
+                    help="characters of tool output a turn adds")
     args = ap.parse_args()
     if min(args.rounds, args.sessions, args.turns, args.concurrency, args.max_tokens, args.kv_mib) < 1:
         ap.error("every count must be at least 1")
