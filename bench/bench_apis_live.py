@@ -8,16 +8,18 @@ renders the tools after the system prompt, vLLM's deepseek_v3 tool parser), real
 same ext_proc hop). Every run starts from empty prefix caches on the same two servers; with
 ``--rounds N`` each policy runs N times, in turn.
 
-The workload: ``--sessions`` agent sessions over one system prompt and one tool set (6,000 +
-10,000 characters, about 3,600 tokens), ``--concurrency`` of them at a time. A session opens
-with ``count_tokens``, then ``--turns`` streamed ``/v1/messages`` calls, each the previous
-one plus the model's reply, a ``tool_use`` block and its ``tool_result`` (1,200 characters of
-tool output): the conversation grows turn by turn as Claude Code's does. Figures:
+The workload: ``--sessions`` agent sessions over one system prompt and one tool set (4,000 +
+6,000 characters, ~1,700 tokens), ``--concurrency`` of them at a time. A session opens with
+``count_tokens``, then ``--turns`` streamed ``/v1/messages`` calls, each the previous one plus
+the model's reply, a ``tool_use`` block and its ``tool_result`` (2,400 characters of tool
+output): the conversation grows turn by turn, to ~6,000 tokens (the tiny model's context is
+8,192), as Claude Code's does to 100k. Policies: epp's default profile, its ``agentic``
+profile (the default plus token load), random. Figures:
 ``vllm:prefix_cache_hits / queries`` over both servers, ``vllm:time_to_first_token_seconds``
 (mean and p90 from the histogram), the client's TTFT to the first text delta, and the share
 of each session's later turns that reached its first turn's server.
 
-Run: ./run bench apis_live [--record] [--rounds 2] [--sessions 8] [--turns 6] [--kv-mib 16]
+Run: ./run bench apis_live [--record] [--rounds 2] [--sessions 8] [--turns 8] [--kv-mib 32]
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ from simulator.stack.report import (  # noqa: E402
 from simulator.stack.stack import ModelServers, StackOptions, start_servers, start_stack  # noqa: E402
 
 MODEL = "tiny"
-POLICIES = {"epp": "epp", "random": "random"}
+POLICIES = {"epp": ("epp", ""), "epp agentic": ("epp", "agentic"), "random": ("random", "")}
+"""label: (the stack's policy, epp's config: '' = the default profile)."""
 WORDS = ("the", "file", "function", "return", "value", "error", "test", "import", "class", "module",
          "parser", "request", "config", "path", "string", "list", "index", "cache", "server", "client",
          "update", "check", "result", "line", "call", "type", "field", "name", "data", "object")  # fmt: skip
@@ -70,12 +73,12 @@ def words(rng: random.Random, chars: int) -> str:
 @dataclass(slots=True, frozen=True)
 class Workload:
     sessions: int = 8
-    turns: int = 6
+    turns: int = 8
     concurrency: int = 4
-    system_chars: int = 6000
-    tools_chars: int = 10_000
+    system_chars: int = 4000
+    tools_chars: int = 6000
     task_chars: int = 400
-    tool_output_chars: int = 1200
+    tool_output_chars: int = 2400
     max_tokens: int = 24
     seed: int = 0
 
@@ -132,10 +135,10 @@ async def session(http: aiohttp.ClientSession, url: str, w: Workload, s: int, ru
                         {"type": "tool_result", "tool_use_id": call, "content": words(rng, w.tool_output_chars)}]}]  # fmt: skip
 
 
-async def run_policy(policy: str, servers: ModelServers, base: StackOptions, w: Workload) -> Run:
+async def run_policy(policy: tuple[str, str], servers: ModelServers, base: StackOptions, w: Workload) -> Run:
     await servers.reset_prefix_caches()
     before = await scrape_replicas(servers.urls)
-    options = dataclasses.replace(base, policy=policy, servers=tuple(servers.urls))
+    options = dataclasses.replace(base, policy=policy[0], config=policy[1], servers=tuple(servers.urls))
     stack = await start_stack(options)
     run = Run()
     try:
@@ -218,10 +221,15 @@ async def main_async(args: argparse.Namespace) -> int:
               f"| {m['hit']:.1%} | {m['usage_hit']:.1%} | {m['server_ttft_mean'] * 1e3:.0f} ms "
               f"| {m['server_ttft_p90'] * 1e3:.0f} ms | {m['client_ttft_p50'] * 1e3:.0f} / {m['client_ttft_p90'] * 1e3:.0f} ms "
               f"| {m['home']:.0%} |")  # fmt: skip
-    e, rnd = med["epp"], med["random"]
-    print(f"\nepp / random: prefix hit rate {e['hit']:.1%} vs {rnd['hit']:.1%}; server TTFT mean "
-          f"{e['server_ttft_mean'] / max(rnd['server_ttft_mean'], 1e-9):.2f}x, p90 "
-          f"{e['server_ttft_p90'] / max(rnd['server_ttft_p90'], 1e-9):.2f}x (medians over the runs)")  # fmt: skip
+    rnd = med["random"]
+    for label in POLICIES:
+        if label == "random":
+            continue
+        e = med[label]
+        print(f"\n{label} / random: prefix hit rate {e['hit']:.1%} vs {rnd['hit']:.1%}; server TTFT mean "
+              f"{e['server_ttft_mean'] / max(rnd['server_ttft_mean'], 1e-9):.2f}x, p90 "
+              f"{e['server_ttft_p90'] / max(rnd['server_ttft_p90'], 1e-9):.2f}x (medians over the runs)", end="")  # fmt: skip
+    print()
     print("hit rate = vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total over both servers; hit (usage) = "
           "the replies' cache_read_input_tokens / (input + cache reads); server TTFT: vllm:time_to_first_token_seconds.")
     return 0 if all(g["ok"] == g["requests"] for got in runs.values() for g in got) else 1
@@ -230,11 +238,11 @@ async def main_async(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--sessions", type=int, default=8)
-    ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument("--concurrency", type=int, default=4, help="sessions running at once")
+    ap.add_argument("--sessions", type=int, default=Workload.sessions)
+    ap.add_argument("--turns", type=int, default=Workload.turns)
+    ap.add_argument("--concurrency", type=int, default=Workload.concurrency, help="sessions running at once")
     ap.add_argument("--max-tokens", type=int, default=24, help="tokens a turn's reply may have")
-    ap.add_argument("--kv-mib", type=int, default=16, help="KV cache per server, MiB (1 KiB a token)")
+    ap.add_argument("--kv-mib", type=int, default=32, help="KV cache per server, MiB (1 KiB a token)")
     ap.add_argument("--tool-output-chars", type=int, default=Workload.tool_output_chars,
                     help="characters of tool output a turn adds")
     args = ap.parse_args()

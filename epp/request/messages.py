@@ -262,3 +262,105 @@ def _dumps(value: Any) -> str:
         return orjson.dumps(value).decode()
     except TypeError:  # an integer beyond 64 bits (a body read exactly)
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+# --- the chat request vLLM makes of a Messages request (precise mode renders it) -------------
+
+
+def chat_body(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The chat completion request vLLM 0.32 converts a Messages body to
+    (``AnthropicServingMessages.to_chat_completion_request``): ``messages`` (system first,
+    tool results as ``tool`` messages, tool uses as ``tool_calls``, thinking as
+    ``reasoning``), ``tools`` as function tools, ``chat_template_kwargs``; for the precise
+    producer, which renders it with the model's template. None where the rendering depends on
+    what epp cannot know (``thinking`` / ``output_config`` set a reasoning effort the server
+    resolves itself). Call it on a body :func:`messages_prompt` accepted."""
+    if doc.get("output_config") is not None or (
+        isinstance(doc.get("thinking"), dict) and doc["thinking"].get("type") == "disabled"
+    ):
+        return None
+    return chat_request(doc)
+
+
+def chat_request(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`chat_body` whatever the reasoning effort (the emulator serves Messages this way)."""
+    out: list[dict[str, Any]] = []
+    system = doc.get("system")
+    text = _system_text(system, "system") if system is not None else ""
+    if text:
+        out.append({"role": "system", "content": text})
+    for message in doc["messages"]:
+        role, content = message["role"], message["content"]
+        if role == "system":
+            text = _system_text(content, "system")
+            if text and not text.startswith(BILLING_HEADER):
+                out.append({"role": "system", "content": text})
+        elif isinstance(content, str):
+            out.append({"role": role, "content": content})
+        else:
+            _chat_blocks(role, content, out)
+    body: dict[str, Any] = {"messages": out}
+    tools = doc.get("tools")
+    if tools:
+        body["tools"] = [{"type": "function", "function": {
+            "name": t.get("name"), "description": t.get("description"),
+            "parameters": t["input_schema"] if "type" in t["input_schema"] else {**t["input_schema"], "type": "object"}, "strict": t.get("strict"), "defer_loading": t.get("defer_loading")}}
+            for t in tools]  # fmt: skip
+    if isinstance(doc.get("chat_template_kwargs"), dict):
+        body["chat_template_kwargs"] = doc["chat_template_kwargs"]
+    return body
+
+
+def _chat_blocks(role: str, blocks: list[Any], out: list[dict[str, Any]]) -> None:
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "text" and block.get("text"):
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image" and block.get("source"):
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block["source"])}})
+        elif kind == "thinking" and block.get("thinking") is not None:
+            reasoning.append(block["thinking"])
+        elif kind == "tool_use":
+            calls.append({"id": block.get("id") or "", "type": "function", "function": {
+                "name": block.get("name") or "", "arguments": json.dumps(block.get("input") or {})}})  # fmt: skip
+        elif kind == "tool_result" and role == "user":
+            _chat_tool_result(block, out)
+        elif kind == "tool_result":
+            body = block.get("content")
+            parts.append({"type": "text", "text": f"Tool result: {body if body else ''}"})
+    message: dict[str, Any] = {"role": role}
+    if reasoning:
+        message["reasoning"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    if parts:
+        only_text = len(parts) == 1 and parts[0]["type"] == "text"
+        message["content"] = parts[0]["text"] if only_text else parts
+    if role == "user" and "content" not in message:
+        return
+    out.append(message)
+
+
+def _chat_tool_result(block: Mapping[str, Any], out: list[dict[str, Any]]) -> None:
+    body = block.get("content")
+    images: list[str] = []
+    if isinstance(body, list):
+        texts = []
+        for item in body:
+            if isinstance(item, dict) and item.get("type") == "text":
+                texts.append(item.get("text", ""))
+            elif isinstance(item, dict) and item.get("type") == "image":
+                images.append(_image_url(item.get("source") or {}))
+        body = "\n".join(texts)
+    out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "", "content": body or ""})
+    if images:
+        out.append({"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in images]})
+
+
+def _image_url(source: Mapping[str, Any]) -> str:
+    if source.get("type") == "url":
+        return str(source.get("url", ""))
+    return f"data:{source.get('media_type', 'image/jpeg')};base64,{source.get('data', '')}"

@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from epp.framework.request import InferenceRequest
+from epp.framework.request import ApiKind, InferenceRequest
 from epp.plugins.preciseprefix.params import PreciseIndexConfig
 from epp.prefix.blockhash import BlockKeys, VllmBlockHasher
 from epp.prefix.keycache import PrefixKeyCache
 from epp.prefix.tokenize import TokenizerPool
+from epp.request.messages import chat_body
 
 
 class BlockKeyer(Protocol):
@@ -55,7 +56,13 @@ class TokenizingKeyer:
         if tok is None:
             return "no-tokenizer"
         t0 = time.perf_counter()
-        prompt = tok.prompt_text(request.api.value, body)
+        api = request.api.value
+        if request.api is ApiKind.MESSAGES:  # rendered as the chat request vLLM makes of it
+            body = chat_body(body)
+            if body is None:
+                return "not-reproducible"
+            api = ApiKind.CHAT.value
+        prompt = tok.prompt_text(api, body)
         if prompt is None:
             return "not-reproducible"
         salt = request.cache_salt

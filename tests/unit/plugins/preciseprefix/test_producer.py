@@ -384,3 +384,24 @@ def test_cached_tokens_reported_by_the_server_confirm_blocks_events_missed() -> 
     result = PickResult((Endpoint(A, "10.0.0.1", 8000),), state)
     p.post_response(state, result, ResponseInfo(200, 64, 48, 1))  # 48 cached tokens: 3 blocks
     assert p.index.match([1, 2, 3, 4], [A], 1e9) == {A: 3}  # confirmed, not speculative
+
+
+def test_a_messages_request_is_keyed_as_the_chat_request_vllm_makes_of_it(tokenizer_dir: Path) -> None:
+    """Precise mode renders Anthropic Messages through the model's chat template the way
+    vLLM's Messages front end does: the same keys as its chat twin."""
+    p = PrecisePrefixProducer.from_params("precise", PreciseIndexConfig(block_size=2, tokenizers={
+        "m": str(tokenizer_dir)}))  # fmt: skip
+    anthropic = {"model": "m", "max_tokens": 4, "system": [{"type": "text", "text": "the desk"}],
+                 "messages": [{"role": "user", "content": "hello world"},
+                              {"role": "assistant", "content": [{"type": "text", "text": "how are you"}]},
+                              {"role": "user", "content": [{"type": "text", "text": "the parcel is late"}]}]}  # fmt: skip
+    chat = {"model": "m", "messages": [{"role": "system", "content": "the desk"},
+                                       {"role": "user", "content": "hello world"},
+                                       {"role": "assistant", "content": "how are you"},
+                                       {"role": "user", "content": "the parcel is late"}]}  # fmt: skip
+    got = p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.MESSAGES, body=anthropic))
+    want = p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.CHAT, body=chat))
+    assert not isinstance(got, str) and not isinstance(want, str)
+    assert got.keys == want.keys and got.num_tokens > 8
+    effort = {**anthropic, "output_config": {"effort": "low"}}  # a reasoning effort vLLM resolves
+    assert p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.MESSAGES, body=effort)) == "not-reproducible"
