@@ -405,3 +405,14 @@ def test_a_messages_request_is_keyed_as_the_chat_request_vllm_makes_of_it(tokeni
     assert got.keys == want.keys and got.num_tokens > 8
     effort = {**anthropic, "output_config": {"effort": "low"}}  # a reasoning effort vLLM resolves
     assert p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.MESSAGES, body=effort)) == "not-reproducible"
+
+
+def test_vllm_token_in_requests_are_keyed_by_their_token_ids(tokenizer_dir: Path) -> None:
+    p = PrecisePrefixProducer.from_params("precise", PreciseIndexConfig(block_size=2, tokenizers={
+        "m": str(tokenizer_dir)}))  # fmt: skip
+    ids = [5, 6, 7, 8, 9, 10]
+    got = p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.GENERATE, body={"token_ids": ids}))
+    want = p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.COMPLETIONS, body={"prompt": ids}))
+    assert not isinstance(got, str) and not isinstance(want, str) and got.keys == want.keys
+    with_media = {"token_ids": ids, "features": {"mm_hashes": {}, "mm_placeholders": {}}}
+    assert p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.GENERATE, body=with_media)) == "not-reproducible"
