@@ -51,23 +51,15 @@ from simulator.stack.report import (  # noqa: E402
     scrape_replicas,
 )
 from simulator.stack.stack import ModelServers, StackOptions, start_servers, start_stack  # noqa: E402
+from simulator.stack.workload import word_text  # noqa: E402
 
 MODEL = "tiny"
 POLICIES = {"epp": ("epp", ""), "epp agentic": ("epp", "agentic"), "random": ("random", "")}
 """label: (the stack's policy, epp's config: '' = the default profile)."""
-WORDS = ("the", "file", "function", "return", "value", "error", "test", "import", "class", "module",
-         "parser", "request", "config", "path", "string", "list", "index", "cache", "server", "client",
-         "update", "check", "result", "line", "call", "type", "field", "name", "data", "object")  # fmt: skip
 
 
 def words(rng: random.Random, chars: int) -> str:
-    out: list[str] = []
-    n = 0
-    while n < chars:
-        w = rng.choice(WORDS)
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)[:chars]
+    return word_text(rng, chars)
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,6 +85,9 @@ class Workload:
                 "type": "object", "properties": {"path": {"type": "string", "description": words(rng, 80)},
                                                  "limit": {"type": "integer"}}, "required": ["path"]}})  # fmt: skip
         return tools
+
+
+DEFAULT = Workload()
 
 
 @dataclass(slots=True)
@@ -238,12 +233,12 @@ async def main_async(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--sessions", type=int, default=Workload.sessions)
-    ap.add_argument("--turns", type=int, default=Workload.turns)
-    ap.add_argument("--concurrency", type=int, default=Workload.concurrency, help="sessions running at once")
+    ap.add_argument("--sessions", type=int, default=DEFAULT.sessions)
+    ap.add_argument("--turns", type=int, default=DEFAULT.turns)
+    ap.add_argument("--concurrency", type=int, default=DEFAULT.concurrency, help="sessions running at once")
     ap.add_argument("--max-tokens", type=int, default=24, help="tokens a turn's reply may have")
     ap.add_argument("--kv-mib", type=int, default=32, help="KV cache per server, MiB (1 KiB a token)")
-    ap.add_argument("--tool-output-chars", type=int, default=Workload.tool_output_chars,
+    ap.add_argument("--tool-output-chars", type=int, default=DEFAULT.tool_output_chars,
                     help="characters of tool output a turn adds")
     args = ap.parse_args()
     if min(args.rounds, args.sessions, args.turns, args.concurrency, args.max_tokens, args.kv_mib) < 1:

@@ -25,12 +25,11 @@ import pytest
 
 from epp.prefix.hasher import ChunkHasher, chain_seed
 from epp.request.apis import BUILTIN
+from simulator.stack.workload import word_text
 from tests.integration import envoy_client as ec
 from tests.integration.extproc_fixtures import Epp, start_epp, stop_epp
 
 MODEL = "m"
-WORDS = ("parcel", "order", "ship", "route", "token", "cache", "json", "file", "error", "value",
-         "return", "class", "import", "update", "query", "status", "tool", "agent", "result")  # fmt: skip
 
 
 @pytest.fixture
@@ -41,13 +40,7 @@ async def epp() -> AsyncIterator[Epp]:
 
 
 def text(rng: random.Random, chars: int) -> str:
-    out: list[str] = []
-    n = 0
-    while n < chars:
-        w = rng.choice(WORDS)
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)[:chars]
+    return word_text(rng, chars)
 
 
 @dataclass
