@@ -180,20 +180,7 @@ class RequestParser:
             raise PayloadTooLarge(self.too_large_message(len(body)))
         if api.kind is ApiKind.NONE:  # a stored object: routed as a request without a body
             return ParsedRequest(self.headers_only(path, headers, body_seen=False), body)
-        # a body that may be written back (a model rewrite) is read exactly, once
-        forced = self.trust_control_headers and MODEL_REWRITE_HEADER in headers
-        form: Form | None = None
-        doc: dict[str, Any]
-        content_type = headers.get("content-type", "")
-        surrogates = False  # form fields are decoded as strict UTF-8
-        if api.body_format is BodyFormat.JSON or _reads_as_json(content_type):
-            doc, surrogates = self._json(body, forced or bool(self._config.model_rewrites))
-        elif is_form(content_type):
-            form = read_form(body, content_type)
-            doc = dict(form.fields)
-        else:  # an operator's path with a body epp does not read
-            doc = {}
-
+        doc, form, surrogates = self._read(api, headers, body)
         model = doc.get("model")
         if model is None:
             if api.model_required:
@@ -242,6 +229,22 @@ class RequestParser:
             body=doc if form is None and doc else None,
         )
         return ParsedRequest(request, out_body, rewritten)
+
+    def _read(self, api: ApiParser, headers: Mapping[str, str],
+              body: bytes) -> tuple[dict[str, Any], Form | None, bool]:  # fmt: skip
+        """The body's fields (a JSON object, a form's text fields, or none for a body epp does
+        not read), the form (to rewrite its model in place), and whether the fields may hold
+        a lone surrogate."""
+        content_type = headers.get("content-type", "")
+        if api.body_format is BodyFormat.JSON or _reads_as_json(content_type):
+            # a body that may be written back (a model rewrite) is read exactly, once
+            forced = self.trust_control_headers and MODEL_REWRITE_HEADER in headers
+            doc, surrogates = self._json(body, forced or bool(self._config.model_rewrites))
+            return doc, None, surrogates
+        if is_form(content_type):
+            form = read_form(body, content_type)  # its fields are decoded as strict UTF-8
+            return dict(form.fields), form, False
+        return {}, None, False  # an operator's path with a body epp does not read
 
     def _json(self, body: bytes, exact: bool) -> tuple[dict[str, Any], bool]:
         """The JSON object in ``body`` (read exactly when it may be written back), and whether
