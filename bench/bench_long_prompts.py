@@ -214,6 +214,70 @@ def key_cache_memory(tokenizer: Path, size: int, tpw: float) -> tuple[int, int, 
     return held, cache.size, cache.nodes
 
 
+def agent_tools(rng: random.Random, chars: int) -> list[dict[str, Any]]:
+    """Anthropic tool definitions (name, description, JSON schema) of about ``chars``."""
+    tools: list[dict[str, Any]] = []
+    while len(json.dumps(tools)) < chars:
+        tools.append({"name": f"tool_{len(tools)}", "description": words(rng, 60), "input_schema": {
+            "type": "object", "properties": {"path": {"type": "string", "description": words(rng, 30)},
+                                             "limit": {"type": "integer"}}, "required": ["path"]}})  # fmt: skip
+    return tools
+
+
+def api_forms(rng: random.Random, tpw: float, tokens: int, tools_chars: int) -> dict[str, tuple[str, bytes]]:
+    """One agent conversation of ~``tokens`` tokens in three request forms, as (path, body):
+    ``chat`` as the sessions above (a system prompt, turns as text: the chat requests this
+    bench has always measured), ``chat agent`` (the same turns as OpenAI ``tool_calls`` and
+    ``tool`` messages, with ``tools_chars`` of tools) and ``messages`` (as Anthropic Messages:
+    ``system``, the tools, ``tool_use`` / ``tool_result`` blocks)."""
+    msgs = session(rng, tpw, tokens)
+    tools = agent_tools(rng, tools_chars)
+    openai_tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                      "parameters": t["input_schema"]}} for t in tools]  # fmt: skip
+    chat_agent: list[dict[str, Any]] = [msgs[0], {"role": "user", "content": "start"}]
+    anthropic: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+    for i, m in enumerate(msgs[1:]):
+        call = f"toolu_{i:04d}"
+        if m["role"] == "assistant":
+            args = {"command": m["content"]}
+            chat_agent.append({"role": "assistant", "content": None, "tool_calls": [{
+                "id": call, "type": "function", "function": {"name": "run", "arguments": json.dumps(args)}}]})
+            anthropic.append({"role": "assistant", "content": [{"type": "text", "text": "Running it."},
+                              {"type": "tool_use", "id": call, "name": "run", "input": args}]})  # fmt: skip
+        else:
+            chat_agent.append({"role": "tool", "tool_call_id": f"toolu_{i - 1:04d}", "content": m["content"]})
+            anthropic.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i - 1:04d}",
+                                                           "content": m["content"]}]})  # fmt: skip
+    return {
+        "chat": ("/v1/chat/completions", body(msgs)),
+        "chat agent": ("/v1/chat/completions", json.dumps({"model": "tiny", "messages": chat_agent,
+                                                           "tools": openai_tools, "max_tokens": 64}).encode()),
+        "messages": ("/v1/messages", json.dumps({"model": "tiny", "max_tokens": 64, "system": msgs[0]["content"],
+                                                 "tools": tools, "messages": anthropic}).encode()),
+    }  # fmt: skip
+
+
+def keying_cost(tpw: float, reps: int) -> dict[str, tuple[float, int]]:
+    """Median CPU seconds to parse and key (the approximate producer's chunk hashes) each
+    form of a ~100k-token agent request with 20k characters of tools, and its body's bytes."""
+    from epp.prefix.hasher import ChunkHasher, chain_seed
+
+    parser = RequestParser(RequestControlConfig(max_body_bytes=64 << 20))
+    hasher = ChunkHasher(64)
+    out: dict[str, tuple[float, int]] = {}
+    forms = api_forms(random.Random(7), tpw, 100_000, 20_000)
+    times: dict[str, list[float]] = {name: [] for name in forms}
+    for _ in range(reps):  # interleaved, so that the machine's mood hits every form alike
+        for name, (path, data) in forms.items():
+            c0 = time.process_time()
+            req = parser.parse(path, HEADERS, data).request
+            hasher.hashes(req.prompt, chain_seed(req.model, req.adapter, req.cache_salt))
+            times[name].append(time.process_time() - c0)
+    for name, (_, data) in forms.items():
+        out[name] = (statistics.median(times[name]), len(data))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="8k and 100k tokens, 8 and 96 endpoints")
@@ -271,6 +335,15 @@ def main() -> int:
               f"{p.tokenizer_ms:.1f} ms on the new text, which no cache saves")
         print(f"  precise, epp's own (all but the tokenizer's): {own:.1f} ms (proposed target: <= 10 ms on top "
               f"of the tokenizer): {verdict(own <= 10)}")
+    cost = keying_cost(tpw, 60 if args.quick else 200)
+    print("\nkeying a ~100k-token agent request with 20k characters of tools (parse the body + key + "
+          "chunk hashes, approximate mode), CPU median:")
+    per_char = {name: t / size for name, (t, size) in cost.items()}
+    for name, (t, size) in cost.items():
+        print(f"  {name:<11} {size:>9,} bytes  {t * 1e3:6.2f} ms  {per_char[name] * 1e9:5.2f} ns a byte")
+    ratio = per_char["messages"] / per_char["chat"]
+    print(f"  Messages / chat per byte: {ratio:.2f} (target: no more than chat, <= 1.0); "
+          f"Messages / chat agent: {per_char['messages'] / per_char['chat agent']:.2f}")
     held, tokens, nodes = key_cache_memory(tokenizer, 100_000, tpw)
     print(f"\nkey cache after {SESSIONS} sessions of ~100k tokens (+ a next turn each): {tokens:,} tokens held "
           f"(with node overhead), {nodes:,} nodes, {held / 1e6:.1f} MB traced = {held / max(tokens, 1):.2f} "

@@ -4,7 +4,9 @@ the trace's times, and measure what a client sees.
 The same workloads the replay reads (request logs, Mooncake traces, the generators: an
 agent's sessions, chats, RAG) go live: each request is sent at its arrival time (open loop,
 as a recorded trace is: a turn does not wait for the previous answer) to
-``/v1/completions``, streamed, with its text as the prompt, its output length as
+``/v1/completions`` with its text as the prompt (a request log's ``messages`` rows to their
+API as recorded; ``--api chat`` or ``--api messages``: every request in that API's form, an
+agent's sessions as Anthropic Messages with tool_use / tool_result turns), streamed, its output length as
 ``max_tokens`` (``ignore_eos``, so servers generate exactly that), its adapter as the model
 and its session in ``x-session-id``. What comes back, per request: status, the upstream
 that served it, TTFT (first text chunk), time per output token, end to end, and the
@@ -30,7 +32,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from epp.framework.request import ApiKind
 from simulator.clihelp import HelpFormatter
+from simulator.forms import APIS, PATHS, request_as
 from simulator.replay.workload import TraceRequest, Workload
 from simulator.stack.driver import RequestRecord, stream_one
 
@@ -44,6 +48,9 @@ class LoadOptions:
     max_in_flight: int = 256
     timeout_s: float = 300.0
     ignore_eos: bool = True
+    api: ApiKind | None = None
+    """The API requests are sent to, in its form (``simulator.forms``); None: as recorded (a
+    request log's ``messages`` rows to their API, text prompts to ``/v1/completions``)."""
 
 
 @dataclass(slots=True)
@@ -54,21 +61,22 @@ class Sent:
     """How long after its arrival time it went out (the in-flight bound)."""
 
 
-def body_of(req: TraceRequest, options: LoadOptions) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": req.adapter or options.model, "prompt": req.prompt,
-        "max_tokens": max(1, req.output_tokens), "stream": True,
+def body_of(req: TraceRequest, options: LoadOptions) -> tuple[str, dict[str, Any]]:
+    """The path and body of ``req``: its API's form, its output length as ``max_tokens``,
+    streamed with usage."""
+    common: dict[str, Any] = {
+        "model": req.adapter or options.model, "max_tokens": max(1, req.output_tokens), "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
     if options.ignore_eos:
-        body["ignore_eos"] = True
-    return body
+        common["ignore_eos"] = True
+    return request_as(req, options.api, common)
 
 
 async def run_load(url: str, workload: Workload, options: LoadOptions) -> list[Sent]:
     """Send every request of ``workload`` to ``url`` (a gateway or server base URL) at its
     arrival time; returns them with what came back, in arrival order."""
-    endpoint = url.rstrip("/") + "/v1/completions"
+    base = url.rstrip("/")
     gate = asyncio.Semaphore(options.max_in_flight)
     timeout = aiohttp.ClientTimeout(total=options.timeout_s)
     sent: list[Sent] = []
@@ -82,8 +90,9 @@ async def run_load(url: str, workload: Workload, options: LoadOptions) -> list[S
                 item.late_s = max(0.0, time.perf_counter() - t0 - item.request.arrival_s)
                 item.record.start_s = time.perf_counter() - t0
                 headers = {SESSION_HEADER: item.request.session_id} if item.request.session_id else {}
-                await stream_one(http, endpoint, body_of(item.request, options), item.record,
-                                 chat=False, headers=headers)  # fmt: skip
+                path, body = body_of(item.request, options)
+                await stream_one(http, base + path, body, item.record, chat=path == PATHS[ApiKind.CHAT],
+                                 headers=headers)  # fmt: skip
 
         for i, req in enumerate(workload.requests()):
             delay = req.arrival_s - (time.perf_counter() - t0)
@@ -174,6 +183,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="let servers stop at an end-of-sequence token (default: exactly the "
                    "trace's output length)")  # fmt: skip
+    p.add_argument("--api", choices=sorted(APIS), default=None,
+                   help="send every request to this API, in its form: a conversation's turns "
+                   "as messages, a tool's output after an assistant turn as a tool call and its "
+                   "result (chat: tool_calls and a tool message; messages: Anthropic tool_use and "
+                   "tool_result blocks). Default: a request log's messages rows as recorded, "
+                   "text prompts as completions")
     p.add_argument("--out", help="write every request and what came back as JSON lines")
     p.set_defaults(run=run)
 
@@ -204,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, aiohttp.ClientError) as exc:
         print(f"epp-sim load: {exc}", file=sys.stderr)
         return 2
-    options = LoadOptions(model, args.max_in_flight, args.timeout_s, not args.no_ignore_eos)
+    options = LoadOptions(model, args.max_in_flight, args.timeout_s, not args.no_ignore_eos,
+                          APIS[args.api] if args.api else None)  # fmt: skip
     print(f"epp-sim load: {len(workload)} requests of {workload.name} to {args.url} ({model})",
           file=sys.stderr)  # fmt: skip
     sent = asyncio.run(run_load(args.url, workload, options))

@@ -10,20 +10,29 @@ from typing import Any
 
 
 class ApiKind(enum.Enum):
+    """How a request's body is read (the paths of each: ``epp.request.apis``)."""
+
     COMPLETIONS = "completions"
     CHAT = "chat_completions"
     RESPONSES = "responses"
     EMBEDDINGS = "embeddings"
+    MESSAGES = "messages"
+    """Anthropic Messages."""
+    GENERATE = "generate"
+    """Engine-native token-in generation (SGLang ``/generate``, vLLM ``/inference/v1/generate``)."""
+    AUXILIARY = "auxiliary"
+    """An API routed by load and model, never keyed (tokenize, rerank, score, pooling,
+    classify, audio, count_tokens, the operator's ``requestControl.loadRoutedPaths``)."""
     NONE = "none"
     """A request without a body (GET, health checks): routed by load alone."""
 
+    @property
+    def conversational(self) -> bool:
+        """A reply extends the conversation as an assistant turn (chat, Responses, Messages)."""
+        return self in _CONVERSATIONAL
 
-API_PATHS: dict[str, ApiKind] = {
-    "/v1/completions": ApiKind.COMPLETIONS,
-    "/v1/chat/completions": ApiKind.CHAT,
-    "/v1/responses": ApiKind.RESPONSES,
-    "/v1/embeddings": ApiKind.EMBEDDINGS,
-}
+
+_CONVERSATIONAL = frozenset((ApiKind.CHAT, ApiKind.RESPONSES, ApiKind.MESSAGES))
 
 _STORED_OBJECT_PATH = re.compile(
     r"/v1/(?:responses/([^/]+)(?:/(?:cancel|input_items))?"

@@ -31,6 +31,18 @@ def loads(data: bytes) -> Any:
         return json.loads(data.decode("utf-8"))
 
 
+def read(data: bytes, exact: bool) -> tuple[Any, bool]:
+    """The document (read exactly with ``exact``) and whether it may hold a lone surrogate
+    (``"\\ud800"``): only a text the standard library read may, orjson refuses them. Raises
+    what :func:`loads` raises."""
+    if exact:
+        return strict(data), True
+    try:
+        return orjson.loads(data), False
+    except orjson.JSONDecodeError:
+        return json.loads(data.decode("utf-8")), True
+
+
 def strict(data: bytes) -> Any:
     """The standard library's reading, integers exact: for a document epp writes back."""
     return json.loads(data.decode("utf-8"))

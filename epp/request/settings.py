@@ -15,6 +15,7 @@ does to a request before and after the scheduler sees it (the Director that does
       objectives: {premium: 10, batch: -1}   # x-gateway-inference-objective -> priority
       servedEndpointHeader: ""       # response header naming the endpoint epp routed to
       pickReasonHeader: false        # x-epp-pick-reason on every response: why that endpoint
+      loadRoutedPaths: [/v1/images/generations]   # more APIs routed by load and model
 
 Every field is optional. Errors name the field (``requestControl.modelRewrites.chat[1].weight``).
 """
@@ -29,6 +30,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, Field, StringConstraints
 
 from epp.errors import ConfigError
+from epp.request.apis import BUILTIN, LoadRoutedApi, normalize_path
 from epp.schema import STRICT, validate
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -57,6 +59,9 @@ class RequestControlConfig:
     """Every response carries ``x-epp-pick-reason``: the winner, the runner-up and the scores
     that separated them (it names the pool's endpoints; off by default). Without it a request
     asks with ``x-epp-explain: 1``, honoured only with ``--trust-control-headers``."""
+    load_routed_paths: tuple[str, ...] = ()
+    """Request paths routed by load and model (never keyed) beside the built-in APIs
+    (docs/apis.md); any other path with a body is a 404."""
 
 
 SECTION = "requestControl"
@@ -86,6 +91,8 @@ class _Section(BaseModel):
     objectives: dict[str, int] = {}
     served_endpoint_header: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]*$")] = ""
     pick_reason_header: bool = False
+    load_routed_paths: list[Annotated[str, StringConstraints(pattern=r"^/[^?#\s]*$",
+                                                             max_length=512)]] = []  # fmt: skip
 
 
 def parse_request_control(raw: Mapping[str, Any] | None) -> RequestControlConfig:
@@ -101,6 +108,11 @@ def parse_request_control(raw: Mapping[str, Any] | None) -> RequestControlConfig
         if sum(t.weight for t in targets) <= 0:
             raise ConfigError(f"{SECTION}.modelRewrites.{model}", "weights must not all be zero")
         rewrites[model] = tuple(ModelTarget(t.model, t.weight) for t in targets)
+    for i, path in enumerate(parsed.load_routed_paths):
+        known = BUILTIN.get(normalize_path(path))
+        if known is not None and not isinstance(known, LoadRoutedApi):
+            raise ConfigError(f"{SECTION}.loadRoutedPaths[{i}]",
+                              f"{path} is keyed by epp ({known.kind.value}); it cannot be routed by load")  # fmt: skip
     return RequestControlConfig(
         max_body_bytes=parsed.max_body_bytes,
         fallbacks=parsed.fallbacks,
@@ -110,4 +122,5 @@ def parse_request_control(raw: Mapping[str, Any] | None) -> RequestControlConfig
         objective_priorities=MappingProxyType(dict(parsed.objectives)),
         served_endpoint_header=parsed.served_endpoint_header,
         pick_reason_header=parsed.pick_reason_header,
+        load_routed_paths=tuple(parsed.load_routed_paths),
     )

@@ -3,7 +3,11 @@
 ``ResponseReader`` is fed the response body chunk by chunk. It
 
 - finds ``usage`` (prompt, ``prompt_tokens_details.cached_tokens``, completion tokens) in a
-  plain JSON body or in an SSE stream (the chunk with ``stream_options.include_usage``),
+  plain JSON body or in an SSE stream (the chunk with ``stream_options.include_usage``); in
+  Anthropic Messages replies, ``input_tokens`` + ``cache_read_input_tokens`` +
+  ``cache_creation_input_tokens`` are the prompt and ``cache_read_input_tokens`` the cached
+  part (JSON, or a stream's ``message_start`` and ``message_delta`` events); SGLang's
+  ``/generate`` puts them in ``meta_info``,
 - keeps the generated text (capped) so the scheduler can record the next conversation turn,
 - notes the ids of objects the server stored (``stored_ids``): a Responses-API response
   (JSON, or the ``response`` object of its SSE events: ``response.created`` first) unless it
@@ -285,13 +289,29 @@ class ResponseReader:
     # --- shared ------------------------------------------------------------------------
 
     def _take_usage(self, usage: Any) -> None:
+        """Fields present are taken, absent ones keep what an earlier event said (an
+        Anthropic stream's ``message_delta`` may carry only ``output_tokens``)."""
         if not isinstance(usage, dict):
             return
         u = self.usage
         u.seen = True
-        u.prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
-        u.completion_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
-        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+        if "prompt_tokens" in usage or "completion_tokens" in usage:  # OpenAI chat, completions
+            u.prompt_tokens = _int(usage.get("prompt_tokens"))
+            u.completion_tokens = _int(usage.get("completion_tokens"))
+            details = usage.get("prompt_tokens_details")
+        else:  # Responses and Anthropic Messages
+            if "input_tokens" in usage:
+                # Anthropic counts cache reads and writes apart from input_tokens (vLLM's
+                # Messages front end too); Responses counts them inside it
+                read = usage.get("cache_read_input_tokens")
+                written = usage.get("cache_creation_input_tokens")
+                u.prompt_tokens = min(MAX_TOKENS, _int(usage.get("input_tokens")) + _int(read)
+                                      + _int(written))  # fmt: skip
+                if read is not None:
+                    u.cached_tokens = _int(read)
+            if "output_tokens" in usage:
+                u.completion_tokens = _int(usage.get("output_tokens"))
+            details = usage.get("input_tokens_details")
         if isinstance(details, dict) and "cached_tokens" in details:
             u.cached_tokens = _int(details.get("cached_tokens"))
 
@@ -322,6 +342,12 @@ class ResponseReader:
         if self._text_len >= MAX_GENERATED_CHARS:
             return
         choices = doc.get("choices")
+        if choices is None:
+            if "meta_info" in doc:
+                self._take_sglang(doc)
+            else:
+                self._take_anthropic_text(doc)
+            return
         if not isinstance(choices, list) or not choices:
             return
         first = choices[0]
@@ -331,7 +357,43 @@ class ResponseReader:
         if not isinstance(text, str):
             part = first.get("delta") or first.get("message")
             text = part.get("content") if isinstance(part, dict) else None
-        if isinstance(text, str) and text:
+        self._keep(text)
+
+    def _take_anthropic_text(self, doc: dict[str, Any]) -> None:
+        """An Anthropic Messages reply: a ``message``'s text blocks, or a stream's
+        ``content_block_delta`` text (usage: ``message_start`` and ``message_delta``)."""
+        kind = doc.get("type")
+        if kind == "content_block_delta":
+            delta = doc.get("delta")
+            if isinstance(delta, dict) and delta.get("type") == "text_delta":
+                self._keep(delta.get("text"))
+        elif kind == "message":
+            blocks = doc.get("content")
+            if isinstance(blocks, list):
+                for block in blocks:
+                    if isinstance(block, dict) and block.get("type") == "text":
+                        self._keep(block.get("text"))
+        elif kind == "message_start":
+            message = doc.get("message")
+            if isinstance(message, dict):
+                self._take_usage(message.get("usage"))
+
+    def _take_sglang(self, doc: dict[str, Any]) -> None:
+        """SGLang's ``/generate``: usage in ``meta_info``; ``text`` is the whole text so far
+        (a stream repeats it, growing: SGLang's default), so the last one is kept."""
+        meta = doc.get("meta_info")
+        if isinstance(meta, dict) and "prompt_tokens" in meta:
+            self._take_usage({"prompt_tokens": meta.get("prompt_tokens"),
+                              "completion_tokens": meta.get("completion_tokens"),
+                              "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens")}})  # fmt: skip
+        text = doc.get("text")
+        if isinstance(text, str):
+            self._text.clear()
+            self._text_len = 0
+            self._keep(text)
+
+    def _keep(self, text: Any) -> None:
+        if isinstance(text, str) and text and self._text_len < MAX_GENERATED_CHARS:
             text = text[: MAX_GENERATED_CHARS - self._text_len]
             self._text.append(text)
             self._text_len += len(text)

@@ -28,6 +28,8 @@ class Api(enum.Enum):
     CHAT = "chat"
     RESPONSES = "responses"
     EMBEDDINGS = "embeddings"
+    MESSAGES = "messages"
+    """Anthropic Messages (``simulator.emulator.anthropic``)."""
 
 
 class ApiError(Exception):
@@ -85,8 +87,15 @@ def parse_generation(api: Api, body: Mapping[str, Any], default_model: str) -> G
         prompt = _completion_prompt(body.get("prompt"))
         max_tokens = _max_tokens(body, "max_tokens")
     elif api is Api.CHAT:
-        prompt = flatten_messages(body.get("messages"), "messages")
+        prompt = flatten_messages(body.get("messages"), "messages", body.get("tools"))
         max_tokens = _max_tokens(body, "max_completion_tokens", "max_tokens")
+    elif api is Api.MESSAGES:
+        from simulator.emulator.anthropic import messages_prompt  # it builds on this module
+
+        if body.get("max_tokens") is None:
+            raise ApiError(400, "'max_tokens' is required", "max_tokens")
+        prompt = messages_prompt(body)
+        max_tokens = _max_tokens(body, "max_tokens")
     else:
         prompt = _responses_prompt(body)
         max_tokens = _max_tokens(body, "max_output_tokens")
@@ -124,14 +133,24 @@ def parse_embeddings(body: Mapping[str, Any], default_model: str) -> EmbeddingJo
     return EmbeddingJob(model, inputs)
 
 
-def flatten_messages(messages: object, param: str) -> str:
+def flatten_messages(messages: object, param: str, tools: object = None) -> str:
+    """The prompt the emulator caches: each message as ``<|role|>\\ncontent\\n`` (tool calls
+    after the content), then ``<|assistant|>\\n``; ``tools`` after a leading system message,
+    as chat templates render them (Qwen, DeepSeek-V3, Llama 3.1)."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, f"'{param}' must be a non-empty list of messages", param)
+    if tools is not None and not isinstance(tools, list):
+        raise ApiError(400, "'tools' must be a list", "tools")
     parts = []
     for msg in messages:
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise ApiError(400, f"each of '{param}' must be an object with a 'role'", param)
-        parts.append(f"<|{msg['role']}|>\n{_content_text(msg.get('content'), param)}\n")
+        calls = msg.get("tool_calls")
+        called = json.dumps(calls, sort_keys=True) if calls else ""
+        parts.append(f"<|{msg['role']}|>\n{_content_text(msg.get('content'), param)}{called}\n")
+    if tools:
+        at = 1 if messages[0].get("role") in ("system", "developer") else 0
+        parts.insert(at, f"<|tools|>\n{json.dumps(tools)}\n")
     parts.append("<|assistant|>\n")
     return "".join(parts)
 

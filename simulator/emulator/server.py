@@ -31,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from epp.prefix.blockhash import VllmBlockHasher
 from epp.prefix.tokenize import ModelTokenizer, token_ids
 from epp.supervise import spawn
-from simulator.emulator import openai
+from simulator.emulator import anthropic, auxiliary, openai
 from simulator.emulator.config import EmulatorConfig
 from simulator.emulator.kvpublish import KvEventPublisher
 from simulator.emulator.kvstore import SharedKvStore
@@ -62,7 +62,19 @@ _ID_PREFIX = {
     Api.CHAT: "chatcmpl-",
     Api.RESPONSES: "resp_",
     Api.EMBEDDINGS: "embd-",
+    Api.MESSAGES: "msg_",
 }
+
+
+@dataclass(slots=True, frozen=True)
+class Generated:
+    """A generation that ran to its end."""
+
+    rid: str
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
 
 
 @dataclass(slots=True, eq=False)
@@ -174,6 +186,9 @@ class Emulator:
         app.router.add_delete("/v1/responses/{rid}", self._delete_response)
         app.router.add_post("/v1/responses/{rid}/cancel", self._cancel_response)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/messages", self._api(Api.MESSAGES))
+        for path, handler in auxiliary.routes(self).items():
+            app.router.add_post(path, handler)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -364,9 +379,12 @@ class Emulator:
                 await pending.done
                 first = pending.first.result()
                 use = self._usage(gen.api, pending, first.cached_tokens)
-                body_out = openai.completion_body(
-                    gen.api, pending.rid, int(time.time()), gen.model, pending.text, use
-                )
+                if gen.api is Api.MESSAGES:
+                    body_out = anthropic.message_body(pending.rid, gen.model, pending.text, use)
+                else:
+                    body_out = openai.completion_body(
+                        gen.api, pending.rid, int(time.time()), gen.model, pending.text, use
+                    )
                 return web.json_response(body_out)
             finally:
                 self._abandon(pending)
@@ -374,6 +392,8 @@ class Emulator:
         return handle
 
     def _usage(self, api: Api, p: _Pending, cached: int) -> dict[str, Any]:
+        if api is Api.MESSAGES:
+            return anthropic.usage(p.prompt_tokens, p.max_tokens, cached)
         if api is Api.RESPONSES:
             return openai.responses_usage(p.prompt_tokens, p.max_tokens, cached)
         return openai.usage(p.prompt_tokens, p.max_tokens, cached)
@@ -401,6 +421,9 @@ class Emulator:
         sent (the response store keeps it)."""
         created = int(time.time())
         responses = gen.api is Api.RESPONSES
+        messages = gen.api is Api.MESSAGES
+        if messages:
+            await resp.write(anthropic.stream_start(p.rid, gen.model, p.prompt_tokens))
         if responses:
             head = openai.responses_body(p.rid, created, gen.model, "", "in_progress", None)
             await resp.write(
@@ -424,27 +447,16 @@ class Emulator:
                         self.metrics.ttft_s.observe(
                             (self._now() - p.arrival_s) * self.config.speedup
                         )
-                    if responses:
-                        delta = {
-                            "type": "response.output_text.delta",
-                            "item_id": f"msg_{p.rid}",
-                            "output_index": 0,
-                            "content_index": 0,
-                            "delta": piece,
-                        }
-                        await resp.write(openai.sse(delta, "response.output_text.delta"))
-                    else:
-                        chunk = openai.stream_chunk(
-                            gen.api, p.rid, created, gen.model, piece, None, sent == 0
-                        )
-                        await resp.write(openai.sse(chunk))
+                    await resp.write(_piece_event(gen, p.rid, created, piece, sent == 0))
                     sent = n
                 if finished:
                     break
         finally:
             self._streams.discard(p)
         use = self._usage(gen.api, p, p.first.result().cached_tokens)
-        if responses:
+        if messages:
+            await resp.write(anthropic.stream_end(use))
+        elif responses:
             body = openai.responses_body(p.rid, created, gen.model, p.text, "completed", use)
             if completed is not None:
                 completed(body)
@@ -562,23 +574,50 @@ class Emulator:
             stored.cancel = None
         return web.json_response(stored.body)
 
-    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
-        job = openai.parse_embeddings(openai.load_json(await request.read()), self.config.model)
-        self._check_model(job.model)
-        pendings = [self._submit(job.model, text, 1, False, "embd-") for text in job.inputs]
+    # -- for the handlers of other modules (``auxiliary``) ----------------------------------
+
+    def check_model(self, model: str) -> str:
+        """``model`` (the served model when empty); 404 for a model it does not serve."""
+        model = model or self.config.model
+        self._check_model(model)
+        return model
+
+    async def pool(self, model: str, texts: list[str], id_prefix: str) -> tuple[str, int]:
+        """Prefill each of ``texts`` as a pooling request does (one token out); returns the
+        first request's id and the prompt tokens of all."""
+        pendings = [self._submit(model, text, 1, False, id_prefix) for text in texts]
         try:
             await asyncio.gather(*(p.done for p in pendings))
         finally:
             for p in pendings:
                 self._abandon(p)
-        prompt_tokens = sum(p.prompt_tokens for p in pendings)
+        return pendings[0].rid, sum(p.prompt_tokens for p in pendings)
+
+    async def generate(self, model: str, prompt: str, max_tokens: int, id_prefix: str,
+                       first: Callable[[], Awaitable[None]] | None = None) -> Generated:  # fmt: skip
+        """Run one generation to its end; ``first`` is awaited when its first token is out
+        (a stream's first event)."""
+        p = self._submit(model, prompt, max_tokens, first is not None, id_prefix)
+        try:
+            if first is not None:
+                await p.first
+                await first()
+            await p.done
+        finally:
+            self._abandon(p)
+        return Generated(p.rid, p.text, p.prompt_tokens, max_tokens, p.first.result().cached_tokens)
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        job = openai.parse_embeddings(openai.load_json(await request.read()), self.config.model)
+        self._check_model(job.model)
+        rid, prompt_tokens = await self.pool(job.model, list(job.inputs), "embd-")
         data = [
             {"object": "embedding", "index": i, "embedding": openai.embedding_vector(text)}
             for i, text in enumerate(job.inputs)
         ]
         return web.json_response(
             {
-                "id": pendings[0].rid,
+                "id": rid,
                 "object": "list",
                 "created": int(time.time()),
                 "model": job.model,
@@ -661,6 +700,22 @@ class Emulator:
         if names:  # only those families, as vLLM's page (Prometheus' client) does
             page = restrict_page(page, set(names))
         return web.Response(body=page, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _piece_event(gen: openai.Generation, rid: str, created: int, piece: str, first: bool) -> bytes:
+    """A stream's event carrying the next ``piece`` of generated text, in the API's shape."""
+    if gen.api is Api.MESSAGES:
+        return anthropic.stream_text(piece)
+    if gen.api is Api.RESPONSES:
+        delta = {
+            "type": "response.output_text.delta",
+            "item_id": f"msg_{rid}",
+            "output_index": 0,
+            "content_index": 0,
+            "delta": piece,
+        }
+        return openai.sse(delta, "response.output_text.delta")
+    return openai.sse(openai.stream_chunk(gen.api, rid, created, gen.model, piece, None, first))
 
 
 @web.middleware

@@ -8,7 +8,9 @@ A row names when the request came, what it asked for and how long the answer was
                     arrival times are taken relative to the earliest row
 ``output_length``   tokens generated (required)
 ``prompt``          the prompt text (a completion), or
-``messages``        a chat (OpenAI ``messages``, JSONL only; flattened as epp flattens it), or
+``messages``        a conversation (JSONL only; keyed as epp keys it and sent as recorded by
+                    ``epp-sim load``): OpenAI chat ``messages`` (with ``tools``), or with
+                    ``api: messages`` Anthropic Messages (with ``system`` and ``tools``), or
 ``prompt_token_ids`` the prompt as token ids (CSV: space-separated), or
 ``hash_ids``        Mooncake-style block ids (``block_tokens`` tokens each, 512 by default;
                     CSV: space-separated) with ``input_length``
@@ -16,8 +18,10 @@ A row names when the request came, what it asked for and how long the answer was
 ``session``         a conversation or agent session (sent as ``x-session-id``)
 ``adapter``         a LoRA adapter (the engines run it as vLLM does: its own prefix cache,
                     ``--max-loras`` adapters a batch; epp sees it as the request's model)
-``api``             ``chat`` for a ``prompt`` that is a flattened chat (its reply is cached
-                    with it, as a conversation's next turn needs); ``completions`` by default
+``api``             the API: ``completions`` (the default for a ``prompt``), ``chat`` (the
+                    default for ``messages``; a ``prompt`` that is a flattened chat: its
+                    reply is cached with it, as a conversation's next turn needs) or
+                    ``messages`` (Anthropic Messages); ``epp-sim load`` sends the row to it
 ``model``           informational (the replay serves one base model)
 ``tenant``          the flow-control fairness id; ``priority``: its priority (an integer)
 ``id``              the row's name, for ``after``
@@ -48,7 +52,8 @@ from typing import Any
 
 from epp.errors import BadRequest
 from epp.framework.request import ApiKind
-from epp.request.flatten import chat_prompt
+from epp.request.apis import BUILTIN
+from simulator.forms import PATHS
 from simulator.model.tokens import CHARS_PER_TOKEN, token_ids_text
 from simulator.replay.workload import (
     MOONCAKE_BLOCK_TOKENS,
@@ -111,8 +116,20 @@ def _time(value: Any) -> float | datetime:
     return float(value)
 
 
-def _prompt_of(obj: Mapping[str, Any]) -> tuple[str, int, ApiKind, tuple[int, ...], bool]:
-    """The row's prompt text, its tokens, API, block ids and whether it is real text."""
+_APIS = {"completions": ApiKind.COMPLETIONS, "chat": ApiKind.CHAT, "messages": ApiKind.MESSAGES}
+_BODY_FIELDS = {ApiKind.CHAT: ("messages", "tools"), ApiKind.MESSAGES: ("messages", "system", "tools")}
+
+
+def _api(obj: Mapping[str, Any], default: str) -> ApiKind:
+    declared = obj.get("api") or default
+    if declared not in _APIS:
+        raise ValueError(f"api must be one of {', '.join(_APIS)}, got {declared!r}")
+    return _APIS[declared]
+
+
+def _prompt_of(obj: Mapping[str, Any]) -> tuple[str, int, ApiKind, tuple[int, ...], bool, dict[str, Any] | None]:
+    """The row's prompt text, its tokens, API, block ids, whether it is real text, and the
+    request fields to send as recorded (``messages`` rows)."""
     given = [f for f in PROMPT_FIELDS if obj.get(f) not in (None, "")]
     if len(given) != 1:
         raise ValueError(f"a row has exactly one of {', '.join(PROMPT_FIELDS)}; this one has "
@@ -121,20 +138,21 @@ def _prompt_of(obj: Mapping[str, Any]) -> tuple[str, int, ApiKind, tuple[int, ..
     api = ApiKind.COMPLETIONS
     hash_ids: tuple[int, ...] = ()
     has_text = True
+    body: dict[str, Any] | None = None
     if kind == "prompt":
         prompt = obj["prompt"]
         if not isinstance(prompt, str):
             raise ValueError("prompt must be a string")
-        declared = obj.get("api") or "completions"
-        if declared not in ("chat", "completions"):
-            raise ValueError(f"api must be chat or completions, got {declared!r}")
-        api = ApiKind.CHAT if declared == "chat" else ApiKind.COMPLETIONS
+        api = _api(obj, "completions")
     elif kind == "messages":
-        try:
-            prompt = chat_prompt(obj["messages"])
-        except BadRequest as exc:  # names what is wrong with the messages, as epp would
+        api = _api(obj, "chat")
+        if api is ApiKind.COMPLETIONS:
+            raise ValueError("messages rows are chat or messages (Anthropic), not completions")
+        body = {f: obj[f] for f in _BODY_FIELDS[api] if obj.get(f) is not None}
+        try:  # keyed as epp keys it: names what is wrong with the messages, as epp would
+            prompt = BUILTIN[PATHS[api]].prompt(body)
+        except BadRequest as exc:
             raise ValueError(str(exc)) from None
-        api = ApiKind.CHAT
     elif kind == "prompt_token_ids":
         prompt = token_ids_text(_ints(obj["prompt_token_ids"], "prompt_token_ids"))
         has_text = False
@@ -159,7 +177,7 @@ def _prompt_of(obj: Mapping[str, Any]) -> tuple[str, int, ApiKind, tuple[int, ..
     if not prompt:
         raise ValueError("the prompt is empty")
 
-    return prompt, tokens, api, hash_ids, has_text
+    return prompt, tokens, api, hash_ids, has_text, body
 
 
 def _names(value: Any) -> tuple[str, ...]:
@@ -185,7 +203,7 @@ def parse_row(obj: Any, index: int) -> _Row:
     if "output_length" not in obj:
         raise ValueError("no output_length")
     output = _int(obj["output_length"], "output_length")
-    prompt, tokens, api, hash_ids, has_text = _prompt_of(obj)
+    prompt, tokens, api, hash_ids, has_text, body = _prompt_of(obj)
 
     def text(name: str) -> str:
         value = obj.get(name)
@@ -210,7 +228,7 @@ def parse_row(obj: Any, index: int) -> _Row:
     request = TraceRequest(
         request_id=f"r{index}", arrival_s=0.0, prompt_tokens=tokens, output_tokens=max(1, output),
         prompt=prompt, hash_ids=hash_ids, session_id=text("session"), api=api, has_text=has_text,
-        tenant=text("tenant"), priority=priority, adapter=text("adapter"), delay_s=delay,
+        tenant=text("tenant"), priority=priority, adapter=text("adapter"), delay_s=delay, body=body,
     )  # fmt: skip
     return _Row(at, request, text("id"), after)
 
@@ -304,6 +322,9 @@ def request_row(r: TraceRequest) -> dict[str, Any]:
     if r.hash_ids:
         row |= {"hash_ids": list(r.hash_ids), "input_length": r.prompt_tokens,
                 "block_tokens": MOONCAKE_BLOCK_TOKENS}
+    elif r.body is not None:
+        row |= dict(r.body)
+        row["input_length"] = r.prompt_tokens
     else:
         row["prompt"] = r.prompt
         row["input_length"] = r.prompt_tokens
@@ -313,8 +334,8 @@ def request_row(r: TraceRequest) -> dict[str, Any]:
             row[key] = value
     if r.priority:
         row["priority"] = r.priority
-    if r.api is ApiKind.CHAT:
-        row["api"] = "chat"
+    if r.api is not ApiKind.COMPLETIONS:
+        row["api"] = {ApiKind.CHAT: "chat", ApiKind.MESSAGES: "messages"}.get(r.api, "completions")
     if r.after:
         row |= {"after": r.after[0] if len(r.after) == 1 else list(r.after), "delay_s": r.delay_s}
     return row

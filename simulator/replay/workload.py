@@ -33,7 +33,7 @@ import gzip
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, TextIO, TypeVar
@@ -76,6 +76,10 @@ class TraceRequest:
     """Closed loop: the ``request_id`` of earlier requests; this one is sent ``delay_s`` after
     the last of their answers ends (or they were refused), not at ``arrival_s``."""
     delay_s: float = 0.0
+    body: Mapping[str, Any] | None = field(default=None, compare=False)
+    """The request's API fields as a client sent them (a request log's ``messages``, with
+    ``system`` and ``tools``), which ``epp-sim load`` sends as recorded; None: the prompt
+    text alone (``simulator.forms`` writes it in an API's form)."""
 
 
 class Workload(Protocol):
@@ -155,7 +159,7 @@ def final_block_hashes(
     server's prompt already ends with, so it adds no computed token: a 1,288-token prompt
     with a 24-token reply leaves 40 blocks of 32 cached, as real vLLM's next turn finds
     (the joint-8 session, docs/research/findings.md)."""
-    if request.api is not ApiKind.CHAT or not reply:
+    if not request.api.conversational or not reply:
         return None
     if request.adapter:
         seed = model_seed(request.adapter)

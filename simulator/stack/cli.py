@@ -71,6 +71,10 @@ def register(subparsers: Any) -> None:
                    "(VLLM_ENABLE_RESPONSES_API_STORE=1: previous_response_id, GET and cancel "
                    "of /v1/responses/{id}; epp routes them to the server holding the "
                    "response). The emulator always keeps them")
+    g.add_argument("--vllm-tools", action="store_true",
+                   help="with --engine vllm: serve tool calls (a chat template that renders tools "
+                   "after the system prompt, and vLLM's deepseek_v3 tool parser), as Anthropic "
+                   "Messages and chat requests with tools need")
     g.add_argument(
         "--prefix", choices=["approx", "precise"], default="approx",
         help="precise: the model servers publish KV-cache events to epp, which adds the "
@@ -266,6 +270,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         vllm_kv_cache_bytes=args.kv_mib << 20,
         vllm_stream_interval=args.vllm_stream_interval,
         vllm_responses_store=args.vllm_responses_store,
+        vllm_tools=args.vllm_tools,
         prefix=args.prefix,
         fair=args.fair,
         sglang_behind_gateway=args.sglang_behind_gateway,

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -123,6 +124,14 @@ async def stream_one(
                     done = True
                     continue
                 chunk = json.loads(payload)
+                if "type" in chunk and "choices" not in chunk:  # Anthropic Messages events
+                    said, stop = _anthropic_event(chunk, rec)
+                    done = done or stop
+                    if said:
+                        if rec.ttft_s is None:
+                            rec.ttft_s = time.perf_counter() - t0
+                        text.append(said)
+                    continue
                 for choice in chunk.get("choices") or ():
                     piece = (
                         (choice.get("delta") or {}).get("content") if chat else choice.get("text")
@@ -144,6 +153,27 @@ async def stream_one(
     finally:
         rec.e2e_s = time.perf_counter() - t0
     return "".join(text)
+
+
+def _anthropic_event(event: dict[str, Any], rec: RequestRecord) -> tuple[str, bool]:
+    """One event of an Anthropic Messages stream: its text, and whether the stream is done
+    (``message_stop``); usage into ``rec`` (the prompt is ``input_tokens`` plus the cache
+    reads and writes, the cached part the reads)."""
+    kind = event.get("type")
+    if kind == "content_block_delta":
+        delta = event.get("delta") or {}
+        return (delta.get("text") or "") if delta.get("type") == "text_delta" else "", False
+    usage = (event.get("message") or {}).get("usage") if kind == "message_start" else event.get("usage")
+    if isinstance(usage, dict):
+        if "input_tokens" in usage:
+            read = usage.get("cache_read_input_tokens") or 0
+            rec.prompt_tokens = usage["input_tokens"] + read + (usage.get("cache_creation_input_tokens") or 0)
+            rec.cached_tokens = read
+        if "output_tokens" in usage:
+            rec.completion_tokens = usage["output_tokens"]
+    if kind == "error":
+        rec.error = json.dumps(event)[:200]
+    return "", kind == "message_stop"
 
 
 async def run_workload(

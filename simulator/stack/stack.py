@@ -99,6 +99,10 @@ class StackOptions:
     vllm_kv_cache_bytes: int = 64 << 20
     vllm_stream_interval: int = 1
     """vLLM's ``--stream-interval`` (tokens per streamed chunk after the first)."""
+    vllm_tools: bool = False
+    """vLLM serves tool calls: a chat template that renders tools, tool calls and results
+    (``simulator/vllm/tools_chat_template.jinja``) and the deepseek_v3 tool parser, which
+    requests with ``tools`` need (every Anthropic Messages request that has tools)."""
     vllm_block_size: int = 32
     vllm_responses_store: bool = False
     """The vLLM servers keep stored Responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``); the
@@ -533,6 +537,8 @@ async def _start_vllm(
         kv_cache_bytes=options.vllm_kv_cache_bytes,
         max_num_seqs=options.max_num_seqs or 32,
         stream_interval=options.vllm_stream_interval,
+        chat_template=str(vllm.TOOLS_CHAT_TEMPLATE) if options.vllm_tools else "",
+        tool_call_parser="deepseek_v3" if options.vllm_tools else "",
         kv_events_endpoint="" if precise is None else precise.events,  # '' = no events
         shared_kv_dir=_kv_dir(options) if options.pd and not nixl else "",
         responses_store=options.vllm_responses_store,

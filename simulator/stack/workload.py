@@ -144,8 +144,13 @@ class SharedPrefixWorkload:
 
 def _text(rng: random.Random, tokens: int, tag: str) -> str:
     """About ``tokens`` tokens of words, starting with ``tag`` so texts differ from byte 0."""
-    chars = tokens * CHARS_PER_TOKEN
-    words = [tag]
+    return word_text(rng, tokens * CHARS_PER_TOKEN, tag)
+
+
+def word_text(rng: random.Random, chars: int, tag: str = "") -> str:
+    """``chars`` characters of English-like words (a tokenizer reads them as ~1 token a word),
+    starting with ``tag``."""
+    words = [tag] if tag else []
     length = len(tag)
     while length < chars:
         w = rng.choice(_VOCAB)

@@ -34,6 +34,10 @@ UNUSABLE = ("torchvision", "torchaudio", "torchcodec")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+TOOLS_CHAT_TEMPLATE = Path(__file__).with_name("tools_chat_template.jinja")
+"""The tiny model's template with tools (system, tools, turns), for agent workloads."""
+
+
 class VllmUnavailable(RuntimeError):
     """Real vLLM cannot run on this machine, or could not be installed; the message says why
     and what to do."""
@@ -66,6 +70,12 @@ class ServerOptions:
     """Prefill/decode disaggregation: share KV through this directory with vLLM's
     ExampleConnector (``kv_both``: the server writes what it prefills and loads what it finds
     there); '' = off."""
+    chat_template: str = ""
+    """A chat template file instead of the model's own ('' = the model's):
+    ``TOOLS_CHAT_TEMPLATE`` renders tools, tool calls and tool results."""
+    tool_call_parser: str = ""
+    """vLLM's ``--enable-auto-tool-choice --tool-call-parser NAME`` ('' = off): requests
+    with ``tools`` (every Anthropic Messages request that has them) need it."""
     nixl_port: int = 0
     """Prefill/decode disaggregation with vLLM's NixlConnector (``kv_both``, KV in host
     memory, moved by NIXL's UCX backend): the server's NIXL side-channel port (0 = off; needs
@@ -245,6 +255,10 @@ def server_command(
     ]  # fmt: skip
     if options.stream_interval > 1:
         cmd += ["--stream-interval", str(options.stream_interval)]
+    if options.chat_template:
+        cmd += ["--chat-template", options.chat_template]
+    if options.tool_call_parser:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", options.tool_call_parser]
     if options.kv_events_endpoint:
         import json
 

@@ -4,11 +4,13 @@ what a request carries (its session, its adapter, exact output lengths)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from pathlib import Path
 
 from aiohttp import web
 
+from epp.framework.request import ApiKind
 from simulator.emulator import EmulatorConfig, start_emulator
 from simulator.load import LoadOptions, body_of, run_load, summarize
 from simulator.replay.workload import TraceRequest, build_generator
@@ -66,5 +68,25 @@ async def test_sessions_and_adapters_go_with_the_request(tmp_path: Path) -> None
     session, body = by_prompt["hello again"]
     assert session == "" and body["model"] == "base" and body["max_tokens"] == 1  # at least one
     assert summarize(sent).hit_rate == 0.8
-    assert body_of(items[0], LoadOptions("base", ignore_eos=False)).get("ignore_eos") is None
+    assert body_of(items[0], LoadOptions("base", ignore_eos=False))[1].get("ignore_eos") is None
     await asyncio.sleep(0)
+
+
+async def test_agent_sessions_sent_in_messages_form_are_cached_turn_by_turn() -> None:
+    server = await start_emulator(EmulatorConfig(speedup=50.0, model="m", num_gpu_blocks=4096))
+    try:
+        workload = build_generator("agentic", {"num_sessions": 3, "rate": 20.0, "min_turns": 4, "max_turns": 4,
+                                               "turn_gap_s": 0.05, "system_prompt_len": 512, "tool_output_len": 64,
+                                               "output_len": 8, "subagents": 0, "num_system_prompts": 1})  # fmt: skip
+        sent = await run_load(server.url, workload, LoadOptions("m", api=ApiKind.MESSAGES))
+    finally:
+        await server.close()
+    assert len(sent) == 12 and all(s.record.ok for s in sent), [s.record.error for s in sent]
+    assert all(s.record.completion_tokens == 8 for s in sent)  # Anthropic usage read
+    _, *rest = sorted(sent, key=lambda s: s.request.arrival_s)
+    assert all(s.record.cached_tokens >= 512 for s in rest)  # the shared system prompt, at least
+    by_session: dict[str, list[int]] = {}
+    for s in sorted(sent, key=lambda s: s.request.arrival_s):
+        by_session.setdefault(s.request.session_id, []).append(s.record.cached_tokens)
+    # each next turn finds its previous turn's prompt: the Messages form keeps the prefix
+    assert all(b > a for cached in by_session.values() for a, b in itertools.pairwise(cached))

@@ -263,6 +263,71 @@ async def test_epp_computes_the_block_keys_vllm_publishes(
     assert applied > 0 and not producer.stats.dropped.get((server, "bad-message"))
 
 
+async def test_anthropic_messages_through_epp_learn_real_usage(stack: Stack, http: aiohttp.ClientSession) -> None:
+    """vLLM's Messages front end through the gateway and epp, JSON and streamed: the turns of
+    one conversation stay together, and epp reads Anthropic usage (input + cache reads) as
+    the servers report it; count_tokens is routed."""
+    epp = epp_of(stack)
+    registry = epp.registry
+    before = registry.get_sample_value("epp_usage_cached_tokens_total", {"model": MODEL}) or 0.0
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Where is my parcel?"}]
+    upstreams, cached = [], 0
+    for stream in (False, True):
+        body = {"model": MODEL, "max_tokens": 4, "system": SYSTEM, "messages": messages, "stream": stream}
+        async with http.post(stack.gateway_url + "/v1/messages", json=body) as r:
+            assert r.status == 200, await r.text()
+            upstreams.append(r.headers[UPSTREAM_HOST_HEADER])
+            raw = await r.read()
+        if stream:
+            events = [json.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")]
+            usage = next(e["usage"] for e in events if e["type"] == "message_delta")
+        else:
+            usage = json.loads(raw)["usage"]
+        cached = usage.get("cache_read_input_tokens") or 0
+        messages = [*messages, {"role": "assistant", "content": "Let me check."},
+                    {"role": "user", "content": "It was sent on Monday."}]  # fmt: skip
+    assert upstreams[0] == upstreams[1] and cached > 0  # the second found the first's blocks
+    for _ in range(50):  # learned when the stream ends
+        after = registry.get_sample_value("epp_usage_cached_tokens_total", {"model": MODEL}) or 0.0
+        if after >= before + cached:
+            break
+        await asyncio.sleep(0.02)
+    assert after >= before + cached
+    status, headers, raw = await post(http, stack.gateway_url + "/v1/messages/count_tokens",
+                                      {"model": MODEL, "system": SYSTEM, "messages": messages})  # fmt: skip
+    assert status == 200 and json.loads(raw)["input_tokens"] > 100, raw
+    assert headers[UPSTREAM_HOST_HEADER] in stack.endpoints()
+
+
+async def test_epp_keys_a_messages_request_as_the_server_publishes_it(
+    stack: Stack, http: aiohttp.ClientSession
+) -> None:
+    """Precise mode renders Anthropic Messages as vLLM's front end does: the blocks a server
+    announces for a Messages request (sent straight to it) are the keys epp computes."""
+    producer = epp_of(stack).scheduler.plugin(PrecisePrefixProducer)
+    assert producer is not None
+    server = stack.endpoints()[0]
+    body = {"model": MODEL, "max_tokens": 2,
+            "system": [{"type": "text", "text": "You plan train journeys across the country. " * 40}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "From Lyon to Nantes?"}]},
+                         {"role": "assistant", "content": [{"type": "thinking", "thinking": "Via Paris."},
+                                                           {"type": "text", "text": "Change in Paris."}]},
+                         {"role": "user", "content": "And the fastest one?"}]}  # fmt: skip
+    keyed = producer.keyer.keys(InferenceRequest("t", MODEL, "x", api=ApiKind.MESSAGES, body=body))
+    assert not isinstance(keyed, str), keyed
+    status, _, raw = await post(http, f"http://{server}/v1/messages", body)
+    assert status == 200, raw
+    usage = json.loads(raw)["usage"]
+    prompt = usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0) + (
+        usage.get("cache_creation_input_tokens") or 0)  # fmt: skip
+    assert prompt == keyed.num_tokens  # the same tokens
+    for _ in range(200):
+        if producer.index.match(keyed.keys, [server], 1e12).get(server) == len(keyed.keys):
+            break
+        await asyncio.sleep(0.05)
+    assert producer.index.match(keyed.keys, [server], 1e12) == {server: len(keyed.keys)}
+
+
 async def test_vllm_hash_functions_agree_with_epps_for_both_algorithms() -> None:
     """vLLM's own ``hash_block_tokens`` (in the vLLM environment) for ``sha256`` (pickle,
     vLLM's default) and ``sha256_cbor``, with and without a cache salt."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from epp.errors import ConfigError
 from epp.framework.endpoint import Endpoint, EndpointId
-from epp.framework.request import ApiKind, InferenceRequest
+from epp.framework.request import InferenceRequest
 from epp.framework.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 from epp.prefix.hasher import ChunkHasher, chain_seed
 from epp.prefix.index import PrefixIndex
@@ -181,7 +181,7 @@ class PrefixProducer:
         self, request: InferenceRequest, hashes: Sequence[int], target: EndpointId, reply: str,
         now_s: float,
     ) -> None:  # fmt: skip
-        marker = "<|assistant|>" if request.api in (ApiKind.CHAT, ApiKind.RESPONSES) else ""
+        marker = "<|assistant|>" if request.api.conversational else ""
         start = len(hashes) * self.hasher.block_chars
         # only the prompt's unhashed tail and the reply: the prompt's chunks are hashed already
         cap = self.hasher.max_chunks

@@ -4,19 +4,34 @@ block hashes (``epp.prefix.tokenize``, ``epp.prefix.blockhash``)."""
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from epp.framework.request import InferenceRequest
+from epp.framework.request import ApiKind, InferenceRequest
 from epp.plugins.preciseprefix.params import PreciseIndexConfig
 from epp.prefix.blockhash import BlockKeys, VllmBlockHasher
 from epp.prefix.keycache import PrefixKeyCache
-from epp.prefix.tokenize import TokenizerPool
+from epp.prefix.tokenize import ModelTokenizer, TokenizerPool
+from epp.request.messages import chat_body
 
 
 class BlockKeyer(Protocol):
     def keys(self, request: InferenceRequest) -> BlockKeys | str:
         """The request's block keys, or the reason it cannot be keyed."""
         ...
+
+
+def _prompt(tok: ModelTokenizer, api: ApiKind, body: Mapping[str, Any]) -> tuple[str, bool] | list[int] | None:
+    """What the server tokenizes (``ModelTokenizer.prompt_text``); Anthropic Messages as the
+    chat request vLLM makes of them, vLLM's token-in ``token_ids`` as they are (with media
+    ``features``, whose hashes vLLM adds to the blocks, not reproduced)."""
+    if api is ApiKind.MESSAGES:
+        chat = chat_body(body)
+        return None if chat is None else tok.prompt_text(ApiKind.CHAT.value, chat)
+    if api is ApiKind.GENERATE:
+        ids = body.get("token_ids")
+        return list(ids) if isinstance(ids, list) and body.get("features") is None else None
+    return tok.prompt_text(api.value, body)
 
 
 class TokenizingKeyer:
@@ -55,7 +70,7 @@ class TokenizingKeyer:
         if tok is None:
             return "no-tokenizer"
         t0 = time.perf_counter()
-        prompt = tok.prompt_text(request.api.value, body)
+        prompt = _prompt(tok, request.api, body)
         if prompt is None:
             return "not-reproducible"
         salt = request.cache_salt

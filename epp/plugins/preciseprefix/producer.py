@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.interfaces import PluginContext
-from epp.framework.request import InferenceRequest
+from epp.framework.request import ApiKind, InferenceRequest
 from epp.framework.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 from epp.plugins.preciseprefix.events import EventBatch, Kind
 from epp.plugins.preciseprefix.keyer import BlockKeyer, TokenizingKeyer
@@ -118,14 +118,19 @@ class PrecisePrefixProducer:
 
     # --- the request path ------------------------------------------------------------
 
-    def prepare_request(self, request: InferenceRequest) -> BlockKeys | str:
+    def prepare_request(self, request: InferenceRequest) -> BlockKeys | str | None:
         """Tokenize and key the request (a worker thread, before scheduling: see
         ``RequestPreparer``); the request carries the result to its cycle, however long it
-        waits in flow control's queue, and ``prepare`` finds it there."""
+        waits in flow control's queue, and ``prepare`` finds it there. Auxiliary APIs
+        (routed by load) are not keyed: None."""
+        if request.api is ApiKind.AUXILIARY:
+            return None
         return self.keyer.keys(request)
 
     def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
         request = state.request
+        if request.api is ApiKind.AUXILIARY:
+            return
         keyed = state.data.get(self.name)
         if not isinstance(keyed, BlockKeys | str):  # not prepared ahead (the replay)
             keyed = self.keyer.keys(request)

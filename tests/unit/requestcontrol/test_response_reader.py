@@ -168,3 +168,70 @@ def test_responses_share_one_byte_budget() -> None:
         r.feed(b"\n", True)
         r.release()
     assert budget.used == 0
+
+
+# --- Anthropic Messages: vLLM's front end, and the Anthropic API's own shape ---------------
+
+
+def anthropic_sse(start_usage: dict[str, int], end_usage: dict[str, int]) -> bytes:
+    events = [
+        ("message_start", {"type": "message_start", "message": {
+            "id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "served",
+            "usage": start_usage}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "thinking", "thinking": ""}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "thinking_delta", "thinking": "hmm"}}),
+        ("content_block_start", {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Héllo"}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": " 世界"}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 1}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": end_usage}),
+        ("message_stop", {"type": "message_stop"}),
+    ]  # fmt: skip
+    return b"".join(f"event: {name}\ndata: {json.dumps(doc, ensure_ascii=False)}\n\n".encode()
+                    for name, doc in events)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        # vLLM 0.32 (--enable-prompt-tokens-details): the last event carries the whole usage,
+        # input_tokens net of the cache read
+        ({"input_tokens": 900, "output_tokens": 0}, {"input_tokens": 100, "output_tokens": 3,
+                                                     "cache_read_input_tokens": 800}),
+        # the Anthropic API: message_start has the input side, message_delta the output count
+        ({"input_tokens": 100, "cache_read_input_tokens": 800, "output_tokens": 1}, {"output_tokens": 3}),
+    ],
+)
+@pytest.mark.parametrize("size", [1, 9, 10_000])
+def test_anthropic_stream_usage_and_text(start: dict[str, int], end: dict[str, int], size: int) -> None:
+    data = anthropic_sse(start, end)
+    r = ResponseReader(200, sse=True)
+    assert feed_all(r, data, size) == data
+    info = r.info()
+    assert (info.prompt_tokens, info.cached_tokens, info.completion_tokens) == (900, 800, 3)
+    assert info.generated_text == "Héllo 世界"  # the thinking is not the reply's text
+
+
+def test_anthropic_json_usage_and_text() -> None:
+    doc = {"id": "msg_1", "type": "message", "role": "assistant", "model": "served", "content": [
+        {"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "Sure."},
+        {"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+        "usage": {"input_tokens": 10, "output_tokens": 7, "cache_read_input_tokens": 32,
+                  "cache_creation_input_tokens": 4}}  # fmt: skip
+    r = ResponseReader(200, sse=False)
+    r.feed(json.dumps(doc).encode(), True)
+    info = r.info()
+    assert (info.prompt_tokens, info.cached_tokens, info.completion_tokens) == (46, 32, 7)
+    assert info.generated_text == "Sure."
+    r = ResponseReader(200, sse=False)  # without prompt-token details: no cache figure
+    r.feed(json.dumps({"type": "message", "content": [], "usage": {"input_tokens": 10, "output_tokens": 1}}).encode(), True)
+    assert (r.info().prompt_tokens, r.info().cached_tokens) == (10, None)
+
+
+def test_responses_usage_counts_cached_inside_input() -> None:
+    r = ResponseReader(200, sse=False)
+    usage = {"input_tokens": 50, "input_tokens_details": {"cached_tokens": 32}, "output_tokens": 5}
+    r.feed(json.dumps({"object": "response", "usage": usage}).encode(), True)
+    assert (r.info().prompt_tokens, r.info().cached_tokens, r.info().completion_tokens) == (50, 32, 5)

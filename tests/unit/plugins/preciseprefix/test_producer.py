@@ -408,3 +408,35 @@ def test_clearing_a_large_endpoint_is_instant_and_finished_in_bounded_sweep_step
     idx.speculate(B, list(range(300_000, 305_000)), deadline_s=1.0)
     spec = list(idx.sweep_steps(2.0))
     assert sum(spec) == 5_000 and max(spec) <= SLICE_ITEMS and len(spec) >= 5
+
+
+def test_a_messages_request_is_keyed_as_the_chat_request_vllm_makes_of_it(tokenizer_dir: Path) -> None:
+    """Precise mode renders Anthropic Messages through the model's chat template the way
+    vLLM's Messages front end does: the same keys as its chat twin."""
+    p = PrecisePrefixProducer.from_params("precise", PreciseIndexConfig(block_size=2, tokenizers={
+        "m": str(tokenizer_dir)}))  # fmt: skip
+    anthropic = {"model": "m", "max_tokens": 4, "system": [{"type": "text", "text": "the desk"}],
+                 "messages": [{"role": "user", "content": "hello world"},
+                              {"role": "assistant", "content": [{"type": "text", "text": "how are you"}]},
+                              {"role": "user", "content": [{"type": "text", "text": "the parcel is late"}]}]}  # fmt: skip
+    chat = {"model": "m", "messages": [{"role": "system", "content": "the desk"},
+                                       {"role": "user", "content": "hello world"},
+                                       {"role": "assistant", "content": "how are you"},
+                                       {"role": "user", "content": "the parcel is late"}]}  # fmt: skip
+    got = p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.MESSAGES, body=anthropic))
+    want = p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.CHAT, body=chat))
+    assert not isinstance(got, str) and not isinstance(want, str)
+    assert got.keys == want.keys and got.num_tokens > 8
+    effort = {**anthropic, "output_config": {"effort": "low"}}  # a reasoning effort vLLM resolves
+    assert p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.MESSAGES, body=effort)) == "not-reproducible"
+
+
+def test_vllm_token_in_requests_are_keyed_by_their_token_ids(tokenizer_dir: Path) -> None:
+    p = PrecisePrefixProducer.from_params("precise", PreciseIndexConfig(block_size=2, tokenizers={
+        "m": str(tokenizer_dir)}))  # fmt: skip
+    ids = [5, 6, 7, 8, 9, 10]
+    got = p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.GENERATE, body={"token_ids": ids}))
+    want = p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.COMPLETIONS, body={"prompt": ids}))
+    assert not isinstance(got, str) and not isinstance(want, str) and got.keys == want.keys
+    with_media = {"token_ids": ids, "features": {"mm_hashes": {}, "mm_placeholders": {}}}
+    assert p.keyer.keys(InferenceRequest("r", "m", "x", api=ApiKind.GENERATE, body=with_media)) == "not-reproducible"
