@@ -167,10 +167,10 @@ class EppMetrics:
         self.answered = Counter(
             "epp_answered_requests",
             "Requests epp answered itself with an error status instead of routing them (or "
-            "after routing them: a response over its limits), by HTTP status and reason: flow "
-            "control's queue-full, band-full, displaced, queue-timeout, shutting-down; "
-            "max-open-streams; else the error's type (service_unavailable: no endpoint, "
-            "rate_limit_exceeded: a sheddable request shed, invalid_request_error...). A model "
+            "after routing them: a response over its limits), by HTTP status and reason: the "
+            "answer's error.reason (queue-full, band-full, displaced, queue-timeout, shed, "
+            "no-endpoints, shutting-down), max-open-streams, else the error's type "
+            "(invalid_request_error...). A model "
             "server's own error statuses are never counted here (epp_requests_total has them).",
             ["status", "reason"],
             registry=r,

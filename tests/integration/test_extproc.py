@@ -417,7 +417,7 @@ async def test_sheddable_request_is_429_when_pool_saturated() -> None:
         assert ec.destination((await s.recv_n(2))[0]) is not None
         s.call.cancel()
         assert e.handle.registry.get_sample_value("epp_requests_total", {"model": "", "status": "429"}) == 1
-        answered = {"status": "429", "reason": "rate_limit_exceeded"}
+        answered = {"status": "429", "reason": "shed"}  # its error.reason (serve.md's shedding table)
         assert e.handle.registry.get_sample_value("epp_answered_requests_total", answered) == 1
     finally:
         await stop_epp(e)
