@@ -6,12 +6,14 @@ from __future__ import annotations
 class EppError(Exception):
     """Base of every error epp reports to a client. ``message`` is safe to show to the client."""
 
-    def __init__(self, message: str, reason: str = "") -> None:
+    def __init__(self, message: str, reason: str = "", param: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason
         """A machine-readable cause (``queue-full``, ``queue-timeout``...), '' when the
         status says it all; shown as ``error.reason`` in the response body."""
+        self.param = param
+        """The request field at fault (OpenAI's ``error.param``: ``model``), '' for none."""
 
 
 class BadRequest(EppError):
