@@ -207,10 +207,18 @@ class RouterStream:
         return [convert.REQUEST_HEADERS_CONTINUE]
 
     def _model_of_headers(self, method: str) -> ModelRoute:
-        forced = self._headers.get(MODEL_REWRITE_HEADER) if self._router.parser.trust_control_headers else None
+        """A request without a body: the trusted rewrite header's model, the default model,
+        the one base model; else a 404 (nothing says which pool could serve it)."""
+        router = self._router
+        forced = self._headers.get(MODEL_REWRITE_HEADER) if router.parser.trust_control_headers else None
         if forced:
-            return self._router.route_model(forced)
-        return self._router.unnamed(f"{method} {echo(self._path.partition('?')[0])}")
+            return router.route_model(forced)
+        try:
+            return router.unnamed("")
+        except BadRequest:
+            raise NotFound(f"{method} {echo(self._path.partition('?')[0])}: this gateway routes "
+                           "each request to the pool of the model its body names (GET "
+                           "/v1/models lists them)") from None  # fmt: skip
 
     def _request_body(self, b: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if self._phase is not Phase.BODY:
