@@ -18,7 +18,7 @@ MODELS = "chat:2:sql-lora,coder:1"
 
 
 def test_the_models_flag_is_parsed_and_checked() -> None:
-    (chat, coder) = parse_models(MODELS)
+    (chat, _coder) = parse_models(MODELS)
     assert (chat.model, chat.replicas, chat.adapters, chat.name) == ("chat", 2, ("sql-lora",), "chat")
     assert parse_models("meta-llama/Llama-3.1-8B:1")[0].name == "meta-llama-llama-3-1-8b"
     for bad in ("chat", "chat:0", "chat:2,chat:1", "chat:1:coder,coder:1"):
