@@ -323,20 +323,22 @@ async def run_models_demo(
     table.add_column("model (pool)")
     for p in policies:
         table.add_column(f"{p}: hit rate", justify="right")
-        table.add_column(f"{p}: TTFT p50 / p90", justify="right")
+        table.add_column(f"{p}: TTFT p50 / p90 (server mean)", justify="right")
         table.add_column(f"{p}: misrouted, errors", justify="right")
     for load in loads:
         cells = []
         for p in policies:
             r = runs[p][load.model]
             s = r.summary
-            cells += [f"{s.hit_rate:.1%}", f"{s.ttft_p50_ms:.0f} / {s.ttft_p90_ms:.0f} ms",
+            cells += [f"{s.hit_rate:.1%}", f"{s.ttft_p50_ms:.0f} / {s.ttft_p90_ms:.0f} ms "
+                      f"({s.server_ttft_mean_ms:.0f} ms)",
                       f"{r.misrouted}, {s.errors} of {s.requests}"]  # fmt: skip
         table.add_row(f"{load.model} ({load.pool})", *cells)
     console.print(table)
     console.print("misrouted = requests a server outside the model's pool answered "
                   "(x-upstream-host); hit rate = the pool's vllm:prefix_cache_hits_total / "
-                  "queries_total; TTFT from the client's SSE stream.")  # fmt: skip
+                  "queries_total; TTFT from the client's SSE stream, server mean = the pool's "
+                  "vllm:time_to_first_token_seconds (the servers' own, without the gateway).")  # fmt: skip
     if out_dir is not None:
         flat = [dataclasses.replace(r.summary, policy=f"{p} / {m}") for p in policies
                 for m, r in runs[p].items()]  # fmt: skip
