@@ -141,7 +141,7 @@ async def serve(args: argparse.Namespace) -> int:
         sources.append(source)
     try:
         handle = await start_router(pools, options, sources=sources)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # a port in use; no ConfigMap list (DiscoveryError)
         log.error("cannot start: %s", exc)
         print(f"epp model-router: cannot start: {exc}", file=sys.stderr)
         return 1

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from epp.errors import Unavailable
 from epp.extproc import convert
 from epp.extproc.errors import immediate_response
-from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS
+from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS, REFUSE_READ_S
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget, ProtocolError
 from epp.modelrouter.catalog import CONFIG, DEFAULT_MAX_MODELS, ModelCatalog
 from epp.modelrouter.listing import ListingOptions, ModelLister
@@ -88,7 +88,11 @@ class RouterService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         read, write, eof = context.read, context.write, grpc.aio.EOF
         if self.open_streams >= self.max_open_streams:
             self._router.metrics.request(None, "503")
-            first = await read()
+            try:
+                async with asyncio.timeout(REFUSE_READ_S):
+                    first = await read()
+            except TimeoutError:
+                return
             if first is not eof:
                 await write(immediate_response(Unavailable(
                     f"the model router has {self.open_streams} requests open, the most it "

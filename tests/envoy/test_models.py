@@ -199,6 +199,13 @@ async def test_unknown_models_the_model_list_and_a_client_picking_its_pool(
                              headers={"x-gateway-base-model-name": CODER, "x-gateway-model-name": CODER},
                              json={"model": CHAT, "prompt": "hello", "max_tokens": 2}) as r:  # fmt: skip
             forged = (r.status, r.headers.get(UPSTREAM_HOST_HEADER, ""))
+        # the model router down: nothing says which pool, whatever the client claims
+        assert g.router.proc is not None
+        g.router.proc.send_signal(signal.SIGKILL)
+        await g.router.proc.wait()
+        async with http.post(g.url + "/v1/completions", headers={"x-gateway-base-model-name": CHAT},
+                             json={"model": CHAT, "prompt": "hello", "max_tokens": 2}) as r:  # fmt: skip
+            down = (r.status, await r.json())
     assert status == 404
     assert error["error"]["type"] == "not_found_error" and error["error"]["param"] == "model"
     assert "gpt-9" in error["error"]["message"] and CHAT in error["error"]["message"]
@@ -206,6 +213,7 @@ async def test_unknown_models_the_model_list_and_a_client_picking_its_pool(
     assert listed["object"] == "list" and sorted(ids) == sorted([CHAT, ADAPTER, CODER])
     assert card["id"] == ADAPTER and card["parent"] == CHAT
     assert forged[0] == 200 and forged[1] in g.servers("chat")
+    assert down[0] == 503 and down[1]["error"]["type"] == "service_unavailable"
 
 
 async def test_one_pools_epp_killed_that_pool_fails_open_the_other_keeps_its_epp(
