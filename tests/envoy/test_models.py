@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from epp.envoyconfig import UPSTREAM_HOST_HEADER, EnvoyOptions, PoolRoute
+from epp.envoyconfig import FAIL_OPEN_HEADER, UPSTREAM_HOST_HEADER, EnvoyOptions, PoolRoute
 from simulator.emulator import RunningEmulator
 from simulator.envoy import RunningEnvoy, start_envoy, with_ports
 from simulator.stack import child
@@ -148,9 +148,12 @@ PATHS = {CHAT: "/v1/chat/completions", ADAPTER: "/v1/chat/completions", CODER: "
 
 
 async def send(http: aiohttp.ClientSession, url: str, model: str, i: int) -> tuple[int, str]:
+    """The status and the server that answered ("fail-open:" before it when the response
+    carries Envoy's fail-open marker: no epp saw it)."""
     async with http.post(url + PATHS[model], json=request_for(model, i)) as r:
         await r.read()
-        return r.status, r.headers.get(UPSTREAM_HOST_HEADER, "")
+        opened = "fail-open:" if FAIL_OPEN_HEADER in r.headers else ""
+        return r.status, opened + r.headers.get(UPSTREAM_HOST_HEADER, "")
 
 
 async def test_every_request_reaches_its_models_pool_through_its_epp(
@@ -190,6 +193,7 @@ async def test_unknown_models_the_model_list_and_a_client_picking_its_pool(
         async with http.post(g.url + "/v1/chat/completions",
                              json={"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}) as r:  # fmt: skip
             status, error = r.status, await r.json()
+            assert FAIL_OPEN_HEADER not in r.headers  # the router answered
         async with http.get(g.url + "/v1/models") as r:
             listed = await r.json()
         async with http.get(g.url + f"/v1/models/{ADAPTER}") as r:
@@ -235,7 +239,10 @@ async def test_one_pools_epp_killed_that_pool_fails_open_the_other_keeps_its_epp
         open_chat = await g.envoy.counters("http.inference.ext_proc.failure_mode_allowed")
     assert all(status == 200 for _, (status, _) in outcomes), outcomes
     chat_upstreams = {up for m, (_, up) in outcomes if m == CHAT}
-    assert chat_upstreams <= g.servers("chat") and len(chat_upstreams) > 1  # Envoy balanced
-    assert {up for m, (_, up) in outcomes if m == CODER} <= g.servers("coder")
+    # served without an epp (the marker), balanced by Envoy over the chat pool's servers
+    assert all(up.startswith("fail-open:") for up in chat_upstreams), chat_upstreams
+    assert {up.removeprefix("fail-open:") for up in chat_upstreams} <= g.servers("chat")
+    assert len(chat_upstreams) > 1
+    assert {up for m, (_, up) in outcomes if m == CODER} <= g.servers("coder")  # through its epp
     assert after - before == 24  # every coder request still through the coder pool's epp
     assert sum(open_chat.values()) >= 24  # the chat requests failed open
