@@ -37,6 +37,12 @@ Writes docs/results/envoy-overhead.md and .json.
 ``traceparent`` still goes upstream) and on with every request sampled in (``parentbased_always_on``:
 all spans recorded and exported over OTLP/HTTP to a receiver in this process). Interleaved
 rounds as above; writes docs/results/envoy-tracing.md and data/envoy-tracing.json.
+
+**The model router** (``--model-router``, on by default; ``--only-model-router`` runs only
+this section and writes nothing): what ``epp model-router`` in front of the pools costs per
+request, in the bootstrap ``epp envoy-config --pool NAME=MODEL@SERVERS ...`` makes (two
+pools, every request for the first): Envoy balancing the pool alone vs with the router
+picking the pool, and Envoy + epp vs Envoy + the router + the pool's epp (``default`` mode).
 """
 
 from __future__ import annotations
@@ -489,6 +495,107 @@ def row(mode: str, conc: int, runs: dict[str, list[dict[str, float]]]) -> str:
     )
 
 
+# --- the model router's section -----------------------------------------------------------
+
+
+ROUTER_CONFIGS = ("alone", "router", "epp", "router+epp")
+ROUTER_HEAD = ("| concurrency | Envoy alone: req/s, p50 | + model router: req/s, p50 | router / alone "
+               "throughput | router - alone p50 | + epp: req/s, p50 | + router + epp: req/s, p50 "
+               "| (router + epp) / epp throughput | router CPU ms a request | unrouted, errors |\n"
+               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+
+
+def router_options(config: str, pool: tuple[str, ...], epp: str, router: str) -> Any:
+    """The front Envoy of one configuration: one pool (model ``m``), or two pools behind the
+    model router (every request names ``m``; the second pool takes none)."""
+    from epp.envoyconfig import EnvoyOptions, PoolRoute
+
+    if config == "alone":
+        return EnvoyOptions(routing="random", pool=pool)
+    if config == "epp":
+        return EnvoyOptions(epp=(epp,), pool=pool, **MODES["default"])
+    routing = "epp" if config == "router+epp" else "random"
+    pools = (PoolRoute("m", ("m",), pool, (epp,)), PoolRoute("other", ("other",), pool[:1], (epp,)))
+    return EnvoyOptions(pools=pools, model_router=(router,), routing=routing, **MODES["default"])
+
+
+async def run_model_router(args: argparse.Namespace) -> dict[str, Any]:
+    from simulator.envoy import start_envoy, with_ports
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-router-"))
+    ports = free_ports(UPSTREAMS)
+    pool = tuple(f"127.0.0.1:{p}" for p in ports)
+    from epp.envoyconfig import EnvoyOptions
+
+    upstream = await start_envoy(EnvoyOptions(), workdir, name="upstreams",
+                                 config=upstream_config(ports, PAGE.read_text()))  # fmt: skip
+    script = wrk_script(workdir / "bodies.lua")
+    epp_port, router_port = free_ports(2)
+    epp = start_server([sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1",
+                        "--grpc-port", str(epp_port), "--health-port", "-1", "--metrics-port", "-1",
+                        "--endpoints", ",".join(pool), "--log-level", "error"])  # fmt: skip
+    router = start_server([sys.executable, "-m", "epp.cli", "model-router", "--host", "127.0.0.1",
+                           "--grpc-port", str(router_port), "--metrics-port", "-1",
+                           "--pool", f"m=m@{','.join(pool)}", "--pool", f"other=other@{pool[0]}",
+                           "--models-refresh-s", "60", "--log-level", "error"])  # fmt: skip
+    results: dict[str, Any] = {}
+    try:
+        await wait_epp(epp_port)
+        await wait_epp(router_port)
+        procs = {"epp": epp, "router": router}
+        uses = {"alone": (), "router": ("router",), "epp": ("epp",), "router+epp": ("router", "epp")}
+        for conc in args.concurrency:
+            runs: dict[str, list[dict[str, float]]] = {c: [] for c in ROUTER_CONFIGS}
+            for r in range(args.rounds):
+                k = r % len(ROUTER_CONFIGS)
+                for config in ROUTER_CONFIGS[k:] + ROUTER_CONFIGS[:k]:
+                    for name, proc in procs.items():  # only what the configuration uses runs
+                        os.kill(proc.pid, signal.SIGCONT if name in uses[config] else signal.SIGSTOP)
+                    await asyncio.sleep(1.5 if "epp" in config else 0.5)  # epp rescrapes
+                    options = router_options(config, pool, f"127.0.0.1:{epp_port}", f"127.0.0.1:{router_port}")
+                    pid = router.pid if "router" in config else None
+                    runs[config].append(await measure(with_ports(options), pid, script, conc,
+                                                      args.seconds, workdir))  # fmt: skip
+            results[f"model-router/{conc}"] = runs
+            print(router_row(conc, runs), flush=True)
+    finally:
+        for proc in (epp, router):
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.terminate()
+            proc.wait()
+        await upstream.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def router_row(conc: int, runs: dict[str, list[dict[str, float]]]) -> str:
+    a, r, e, re_ = runs["alone"], runs["router"], runs["epp"], runs["router+epp"]
+
+    def paired(x: list[dict[str, float]], y: list[dict[str, float]]) -> float:
+        return statistics.median(p["rps"] / q["rps"] for p, q in zip(x, y, strict=True))
+
+    unrouted = int(sum(x["unrouted"] for x in r + e + re_))
+    bad = int(sum(x["bad"] for x in a + r + e + re_))
+    return (
+        f"| {conc} | {med(a, 'rps'):,.0f}, {med(a, 'p50_ms'):.2f} ms "
+        f"| {med(r, 'rps'):,.0f}, {med(r, 'p50_ms'):.2f} ms | {paired(r, a):.2f} "
+        f"| {med(r, 'p50_ms') - med(a, 'p50_ms'):+.2f} ms "
+        f"| {med(e, 'rps'):,.0f}, {med(e, 'p50_ms'):.2f} ms "
+        f"| {med(re_, 'rps'):,.0f}, {med(re_, 'p50_ms'):.2f} ms | {paired(re_, e):.2f} "
+        f"| {med(r, 'server_cpu_ms'):.3f} | {unrouted}, {bad} |"
+    )
+
+
+ROUTER_NOTES = (
+    "\n\nThe model router (epp model-router) in front of two pools, every request for the "
+    "first (the same 16 KB prompts, 'default' mode: buffered request bodies): Envoy balancing "
+    "the pool at random alone vs with the router choosing the pool by the body's model; Envoy "
+    "+ the pool's epp vs Envoy + the router + the pool's epp. Ratios: medians of the paired "
+    "per-round ratios. Router CPU: the model router's process per request (its runs without "
+    "epp)."
+)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
@@ -498,6 +605,10 @@ def main() -> None:
     p.add_argument("--tracing", choices=("also", "only", "off"), default="also",
                    help="the tracing section (docs/results/envoy-tracing.md): also, only it, or not")
     p.add_argument("--serve-noop", default="", help=argparse.SUPPRESS)
+    p.add_argument("--no-model-router", action="store_true",
+                   help="skip the model router's section (what epp model-router costs per request)")
+    p.add_argument("--only-model-router", action="store_true",
+                   help="run only the model router's section (prints, writes no page)")
     args = p.parse_args()
     if args.serve_noop:
         asyncio.run(serve_noop(args.serve_noop.split(",")))
@@ -510,6 +621,10 @@ def main() -> None:
         sys.exit("bench_envoy: wrk is not installed (Debian: apt-get install wrk)")
     if not PAGE.exists():
         sys.exit(f"bench_envoy: the real vLLM page is missing ({PAGE})")
+    if args.only_model_router:
+        print(ROUTER_HEAD, flush=True)
+        asyncio.run(run_model_router(args))
+        return
     if args.tracing != "off":
         print(TRACING_HEAD, flush=True)
         path = write_tracing(asyncio.run(run_tracing(args)))
@@ -518,12 +633,20 @@ def main() -> None:
             return
     print(HEAD, flush=True)
     results = asyncio.run(run(args))
+    router_table = ""
+    if not args.no_model_router:
+        print(ROUTER_HEAD, flush=True)
+        router_results = asyncio.run(run_model_router(args))
+        results.update(router_results)
+        router_table = "\n\n" + ROUTER_HEAD + "\n" + "\n".join(
+            router_row(int(key.split("/")[1]), runs) for key, runs in router_results.items())
     from bench.results import write_result
 
     rows = []
     for key, runs in results.items():
         mode, conc = key.split("/")
-        rows.append(row(mode, int(conc), runs))
+        if mode != "model-router":
+            rows.append(row(mode, int(conc), runs))
     table = HEAD + "\n" + "\n".join(rows)
     notes = (
         "\n\nMedians of interleaved rounds (each round one run of each configuration, a fresh "
@@ -536,6 +659,8 @@ def main() -> None:
             f"{k}: request {v['request_body']}, response {v['response']}, fail-{v['failure']}"
             for k, v in MODES.items()) + "."
     )  # fmt: skip
+    if router_table:
+        notes += router_table + ROUTER_NOTES
     path = write_result("envoy-overhead", "ext_proc overhead through real Envoy", table + notes,
                         results)  # fmt: skip
     print(f"wrote {path.relative_to(ROOT)}")

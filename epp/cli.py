@@ -295,6 +295,13 @@ def _add_other_commands(sub: Any) -> None:
     _add_envoy_config(sub)
     _add_pd_sidecar(sub)
     dryrun.register(sub, HelpFormatter)
+    _add_model_router(sub)
+
+
+def _add_model_router(sub: Any) -> None:
+    from epp.modelrouter.cli import register
+
+    register(sub, formatter=HelpFormatter, port=_port, size=byte_size, number=_number)
 
 
 def _add_pd_sidecar(sub: Any) -> None:
@@ -394,12 +401,21 @@ def _add_envoy_config(sub: Any) -> None:
     p.add_argument("--check", default="", metavar="FILE",
                    help="check the Envoy bootstrap FILE against epp's config instead of "
                    "printing one: each contradicting setting is named; exit 1 if any")
-    p.add_argument("--epp", default="127.0.0.1:9002",
-                   help="epp's ext_proc address(es), comma-separated host:port; a DNS name "
-                   "(e.g. a headless Service) stands for all its addresses")
-    p.add_argument("--pool", default="",
+    p.add_argument("--epp", action="append", default=[],
+                   help="epp's ext_proc address(es), comma-separated host:port (default "
+                   "127.0.0.1:9002); a DNS name (e.g. a headless Service) stands for all its "
+                   "addresses. With several pools, one per pool: NAME=HOST:PORT[,HOST:PORT]")
+    p.add_argument("--pool", action="append", default=[],
                    help="the model servers, comma-separated host:port (a DNS name stands for "
-                   "all its addresses). Without it: an ORIGINAL_DST cluster, fail-closed only")
+                   "all its addresses). Without it: an ORIGINAL_DST cluster, fail-closed only. "
+                   "Several pools behind one listener (each model to its pool, by "
+                   "epp model-router): NAME=MODEL[,MODEL...]@HOST:PORT[,...], repeated")
+    p.add_argument("--pools", default="", metavar="FILE",
+                   help="several pools as YAML instead of --pool NAME=... (docs/envoy.md, "
+                   "'Several models')")
+    p.add_argument("--model-router", default="127.0.0.1:9005",
+                   help="with several pools: epp model-router's ext_proc address(es), "
+                   "comma-separated host:port")
     p.add_argument("--port", type=_port, default=8081, help="listener port")
     p.add_argument("--address", default="0.0.0.0", help="listener address")
     p.add_argument("--admin-port", type=_port, default=19000,
@@ -466,6 +482,7 @@ def envoy_bootstrap(args: argparse.Namespace) -> EnvoyBootstrap:
     """The bootstrap for ``args``: the settings that must agree with epp's config derived
     from it; raises ValueError naming a setting given that contradicts it."""
     from epp import envoyconfig as ec
+    from epp.modelrouter.cli import envoy_pools
 
     def hosts(text: str) -> tuple[str, ...]:
         return tuple(a.strip() for a in text.split(",") if a.strip())
@@ -473,9 +490,16 @@ def envoy_bootstrap(args: argparse.Namespace) -> EnvoyBootstrap:
     given = {"message_timeout_s": args.message_timeout_s,
              "stream_idle_timeout_s": args.stream_idle_timeout_s,
              "max_request_bytes": args.max_request_bytes}  # fmt: skip
+    try:
+        pools = envoy_pools(args.pool, args.epp, args.pools)
+    except ConfigError as exc:
+        raise ValueError(f"{exc.field}: {exc.problem}") from None
+    single = not pools
     options = ec.EnvoyOptions(
         listen_address=args.address, listen_port=args.port, admin_port=args.admin_port,
-        epp=hosts(args.epp), pool=hosts(args.pool), routing=args.routing,
+        epp=hosts(",".join(args.epp) if single and args.epp else "127.0.0.1:9002"),
+        pool=hosts(args.pool[0]) if single and args.pool else (), routing=args.routing,
+        pools=pools, model_router=hosts(args.model_router),
         failure=args.failure, request_body=args.request_body, response=args.response,
         fallback_lb=args.fallback_lb, retries=args.retries,
         upstream_idle_timeout_s=args.upstream_idle_timeout_s,
@@ -720,6 +744,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging("warning", json_lines=False)
         return int(args.run(args))
     setup_logging(args.log_level, json_lines=args.log_format == "json")
+    if args.command == "model-router":
+        from epp.modelrouter.cli import run as run_model_router
+
+        return run_model_router(args)
     if args.command == "pd-sidecar":
         return asyncio.run(_pd_sidecar(args))
     if args.command == "serve":

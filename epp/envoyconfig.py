@@ -33,12 +33,17 @@ The request path (docs/envoy.md)::
   limit must not exceed epp's body cap (above epp's gRPC message limit the stream fails and
   Envoy fails open). :func:`derive` fills the settings a user did not give from those needs
   and :func:`mismatches` names each one that contradicts them.
+* **Several pools** (``pools``: one model, or several, per pool, one epp per pool): see
+  :func:`add_pools`.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import ipaddress
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +116,29 @@ _HUGE = 1_000_000
 """Circuit-breaker thresholds: no limit of Envoy's own below what the servers can take."""
 
 
+MODEL_HEADER = "x-gateway-model-name"
+"""The request's model as the body names it (set by ``epp model-router``)."""
+BASE_MODEL_HEADER = "x-gateway-base-model-name"
+"""The base model of the request's model (itself, or a LoRA adapter's base): what the routes
+match to pick the pool (the Inference Extension's body-based router's header)."""
+POOL_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+@dataclass(slots=True, frozen=True)
+class PoolRoute:
+    """One pool behind a multi-pool Envoy: the base models routed to it, its model servers
+    and its epp."""
+
+    name: str
+    """A DNS label (``chat``): its clusters are ``pool-NAME`` and ``epp-NAME``."""
+    models: tuple[str, ...]
+    """Base models whose requests (and their adapters') go to this pool."""
+    servers: tuple[str, ...]
+    """The pool's model servers, ``host:port`` (a DNS name stands for all its records)."""
+    epp: tuple[str, ...] = ()
+    """The pool's epp replicas, ``host:port``."""
+
+
 @dataclass(slots=True, frozen=True)
 class EnvoyOptions:
     listen_address: str = "0.0.0.0"
@@ -148,9 +176,17 @@ class EnvoyOptions:
     access_log: str = ""
     """A file Envoy appends one JSON line per request to (``ACCESS_LOG_FIELDS``): where the
     time went between the client, Envoy, epp and the server. Empty: no access log."""
+    pools: tuple[PoolRoute, ...] = ()
+    """Several pools behind this listener (``add_pools``); ``epp`` and ``pool`` are then
+    unused: each pool names its own."""
+    model_router: tuple[str, ...] = ("127.0.0.1:9005",)
+    """With ``pools``: ``epp model-router``'s ext_proc address(es), ``host:port``."""
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that cannot work."""
+        if self.pools:
+            _validate_pools(self)
+            return
         _choice("routing", self.routing, ROUTINGS)
         _choice("failure", self.failure, FAILURE_MODES)
         _choice("request_body", self.request_body, REQUEST_BODY_MODES)
@@ -405,6 +441,9 @@ def _route(o: EnvoyOptions) -> dict[str, Any]:
 
 def envoy_config(o: EnvoyOptions) -> dict[str, Any]:
     """The Envoy bootstrap for ``o`` (a plain dict; dump it as YAML or JSON)."""
+    if o.pools:
+        o.validate()
+        return add_pools(envoy_config(pool_options(o, o.pools[0])), o)
     o.validate()
     filters: list[dict[str, Any]] = [_strip_filter()]
     clusters = [pool_cluster(o)]
@@ -458,6 +497,168 @@ def envoy_config(o: EnvoyOptions) -> dict[str, Any]:
             },
         }]},
     }
+
+
+# --- several pools behind one listener -------------------------------------------------
+
+MODEL_ROUTER_FILTER = "epp-model-router"
+_PER_ROUTE = f"{_TYPE}filters.http.ext_proc.v3.ExtProcPerRoute"
+NO_MODEL_ROUTER_BODY = (
+    '{"error": {"message": "no model router answered: the gateway cannot tell which pool '
+    'serves the request\'s model; retry shortly", "type": "service_unavailable", "code": 503}}'
+)
+"""What a request gets when ``epp model-router`` did not answer (all replicas down): it alone
+knows which pool serves the body's model."""
+
+
+def extproc_clusters(o: EnvoyOptions) -> tuple[str, ...]:
+    """The clusters of the ext_proc servers of ``o``'s bootstrap (each pool's epp, the model
+    router), which must pass their health checks before Envoy routes through them."""
+    if not o.pools:
+        return ("epp",) if o.routing == "epp" else ()
+    epps = tuple(f"epp-{p.name}" for p in o.pools) if o.routing == "epp" else ()
+    return (*epps, "model-router")
+
+
+def pool_options(o: EnvoyOptions, p: PoolRoute) -> EnvoyOptions:
+    """The single-pool options of pool ``p`` (its servers and its epp, the rest of ``o``)."""
+    epp = p.epp if o.routing == "epp" else o.epp
+    return dataclasses.replace(o, pools=(), pool=p.servers, epp=epp)
+
+
+def _validate_pools(o: EnvoyOptions) -> None:
+    if o.pool:
+        raise ValueError("with several pools each names its servers (pool NAME=MODEL@SERVER,...)"
+                         ", not a plain server list")  # fmt: skip
+    if not o.model_router:
+        raise ValueError("several pools need the model router's address (model router)")
+    for a in o.model_router:
+        split_host_port(a, "model router")
+    names: set[str] = set()
+    models: dict[str, str] = {}
+    for p in o.pools:
+        if not POOL_NAME.match(p.name):
+            raise ValueError(f"pool name {p.name!r}: lower-case letters, digits and '-' (a DNS label)")
+        if p.name in names:
+            raise ValueError(f"pool {p.name!r} is named twice")
+        names.add(p.name)
+        if not p.models:
+            raise ValueError(f"pool {p.name!r}: name the base models it serves")
+        for m in p.models:
+            if m in models:
+                raise ValueError(f"model {m!r} is in pools {models[m]!r} and {p.name!r}: a "
+                                 "request for it must have one pool")  # fmt: skip
+            models[m] = p.name
+        if o.routing == "epp" and not p.epp:
+            raise ValueError(f"pool {p.name!r}: give its epp's address (epp NAME=HOST:PORT)")
+        try:
+            pool_options(o, p).validate()
+        except ValueError as exc:
+            raise ValueError(f"pool {p.name!r}: {exc}") from None
+
+
+def _named(cluster: dict[str, Any], name: str) -> dict[str, Any]:
+    cluster["name"] = name
+    if "load_assignment" in cluster:
+        cluster["load_assignment"]["cluster_name"] = name
+    return cluster
+
+
+def _model_router_filter(o: EnvoyOptions) -> dict[str, Any]:
+    """The body-based router: reads the whole request body (BUFFERED), sets the model headers
+    and clears the route cache, so the route is chosen by ``BASE_MODEL_HEADER``; never sees
+    the response. Failing open: a request it did not answer matches no pool's route and gets
+    ``NO_MODEL_ROUTER_BODY``."""
+    return {
+        "name": MODEL_ROUTER_FILTER,
+        "typed_config": {
+            "@type": f"{_TYPE}filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "model-router"}, "timeout": "10s"},
+            "stat_prefix": "model_router",
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "BUFFERED",
+                "request_trailer_mode": "SKIP",
+                "response_header_mode": "SKIP",
+                "response_body_mode": "NONE",
+                "response_trailer_mode": "SKIP",
+            },
+            "failure_mode_allow": True,
+            "message_timeout": _duration(o.message_timeout_s),
+        },
+    }
+
+
+def add_pools(config: dict[str, Any], o: EnvoyOptions) -> dict[str, Any]:
+    """Turn the bootstrap of ``o``'s first pool into the bootstrap of all of ``o.pools``::
+
+        client -> strip -> epp-model-router (ext_proc: sets x-gateway-base-model-name)
+               -> ext_proc (epp: its gRPC service chosen per route, one epp per pool)
+               -> router: route "x-gateway-base-model-name: MODEL" -> cluster pool-NAME
+
+    One route per base model matches ``BASE_MODEL_HEADER`` and sends the request to its
+    pool's cluster; on that route the epp filters' gRPC service is the pool's epp
+    (``ExtProcPerRoute.overrides``), so each pool fails open on its own: with its epp down,
+    its requests go to the fallback policy over its servers, the other pools' through their
+    epps. A request that matches no route (the model router did not answer) gets a 503
+    direct response. The client's copies of the model headers are removed first (the strip
+    filter), so a client cannot choose its pool, even while the model router is down.
+    """
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"
+    ]
+    filters: list[dict[str, Any]] = hcm["http_filters"]
+    strip = filters[0]["typed_config"]["mutations"]["request_mutations"]
+    strip += [{"remove": h} for h in (MODEL_HEADER, BASE_MODEL_HEADER)]
+    filters.insert(1, _model_router_filter(o))
+    picked = [f for f in filters if f["typed_config"].get("grpc_service", {})
+              .get("envoy_grpc", {}).get("cluster_name") == "epp"]  # fmt: skip
+    first = o.pools[0].name
+    for f in picked:
+        f["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] = f"epp-{first}"
+
+    clusters = [c for c in config["static_resources"]["clusters"] if c["name"] not in ("pool", "epp")]
+    vhost = hcm["route_config"]["virtual_hosts"][0]
+    base_route = vhost["routes"][0]["route"]
+    routes: list[dict[str, Any]] = []
+    for p in o.pools:
+        po = pool_options(o, p)
+        clusters.append(_named(pool_cluster(po), f"pool-{p.name}"))
+        per_filter: dict[str, Any] = {}
+        if picked:
+            clusters.append(_named(epp_cluster(po), f"epp-{p.name}"))
+            for f in picked:
+                service = copy.deepcopy(f["typed_config"]["grpc_service"])
+                service["envoy_grpc"]["cluster_name"] = f"epp-{p.name}"
+                per_filter[f["name"]] = {"@type": _PER_ROUTE, "overrides": {"grpc_service": service}}
+        for model in p.models:
+            route = copy.deepcopy(base_route)
+            route["cluster"] = f"pool-{p.name}"
+            entry: dict[str, Any] = {
+                "name": f"{p.name}/{model}",
+                "match": {"prefix": "/", "headers": [
+                    {"name": BASE_MODEL_HEADER, "string_match": {"exact": model}}]},
+                "route": route,
+            }  # fmt: skip
+            if per_filter:
+                entry["typed_per_filter_config"] = copy.deepcopy(per_filter)
+            routes.append(entry)
+    unmatched: dict[str, Any] = {
+        "name": "no-model-router",
+        "match": {"prefix": "/"},
+        "direct_response": {"status": 503, "body": {"inline_string": NO_MODEL_ROUTER_BODY}},
+        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"},
+                                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+    }  # fmt: skip
+    if picked:
+        unmatched["typed_per_filter_config"] = {
+            f["name"]: {"@type": _PER_ROUTE, "disabled": True} for f in picked
+        }
+    vhost["routes"] = [*routes, unmatched]
+    router = dataclasses.replace(o, pools=(), epp=o.model_router)
+    clusters.append(_named(epp_cluster(router), "model-router"))
+    config["static_resources"]["clusters"] = clusters
+    return config
 
 
 def render_yaml(o: EnvoyOptions, header: str = "") -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 class EppError(Exception):
     """Base of every error epp reports to a client. ``message`` is safe to show to the client."""
 
-    def __init__(self, message: str, reason: str = "", dropped: str = "") -> None:
+    def __init__(self, message: str, reason: str = "", dropped: str = "",
+                 param: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason
@@ -16,6 +17,8 @@ class EppError(Exception):
         """Why the request was dropped in llm-d's vocabulary (``DROPPED_*``), sent as the
         ``x-llm-d-request-dropped-reason`` response header; '' for errors that are not a
         shedding decision (a bad request, epp's own bounds)."""
+        self.param = param
+        """The request field at fault (OpenAI's ``error.param``: ``model``), '' for none."""
 
 
 DROPPED_SATURATED = "rejected-saturated"

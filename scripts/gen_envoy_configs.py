@@ -30,6 +30,17 @@ SHIPPED: dict[str, tuple[list[str], str]] = {
         "request and response bodies FULL_DUPLEX_STREAMED. When no epp answers, every request\n"
         "gets a 500. Choose it only if a request must never reach a server epp did not pick.",
     ),
+    "envoy-models.yaml": (
+        ["--pool", "llama=meta-llama/Llama-3.1-8B-Instruct@127.0.0.1:8000",
+         "--pool", "coder=Qwen/Qwen2.5-Coder-7B-Instruct@127.0.0.1:8100",
+         "--epp", "llama=127.0.0.1:9002", "--epp", "coder=127.0.0.1:9012",
+         "--model-router", "127.0.0.1:9005"],
+        "Two models behind one listener: epp model-router (first) reads each request's model\n"
+        "from its body and sets x-gateway-base-model-name; one route per base model sends the\n"
+        "request to its pool, whose epp (the ext_proc filter's gRPC service, chosen per route)\n"
+        "picks the server. Each pool fails open on its own; a request the model router did not\n"
+        "answer gets a 503 (run: epp model-router --pool NAME=MODEL@SERVERS ... --grpc-port 9005).",
+    ),
 }
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from epp.envoyconfig import EnvoyOptions, render_yaml
+from epp.envoyconfig import EnvoyOptions, extproc_clusters, render_yaml
 
 
 class EnvoyUnavailable(RuntimeError):
@@ -130,10 +130,13 @@ class RunningEnvoy:
                 out[f"{sock['address']}:{sock['port_value']}"] = {**stats, "healthy": healthy}
         return out
 
-    async def wait_epp_healthy(self, deadline: float, want: set[str] | None = None) -> None:
-        """Until every epp host (or those in ``want``) passed its health check."""
+    async def wait_epp_healthy(
+        self, deadline: float, want: set[str] | None = None, cluster: str = "epp"
+    ) -> None:
+        """Until every host of the epp cluster (or those in ``want``) passed its health check
+        (``cluster``: another ext_proc cluster, e.g. a pool's ``epp-NAME``)."""
         while True:
-            hosts = await self.host_stats("epp")
+            hosts = await self.host_stats(cluster)
             targets = want if want is not None else set(hosts)
             if targets and all(hosts.get(t, {}).get("healthy") for t in targets):
                 return
@@ -189,8 +192,10 @@ async def start_envoy(
     try:
         await _wait_ready(envoy, admin_path, deadline)
         clusters = (config or {}).get("static_resources", {}).get("clusters", [])
-        if options.routing == "epp" and (config is None or any(c.get("name") == "epp" for c in clusters)):
-            await envoy.wait_epp_healthy(deadline)
+        names = {c.get("name") for c in clusters}
+        for cluster in extproc_clusters(options):
+            if config is None or cluster in names:
+                await envoy.wait_epp_healthy(deadline, cluster=cluster)
     except BaseException:
         await envoy.stop()
         raise

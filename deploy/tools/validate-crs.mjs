@@ -11,6 +11,7 @@ const root = path.join(process.env.EPP_NPM_MODULES, "node_modules");
 const MODELS = {
   "gateway.networking.k8s.io/v1": "@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1",
   "networking.istio.io/v1": "@kubernetes-models/istio/networking.istio.io/v1",
+  "networking.istio.io/v1alpha3": "@kubernetes-models/istio/networking.istio.io/v1alpha3",
   "monitoring.coreos.com/v1": "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1",
   "gateway.envoyproxy.io/v1alpha1": "@kubernetes-models/envoy-gateway/gateway.envoyproxy.io/v1alpha1",
 };

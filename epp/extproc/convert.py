@@ -160,6 +160,43 @@ def replaced_response_body(body: bytes, buffered: bool) -> pb.ProcessingResponse
     return msg
 
 
+def _fill_headers(
+    common: pb.CommonResponse, headers: Sequence[tuple[str, str]], content_length: int | None
+) -> None:
+    for key, value in headers:
+        _set_header(common.header_mutation, key, value)
+    if content_length is not None:
+        _set_header(common.header_mutation, "content-length", str(content_length))
+    common.clear_route_cache = True
+
+
+def headers_set_response(
+    headers: Sequence[tuple[str, str]], content_length: int | None = None
+) -> pb.ProcessingResponse:
+    """Reply to request headers setting ``headers`` and clearing the route cache, so Envoy
+    picks the route again with them (``epp model-router``: full duplex, or no body)."""
+    msg = pb.ProcessingResponse()
+    _fill_headers(msg.request_headers.response, headers, content_length)
+    return msg
+
+
+def body_headers_set_response(headers: Sequence[tuple[str, str]]) -> pb.ProcessingResponse:
+    """BUFFERED mode: the same in the reply to the body (which passes unchanged)."""
+    msg = pb.ProcessingResponse()
+    _fill_headers(msg.request_body.response, headers, None)
+    return msg
+
+
+def immediate_json(status: int, body: bytes) -> pb.ProcessingResponse:
+    """Answer the client at once with a JSON ``body`` (``epp model-router``'s model list)."""
+    msg = pb.ProcessingResponse()
+    immediate = msg.immediate_response
+    immediate.status.code = status  # an envoy.type.v3.StatusCode
+    _set_header(immediate.headers, "content-type", "application/json")
+    immediate.body = body
+    return msg
+
+
 REQUEST_HEADERS_CONTINUE = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
 REQUEST_BODY_CONTINUE = pb.ProcessingResponse(request_body=pb.BodyResponse())
 REQUEST_TRAILERS_CONTINUE = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())

@@ -50,6 +50,9 @@ def error_body(error: BaseException) -> bytes:
     reason = error.reason if isinstance(error, errors.EppError) else ""
     if reason:
         body["reason"] = reason
+    param = error.param if isinstance(error, errors.EppError) else ""
+    if param:
+        body["param"] = param
     return json.dumps({"error": body}).encode()
 
 

@@ -120,11 +120,27 @@ async def _wait_mesh(handles: list[Any], timeout_s: float) -> None:
         delay = min(delay * 2, 0.1)
 
 
+async def start_model_router(
+    pools: list[str], adapters: list[str], host: str = "127.0.0.1", refresh_s: float = 2.0
+) -> Any:
+    """``epp model-router`` (its own ``start_router``) on free ports, over ``pools``
+    (``--pool`` values) with ``adapters`` (``--adapters`` values)."""
+    from epp.modelrouter.listing import ListingOptions
+    from epp.modelrouter.pools import from_flags
+    from epp.modelrouter.server import RouterOptions, start_router
+
+    config = from_flags(pools, adapters)
+    assert config is not None
+    options = RouterOptions(host=host, grpc_port=0, metrics_port=0,
+                            listing=ListingOptions(refresh_s=refresh_s))  # fmt: skip
+    return await start_router(config, options)
+
+
 def describe_epp(handle: Any, host: str = "127.0.0.1") -> dict[str, Any]:
     return {
         "grpc": f"{host}:{handle.grpc_port}",
         "metrics": f"http://{host}:{handle.metrics_port}/metrics",
-        "sync": f"{host}:{handle.sync_port}" if handle.sync is not None else None,
+        "sync": f"{host}:{handle.sync_port}" if getattr(handle, "sync", None) is not None else None,
     }
 
 
@@ -154,6 +170,13 @@ async def _main(args: argparse.Namespace) -> None:
         finally:
             for r in reps:
                 await r.close()
+    elif args.role == "model-router":
+        router = await start_model_router(args.pool, args.adapters)
+        print(json.dumps({"router": describe_epp(router)}), flush=True)
+        try:
+            await _until_stopped()
+        finally:
+            await router.stop(1.0)
     else:
         handles = await start_epps(
             args.count, [e for e in args.endpoints.split(",") if e], args.config, sync=not args.no_sync,
@@ -169,7 +192,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="simulator.stack.child")
-    p.add_argument("role", choices=["replicas", "epp"])
+    p.add_argument("role", choices=["replicas", "epp", "model-router"])
     p.add_argument("--count", type=int, default=4)
     p.add_argument("--speedup", type=float, default=1.0)
     p.add_argument("--model", default=EmulatorConfig().model)
@@ -188,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scrape-interval-s", type=float, default=None, help="epp: scrape period")
     p.add_argument("--response-observer", action="store_true",
                    help="epp: responses come on an observer filter's stream")
+    p.add_argument("--pool", action="append", default=[], help="model-router: a pool, NAME=MODEL@SERVERS")
+    p.add_argument("--adapters", action="append", default=[], help="model-router: BASE=ADAPTER,...")
     p.add_argument("--log-level", default=os.environ.get("EPP_SIM_LOG_LEVEL", "WARNING"))
     args = p.parse_args(argv)
     logging.basicConfig(

@@ -154,6 +154,13 @@ def register(subparsers: Any) -> None:
         "with --demo several, comma-separated: epp runs once per period, each a column",
     )  # fmt: skip
     g.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
+    g.add_argument(
+        "--models", default="", metavar="MODEL:N[:ADAPTER+...],...",
+        help="several models behind one gateway: a pool per model (N servers serving MODEL, "
+        "and the LoRA adapters named after a second colon, emulated servers only), an epp per "
+        "pool, epp model-router and one real Envoy in front (e.g. chat:4,coder:2; "
+        "docs/local-stack.md); with --demo, every model's workload at once and a table per model",
+    )  # fmt: skip
     g.add_argument("--port", type=int, default=0, help="gateway port (0 = any free port)")
     g.add_argument(
         "--gateway", choices=["envoy", "python"], default="envoy",
@@ -246,7 +253,10 @@ def register(subparsers: Any) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> StackOptions:
+    from simulator.stack.manymodels import parse_models
+
     return StackOptions(
+        models=parse_models(args.models) if args.models else (),
         replicas=args.replicas,
         policy=args.policy,
         config=args.config,
@@ -326,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
         _check_servers(args)
         options = options_from_args(args)
         _check_lora(options)
+        _check_models(args, options, several)
         workload = workload_from_args(args) if args.demo else None
         baselines = tuple(b.strip() for b in args.baseline.split(",") if b.strip())
         for b in baselines:
@@ -356,6 +367,15 @@ def _check_servers(args: argparse.Namespace) -> None:
                              "(the replay compares P/D: epp-sim replay --pd P:D)")  # fmt: skip
     if args.vllm_stream_interval < 1:
         raise ValueError(f"--vllm-stream-interval must be at least 1, not {args.vllm_stream_interval}")
+
+
+def _check_models(args: argparse.Namespace, options: StackOptions, several: bool) -> None:
+    if options.models:
+        from simulator.stack.manymodels import check
+
+        check(options)
+        if args.rounds > 1 or several or args.epp_replicas > 1:
+            raise ValueError("--models runs one epp per pool, one round, one config")
 
 
 def _check_lora(options: StackOptions) -> None:
@@ -397,10 +417,14 @@ async def _main(
         loop.add_signal_handler(sig, on_signal)
     if workload is not None:
         from simulator.stack.demo import run_demo
+        from simulator.stack.manymodels import run_models_demo
 
         try:
-            await run_demo(options, workload, (args.policy, *args.baselines), args.out_dir,
-                           rounds=args.rounds, scrape_intervals=args.scrape_intervals)
+            if options.models:
+                await run_models_demo(options, workload, (args.policy, *args.baselines), args.out_dir)
+            else:
+                await run_demo(options, workload, (args.policy, *args.baselines), args.out_dir,
+                               rounds=args.rounds, scrape_intervals=args.scrape_intervals)
         except asyncio.CancelledError:
             print("\ninterrupted; stacks stopped", file=sys.stderr)
             return 130
@@ -418,6 +442,9 @@ async def _main(
 
 def _summary(stack: Stack) -> None:
     o = stack.options
+    if stack.pools:
+        _models_summary(stack)
+        return
     lines = [
         (
             f"local stack up: {len(stack.replica_urls)} real vLLM servers of {o.model} "
@@ -448,5 +475,23 @@ def _summary(stack: Stack) -> None:
         f"try: curl -s {stack.gateway_url}/v1/completions -H 'content-type: application/json' "
         f'-d \'{{"model": "{o.model}", "prompt": "Hello", "max_tokens": 8}}\''
     )
+    lines.append("Ctrl-C stops everything.")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _models_summary(stack: Stack) -> None:
+    lines = [f"local stack up: {len(stack.pools)} pools behind one Envoy",
+             f"  gateway   {stack.gateway_url}   policy {stack.options.policy}; GET /v1/models lists every model",
+             f"  router    epp model-router grpc {stack.model_router}"]  # fmt: skip
+    for pool in stack.pools:
+        models = ", ".join(pool.spec.models)
+        epps = ", ".join(e.grpc for e in pool.epps) or "none (baseline)"
+        lines.append(f"  pool {pool.name}: {models}; epp {epps}")
+        lines += [f"    replica {url}" for url in pool.replica_urls]
+    if stack.log_dir:
+        lines.append(f"  logs      {stack.log_dir}")
+    model = stack.pools[0].spec.model
+    lines.append(f"try: curl -s {stack.gateway_url}/v1/completions -H 'content-type: application/json' "
+                 f'-d \'{{"model": "{model}", "prompt": "Hello", "max_tokens": 8}}\'')  # fmt: skip
     lines.append("Ctrl-C stops everything.")
     print("\n".join(lines), file=sys.stderr, flush=True)

@@ -144,6 +144,13 @@ class StackOptions:
     """How KV moves with ``pd``: ``shared-storage`` (a directory: vLLM's ExampleConnector, the
     emulator's ``--kv-store``) or ``nixl`` (real vLLM only: its NixlConnector over NIXL's UCX
     backend, KV in host memory; the sidecar passes ``kv_transfer_params``)."""
+    first_server: int = 0
+    """The number of the first real vLLM server (its log ``vllm-N.log``, its core): with
+    ``models``, each pool's servers follow the previous pool's."""
+    models: tuple[Any, ...] = ()
+    """``--models chat:4,coder:2``: one pool per model (``simulator.stack.manymodels``), each
+    with its servers and its epp, ``epp model-router`` in front, one Envoy; ``replicas``,
+    ``model`` and ``lora_adapters`` then come from each pool's ``ModelPool``."""
 
     def modes(self) -> tuple[int, int]:
         """ext_proc request and response body modes (the response: full-duplex unless set)."""
@@ -295,6 +302,10 @@ class Stack:
 
     sidecars: list[str] = field(default_factory=list)
     """With ``pd``: the decoders' sidecars (``host:port``), what the gateway routes to."""
+    pools: list[Any] = field(default_factory=list)
+    """With ``models``: each model's pool (``simulator.stack.manymodels.StackPool``)."""
+    model_router: str = ""
+    """With ``models``: the model router's ext_proc address (host:port)."""
 
     def endpoints(self) -> list[str]:
         return [u.removeprefix("http://") for u in self.replica_urls]
@@ -328,6 +339,9 @@ class Stack:
             out["prefill_urls"] = self.replica_urls[:p]
             out["decode_urls"] = self.replica_urls[p:]
             out["sidecars"] = self.sidecars
+        if self.pools:
+            out["model_router"] = self.model_router
+            out["pools"] = [pool.describe() for pool in self.pools]
         return out
 
     async def stop(self) -> None:
@@ -544,7 +558,7 @@ async def _start_vllm(
         responses_store=options.vllm_responses_store,
     )  # fmt: skip
     urls = []
-    for i in range(options.replicas):
+    for i in range(options.first_server, options.first_server + options.replicas):
         port = vllm.free_port()
         if nixl:  # each server its own NIXL side channel
             server_options = dataclasses.replace(server_options, nixl_port=vllm.free_port())
@@ -751,9 +765,9 @@ async def _start_sglang_router(
 
 async def _start_epps(
     options: StackOptions, config: str, endpoints: list[str], log_dir: Path | None,
-    children: list[_Child], inline: list[Any], deadline: float,
+    children: list[_Child], inline: list[Any], deadline: float, name: str = "epp",
 ) -> list[EppReplica]:  # fmt: skip
-    """The epp replicas, in a child process or in this one, ready."""
+    """The epp replicas, in a child process (``name``, its log's name) or in this one, ready."""
     if options.isolation == "process":
         assert log_dir is not None
         argv = ["epp", "--count", str(options.epp_replicas)]
@@ -768,7 +782,7 @@ async def _start_epps(
             argv += ["--scrape-interval-s", str(options.scrape_interval_s)]
         if options.response_observer:
             argv.append("--response-observer")
-        ch, info = await _spawn("epp", argv, log_dir, options.ready_timeout_s)
+        ch, info = await _spawn(name, argv, log_dir, options.ready_timeout_s)
         children.append(ch)
         described = info["epps"]
     else:
@@ -937,6 +951,10 @@ async def _start_routing(
 
 
 async def start_stack(options: StackOptions) -> Stack:
+    if options.models:
+        from simulator.stack.manymodels import start_models_stack
+
+        return await start_models_stack(options)
     deadline = time.monotonic() + options.ready_timeout_s
     children: list[_Child] = []
     inline: list[Any] = []

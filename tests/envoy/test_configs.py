@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp.envoyconfig import EnvoyOptions, envoy_config, render_yaml
+from epp.envoyconfig import EnvoyOptions, PoolRoute, envoy_config, render_yaml
 from tests.envoy.conftest import require_envoy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,14 @@ def test_a_shipped_config_is_the_generators_output_and_envoy_accepts_it(path: Pa
     _validate(path)
 
 
+TWO_POOLS = (PoolRoute("chat", ("chat-base",), ("10.0.0.1:8000", "10.0.0.2:8000"), ("10.0.1.1:9002",)),
+             PoolRoute("coder", ("coder-base", "coder-alias"), ("vllm-coder.ns.svc:8000",),
+                       ("epp-coder.ns.svc:9002",)))  # fmt: skip
 VARIANTS = {
+    "two pools": EnvoyOptions(pools=TWO_POOLS, upstream_host_header=True),
+    "two pools, observer": EnvoyOptions(pools=TWO_POOLS, response="observer"),
+    "two pools, random baseline": EnvoyOptions(pools=TWO_POOLS, routing="random"),
+    "two pools, fail-closed": EnvoyOptions(pools=TWO_POOLS, failure="closed", request_body="full-duplex"),
     "fail-open, full-duplex responses": EnvoyOptions(pool=("10.0.0.1:8000", "10.0.0.2:8000")),
     "observer": EnvoyOptions(pool=("10.0.0.1:8000",), response="observer"),
     "no response processing": EnvoyOptions(pool=("10.0.0.1:8000",), response="none"),
@@ -77,6 +84,11 @@ def test_envoy_accepts_every_combination_of_the_generator(name: str, tmp_path: P
         (EnvoyOptions(routing="random"), "list its servers"),
         (EnvoyOptions(pool=("10.0.0.1",)), "not host:port"),
         (EnvoyOptions(pool=("10.0.0.1:8000",), response="streamed"), "response must be"),
+        (EnvoyOptions(pools=TWO_POOLS, pool=("10.0.0.1:8000",)), "each names its servers"),
+        (EnvoyOptions(pools=(*TWO_POOLS, PoolRoute("x", ("chat-base",), ("10.0.0.9:8000",),
+                                                    ("10.0.1.9:9002",)))), "in pools 'chat' and 'x'"),
+        (EnvoyOptions(pools=(PoolRoute("chat", ("m",), ("10.0.0.1:8000",)),)), "epp's address"),
+        (EnvoyOptions(pools=TWO_POOLS, request_body="full-duplex"), "pool 'chat': failing open"),
     ],
 )
 def test_a_combination_that_cannot_work_is_refused_with_the_reason(
@@ -103,3 +115,30 @@ def test_the_shipped_default_fails_open_over_an_override_host_pool() -> None:
     # Envoy's default circuit breaker caps a cluster at 1,024 concurrent requests: each HTTP
     # request holds one ext_proc stream, so the default would cap the gateway
     assert epp["circuit_breakers"]["thresholds"][0]["max_requests"] > 100_000
+
+
+def test_the_models_bootstrap_routes_each_base_model_to_its_pool_through_its_epp() -> None:
+    """deploy/envoy/envoy-models.yaml: the client's model headers removed first, the model
+    router before the epp filter, a route per base model whose epp filter talks to that
+    pool's epp, and a 503 for a request the router did not answer."""
+    raw = yaml.safe_load((ROOT / "deploy" / "envoy" / "envoy-models.yaml").read_text())
+    hcm = raw["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    names = [f["name"] for f in hcm["http_filters"]]
+    assert names[:3] == ["strip-epp-only-headers", "epp-model-router", "envoy.filters.http.ext_proc"]
+    removed = [m["remove"] for m in hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]]
+    assert {"x-gateway-model-name", "x-gateway-base-model-name"} <= set(removed)
+    router = hcm["http_filters"][1]["typed_config"]
+    assert router["processing_mode"]["request_body_mode"] == "BUFFERED"
+    assert router["processing_mode"]["response_body_mode"] == "NONE"
+    *routes, last = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    clusters = {c["name"] for c in raw["static_resources"]["clusters"]}
+    for route in routes:
+        pool = route["route"]["cluster"].removeprefix("pool-")
+        (header,) = route["match"]["headers"]
+        assert header["name"] == "x-gateway-base-model-name"
+        override = route["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"]
+        assert override["grpc_service"]["envoy_grpc"]["cluster_name"] == f"epp-{pool}"
+        assert {f"pool-{pool}", f"epp-{pool}"} <= clusters
+    assert last["direct_response"]["status"] == 503
+    assert last["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"] is True
+    assert {"model-router", "pool-llama", "pool-coder"} <= clusters and "pool" not in clusters

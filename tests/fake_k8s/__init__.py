@@ -11,6 +11,7 @@ answers, and a port that refuses connections for a while.
 from __future__ import annotations
 
 from tests.fake_k8s.server import (
+    CONFIGMAPS,
     OBJECTIVES,
     PODS,
     POOLS,
@@ -20,4 +21,4 @@ from tests.fake_k8s.server import (
     pool,
 )
 
-__all__ = ["OBJECTIVES", "PODS", "POOLS", "FakeKubeApi", "objective", "pod", "pool"]
+__all__ = ["CONFIGMAPS", "OBJECTIVES", "PODS", "POOLS", "FakeKubeApi", "objective", "pod", "pool"]

@@ -29,8 +29,13 @@ def OBJECTIVES(ns: str = "default") -> str:
     return f"/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{ns}/inferenceobjectives"
 
 
+def CONFIGMAPS(ns: str = "default") -> str:
+    return f"/api/v1/namespaces/{ns}/configmaps"
+
+
 _LIST_KIND = {
     "pods": ("v1", "PodList"),
+    "configmaps": ("v1", "ConfigMapList"),
     "inferencepools": ("inference.networking.k8s.io/v1", "InferencePoolList"),
     "inferenceobjectives": ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjectiveList"),
 }

@@ -42,6 +42,10 @@ CRD_KINDS = {
     "PodMonitor",
     "DestinationRule",
     "BackendTrafficPolicy",
+    "EnvoyExtensionPolicy",
+    "EnvoyFilter",
+    "GatewayExtension",
+    "TrafficPolicy",
 }
 
 def shipped_default() -> dict[str, Any]:
@@ -98,10 +102,10 @@ def client_service(docs: Iterable[Doc]) -> Doc:
 
 NPM_MODELS = ROOT / ".tools" / "npm"
 SCHEMA_KINDS = {"Gateway", "GatewayClass", "HTTPRoute", "DestinationRule", "ServiceMonitor",
-                "PodMonitor", "BackendTrafficPolicy"}  # fmt: skip
+                "PodMonitor", "BackendTrafficPolicy", "EnvoyExtensionPolicy", "EnvoyFilter"}  # fmt: skip
 """Custom resources validated against their CRDs' OpenAPI schemas (deploy/tools/
-validate-crs.mjs over the @kubernetes-models packages); InferencePool, which has no such
-package, only structurally."""
+validate-crs.mjs over the @kubernetes-models packages); InferencePool and kgateway's
+GatewayExtension and TrafficPolicy, which have no such package, only structurally."""
 
 
 def validate_custom_resources(docs: list[Doc]) -> None:
@@ -167,9 +171,22 @@ def validate_crd_structure(doc: Doc) -> None:
         assert doc["apiVersion"] == "networking.istio.io/v1", where
         assert spec["host"].endswith(".svc.cluster.local"), where
         assert spec["trafficPolicy"]["tls"]["mode"] in ("DISABLE", "SIMPLE", "MUTUAL"), where
-    elif kind == "BackendTrafficPolicy":
+    elif kind in ("BackendTrafficPolicy", "EnvoyExtensionPolicy"):
         assert doc["apiVersion"] == "gateway.envoyproxy.io/v1alpha1", where
         assert spec["targetRefs"], where
+    elif kind == "EnvoyFilter":
+        assert doc["apiVersion"] == "networking.istio.io/v1alpha3", where
+        assert spec["configPatches"], where
+    elif kind == "GatewayExtension":
+        assert doc["apiVersion"] == "gateway.kgateway.dev/v1alpha1", where
+        assert spec["type"] == "ExtProc", where
+        ref = spec["extProc"]["grpcService"]["backendRef"]
+        assert ref["name"] and _is_port(ref["port"]), where
+        mode = spec["extProc"]["processingMode"]
+        assert mode["requestBodyMode"] in ("BUFFERED", "FULL_DUPLEX_STREAMED"), where
+    elif kind == "TrafficPolicy":
+        assert doc["apiVersion"] == "gateway.kgateway.dev/v1alpha1", where
+        assert spec["targetRefs"] and spec["extProc"]["extensionRef"]["name"], where
     elif kind in ("ServiceMonitor", "PodMonitor"):
         assert doc["apiVersion"] == "monitoring.coreos.com/v1", where
         endpoints = spec.get("endpoints") or spec.get("podMetricsEndpoints")
@@ -177,10 +194,23 @@ def validate_crd_structure(doc: Doc) -> None:
         assert spec["selector"]["matchLabels"], where
 
 
+ROUTER_COMPONENT = "model-router"
+
+
+def is_router(doc: Doc) -> bool:
+    """An object of epp model-router (the chart's modelRouter, the models overlay)."""
+    return bool((doc["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == ROUTER_COMPONENT)
+
+
 def check_epp_manifests(docs: list[Doc], *, pool: bool, config: str = "") -> None:
     """What a cluster needs from epp's manifests, whichever tool rendered them; the
-    scheduling config is the shipped default, or the file ``config`` when given."""
+    scheduling config is the shipped default, or the file ``config`` when given. The model
+    router's objects, when there are any, are checked by ``check_router_manifests``."""
     validate_schema(docs)
+    router = [d for d in docs if is_router(d)]
+    docs = [d for d in docs if not is_router(d)]
+    if router:
+        check_router_manifests(router, docs)
     deployment = one(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -255,6 +285,49 @@ def check_epp_manifests(docs: list[Doc], *, pool: bool, config: str = "") -> Non
         assert pod["automountServiceAccountToken"] is False
 
 
+def check_router_manifests(router: list[Doc], epp: list[Doc]) -> None:
+    """epp model-router's objects: its args parse as epp's CLI reads them, its pools file
+    loads, its Service selects its pods and no epp pod, and epp's Service none of its pods."""
+    from epp.cli import build_parser
+    from epp.modelrouter.pools import load_pools_file
+
+    deployment = one(router, "Deployment")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    args = container["args"]
+    assert args[0] == "model-router"
+    parsed = build_parser().parse_args(args)
+    assert parsed.pools.startswith("/etc/epp-model-router/")
+    config_map = one(router, "ConfigMap")
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "pools")
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert parsed.pools == f"{mounts['pools']}/pools.yaml"
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(config_map["data"]["pools.yaml"])
+        f.flush()
+        pools = load_pools_file(f.name)
+    assert len(pools.pools) >= 2
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == parsed.health_port
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    labels = pod["metadata"]["labels"]
+    service = one(router, "Service")
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert {p["port"] for p in service["spec"]["ports"]} == {parsed.grpc_port, parsed.health_port,
+                                                             parsed.metrics_port}  # fmt: skip
+    epp_pod = one(epp, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= epp_pod.items()
+    assert not client_service(epp)["spec"]["selector"].items() <= labels.items()
+    if parsed.adapter_configmaps_namespace:
+        role = one(router, "Role")
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                                  "verbs": ["get", "list", "watch"]}]  # fmt: skip
+        assert pod["spec"]["automountServiceAccountToken"] is True
+
+
 # --- Helm --------------------------------------------------------------------------------
 
 
@@ -262,6 +335,7 @@ VALUES = {
     "default": [],
     "pool": ["-f", str(CHART / "ci" / "pool-values.yaml")],
     "static": ["-f", str(CHART / "ci" / "static-values.yaml")],
+    "models": ["-f", str(DEPLOY / "examples" / "model-router-values.yaml")],
 }
 
 
@@ -336,8 +410,8 @@ def test_helm_rejects_static_mode_without_endpoints() -> None:
 # --- kustomize ---------------------------------------------------------------------------
 
 
-def test_there_are_four_overlays() -> None:
-    assert {p.name for p in OVERLAYS} == {"pool-discovery", "static-endpoints", "ha", "pd"}
+def test_there_are_five_overlays() -> None:
+    assert {p.name for p in OVERLAYS} == {"pool-discovery", "static-endpoints", "ha", "pd", "models"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
@@ -345,7 +419,8 @@ def test_kustomize_overlay_renders_valid_manifests(overlay: Path) -> None:
     docs = docs_of(run(tool("kubectl"), "kustomize", str(overlay)))
     # the pd overlay installs the shipped pd profile (its copy must equal it)
     config = "epp/config/profiles/pd.yaml" if overlay.name == "pd" else ""
-    check_epp_manifests(docs, pool=overlay.name in ("pool-discovery", "ha", "pd"), config=config)
+    check_epp_manifests(docs, pool=overlay.name in ("pool-discovery", "ha", "pd", "models"),
+                        config=config)  # fmt: skip
 
 
 def test_pd_overlay_watches_the_pd_example_pool() -> None:
@@ -391,7 +466,8 @@ def test_ha_overlay_wires_index_sync_between_replicas() -> None:
 
 
 STATIC_MANIFESTS = sorted(
-    [*(DEPLOY / "gateways").glob("*/*.yaml"), *(DEPLOY / "examples").glob("*.yaml")]
+    [*(DEPLOY / "gateways").glob("*/*.yaml"),
+     *(p for p in (DEPLOY / "examples").glob("*.yaml") if not p.name.endswith("-values.yaml"))]
 )
 
 
@@ -412,6 +488,47 @@ def test_every_gateway_routes_to_the_pool_the_overlay_creates() -> None:
         route = one(docs, "HTTPRoute")
         assert route["spec"]["parentRefs"][0]["name"] == gateway["metadata"]["name"]
         assert route["spec"]["rules"][0]["backendRefs"][0]["name"] == pool_name, path
+
+
+MODEL_ROUTES = sorted((DEPLOY / "gateways").glob("*/models.yaml"))
+
+
+@pytest.mark.parametrize("path", MODEL_ROUTES, ids=lambda p: p.parent.name)
+def test_each_gateways_models_example_routes_every_pool_by_the_routers_header(path: Path) -> None:
+    """Every pool the router's values name has a rule matching its base model on
+    X-Gateway-Base-Model-Name, to the InferencePool the walk-through installs for it; a last
+    rule without the header; the router's ext_proc points at the Service the chart makes for
+    the release llama, reads the whole body and fails closed."""
+    assert {p.parent.name for p in MODEL_ROUTES} == {"istio", "envoy-gateway", "kgateway"}
+    docs = docs_of(path.read_text())
+    rules = one(docs, "HTTPRoute")["spec"]["rules"]
+    values = yaml.safe_load((DEPLOY / "examples/model-router-values.yaml").read_text())
+    pools = {"meta-llama/Llama-3.1-8B-Instruct": "vllm-llama3-8b-instruct",
+             "Qwen/Qwen2.5-Coder-7B-Instruct": "vllm-qwen2-5-coder-7b-instruct"}  # fmt: skip
+    assert {m for p in values["modelRouter"]["pools"] for m in p["models"]} == set(pools)
+    matched = {}
+    for rule in rules[:-1]:
+        (match,) = rule["matches"]
+        (header,) = match["headers"]
+        assert header["name"].lower() == "x-gateway-base-model-name" and header["type"] == "Exact"
+        matched[header["value"]] = rule["backendRefs"][0]["name"]
+    assert matched == pools
+    assert "headers" not in rules[-1]["matches"][0]
+    router_docs = docs_of(run(tool("helm"), "template", "llama", str(CHART), "-n", "default",
+                              *VALUES["models"]))  # fmt: skip
+    service = one([d for d in router_docs if is_router(d)], "Service")["metadata"]["name"]
+    text = path.read_text()
+    if path.parent.name == "istio":
+        assert f"outbound|9005||{service}.default.svc.cluster.local" in text
+        assert "request_body_mode: BUFFERED" in text and "failure_mode_allow: false" in text
+    elif path.parent.name == "envoy-gateway":
+        (ext,) = one(docs, "EnvoyExtensionPolicy")["spec"]["extProc"]
+        assert ext["backendRefs"][0] == {"name": service, "port": 9005}
+        assert ext["processingMode"]["request"]["body"] == "Buffered" and ext["failOpen"] is False
+    else:
+        ext = one(docs, "GatewayExtension")["spec"]["extProc"]
+        assert ext["grpcService"]["backendRef"] == {"name": service, "port": 9005}
+        assert ext["failOpen"] is False
 
 
 def test_vllm_example_matches_the_pool_and_caches_prefixes() -> None:
@@ -724,7 +841,7 @@ def test_every_manifest_the_walkthrough_installs_renders_and_validates() -> None
     for path in applied:
         validate_schema(docs_of((ROOT / path).read_text()))
     examples = {d["spec"]["template"]["metadata"]["labels"]["app"]: p
-                for p in (DEPLOY / "examples").glob("*.yaml")
+                for p in STATIC_MANIFESTS if p.parent.name == "examples"
                 for d in by_kind(docs_of(p.read_text()), "Deployment")}  # fmt: skip
     for command in installs:
         release, chart, *flags = command[2:]

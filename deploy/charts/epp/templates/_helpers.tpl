@@ -105,3 +105,35 @@ precisePrefix.enabled.
 {{- printf "%s-sync-tls" (include "epp.fullname" . | trunc 54 | trimSuffix "-") -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The model router's objects (modelRouter.enabled): their own name, so that the epp
+Service and NetworkPolicy, which select epp's pods by name, never select the router's. */}}
+{{- define "epp.routerName" -}}
+{{- printf "%s-model-router" (include "epp.fullname" . | trunc 50 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "epp.routerSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-model-router" (include "epp.name" . | trunc 50 | trimSuffix "-") }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "epp.routerLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "epp.routerSelectorLabels" . }}
+app.kubernetes.io/component: model-router
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* The model router's --pools file: modelRouter.pools and modelRouter.adapters. */}}
+{{- define "epp.routerPools" -}}
+{{- $r := .Values.modelRouter -}}
+{{- if not $r.pools -}}
+{{- fail "modelRouter.pools must list the pools (name, models, servers) when modelRouter.enabled" -}}
+{{- end -}}
+{{- $out := dict "pools" $r.pools -}}
+{{- if $r.adapters -}}
+{{- $_ := set $out "adapters" $r.adapters -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
