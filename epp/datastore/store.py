@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from epp.datastore.poolindex import IndexedPool, PoolIndex
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 
 RemovalListener = Callable[[EndpointId], None]
@@ -47,7 +48,9 @@ class Datastore:
     stale_after_s: float = 2.0
     _entries: dict[EndpointId, _Entry] = field(default_factory=dict)
     _snapshot: tuple[Endpoint, ...] | None = None
-    _routable: tuple[Endpoint, ...] | None = None
+    _routable: Sequence[Endpoint] | None = None
+    _index: PoolIndex = field(default_factory=PoolIndex)
+    """The endpoints that are not stale, ordered by load (``routable`` hands it out)."""
     _positions: dict[EndpointId, int] = field(default_factory=dict)
     """Index of each endpoint in ``_snapshot`` (valid while it is)."""
     _removal_listeners: list[RemovalListener] = field(default_factory=list)
@@ -76,16 +79,18 @@ class Datastore:
         """Add an endpoint or update its address data and labels, keeping its metrics."""
         entry = self._entries.get(endpoint.id)
         if entry is None:
-            self._entries[endpoint.id] = _Entry(endpoint)
+            entry = self._entries[endpoint.id] = _Entry(endpoint)
         else:
             entry.endpoint = dataclasses.replace(
                 endpoint, metrics=entry.endpoint.metrics, stale=entry.endpoint.stale
             )
+        self._index.put(entry.endpoint)
         self._snapshot = None
 
     def remove(self, endpoint_id: EndpointId) -> None:
         if self._entries.pop(endpoint_id, None) is None:
             return
+        self._index.remove(endpoint_id)
         self._snapshot = None
         for listener in self._removal_listeners:
             listener(endpoint_id)
@@ -111,6 +116,7 @@ class Datastore:
             return
         entry.started = entry.sent = 0
         entry.endpoint = dataclasses.replace(entry.endpoint, metrics=metrics, stale=False, pending=0)
+        self._index.put(entry.endpoint)
         self._snapshot = None
         for listener in self._metrics_listeners:
             listener(entry.endpoint)
@@ -139,6 +145,7 @@ class Datastore:
             stale = now_s - last_good > self.stale_after_s
             if stale != entry.endpoint.stale:
                 entry.endpoint = dataclasses.replace(entry.endpoint, stale=stale)
+                self._index.put(entry.endpoint)
                 self._snapshot = None
                 if stale:
                     newly.append(eid)
@@ -161,21 +168,28 @@ class Datastore:
             return
         i = self._positions[endpoint.id]
         new = self._snapshot = (*snap[:i], endpoint, *snap[i + 1:])
-        # routable() is the snapshot itself while no endpoint is stale; else recompute it
-        self._routable = new if self._routable is snap else None
+        # routable() is the whole snapshot while no endpoint is stale; else recompute it
+        routable = self._routable
+        whole = isinstance(routable, IndexedPool) and routable.endpoints is snap
+        self._routable = IndexedPool(new, self._index) if whole else None
 
-    def routable(self) -> tuple[Endpoint, ...]:
+    def routable(self) -> Sequence[Endpoint]:
         """The endpoints a request may go to: those with fresh metrics, or all of them when
         none has (a replica whose ``/metrics`` stopped answering has most likely stopped
         serving too; with every scrape failing, the pool is still tried rather than refused).
         The director also tries the stale ones when the filters leave none of these (one
-        role's only endpoint stale, say)."""
+        role's only endpoint stale, say). While some are fresh, a ``Pool`` (an
+        ``IndexedPool``: the endpoints with the index that orders them by load, for the
+        scheduler's shortlist), else the snapshot tuple."""
         snap = self.snapshot()
         routable = self._routable
         if routable is None:
             fresh = tuple(e for e in snap if not e.stale)
-            # all fresh (or none): the snapshot itself, so a per-request patch keeps it cached
-            routable = self._routable = fresh if 0 < len(fresh) < len(snap) else snap
+            if not fresh:
+                routable = snap
+            else:  # all fresh: the snapshot itself, so a per-request patch keeps it cached
+                routable = IndexedPool(fresh if len(fresh) < len(snap) else snap, self._index)
+            self._routable = routable
         return routable
 
     def get(self, endpoint_id: EndpointId) -> Endpoint | None:
@@ -197,6 +211,7 @@ class Datastore:
         pending = entry.started + entry.sent
         if pending != entry.endpoint.pending:
             entry.endpoint = _with_pending(entry.endpoint, pending)
+            self._index.put(entry.endpoint)
             self._replace_in_snapshot(entry.endpoint)
 
     def request_sent(self, endpoint_id: EndpointId) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.pool import Pool
 from epp.framework.request import InferenceRequest
 
 _NO_MATCH: Mapping[EndpointId, int] = MappingProxyType({})
@@ -31,6 +33,23 @@ class PrefixMatch:
     def ratio(self, endpoint_id: EndpointId) -> float:
         total = len(self.hashes)
         return self.matched.get(endpoint_id, 0) / total if total else 0.0
+
+    def holders(self, pool: Pool, k: int, min_chunks: int = 1) -> list[Endpoint]:
+        """The (up to) ``k`` endpoints of ``pool`` holding the most leading chunks, at least
+        ``min_chunks``, most first; ties to the shorter queue (a shortlist's nominees: a pass
+        over the holders, not over the pool)."""
+        get = pool.get
+        held = [(m, e) for eid, m in self.matched.items()
+                if m >= min_chunks and (e := get(eid)) is not None]  # fmt: skip
+        if len(held) > k:
+            held = heapq.nsmallest(k, held, key=_longest_first)
+        else:
+            held.sort(key=_longest_first)
+        return [e for _, e in held]
+
+
+def _longest_first(held: tuple[int, Endpoint]) -> tuple[int, int]:
+    return -held[0], held[1].queue
 
 
 _EMPTY_PREFIX = PrefixMatch(hashes=())
@@ -56,6 +75,10 @@ class CycleState:
     in_flight: Mapping[EndpointId, int] = field(default_factory=lambda: _NO_MATCH)
     """Requests epp has in flight per endpoint (the Director's, ``Datastore.in_flight_view``;
     empty when the caller keeps none)."""
+    pool: Pool | None = None
+    """While a profile scores a shortlist of its candidates: all of them (after its filters),
+    indexed, for scorers that normalise over the candidates (the queue scorer's shortest and
+    longest queue); None while the scorers are handed every candidate."""
 
 
 @dataclass(slots=True, frozen=True)

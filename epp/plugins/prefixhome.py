@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.pool import Pool
 from epp.framework.types import CycleState
 
 _MASK = (1 << 64) - 1
@@ -67,6 +68,8 @@ class PrefixHomeScorer:
         self.name = name
         self.params = params
         self._ids: dict[EndpointId, int] = {}
+        self._memo: tuple[CycleState, Pool, Endpoint | None] | None = None
+        """The home ``nominate`` found, for ``score`` in the same cycle."""
 
     def _id_hash(self, eid: EndpointId) -> int:
         h = self._ids.get(eid)
@@ -99,15 +102,47 @@ class PrefixHomeScorer:
                 return i
         return first  # unreachable: the least-loaded endpoint is within the bound
 
-    def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
-        zeros = [0.0] * len(endpoints)
+    def _key(self, state: CycleState) -> int | None:
+        """The chain hash that names the prompt's home, or None while the scorer is silent
+        (no prompt, or some endpoint holds ``minMatchChunks`` of it)."""
         prefix = state.prefix
         hashes = prefix.hashes
-        if not hashes or not endpoints:
-            return zeros
+        if not hashes:
+            return None
         p = self.params
         if prefix.matched and max(prefix.matched.values()) >= p.min_match_chunks:
+            return None
+        return hashes[min(p.key_chunks, len(hashes)) - 1]
+
+    def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
+        zeros = [0.0] * len(endpoints)
+        if not endpoints:
             return zeros
-        key = hashes[min(p.key_chunks, len(hashes)) - 1]
-        zeros[self.home(key, endpoints)] = 1.0
+        pool = state.pool
+        if pool is None:  # every candidate scored
+            key = self._key(state)
+            if key is not None:
+                zeros[self.home(key, endpoints)] = 1.0
+            return zeros
+        # a shortlist: the home among every candidate, if it made the list (it nominated it)
+        memo, self._memo = self._memo, None
+        if memo is not None and memo[0] is state and memo[1] is pool:
+            home = memo[2]
+        else:
+            home = self._pool_home(state, pool)
+        if home is not None:
+            for i, e in enumerate(endpoints):
+                if e.id == home.id:
+                    zeros[i] = 1.0
+                    break
         return zeros
+
+    def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
+        """The prompt's home among the pool, when it speaks."""
+        home = self._pool_home(state, pool)
+        self._memo = (state, pool, home)
+        return [home] if home is not None else []
+
+    def _pool_home(self, state: CycleState, pool: Pool) -> Endpoint | None:
+        key = self._key(state)
+        return None if key is None or not pool else pool[self.home(key, pool)]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.pool import Pool
 from epp.framework.types import CycleState, PickResult, ResponseInfo
 from epp.plugins.session import SessionAffinityParams, SessionTable, session_of
 
@@ -328,6 +329,32 @@ class PredictedTtftScorer:
                 for e, x, t, c in zip(endpoints, feats, preds, cost, strict=True)))
         best = min(cost)
         return [best / c for c in cost]
+
+    def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
+        """The endpoints it would most likely predict fastest, without predicting for every
+        one: those holding the longest prefix (the fewest uncached tokens), the least busy
+        (running and waiting), for a request that starts a session the least queued with the
+        fewest sessions, and, for a LoRA adapter, the endpoints holding it (reporting it, or
+        epp's requests for it in flight there or sent there last)."""
+        out = state.prefix.holders(pool, k)
+        out += pool.least("busy", k)
+        if self.params.session_spread_seconds > 0:
+            session = session_of(state.request, self._session_params)
+            if session and session not in self._sessions:
+                on = self._sessions.on
+                near = pool.least("queue", 4 * k)
+                out += sorted(near, key=lambda e: on.get(e.id, 0))[:k]
+        adapter = self._lora(state)
+        if adapter:
+            held = pool.holding(adapter)
+            home = self._adapter_home.get(adapter)
+            for eid in (*(e for e, on in self.adapters_on.items() if adapter in on),
+                        *((home[0],) if home is not None else ())):  # fmt: skip
+                e = pool.get(eid)
+                if e is not None:
+                    held.append(e)
+            out += sorted(held, key=lambda e: e.queue)[:k]
+        return out
 
     def _saturation_charge(self, feats: list[tuple[float, ...]]) -> float:
         """Per uncached token, the saturation charge (``saturation_weight``): the least

@@ -31,7 +31,7 @@ prints the measured figure.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from epp.framework.endpoint import EndpointId
@@ -103,11 +103,11 @@ class PrefixIndex:
     # --- reads ---------------------------------------------------------------------------
 
     def match(
-        self, hashes: Sequence[int], endpoint_ids: Collection[EndpointId], now_s: float
+        self, hashes: Sequence[int], endpoint_ids: Container[EndpointId], now_s: float
     ) -> dict[EndpointId, int]:
         """Per endpoint of ``endpoint_ids``, how many leading chunks of ``hashes`` it holds
         (endpoints holding none are omitted). Entries older than the TTL count as absent.
-        ``endpoint_ids`` should be a set: it is only tested for membership."""
+        ``endpoint_ids`` is only tested for membership (a set, or a ``Pool.ids``)."""
         n = len(hashes)
         result: dict[EndpointId, int] = {}
         if n == 0:

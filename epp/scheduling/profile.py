@@ -1,4 +1,19 @@
-"""A profile: filters in order, then weighted scorers, then one picker."""
+"""A profile: filters in order, then weighted scorers, then one picker.
+
+In a large pool the scorers see a shortlist of the candidates, not every one of them: the
+endpoints that can matter. When more than ``shortlist.minCandidates`` candidates survive the
+filters and every scorer the profile weighs is a ``Nominator``, each scorer names the
+``perScorer`` endpoints it would score highest, found without scoring the rest (the prefix
+scorer: the endpoints holding the longest prefix; the queue and KV scorers: the least
+queued, the least KV used; the predicted-TTFT scorer: the longest prefixes, the least queued
+and least busy, the endpoints holding the request's adapter; the prefix-home scorer: the
+prompt's home), the profile adds the ``perScorer`` least-queued endpoints, and the full
+scorer set runs on that union. The look-ups come from the ``Pool`` the candidates are: the
+datastore's routable pool keeps them indexed, so a decision's cost does not grow with the
+pool (``bench/bench_scheduling.py`` prints it at 8 to 1,024 endpoints, against every
+candidate scored). Scorers that normalise over the candidates read the whole pool's extremes
+(``CycleState.pool``), so a shortlisted endpoint scores as it would among them all.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +21,31 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from epp.framework.endpoint import Endpoint
-from epp.framework.interfaces import Filter, Picker, Scorer
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.interfaces import Filter, Nominator, Picker, Scorer
+from epp.framework.pool import Pool, as_pool
 from epp.framework.types import CycleState, ProfileResult
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class ShortlistConfig:
+    """The ``shortlist`` config section: which candidates the scorers see in a large pool."""
+
+    enabled: bool = True
+    """Score a shortlist when a profile has more than ``minCandidates`` candidates and every
+    scorer it weighs nominates (false: every candidate is scored, at a cost that grows with
+    the pool)."""
+    min_candidates: int = 16
+    """A profile with at most this many candidates (after its filters) scores every one."""
+    per_scorer: int = 4
+    """How many endpoints each scorer nominates (its best, by its own measure), and how many
+    of the least-queued the profile adds to them."""
+
+    __config_min__: ClassVar[dict[str, float]] = {"per_scorer": 1}
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,12 +61,20 @@ class Profile:
         filters: Sequence[Filter],
         scorers: Sequence[WeightedScorer],
         picker: Picker,
+        shortlist: ShortlistConfig | None = None,
     ) -> None:
         self.name = name
         self.filters = tuple(filters)
         self.scorers = tuple(s for s in scorers if s.weight != 0)
         self._weights = tuple(s.weight for s in self.scorers)
         self.picker = picker
+        sl = shortlist or ShortlistConfig()
+        nominators = [s.scorer for s in self.scorers if isinstance(s.scorer, Nominator)]
+        self.shortlists = sl.enabled and bool(self.scorers) and len(nominators) == len(self.scorers)
+        """Whether this profile scores a shortlist of a large pool (every scorer nominates)."""
+        self._nominators: tuple[Nominator, ...] = tuple(nominators)
+        self._min_candidates = sl.min_candidates
+        self._per_scorer = sl.per_scorer
 
     def plugins(self) -> list[object]:
         return [*self.filters, *(s.scorer for s in self.scorers), self.picker]
@@ -47,11 +89,20 @@ class Profile:
             timings[f.name] = clock() - t0
             if not candidates:
                 return ProfileResult([], (), ())
-        columns = []
-        for ws in self.scorers:
+        if self.shortlists and len(candidates) > self._min_candidates:
             t0 = clock()
-            columns.append(ws.scorer.score(state, candidates))
-            timings[ws.scorer.name] = clock() - t0
+            pool = as_pool(candidates)
+            candidates = self.shortlist(state, pool)
+            state.pool = pool
+            timings["shortlist"] = clock() - t0
+        try:
+            columns = []
+            for ws in self.scorers:
+                t0 = clock()
+                columns.append(ws.scorer.score(state, candidates))
+                timings[ws.scorer.name] = clock() - t0
+        finally:
+            state.pool = None
         total = self._combine(columns, len(candidates))
         t0 = clock()
         targets = self.picker.pick(state, candidates, total, count)
@@ -59,6 +110,16 @@ class Profile:
         if log.isEnabledFor(logging.DEBUG):
             self._log_scores(state, candidates, columns, total, targets)
         return ProfileResult(targets, candidates, total)
+
+    def shortlist(self, state: CycleState, pool: Pool) -> list[Endpoint]:
+        """The endpoints of ``pool`` the scorers get to score: the ``perScorer`` least
+        queued, then each scorer's nominees, each endpoint once, in that order."""
+        k = self._per_scorer
+        chosen: dict[EndpointId, Endpoint] = {e.id: e for e in pool.least("queue", k)}
+        for nominator in self._nominators:
+            for e in nominator.nominate(state, pool, k):
+                chosen.setdefault(e.id, e)
+        return list(chosen.values())
 
     def _log_scores(self, state: CycleState, candidates: Sequence[Endpoint], columns: list[Sequence[float]],
                     total: Sequence[float], targets: Sequence[Endpoint]) -> None:  # fmt: skip

@@ -29,6 +29,7 @@ from epp.framework.interfaces import (
     RequestPreparer,
     Sweeper,
 )
+from epp.framework.pool import as_pool
 from epp.framework.request import InferenceRequest
 from epp.framework.types import CycleState, PickResult, ProfileResult, ResponseInfo
 from epp.scheduling.profile import Profile
@@ -118,6 +119,7 @@ class Scheduler:
         """
         if not endpoints:
             raise Unavailable("no ready endpoint in the pool")
+        endpoints = as_pool(endpoints)  # the datastore's is indexed; a plain list is scanned
         state = CycleState(request, now_s, self.rng)
         if in_flight is not None:
             state.in_flight = in_flight

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from epp.datastore.poolindex import IndexedPool
 from epp.datastore.store import Datastore
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 
@@ -160,7 +161,7 @@ def test_snapshot_and_routable_follow_per_request_load_changes() -> None:
     store.request_started(eps[2].id)
     after = store.snapshot()
     assert after is not before and [e.id for e in after] == [e.id for e in eps]
-    assert [e.queue for e in after] == [1, 1, 2, 1] and store.routable() == after
+    assert [e.queue for e in after] == [1, 1, 2, 1] and tuple(store.routable()) == after
     store.mark_stale(10.0)  # everyone stale: routable is everyone
     store.update_metrics(eps[0].id, Metrics(waiting=0, scraped_at_s=10.0))
     assert [e.id for e in store.routable()] == [eps[0].id]
@@ -176,9 +177,13 @@ def test_with_every_endpoint_fresh_routable_is_the_snapshot_and_stays_cached() -
     store.replace_all(eps)
     for e in eps:
         store.update_metrics(e.id, Metrics(scraped_at_s=1.0))
-    assert store.routable() is store.snapshot()
+    routable = store.routable()  # the snapshot itself, with the pool index
+    assert isinstance(routable, IndexedPool) and routable.endpoints is store.snapshot()
+    assert store.routable() is routable
     store.request_started(eps[1].id)  # a request's load patch keeps it: no rebuild per request
-    assert store.routable() is store.snapshot() and store.routable()[1].queue == 1
+    routable = store.routable()
+    assert isinstance(routable, IndexedPool) and routable.endpoints is store.snapshot()
+    assert routable[1].queue == 1 and routable.least("queue", 1)[0].id != eps[1].id
 
 
 def test_a_never_scraped_endpoint_queues_its_requests_in_flight() -> None:

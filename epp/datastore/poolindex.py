@@ -1,0 +1,195 @@
+"""The datastore's pool index: its routable endpoints ordered by load, kept up to date as
+they change, so that a profile's shortlist (``epp.framework.pool``) costs the same in a pool
+of 8 endpoints or of 1,000.
+
+For each endpoint that is not stale: its place in one sorted list per ``Load`` (an integer
+per endpoint that packs the load, its tie-break and the endpoint's slot, so the lists sort
+with integer comparisons), the adapters its last scrape reports, and the pool's sum of
+requests running and waiting. A change of one endpoint (a scrape, a request sent there or
+finished) moves it in each list: a binary search and a ``list`` insert, in C, whatever the
+pool's size. Single-threaded, like the datastore that owns it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Container, Iterator, Sequence
+from typing import overload
+
+from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.pool import LOADS, Load, Pool, busy, kv_use
+
+_SLOT_BITS = 20
+_SLOT_MASK = (1 << _SLOT_BITS) - 1
+_TIE_BITS = 10
+_TIE_MAX = (1 << _TIE_BITS) - 1
+_FINE = 1 << 20
+_ORDER = {load: i for i, load in enumerate(LOADS)}
+_QUEUE_SHIFT = _SLOT_BITS + _TIE_BITS
+
+
+def _codes(e: Endpoint, slot: int) -> tuple[int, int, int]:
+    """The endpoint's sort codes, one per ``Load`` (in ``LOADS`` order)."""
+    kv = kv_use(e)
+    tie = int(kv * _TIE_MAX)
+    queue = max(0, e.queue)
+    return (
+        (((queue << _TIE_BITS) | tie) << _SLOT_BITS) | slot,
+        (((int(kv * _FINE) << _SLOT_BITS) | min(queue, _SLOT_MASK)) << _SLOT_BITS) | slot,
+        (((max(0, busy(e)) << _TIE_BITS) | tie) << _SLOT_BITS) | slot,
+    )
+
+
+def _adapters(e: Endpoint) -> frozenset[str]:
+    m = e.metrics
+    return m.running_adapters | m.waiting_adapters if m.running_adapters or m.waiting_adapters else frozenset()
+
+
+class PoolIndex:
+    """The routable endpoints (those not stale) in load order; ``put`` on every change."""
+
+    __slots__ = ("_adapters", "_busy", "_codes", "_endpoints", "_free", "_orders", "_slots")
+
+    def __init__(self) -> None:
+        self._slots: dict[EndpointId, int] = {}
+        self._endpoints: list[Endpoint | None] = []
+        self._codes: list[tuple[int, int, int]] = []
+        self._free: list[int] = []
+        self._orders: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self._busy = 0
+        self._adapters: dict[str, dict[EndpointId, None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def put(self, e: Endpoint) -> None:
+        """Add or update an endpoint (a stale one leaves the index until it is fresh again)."""
+        if e.stale:
+            self.remove(e.id)
+            return
+        slot = self._slots.get(e.id)
+        if slot is None:
+            if len(self._slots) > _SLOT_MASK:
+                raise ValueError(f"the pool index holds at most {_SLOT_MASK + 1} endpoints")
+            slot = self._free.pop() if self._free else len(self._endpoints)
+            if slot == len(self._endpoints):
+                self._endpoints.append(None)
+                self._codes.append((0, 0, 0))
+            self._slots[e.id] = slot
+            old = None
+        else:
+            old = self._endpoints[slot]
+            assert old is not None
+            self._unorder(slot)
+            self._busy -= busy(old)
+        self._endpoints[slot] = e
+        codes = self._codes[slot] = _codes(e, slot)
+        for order, code in zip(self._orders, codes, strict=True):
+            insort(order, code)
+        self._busy += busy(e)
+        if old is None or old.metrics is not e.metrics:
+            self._readapt(e.id, _adapters(old) if old is not None else frozenset(), _adapters(e))
+
+    def remove(self, endpoint_id: EndpointId) -> None:
+        slot = self._slots.pop(endpoint_id, None)
+        if slot is None:
+            return
+        old = self._endpoints[slot]
+        assert old is not None
+        self._unorder(slot)
+        self._busy -= busy(old)
+        self._readapt(endpoint_id, _adapters(old), frozenset())
+        self._endpoints[slot] = None
+        self._free.append(slot)
+
+    def _unorder(self, slot: int) -> None:
+        for order, code in zip(self._orders, self._codes[slot], strict=True):
+            del order[bisect_left(order, code)]
+
+    def _readapt(self, eid: EndpointId, old: frozenset[str], new: frozenset[str]) -> None:
+        if old == new:
+            return
+        for adapter in old - new:
+            holders = self._adapters.get(adapter)
+            if holders is not None:
+                holders.pop(eid, None)
+                if not holders:
+                    del self._adapters[adapter]
+        for adapter in new - old:
+            self._adapters.setdefault(adapter, {})[eid] = None
+
+    # --- reads (``Pool``) ---------------------------------------------------------------
+
+    def __contains__(self, endpoint_id: object) -> bool:
+        return endpoint_id in self._slots
+
+    def get(self, endpoint_id: EndpointId) -> Endpoint | None:
+        slot = self._slots.get(endpoint_id)
+        return None if slot is None else self._endpoints[slot]
+
+    def least(self, load: Load, k: int) -> list[Endpoint]:
+        endpoints = self._endpoints
+        return [endpoints[c & _SLOT_MASK] for c in self._orders[_ORDER[load]][:k]]  # type: ignore[misc]
+
+    def queue_range(self) -> tuple[int, int]:
+        order = self._orders[0]
+        if not order:
+            return (0, 0)
+        return (order[0] >> _QUEUE_SHIFT, order[-1] >> _QUEUE_SHIFT)
+
+    def busy_total(self) -> int:
+        return self._busy
+
+    def holding(self, adapter: str) -> list[Endpoint]:
+        holders = self._adapters.get(adapter)
+        if not holders:
+            return []
+        endpoints, slots = self._endpoints, self._slots
+        return [endpoints[slots[eid]] for eid in holders]  # type: ignore[misc]
+
+
+class IndexedPool(Pool):
+    """The datastore's routable endpoints (a tuple) with its live ``PoolIndex``: the two
+    agree until the datastore next changes, i.e. for the scheduling cycle it is handed to."""
+
+    __slots__ = ("_endpoints", "_index")
+
+    def __init__(self, endpoints: tuple[Endpoint, ...], index: PoolIndex) -> None:
+        self._endpoints = endpoints
+        self._index = index
+
+    @property
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return self._endpoints
+
+    @overload
+    def __getitem__(self, i: int) -> Endpoint: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Endpoint]: ...
+    def __getitem__(self, i: int | slice) -> Endpoint | Sequence[Endpoint]:
+        return self._endpoints[i]
+
+    def __len__(self) -> int:
+        return len(self._endpoints)
+
+    def __iter__(self) -> Iterator[Endpoint]:
+        return iter(self._endpoints)
+
+    @property
+    def ids(self) -> Container[EndpointId]:
+        return self._index
+
+    def get(self, endpoint_id: EndpointId) -> Endpoint | None:
+        return self._index.get(endpoint_id)
+
+    def least(self, load: Load, k: int) -> list[Endpoint]:
+        return self._index.least(load, k)
+
+    def queue_range(self) -> tuple[int, int]:
+        return self._index.queue_range()
+
+    def busy_total(self) -> int:
+        return self._index.busy_total()
+
+    def holding(self, adapter: str) -> list[Endpoint]:
+        return self._index.holding(adapter)
