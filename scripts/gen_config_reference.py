@@ -145,6 +145,7 @@ def render() -> str:
     from epp.framework.saturation import SaturationConfig
     from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
     from epp.request import settings as request_control
+    from epp.scheduling.profile import ShortlistConfig
 
     out = [
         "# Configuration reference",
@@ -163,6 +164,8 @@ def render() -> str:
         ("scraping", "the scrape period this config wants, and how much of a server's time its scrapes may take", ScrapingConfig),
         ("flowControl", "admission queue, fairness and priority bands (docs/flow-control.md)",
          FlowControlConfig),
+        ("shortlist", "which candidates the scorers see in a large pool: the endpoints each "
+         "scorer nominates and the least queued (docs/configuration.md)", ShortlistConfig),
     ]
     for pt in PLUGIN_TYPES.values():
         if pt.section:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Container, Iterator, Sequence
-from typing import overload
+from typing import Literal, overload
 
 from epp.framework.endpoint import Endpoint, EndpointId
-from epp.framework.pool import LOADS, Load, Pool, busy, kv_use
+from epp.framework.pool import LOADS, Load, Pool, busy, endpoint_hash, kv_use
 
 _SLOT_BITS = 20
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
@@ -26,6 +26,8 @@ _TIE_MAX = (1 << _TIE_BITS) - 1
 _FINE = 1 << 20
 _ORDER = {load: i for i, load in enumerate(LOADS)}
 _QUEUE_SHIFT = _SLOT_BITS + _TIE_BITS
+_MAX_STEPS = 64
+"""Load values a staircase walks at most (each a binary search)."""
 
 
 def _codes(e: Endpoint, slot: int) -> tuple[int, int, int]:
@@ -48,7 +50,7 @@ def _adapters(e: Endpoint) -> frozenset[str]:
 class PoolIndex:
     """The routable endpoints (those not stale) in load order; ``put`` on every change."""
 
-    __slots__ = ("_adapters", "_busy", "_codes", "_endpoints", "_free", "_orders", "_slots")
+    __slots__ = ("_adapters", "_busy", "_codes", "_endpoints", "_free", "_orders", "_ring", "_slots")
 
     def __init__(self) -> None:
         self._slots: dict[EndpointId, int] = {}
@@ -58,6 +60,8 @@ class PoolIndex:
         self._orders: tuple[list[int], list[int], list[int]] = ([], [], [])
         self._busy = 0
         self._adapters: dict[str, dict[EndpointId, None]] = {}
+        self._ring: list[int] = []
+        """(endpoint hash << slot bits) | slot, sorted: consistent hashing (``ring``)."""
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -76,6 +80,7 @@ class PoolIndex:
                 self._endpoints.append(None)
                 self._codes.append((0, 0, 0))
             self._slots[e.id] = slot
+            insort(self._ring, (endpoint_hash(e.id) << _SLOT_BITS) | slot)
             old = None
         else:
             old = self._endpoints[slot]
@@ -99,6 +104,8 @@ class PoolIndex:
         self._unorder(slot)
         self._busy -= busy(old)
         self._readapt(endpoint_id, _adapters(old), frozenset())
+        ring = self._ring
+        del ring[bisect_left(ring, (endpoint_hash(endpoint_id) << _SLOT_BITS) | slot)]
         self._endpoints[slot] = None
         self._free.append(slot)
 
@@ -131,6 +138,32 @@ class PoolIndex:
         endpoints = self._endpoints
         return [endpoints[c & _SLOT_MASK] for c in self._orders[_ORDER[load]][:k]]  # type: ignore[misc]
 
+    def staircase(self, load: Literal["queue", "busy"], k: int) -> list[Endpoint]:
+        order = self._orders[_ORDER[load]]
+        if not order:
+            return []
+        endpoints = self._endpoints
+        kv_order = self._orders[_ORDER["kv"]]
+        floor = int(((kv_order[0] >> (2 * _SLOT_BITS)) / _FINE) * _TIE_MAX)  # the least KV use
+        out: list[Endpoint] = []
+        best = _TIE_MAX + 1
+        i, n = 0, len(order)
+        for _ in range(_MAX_STEPS):  # one step per load value present, least first
+            code = order[i]
+            tie = (code >> _SLOT_BITS) & _TIE_MAX
+            if tie < best:
+                best = tie
+                # the step, and those level with it on both (other scores may tell them apart)
+                j = bisect_left(order, (code | _SLOT_MASK) + 1, i)
+                for c in order[i:min(j, i + k)]:
+                    out.append(endpoints[c & _SLOT_MASK])  # type: ignore[arg-type]
+                if best <= floor or len(out) >= k:
+                    break
+            i = bisect_left(order, ((code >> _QUEUE_SHIFT) + 1) << _QUEUE_SHIFT, i + 1)
+            if i >= n:
+                break
+        return out
+
     def queue_range(self) -> tuple[int, int]:
         order = self._orders[0]
         if not order:
@@ -146,6 +179,13 @@ class PoolIndex:
             return []
         endpoints, slots = self._endpoints, self._slots
         return [endpoints[slots[eid]] for eid in holders]  # type: ignore[misc]
+
+    def ring(self, key: int, count: int, skip: int = 0) -> list[tuple[int, Endpoint]]:
+        ring, endpoints = self._ring, self._endpoints
+        n = len(ring)
+        start = bisect_left(ring, key << _SLOT_BITS)
+        codes = [ring[(start + skip + i) % n] for i in range(min(count, n - skip))] if n else []
+        return [(c >> _SLOT_BITS, endpoints[c & _SLOT_MASK]) for c in codes]  # type: ignore[misc]
 
 
 class IndexedPool(Pool):
@@ -185,6 +225,9 @@ class IndexedPool(Pool):
     def least(self, load: Load, k: int) -> list[Endpoint]:
         return self._index.least(load, k)
 
+    def staircase(self, load: Literal["queue", "busy"], k: int) -> list[Endpoint]:
+        return self._index.staircase(load, k)
+
     def queue_range(self) -> tuple[int, int]:
         return self._index.queue_range()
 
@@ -193,3 +236,6 @@ class IndexedPool(Pool):
 
     def holding(self, adapter: str) -> list[Endpoint]:
         return self._index.holding(adapter)
+
+    def ring(self, key: int, count: int, skip: int = 0) -> list[tuple[int, Endpoint]]:
+        return self._index.ring(key, count, skip)

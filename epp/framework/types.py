@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -25,6 +25,9 @@ class PrefixMatch:
     fill: Callable[[Sequence[EndpointId]], Sequence[float]] | None = None
     """The producer's view of how full each endpoint's cache is (0..1), read on demand by
     the scorers that weigh cache room (None: the producer keeps no such view)."""
+    least_filled: Callable[[int, Container[EndpointId]], Sequence[EndpointId]] | None = None
+    """With ``fill``: up to ``k`` of the given endpoints whose cache is the least full, found
+    without reading every endpoint's (a shortlist's nominees)."""
 
     @property
     def total(self) -> int:
@@ -36,8 +39,8 @@ class PrefixMatch:
 
     def holders(self, pool: Pool, k: int, min_chunks: int = 1) -> list[Endpoint]:
         """The (up to) ``k`` endpoints of ``pool`` holding the most leading chunks, at least
-        ``min_chunks``, most first; ties to the shorter queue (a shortlist's nominees: a pass
-        over the holders, not over the pool)."""
+        ``min_chunks``, most first; ties to the shorter queue, then the fewer running, then
+        the less KV used (a shortlist's nominees: a pass over the holders, not the pool)."""
         get = pool.get
         held = [(m, e) for eid, m in self.matched.items()
                 if m >= min_chunks and (e := get(eid)) is not None]  # fmt: skip
@@ -48,8 +51,10 @@ class PrefixMatch:
         return [e for _, e in held]
 
 
-def _longest_first(held: tuple[int, Endpoint]) -> tuple[int, int]:
-    return -held[0], held[1].queue
+def _longest_first(held: tuple[int, Endpoint]) -> tuple[int, int, int, float]:
+    e = held[1]
+    m = e.metrics
+    return -held[0], e.queue, m.running, m.kv_usage
 
 
 _EMPTY_PREFIX = PrefixMatch(hashes=())

@@ -332,12 +332,30 @@ class PredictedTtftScorer:
 
     def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
         """The endpoints it would most likely predict fastest, without predicting for every
-        one: those holding the longest prefix (the fewest uncached tokens), the least busy
-        (running and waiting), for a request that starts a session the least queued with the
+        one: those holding the longest prefix (the fewest uncached tokens; level ones, the
+        least busy and the least filled), the least busy
+        (running and waiting) and those no other beats on both that and KV use, the least
+        filled caches (the prefix producer's view: where uncached tokens evict least), for a request that starts a session the least queued with the
         fewest sessions, and, for a LoRA adapter, the endpoints holding it (reporting it, or
         epp's requests for it in flight there or sent there last)."""
-        out = state.prefix.holders(pool, k)
+        prefix = state.prefix
+        p = self.params
+        weighs_fill = (p.fill_weight > 0 or p.evict_weight > 0) and prefix.fill is not None
+        held = prefix.holders(pool, 4 * k if weighs_fill else k)
+        out = held[:k]
+        if weighs_fill and len(held) > k:  # among the longest, the least filled too
+            assert prefix.fill is not None
+            fills = prefix.fill([e.id for e in held])
+            matched = prefix.matched
+            by_fill = sorted(range(len(held)), key=lambda i: (-matched[held[i].id], fills[i]))
+            out += [held[i] for i in by_fill[:k]]
         out += pool.least("busy", k)
+        out += pool.staircase("busy", k)
+        if weighs_fill and prefix.least_filled is not None:
+            for eid in prefix.least_filled(k, pool.ids):
+                e = pool.get(eid)
+                if e is not None:
+                    out.append(e)
         if self.params.session_spread_seconds > 0:
             session = session_of(state.request, self._session_params)
             if session and session not in self._sessions:

@@ -130,7 +130,8 @@ class PrefixProducer:
             return
         ids = endpoints.ids if isinstance(endpoints, Pool) else {e.id for e in endpoints}
         matched = self.index.match(hashes, ids, state.now_s)
-        match = PrefixMatch(hashes, matched, self.hasher.block_chars, self.index.fill)
+        match = PrefixMatch(hashes, matched, self.hasher.block_chars, self.index.fill,
+                            self.index.least_filled)
         state.matches[self.name] = match
         state.prefix = match
 
