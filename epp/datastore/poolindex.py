@@ -26,7 +26,7 @@ _TIE_MAX = (1 << _TIE_BITS) - 1
 _FINE = 1 << 20
 _ORDER = {load: i for i, load in enumerate(LOADS)}
 _QUEUE_SHIFT = _SLOT_BITS + _TIE_BITS
-_MAX_STEPS = 64
+_MAX_STEPS = 16
 """Load values a staircase walks at most (each a binary search)."""
 
 

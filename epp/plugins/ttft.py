@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -291,14 +292,16 @@ class PredictedTtftScorer:
         return float(max(0, len(others) - m.max_adapters + 1))
 
     def predict(self, x: tuple[float, ...]) -> float:
-        return sum(c * v for c, v in zip(self.coef, x, strict=True))
+        return sum(map(operator.mul, self.coef, x))  # both _FEATURES long; map is C
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         adapter = self._lora(state)
         feats = [self.features(state, e, adapter) for e in endpoints]
         speed = self.speed
-        factors = [speed.get(e.id, 1.0) for e in endpoints]
-        preds = [max(1e-4, f * self.predict(x)) for x, f in zip(feats, factors, strict=True)]
+        factors = [speed.get(e.id, 1.0) for e in endpoints] if speed else [1.0] * len(feats)
+        c0, c1, c2, c3, c4, c5, c6 = self.coef  # predict(), unrolled: this runs per endpoint
+        preds = [max(1e-4, f * (c0 * one + c1 * u + c2 * q + c3 * r + c4 * kv + c5 * o + c6 * a))
+                 for (one, u, q, r, kv, o, a), f in zip(feats, factors, strict=True)]  # fmt: skip
         if self.params.learn:
             self._candidates[id(state)] = {
                 e.id: (x, t) for e, x, t in zip(endpoints, feats, preds, strict=True)
@@ -308,16 +311,18 @@ class PredictedTtftScorer:
         w = self.params.work_weight * self.coef[1]
         cw = self.params.contention_weight * self.coef[1]
         sat = self._saturation_charge(feats)
-        cost = [t + f * ((w + sat) * x[1] + cw * min(x[1], x[2]))
-                for x, t, f in zip(feats, preds, factors, strict=True)]  # fmt: skip
+        ws = w + sat
         fill_of = state.prefix.fill
         k = self.params.fill_weight * w
         ev = self.params.evict_weight * w
         if (k > 0 or ev > 0) and fill_of is not None and len(endpoints) > 1:
             fills = fill_of([e.id for e in endpoints])
             low = min(fills)
-            cost = [c + f * x[1] * (k * (fill - low) + ev * fill)
-                    for c, x, f, fill in zip(cost, feats, factors, fills, strict=True)]  # fmt: skip
+            cost = [t + f * (ws * x[1] + cw * min(x[1], x[2])) + f * x[1] * (k * (fill - low) + ev * fill)
+                    for x, t, f, fill in zip(feats, preds, factors, fills, strict=True)]  # fmt: skip
+        else:
+            cost = [t + f * (ws * x[1] + cw * min(x[1], x[2]))
+                    for x, t, f in zip(feats, preds, factors, strict=True)]  # fmt: skip
         if self.params.adapter_weight > 0 and adapter:
             cost = self._keep_adapter(adapter, endpoints, feats, cost, factors, state.now_s)
         if self.params.session_spread_seconds > 0:

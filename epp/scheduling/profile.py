@@ -116,9 +116,7 @@ class Profile:
         queued, those on the queue / KV-use staircase (none beats them on both), then each
         scorer's nominees, each endpoint once, in that order."""
         k = self._per_scorer
-        chosen: dict[EndpointId, Endpoint] = {e.id: e for e in pool.least("queue", k)}
-        for e in pool.staircase("queue", k):
-            chosen.setdefault(e.id, e)
+        chosen: dict[EndpointId, Endpoint] = {e.id: e for e in pool.staircase("queue", k)}
         for nominator in self._nominators:
             for e in nominator.nominate(state, pool, k):
                 chosen.setdefault(e.id, e)
@@ -146,6 +144,10 @@ class Profile:
         if len(columns) == 2:
             w0, w1 = w
             return [w0 * a + w1 * b for a, b in zip(*columns, strict=True)]
+        if len(columns) == 5:  # the default profile
+            w0, w1, w2, w3, w4 = w
+            return [w0 * a + w1 * b + w2 * c + w3 * d + w4 * e
+                    for a, b, c, d, e in zip(*columns, strict=True)]  # fmt: skip
         total = [0.0] * n
         for weight, column in zip(w, columns, strict=True):
             total = [t + weight * s for t, s in zip(total, column, strict=True)]
