@@ -142,9 +142,8 @@ class QueueScorer:
         return [1.0 - (q - lo) * inv for q in queues]
 
     def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
-        """The least queued: the least KV used of them and those no other beats on both
-        queue and KV use (the other least-queued lose to the first on the KV score)."""
-        return pool.staircase("queue", k)
+        """The least queued."""
+        return pool.least("queue", k)
 
 
 @dataclass(slots=True, frozen=True)

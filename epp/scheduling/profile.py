@@ -116,7 +116,9 @@ class Profile:
         queued, those on the queue / KV-use staircase (none beats them on both), then each
         scorer's nominees, each endpoint once, in that order."""
         k = self._per_scorer
-        chosen: dict[EndpointId, Endpoint] = {e.id: e for e in pool.staircase("queue", k)}
+        chosen: dict[EndpointId, Endpoint] = {e.id: e for e in pool.least("queue", k)}
+        for e in pool.staircase("queue", k):
+            chosen.setdefault(e.id, e)
         for nominator in self._nominators:
             for e in nominator.nominate(state, pool, k):
                 chosen.setdefault(e.id, e)
