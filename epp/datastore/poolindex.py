@@ -25,21 +25,32 @@ _TIE_BITS = 10
 _TIE_MAX = (1 << _TIE_BITS) - 1
 _FINE = 1 << 20
 _ORDER = {load: i for i, load in enumerate(LOADS)}
-_QUEUE_SHIFT = _SLOT_BITS + _TIE_BITS
+"""The order ``least`` reads per load; a fourth orders by queue, then requests running."""
+_STAIRS = {("queue", "kv"): 0, ("busy", "kv"): 2, ("queue", "running"): 3}
+_TIE_SHIFT = _SLOT_BITS + _TIE_BITS
+_LOAD_SHIFT = _TIE_SHIFT + _TIE_BITS
 _MAX_STEPS = 16
 """Load values a staircase walks at most (each a binary search)."""
 
 
-def _codes(e: Endpoint, slot: int) -> tuple[int, int, int]:
-    """The endpoint's sort codes, one per ``Load`` (in ``LOADS`` order)."""
+def _codes(e: Endpoint, slot: int) -> tuple[int, int, int, int]:
+    """The endpoint's sort codes, one per order: the load, its tie-break and a second
+    tie-break (10 bits each), then the slot."""
     kv = kv_use(e)
-    tie = int(kv * _TIE_MAX)
+    kvq = int(kv * _TIE_MAX)
     queue = max(0, e.queue)
+    running = max(0, e.metrics.running)
+    q, r = min(queue, _TIE_MAX), min(running, _TIE_MAX)
     return (
-        (((queue << _TIE_BITS) | tie) << _SLOT_BITS) | slot,
-        (((int(kv * _FINE) << _SLOT_BITS) | min(queue, _SLOT_MASK)) << _SLOT_BITS) | slot,
-        (((max(0, busy(e)) << _TIE_BITS) | tie) << _SLOT_BITS) | slot,
+        _code(queue, kvq, r, slot),  # queue, then KV use, then running
+        _code(int(kv * _FINE), q, r, slot),  # KV use, then queue, then running
+        _code(queue + running, kvq, q, slot),  # running + waiting, then KV use, then queue
+        _code(queue, r, kvq, slot),  # queue, then running, then KV use
     )
+
+
+def _code(load: int, tie: int, tie2: int, slot: int) -> int:
+    return (((((load << _TIE_BITS) | tie) << _TIE_BITS) | tie2) << _SLOT_BITS) | slot
 
 
 def _adapters(e: Endpoint) -> frozenset[str]:
@@ -55,9 +66,9 @@ class PoolIndex:
     def __init__(self) -> None:
         self._slots: dict[EndpointId, int] = {}
         self._endpoints: list[Endpoint | None] = []
-        self._codes: list[tuple[int, int, int]] = []
+        self._codes: list[tuple[int, int, int, int]] = []
         self._free: list[int] = []
-        self._orders: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self._orders: tuple[list[int], ...] = ([], [], [], [])
         self._busy = 0
         self._adapters: dict[str, dict[EndpointId, None]] = {}
         self._ring: list[int] = []
@@ -78,7 +89,7 @@ class PoolIndex:
             slot = self._free.pop() if self._free else len(self._endpoints)
             if slot == len(self._endpoints):
                 self._endpoints.append(None)
-                self._codes.append((0, 0, 0))
+                self._codes.append((0, 0, 0, 0))
             self._slots[e.id] = slot
             insort(self._ring, (endpoint_hash(e.id) << _SLOT_BITS) | slot)
             old = None
@@ -138,28 +149,31 @@ class PoolIndex:
         endpoints = self._endpoints
         return [endpoints[c & _SLOT_MASK] for c in self._orders[_ORDER[load]][:k]]  # type: ignore[misc]
 
-    def staircase(self, load: Literal["queue", "busy"], k: int) -> list[Endpoint]:
-        order = self._orders[_ORDER[load]]
+    def staircase(self, load: Literal["queue", "busy"], k: int,
+                  against: Literal["kv", "running"] = "kv") -> list[Endpoint]:  # fmt: skip
+        order = self._orders[_STAIRS[load, against]]
         if not order:
             return []
         endpoints = self._endpoints
-        kv_order = self._orders[_ORDER["kv"]]
-        floor = int(((kv_order[0] >> (2 * _SLOT_BITS)) / _FINE) * _TIE_MAX)  # the least KV use
+        floor = 0
+        if against == "kv":  # the least KV use in the pool: no step can go below it
+            floor = int(((self._orders[1][0] >> _LOAD_SHIFT) / _FINE) * _TIE_MAX)
         out: list[Endpoint] = []
         best = _TIE_MAX + 1
         i, n = 0, len(order)
         for _ in range(_MAX_STEPS):  # one step per load value present, least first
             code = order[i]
-            tie = (code >> _SLOT_BITS) & _TIE_MAX
+            tie = (code >> _TIE_SHIFT) & _TIE_MAX
             if tie < best:
                 best = tie
-                # the step, and those level with it on both (other scores may tell them apart)
-                j = bisect_left(order, (code | _SLOT_MASK) + 1, i)
-                for c in order[i:min(j, i + k)]:
+                # the step, and those level with it on both (other scores may tell them
+                # apart), the lowest on the second tie-break first
+                j = bisect_left(order, ((code >> _TIE_SHIFT) + 1) << _TIE_SHIFT, i)
+                for c in order[i:min(j, i + max(1, k - len(out)))]:
                     out.append(endpoints[c & _SLOT_MASK])  # type: ignore[arg-type]
                 if best <= floor or len(out) >= k:
                     break
-            i = bisect_left(order, ((code >> _QUEUE_SHIFT) + 1) << _QUEUE_SHIFT, i + 1)
+            i = bisect_left(order, ((code >> _LOAD_SHIFT) + 1) << _LOAD_SHIFT, i + 1)
             if i >= n:
                 break
         return out
@@ -168,7 +182,7 @@ class PoolIndex:
         order = self._orders[0]
         if not order:
             return (0, 0)
-        return (order[0] >> _QUEUE_SHIFT, order[-1] >> _QUEUE_SHIFT)
+        return (order[0] >> _LOAD_SHIFT, order[-1] >> _LOAD_SHIFT)
 
     def busy_total(self) -> int:
         return self._busy
@@ -225,8 +239,9 @@ class IndexedPool(Pool):
     def least(self, load: Load, k: int) -> list[Endpoint]:
         return self._index.least(load, k)
 
-    def staircase(self, load: Literal["queue", "busy"], k: int) -> list[Endpoint]:
-        return self._index.staircase(load, k)
+    def staircase(self, load: Literal["queue", "busy"], k: int,
+                  against: Literal["kv", "running"] = "kv") -> list[Endpoint]:  # fmt: skip
+        return self._index.staircase(load, k, against)
 
     def queue_range(self) -> tuple[int, int]:
         return self._index.queue_range()

@@ -27,10 +27,10 @@ Load = Literal["queue", "kv", "busy"]
 """How loaded an endpoint is, three ways, each with the others as tie-breaks:
 
 * ``queue``: requests waiting (scraped, plus those epp sent since the scrape, in flight),
-  then KV-cache use;
+  then KV-cache use, then requests running;
 * ``kv``: KV-cache use (0.5 while never scraped: unknown, as the KV scorer reads it), then the
-  queue;
-* ``busy``: requests running and waiting (the queue), then KV-cache use.
+  queue, then requests running;
+* ``busy``: requests running and waiting (the queue), then KV-cache use, then the queue.
 """
 
 LOADS: tuple[Load, ...] = ("queue", "kv", "busy")
@@ -65,13 +65,14 @@ def busy(e: Endpoint) -> int:
     return e.metrics.running + e.queue
 
 
-def load_key(load: Load) -> Callable[[Endpoint], tuple[float, float]]:
-    """The sort key of a ``Load``: smaller is less loaded."""
+def load_key(load: Load) -> Callable[[Endpoint], tuple[float, float, float]]:
+    """The sort key of a ``Load``: smaller is less loaded (KV use in 1,023 steps and the
+    tie-breaks up to 1,023, as the datastore's index keeps them)."""
     if load == "queue":
-        return lambda e: (e.queue, kv_use(e))
+        return lambda e: (e.queue, int(kv_use(e) * 1023), min(e.metrics.running, 1023))
     if load == "kv":
-        return lambda e: (kv_use(e), e.queue)
-    return lambda e: (busy(e), kv_use(e))
+        return lambda e: (kv_use(e), min(e.queue, 1023), min(e.metrics.running, 1023))
+    return lambda e: (busy(e), int(kv_use(e) * 1023), min(e.queue, 1023))
 
 
 class Pool(Sequence[Endpoint]):
@@ -96,11 +97,14 @@ class Pool(Sequence[Endpoint]):
         other measures, then in a fixed order."""
 
     @abstractmethod
-    def staircase(self, load: Literal["queue", "busy"], k: int) -> list[Endpoint]:
-        """The endpoints no other beats on both ``load`` and KV-cache use, from the least
-        loaded: for each value of the load, its least KV-used endpoint (and those level with
-        it on both) while that uses less KV than every one before (a weighted sum of the two
-        is best at one of them); at most about ``k``."""
+    def staircase(self, load: Literal["queue", "busy"], k: int,
+                  against: Literal["kv", "running"] = "kv") -> list[Endpoint]:  # fmt: skip
+        """The endpoints no other beats on both ``load`` and ``against`` (KV-cache use, or
+        requests running; the pairs queue/KV, busy/KV and queue/running), from the least
+        loaded: for each value of the load, its endpoint lowest on ``against`` (and those
+        level with it on both) while that is lower than every one before, so that whatever
+        weights a score gives the two, its best is among them; at most about ``k``, found in
+        at most 16 steps."""
 
     @abstractmethod
     def queue_range(self) -> tuple[int, int]:
@@ -160,8 +164,9 @@ class ScanPool(Pool):
     def least(self, load: Load, k: int) -> list[Endpoint]:
         return heapq.nsmallest(k, self._endpoints, key=load_key(load))
 
-    def staircase(self, load: Literal["queue", "busy"], k: int) -> list[Endpoint]:
-        return _staircase(sorted(self._endpoints, key=load_key(load)), load, k)
+    def staircase(self, load: Literal["queue", "busy"], k: int,
+                  against: Literal["kv", "running"] = "kv") -> list[Endpoint]:  # fmt: skip
+        return _staircase(self._endpoints, load, k, against)
 
     def queue_range(self) -> tuple[int, int]:
         queues = [e.queue for e in self._endpoints]
@@ -184,22 +189,41 @@ class ScanPool(Pool):
         return [ring[(start + skip + i) % n] for i in range(min(count, n - skip))] if n else []
 
 
-def _staircase(ordered: Sequence[Endpoint], load: Literal["queue", "busy"], k: int) -> list[Endpoint]:
-    measure = (lambda e: e.queue) if load == "queue" else busy
+def _staircase(endpoints: Sequence[Endpoint], load: Literal["queue", "busy"], k: int,
+               against: Literal["kv", "running"]) -> list[Endpoint]:  # fmt: skip
+    def measure(e: Endpoint) -> int:
+        return e.queue if load == "queue" else busy(e)
+
+    def kvq(e: Endpoint) -> int:
+        return int(kv_use(e) * 1023)
+
+    def other(e: Endpoint) -> float:
+        # as the index keeps them: KV use in 1,023 steps, running up to 1,023
+        return kvq(e) if against == "kv" else min(e.metrics.running, 1023)
+
+    def then(e: Endpoint) -> int:  # the index's second tie-break
+        if against == "running":
+            return kvq(e)
+        return min(e.queue, 1023) if load == "busy" else min(e.metrics.running, 1023)
+
+    ordered = sorted(endpoints, key=lambda e: (measure(e), other(e), then(e)))
     out: list[Endpoint] = []
-    best = 2.0
-    last, step = None, None
+    best = float("inf")
+    last, step, steps = None, None, 0
     for e in ordered:
-        value, kv = measure(e), kv_use(e)
+        value, o = measure(e), other(e)
         if value == last:
-            if kv == step and len(out) < k:
+            if o == step and len(out) < k:
                 out.append(e)  # level with the step on both
-            continue  # else the least KV-used of this load value came first
+            continue  # else the lowest on ``against`` of this load value came first
+        steps += 1
+        if steps > 16:
+            break
         last, step = value, None
-        if kv < best:
+        if o < best:
             out.append(e)
-            best = step = kv
-            if len(out) >= k:
+            best = step = o
+            if len(out) >= k or best == 0:
                 break
     return out
 

@@ -338,9 +338,9 @@ class PredictedTtftScorer:
     def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
         """The endpoints it would most likely predict fastest, without predicting for every
         one: those holding the longest prefix (the fewest uncached tokens; level ones, the
-        least busy and the least filled), the least busy
-        (running and waiting) and those no other beats on both that and KV use, the least
-        filled caches (the prefix producer's view: where uncached tokens evict least), for a request that starts a session the least queued with the
+        least busy and the least filled), the least busy (running and waiting), those no
+        other beats on both that and KV use or on both the queue and requests running, the
+        least filled caches (the prefix producer's view: where uncached tokens evict least), for a request that starts a session the least queued with the
         fewest sessions, and, for a LoRA adapter, the endpoints holding it (reporting it, or
         epp's requests for it in flight there or sent there last)."""
         prefix = state.prefix
@@ -356,6 +356,7 @@ class PredictedTtftScorer:
             out += [held[i] for i in by_fill[:k]]
         out += pool.least("busy", k)
         out += pool.staircase("busy", k)
+        out += pool.staircase("queue", k, against="running")
         if weighs_fill and prefix.least_filled is not None:
             for eid in prefix.least_filled(k, pool.ids):
                 e = pool.get(eid)
