@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -292,7 +291,7 @@ class PredictedTtftScorer:
         return float(max(0, len(others) - m.max_adapters + 1))
 
     def predict(self, x: tuple[float, ...]) -> float:
-        return sum(map(operator.mul, self.coef, x))  # both _FEATURES long; map is C
+        return sum(c * v for c, v in zip(self.coef, x, strict=True))
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         adapter = self._lora(state)
