@@ -68,7 +68,7 @@ class Profile:
         self.scorers = tuple(s for s in scorers if s.weight != 0)
         self._weights = tuple(s.weight for s in self.scorers)
         self.picker = picker
-        sl = shortlist or ShortlistConfig()
+        sl = self.shortlist_config = shortlist or ShortlistConfig()
         nominators = [s.scorer for s in self.scorers if isinstance(s.scorer, Nominator)]
         self.shortlists = sl.enabled and bool(self.scorers) and len(nominators) == len(self.scorers)
         """Whether this profile scores a shortlist of a large pool (every scorer nominates)."""
