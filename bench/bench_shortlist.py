@@ -12,9 +12,10 @@ was as good as the full scorer set's: each shortlisted decision is also scored o
 candidate in its shadow (same cycle state, its own random numbers, nothing committed), and
 the decision agrees when the shortlist's pick has the best total of all.
 
-Run: ./run bench shortlist [--quick] [--seeds 3] [--result-name shortlist]
-(``--quick``: one seed, fewer requests; CI-sized.) Writes docs/results/NAME.md and .json
-unless ``--quick``.
+Run: ./run bench shortlist [--quick] [--seeds 3] [--per-scorer K] [--result-name shortlist]
+(``--quick``: one seed, fewer requests; ``--per-scorer``: the shipped profile with
+``shortlist.perScorer`` K, printed only.) Writes docs/results/NAME.md and .json unless
+``--quick`` or ``--per-scorer``.
 """
 
 from __future__ import annotations
@@ -116,11 +117,13 @@ def _shadowed(run: Any) -> Any:
     return shadow_run
 
 
-def run_one(job: tuple[Point, str, int, bool]) -> tuple[Point, str, int, float, float, Agreement]:
-    point, policy, seed, quick = job
-    global AGREEMENT
-    AGREEMENT = Agreement()
-    cfg = loads_config(POLICIES[policy]) if POLICIES[policy] else default_config()
+def run_one(job: tuple[Point, str, int, bool, int]) -> tuple[Point, str, int, float, float, Agreement]:
+    point, policy, seed, quick, per_scorer = job
+    AGREEMENT.decisions = AGREEMENT.agreed = AGREEMENT.scored = 0  # a worker runs many jobs
+    text = POLICIES[policy]
+    if per_scorer and policy == "shipped":
+        text = f"shortlist: {{perScorer: {per_scorer}}}"
+    cfg = loads_config(text) if text else default_config()
     original = Profile.run
     if policy == "shipped":
         Profile.run = _shadowed(original)  # type: ignore[method-assign]
@@ -129,18 +132,21 @@ def run_one(job: tuple[Point, str, int, bool]) -> tuple[Point, str, int, float, 
         s = summarize(replay.run(workload_of(point, quick, seed), lambda c: EppPolicy(c, cfg), policy))
     finally:
         Profile.run = original  # type: ignore[method-assign]
-    return point, policy, seed, s.hit_rate, s.ttft_p90_s, AGREEMENT
+    return point, policy, seed, s.hit_rate, s.ttft_p90_s, dataclasses.replace(AGREEMENT)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one seed, three points, fewer requests")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--per-scorer", type=int, default=0,
+                    help="shortlist.perScorer for the shipped profile (0: as shipped)")
     ap.add_argument("--result-name", default="shortlist")
     args = ap.parse_args()
     seeds = 1 if args.quick else args.seeds
     points = [p for p in POINTS if not args.quick or p.label in QUICK or p.workload == "shared-prefix"]
-    jobs = [(p, pol, seed, args.quick) for p in points for pol in POLICIES for seed in range(seeds)]
+    jobs = [(p, pol, seed, args.quick, args.per_scorer) for p in points for pol in POLICIES
+            for seed in range(seeds)]  # fmt: skip
     runs: dict[tuple[Point, str], list[tuple[int, float, float]]] = {}
     agree: dict[Point, Agreement] = {p: Agreement() for p in points}
     with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
@@ -169,7 +175,7 @@ def main() -> None:
         data[p.label]["agreement"] = {"decisions": a.decisions, "agreed": a.agreed, "scored": a.scored}
     table = "\n".join(lines)
     print(table)
-    if not args.quick:
+    if not args.quick and not args.per_scorer:
         md = (f"{seeds} seeds a point; cells are the mean hit rate and the median TTFT p90.\n\n{table}\n")
         print(f"wrote {write_result(args.result_name, 'The shortlist in large pools: the default as shipped against every candidate scored', md, data)}")
 
