@@ -7,6 +7,9 @@ about cache configs (the index sizes the endpoint's LRU).
 
 Single-threaded by design: everything runs on the serving event loop. ``snapshot`` returns a
 cached tuple that is rebuilt only after a change, so a scheduling decision costs no copying.
+``routable`` returns the endpoints a request may go to as a ``Pool`` whose index
+(``epp.datastore.poolindex``) every change updates in place: the look-ups a large pool's
+shortlist needs cost the same at any pool size.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class Datastore:
     """The endpoints that are not stale, ordered by load (``routable`` hands it out)."""
     _positions: dict[EndpointId, int] = field(default_factory=dict)
     """Index of each endpoint in ``_snapshot`` (valid while it is)."""
+    _routable_positions: dict[EndpointId, int] = field(default_factory=dict)
+    """Index of each endpoint in ``_routable`` while that is the fresh part of the snapshot."""
     _removal_listeners: list[RemovalListener] = field(default_factory=list)
     _metrics_listeners: list[MetricsListener] = field(default_factory=list)
     synced: bool = False
@@ -168,10 +173,18 @@ class Datastore:
             return
         i = self._positions[endpoint.id]
         new = self._snapshot = (*snap[:i], endpoint, *snap[i + 1:])
-        # routable() is the whole snapshot while no endpoint is stale; else recompute it
+        # routable() is the whole snapshot while no endpoint is stale, else its fresh part:
+        # patch that too (a pool with a stale endpoint must not rebuild it per request)
         routable = self._routable
-        whole = isinstance(routable, IndexedPool) and routable.endpoints is snap
-        self._routable = IndexedPool(new, self._index) if whole else None
+        if not isinstance(routable, IndexedPool):
+            self._routable = None
+        elif routable.endpoints is snap:
+            self._routable = IndexedPool(new, self._index)
+        else:
+            j = self._routable_positions.get(endpoint.id)
+            if j is not None:  # else the endpoint is stale: not routable, nothing to patch
+                fresh = routable.endpoints
+                self._routable = IndexedPool((*fresh[:j], endpoint, *fresh[j + 1:]), self._index)
 
     def routable(self) -> Sequence[Endpoint]:
         """The endpoints a request may go to: those with fresh metrics, or all of them when
@@ -187,8 +200,11 @@ class Datastore:
             fresh = tuple(e for e in snap if not e.stale)
             if not fresh:
                 routable = snap
-            else:  # all fresh: the snapshot itself, so a per-request patch keeps it cached
-                routable = IndexedPool(fresh if len(fresh) < len(snap) else snap, self._index)
+            elif len(fresh) == len(snap):  # the snapshot itself: a per-request patch keeps it
+                routable = IndexedPool(snap, self._index)
+            else:
+                routable = IndexedPool(fresh, self._index)
+                self._routable_positions = {e.id: i for i, e in enumerate(fresh)}
             self._routable = routable
         return routable
 

@@ -195,3 +195,24 @@ def test_a_never_scraped_endpoint_queues_its_requests_in_flight() -> None:
     store.request_finished(e.id)
     got = store.get(e.id)
     assert got is not None and got.queue == 2 and store.snapshot()[0].queue == 2
+
+
+def test_the_routable_pool_keeps_its_index_through_stale_endpoints_and_request_patches() -> None:
+    store = Datastore(stale_after_s=2.0)
+    eps = [Endpoint(EndpointId(f"10.0.0.{i}:8000"), f"10.0.0.{i}", 8000) for i in range(5)]
+    store.replace_all(eps)
+    for i, e in enumerate(eps):
+        store.update_metrics(e.id, Metrics(waiting=i, scraped_at_s=1.0))
+    store.mark_stale(5.0)  # every one stale, then two scraped again
+    store.update_metrics(eps[3].id, Metrics(waiting=0, scraped_at_s=5.0))
+    store.update_metrics(eps[4].id, Metrics(waiting=0, scraped_at_s=5.0))
+    routable = store.routable()
+    assert isinstance(routable, IndexedPool) and [e.id for e in routable] == [eps[3].id, eps[4].id]
+    store.request_started(eps[4].id)
+    store.request_started(eps[4].id)
+    store.request_started(eps[0].id)  # stale: not routable, the routable tuple is unchanged
+    routable = store.routable()
+    assert isinstance(routable, IndexedPool)
+    assert [(e.id, e.queue) for e in routable] == [(eps[3].id, 0), (eps[4].id, 2)]
+    assert [e.id for e in routable.least("queue", 5)] == [eps[3].id, eps[4].id]  # stale ones left out
+    assert routable.queue_range() == (0, 2) and eps[0].id not in routable.ids
