@@ -143,9 +143,9 @@ def render() -> str:
     from epp.datastore.scraper import ScrapingConfig
     from epp.flowcontrol.controller import FlowControlConfig
     from epp.framework.saturation import SaturationConfig
+    from epp.framework.shortlist import ShortlistConfig
     from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
     from epp.request import settings as request_control
-    from epp.scheduling.profile import ShortlistConfig
 
     out = [
         "# Configuration reference",

@@ -50,9 +50,9 @@ from epp.errors import ConfigError
 from epp.flowcontrol.controller import FlowControlConfig
 from epp.framework.endpoint import Endpoint
 from epp.framework.saturation import SaturationConfig
+from epp.framework.shortlist import ShortlistConfig
 from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
 from epp.request.settings import RequestControlConfig, parse_request_control
-from epp.scheduling.profile import ShortlistConfig
 
 __all__ = ["EppConfig", "PluginSpec", "ProfileSpec", "SaturationConfig", "ShortlistConfig",
            "default_config", "load_config", "loads_config", "parse_config", "shipped_config"]

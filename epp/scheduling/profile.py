@@ -21,31 +21,14 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.interfaces import Filter, Nominator, Picker, Scorer
 from epp.framework.pool import Pool, as_pool
+from epp.framework.shortlist import ShortlistConfig
 from epp.framework.types import CycleState, ProfileResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True, frozen=True)
-class ShortlistConfig:
-    """The ``shortlist`` config section: which candidates the scorers see in a large pool."""
-
-    enabled: bool = True
-    """Score a shortlist when a profile has more than ``minCandidates`` candidates and every
-    scorer it weighs nominates (false: every candidate is scored, at a cost that grows with
-    the pool)."""
-    min_candidates: int = 16
-    """A profile with at most this many candidates (after its filters) scores every one."""
-    per_scorer: int = 4
-    """How many endpoints each scorer nominates (its best, by its own measure), and how many
-    of the least-queued the profile adds to them."""
-
-    __config_min__: ClassVar[dict[str, float]] = {"per_scorer": 1}
 
 
 @dataclass(slots=True, frozen=True)

@@ -16,9 +16,10 @@ from epp.datastore.store import Datastore
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 from epp.framework.pool import Pool, ScanPool, busy, kv_use
 from epp.framework.request import InferenceRequest
+from epp.framework.shortlist import ShortlistConfig
 from epp.framework.types import CycleState, ProfileResult
 from epp.plugins.prefixhome import PrefixHomeScorer
-from epp.scheduling.profile import Profile, ShortlistConfig
+from epp.scheduling.profile import Profile
 from epp.scheduling.scheduler import Scheduler
 from epp.wiring import build_scheduler
 
