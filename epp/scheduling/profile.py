@@ -75,7 +75,7 @@ class Profile:
         if self.shortlists and len(candidates) > self._min_candidates:
             t0 = clock()
             pool = as_pool(candidates)
-            candidates = self.shortlist(state, pool)
+            candidates = self.shortlist(state, pool, count)
             state.pool = pool
             timings["shortlist"] = clock() - t0
         try:
@@ -94,10 +94,11 @@ class Profile:
             self._log_scores(state, candidates, columns, total, targets)
         return ProfileResult(targets, candidates, total)
 
-    def shortlist(self, state: CycleState, pool: Pool) -> list[Endpoint]:
+    def shortlist(self, state: CycleState, pool: Pool, count: int = 1) -> list[Endpoint]:
         """The endpoints of ``pool`` the scorers get to score: the ``perScorer`` least
         queued, those on the queue / KV-use staircase (none beats them on both), then each
-        scorer's nominees, each endpoint once, in that order."""
+        scorer's nominees, each endpoint once, in that order; topped up with the next least
+        queued to ``count`` (the pick and its fallbacks)."""
         k = self._per_scorer
         chosen: dict[EndpointId, Endpoint] = {e.id: e for e in pool.least("queue", k)}
         for e in pool.staircase("queue", k):
@@ -105,6 +106,11 @@ class Profile:
         for nominator in self._nominators:
             for e in nominator.nominate(state, pool, k):
                 chosen.setdefault(e.id, e)
+        if len(chosen) < count:
+            for e in pool.least("queue", count + len(chosen)):
+                chosen.setdefault(e.id, e)
+                if len(chosen) >= count:
+                    break
         return list(chosen.values())
 
     def _log_scores(self, state: CycleState, candidates: Sequence[Endpoint], columns: list[Sequence[float]],

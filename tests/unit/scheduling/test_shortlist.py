@@ -214,3 +214,10 @@ def test_the_datastore_pool_and_a_scanned_list_shortlist_alike(size: int) -> Non
     assert pool.queue_range() == scan.queue_range() and pool.busy_total() == scan.busy_total()
     assert sorted(e.id for e in pool.holding("a")) == sorted(e.id for e in scan.holding("a"))
     assert pool.ring(12345, 8) == scan.ring(12345, 8)
+
+
+def test_fallbacks_past_the_shortlist_come_from_the_least_queued() -> None:
+    s = build_scheduler(default_config(), random.Random(0))
+    eps = [endpoint(i, waiting=i % 5, kv=(i % 7) / 10) for i in range(60)]
+    result = s.schedule(InferenceRequest("a", "m", "hello " * 40), eps, 1.0, fallbacks=29)
+    assert len(result.targets) == 30 and len(set(result.target_ids)) == 30
