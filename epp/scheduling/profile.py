@@ -3,15 +3,15 @@
 In a large pool the scorers see a shortlist of the candidates, not every one of them: the
 endpoints that can matter. When more than ``shortlist.minCandidates`` candidates survive the
 filters and every scorer the profile weighs is a ``Nominator``, each scorer names the
-``perScorer`` endpoints it would score highest, found without scoring the rest (the prefix
-scorer: the endpoints holding the longest prefix; the queue and KV scorers: the least
-queued, the least KV used; the predicted-TTFT scorer: the longest prefixes, the least queued
-and least busy, the endpoints holding the request's adapter; the prefix-home scorer: the
-prompt's home), the profile adds the ``perScorer`` least-queued endpoints, and the full
-scorer set runs on that union. The look-ups come from the ``Pool`` the candidates are: the
-datastore's routable pool keeps them indexed, so a decision's cost does not grow with the
-pool (``bench/bench_scheduling.py`` prints it at 8 to 1,024 endpoints, against every
-candidate scored). Scorers that normalise over the candidates read the whole pool's extremes
+``perScorer`` endpoints it would score highest by its own measure, found without scoring the
+rest (the prefix scorer the longest holders, the queue and KV scorers the least loaded, the
+predicted-TTFT scorer those and the staircases of its loads and the least-filled caches, the
+prefix-home scorer the prompt's home); the profile adds the least queued and the queue /
+KV-use staircase, and the full scorer set runs on the union (docs/configuration.md, "Large
+pools"). The look-ups come from the ``Pool`` the candidates are: the datastore's routable
+pool keeps them indexed, so a decision's cost does not grow with the pool
+(``bench/bench_scheduling.py`` prints it at 8 to 1,024 endpoints, against every candidate
+scored). Scorers that normalise over the candidates read the whole pool's extremes
 (``CycleState.pool``), so a shortlisted endpoint scores as it would among them all.
 """
 
