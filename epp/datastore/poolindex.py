@@ -13,8 +13,8 @@ pool's size. Single-threaded, like the datastore that owns it.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Container, Iterator, Sequence
-from typing import Literal, overload
+from collections.abc import Container
+from typing import Literal
 
 from epp.framework.endpoint import Endpoint, EndpointId
 from epp.framework.pool import LOADS, Load, Pool, busy, endpoint_hash, kv_use
@@ -206,28 +206,11 @@ class IndexedPool(Pool):
     """The datastore's routable endpoints (a tuple) with its live ``PoolIndex``: the two
     agree until the datastore next changes, i.e. for the scheduling cycle it is handed to."""
 
-    __slots__ = ("_endpoints", "_index")
+    __slots__ = ("_index",)
 
     def __init__(self, endpoints: tuple[Endpoint, ...], index: PoolIndex) -> None:
-        self._endpoints = endpoints
+        super().__init__(endpoints)
         self._index = index
-
-    @property
-    def endpoints(self) -> tuple[Endpoint, ...]:
-        return self._endpoints
-
-    @overload
-    def __getitem__(self, i: int) -> Endpoint: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[Endpoint]: ...
-    def __getitem__(self, i: int | slice) -> Endpoint | Sequence[Endpoint]:
-        return self._endpoints[i]
-
-    def __len__(self) -> int:
-        return len(self._endpoints)
-
-    def __iter__(self) -> Iterator[Endpoint]:
-        return iter(self._endpoints)
 
     @property
     def ids(self) -> Container[EndpointId]:

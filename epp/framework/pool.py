@@ -80,7 +80,28 @@ class Pool(Sequence[Endpoint]):
     pass over them where the implementation keeps an index. Read during the cycle only: the
     datastore's pool is a view of its live index."""
 
-    __slots__ = ()
+    __slots__ = ("_endpoints",)
+
+    def __init__(self, endpoints: Sequence[Endpoint]) -> None:
+        self._endpoints = endpoints
+
+    @property
+    def endpoints(self) -> Sequence[Endpoint]:
+        """The endpoints as the caller gave them (the datastore's snapshot tuple)."""
+        return self._endpoints
+
+    @overload
+    def __getitem__(self, i: int) -> Endpoint: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Endpoint]: ...
+    def __getitem__(self, i: int | slice) -> Endpoint | Sequence[Endpoint]:
+        return self._endpoints[i]
+
+    def __len__(self) -> int:
+        return len(self._endpoints)
+
+    def __iter__(self) -> Iterator[Endpoint]:
+        return iter(self._endpoints)
 
     @property
     @abstractmethod
@@ -129,10 +150,10 @@ class ScanPool(Pool):
     """A ``Pool`` over any sequence: each look-up is a pass over it (``least`` keeps a heap
     of ``k``), the id set is built on first use."""
 
-    __slots__ = ("_endpoints", "_ids", "_ring")
+    __slots__ = ("_ids", "_ring")
 
     def __init__(self, endpoints: Sequence[Endpoint]) -> None:
-        self._endpoints = endpoints
+        super().__init__(endpoints)
         self._ids: dict[EndpointId, Endpoint] | None = None
         self._ring: list[tuple[int, Endpoint]] | None = None
 
@@ -140,19 +161,6 @@ class ScanPool(Pool):
         if self._ids is None:
             self._ids = {e.id: e for e in self._endpoints}
         return self._ids
-
-    @overload
-    def __getitem__(self, i: int) -> Endpoint: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[Endpoint]: ...
-    def __getitem__(self, i: int | slice) -> Endpoint | Sequence[Endpoint]:
-        return self._endpoints[i]
-
-    def __len__(self) -> int:
-        return len(self._endpoints)
-
-    def __iter__(self) -> Iterator[Endpoint]:
-        return iter(self._endpoints)
 
     @property
     def ids(self) -> Container[EndpointId]:
