@@ -29,7 +29,7 @@ _ORDER = {load: i for i, load in enumerate(LOADS)}
 _STAIRS = {("queue", "kv"): 0, ("busy", "kv"): 2, ("queue", "running"): 3}
 _TIE_SHIFT = _SLOT_BITS + _TIE_BITS
 _LOAD_SHIFT = _TIE_SHIFT + _TIE_BITS
-_MAX_STEPS = 16
+_MAX_STEPS = 4
 """Load values a staircase walks at most (each a binary search)."""
 
 

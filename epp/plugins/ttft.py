@@ -357,7 +357,7 @@ class PredictedTtftScorer:
         out += pool.staircase("busy", k)
         out += pool.staircase("queue", k, against="running")
         if weighs_fill and prefix.least_filled is not None:
-            for eid in prefix.least_filled(k, pool.ids):
+            for eid in prefix.least_filled(max(1, k // 2), pool.ids):
                 e = pool.get(eid)
                 if e is not None:
                     out.append(e)

@@ -6,8 +6,8 @@ filters and every scorer the profile weighs is a ``Nominator``, each scorer name
 ``perScorer`` endpoints it would score highest by its own measure, found without scoring the
 rest (the prefix scorer the longest holders, the queue and KV scorers the least loaded, the
 predicted-TTFT scorer those and the staircases of its loads and the least-filled caches, the
-prefix-home scorer the prompt's home); the profile adds the least queued and the queue /
-KV-use staircase, and the full scorer set runs on the union (docs/configuration.md, "Large
+prefix-home scorer the prompt's home); the profile adds the least queued, and the full
+scorer set runs on the union (docs/configuration.md, "Large
 pools"). The look-ups come from the ``Pool`` the candidates are: the datastore's routable
 pool keeps them indexed, so a decision's cost does not grow with the pool
 (``bench/bench_scheduling.py`` prints it at 8 to 1,024 endpoints, against every candidate
@@ -96,13 +96,10 @@ class Profile:
 
     def shortlist(self, state: CycleState, pool: Pool, count: int = 1) -> list[Endpoint]:
         """The endpoints of ``pool`` the scorers get to score: the ``perScorer`` least
-        queued, those on the queue / KV-use staircase (none beats them on both), then each
-        scorer's nominees, each endpoint once, in that order; topped up with the next least
-        queued to ``count`` (the pick and its fallbacks)."""
+        queued, then each scorer's nominees, each endpoint once, in that order; topped up
+        with the next least queued to ``count`` (the pick and its fallbacks)."""
         k = self._per_scorer
         chosen: dict[EndpointId, Endpoint] = {e.id: e for e in pool.least("queue", k)}
-        for e in pool.staircase("queue", k):
-            chosen.setdefault(e.id, e)
         for nominator in self._nominators:
             for e in nominator.nominate(state, pool, k):
                 chosen.setdefault(e.id, e)
