@@ -338,8 +338,8 @@ class PredictedTtftScorer:
         """The endpoints it would most likely predict fastest, without predicting for every
         one: those holding the longest prefix (the fewest uncached tokens; level ones, the
         least busy and the least filled), the least busy (running and waiting), those no
-        other beats on both that and KV use or on both the queue and requests running, the
-        least filled caches (the prefix producer's view: where uncached tokens evict least), for a request that starts a session the least queued with the
+        other beats on both the queue and requests running (its cost weighs both, KV use
+        hardly), the least filled caches (the prefix producer's view: where uncached tokens evict least), for a request that starts a session the least queued with the
         fewest sessions, and, for a LoRA adapter, the endpoints holding it (reporting it, or
         epp's requests for it in flight there or sent there last)."""
         prefix = state.prefix
@@ -354,7 +354,6 @@ class PredictedTtftScorer:
             by_fill = sorted(range(len(held)), key=lambda i: (-matched[held[i].id], fills[i]))
             out += [held[i] for i in by_fill[:k]]
         out += pool.least("busy", k)
-        out += pool.staircase("busy", k)
         out += pool.staircase("queue", k, against="running")
         if weighs_fill and prefix.least_filled is not None:
             for eid in prefix.least_filled(max(1, k // 2), pool.ids):
