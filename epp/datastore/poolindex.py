@@ -141,6 +141,11 @@ class PoolIndex:
     def __contains__(self, endpoint_id: object) -> bool:
         return endpoint_id in self._slots
 
+    @property
+    def ids(self) -> Container[EndpointId]:
+        """The indexed endpoints' ids (a dict's keys: membership tests in C)."""
+        return self._slots
+
     def get(self, endpoint_id: EndpointId) -> Endpoint | None:
         slot = self._slots.get(endpoint_id)
         return None if slot is None else self._endpoints[slot]
@@ -214,7 +219,7 @@ class IndexedPool(Pool):
 
     @property
     def ids(self) -> Container[EndpointId]:
-        return self._index
+        return self._index.ids
 
     def get(self, endpoint_id: EndpointId) -> Endpoint | None:
         return self._index.get(endpoint_id)
