@@ -175,8 +175,8 @@ class KvCacheUtilizationScorer:
                 for m in [e.metrics for e in endpoints]]  # fmt: skip
 
     def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
-        """The least KV used."""
-        return pool.least("kv", k)
+        """The least KV used, half of ``k`` (KV use is also the least-queued's tie-break)."""
+        return pool.least("kv", max(1, k // 2))
 
 
 @dataclass(slots=True, frozen=True)
