@@ -221,3 +221,18 @@ def test_fallbacks_past_the_shortlist_come_from_the_least_queued() -> None:
     eps = [endpoint(i, waiting=i % 5, kv=(i % 7) / 10) for i in range(60)]
     result = s.schedule(InferenceRequest("a", "m", "hello " * 40), eps, 1.0, fallbacks=29)
     assert len(result.targets) == 30 and len(set(result.target_ids)) == 30
+
+
+def test_a_new_session_is_nominated_an_endpoint_without_sessions() -> None:
+    """The session spread charges endpoints by their active sessions: with sessions on the
+    least-queued endpoints, the TTFT scorer nominates a lightly queued one without any."""
+    from epp.plugins.ttft import PredictedTtftParams, PredictedTtftScorer
+
+    scorer = PredictedTtftScorer("t", PredictedTtftParams(session_spread_seconds=0.2))
+    eps = [endpoint(i, waiting=0 if i < 8 else 1) for i in range(40)]
+    for i in range(8):  # every endpoint with an empty queue holds a session
+        scorer._sessions.record(f"s{i}", eps[i].id, 1.0)
+    request = InferenceRequest("a", "m", "hi " * 50, headers={"x-session-id": "new"})
+    state = CycleState(request, 2.0, random.Random(0))
+    nominated = scorer.nominate(state, ScanPool(eps), 4)
+    assert any(e.id not in scorer.sessions_on for e in nominated if e.queue == 1)
