@@ -179,6 +179,25 @@ def _take(counts: dict[Any, Any], key: Any, amount: float) -> None:
         counts.pop(key, None)
 
 
+def _unbeaten(pool: Pool, by_fill: Sequence[EndpointId], k: int) -> list[Endpoint]:
+    """Of endpoints in order of cache fill, least first, up to ``k`` that no endpoint before
+    them (as empty or emptier) beats on queue, running requests and KV use together: for a
+    request no endpoint holds, the cost model's cost grows with the fill and, roughly, with
+    each of the three (its queued prefill is epp's own count or the server's waiting)."""
+    kept: list[Endpoint] = []
+    for eid in by_fill:
+        e = pool.get(eid)
+        if e is None:
+            continue
+        m = e.metrics
+        if not any(b.queue <= e.queue and b.metrics.running <= m.running
+                   and b.metrics.kv_usage <= m.kv_usage for b in kept):  # fmt: skip
+            kept.append(e)
+            if len(kept) >= k:
+                break
+    return kept
+
+
 class PredictedTtftScorer:
     """A scorer that also learns (post-pick and post-response hooks)."""
 
@@ -356,10 +375,7 @@ class PredictedTtftScorer:
         out += pool.least("busy", k)
         out += pool.staircase("queue", k, against="running")
         if weighs_fill and prefix.least_filled is not None:
-            for eid in prefix.least_filled(max(1, k // 2), pool.ids):
-                e = pool.get(eid)
-                if e is not None:
-                    out.append(e)
+            out += _unbeaten(pool, prefix.least_filled(2 * k, pool.ids), 2 * k)
         if self.params.session_spread_seconds > 0:
             session = session_of(state.request, self._session_params)
             if session and session not in self._sessions:
