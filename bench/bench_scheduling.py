@@ -1,13 +1,21 @@
-"""Scheduling-core benchmark: microseconds per decision and index bytes per entry.
+"""Scheduling-core benchmark: microseconds per decision, and how they grow with the pool;
+index bytes per entry.
 
-One decision = take the datastore snapshot + hash the prompt + look it up in the index + run
-the default profile's scorers + pick + record the pick + count the request in flight. The workload is what prefix-aware routing is for: 32
-"system prompts" of half the prompt length, each followed by a unique tail, so the index
-holds real matches on several endpoints. The index is warmed with 400 decisions first.
+One decision = take the datastore's routable pool (as the Director does) + hash the prompt +
+look it up in the index + run the default profile (above 16 candidates: the shortlist, then
+its scorers) + pick + record the pick + count the request in flight. The workload is what
+prefix-aware routing is for: 32 "system prompts" of half the prompt length, each followed
+by a unique tail, so the index holds real matches on several endpoints. The index is warmed
+with 400 decisions first. Each point runs twice in the same process: as shipped, and with
+``shortlist: {enabled: false}`` (every candidate scored: the cost before issue 71) as the
+baseline, and prints the ratio.
 
-Run: ./run python bench/bench_scheduling.py [--quick]
-Targets (issue 2): p50 <= 50 us at 16 KB / 64 endpoints; <= 2 ms at 220 KB; <= 120 bytes
-per (chunk, endpoint) entry at 1M entries. Timings vary with machine load: read the ratios.
+Run: ./run bench scheduling [--quick]   (--record keeps what it prints as
+docs/results/scheduling.md)
+Targets: p50 <= 100 us at 16 KB / 64 endpoints, and the p50 at 256 and at 1,024 endpoints
+no more than 1.5x the 64-endpoint one (issue 71; issue 2's 50 us predates the predicted-TTFT
+default); <= 2 ms at 220 KB; <= 120 bytes per (chunk, endpoint) entry at 1M entries.
+Timings vary with machine load: read the ratios.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from epp.config.loader import default_config
+from epp.config.loader import EppConfig, default_config, loads_config
 from epp.datastore.store import Datastore
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 from epp.framework.request import InferenceRequest
@@ -36,7 +44,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for bench_extproc's prompts
 
 SIZES = {"1KB": 1024, "16KB": 16 * 1024, "220KB": 220 * 1024}
-POOLS = (8, 64, 256)
+POOLS = (8, 64, 256, 1024)
+FLAT_RATIO = 1.5
+"""The 256- and 1,024-endpoint p50 at most this multiple of the 64-endpoint one."""
+TARGET_US = 100.0
+"""p50 at 16 KB and 64 endpoints."""
+
+
+def configs() -> dict[str, EppConfig]:
+    """As shipped, and the baseline: every candidate scored."""
+    return {"shipped": default_config(), "all scored": loads_config("shortlist: {enabled: false}")}
 
 
 def approx(s: Scheduler) -> PrefixProducer:
@@ -63,10 +80,11 @@ def text_of(seed: int, chars: int) -> str:
     return " ".join(words)[:chars]
 
 
-def bench_decisions(size: int, pool_n: int, decisions: int) -> tuple[float, float, float]:
+def bench_decisions(size: int, pool_n: int, decisions: int,
+                    cfg: EppConfig | None = None) -> tuple[float, float, float]:  # fmt: skip
     gc.collect()  # each configuration starts from a clean heap, not the previous one's garbage
     rng = random.Random(size * 1000 + pool_n)
-    sched = build_scheduler(default_config(), random.Random(1))
+    sched = build_scheduler(cfg or default_config(), random.Random(1))
     pool = make_pool(pool_n, rng)
     systems = [text_of(s, size // 2) for s in range(32)]
     tails = [text_of(10_000 + t, size - size // 2) for t in range(64)]
@@ -83,7 +101,7 @@ def bench_decisions(size: int, pool_n: int, decisions: int) -> tuple[float, floa
     now = 1.0
 
     def decide(r: InferenceRequest) -> None:
-        target = sched.schedule(r, store.snapshot(), now).target.id
+        target = sched.schedule(r, store.routable(), now).target.id
         store.request_started(target)
         in_flight.append(target)
         if len(in_flight) > 2 * pool_n:
@@ -203,23 +221,38 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer decisions and a 200k-entry index")
     args = ap.parse_args()
     n = 300 if args.quick else 2000
-    print("scheduling decision (snapshot + hash + lookup + score + pick + record), default profile")
-    print(f"native hashing loop: {'yes' if NATIVE else 'no (pure Python)'}")
+    print("scheduling decision (routable pool + hash + lookup + shortlist + score + pick + record), "
+          "default profile")
+    print(f"native hashing loop: {'yes' if NATIVE else 'no (pure Python)'}; baseline: the same "
+          "decisions with every candidate scored (shortlist off), in this run")
     print(
-        f"{'prompt':>7} {'pool':>5} {'p50 us':>9} {'p99 us':>9} {'hash us':>9}"
-        f" {'py-hash us':>10} {'index hit':>9}"
+        f"{'prompt':>7} {'pool':>5} {'p50 us':>9} {'p99 us':>9} {'vs 64':>6} {'all-scored p50':>15}"
+        f" {'ratio':>6} {'hash us':>9} {'py-hash us':>10} {'index hit':>9}"
     )
+    cfgs = configs()
+    p50s: dict[tuple[str, int], float] = {}
     for label, size in SIZES.items():
         decisions = max(50, n // 8) if size > 100_000 else n
         reps = 20 if size > 100_000 else 200
         hash_us = bench_hash_only(size, reps, native=True)
         py_hash_us = bench_hash_only(size, reps, native=False)
         for pool_n in POOLS:
-            p50, p99, hit = bench_decisions(size, pool_n, decisions)
+            p50, p99, hit = bench_decisions(size, pool_n, decisions, cfgs["shipped"])
+            # the baseline costs ~4 us an endpoint: fewer decisions at 1,024 endpoints
+            base_n = decisions if pool_n <= 256 else max(50, decisions // 4)
+            base, _, _ = bench_decisions(size, pool_n, base_n, cfgs["all scored"])
+            p50s[label, pool_n] = p50
+            flat = f"{p50 / p50s[label, 64]:.2f}" if pool_n > 64 else "-"
             print(
-                f"{label:>7} {pool_n:>5} {p50:>9.1f} {p99:>9.1f} {hash_us:>9.1f}"
-                f" {py_hash_us:>10.1f} {hit:>9.2f}"
+                f"{label:>7} {pool_n:>5} {p50:>9.1f} {p99:>9.1f} {flat:>6} {base:>15.1f}"
+                f" {p50 / base:>6.2f} {hash_us:>9.1f} {py_hash_us:>10.1f} {hit:>9.2f}"
             )
+    at64 = p50s["16KB", 64]
+    flat_worst = max(p50s[label, n] / p50s[label, 64] for label in SIZES for n in POOLS if n > 64)
+    print(f"16KB / 64 endpoints p50 {at64:.1f} us (target <= {TARGET_US:.0f}: "
+          f"{'met' if at64 <= TARGET_US else 'MISSED'}); the most any prompt size's 256- or "
+          f"1,024-endpoint p50 is of its 64-endpoint one: {flat_worst:.2f}x (target <= {FLAT_RATIO}: "
+          f"{'met' if flat_worst <= FLAT_RATIO else 'MISSED'})")
     scripts = bench_hash_scripts(300 if args.quick else 2000)
     print("hashing a 16 KB prompt fresh from the JSON parser: "
           + ", ".join(f"{k} {v:.1f} us" for k, v in scripts.items()))
@@ -229,7 +262,8 @@ def main() -> None:
     entries = 200_000 if args.quick else 1_000_000
     count, per = bytes_per_entry(entries)
     print(f"index memory: {count:,} entries, {per:.1f} bytes per (chunk, endpoint) entry")
-    print("targets: p50 <= 50 us at 16KB/64; p50 <= 2000 us at 220KB; <= 120 bytes/entry")
+    print(f"targets: p50 <= {TARGET_US:.0f} us at 16KB/64; 256 and 1,024 endpoints <= {FLAT_RATIO}x "
+          "the 64-endpoint p50; p50 <= 2000 us at 220KB; <= 120 bytes/entry")
 
 
 if __name__ == "__main__":

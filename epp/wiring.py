@@ -47,7 +47,7 @@ def _build_profiles(cfg: EppConfig, built: dict[str, object]) -> list[Profile]:
     for p in (cfg.profile, *cfg.other_profiles):
         filters = [one(n, FILTERS) for n in p.filters]
         scorers = [WeightedScorer(one(n, SCORERS), w) for n, w in p.scorers]
-        profiles.append(Profile(p.name, filters, scorers, one(p.picker, PICKERS)))
+        profiles.append(Profile(p.name, filters, scorers, one(p.picker, PICKERS), cfg.shortlist))
     return profiles
 
 

@@ -143,6 +143,7 @@ def render() -> str:
     from epp.datastore.scraper import ScrapingConfig
     from epp.flowcontrol.controller import FlowControlConfig
     from epp.framework.saturation import SaturationConfig
+    from epp.framework.shortlist import ShortlistConfig
     from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
     from epp.request import settings as request_control
 
@@ -163,6 +164,8 @@ def render() -> str:
         ("scraping", "the scrape period this config wants, and how much of a server's time its scrapes may take", ScrapingConfig),
         ("flowControl", "admission queue, fairness and priority bands (docs/flow-control.md)",
          FlowControlConfig),
+        ("shortlist", "which candidates the scorers see in a large pool: the endpoints each "
+         "scorer nominates and the least queued (docs/configuration.md)", ShortlistConfig),
     ]
     for pt in PLUGIN_TYPES.values():
         if pt.section:

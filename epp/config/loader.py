@@ -17,6 +17,7 @@ Format (an ``EndpointPickerConfig``, as the Gateway API Inference Extension uses
       - pluginRef: max-score-picker
     prefixIndex: {...}            # optional, see PrefixIndexConfig
     saturation: {...}             # optional, see SaturationConfig
+    shortlist: {...}              # optional, see ShortlistConfig
     scraping: {intervalSeconds: 1} # optional, see ScrapingConfig (default 0.2)
 
 Filters run in the order the profile lists them; scorers need a ``weight``; exactly one
@@ -49,10 +50,11 @@ from epp.errors import ConfigError
 from epp.flowcontrol.controller import FlowControlConfig
 from epp.framework.endpoint import Endpoint
 from epp.framework.saturation import SaturationConfig
+from epp.framework.shortlist import ShortlistConfig
 from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
 from epp.request.settings import RequestControlConfig, parse_request_control
 
-__all__ = ["EppConfig", "PluginSpec", "ProfileSpec", "SaturationConfig",
+__all__ = ["EppConfig", "PluginSpec", "ProfileSpec", "SaturationConfig", "ShortlistConfig",
            "default_config", "load_config", "loads_config", "parse_config", "shipped_config"]
 
 
@@ -84,6 +86,8 @@ class EppConfig:
     producers: tuple[str, ...] = ()
     """Data producers (by plugin name): they run for every request, before the profile."""
     saturation: SaturationConfig = field(default_factory=SaturationConfig)
+    shortlist: ShortlistConfig = field(default_factory=ShortlistConfig)
+    """The ``shortlist`` section: which candidates a profile scores in a large pool."""
     scraping: ScrapingConfig = field(default_factory=ScrapingConfig)
     """The ``scraping`` section: the scrape period this profile wants, and the share of a server's time its scrapes may take."""
     request_control: RequestControlConfig = field(default_factory=RequestControlConfig)
@@ -101,7 +105,7 @@ log = logging.getLogger(__name__)
 _SECTIONS = {pt.section: pt for pt in PLUGIN_TYPES.values() if pt.section}
 """Top-level sections that give a plugin type's parameters (``prefixIndex``)."""
 _KNOWN_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "saturation",
-              "flowControl", "scraping", *_SECTIONS}
+              "flowControl", "scraping", "shortlist", *_SECTIONS}
 _OTHER_LAYERS = {"requestControl", "staticEndpoints"}
 """Top-level sections read by other layers (``epp.request.settings``,
 ``epp.datastore.static``) from ``EppConfig.raw``."""
@@ -133,6 +137,7 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
     for section, pt in _SECTIONS.items():  # validated even when no plugin uses it
         _checked(build_params(pt.params, data.get(section), section), section)
     saturation = build_params(SaturationConfig, data.get("saturation"), "saturation")
+    shortlist = build_params(ShortlistConfig, data.get("shortlist"), "shortlist")
     scraping = build_params(ScrapingConfig, data.get("scraping"), "scraping")
     _check_scraping(scraping, saturation)
     return EppConfig(
@@ -142,6 +147,7 @@ def parse_config(data: Any, source: str = "<config>") -> EppConfig:
         handler=handler,
         producers=producers,
         saturation=saturation,
+        shortlist=shortlist,
         scraping=scraping,
         request_control=parse_request_control(data),
         flow_control=build_params(FlowControlConfig, data.get("flowControl"), "flowControl"),

@@ -21,15 +21,19 @@ that state forgets its cache (the removal listeners), which it lost.
 
 Single-threaded by design: everything runs on the serving event loop. ``snapshot`` returns a
 cached tuple that is rebuilt only after a change, so a scheduling decision costs no copying.
+``routable`` returns the endpoints a request may go to as a ``Pool`` whose index
+(``epp.datastore.poolindex``) every change updates in place: the look-ups a large pool's
+shortlist needs cost the same at any pool size.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from epp.datastore.poolindex import IndexedPool, PoolIndex
 from epp.datastore.prefill import PrefillLedger
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics, identity_change
 
@@ -72,9 +76,13 @@ class Datastore:
     stale_after_s: float = 2.0
     _entries: dict[EndpointId, _Entry] = field(default_factory=dict)
     _snapshot: tuple[Endpoint, ...] | None = None
-    _routable: tuple[Endpoint, ...] | None = None
+    _routable: Sequence[Endpoint] | None = None
+    _index: PoolIndex = field(default_factory=PoolIndex)
+    """The endpoints that are not stale, ordered by load (``routable`` hands it out)."""
     _positions: dict[EndpointId, int] = field(default_factory=dict)
     """Index of each endpoint in ``_snapshot`` (valid while it is)."""
+    _routable_positions: dict[EndpointId, int] = field(default_factory=dict)
+    """Index of each endpoint in ``_routable`` while that is the fresh part of the snapshot."""
     _removal_listeners: list[RemovalListener] = field(default_factory=list)
     _metrics_listeners: list[MetricsListener] = field(default_factory=list)
     _reset_listeners: list[ResetListener] = field(default_factory=list)
@@ -119,16 +127,17 @@ class Datastore:
         entry = self._entries.get(endpoint.id)
         if entry is None:
             generation = self._generations.pop(endpoint.id, -1) + 1
-            self._entries[endpoint.id] = _Entry(endpoint, generation=generation)
+            entry = self._entries[endpoint.id] = _Entry(endpoint, generation=generation)
         elif endpoint.instance and entry.endpoint.instance and (
             endpoint.instance != entry.endpoint.instance
         ):
-            self._reset(entry, endpoint, "replaced")
+            entry = self._reset(entry, endpoint, "replaced")
         else:
             entry.endpoint = dataclasses.replace(
                 endpoint, metrics=entry.endpoint.metrics, stale=entry.endpoint.stale,
                 instance=endpoint.instance or entry.endpoint.instance,
             )
+        self._index.put(entry.endpoint)
         self._snapshot = None
 
     def remove(self, endpoint_id: EndpointId) -> None:
@@ -138,6 +147,7 @@ class Datastore:
         self._generations[endpoint_id] = entry.generation
         if len(self._generations) > MAX_GENERATIONS:
             del self._generations[next(iter(self._generations))]
+        self._index.remove(endpoint_id)
         self._snapshot = None
         self.prefill.forget(endpoint_id)
         for listener in self._removal_listeners:
@@ -186,6 +196,7 @@ class Datastore:
                 forget(endpoint_id)
         entry.started = entry.sent = 0
         entry.endpoint = dataclasses.replace(entry.endpoint, metrics=metrics, stale=False, pending=0)
+        self._index.put(entry.endpoint)
         self._snapshot = None
         if metrics.not_serving != old.not_serving and (metrics.not_serving or old.known):
             for serving in self._serving_listeners:
@@ -217,6 +228,7 @@ class Datastore:
             stale = now_s - last_good > self.stale_after_s
             if stale != entry.endpoint.stale:
                 entry.endpoint = dataclasses.replace(entry.endpoint, stale=stale)
+                self._index.put(entry.endpoint)
                 self._snapshot = None
                 if stale:
                     newly.append(eid)
@@ -239,23 +251,41 @@ class Datastore:
             return
         i = self._positions[endpoint.id]
         new = self._snapshot = (*snap[:i], endpoint, *snap[i + 1:])
-        # routable() is the snapshot itself while no endpoint is stale; else recompute it
-        self._routable = new if self._routable is snap else None
+        # routable() is the whole snapshot while no endpoint is stale, else its fresh part:
+        # patch that too (a pool with a stale endpoint must not rebuild it per request)
+        routable = self._routable
+        if not isinstance(routable, IndexedPool):
+            self._routable = None
+        elif routable.endpoints is snap:
+            self._routable = IndexedPool(new, self._index)
+        else:
+            j = self._routable_positions.get(endpoint.id)
+            if j is not None:  # else the endpoint is stale: not routable, nothing to patch
+                fresh = routable.endpoints
+                self._routable = IndexedPool((*fresh[:j], endpoint, *fresh[j + 1:]), self._index)
 
-    def routable(self) -> tuple[Endpoint, ...]:
+    def routable(self) -> Sequence[Endpoint]:
         """The endpoints a request may go to: of those that can serve (``serving``), the
         ones with fresh metrics, or all of them when none has (a replica whose ``/metrics``
         stopped answering has most likely stopped serving too; with every scrape failing,
         the pool is still tried rather than refused). The director also tries the stale
         ones when the filters leave none of these (one role's only endpoint stale, say).
-        Empty: no endpoint is ready (flow control then holds requests: scale from zero)."""
-        self.snapshot()  # a rebuilt snapshot drops the cached routable tuple
+        Empty: no endpoint is ready (flow control then holds requests: scale from zero).
+        While some are fresh, a ``Pool`` (an ``IndexedPool``: the endpoints with the index
+        that orders them by load, for the scheduler's shortlist), else a tuple."""
+        snap = self.snapshot()  # a rebuilt snapshot drops the cached routable pool
         routable = self._routable
         if routable is None:
             serving = self.serving()
             fresh = tuple(e for e in serving if not e.stale)
-            # all fresh (or none): the snapshot itself, so a per-request patch keeps it cached
-            routable = self._routable = fresh if 0 < len(fresh) < len(serving) else serving
+            if not fresh:
+                routable = serving
+            elif len(fresh) == len(snap):  # the snapshot itself: a per-request patch keeps it
+                routable = IndexedPool(snap, self._index)
+            else:
+                routable = IndexedPool(fresh, self._index)
+                self._routable_positions = {e.id: i for i, e in enumerate(fresh)}
+            self._routable = routable
         return routable
 
     def serving(self) -> tuple[Endpoint, ...]:
@@ -287,6 +317,7 @@ class Datastore:
         pending = entry.started + entry.sent
         if pending != entry.endpoint.pending:
             entry.endpoint = _with_pending(entry.endpoint, pending)
+            self._index.put(entry.endpoint)
             self._replace_in_snapshot(entry.endpoint)
 
     def request_sent(self, endpoint_id: EndpointId) -> None:

@@ -31,13 +31,14 @@ Any plugin may implement any hooks; the scheduler sorts them out once, when it i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from prometheus_client.registry import Collector
 
 from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.pool import Pool
 from epp.framework.request import InferenceRequest
 from epp.framework.types import CycleState, HandlerResult, PickResult, ProfileResult, ResponseInfo
 
@@ -57,6 +58,20 @@ class Scorer(Protocol):
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         """One score in [0, 1] per endpoint, in the order given."""
+        ...
+
+
+@runtime_checkable
+class Nominator(Protocol):
+    """A scorer that can name the endpoints it would score highest without scoring the rest:
+    what lets its profile score a shortlist of a large pool (``epp.scheduling.profile``). A
+    profile shortlists only when every scorer it weighs is one."""
+
+    def nominate(self, state: CycleState, pool: Pool, k: int) -> Iterable[Endpoint]:
+        """About ``k`` endpoints of ``pool`` (more where they tie) that this scorer would
+        score highest, best first, found through ``pool``'s look-ups and the scorer's own
+        state, in time that does not grow with the pool (the shortlist is the union of every
+        scorer's nominees and the ``k`` least-queued endpoints). Never raises."""
         ...
 
 

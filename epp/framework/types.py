@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import heapq
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
 from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.pool import Pool
 from epp.framework.request import InferenceRequest
 
 _NO_MATCH: Mapping[EndpointId, int] = MappingProxyType({})
@@ -26,6 +28,9 @@ class PrefixMatch:
     fill: Callable[[Sequence[EndpointId]], Sequence[float]] | None = None
     """The producer's view of how full each endpoint's cache is (0..1), read on demand by
     the scorers that weigh cache room (None: the producer keeps no such view)."""
+    least_filled: Callable[[int, Container[EndpointId]], Sequence[EndpointId]] | None = None
+    """With ``fill``: up to ``k`` of the given endpoints whose cache is the least full, found
+    without reading every endpoint's (a shortlist's nominees)."""
 
     @property
     def total(self) -> int:
@@ -34,6 +39,25 @@ class PrefixMatch:
     def ratio(self, endpoint_id: EndpointId) -> float:
         total = len(self.hashes)
         return self.matched.get(endpoint_id, 0) / total if total else 0.0
+
+    def holders(self, pool: Pool, k: int, min_chunks: int = 1) -> list[Endpoint]:
+        """The (up to) ``k`` endpoints of ``pool`` holding the most leading chunks, at least
+        ``min_chunks``, most first; ties to the shorter queue, then the fewer running, then
+        the less KV used (a shortlist's nominees: a pass over the holders, not the pool)."""
+        get = pool.get
+        held = [(m, e) for eid, m in self.matched.items()
+                if m >= min_chunks and (e := get(eid)) is not None]  # fmt: skip
+        if len(held) > k:
+            held = heapq.nsmallest(k, held, key=_longest_first)
+        else:
+            held.sort(key=_longest_first)
+        return [e for _, e in held]
+
+
+def _longest_first(held: tuple[int, Endpoint]) -> tuple[int, int, int, float]:
+    e = held[1]
+    m = e.metrics
+    return -held[0], e.queue, m.running, m.kv_usage
 
 
 _EMPTY_PREFIX = PrefixMatch(hashes=())
@@ -75,6 +99,10 @@ class CycleState:
     data: dict[str, object] = field(default_factory=dict)
     """Per-request plugin state by key (``read`` / ``write``); seeded with what the request
     preparers computed (``RequestPreparer.prepare_request``, by preparer name)."""
+    pool: Pool | None = None
+    """While a profile scores a shortlist of its candidates: all of them (after its filters),
+    indexed, for scorers that normalise over the candidates (the queue scorer's shortest and
+    longest queue); None while the scorers are handed every candidate."""
 
     def read(self, key: str, kind: type[T]) -> T | None:
         """The state ``key`` holds if it is a ``kind``, else None."""

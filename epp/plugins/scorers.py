@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from epp.framework.endpoint import Endpoint
+from epp.framework.pool import Pool
 from epp.framework.types import CycleState
 
 NEUTRAL = 0.5
@@ -100,6 +101,12 @@ class PrefixCacheScorer:
         get = score.get
         return [get(e.id, 0.0) for e in endpoints]
 
+    def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
+        """The endpoints holding the longest leading runs (those it scores above 0)."""
+        prefix = state.prefix
+        floor = max(self.params.min_match_chunks, self.params.min_match_ratio * prefix.total)
+        return prefix.holders(pool, k, max(1, math.ceil(floor)))
+
 
 @dataclass(slots=True, frozen=True)
 class QueueScorerParams(LoadGateParams):
@@ -124,14 +131,19 @@ class QueueScorer:
         self.gate = PoolGate(params)
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
-        # Written for speed: this runs over every endpoint on every request.
+        # Written for speed: this runs over every endpoint scored on every request.
         queues = [e.queue for e in endpoints]
-        lo, hi = min(queues), max(queues)
-        gate = self.gate(state, endpoints)  # before the early return: it remembers the waiting
+        pool = state.pool  # scoring a shortlist: normalise over every candidate
+        lo, hi = pool.queue_range() if pool is not None else (min(queues), max(queues))
+        gate = self.gate(state, endpoints if pool is None else pool)  # remembers the waiting
         if hi == lo:
             return [1.0] * len(queues)
         inv = gate / max(hi - lo, self.min_spread)
         return [1.0 - (q - lo) * inv for q in queues]
+
+    def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
+        """The least queued."""
+        return pool.least("queue", k)
 
 
 @dataclass(slots=True, frozen=True)
@@ -157,9 +169,14 @@ class KvCacheUtilizationScorer:
 
     def score(self, state: CycleState, endpoints: Sequence[Endpoint]) -> Sequence[float]:
         # kv_usage is clamped to [0, 1] when scraped
-        lo, scale = self.free_below, self.scale * self.gate(state, endpoints)
+        gate = self.gate(state, endpoints if state.pool is None else state.pool)
+        lo, scale = self.free_below, self.scale * gate
         return [1.0 - max(0.0, m.kv_usage - lo) * scale if m.scraped_at_s else NEUTRAL
                 for m in [e.metrics for e in endpoints]]  # fmt: skip
+
+    def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
+        """The least KV used, half of ``k`` (KV use is also the least-queued's tie-break)."""
+        return pool.least("kv", max(1, k // 2))
 
 
 @dataclass(slots=True, frozen=True)
@@ -193,6 +210,15 @@ class LoraAffinityScorer:
         return [
             values[lora_tier(e, adapter)] if e.metrics.known else NEUTRAL for e in endpoints
         ]
+
+    def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
+        """The endpoints running the adapter, then those with it waiting, the least queued
+        first (those with a free slot are among the least queued the profile adds)."""
+        adapter = state.request.adapter
+        if not adapter:
+            return []
+        held = sorted(pool.holding(adapter), key=lambda e: (lora_tier(e, adapter), e.queue))
+        return held[:k]
 
 
 def lora_tier(endpoint: Endpoint, adapter: str) -> int:

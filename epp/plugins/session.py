@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.pool import Pool
 from epp.framework.request import InferenceRequest
 from epp.framework.types import CycleState, PickResult
 
@@ -171,6 +172,13 @@ class SessionAffinityScorer:
                 zeros[i] = 1.0
                 return zeros
         return zeros  # its endpoint is gone or filtered out
+
+    def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
+        """The session's endpoint."""
+        session = session_of(state.request, self.params)
+        target = self._sessions.get(session, state.now_s) if session else None
+        e = pool.get(target) if target is not None else None
+        return [e] if e is not None else []
 
     def post_pick(self, state: CycleState, result: PickResult) -> None:
         session = session_of(state.request, self.params)

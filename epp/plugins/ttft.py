@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.pool import Pool
 from epp.framework.types import CycleState, PickResult, ResponseInfo
 from epp.plugins.session import SessionAffinityParams, SessionTable, session_of
 
@@ -205,6 +206,25 @@ def _take(counts: dict[Any, Any], key: Any, amount: float) -> None:
         counts.pop(key, None)
 
 
+def _unbeaten(pool: Pool, by_fill: Sequence[EndpointId], k: int) -> list[Endpoint]:
+    """Of endpoints in order of cache fill, least first, up to ``k`` that no endpoint before
+    them (as empty or emptier) beats on queue, running requests and KV use together: for a
+    request no endpoint holds, the cost model's cost grows with the fill and, roughly, with
+    each of the three (its queued prefill is epp's own count or the server's waiting)."""
+    kept: list[Endpoint] = []
+    for eid in by_fill:
+        e = pool.get(eid)
+        if e is None:
+            continue
+        m = e.metrics
+        if not any(b.queue <= e.queue and b.metrics.running <= m.running
+                   and b.metrics.kv_usage <= m.kv_usage for b in kept):  # fmt: skip
+            kept.append(e)
+            if len(kept) >= k:
+                break
+    return kept
+
+
 class PredictedTtftScorer:
     """A scorer that also learns (post-pick and post-response hooks)."""
 
@@ -309,8 +329,10 @@ class PredictedTtftScorer:
         adapter = self._lora(state)
         feats = [self.features(state, e, adapter) for e in endpoints]
         speed = self.speed
-        factors = [speed.get(e.id, 1.0) for e in endpoints]
-        preds = [max(1e-4, f * self.predict(x)) for x, f in zip(feats, factors, strict=True)]
+        factors = [speed.get(e.id, 1.0) for e in endpoints] if speed else [1.0] * len(feats)
+        c0, c1, c2, c3, c4, c5, c6 = self.coef  # predict(), unrolled: this runs per endpoint
+        preds = [max(1e-4, f * (c0 * one + c1 * u + c2 * q + c3 * r + c4 * kv + c5 * o + c6 * a))
+                 for (one, u, q, r, kv, o, a), f in zip(feats, factors, strict=True)]  # fmt: skip
         # for post_pick (sessions, adapters, the mean uncached size) and learning; kept with
         # ``learn: false`` too (without it the sessions were never recorded and the spread
         # charge never applied)
@@ -320,16 +342,18 @@ class PredictedTtftScorer:
         w = self.params.work_weight * self.coef[1]
         cw = self.params.contention_weight * self.coef[1]
         sat = self._saturation_charge(feats)
-        cost = [t + f * ((w + sat) * x[1] + cw * min(x[1], x[2]))
-                for x, t, f in zip(feats, preds, factors, strict=True)]  # fmt: skip
+        ws = w + sat
         fill_of = state.prefix.fill
         k = self.params.fill_weight * w
         ev = self.params.evict_weight * w
         if (k > 0 or ev > 0) and fill_of is not None and len(endpoints) > 1:
             fills = fill_of([e.id for e in endpoints])
             low = min(fills)
-            cost = [c + f * x[1] * (k * (fill - low) + ev * fill)
-                    for c, x, f, fill in zip(cost, feats, factors, fills, strict=True)]  # fmt: skip
+            cost = [t + f * (ws * x[1] + cw * min(x[1], x[2])) + f * x[1] * (k * (fill - low) + ev * fill)
+                    for x, t, f, fill in zip(feats, preds, factors, fills, strict=True)]  # fmt: skip
+        else:
+            cost = [t + f * (ws * x[1] + cw * min(x[1], x[2]))
+                    for x, t, f in zip(feats, preds, factors, strict=True)]  # fmt: skip
         if self.params.adapter_weight > 0 and adapter:
             cost = self._keep_adapter(adapter, endpoints, feats, cost, factors, state.now_s)
         if self.params.session_spread_seconds > 0:
@@ -341,6 +365,47 @@ class PredictedTtftScorer:
                 for e, x, t, c in zip(endpoints, feats, preds, cost, strict=True)))
         best = min(cost)
         return [best / c for c in cost]
+
+    def nominate(self, state: CycleState, pool: Pool, k: int) -> list[Endpoint]:
+        """The endpoints it would most likely predict fastest, without predicting for every
+        one: those holding the longest prefix (the fewest uncached tokens; level ones, the
+        least busy and the least filled), the least busy (running and waiting), those no
+        other beats on both the queue and requests running (its cost weighs both, KV use
+        hardly), the least filled caches (the prefix producer's view: where uncached tokens evict least), for a request that starts a session the least queued with the
+        fewest sessions, and, for a LoRA adapter, the endpoints holding it (reporting it, or
+        epp's requests for it in flight there or sent there last)."""
+        prefix = state.prefix
+        p = self.params
+        weighs_fill = (p.fill_weight > 0 or p.evict_weight > 0) and prefix.fill is not None
+        held = prefix.holders(pool, 4 * k if weighs_fill else k)
+        out = held[:k]
+        if weighs_fill and len(held) > k:  # among the longest, the least filled too
+            assert prefix.fill is not None
+            fills = prefix.fill([e.id for e in held])
+            matched = prefix.matched
+            by_fill = sorted(range(len(held)), key=lambda i: (-matched[held[i].id], fills[i]))
+            out += [held[i] for i in by_fill[:k]]
+        out += pool.least("busy", k)
+        out += pool.staircase("queue", k, against="running")
+        if weighs_fill and prefix.least_filled is not None:
+            out += _unbeaten(pool, prefix.least_filled(2 * k, pool.ids), 2 * k)
+        if self.params.session_spread_seconds > 0:
+            session = session_of(state.request, self._session_params)
+            if session and session not in self._sessions:
+                on = self._sessions.on
+                near = pool.least("queue", 4 * k)
+                out += sorted(near, key=lambda e: on.get(e.id, 0))[:k]
+        adapter = self._lora(state)
+        if adapter:
+            held = pool.holding(adapter)
+            home = self._adapter_home.get(adapter)
+            for eid in (*(e for e, on in self.adapters_on.items() if adapter in on),
+                        *((home[0],) if home is not None else ())):  # fmt: skip
+                e = pool.get(eid)
+                if e is not None:
+                    held.append(e)
+            out += sorted(held, key=lambda e: e.queue)[:k]
+        return out
 
     def _saturation_charge(self, feats: list[tuple[float, ...]]) -> float:
         """Per uncached token, the saturation charge (``saturation_weight``): the least

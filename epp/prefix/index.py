@@ -35,8 +35,10 @@ prints the measured figure.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from bisect import bisect_left, insort
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from epp.framework.endpoint import EndpointId
 from epp.prefix.lru import ChunkStore, store_factory
@@ -78,6 +80,13 @@ class EndpointExport:
         return sum(len(w.hashes) for w in self.writes)
 
 
+_FILL_SCALE = 1 << 20
+
+
+def _fill_code(store: ChunkStore) -> int:
+    return len(store) * _FILL_SCALE // store.capacity
+
+
 class PrefixIndex:
     def __init__(
         self,
@@ -99,6 +108,10 @@ class PrefixIndex:
         hold any leading chunk of a request starting with it (prefix-closure), so a lookup
         touches them alone instead of every endpoint of the pool. Entries whose endpoint no
         longer holds the chunk are dropped when a lookup or a sweep finds them."""
+        self._fills: dict[EndpointId, int] = {}
+        """Per endpoint, its fill (entries over capacity) as an integer code, and"""
+        self._fill_order: list[tuple[int, EndpointId]] = []
+        """(code, endpoint) sorted: the least-filled endpoints first (``least_filled``)."""
         self._entries = 0
         self._retired: list[ChunkStore] = []
         """Stores of removed endpoints, emptied a slice at a time by ``sweep_steps``."""
@@ -112,11 +125,11 @@ class PrefixIndex:
     # --- reads ---------------------------------------------------------------------------
 
     def match(
-        self, hashes: Sequence[int], endpoint_ids: Collection[EndpointId], now_s: float
+        self, hashes: Sequence[int], endpoint_ids: Container[EndpointId], now_s: float
     ) -> dict[EndpointId, int]:
         """Per endpoint of ``endpoint_ids``, how many leading chunks of ``hashes`` it holds
         (endpoints holding none are omitted). Entries older than the TTL count as absent.
-        ``endpoint_ids`` should be a set: it is only tested for membership."""
+        ``endpoint_ids`` is only tested for membership (a set, or a ``Pool.ids``)."""
         n = len(hashes)
         result: dict[EndpointId, int] = {}
         if n == 0:
@@ -184,6 +197,7 @@ class PrefixIndex:
                     holders.add(endpoint_id)
             self._entries += len(store) - before
             self._evictions += evicted
+            self._refill(endpoint_id, store)
             if self._entries > self.max_entries:
                 self._evict_global(self._entries - self.max_entries)
 
@@ -243,6 +257,7 @@ class PrefixIndex:
             store = self._endpoints.pop(endpoint_id, None)
             if store is None:
                 return 0
+            self._unfill(endpoint_id)
             self._entries -= len(store)
             if len(store):
                 self._retired.append(store)
@@ -254,16 +269,30 @@ class PrefixIndex:
         with self._lock:
             store = self._endpoints.get(endpoint_id)
             if store is None:
-                self._endpoints[endpoint_id] = self._new_store(capacity)
-                return
-            removed = store.set_capacity(capacity)
-            self._entries -= removed
-            self._evictions += removed
+                store = self._endpoints[endpoint_id] = self._new_store(capacity)
+            else:
+                removed = store.set_capacity(capacity)
+                self._entries -= removed
+                self._evictions += removed
+            self._refill(endpoint_id, store)
 
     def capacity(self, endpoint_id: EndpointId) -> int:
         with self._lock:
             store = self._endpoints.get(endpoint_id)
             return self.default_capacity if store is None else store.capacity
+
+    def least_filled(self, k: int, endpoint_ids: Container[EndpointId]) -> list[EndpointId]:
+        """Up to ``k`` endpoints of ``endpoint_ids`` whose LRU is the least full, least first,
+        among those something was recorded for (one nothing was recorded for is emptier
+        still: it is not known here). A walk of the least-filled, not of every endpoint."""
+        out: list[EndpointId] = []
+        with self._lock:
+            for _, eid in islice(self._fill_order, 8 * k + 64):
+                if eid in endpoint_ids:
+                    out.append(eid)
+                    if len(out) >= k:
+                        break
+        return out
 
     def fill(self, endpoint_ids: Sequence[EndpointId]) -> list[float]:
         """Per endpoint, the share of its LRU in use (0 for one nothing was recorded for):
@@ -306,6 +335,8 @@ class PrefixIndex:
                     removed = store.sweep(cutoff, size)
                     self._entries -= removed
                     self._expirations += removed
+                    if removed:
+                        self._refill(eid, store)
                 yield removed
                 if removed < size:
                     break
@@ -334,22 +365,41 @@ class PrefixIndex:
 
     # --- internals (lock held) -----------------------------------------------------------
 
+    def _refill(self, endpoint_id: EndpointId, store: ChunkStore) -> None:
+        """Move the endpoint to its place in the fill order."""
+        code = _fill_code(store)
+        old = self._fills.get(endpoint_id)
+        if old == code:
+            return
+        order = self._fill_order
+        if old is not None:
+            del order[bisect_left(order, (old, endpoint_id))]
+        self._fills[endpoint_id] = code
+        insort(order, (code, endpoint_id))
+
+    def _unfill(self, endpoint_id: EndpointId) -> None:
+        old = self._fills.pop(endpoint_id, None)
+        if old is not None:
+            del self._fill_order[bisect_left(self._fill_order, (old, endpoint_id))]
+
     def _evict_global(self, count: int) -> None:
         # Evict a little more than asked (0.1% of the cap), so that a full index does not scan
         # every endpoint on every record; always from the endpoint holding the oldest entry.
         count += self.max_entries // 1000
         while count > 0 and self._entries > 0:
             victim: ChunkStore | None = None
+            victim_id: EndpointId | None = None
             oldest = float("inf")
-            for store in self._endpoints.values():
+            for eid, store in self._endpoints.items():
                 ts = store.oldest_stamp()
                 if ts is not None and ts < oldest:
-                    oldest, victim = ts, store
-            if victim is None:
+                    oldest, victim, victim_id = ts, store, eid
+            if victim is None or victim_id is None:
                 return
             # from the oldest endpoint, as much as is older than the next-oldest endpoint's
             # oldest entry would be exact; a 1/16 slice of its entries is close and cheap
             removed = victim.evict_oldest(min(count, max(1, len(victim) // 16)))
+            self._refill(victim_id, victim)
             self._entries -= removed
             self._evictions += removed
             count -= removed

@@ -30,6 +30,7 @@ from epp.framework.interfaces import (
     RequestPreparer,
     Sweeper,
 )
+from epp.framework.pool import as_pool
 from epp.framework.request import InferenceRequest
 from epp.framework.types import CycleState, PickResult, ProfileResult, ProfileRun, ResponseInfo
 from epp.scheduling.profile import Profile
@@ -132,6 +133,7 @@ class Scheduler:
         """
         if not endpoints:
             raise Unavailable("no ready endpoint in the pool", "no-endpoints", DROPPED_NO_ENDPOINTS)
+        endpoints = as_pool(endpoints)  # the datastore's is indexed; a plain list is scanned
         state = CycleState(request, now_s, self.rng)
         state.runs = runs
         if in_flight is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from epp.errors import ConfigError
 from epp.framework.endpoint import Endpoint, EndpointId
+from epp.framework.pool import Pool
 from epp.framework.request import InferenceRequest
 from epp.framework.types import CycleState, PickResult, PrefixMatch, ResponseInfo
 from epp.prefix.hasher import ChunkHasher, chain_seed
@@ -127,8 +128,10 @@ class PrefixProducer:
         hashes = self.hasher.hashes(request.prompt, seed)
         if not hashes:
             return
-        matched = self.index.match(hashes, {e.id for e in endpoints}, state.now_s)
-        match = PrefixMatch(hashes, matched, self.hasher.block_chars, self.index.fill)
+        ids = endpoints.ids if isinstance(endpoints, Pool) else {e.id for e in endpoints}
+        matched = self.index.match(hashes, ids, state.now_s)
+        match = PrefixMatch(hashes, matched, self.hasher.block_chars, self.index.fill,
+                            self.index.least_filled)
         state.matches[self.name] = match
         state.prefix = match
 

@@ -158,7 +158,7 @@ class PrecisePrefixProducer:
             if n:
                 matched[eid] = n
         # cache room as the approximate index sees it (it runs alongside, fed by every pick)
-        match = PrefixMatch(keys, matched, keyed.block_size * 4, approx.fill)
+        match = PrefixMatch(keys, matched, keyed.block_size * 4, approx.fill, approx.least_filled)
         state.matches[self._index_key] = PrefixMatch(keys, precise)
         state.matches[self.name] = match
         state.prefix = match

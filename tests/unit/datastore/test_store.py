@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from epp.datastore.poolindex import IndexedPool
 from epp.datastore.store import Datastore
 from epp.framework.endpoint import Endpoint, EndpointId, Metrics
 
@@ -160,7 +161,7 @@ def test_snapshot_and_routable_follow_per_request_load_changes() -> None:
     store.request_started(eps[2].id)
     after = store.snapshot()
     assert after is not before and [e.id for e in after] == [e.id for e in eps]
-    assert [e.queue for e in after] == [1, 1, 2, 1] and store.routable() == after
+    assert [e.queue for e in after] == [1, 1, 2, 1] and tuple(store.routable()) == after
     store.mark_stale(10.0)  # everyone stale: routable is everyone
     store.update_metrics(eps[0].id, Metrics(waiting=0, scraped_at_s=10.0))
     assert [e.id for e in store.routable()] == [eps[0].id]
@@ -176,9 +177,13 @@ def test_with_every_endpoint_fresh_routable_is_the_snapshot_and_stays_cached() -
     store.replace_all(eps)
     for e in eps:
         store.update_metrics(e.id, Metrics(scraped_at_s=1.0))
-    assert store.routable() is store.snapshot()
+    routable = store.routable()  # the snapshot itself, with the pool index
+    assert isinstance(routable, IndexedPool) and routable.endpoints is store.snapshot()
+    assert store.routable() is routable
     store.request_started(eps[1].id)  # a request's load patch keeps it: no rebuild per request
-    assert store.routable() is store.snapshot() and store.routable()[1].queue == 1
+    routable = store.routable()
+    assert isinstance(routable, IndexedPool) and routable.endpoints is store.snapshot()
+    assert routable[1].queue == 1 and routable.least("queue", 1)[0].id != eps[1].id
 
 
 def test_a_never_scraped_endpoint_queues_its_requests_in_flight() -> None:
@@ -190,3 +195,24 @@ def test_a_never_scraped_endpoint_queues_its_requests_in_flight() -> None:
     store.request_finished(e.id)
     got = store.get(e.id)
     assert got is not None and got.queue == 2 and store.snapshot()[0].queue == 2
+
+
+def test_the_routable_pool_keeps_its_index_through_stale_endpoints_and_request_patches() -> None:
+    store = Datastore(stale_after_s=2.0)
+    eps = [Endpoint(EndpointId(f"10.0.0.{i}:8000"), f"10.0.0.{i}", 8000) for i in range(5)]
+    store.replace_all(eps)
+    for i, e in enumerate(eps):
+        store.update_metrics(e.id, Metrics(waiting=i, scraped_at_s=1.0))
+    store.mark_stale(5.0)  # every one stale, then two scraped again
+    store.update_metrics(eps[3].id, Metrics(waiting=0, scraped_at_s=5.0))
+    store.update_metrics(eps[4].id, Metrics(waiting=0, scraped_at_s=5.0))
+    routable = store.routable()
+    assert isinstance(routable, IndexedPool) and [e.id for e in routable] == [eps[3].id, eps[4].id]
+    store.request_started(eps[4].id)
+    store.request_started(eps[4].id)
+    store.request_started(eps[0].id)  # stale: not routable, the routable tuple is unchanged
+    routable = store.routable()
+    assert isinstance(routable, IndexedPool)
+    assert [(e.id, e.queue) for e in routable] == [(eps[3].id, 0), (eps[4].id, 2)]
+    assert [e.id for e in routable.least("queue", 5)] == [eps[3].id, eps[4].id]  # stale ones left out
+    assert routable.queue_range() == (0, 2) and eps[0].id not in routable.ids

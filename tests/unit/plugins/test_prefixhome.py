@@ -127,3 +127,39 @@ def test_a_home_well_above_the_mean_load_is_passed_over() -> None:
         # within 1.25x the mean (9 against a mean of 8.25) the hash still decides
         close = [ep(n, waiting=9 if i == order[0] else 8) for i, n in enumerate(range(1, 5))]
         assert list(scorer.score(state, close)).index(1.0) == order[0]
+
+
+def big(n: int, waiting: int = 0) -> Endpoint:
+    return Endpoint(EndpointId(f"10.1.{n // 250}.{n % 250}:8000"), f"10.1.{n // 250}.{n % 250}", 8000,
+                    metrics=Metrics(waiting=waiting, kv_usage=0.2, scraped_at_s=1.0))  # fmt: skip
+
+
+def test_in_a_large_pool_the_home_is_ranked_in_a_window_of_the_ring_and_spreads_evenly() -> None:
+    """Above 16 endpoints the rendezvous runs among the 16 following the key on the ring of
+    id hashes: every scorer agrees, the homes spread over the pool, and an endpoint's
+    removal moves its own prefixes and about as many again (a window gains a member)."""
+    from epp.framework.pool import ScanPool
+
+    pool = [big(n) for n in range(200)]
+    keys = [random.Random(k).getrandbits(64) for k in range(4000)]
+    a, b = PrefixHomeScorer("a", PrefixHomeParams()), PrefixHomeScorer("b", PrefixHomeParams())
+    homes = [a.home_in(k, ScanPool(pool)).id for k in keys]
+    assert homes == [b.home_in(k, ScanPool(list(reversed(pool)))).id for k in keys]  # order-free
+    counts = Counter(homes)
+    assert len(counts) > 190 and max(counts.values()) < 4000 / 200 * 3
+    gone = homes[0]
+    rest = ScanPool([e for e in pool if e.id != gone])
+    after = [a.home_in(k, rest).id for k in keys]
+    moved = sum(1 for h, g in zip(homes, after, strict=True) if h != g)
+    assert counts[gone] <= moved <= 3 * counts[gone]
+
+
+def test_in_a_large_pool_a_busy_home_is_passed_over_for_the_next_in_its_window() -> None:
+    from epp.framework.pool import ScanPool
+
+    scorer = PrefixHomeScorer("h", PrefixHomeParams())
+    pool = [big(n) for n in range(100)]
+    for key in range(30):
+        home = scorer.home_in(key, ScanPool(pool))
+        busy = [big(n, waiting=40 if big(n).id == home.id else 0) for n in range(100)]
+        assert scorer.home_in(key, ScanPool(busy)).id != home.id

@@ -51,6 +51,21 @@ def test_fill_is_the_share_of_the_endpoints_lru_in_use() -> None:
     assert idx.fill([B, A]) == [0.0, 1.0]
 
 
+def test_least_filled_follows_records_capacities_expiry_and_removal() -> None:
+    idx = PrefixIndex(capacity_chunks=400, ttl_s=10.0)
+    idx.record(A, chain(1, 300), now_s=1.0)
+    idx.record(B, chain(2, 100), now_s=1.0)
+    idx.record(C, chain(3, 200), now_s=5.0)
+    assert idx.least_filled(3, {A, B, C}) == [B, C, A]
+    assert idx.least_filled(1, {A, C}) == [C]  # only the endpoints asked about
+    idx.set_capacity(C, 4000)  # a bigger cache: emptier
+    assert idx.least_filled(2, {A, B, C}) == [C, B]
+    idx.sweep(now_s=12.0)  # A's and B's entries expire
+    assert idx.least_filled(3, {A, B, C})[-1] == C
+    idx.remove_endpoint(C)
+    assert C not in idx.least_filled(3, {A, B, C})
+
+
 def test_partial_prefix_match_stops_at_divergence() -> None:
     idx = PrefixIndex()
     idx.record(A, chain(1, 8), now_s=1.0)
