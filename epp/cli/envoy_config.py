@@ -46,7 +46,7 @@ def envoy_bootstrap(args: argparse.Namespace) -> EnvoyBootstrap:
         raise ValueError(f"{exc.field}: {exc.problem}") from None
     single = not pools
     options = ec.EnvoyOptions(
-        listen_address=args.address, listen_port=args.port, admin_port=args.admin_port,
+        listen_address=args.host, listen_port=args.port, admin_port=args.admin_port,
         epp=hosts(",".join(args.epp) if single and args.epp else "127.0.0.1:9002"),
         pool=hosts(args.pool[0]) if single and args.pool else (), routing=args.routing,
         pools=pools, model_router=hosts(args.model_router),

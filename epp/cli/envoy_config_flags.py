@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from epp.cli.flags import byte_size, number, port
-from epp.clihelp import HelpFormatter
+from epp.clihelp import HelpFormatter, deprecated_alias
 
 
 def add_envoy_config(sub: Any) -> None:
@@ -53,7 +53,8 @@ def add_envoy_config(sub: Any) -> None:
                    help="with several pools: epp model-router's ext_proc address(es), "
                    "comma-separated host:port")
     p.add_argument("--port", type=port, default=8081, help="listener port")
-    p.add_argument("--address", default="0.0.0.0", help="listener address")
+    host = p.add_argument("--host", default="0.0.0.0", help="listener address")
+    deprecated_alias(p, "--address", host)  # --host, as every other command names it
     p.add_argument("--admin-port", type=port, default=19000,
                    help="Envoy's admin port (on 127.0.0.1)")
     p.add_argument("--failure", choices=ec.FAILURE_MODES, default="open",
