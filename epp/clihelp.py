@@ -1,8 +1,11 @@
-"""``--help`` formatting and deprecated flag names, shared by ``epp`` and ``epp-sim``."""
+"""``--help`` formatting, deprecated flag names and the stop signal, shared by ``epp`` and
+``epp-sim``."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
 import textwrap
 from typing import Any
@@ -48,3 +51,12 @@ def deprecated_alias(group: Any, old: str, new: argparse.Action) -> None:
     group.add_argument(old, dest=new.dest, type=new.type, choices=new.choices,
                        metavar=new.metavar, action=_Alias, help=argparse.SUPPRESS)
     new.help = f"{new.help or ''} (formerly {old})".strip()
+
+
+def stop_event() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM: what a long-running command waits on."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -1,22 +1,11 @@
-"""``--help`` formatting and deprecated aliases (epp's) and signal handling shared by the
-``epp-sim`` subcommands."""
+"""``--help`` formatting, deprecated aliases and the stop signal (epp's), and the flag parsers
+shared by the ``epp-sim`` subcommands."""
 
 from __future__ import annotations
 
-import asyncio
-import signal
-
 from epp.clihelp import HelpFormatter as HelpFormatter  # the subcommands import them from here
 from epp.clihelp import deprecated_alias as deprecated_alias
-
-
-def stop_event() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM: what a long-running ``epp-sim`` command waits on."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
+from epp.clihelp import stop_event as stop_event
 
 
 def parse_pd(spec: str) -> tuple[int, int]:

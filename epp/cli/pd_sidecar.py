@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
 from typing import Any
 
 from epp.cli.flags import byte_size, number, port
-from epp.clihelp import HelpFormatter
+from epp.clihelp import HelpFormatter, stop_event
 from epp.errors import ConfigError
 from epp.observability.tracing import ENV_HELP as TRACING_ENV_HELP
 from epp.observability.tracing import tracing_from_env
@@ -78,9 +76,6 @@ async def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"epp pd-sidecar: {exc}", file=sys.stderr)
         return 2
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     await run(cfg, args.host, args.port, stop, tracing)
     return 0

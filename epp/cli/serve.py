@@ -4,16 +4,14 @@ run: config, endpoint sources, then ``start_server`` until SIGTERM."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
 from epp.cli import serve_endpoints, serve_requests, serve_sync
 from epp.cli.flags import load, number, port
-from epp.clihelp import HelpFormatter
+from epp.clihelp import HelpFormatter, stop_event
 from epp.errors import ConfigError
 from epp.observability.tracing import ENV_HELP as TRACING_ENV_HELP
 from epp.observability.tracing import tracing_from_env
@@ -117,10 +115,7 @@ async def run(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         print(f"epp: cannot start: {exc}", file=sys.stderr)
         return 1
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     await stop.wait()
     log.info("signal received")
     await handle.stop()
