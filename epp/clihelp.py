@@ -1,9 +1,14 @@
-"""``--help`` formatting shared by ``epp`` and ``epp-sim``."""
+"""``--help`` formatting, deprecated flag names and the stop signal, shared by ``epp`` and
+``epp-sim``."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
+import sys
 import textwrap
+from typing import Any
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -29,3 +34,29 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         return textwrap.fill(" ".join(text.split()), width, initial_indent=indent,
                              subsequent_indent=indent, break_on_hyphens=False)  # fmt: skip
+
+
+def deprecated_alias(group: Any, old: str, new: argparse.Action) -> None:
+    """Accept ``old`` as a spelling of the option ``new`` (same type, choices and destination)
+    for one release: using it prints a note naming the new one. ``--help`` shows only the new
+    name, with the old one in its text."""
+    new_name = new.option_strings[0]
+
+    class _Alias(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                     values: Any, option_string: str | None = None) -> None:
+            print(f"note: {old} is deprecated, use {new_name}", file=sys.stderr)
+            setattr(namespace, self.dest, values)
+
+    group.add_argument(old, dest=new.dest, type=new.type, choices=new.choices,
+                       metavar=new.metavar, action=_Alias, help=argparse.SUPPRESS)
+    new.help = f"{new.help or ''} (formerly {old})".strip()
+
+
+def stop_event() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM: what a long-running command waits on."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

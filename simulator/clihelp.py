@@ -1,40 +1,11 @@
-"""``--help`` formatting (epp's) and signal handling shared by the ``epp-sim`` subcommands."""
+"""``--help`` formatting, deprecated aliases and the stop signal (epp's), and the flag parsers
+shared by the ``epp-sim`` subcommands."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import signal
-import sys
-from typing import Any
-
-from epp.clihelp import HelpFormatter as HelpFormatter  # the subcommands import it from here
-
-
-def stop_event() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM: what a long-running ``epp-sim`` command waits on."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
-
-
-def deprecated_alias(group: Any, old: str, new: argparse.Action) -> None:
-    """Accept ``old`` as a spelling of the option ``new`` (same type and destination) for one
-    release: using it prints a note naming the new one. ``--help`` shows only the new name,
-    with the old one in its text."""
-    new_name = new.option_strings[0]
-
-    class _Alias(argparse.Action):
-        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                     values: Any, option_string: str | None = None) -> None:
-            print(f"note: {old} is deprecated, use {new_name}", file=sys.stderr)
-            setattr(namespace, self.dest, values)
-
-    group.add_argument(old, dest=new.dest, type=new.type, metavar=new.metavar,
-                       action=_Alias, help=argparse.SUPPRESS)
-    new.help = f"{new.help or ''} (formerly {old})".strip()
+from epp.clihelp import HelpFormatter as HelpFormatter  # the subcommands import them from here
+from epp.clihelp import deprecated_alias as deprecated_alias
+from epp.clihelp import stop_event as stop_event
 
 
 def parse_pd(spec: str) -> tuple[int, int]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from epp.clihelp import stop_event
 from epp.envoyconfig import PoolRoute
 from epp.errors import ConfigError
 from epp.modelrouter.listing import ListingOptions
@@ -145,10 +145,7 @@ async def serve(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         print(f"epp model-router: cannot start: {exc}", file=sys.stderr)
         return 1
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     await stop.wait()
     await handle.stop()
     return 0

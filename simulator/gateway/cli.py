@@ -8,19 +8,21 @@ import json
 import sys
 from typing import Any
 
-from simulator.clihelp import HelpFormatter, stop_event
+from simulator.clihelp import HelpFormatter, deprecated_alias, stop_event
 from simulator.gateway.extproc import MODE_NAMES
 from simulator.gateway.proxy import DEFAULT_BUFFER_LIMIT_BYTES, POLICIES, GatewayOptions
 from simulator.gateway.server import start_gateway
 
 
 def add_mode_flags(p: argparse.ArgumentParser, default_mode: str = "full-duplex") -> None:
-    p.add_argument(
-        "--mode",
+    request_body = p.add_argument(
+        "--request-body",
         choices=["buffered", "full-duplex"],
         default=default_mode,
-        help="ext_proc request_body_mode (Envoy's processing_mode)",
+        help="ext_proc request_body_mode (Envoy's processing_mode; epp envoy-config "
+        "--request-body)",
     )
+    deprecated_alias(p, "--mode", request_body)
     p.add_argument(
         "--response-mode",
         choices=sorted(MODE_NAMES),
@@ -38,7 +40,7 @@ def add_mode_flags(p: argparse.ArgumentParser, default_mode: str = "full-duplex"
 
 
 def modes_from_args(args: argparse.Namespace) -> tuple[int, int]:
-    return MODE_NAMES[args.mode], MODE_NAMES[args.response_mode or "full-duplex"]
+    return MODE_NAMES[args.request_body], MODE_NAMES[args.response_mode or "full-duplex"]
 
 
 def register(subparsers: Any) -> None:
@@ -58,12 +60,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=0, help="port to listen on (0 = any free port)")
     p.add_argument("--policy", choices=POLICIES, default="epp", help="who picks the endpoint")
-    p.add_argument(
-        "--extproc",
+    epp = p.add_argument(
+        "--epp",
         default="127.0.0.1:9002",
         help="epp's ext_proc gRPC address; several comma-separated (epp replicas): one stream "
-        "per request, round-robin over them, as Envoy's ext_proc cluster does",
+        "per request, round-robin over them, as Envoy's ext_proc cluster does (epp "
+        "envoy-config --epp)",
     )
+    deprecated_alias(p, "--extproc", epp)
     p.add_argument(
         "--endpoints",
         default="",
@@ -96,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             policy=args.policy,
-            extproc=args.extproc,
+            extproc=args.epp,
             endpoints=endpoints,
             request_mode=request,
             response_mode=response,

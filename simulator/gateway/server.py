@@ -61,7 +61,7 @@ async def start_gateway(options: GatewayOptions) -> GatewayHandle:
     if options.policy == "epp":
         targets = options.extproc_targets
         if not targets:
-            raise ValueError("policy epp needs the ext_proc address (--extproc host:port)")
+            raise ValueError("policy epp needs the ext_proc address (--epp host:port)")
         channels = [grpc.aio.insecure_channel(t, options=_GRPC_OPTIONS) for t in targets]
         exchange = EppExchange(list(zip(targets, channels, strict=True)), upstreams, options, stats)
     else:

