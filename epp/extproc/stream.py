@@ -115,6 +115,7 @@ class RequestStream:
         "_headers",
         "_held",
         "_limits",
+        "_model",
         "_new_id",
         "_observing",
         "_parser",
@@ -185,6 +186,9 @@ class RequestStream:
         """A parsed request held until the service has run ``Director.prepare`` (off the
         event loop) and ``Director.admit`` (flow control) on it; then :meth:`resume`."""
         self._held: tuple[ParsedRequest, int, bool, bool] | None = None
+        self._model = ""
+        """The model the parsed body names, as the client sent it ('' before parsing): what
+        epp's own answer to a request it did not route (shed, queued out) logs and counts."""
         self._observing = False
         self._first_body_s = 0.0
         self._forward_only = False
@@ -424,6 +428,7 @@ class RequestStream:
             parsed = self._traced_parse(trace, raw)
         else:
             parsed = self._parser.parse(self._path, self._headers, raw)
+        self._model = parsed.request.original_model or parsed.request.model
         if self._director.holds:
             self._held = (parsed, len(raw), trailers_follow, self._observing)
             self.awaiting = Held(parsed.request, len(raw), self._headers, trace)
@@ -649,7 +654,7 @@ class RequestStream:
             self._trace.answered(kind.status, kind.type,
                                  exc.message if isinstance(exc, EppError) else type(exc).__name__)  # fmt: skip
         routing = self._routing
-        model = routing.client_model if routing is not None else ""
+        model = routing.client_model if routing is not None else self._model
         reason = exc.reason if isinstance(exc, EppError) and exc.reason else kind.type
         self._director.answered(routing, model, kind.status, reason)
         _ANSWERED.log(

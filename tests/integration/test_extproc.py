@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -397,7 +398,8 @@ async def test_no_endpoint_is_503() -> None:
         await stop_epp(e)
 
 
-async def test_sheddable_request_is_429_when_pool_saturated() -> None:
+async def test_sheddable_request_is_429_when_pool_saturated(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="epp.extproc.stream")
     cfg = config_with({"requestControl": {"objectives": {"batch": -1, "premium": 5}}})
     e = await start_epp(config=cfg, trust_control_headers=True)
     try:
@@ -405,6 +407,9 @@ async def test_sheddable_request_is_429_when_pool_saturated() -> None:
         shed = ec.request_headers(extra={"x-gateway-inference-objective": "batch"})
         status, body = await immediate(e, shed, ec.request_body(BODY, True))
         assert status == 429 and "shed" in body["error"]["message"]  # type: ignore[index]
+        # shed after parsing: the log line and the counters name the body's model (QA3 #13)
+        assert any("request answered by epp: status=429" in r.getMessage() and "model='m' " in r.getMessage()
+                   for r in caplog.records)  # fmt: skip
         # the same pool still takes a request that is not sheddable
         s = ec.Stream(e.channel)
         await s.send(ec.request_headers(extra={"x-gateway-inference-objective": "premium"}), ec.request_body(BODY, True))
@@ -416,7 +421,7 @@ async def test_sheddable_request_is_429_when_pool_saturated() -> None:
         await s.send(shed, ec.request_body(BODY, True))
         assert ec.destination((await s.recv_n(2))[0]) is not None
         s.call.cancel()
-        assert e.handle.registry.get_sample_value("epp_requests_total", {"model": "", "status": "429"}) == 1
+        assert e.handle.registry.get_sample_value("epp_requests_total", {"model": "m", "status": "429"}) == 1
         answered = {"status": "429", "reason": "shed"}  # its error.reason (serve.md's shedding table)
         assert e.handle.registry.get_sample_value("epp_answered_requests_total", answered) == 1
     finally:
