@@ -21,8 +21,14 @@ def register(subparsers: Any) -> None:
         help="serve one emulated vLLM replica",
         description=(
             "Serve one emulated vLLM replica: the OpenAI API (/v1/completions, "
-            "/v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models), /health and "
-            "vLLM's /metrics. Responses are stored as vLLM stores them with "
+            "/v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models), Anthropic's "
+            "/v1/messages (and /v1/messages/count_tokens), /health, vLLM's /metrics, "
+            "/tokenize, /detokenize, /generate and /inference/v1/generate, the pooling APIs "
+            "(/v1/rerank, /v1/score, /pooling, /classify, /v2/embed, ...), "
+            "/v1/audio/transcriptions and /translations, and vLLM's dev-mode endpoints: "
+            "POST /reset_prefix_cache, POST /sleep?level=0|1|2 (drops the KV cache, aborts "
+            "requests in flight, answers 503 until woken; vllm:engine_sleep_state says so, "
+            "and epp stops routing to it), POST /wake_up and GET /is_sleeping. Responses are stored as vLLM stores them with "
             "VLLM_ENABLE_RESPONSES_API_STORE=1 (previous_response_id, GET/DELETE "
             "/v1/responses/{id}, .../cancel of a background response; 404 for a response "
             "this replica does not hold). Timings come from a cost model of a 7-8B model on one A100-class "

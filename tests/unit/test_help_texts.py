@@ -75,3 +75,18 @@ def test_the_commands_that_read_otel_variables_say_so_in_their_help(command: str
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" in text and "OTEL_TRACES_EXPORTER" in text
     assert "start-up stops with an error naming the variable" in text
     assert "x-gateway-destination-endpoint" in text or command == "pd-sidecar"  # no name cut at a hyphen
+
+
+def test_emulate_help_names_every_endpoint_the_emulator_serves() -> None:
+    """``epp-sim emulate --help`` lists its HTTP API, the sleep mode's endpoints too (QA3 #15)."""
+    from simulator.emulator.config import EmulatorConfig
+    from simulator.emulator.server import Emulator
+
+    help_text = " ".join(dict(_parsers(sim_parser(), ""))[" emulate"].format_help().split())
+    paths = {r.resource.canonical for r in Emulator(EmulatorConfig()).app().router.routes()}
+    pooling = {"/v2/rerank", "/rerank", "/score", "/encode"}  # the "..." of the pooling APIs
+    stored = {p for p in paths if "{" in p}  # the stored responses' paths, named as /v1/responses/{id}
+    missing = [p for p in sorted(paths - pooling - stored)
+               if p not in help_text and p.replace("/v1/audio", "") not in help_text]  # fmt: skip
+    assert not missing, f"emulate --help does not mention {missing}"
+    assert "/sleep?level" in help_text and "/wake_up" in help_text
