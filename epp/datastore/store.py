@@ -83,6 +83,8 @@ class Datastore:
     """Index of each endpoint in ``_snapshot`` (valid while it is)."""
     _routable_positions: dict[EndpointId, int] = field(default_factory=dict)
     """Index of each endpoint in ``_routable`` while that is the fresh part of the snapshot."""
+    _model_sets: frozenset[frozenset[str]] | None = None
+    """The distinct base-model sets the snapshot's endpoints report (valid while it is)."""
     _removal_listeners: list[RemovalListener] = field(default_factory=list)
     _metrics_listeners: list[MetricsListener] = field(default_factory=list)
     _reset_listeners: list[ResetListener] = field(default_factory=list)
@@ -242,6 +244,7 @@ class Datastore:
             snap = self._snapshot = tuple(e.endpoint for e in self._entries.values())
             self._positions = {e.id: i for i, e in enumerate(snap)}
             self._routable = None
+            self._model_sets = None
         return snap
 
     def _replace_in_snapshot(self, endpoint: Endpoint) -> None:
@@ -287,6 +290,32 @@ class Datastore:
                 self._routable_positions = {e.id: i for i, e in enumerate(fresh)}
             self._routable = routable
         return routable
+
+    def serving_model(self, model: str, endpoints: Sequence[Endpoint]) -> Sequence[Endpoint]:
+        """Of ``endpoints``, the ones that can serve ``model``: those that report it (their
+        base model, or a LoRA adapter they have loaded: ``Metrics.serves``), those with the
+        base model of one that reports it (an adapter loads on demand there), and those whose
+        models are not known yet (never scraped). ``endpoints`` itself when no endpoint
+        reports ``model`` (nothing to go by: the server answers) and in a pool whose
+        endpoints all report the same base models (the common case, at no cost). Keeps a
+        server restarted at the same address to serve another model from getting the old
+        model's requests while others still serve it."""
+        snap = self.snapshot()
+        sets = self._model_sets
+        if sets is None:
+            sets = self._model_sets = frozenset(
+                e.metrics.served_models for e in snap if e.metrics.served_models
+            )
+        if len(sets) < 2 or not model:
+            return endpoints
+        bases: set[str] = set()
+        for e in endpoints:
+            if e.metrics.serves(model):
+                bases |= e.metrics.served_models
+        if not bases:
+            return endpoints
+        return tuple(e for e in endpoints if not e.metrics.served_models
+                     or not bases.isdisjoint(e.metrics.served_models) or e.metrics.serves(model))  # fmt: skip
 
     def serving(self) -> tuple[Endpoint, ...]:
         """The endpoints that do not report they cannot serve now (asleep)."""

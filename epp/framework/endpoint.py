@@ -56,6 +56,12 @@ class Metrics:
     def known(self) -> bool:
         return self.scraped_at_s > 0.0
 
+    def serves(self, model: str) -> bool:
+        """``model`` is one this server names: its base model, or a LoRA adapter it has
+        loaded (running or waiting)."""
+        return model in self.served_models or model in self.running_adapters or (
+            model in self.waiting_adapters)
+
     def kv_capacity_tokens(self) -> int:
         """Tokens of KV cache the server holds, or 0 when it did not report its cache config."""
         return self.block_size_tokens * self.num_gpu_blocks
@@ -101,16 +107,17 @@ class Endpoint:
 
 def identity_change(old: Metrics, new: Metrics) -> str:
     """Why ``new`` cannot come from the same server process as ``old`` ('' when it can):
-    ``restarted`` (another process start time, or a lifetime counter that went backwards),
-    ``model_changed`` (it serves other models)."""
+    ``model_changed`` (it serves other models: the more specific reason, also when the
+    process restarted to serve them), ``restarted`` (another process start time, or a
+    lifetime counter that went backwards)."""
     if not old.known:
         return ""
+    if old.served_models and new.served_models and old.served_models != new.served_models:
+        return "model_changed"
     if old.started_s and new.started_s and new.started_s != old.started_s:
         return "restarted"
     if 0 <= new.lifetime_total < old.lifetime_total:
         return "restarted"
-    if old.served_models and new.served_models and old.served_models != new.served_models:
-        return "model_changed"
     return ""
 
 

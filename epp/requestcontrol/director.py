@@ -2,7 +2,8 @@
 
 For each request the ``Director``
 1. narrows the pool to the proxy's subset hint, if any (an empty hint -> 503),
-2. sheds it (429) when its priority is negative and the pool is saturated,
+2. keeps it off endpoints that report other models only (``Datastore.serving_model``),
+   and sheds it (429) when its priority is negative and the pool is saturated,
 3. asks the scheduler for a target (plus fallbacks), records the pick (the post-pick hooks:
    the prefix index, the prefill queued on it) and counts it in flight: the next request
    reads that state, even while this one's reply is still being sent,
@@ -279,6 +280,9 @@ class Director:
                 )
         if not endpoints:
             raise Unavailable("no ready endpoint in the pool", "no-endpoints", DROPPED_NO_ENDPOINTS)
+        # the endpoints that serve the request's model, when some do (a server restarted at
+        # the same address with another model gets none of the old one's requests)
+        endpoints = self._datastore.serving_model(request.model, endpoints)
         if request.priority < 0 and pool_saturated(endpoints, self._saturation, now_s):
             raise Overloaded(
                 f"request shed: priority {request.priority} is sheddable and every endpoint is "
@@ -295,7 +299,8 @@ class Director:
             # The filters left none of the endpoints with fresh metrics: if some were left out
             # as stale, try them rather than refuse. A slow /metrics is not a dead server (a
             # decoder busy with a prefill it pulled, the only one of its role).
-            pool = [e for e in self._datastore.serving() if allowed is None or e.id in allowed]
+            pool = self._datastore.serving_model(request.model, [
+                e for e in self._datastore.serving() if allowed is None or e.id in allowed])
             if len(pool) == len(endpoints):
                 raise
             log.debug("request %s: no fresh endpoint passed the filters; trying the stale ones too",

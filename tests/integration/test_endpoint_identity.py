@@ -18,13 +18,16 @@ from tests.integration.extproc_fixtures import Epp, start_epp, stop_epp
 pytestmark = pytest.mark.asyncio
 
 
-async def emulator(port: int = 0) -> RunningEmulator:
-    return await start_emulator(EmulatorConfig(port=port, speedup=50.0))
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-async def route(epp: Epp, n: int) -> str | None:
+async def emulator(port: int = 0, model: str = MODEL) -> RunningEmulator:
+    return await start_emulator(EmulatorConfig(port=port, speedup=50.0, model=model))
+
+
+async def route(epp: Epp, n: int, model: str = MODEL) -> str | None:
     s = ec.Stream(epp.channel)
-    body = json.dumps({"model": "meta-llama/Llama-3.1-8B-Instruct",
+    body = json.dumps({"model": model,
                        "prompt": f"conversation {n}: " + "tell me about bread " * 20}).encode()  # fmt: skip
     await s.send(ec.request_headers(), ec.request_body(body, True))
     reply = (await s.recv_n(2))[0]
@@ -93,3 +96,37 @@ async def test_a_sleeping_server_gets_no_request_until_it_wakes() -> None:
         await stop_epp(epp)
         for r in (asleep, awake):
             await r.close()
+
+
+async def test_a_server_restarted_with_another_model_gets_none_of_the_old_models_requests() -> None:
+    """QA3 #4: ``epp-sim emulate --model other/model`` restarted at the same port. Counted as
+    ``model_changed`` (not merely ``restarted``), and requests for the old model go to the
+    server that still serves it; the new model's requests go to the new server."""
+    changed, kept = await emulator(), await emulator()
+    ids = [EndpointId(f"127.0.0.1:{r.port}") for r in (changed, kept)]
+    epp = await start_epp([Endpoint(i, "127.0.0.1", r.port) for i, r in zip(ids, (changed, kept),
+                                                                            strict=True)])  # fmt: skip
+    scraper = MetricsScraper(epp.handle.datastore, epp.handle.metrics)
+
+    async def scrape() -> None:
+        for e in epp.handle.datastore.snapshot():
+            assert await scraper.scrape_once(e)
+
+    other = None
+    try:
+        await scrape()
+        assert {await route(epp, n) for n in range(16)} == set(ids)  # both serve the model
+        await changed.close()
+        other = await emulator(changed.port, "other/model")  # the same address, another model
+        await scrape()
+        sample = epp.handle.registry.get_sample_value
+        assert sample("epp_endpoint_identity_changes_total", {"reason": "model_changed"}) == 1
+        assert not sample("epp_endpoint_identity_changes_total", {"reason": "restarted"})
+        assert {await route(epp, 100 + n) for n in range(16)} == {ids[1]}
+        assert {await route(epp, 200 + n, "other/model") for n in range(8)} == {ids[0]}
+    finally:
+        await scraper.stop()
+        await stop_epp(epp)
+        for r in (other, kept):
+            if r is not None:
+                await r.close()

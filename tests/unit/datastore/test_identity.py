@@ -83,8 +83,12 @@ def other_model_page() -> bytes:
         (lambda p: p.store.update_metrics(A, scrape(restarted_page(), 3.0)), "restarted"),
         (lambda p: p.store.update_metrics(A, scrape(counters_reset_page(), 3.0)), "restarted"),
         (lambda p: p.store.update_metrics(A, scrape(other_model_page(), 3.0)), "model_changed"),
+        # a restart to serve another model: the more specific reason (QA3 #4)
+        (lambda p: p.store.update_metrics(A, scrape(restarted_page().replace(
+            b'model_name="tiny"', b'model_name="other"'), 3.0)), "model_changed"),
     ],
-    ids=["new-pod-same-ip", "new-start-time", "counters-backwards", "other-model"],
+    ids=["new-pod-same-ip", "new-start-time", "counters-backwards", "other-model",
+         "restarted-with-other-model"],
 )
 def test_another_server_at_the_address_starts_with_nothing_epp_knew(change, reason: str) -> None:  # type: ignore[no-untyped-def]
     pool = Pool()
@@ -142,3 +146,31 @@ def test_with_every_server_asleep_no_endpoint_is_ready() -> None:
     stale = dataclasses.replace(scrape(asleep_page()), scraped_at_s=0.5)
     pool.store.update_metrics(A, stale)
     assert pool.store.routable() == ()
+
+
+def test_a_request_goes_only_to_endpoints_that_serve_its_model_when_some_do() -> None:
+    """QA3 #4: an endpoint whose reported models (base, loaded adapters) lack the request's
+    model is no candidate while others serve it; unknown endpoints stay candidates; an
+    adapter may go wherever its base model is served (it loads on demand)."""
+    store = Datastore()
+    ids = [EndpointId(f"10.0.0.{i}:8000") for i in range(1, 5)]
+    for eid in ids:
+        store.upsert(Endpoint(eid, eid.split(":")[0], 8000))
+    models = [({"x"}, {"lora1"}), ({"x"}, set()), ({"y"}, set())]  # the 4th: never scraped
+    for eid, (base, adapters) in zip(ids, models, strict=False):
+        store.update_metrics(eid, Metrics(scraped_at_s=1.0, served_models=frozenset(base),
+                                          running_adapters=frozenset(adapters)))  # fmt: skip
+
+    def candidates(model: str) -> list[EndpointId]:
+        return [e.id for e in store.serving_model(model, store.snapshot())]
+
+    assert candidates("x") == [ids[0], ids[1], ids[3]]
+    assert candidates("y") == [ids[2], ids[3]]
+    assert candidates("lora1") == [ids[0], ids[1], ids[3]]
+    assert candidates("nobody-serves-it") == ids  # nothing to go by: the server answers
+    only_b = [e for e in store.snapshot() if e.id == ids[1]]  # a subset: x's server in it
+    assert [e.id for e in store.serving_model("y", only_b)] == [ids[1]]
+    for eid in ids[1:3]:  # every endpoint serves x: the pool is handed back as it is
+        store.update_metrics(eid, Metrics(scraped_at_s=2.0, served_models=frozenset({"x"})))
+    pool = store.routable()
+    assert store.serving_model("x", pool) is pool
