@@ -127,7 +127,12 @@ def run(args: argparse.Namespace) -> int:
           f"priority={r.priority} prompt={len(r.prompt)} chars; {len(ds.snapshot())} endpoints, "
           f"{len(ds.routable())} routable (config {cfg.source})")  # fmt: skip
     left = [e.id for e in ds.snapshot() if e.stale]
+    asleep = [f"{e.id} ({e.metrics.not_serving})" for e in ds.snapshot() if e.metrics.not_serving]
+    if asleep:
+        print(f"not serving (no candidates): {', '.join(asleep)}")
     print(f"their metrics stale: {', '.join(left)}\n" if left else "")
+    if director.no_ready_endpoint() and _queued_for_first_endpoint(cfg.flow_control, r):
+        return 0
     runs: list[ProfileRun] = []
     try:
         routing = director.route(r, None, len(body), record=True)
@@ -146,9 +151,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _queued_for_first_endpoint(flow: Any, request: Any) -> bool:
+    """With no endpoint that can serve: epp serve's flow control (when on) holds the request
+    for the first one; say so and for how long (True), else False (it answers 503 at once)."""
+    if not flow.enabled or flow.cold_seconds <= 0:
+        return False
+    limit = max(flow.queue_seconds(request), flow.cold_seconds)
+    print(f"epp would queue the request: no endpoint can serve now; flow control holds it up to "
+          f"{limit:g} s for one, then answers Unavailable (503 queue-timeout): flow control: "
+          f"waited {limit:g} s and no endpoint became ready")  # fmt: skip
+    return True
+
+
 def _failed_runs(scheduler: Any, request: Any, ds: Any, runs: list[Any]) -> None:
     """Run the cycle again to keep its profile runs (the Director's raised with them)."""
     from epp.errors import EppError
 
     with contextlib.suppress(EppError):
-        scheduler.schedule(request, ds.snapshot(), time.monotonic(), commit=False, runs=runs)
+        scheduler.schedule(request, ds.serving(), time.monotonic(), commit=False, runs=runs)

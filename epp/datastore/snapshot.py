@@ -7,9 +7,11 @@ serves and ``epp dry-run --snapshot`` reads back.
                                 "running_adapters": [], "waiting_adapters": [],
                                 "max_adapters": 0, "block_size_tokens": 16,
                                 "num_gpu_blocks": 4096, "served_models": ["m"],
-                                "age_s": 0.08}}]}
+                                "not_serving": "", "age_s": 0.08}}]}
 
 ``age_s`` is how old the last scrape was when the snapshot was taken (null: never scraped).
+``not_serving`` is why the server says it cannot serve now ('' = it can; ``asleep``: vLLM's
+sleep mode): such an endpoint is no candidate, live or in ``epp dry-run``.
 Bad input raises ValueError naming the entry and field; the list is bounded
 (``MAX_ENDPOINTS``).
 """
@@ -40,7 +42,7 @@ def snapshot_json(ds: Datastore, now_s: float) -> dict[str, Any]:
                 "running_adapters": sorted(m.running_adapters),
                 "waiting_adapters": sorted(m.waiting_adapters), "max_adapters": m.max_adapters,
                 "block_size_tokens": m.block_size_tokens, "num_gpu_blocks": m.num_gpu_blocks,
-                "served_models": sorted(m.served_models),
+                "served_models": sorted(m.served_models), "not_serving": m.not_serving,
                 "age_s": round(now_s - m.scraped_at_s, 3) if m.known else None,
             },
         })  # fmt: skip
@@ -88,6 +90,13 @@ def _names(raw: Mapping[str, Any], key: str) -> frozenset[str]:
     return frozenset(value)
 
 
+def _reason(raw: Mapping[str, Any], key: str) -> str:
+    value = raw.get(key, "")
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError(f"{key} must be a short reason ('' = serving), got {value!r:.80}")
+    return value
+
+
 def _entry(raw: Mapping[str, Any], now_s: float) -> tuple[Endpoint, Metrics | None, int, int]:
     eid = raw.get("id")
     if not isinstance(eid, str):
@@ -115,6 +124,6 @@ def _entry(raw: Mapping[str, Any], now_s: float) -> tuple[Endpoint, Metrics | No
             waiting_adapters=_names(m, "waiting_adapters"), max_adapters=_count(m, "max_adapters"),
             block_size_tokens=_count(m, "block_size_tokens"),
             num_gpu_blocks=_count(m, "num_gpu_blocks"), served_models=_names(m, "served_models"),
-            scraped_at_s=max(1e-9, now_s - float(age)),
+            scraped_at_s=max(1e-9, now_s - float(age)), not_serving=_reason(m, "not_serving"),
         )  # fmt: skip
     return endpoint, metrics, _count(raw, "in_flight"), _count(raw, "pending")

@@ -81,3 +81,38 @@ def test_a_bad_snapshot_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "body.json").write_text(json.dumps(BODY))
     assert main(["dry-run", "--snapshot", str(tmp_path / "pool.json"), "--body", str(tmp_path / "body.json")]) == 2
     assert named in capsys.readouterr().err
+
+
+async def test_a_sleeping_endpoint_is_shown_and_left_out_as_live_epp_leaves_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """QA3 #5: the snapshot says which endpoint is asleep; dry-run never picks it, and with
+    only sleeping endpoints answers 503 (or, with flow control, says the request would wait)."""
+    epp = await start_epp(pool(2), metrics_port=0)
+    try:
+        ds = epp.handle.datastore
+        for e in ds.snapshot():
+            ds.update_metrics(e.id, Metrics(waiting=0 if e.id == "10.0.0.1:8000" else 6, scraped_at_s=1.0,
+                                            not_serving="asleep" if e.id == "10.0.0.1:8000" else ""))  # fmt: skip
+        async with aiohttp.ClientSession() as http, http.get(
+            f"http://127.0.0.1:{epp.handle.metrics_port}/debug/endpoints"
+        ) as r:  # fmt: skip
+            snapshot = await r.json()
+    finally:
+        await stop_epp(epp)
+    by_id = {e["id"]: e["metrics"]["not_serving"] for e in snapshot["endpoints"]}
+    assert by_id == {"10.0.0.1:8000": "asleep", "10.0.0.2:8000": ""}
+    (tmp_path / "pool.json").write_text(json.dumps(snapshot))
+    (tmp_path / "body.json").write_text(json.dumps(BODY))
+    argv = ["dry-run", "--snapshot", str(tmp_path / "pool.json"), "--body", str(tmp_path / "body.json")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 endpoints, 1 routable" in out and "not serving (no candidates): 10.0.0.1:8000 (asleep)" in out
+    assert "pick: 10.0.0.2:8000" in out  # the idle one is asleep: the queued one is picked
+    only = {"endpoints": [e for e in snapshot["endpoints"] if e["id"] == "10.0.0.1:8000"]}
+    (tmp_path / "pool.json").write_text(json.dumps(only))
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "pick:" not in out and "epp would answer Unavailable: no ready endpoint in the pool" in out
+    (tmp_path / "flow.yaml").write_text("flowControl: {enabled: true, scaleFromZeroSeconds: 45}\n")
+    assert main([*argv, "--config", str(tmp_path / "flow.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "pick:" not in out and "epp would queue the request" in out and "up to 45 s" in out
