@@ -888,3 +888,33 @@ def test_the_scaler_wiring_in_the_docs_names_the_waiting_demand_gauge_and_valida
     assert keda["spec"]["minReplicaCount"] == 0  # from zero
     assert hpa["spec"]["metrics"][0]["external"]["metric"]["name"] == "epp_pool_waiting_requests"
     validate_schema([hpa])
+
+
+def _seconds(text: str) -> float:
+    assert re.fullmatch(r"\d+(\.\d+)?s", text), text
+    return float(text[:-1])
+
+
+def test_gateway_timeouts_outlast_what_epp_may_hold_a_request_with_flow_control_on() -> None:
+    """QA3 #14: the shipped gateway manifests' ext_proc message timeouts (the model router's)
+    and HTTPRoute request timeouts cover what epp may hold a request with the chart's
+    config and flow control on, as the chart README's scale-from-zero setup turns it on: the
+    same figure ``epp envoy-config`` derives (``EppNeeds.message_timeout_s``)."""
+    from epp.envoyconfig import needs_from_config
+
+    raw = yaml.safe_load(yaml.safe_load((CHART / "values.yaml").read_text())["scheduling"]["config"])
+    raw["flowControl"] = {"enabled": True}  # the README's scale-from-zero setup, its defaults
+    need = needs_from_config(loads_config(yaml.safe_dump(raw))).message_timeout_s
+    assert need >= 35  # maxQueueSeconds 30 + epp's own work
+    message_timeouts = {}
+    for path in sorted((DEPLOY / "gateways").glob("*/*.yaml")):
+        text = path.read_text()
+        for found in re.findall(r"(?:messageTimeout|message_timeout): *(\S+)", text):
+            message_timeouts.setdefault(path.relative_to(DEPLOY).as_posix(), []).append(_seconds(found))
+        for route in by_kind(docs_of(text), "HTTPRoute"):
+            for rule in route["spec"]["rules"]:
+                if "timeouts" in rule:
+                    assert _seconds(rule["timeouts"]["request"]) >= need, (path, rule)
+    assert set(message_timeouts) == {"gateways/envoy-gateway/models.yaml", "gateways/istio/models.yaml"}
+    for where, values in message_timeouts.items():
+        assert min(values) >= need, f"{where}: ext_proc message timeout {values} < {need} s"
