@@ -6,6 +6,7 @@ scrape and comes back when awake."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -23,6 +24,21 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 async def emulator(port: int = 0, model: str = MODEL) -> RunningEmulator:
     return await start_emulator(EmulatorConfig(port=port, speedup=50.0, model=model))
+
+
+async def two_servers(
+    *servers: RunningEmulator,
+) -> tuple[Epp, list[EndpointId], MetricsScraper, Callable[[], Awaitable[None]]]:
+    """epp over ``servers`` (static endpoints), its scraper and a scrape of every endpoint."""
+    ids = [EndpointId(f"127.0.0.1:{r.port}") for r in servers]
+    epp = await start_epp([Endpoint(i, "127.0.0.1", r.port) for i, r in zip(ids, servers, strict=True)])
+    scraper = MetricsScraper(epp.handle.datastore, epp.handle.metrics)
+
+    async def scrape() -> None:
+        for e in epp.handle.datastore.snapshot():
+            assert await scraper.scrape_once(e)
+
+    return epp, ids, scraper, scrape
 
 
 async def route(epp: Epp, n: int, model: str = MODEL) -> str | None:
@@ -70,14 +86,7 @@ async def test_a_restarted_server_at_the_same_address_is_forgotten_within_one_sc
 
 async def test_a_sleeping_server_gets_no_request_until_it_wakes() -> None:
     asleep, awake = await emulator(), await emulator()
-    ids = [EndpointId(f"127.0.0.1:{r.port}") for r in (asleep, awake)]
-    epp = await start_epp([Endpoint(i, "127.0.0.1", r.port) for i, r in zip(ids, (asleep, awake),
-                                                                            strict=True)])  # fmt: skip
-    scraper = MetricsScraper(epp.handle.datastore, epp.handle.metrics)
-
-    async def scrape() -> None:
-        for e in epp.handle.datastore.snapshot():
-            assert await scraper.scrape_once(e)
+    epp, ids, scraper, scrape = await two_servers(asleep, awake)
 
     try:
         await scrape()
@@ -103,14 +112,7 @@ async def test_a_server_restarted_with_another_model_gets_none_of_the_old_models
     ``model_changed`` (not merely ``restarted``), and requests for the old model go to the
     server that still serves it; the new model's requests go to the new server."""
     changed, kept = await emulator(), await emulator()
-    ids = [EndpointId(f"127.0.0.1:{r.port}") for r in (changed, kept)]
-    epp = await start_epp([Endpoint(i, "127.0.0.1", r.port) for i, r in zip(ids, (changed, kept),
-                                                                            strict=True)])  # fmt: skip
-    scraper = MetricsScraper(epp.handle.datastore, epp.handle.metrics)
-
-    async def scrape() -> None:
-        for e in epp.handle.datastore.snapshot():
-            assert await scraper.scrape_once(e)
+    epp, ids, scraper, scrape = await two_servers(changed, kept)
 
     other = None
     try:
