@@ -353,10 +353,19 @@ def _add_envoy_config(sub: Any) -> None:
                    help="how Envoy sends the request body to epp: 'buffered' (whole, after "
                    "epp answered the headers; can fail open) or 'full-duplex' (streamed at "
                    "once; fail-closed only)")
-    p.add_argument("--response", choices=ec.RESPONSE_MODES, default="full-duplex",
+    p.add_argument("--response", choices=ec.RESPONSE_MODES, default="summary",
                    help="how responses reach epp (usage, cached tokens, first-token time): "
-                   "'full-duplex' through the routing stream, 'observer' on a second stream "
-                   "Envoy never waits for (epp serve --response-observer), 'none'")
+                   "'summary' (default) the headers and first body bytes on the routing "
+                   "stream, then the usage and the end in Envoy's gRPC access log, so a "
+                   "streamed answer costs epp the same whatever its length; 'full-duplex' "
+                   "every chunk through the routing stream (epp also reads the reply text); "
+                   "'observer' every chunk on a second stream Envoy never waits for (epp "
+                   "serve --response-observer); 'none'")
+    p.add_argument("--summary-flush-s", type=_number(0, strict=True),
+                   default=ec.DEFAULT_SUMMARY_FLUSH_S,
+                   help="with --response summary: how often Envoy sends epp the access log "
+                   "entries of the exchanges that ended (epp releases a streamed request at "
+                   "most this much after its end)")
     p.add_argument("--routing", choices=ec.ROUTINGS, default="epp",
                    help="'epp', or a baseline without epp (Envoy's own balancer over --pool)")
     p.add_argument("--fallback-lb", choices=sorted(ec.ROUTINGS[1:]), default="least-request",
@@ -394,6 +403,7 @@ def envoy_config_from_args(args: argparse.Namespace) -> str:
         message_timeout_s=args.message_timeout_s, max_request_bytes=args.max_request_bytes,
         upstream_idle_timeout_s=args.upstream_idle_timeout_s,
         upstream_host_header=args.upstream_host_header, access_log=args.access_log,
+        summary_flush_s=args.summary_flush_s,
     )  # fmt: skip
     return ec.render_yaml(options)
 

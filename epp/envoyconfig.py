@@ -23,6 +23,14 @@ The request path (docs/envoy.md)::
 * **The epp cluster**: HTTP/2, gRPC health checks every second and outlier detection, so a
   dead replica leaves the rotation within ~1-2 s; circuit breakers far above Envoy's default
   of 1,024 concurrent requests (each HTTP request holds one ext_proc stream).
+* **The response** (``response="summary"``, the default): epp reads the response headers
+  and, of a streamed (SSE) answer, only its first body bytes (the first-token time), then
+  ends its ext_proc stream so that Envoy passes the rest without it; Envoy's
+  ``ai_protocol_manager`` filter reads the answer's ``usage`` as it streams by, and one entry
+  of Envoy's gRPC access log per request (batched) brings epp the end of the exchange: its
+  status, usage with cached tokens, and bytes. epp's cost for an answer does not grow with
+  its length (docs/envoy.md). ``full-duplex`` sends every chunk through epp (it also reads
+  the reply text), ``observer`` to a second stream Envoy never waits for, ``none`` nothing.
 * **Baselines** (``routing`` random / round-robin / least-request): no ext_proc at all, the
   pool cluster balanced by that policy: what "without epp" means in the demo.
 """
@@ -44,7 +52,21 @@ EPP_ONLY_REQUEST_HEADERS = ("x-prefiller-host-port",)
 the bootstrap removes a client's copy before ext_proc (``_strip_filter``)."""
 ROUTINGS = ("epp", "random", "round-robin", "least-request")
 REQUEST_BODY_MODES = ("buffered", "full-duplex")
-RESPONSE_MODES = ("full-duplex", "observer", "none")
+RESPONSE_MODES = ("summary", "full-duplex", "observer", "none")
+SUMMARY_DECLARATION = ("x-epp-response", "summary")
+"""gRPC metadata on the routing filter's ext_proc streams (``grpc_service.initial_metadata``):
+this proxy sends epp a summary of each response in its access log, so epp may stop reading a
+streamed answer after its first bytes (``epp.extproc.summary``)."""
+TOKEN_NAMESPACE = "epp"
+"""Dynamic metadata namespace where epp's routing reply leaves the request's token
+(``token``): the access log entry carries it back to epp."""
+USAGE_NAMESPACE = "envoy.ai.token_usage"
+"""Where Envoy's ``ai_protocol_manager`` filter publishes an answer's usage (typed metadata,
+``envoy.data.ai.v3.TokenUsage``)."""
+SUMMARY_LOG_NAME = "epp-response-summary"
+DEFAULT_SUMMARY_FLUSH_S = 0.05
+"""How often Envoy sends epp the access log entries of the responses that ended (one batch a
+worker): epp releases a streamed request at most this much after its end."""
 FAILURE_MODES = ("open", "closed")
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
 """The listener's buffer limit: Envoy answers 413 to a buffered request body above it. The
@@ -98,7 +120,7 @@ class EnvoyOptions:
     routing: str = "epp"
     failure: str = "open"
     request_body: str = "buffered"
-    response: str = "full-duplex"
+    response: str = "summary"
     fallback_lb: str = "least-request"
     """Who picks a server when epp named none (fail-open) or named servers that all failed."""
     retries: int = 2
@@ -119,6 +141,8 @@ class EnvoyOptions:
     access_log: str = ""
     """A file Envoy appends one JSON line per request to (``ACCESS_LOG_FIELDS``): where the
     time went between the client, Envoy, epp and the server. Empty: no access log."""
+    summary_flush_s: float = DEFAULT_SUMMARY_FLUSH_S
+    """``response="summary"``: the access log's flush interval towards epp."""
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that cannot work."""
@@ -150,6 +174,8 @@ class EnvoyOptions:
             raise ValueError("retries >= 0, message timeout > 0 and max request bytes >= 1")
         if self.upstream_idle_timeout_s <= 0:
             raise ValueError("upstream idle timeout must be > 0 (below the servers' keep-alive)")
+        if self.summary_flush_s <= 0:
+            raise ValueError("the summary flush interval must be > 0")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -281,25 +307,37 @@ def epp_cluster(o: EnvoyOptions) -> dict[str, Any]:
 
 def _ext_proc_filter(o: EnvoyOptions) -> dict[str, Any]:
     request_body = "BUFFERED" if o.request_body == "buffered" else "FULL_DUPLEX_STREAMED"
-    full_duplex = o.response == "full-duplex"
+    response_body, response_trailers = {
+        # headers and the first body bytes; epp then ends the stream (epp.extproc.summary)
+        "summary": ("STREAMED", "SKIP"),
+        "full-duplex": ("FULL_DUPLEX_STREAMED", "SEND"),
+    }.get(o.response, ("NONE", "SKIP"))
+    grpc_service: dict[str, Any] = {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"}
+    metadata: dict[str, Any] = {
+        # a subset of the pool set by an earlier filter (e.g. a gateway's) reaches epp
+        "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]},
+    }
+    if o.response == "summary":
+        key, value = SUMMARY_DECLARATION
+        grpc_service["initial_metadata"] = [{"key": key, "value": value}]
+        metadata["receiving_namespaces"] = {"untyped": [TOKEN_NAMESPACE]}
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": f"{_TYPE}filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"},
+            "grpc_service": grpc_service,
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "request_body_mode": request_body,
                 # Envoy requires trailers sent in full-duplex
                 "request_trailer_mode": "SEND" if request_body != "BUFFERED" else "SKIP",
-                "response_header_mode": "SEND" if full_duplex else "SKIP",
-                "response_body_mode": "FULL_DUPLEX_STREAMED" if full_duplex else "NONE",
-                "response_trailer_mode": "SEND" if full_duplex else "SKIP",
+                "response_header_mode": "SKIP" if response_body == "NONE" else "SEND",
+                "response_body_mode": response_body,
+                "response_trailer_mode": response_trailers,
             },
             "failure_mode_allow": o.failure == "open",
             "message_timeout": _duration(o.message_timeout_s),
-            # a subset of the pool set by an earlier filter (e.g. a gateway's) reaches epp
-            "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}},
+            "metadata_options": metadata,
             "mutation_rules": {"allow_all_routing": True},
         },
     }
@@ -317,6 +355,41 @@ def _strip_filter() -> dict[str, Any]:
                 {"remove": name} for name in EPP_ONLY_REQUEST_HEADERS]},
         },
     }
+
+
+def _usage_filter() -> dict[str, Any]:
+    """Envoy's own reader of LLM answers (``response="summary"``): it finds ``usage`` in JSON
+    and SSE responses as they pass, without holding or changing them, and publishes it as
+    ``USAGE_NAMESPACE`` metadata for the access log. Listed before the routing filter, so it
+    sees the response after it (Envoy runs response filters in reverse)."""
+    return {
+        "name": "envoy.filters.http.ai_protocol_manager",
+        "typed_config": {
+            "@type": f"{_TYPE}filters.http.ai_protocol_manager.v3.AiProtocolManager",
+            "response_handling": {"token_usage": {
+                "include_unconfigured_routes": True, "metadata_namespace": USAGE_NAMESPACE}},
+        },
+    }  # fmt: skip
+
+
+def _summary_log(o: EnvoyOptions) -> dict[str, Any]:
+    """One gRPC access log entry per request epp routed (its token in the metadata), to epp's
+    ``envoy.service.accesslog.v3.AccessLogService``: the end of each exchange, batched."""
+    return {
+        "name": "envoy.access_loggers.http_grpc",
+        "filter": {"metadata_filter": {"matcher": {
+            "filter": TOKEN_NAMESPACE, "path": [{"key": "token"}],
+            "value": {"present_match": True}}}},
+        "typed_config": {
+            "@type": f"{_TYPE}access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": SUMMARY_LOG_NAME,
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}},
+                "buffer_flush_interval": _duration(o.summary_flush_s),
+            },
+        },
+    }  # fmt: skip
 
 
 def _observer_filter() -> dict[str, Any]:
@@ -368,7 +441,11 @@ def envoy_config(o: EnvoyOptions) -> dict[str, Any]:
     o.validate()
     filters: list[dict[str, Any]] = [_strip_filter()]
     clusters = [pool_cluster(o)]
+    access_logs: list[dict[str, Any]] = []
     if o.routing == "epp":
+        if o.response == "summary":
+            filters.append(_usage_filter())
+            access_logs.append(_summary_log(o))
         filters.append(_ext_proc_filter(o))
         if o.response == "observer":
             filters.append(_observer_filter())
@@ -386,14 +463,16 @@ def envoy_config(o: EnvoyOptions) -> dict[str, Any]:
         "http_filters": filters,
     }
     if o.access_log:
-        hcm["access_log"] = [{
+        access_logs.append({
             "name": "envoy.access_loggers.file",
             "typed_config": {
                 "@type": f"{_TYPE}access_loggers.file.v3.FileAccessLog",
                 "path": o.access_log,
                 "log_format": {"json_format": ACCESS_LOG_FIELDS},
             },
-        }]
+        })
+    if access_logs:
+        hcm["access_log"] = access_logs
     listener = {
         "name": "inference",
         "address": {"socket_address": {"address": o.listen_address, "port_value": o.listen_port}},

@@ -27,6 +27,7 @@ from epp.errors import Unavailable
 from epp.extproc.errors import immediate_response
 from epp.extproc.observer import ResponseHandoff
 from epp.extproc.stream import BodyBudget, ProtocolError, RequestStream
+from epp.extproc.summary import declared
 from epp.request.parse import RequestParser
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits
@@ -52,7 +53,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> None:
         self._parser = parser
         self.handoff = handoff
-        """Set with ``--response-observer``: responses come on an observer filter's stream."""
+        """Routed requests whose response another stream reports: an observer filter's
+        (``--response-observer``) or the proxy's access log (``epp.extproc.summary``)."""
         self.max_open_streams = max_open_streams
         self.refused_streams = 0
         self._refusing = False
@@ -74,7 +76,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             log.warning("ext_proc streams accepted again (%d open)", self.open_streams)
         stream = RequestStream(
             self._parser, self._director, self._default_mode, self.budget, self._limits,
-            self.handoff,
+            self.handoff, declared(context.invocation_metadata()),
         )
         self.open_streams += 1
         read, write, eof = context.read, context.write, grpc.aio.EOF
@@ -88,6 +90,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         for reply in stream.resume(error):
                             await write(reply)
                     stream.after_replies()  # the replies are on the wire
+                    if stream.ended:  # Envoy goes on without epp (epp.extproc.summary)
+                        break
                 stream.check_complete()
             except ProtocolError as exc:
                 log.info("ext_proc stream ended for a protocol error: %s", exc)

@@ -10,6 +10,13 @@
           v                                                              v
     response headers -> response body chunks (JSON / SSE) -> [trailers] -> done
 
+With the default bootstrap's response summary (``epp.extproc.summary``: the proxy declares it
+on the stream), a 2xx streamed (SSE) answer is read only up to its first body bytes (the
+first-token time): the stream then ends (``ended``), Envoy passes the rest of the answer
+without epp, and the request waits in the handoff for the access log entry that reports its
+end. JSON answers, answers whose model name epp maps back, and every answer while no access
+log entry reaches this replica are read to the end as before.
+
 Any domain error becomes an ImmediateResponse (see ``epp.extproc.errors``) and the stream then
 ignores whatever Envoy had already sent for that request. ``close`` releases the in-flight
 count when the stream ends without a complete response, so a cancelled client leaves nothing.
@@ -100,6 +107,7 @@ class RequestStream:
         "_finish_later",
         "_first",
         "_first_body_s",
+        "_handed",
         "_handoff",
         "_headers",
         "_held",
@@ -116,8 +124,11 @@ class RequestStream:
         "_status",
         "_strip",
         "_subset",
+        "_summary",
+        "_summary_token",
         "_token",
         "awaiting",
+        "ended",
     )
 
     def __init__(
@@ -128,6 +139,7 @@ class RequestStream:
         budget: BodyBudget | None = None,
         limits: ResponseLimits = DEFAULT_LIMITS,
         handoff: ResponseHandoff | None = None,
+        summary: bool = False,
     ) -> None:
         self._parser = parser
         self._limits = limits
@@ -159,6 +171,13 @@ class RequestStream:
         self._observing = False
         self._first_body_s = 0.0
         self._finish_later = False
+        self._summary = summary and handoff is not None
+        """The proxy sends epp an access log entry for each request (``SUMMARY_DECLARATION``)."""
+        self._summary_token = ""
+        self._handed = False
+        """The response's end was left to the access log (``ResponseHandoff.await_summary``)."""
+        self.ended = False
+        """epp has read what it needs: the service ends the stream, Envoy goes on without it."""
 
     @property
     def phase(self) -> Phase:
@@ -251,7 +270,7 @@ class RequestStream:
             self._handoff.observed(self._remote, Kind.ENDED)
             self._remote = ""
         routing = self._routing
-        if self._token and self._phase is Phase.ROUTED:
+        if (self._token and self._phase is Phase.ROUTED) or self._handed:
             routing = None  # its response is the observer stream's (or the handoff's) now
         if routing is not None and not routing.released:
             self._director.abandon(routing, "cancelled")
@@ -295,7 +314,7 @@ class RequestStream:
             return [
                 convert.routed_headers_response(
                     routing.destination, None, self._removed(routing), self._hand_off(routing),
-                    routing.headers,
+                    routing.headers, self._issue(),
                 )
             ]
         self._phase = Phase.REQUEST_BODY
@@ -387,11 +406,11 @@ class RequestStream:
             return [
                 convert.routed_buffered_body_response(
                     routing.destination, body if parsed.body_rewritten else None,
-                    self._removed(routing), token, routing.headers,
+                    self._removed(routing), token, routing.headers, self._issue(),
                 )
             ]
         out = [convert.routed_headers_response(routing.destination, len(body), self._removed(routing),
-                                               token, routing.headers)]  # fmt: skip
+                                               token, routing.headers, self._issue())]  # fmt: skip
         if len(body) <= STREAMED_CHUNK_BYTES:
             out.append(convert.streamed_request_body(body, not trailers_follow))
             return out
@@ -413,10 +432,16 @@ class RequestStream:
     def _hand_off(self, routing: Routing) -> str:
         """With an observer filter (``--response-observer``), the token its stream claims
         ``routing`` with; else ""."""
-        if self._handoff is None or self._observing:
+        if self._handoff is None or self._observing or not self._handoff.observing:
             return ""
         self._token = self._handoff.offer(routing)
         return self._token
+
+    def _issue(self) -> str:
+        """With the response summary, the token the access log entry names the request by."""
+        if self._summary and self._handoff is not None:
+            self._summary_token = self._handoff.issue()
+        return self._summary_token
 
     # --- response path -----------------------------------------------------------------
 
@@ -458,6 +483,8 @@ class RequestStream:
             routing = self._routing
             if routing is not None:
                 self._director.first_token(routing, first - routing.started_s, self._status)
+                if not end and self._leaves_to_summary(reader, first):
+                    return self._leave_to_summary(routing, chunk, first)
             elif self._remote and self._handoff is not None:
                 self._handoff.observed(self._remote, Kind.FIRST_BYTES)
         data = chunk if reader is None else reader.feed(chunk, end)
@@ -469,6 +496,32 @@ class RequestStream:
             return _NO_REPLY
         if reader is not None and reader.rewriting:
             return [convert.replaced_response_body(data, buffered=mode == convert.BUFFERED)]
+        return [convert.RESPONSE_BODY_CONTINUE]
+
+    def _leaves_to_summary(self, reader: ResponseReader | None, now: float) -> bool:
+        """Whether the rest of this answer can go by unread: a 2xx SSE stream whose model
+        name epp does not map back, while the proxy's access log reaches this replica."""
+        return (
+            self._summary_token != ""
+            and reader is not None
+            and reader.sse
+            and not reader.rewriting
+            and 200 <= self._status < 300
+            and self._handoff is not None
+            and self._handoff.summaries_live(now)
+        )
+
+    def _leave_to_summary(
+        self, routing: Routing, chunk: bytes, first_s: float
+    ) -> list[pb.ProcessingResponse]:
+        assert self._handoff is not None
+        self._handoff.await_summary(self._summary_token, routing, first_s)
+        self._handed = True
+        self._phase = Phase.DONE
+        self._reader = None
+        self.ended = True
+        if self._response_mode == convert.FULL_DUPLEX_STREAMED:
+            return [convert.streamed_response_body(chunk, False)]
         return [convert.RESPONSE_BODY_CONTINUE]
 
     def _response_trailers(self) -> list[pb.ProcessingResponse]:

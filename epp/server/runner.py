@@ -30,9 +30,11 @@ from epp.datastore.scraper import MetricsScraper, ScrapeOptions
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.extproc import convert
-from epp.extproc.observer import ResponseHandoff
+from epp.extproc.observer import DEFAULT_WAIT_S, ResponseHandoff
 from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS, ExtProcService, add_to_server
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES, BodyBudget
+from epp.extproc.summary import AccessLogReceiver
+from epp.extproc.summary import add_to_server as add_summary_to_server
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import Lifecycle, PluginContext
 from epp.observability.looplag import watch_loop
@@ -267,11 +269,11 @@ async def start_server(
         ds.on_metrics(lambda _endpoint: admission.wake())
         cycle_hist = metrics.flow_dispatch_cycle.labels(metrics.pool_name)
         admission.on_cycle = cycle_hist.observe
-    handoff = (
-        ResponseHandoff(director, opts.response_observer_wait_s)
-        if opts.response_observer_wait_s > 0
-        else None
-    )
+    observing = opts.response_observer_wait_s > 0
+    handoff = ResponseHandoff(
+        director, opts.response_observer_wait_s if observing else DEFAULT_WAIT_S,
+        observing=observing,
+    )  # fmt: skip
     service = ExtProcService(
         parser, director, opts.processing_mode, BodyBudget(opts.max_buffered_bytes),
         opts.response_limits, opts.max_open_streams, handoff,
@@ -289,6 +291,7 @@ async def start_server(
     rpc_cap = opts.max_open_streams + max(64, opts.max_open_streams // 16) + HEALTH_MAX_CALLS
     server = grpc.aio.server(options=grpc_options, maximum_concurrent_rpcs=rpc_cap)
     add_to_server(service, server)
+    add_summary_to_server(AccessLogReceiver(handoff), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     grpc_port = _bind(server, f"{opts.host}:{opts.grpc_port}", opts)
     servers: list[Any] = [server]
@@ -364,7 +367,7 @@ async def _start_rest(
         if counter is not None and opts.sync.share_prefill:  # each one's prefill in flight, added to the others' own
             counter.use_peer_prefill(handle.sync.share_prefill(counter.prefill_in_flight))
         handoff = handle.service.handoff
-        if handoff is not None:  # observer streams that reach another replica report here
+        if handoff is not None:  # observer streams and access logs reaching another replica report here
             handoff.publish = handle.sync.publish_observation
             handle.sync.on_observations = handoff.apply_remote
         try:

@@ -14,7 +14,11 @@ from simulator.gateway.proxy import DEFAULT_BUFFER_LIMIT_BYTES, POLICIES, Gatewa
 from simulator.gateway.server import start_gateway
 
 
-def add_mode_flags(p: argparse.ArgumentParser, default_mode: str = "full-duplex") -> None:
+def add_mode_flags(
+    p: argparse.ArgumentParser, default_mode: str = "full-duplex", envoy: bool = False
+) -> None:
+    """``envoy``: the flags of a stack whose gateway may be real Envoy, which adds the
+    bootstrap's response ``summary`` (its default there)."""
     p.add_argument(
         "--mode",
         choices=["buffered", "full-duplex"],
@@ -23,9 +27,13 @@ def add_mode_flags(p: argparse.ArgumentParser, default_mode: str = "full-duplex"
     )
     p.add_argument(
         "--response-mode",
-        choices=sorted(MODE_NAMES),
+        choices=sorted(MODE_NAMES) + (["summary"] if envoy else []),
         default=None,
-        help="ext_proc response_body_mode (default: full-duplex)",
+        help="ext_proc response_body_mode (default: full-duplex)" if not envoy else
+        "how responses reach epp: real Envoy's 'summary' (its default: epp reads a streamed "
+        "answer's first bytes, Envoy's access log brings the usage and the end; epp "
+        "envoy-config --response summary), or the ext_proc response_body_mode (the "
+        "development gateway's default: full-duplex)",
     )
     p.add_argument(
         "--response-observer",

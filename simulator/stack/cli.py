@@ -153,7 +153,7 @@ def register(subparsers: Any) -> None:
         "cannot fail open); python: the development gateway, for machines the wheel does not "
         "serve (docs/local-stack.md)",
     )  # fmt: skip
-    add_mode_flags(g, default_mode="buffered")
+    add_mode_flags(g, default_mode="buffered", envoy=True)
     g.add_argument(
         "--inline",
         action="store_true",

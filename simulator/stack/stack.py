@@ -139,16 +139,21 @@ class StackOptions:
     backend, KV in host memory; the sidecar passes ``kv_transfer_params``)."""
 
     def modes(self) -> tuple[int, int]:
-        """ext_proc request and response body modes (the response: full-duplex unless set)."""
+        """The development gateway's ext_proc request and response body modes (the response:
+        full-duplex unless set)."""
+        if self.response_mode == "summary":
+            raise ValueError("response mode 'summary' needs real Envoy (its access log and "
+                             "usage filter): drop --gateway python")  # fmt: skip
         return MODE_NAMES[self.request_mode], MODE_NAMES[self.response_mode or "full-duplex"]
 
     def envoy_options(self, policy: str, epps: list[str], endpoints: list[str]) -> EnvoyOptions:
-        """The Envoy bootstrap of this stack: the shipped one, on free loopback ports, failing
-        open in buffered mode (closed in full-duplex, where Envoy cannot fail open)."""
-        response = "observer" if self.response_observer else (self.response_mode or "full-duplex")
-        if response not in ("full-duplex", "observer", "none"):
-            raise ValueError(f"real Envoy runs response mode full-duplex or none (or the "
-                             f"observer), not {response!r}: use --gateway python")  # fmt: skip
+        """The Envoy bootstrap of this stack: the shipped one (response summary unless set),
+        on free loopback ports, failing open in buffered mode (closed in full-duplex, where
+        Envoy cannot fail open)."""
+        response = "observer" if self.response_observer else (self.response_mode or "summary")
+        if response not in ("summary", "full-duplex", "observer", "none"):
+            raise ValueError(f"real Envoy runs response mode summary, full-duplex or none (or "
+                             f"the observer), not {response!r}: use --gateway python")  # fmt: skip
         return with_ports(
             EnvoyOptions(
                 epp=tuple(epps), pool=tuple(endpoints), routing=policy,
