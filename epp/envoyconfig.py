@@ -377,9 +377,10 @@ def _summary_log(o: EnvoyOptions) -> dict[str, Any]:
     ``envoy.service.accesslog.v3.AccessLogService``: the end of each exchange, batched."""
     return {
         "name": "envoy.access_loggers.http_grpc",
-        "filter": {"metadata_filter": {"matcher": {
-            "filter": TOKEN_NAMESPACE, "path": [{"key": "token"}],
-            "value": {"present_match": True}}}},
+        "filter": {"metadata_filter": {
+            "matcher": {"filter": TOKEN_NAMESPACE, "path": [{"key": "token"}],
+                        "value": {"present_match": True}},
+            "match_if_key_not_found": False}},
         "typed_config": {
             "@type": f"{_TYPE}access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
             "common_config": {
