@@ -90,24 +90,53 @@ async def upstream(port_holder: list[int]) -> Any:
     return runner
 
 
+def reply_to(msg: Any, kind: str, b: Behaviour, full_duplex: bool, first_body: bool) -> Any:
+    """The recording processor's answer to one message."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from google.protobuf import json_format
+
+    r = pb.ProcessingResponse()
+    if kind == "request_headers":
+        r.request_headers.SetInParent()
+    elif kind == "request_body":
+        r.request_body.SetInParent()
+        if b.token:
+            r.dynamic_metadata.fields["epp"].struct_value.fields["token"].string_value = b.token
+    elif kind == "response_headers":
+        r.response_headers.SetInParent()
+        sse = "text/event-stream" in str(msg.response_headers.headers)
+        override = b.override_sse if sse else b.override_json
+        if override:
+            json_format.ParseDict(override, r.mode_override)
+    elif kind == "response_body":
+        if first_body and b.override_on_body:
+            json_format.ParseDict(b.override_on_body, r.mode_override)
+        if full_duplex:
+            sr = r.response_body.response.body_mutation.streamed_response
+            sr.body, sr.end_of_stream = msg.response_body.body, msg.response_body.end_of_stream
+        else:
+            r.response_body.SetInParent()
+    elif kind == "response_trailers":
+        r.response_trailers.SetInParent()
+    else:
+        r.request_trailers.SetInParent()
+    return r
+
+
 def processor(record: Record, b: Behaviour) -> tuple[Any, Any]:
     """The recording ext_proc server and an access log receiver."""
     import grpc
     from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-    from google.protobuf import json_format
-
-    full_duplex = 4  # BodySendMode.FULL_DUPLEX_STREAMED
 
     class Recorder(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         async def Process(self, it: Any, context: Any) -> None:
-            modes = None
+            full_duplex = False
             bodies = 0
             read, eof = context.read, grpc.aio.EOF
             while (msg := await read()) is not eof:
-                if msg.HasField("protocol_config") and modes is None:
-                    modes = msg.protocol_config
+                if msg.HasField("protocol_config"):
+                    full_duplex = msg.protocol_config.response_body_mode == 4  # FULL_DUPLEX_STREAMED
                 kind = msg.WhichOneof("request")
                 record.kinds.append(("obs:" if msg.observability_mode else "") + kind)
                 record.typed_metadata |= set(msg.metadata_context.typed_filter_metadata)
@@ -115,35 +144,10 @@ def processor(record: Record, b: Behaviour) -> tuple[Any, Any]:
                     record.trailers = {h.key: h.raw_value.decode() for h in msg.response_trailers.trailers.headers}
                 if msg.observability_mode:
                     continue
-                r = pb.ProcessingResponse()
-                if kind == "request_headers":
-                    r.request_headers.SetInParent()
-                elif kind == "request_body":
-                    r.request_body.SetInParent()
-                    if b.token:
-                        r.dynamic_metadata.fields["epp"].struct_value.fields["token"].string_value = b.token
-                elif kind == "response_headers":
-                    r.response_headers.SetInParent()
-                    sse = "text/event-stream" in str(msg.response_headers.headers)
-                    override = b.override_sse if sse else b.override_json
-                    if override:
-                        json_format.ParseDict(override, r.mode_override)
-                elif kind == "response_body":
-                    bodies += 1
-                    if bodies == 1 and b.first_body_delay_s:
-                        await asyncio.sleep(b.first_body_delay_s)
-                    if bodies == 1 and b.override_on_body:
-                        json_format.ParseDict(b.override_on_body, r.mode_override)
-                    if modes is not None and modes.response_body_mode == full_duplex:
-                        sr = r.response_body.response.body_mutation.streamed_response
-                        sr.body, sr.end_of_stream = msg.response_body.body, msg.response_body.end_of_stream
-                    else:
-                        r.response_body.SetInParent()
-                elif kind == "response_trailers":
-                    r.response_trailers.SetInParent()
-                else:
-                    r.request_trailers.SetInParent()
-                await context.write(r)
+                bodies += kind == "response_body"
+                if kind == "response_body" and bodies == 1 and b.first_body_delay_s:
+                    await asyncio.sleep(b.first_body_delay_s)
+                await context.write(reply_to(msg, kind, b, full_duplex, bodies == 1))
                 if kind == "response_body" and b.close_after_first_body:
                     record.kinds.append("processor-closed")
                     return
