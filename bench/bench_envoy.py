@@ -523,9 +523,10 @@ async def stream_cell(url: str, bodies: list[bytes], streamed: bool, conc: int, 
 
 
 def cell_requests(tokens: int, streamed: bool, conc: int, seconds: float, per_token_s: float) -> int:
-    """Requests in a cell: about ``seconds`` of answers, two per client at least."""
+    """Requests in a cell: about ``seconds`` of answers, two per client and four in all at
+    least (epp's idle CPU, subtracted, weighs on a few long answers)."""
     per_request = 0.01 + (tokens * per_token_s if streamed else 0.0)
-    return max(2 * conc, min(400, int(seconds / per_request) * conc))
+    return max(4, 2 * conc, min(400, int(seconds / per_request) * conc))
 
 
 async def start_vllm_servers(workdir: Path) -> tuple[list[str], list[Any]]:
@@ -651,11 +652,22 @@ def stream_verdict(results: dict[str, Any], concurrency: list[int]) -> str:
             f"{gap('default', f'sse-{tokens}', 'gap_p99_ms'):.2f} vs "
             f"{gap('request-only', f'sse-{tokens}', 'gap_p99_ms'):.2f} ms"
             for tokens in (256, 1000))  # fmt: skip
+        def slope(mode: str, conc: int = conc) -> float:
+            """epp's CPU per token past the 256th, us: what each more token costs it."""
+            hi, lo = (med(results[f"{mode}/sse-{t}/{conc}"], "epp_ms") for t in (1000, 256))
+            return 1e3 * (hi - lo) / 744
+
+        control = (med(results[f"request-only/sse-1000/{conc}"], "epp_ms")
+                   / med(results[f"request-only/sse-256/{conc}"], "epp_ms"))  # fmt: skip
         lines.append(
             f"- {conc} stream(s), the default bootstrap: a 256-token streamed answer costs epp "
             f"{ms('sse-256') / ms('json-8'):.2f}x the short unstreamed one (target <= 2), a "
             f"1,000-token one {ms('sse-1000') / ms('sse-256'):.2f}x the 256-token one (target "
-            f"<= 1, within noise); event gaps with epp in the path vs Envoy's --response none: {itl}."
+            f"<= 1; the same ratio with no response processing at all, request-only, whose "
+            f"cost cannot grow with the answer: {control:.2f}x, the measurement's noise); each "
+            f"token past the 256th costs epp {slope('default'):.1f} us (response-full-duplex: "
+            f"{slope('response-full-duplex'):.1f} us); event gaps with epp in the path vs "
+            f"Envoy's --response none: {itl}."
         )
     return "\n".join(lines)
 

@@ -25,16 +25,24 @@ def add_mode_flags(
         default=default_mode,
         help="ext_proc request_body_mode (Envoy's processing_mode)",
     )
-    p.add_argument(
-        "--response-mode",
-        choices=sorted(MODE_NAMES) + (["summary"] if envoy else []),
-        default=None,
-        help="ext_proc response_body_mode (default: full-duplex)" if not envoy else
-        "how responses reach epp: real Envoy's 'summary' (its default: epp reads a streamed "
-        "answer's first bytes, Envoy's access log brings the usage and the end; epp "
-        "envoy-config --response summary), or the ext_proc response_body_mode (the "
-        "development gateway's default: full-duplex)",
-    )
+    if envoy:
+        p.add_argument(
+            "--response-mode",
+            default=None,
+            metavar="MODE[,MODE...]",
+            help="how responses reach epp: 'summary', real Envoy's unless set (epp reads a "
+            "streamed answer's first bytes, Envoy's access log brings the usage and the end; "
+            "epp envoy-config --response summary), or an ext_proc response_body_mode ("
+            + ", ".join(sorted(MODE_NAMES)) + "; full-duplex with --gateway python). "
+            "Several, comma-separated: the demo runs epp once per mode",
+        )
+    else:
+        p.add_argument(
+            "--response-mode",
+            choices=sorted(MODE_NAMES),
+            default=None,
+            help="ext_proc response_body_mode (default: full-duplex)",
+        )
     p.add_argument(
         "--response-observer",
         action="store_true",

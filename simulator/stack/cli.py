@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.clihelp import HelpFormatter, deprecated_alias, parse_pd
+from simulator.gateway import MODE_NAMES
 from simulator.gateway.cli import add_mode_flags
 from simulator.stack.stack import (
     DEFAULT_MODEL,
@@ -300,13 +301,18 @@ def run(args: argparse.Namespace) -> int:
                              "expected seconds, comma-separated") from None  # fmt: skip
         if any(not 0 < x <= 3600 for x in args.scrape_intervals):
             raise ValueError("--scrape-interval-s: periods must be in (0, 3600] seconds")
-        several = "," in args.config or len(args.scrape_intervals) > 1
+        responses = [r.strip() for r in (args.response_mode or "").split(",") if r.strip()]
+        known = ("summary", *sorted(MODE_NAMES))
+        if unknown := [r for r in responses if r not in known]:
+            raise ValueError(f"--response-mode {','.join(unknown)}: expected "
+                             f"{', '.join(known)} (comma-separated for the demo)")  # fmt: skip
+        several = "," in args.config or len(args.scrape_intervals) > 1 or len(responses) > 1
         if several and not args.demo:
-            raise ValueError("several --config or --scrape-interval-s values are for --demo "
-                             "(one epp run each)")  # fmt: skip
+            raise ValueError("several --config, --scrape-interval-s or --response-mode values "
+                             "are for --demo (one epp run each)")  # fmt: skip
         if several and (args.prefix == "precise" or args.epp_replicas > 1):
-            raise ValueError("several --config or --scrape-interval-s values: one epp "
-                             "replica and --prefix approx")  # fmt: skip
+            raise ValueError("several --config, --scrape-interval-s or --response-mode "
+                             "values: one epp replica and --prefix approx")  # fmt: skip
         if args.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
         if args.rounds > 1 and args.prefix == "precise":
