@@ -522,10 +522,12 @@ async def stream_cell(url: str, bodies: list[bytes], streamed: bool, conc: int, 
             "gaps": len(gaps)}  # fmt: skip
 
 
-def cell_requests(tokens: int, streamed: bool, conc: int, seconds: float, per_token_s: float) -> int:
-    """Requests in a cell: about ``seconds`` of answers, two per client and four in all at
-    least (epp's idle CPU, subtracted, weighs on a few long answers)."""
-    per_request = 0.01 + (tokens * per_token_s if streamed else 0.0)
+def cell_requests(tokens: int, streamed: bool, conc: int, seconds: float, per_token_s: float,
+                  base_s: float = 0.01) -> int:  # fmt: skip
+    """Requests in a cell: about ``seconds`` of answers (``base_s`` each, and ``per_token_s``
+    a streamed token), two per client and four in all at least (epp's idle CPU, subtracted,
+    weighs on a few long answers)."""
+    per_request = base_s + (tokens * per_token_s if streamed else 0.0)
     return max(4, 2 * conc, min(400, int(seconds / per_request) * conc))
 
 
@@ -549,9 +551,10 @@ async def run_streams(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-envoy-streams-"))
     interval = args.token_interval_ms / 1e3
     upstream_procs: list[Any] = []
+    base = 0.01
     if vllm:
         pool, upstream_procs = await start_vllm_servers(workdir)
-        per_token = 0.03  # the tiny model on two shared cores, roughly
+        base, per_token = 0.5, 0.03  # the tiny model on two shared cores, roughly
     else:
         ports = free_ports(STREAM_UPSTREAMS)
         pool = [f"127.0.0.1:{p}" for p in ports]
@@ -585,7 +588,7 @@ async def run_streams(args: argparse.Namespace) -> dict[str, Any]:
                     await stream_cell(url, bodies[(True, 8)], True, 4, 16, epp.pid, envoy.proc.pid, 0.1)
                     for streamed, tokens in ANSWERS:
                         for conc in args.concurrency:
-                            n = cell_requests(tokens, streamed, conc, args.seconds, per_token)
+                            n = cell_requests(tokens, streamed, conc, args.seconds, per_token, base)
                             cell = await stream_cell(url, bodies[(streamed, tokens)], streamed, conc, n,
                                                      epp.pid, envoy.proc.pid, args.idle_s)  # fmt: skip
                             key = f"{mode}/{'sse' if streamed else 'json'}-{tokens}/{conc}"
