@@ -80,8 +80,23 @@ async def upstream(port_holder: list[int]) -> Any:
         await resp.write_eof()
         return resp
 
+    async def completions(request: web.Request) -> web.StreamResponse:
+        """A legacy completions stream, as vLLM's: ``text_completion`` chunks."""
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        base = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}
+        for i in range(TOKENS):
+            doc = {**base, "choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}]}
+            await resp.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
+            await asyncio.sleep(0.003)
+        last = {**base, "choices": [], "usage": usage}
+        await resp.write(b"data: " + json.dumps(last).encode() + b"\n\ndata: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", completions)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -213,6 +228,7 @@ class Probe:
     behaviour: Behaviour = field(default_factory=Behaviour)
     streamed: bool = True
     response: str = "full-duplex"
+    path: str = "/v1/chat/completions"
 
 
 def observer_body(mode: str) -> Callable[[dict[str, Any]], None]:
@@ -267,6 +283,10 @@ PROBES = [
           streamed=False),
     Probe("summary", "epp envoy-config --response summary (the default): first chunk, then the access log",
           [], Behaviour(close_after_first_body=True, token="t-1"), response="summary"),
+    Probe("summary-legacy-completions", "the same for a legacy /v1/completions stream: its usage "
+          "goes unread (ai_protocol_manager does not recognise text_completion chunks)",
+          [], Behaviour(close_after_first_body=True, token="t-1"), response="summary",
+          path="/v1/completions"),
     Probe("summary-unrouted", "the same, no epp.token (a request epp did not route): not logged",
           [], Behaviour(close_after_first_body=True), response="summary"),
     Probe("access-log-without-untyped-metadata", "no epp.token and the log's filter dropped: the "
@@ -304,12 +324,13 @@ async def run_probe(probe: Probe, workdir: Path) -> str:
     envoy = None
     try:
         envoy = await start_envoy(options, workdir / probe.name, config=cfg)
-        body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": TOKENS}
+        body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                "prompt": "hi", "max_tokens": TOKENS}  # fmt: skip
         if probe.streamed:
             body.update(stream=True, stream_options={"include_usage": True})
         try:
             async with aiohttp.ClientSession() as http, http.post(
-                envoy.url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=5)
+                envoy.url + probe.path, json=body, timeout=aiohttp.ClientTimeout(total=5)
             ) as r:
                 text = (await r.read()).decode()
             whole = '"usage"' in text and (not probe.streamed or text.rstrip().endswith("[DONE]"))

@@ -47,7 +47,7 @@ from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, Unavaila
 from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
 from epp.extproc.observer import OBSERVE_HEADER, Kind, ResponseHandoff
-from epp.framework.request import InferenceRequest
+from epp.framework.request import ApiKind, InferenceRequest
 from epp.request.parse import CONTROL_HEADERS, PREFILLER_HEADER, ParsedRequest, RequestParser, echo
 from epp.requestcontrol.director import Director, Routing
 from epp.requestcontrol.response import DEFAULT_LIMITS, ResponseLimits, ResponseReader
@@ -62,6 +62,12 @@ MAX_HEADERS = 1024
 DEFAULT_MAX_BUFFERED_BYTES = 512 << 20
 
 _NO_REPLY: list[pb.ProcessingResponse] = []
+
+SUMMARIZED_APIS = frozenset({ApiKind.CHAT, ApiKind.RESPONSES})
+"""The APIs whose streamed usage Envoy 1.40's ``ai_protocol_manager`` finds by itself (it
+knows OpenAI chat completions and responses, Anthropic messages and Gemini, by the shape of
+their events): a legacy ``/v1/completions`` stream is read to its end
+(scripts/probe_envoy_response.py)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -499,10 +505,13 @@ class RequestStream:
         return [convert.RESPONSE_BODY_CONTINUE]
 
     def _leaves_to_summary(self, reader: ResponseReader | None, now: float) -> bool:
-        """Whether the rest of this answer can go by unread: a 2xx SSE stream whose model
-        name epp does not map back, while the proxy's access log reaches this replica."""
+        """Whether the rest of this answer can go by unread: a 2xx SSE stream of an API whose
+        usage Envoy reads (``SUMMARIZED_APIS``), whose model name epp does not map back,
+        while the proxy's access log reaches this replica."""
         return (
             self._summary_token != ""
+            and self._routing is not None
+            and self._routing.request.api in SUMMARIZED_APIS
             and reader is not None
             and reader.sse
             and not reader.rewriting

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.envoy.conftest import EppProcess, Pool, chat, pool, until_epp_routes
+from tests.envoy.conftest import MODEL, EppProcess, Pool, chat, pool, until_epp_routes
 
 pytestmark = pytest.mark.e2e
 
@@ -90,16 +90,29 @@ async def test_usage_cached_tokens_and_first_token_time_reach_epp_for_both_kinds
         assert seen["cached_tokens"] > 0  # the same prompt, where epp sent it before
 
         async def learnt() -> bool:
-            return await epp.metric("epp_usage_completion_tokens_total") - completion >= seen["completion_tokens"]
+            return (await epp.metric("epp_usage_completion_tokens_total") - completion
+                    >= seen["completion_tokens"])  # fmt: skip
 
         await _until("the answers' usage never reached epp", learnt)
         assert await epp.metric("epp_usage_completion_tokens_total") - completion == seen["completion_tokens"]
         assert await epp.metric("epp_usage_prompt_tokens_total") - prompt == seen["prompt_tokens"]
         assert await epp.metric("epp_usage_cached_tokens_total") - cached == seen["cached_tokens"]
         assert await epp.metric("epp_time_to_first_token_seconds_count") - firsts == 6
+        # the other APIs epp parses: the Responses API's stream (usage read by Envoy) and a
+        # legacy completions stream (read to its end by epp: Envoy does not know its chunks)
+        others = (("/v1/responses", {"input": text, "max_output_tokens": 12}),
+                  ("/v1/completions", {"prompt": text, "max_tokens": 12}))  # fmt: skip
+        for path, body in others:
+            async with http.post(p.url + path, json={"model": MODEL, "stream": True,
+                                 "stream_options": {"include_usage": True}, **body}) as r:  # fmt: skip
+                assert r.status == 200
+                await r.read()
+        seen["completion_tokens"] += 24
+        await _until("the other APIs' usage never reached epp", learnt)
+        assert await epp.metric("epp_time_to_first_token_seconds_count") - firsts == 8
 
         async def streamed_answers_left_to_the_log() -> bool:
-            return await _value(epp, HANDED) - handed >= 3
+            return await _value(epp, HANDED) - handed >= 4  # three chats and the responses
 
         await _until("the streamed answers were read to the end", streamed_answers_left_to_the_log)
 
