@@ -374,7 +374,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 STREAM_UPSTREAMS = 2
 SETTLE_S = 0.3
-"""After a cell's last answer: the access log's last entries reach epp (flushed every 50 ms)."""
+"""After a cell's last answer: the access log's last entries reach epp (flushed every 5 ms)."""
 SCRAPE_S = 1.0
 """epp's scrape period in the streams part: its idle CPU, subtracted, stays small next to what
 a few long answers cost it."""

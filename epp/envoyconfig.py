@@ -64,9 +64,11 @@ USAGE_NAMESPACE = "envoy.ai.token_usage"
 """Where Envoy's ``ai_protocol_manager`` filter publishes an answer's usage (typed metadata,
 ``envoy.data.ai.v3.TokenUsage``)."""
 SUMMARY_LOG_NAME = "epp-response-summary"
-DEFAULT_SUMMARY_FLUSH_S = 0.05
+DEFAULT_SUMMARY_FLUSH_S = 0.005
 """How often Envoy sends epp the access log entries of the responses that ended (one batch a
-worker): epp releases a streamed request at most this much after its end."""
+worker): epp releases a streamed request at most this much after its end. Keep it small: the
+load scores read the requests in flight, and at 50 ms the demo's TTFT fell behind reading
+every chunk (docs/research/2026-11-29-streamed-answers-through-envoy.md)."""
 FAILURE_MODES = ("open", "closed")
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
 """The listener's buffer limit: Envoy answers 413 to a buffered request body above it. The

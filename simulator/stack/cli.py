@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from epp.envoyconfig import DEFAULT_SUMMARY_FLUSH_S
 from simulator.clihelp import HelpFormatter, deprecated_alias, parse_pd
 from simulator.gateway import MODE_NAMES
 from simulator.gateway.cli import add_mode_flags
@@ -155,6 +156,9 @@ def register(subparsers: Any) -> None:
         "serve (docs/local-stack.md)",
     )  # fmt: skip
     add_mode_flags(g, default_mode="buffered", envoy=True)
+    g.add_argument("--summary-flush-s", type=float, default=DEFAULT_SUMMARY_FLUSH_S,
+                   help="with the response summary: how often Envoy sends epp the access log "
+                   "entries of the exchanges that ended (epp envoy-config --summary-flush-s)")
     g.add_argument(
         "--inline",
         action="store_true",
@@ -265,6 +269,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         fair=args.fair,
         sglang_behind_gateway=args.sglang_behind_gateway,
         routing_nice=args.routing_nice,
+        summary_flush_s=args.summary_flush_s,
         scrape_interval_s=args.scrape_intervals[0] if args.scrape_intervals else None,
         pd=args.pd,
         pd_connector=args.pd_connector,

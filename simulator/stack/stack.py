@@ -34,7 +34,7 @@ import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.envoyconfig import EnvoyOptions
+from epp.envoyconfig import DEFAULT_SUMMARY_FLUSH_S, EnvoyOptions
 from simulator.clihelp import parse_pd
 from simulator.emulator import EmulatorConfig
 from simulator.envoy import (
@@ -81,6 +81,9 @@ class StackOptions:
     response_observer: bool = False
     """Responses go to epp on a second ext_proc stream in observability mode (send and go;
     ``epp serve --response-observer``), not through the routing stream."""
+    summary_flush_s: float = DEFAULT_SUMMARY_FLUSH_S
+    """With the response summary: Envoy's access log flush towards epp (``epp envoy-config
+    --summary-flush-s``)."""
     isolation: str = "process"
     gateway_port: int = 0
     seed: int | None = None
@@ -160,6 +163,7 @@ class StackOptions:
                 failure="open" if self.request_mode == "buffered" else "closed",
                 request_body=self.request_mode, response=response,
                 upstream_host_header=True, message_timeout_s=10.0,
+                summary_flush_s=self.summary_flush_s,
             ),
             port=self.gateway_port,
         )  # fmt: skip
