@@ -361,11 +361,12 @@ def _add_envoy_config(sub: Any) -> None:
                    "every chunk through the routing stream (epp also reads the reply text); "
                    "'observer' every chunk on a second stream Envoy never waits for (epp "
                    "serve --response-observer); 'none'")
-    p.add_argument("--summary-flush-s", type=_number(0, strict=True),
+    p.add_argument("--summary-flush-s", type=_number(0, strict=False),
                    default=ec.DEFAULT_SUMMARY_FLUSH_S,
-                   help="with --response summary: how often Envoy sends epp the access log "
-                   "entries of the exchanges that ended (epp releases a streamed request at "
-                   "most this much after its end)")
+                   help="with --response summary: how long Envoy batches the access log "
+                   "entries of the exchanges that ended before sending them to epp (epp "
+                   "releases a streamed request up to this much after its end); 0 (default) "
+                   "sends each entry at once")
     p.add_argument("--routing", choices=ec.ROUTINGS, default="epp",
                    help="'epp', or a baseline without epp (Envoy's own balancer over --pool)")
     p.add_argument("--fallback-lb", choices=sorted(ec.ROUTINGS[1:]), default="least-request",

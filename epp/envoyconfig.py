@@ -64,11 +64,14 @@ USAGE_NAMESPACE = "envoy.ai.token_usage"
 """Where Envoy's ``ai_protocol_manager`` filter publishes an answer's usage (typed metadata,
 ``envoy.data.ai.v3.TokenUsage``)."""
 SUMMARY_LOG_NAME = "epp-response-summary"
-DEFAULT_SUMMARY_FLUSH_S = 0.005
-"""How often Envoy sends epp the access log entries of the responses that ended (one batch a
-worker): epp releases a streamed request at most this much after its end. Keep it small: the
-load scores read the requests in flight, and at 50 ms the demo's TTFT fell behind reading
-every chunk (docs/research/2026-11-29-streamed-answers-through-envoy.md)."""
+DEFAULT_SUMMARY_FLUSH_S = 0.0
+"""How long Envoy batches the access log entries of the responses that ended before it sends
+them to epp (one batch a worker); 0 sends each entry as it is written (``buffer_size_bytes``
+0). The end must come at once: the load scores read the requests in flight, and a
+conversation's next turn, sent the instant its answer ended, found its own server still
+charged with that answer and moved (batched every 50 ms, then 5 ms, the demo on real vLLM
+fell behind reading every chunk; unbatched, level:
+docs/research/2026-11-29-streamed-answers-through-envoy.md)."""
 FAILURE_MODES = ("open", "closed")
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
 """The listener's buffer limit: Envoy answers 413 to a buffered request body above it. The
@@ -176,8 +179,8 @@ class EnvoyOptions:
             raise ValueError("retries >= 0, message timeout > 0 and max request bytes >= 1")
         if self.upstream_idle_timeout_s <= 0:
             raise ValueError("upstream idle timeout must be > 0 (below the servers' keep-alive)")
-        if self.summary_flush_s <= 0:
-            raise ValueError("the summary flush interval must be > 0")
+        if self.summary_flush_s < 0:
+            raise ValueError("the summary flush interval must be >= 0")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -389,7 +392,9 @@ def _summary_log(o: EnvoyOptions) -> dict[str, Any]:
                 "log_name": SUMMARY_LOG_NAME,
                 "transport_api_version": "V3",
                 "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}},
-                "buffer_flush_interval": _duration(o.summary_flush_s),
+                # 0: no batching, each entry sent as written (the interval is then moot)
+                "buffer_size_bytes": 0 if o.summary_flush_s == 0 else 16384,
+                "buffer_flush_interval": _duration(o.summary_flush_s or 1.0),
             },
         },
     }  # fmt: skip

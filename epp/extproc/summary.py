@@ -15,8 +15,8 @@ the summary, epp reads only what it needs as it happens and Envoy reports the re
    (C++, bounded, no buffering) and publishes it as typed metadata
    (``envoy.data.ai.v3.TokenUsage`` under ``envoy.ai.token_usage``).
 3. Envoy's gRPC access log (``envoy.service.accesslog.v3.AccessLogService``, on epp's
-   ext_proc port) sends one entry per request epp routed, batched every
-   ``--summary-flush-s``: the request's token (``epp.token`` metadata, set by epp's routing
+   ext_proc port) sends one entry per request epp routed, each as it is written (or batched
+   for ``--summary-flush-s``): the request's token (``epp.token`` metadata, set by epp's routing
    reply), the status, the body bytes, whether the exchange ended early (response flags),
    and the usage. :class:`AccessLogReceiver` ends the request with it
    (``ResponseHandoff.summarized``): usage, cached tokens and the first-token time reach the

@@ -157,8 +157,9 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     add_mode_flags(g, default_mode="buffered", envoy=True)
     g.add_argument("--summary-flush-s", type=float, default=DEFAULT_SUMMARY_FLUSH_S,
-                   help="with the response summary: how often Envoy sends epp the access log "
-                   "entries of the exchanges that ended (epp envoy-config --summary-flush-s)")
+                   help="with the response summary: how long Envoy batches the access log "
+                   "entries of the exchanges that ended, 0 sends each at once (epp "
+                   "envoy-config --summary-flush-s)")
     g.add_argument(
         "--inline",
         action="store_true",
