@@ -46,7 +46,10 @@ def test_a_shipped_config_is_the_generators_output_and_envoy_accepts_it(path: Pa
 
 
 VARIANTS = {
-    "fail-open, full-duplex responses": EnvoyOptions(pool=("10.0.0.1:8000", "10.0.0.2:8000")),
+    "fail-open, the response summary": EnvoyOptions(pool=("10.0.0.1:8000", "10.0.0.2:8000")),
+    "the response summary, batched": EnvoyOptions(pool=("10.0.0.1:8000",), summary_flush_s=0.05),
+    "fail-open, full-duplex responses": EnvoyOptions(pool=("10.0.0.1:8000",),
+                                                     response="full-duplex"),
     "observer": EnvoyOptions(pool=("10.0.0.1:8000",), response="observer"),
     "no response processing": EnvoyOptions(pool=("10.0.0.1:8000",), response="none"),
     "dns names": EnvoyOptions(epp=("epp.ns.svc.cluster.local:9002",),

@@ -513,6 +513,10 @@ def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
         log = als_pb2.HttpGrpcAccessLogConfig()
         assert hcm.access_log[0].typed_config.Unpack(log)
         assert log.common_config.grpc_service.envoy_grpc.cluster_name == "epp"
+        # each entry goes to epp as it is written: a conversation's next turn, sent the
+        # instant its answer ended, must not find that answer still counted in flight
+        assert log.common_config.HasField("buffer_size_bytes")
+        assert log.common_config.buffer_size_bytes.value == 0
     if name == "envoy-fail-closed.yaml":
         assert not routing.failure_mode_allow
         assert mode.request_body_mode == pm.FULL_DUPLEX_STREAMED
