@@ -16,7 +16,11 @@ from epp.extproc.summary import SUMMARY_METADATA, USAGE_NAMESPACE, TokenUsage
 from tests.integration import envoy_client as ec
 from tests.integration.extproc_fixtures import Epp, start_epp, stop_epp
 
-BODY = json.dumps({"model": "m", "prompt": "the summary " * 100, "stream": True}).encode()
+# a chat completions stream: a legacy /v1/completions one is read to its end (Envoy's usage
+# filter does not recognise its chunks)
+BODY = json.dumps({"model": "m", "stream": True,
+                   "messages": [{"role": "user", "content": "the summary " * 100}]}).encode()
+CHAT = "/v1/chat/completions"
 BUFFERED = (ec.BUFFERED, ec.STREAMED)
 SSE = "text/event-stream"
 
@@ -29,13 +33,14 @@ async def epp() -> AsyncIterator[Epp]:
 
 
 def event(text: str) -> bytes:
-    return b"data: " + json.dumps({"choices": [{"index": 0, "text": text}]}).encode() + b"\n\n"
+    chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
 async def routed(epp: Epp, declared: bool = True) -> tuple[ec.Stream, str, str]:
     """A request routed on a stream declaring the summary: (stream, destination, token)."""
     s = ec.Stream(epp.channel, [SUMMARY_METADATA] if declared else None)
-    await s.send(ec.request_headers(modes=BUFFERED))
+    await s.send(ec.request_headers(CHAT, modes=BUFFERED))
     await s.recv()
     await s.send(ec.request_body(BODY, True))
     reply = await s.recv()
