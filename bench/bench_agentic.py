@@ -1,7 +1,8 @@
 """Agent traffic in the replay (issue 42): the default profile, the default with session
 affinity (``session-affinity-scorer``, weight 1), with load in tokens (``token-load-scorer``,
 1) and with both, the default without its session spread (``-session spread``) or its
-saturation charge (``-saturation charge``), llm-d-style sticky routing (the shipped ``sticky`` profile) and SGLang's
+saturation charge (``-saturation charge``), the default not hearing replies' text
+(``-reply text``), llm-d-style sticky routing (the shipped ``sticky`` profile) and SGLang's
 cache-aware router.
 
 Workload: the replay's ``agentic`` generator (``simulator.replay.workload.AgenticParams``):
@@ -50,7 +51,7 @@ from simulator.replay.workload import build_generator  # noqa: E402
 
 POLICIES = {"default": "epp", "+sessions": "epp", "+token load (agentic)": "epp", "+both": "epp",
             "+token load 128k": "epp", "+token load 128k x0.5": "epp", "+token load (decode)": "epp",
-            "-session spread": "epp", "-saturation charge": "epp",
+            "-session spread": "epp", "-saturation charge": "epp", "-reply text": "epp",
             "sticky (llm-d style)": "epp:sticky", "SGLang cache-aware": "cache-aware"}  # fmt: skip
 TOKEN_128K = {"scaleTokens": 131072}
 ADDED: dict[str, tuple[tuple[str, dict[str, Any], float], ...]] = {
@@ -71,6 +72,9 @@ TURNED_OFF: dict[str, dict[str, float]] = {
 }
 """The variants of the default with one of its predicted-ttft-scorer's charges off."""
 VARIANTS = ADDED.keys() | TURNED_OFF.keys()
+UNHEARD: dict[str, dict[str, bool]] = {"-reply text": {"reply_text_learned": False}}
+"""The default as shipped, hearing less of each reply: without its text (usage and the first
+token only: what epp hears of a streamed answer through the default bootstrap, docs/envoy.md)."""
 
 
 def variant(name: str) -> Any:
@@ -93,7 +97,8 @@ def run_one(job: tuple[float, int, str, int, int, bool]) -> tuple[float, int, st
     rate, kv, policy, seed, sessions, closed = job
     workload = build_generator("agentic", {"rate": rate, "seed": seed, "num_sessions": sessions, "closed_loop": closed})
     name, factory = policy_factory(POLICIES[policy], variant(policy) if policy in VARIANTS else None)
-    s = summarize(Replayer(ReplayConfig(kv_blocks=kv, seed=seed)).run(workload, factory, name))
+    config = ReplayConfig(kv_blocks=kv, seed=seed, **UNHEARD.get(policy, {}))
+    s = summarize(Replayer(config).run(workload, factory, name))
     return rate, kv, policy, s.hit_rate, s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s
 
 

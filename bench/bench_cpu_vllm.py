@@ -13,9 +13,11 @@ workload is driven from this process, so the client's own CPU is not counted. Ph
 * ``request path``: the workload's CPU minus the background rate over the same time.
 
 Configurations: ``random`` (the gateway picks, no ext_proc), and ``epp`` with the response
-body sent to epp in ``full-duplex`` and ``streamed`` mode, not at all (``none``: epp learns
-nothing from responses), and on a second stream in observability mode (``observer``: ``epp
-serve --response-observer``; the response is sent to epp without waiting for it). Skips when
+summary (``summary``, the shipped bootstrap's: a streamed answer's first bytes through epp,
+usage and end from Envoy's access log), the response body sent to epp in ``full-duplex`` and
+``streamed`` mode, not at all (``none``: epp learns nothing from responses), and on a second
+stream in observability mode (``observer``: ``epp serve --response-observer``; the response
+is sent to epp without waiting for it). Skips when
 real vLLM is not set up (``./run vllm-setup``).
 
 ``--stream-interval N`` starts the servers with vLLM's ``--stream-interval`` (fewer streamed
@@ -43,8 +45,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CONFIGS = [("random", "full-duplex"), ("epp", "full-duplex"), ("epp", "streamed"), ("epp", "none"),
-           ("epp", "observer")]
+CONFIGS = [("random", "full-duplex"), ("epp", "summary"), ("epp", "full-duplex"), ("epp", "streamed"),
+           ("epp", "none"), ("epp", "observer")]
 
 
 def components(stack_pid: int) -> dict[str, list[int]]:

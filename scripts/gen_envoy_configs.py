@@ -15,8 +15,10 @@ SHIPPED: dict[str, tuple[list[str], str]] = {
         ["--pool", "127.0.0.1:8000"],
         "Envoy in front of epp and the model servers, failing open: when no epp answers,\n"
         "Envoy balances over the pool itself (least-request) and routes through epp again as\n"
-        "soon as one is back. Request bodies BUFFERED (the one mode Envoy can fail open in),\n"
-        "responses FULL_DUPLEX_STREAMED through epp (it learns usage and cached tokens).",
+        "soon as one is back. Request bodies BUFFERED (the one mode Envoy can fail open in).\n"
+        "Responses: epp reads the headers and a streamed answer's first bytes, then Envoy\n"
+        "passes the rest without it; Envoy's ai_protocol_manager filter reads the usage and\n"
+        "its gRPC access log brings it to epp with the end of the exchange (--response summary).",
     ),
     "envoy-observer.yaml": (
         ["--pool", "127.0.0.1:8000", "--response", "observer"],
@@ -27,8 +29,9 @@ SHIPPED: dict[str, tuple[list[str], str]] = {
     "envoy-fail-closed.yaml": (
         ["--request-body", "full-duplex", "--failure", "closed"],
         "Fail-closed: no pool list, an ORIGINAL_DST cluster to whatever ip:port epp names,\n"
-        "request and response bodies FULL_DUPLEX_STREAMED. When no epp answers, every request\n"
-        "gets a 500. Choose it only if a request must never reach a server epp did not pick.",
+        "request bodies FULL_DUPLEX_STREAMED, responses as in envoy.yaml. When no epp answers,\n"
+        "every request gets a 500. Choose it only if a request must never reach a server epp\n"
+        "did not pick.",
     ),
     "envoy-models.yaml": (
         ["--pool", "llama=meta-llama/Llama-3.1-8B-Instruct@127.0.0.1:8000",

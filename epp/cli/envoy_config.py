@@ -54,6 +54,7 @@ def envoy_bootstrap(args: argparse.Namespace) -> EnvoyBootstrap:
         fallback_lb=args.fallback_lb, retries=args.retries,
         upstream_idle_timeout_s=args.upstream_idle_timeout_s,
         upstream_host_header=args.upstream_host_header, access_log=args.access_log,
+        summary_flush_s=args.summary_flush_s,
         **{k: v for k, v in given.items() if v is not None},
     )  # fmt: skip
     needs = envoy_needs(args)

@@ -65,10 +65,21 @@ def add_envoy_config(sub: Any) -> None:
                    help="how Envoy sends the request body to epp: 'buffered' (whole, after "
                    "epp answered the headers; can fail open) or 'full-duplex' (streamed at "
                    "once; fail-closed only)")
-    p.add_argument("--response", choices=ec.RESPONSE_MODES, default="full-duplex",
+    p.add_argument("--response", choices=ec.RESPONSE_MODES, default="summary",
                    help="how responses reach epp (usage, cached tokens, first-token time): "
-                   "'full-duplex' through the routing stream, 'observer' on a second stream "
-                   "Envoy never waits for (epp serve --response-observer), 'none'")
+                   "'summary' (the default with one pool) the headers and first body bytes on the routing "
+                   "stream, then the usage and the end in Envoy's gRPC access log, so a "
+                   "streamed answer costs epp the same whatever its length; 'full-duplex' "
+                   "every chunk through the routing stream (epp also reads the reply text); "
+                   "'observer' every chunk on a second stream Envoy never waits for (epp "
+                   "serve --response-observer); 'none'. With several pools: full-duplex (the "
+                   "summary's access log would reach one epp)")
+    p.add_argument("--summary-flush-s", type=number(0, strict=False),
+                   default=ec.DEFAULT_SUMMARY_FLUSH_S,
+                   help="with --response summary: how long Envoy batches the access log "
+                   "entries of the exchanges that ended before sending them to epp (epp "
+                   "releases a streamed request up to this much after its end); 0 (default) "
+                   "sends each entry at once")
     p.add_argument("--routing", choices=ec.ROUTINGS, default="epp",
                    help="'epp', or a baseline without epp (Envoy's own balancer over --pool)")
     p.add_argument("--fallback-lb", choices=sorted(ec.ROUTINGS[1:]), default="least-request",

@@ -14,6 +14,10 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 OBSERVE_HEADER = "x-epp-observe"
 """The observer filter's token (see ``epp.extproc.observer``)."""
+TOKEN_NAMESPACE = "epp"
+TOKEN_KEY = "token"
+"""Dynamic metadata ``epp.token``: the request's token for the proxy's access log entry
+(``epp.extproc.summary``); the bootstrap lets the routing filter write this namespace."""
 
 BodySendMode = processing_mode_pb2.ProcessingMode.BodySendMode
 NONE = BodySendMode.NONE
@@ -80,6 +84,7 @@ def _fill_routing(
     remove: Sequence[str],
     observe_token: str,
     extra: Sequence[tuple[str, str]] = (),
+    token: str = "",
 ) -> None:
     mutation = common.header_mutation
     _set_header(mutation, DESTINATION_HEADER, destination)
@@ -94,6 +99,9 @@ def _fill_routing(
     common.clear_route_cache = True
     lb = msg.dynamic_metadata.fields[LB_NAMESPACE].struct_value
     lb.fields[DESTINATION_HEADER].string_value = destination
+    if token:
+        own = msg.dynamic_metadata.fields[TOKEN_NAMESPACE].struct_value
+        own.fields[TOKEN_KEY].string_value = token
 
 
 def routed_headers_response(
@@ -102,15 +110,17 @@ def routed_headers_response(
     remove: Sequence[str] = (),
     observe_token: str = "",
     extra: Sequence[tuple[str, str]] = (),
+    token: str = "",
 ) -> pb.ProcessingResponse:
     """Reply to request headers carrying the routing decision (full duplex, header-only);
     ``remove``: request headers the upstream must not see; ``observe_token``: set as
     ``x-epp-observe`` for the observer filter (``epp.extproc.observer``); ``extra``: request
-    headers to set (``x-prefiller-host-port``)."""
+    headers to set (``x-prefiller-host-port``); ``token``: set as ``epp.token`` dynamic
+    metadata for the access log (``epp.extproc.summary``)."""
     msg = pb.ProcessingResponse()
     _fill_routing(
         msg, msg.request_headers.response, destination, content_length, remove, observe_token,
-        extra,
+        extra, token,
     )  # fmt: skip
     return msg
 
@@ -121,13 +131,14 @@ def routed_buffered_body_response(
     remove: Sequence[str] = (),
     observe_token: str = "",
     extra: Sequence[tuple[str, str]] = (),
+    token: str = "",
 ) -> pb.ProcessingResponse:
     """BUFFERED mode: route in the body reply; replace the body only when it changed."""
     msg = pb.ProcessingResponse()
     common = msg.request_body.response
     _fill_routing(
         msg, common, destination, None if body is None else len(body), remove, observe_token,
-        extra,
+        extra, token,
     )  # fmt: skip
     if body is not None:
         common.body_mutation.body = body

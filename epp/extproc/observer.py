@@ -21,6 +21,11 @@ proxy costs a warning, not a leaked in-flight count. Tokens are epp's own (a ran
 and a counter): a client cannot name another request's token, and the routing filter
 overwrites any ``x-epp-observe`` a client sent.
 
+The same table serves the default bootstrap's response summary (``epp.extproc.summary``):
+there the routing stream itself stops after a streamed answer's first bytes and leaves the
+request here (``await_summary``) until an entry of Envoy's access log, on this replica or a
+peer, reports the exchange's end (``summarized``).
+
 Several replicas: Envoy picks an ext_proc host per stream, so the observer stream may reach
 a replica that did not route. With index sync on (docs/sync.md), that replica reads the
 response as the router would and sends what it saw to its peers as ``Observation``
@@ -34,11 +39,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import re
 import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from epp.extproc.convert import OBSERVE_HEADER
 from epp.framework.observation import Kind, Observation, Publish
@@ -47,15 +54,19 @@ from epp.requestcontrol.director import Director, Routing
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_WAIT_S", "OBSERVE_HEADER", "REMOTE_WAIT_S", "Kind", "Observation", "Publish",
-           "ResponseHandoff"]
+__all__ = ["DEFAULT_WAIT_S", "OBSERVE_HEADER", "REMOTE_WAIT_S", "SUMMARY_LIVE_S", "Kind",
+           "Observation", "Publish", "ResponseHandoff"]
 
 DEFAULT_WAIT_S = 10.0
 """How long a routed request waits for its observer stream (normally it comes within ms:
 the observer filter sees the request headers as soon as the routing filter lets them go)."""
 _WARN_EVERY_S = 60.0
 REMOTE_WAIT_S = 900.0
-"""How long a request another replica observes may take to end (then: ``unobserved``)."""
+"""How long a request another replica observes, or whose end the access log reports, may
+take to end (then: ``unobserved``)."""
+SUMMARY_LIVE_S = 30.0
+"""A replica leaves streamed answers' ends to the access log while entries for its own
+requests have come within this long (``summaries_live``)."""
 
 
 _TOKEN = re.compile(r"[0-9a-f]{12}-[0-9a-f]{1,16}")
@@ -70,15 +81,17 @@ def _bounded(value: int, top: int = (1 << 62)) -> int:
 class ResponseHandoff:
     """Routed requests waiting for the stream that observes their response, by token."""
 
-    __slots__ = ("_clock", "_director", "_ids", "_last_foreign_warning", "_last_warning",
-                 "_pending", "_prefix", "_remote", "claimed", "claimed_by_peer", "foreign",
-                 "forwarded", "publish", "remote_applied", "unobserved", "wait_s")  # fmt: skip
+    __slots__ = ("_clock", "_director", "_foreign_summary_s", "_ids", "_last_foreign_warning",
+                 "_last_summary_s", "_last_warning", "_pending", "_prefix", "_remote", "claimed",
+                 "claimed_by_peer", "foreign", "forwarded", "handed_over", "observing",
+                 "publish", "remote_applied", "summarized_here", "unobserved", "wait_s")  # fmt: skip
 
     def __init__(
         self,
         director: Director,
         wait_s: float = DEFAULT_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
+        observing: bool = True,
     ) -> None:
         if wait_s <= 0:
             raise ValueError(f"the observer wait must be > 0 s, got {wait_s}")
@@ -103,7 +116,14 @@ class ResponseHandoff:
         """Requests a peer observes: deadline, routing, first-bytes time (this clock)."""
         self.publish: Publish | None = None
         """Set with index sync on: sends an observation to the peers (``SyncNode``)."""
-
+        self.observing = observing
+        """``epp serve --response-observer``: routed requests are offered to observer streams."""
+        self.handed_over = 0
+        """Streamed answers left to the access log after their first bytes."""
+        self.summarized_here = 0
+        """Of those, ended by an access log entry that came to this replica."""
+        self._last_summary_s = -math.inf
+        self._foreign_summary_s = -math.inf
     def counts(self) -> dict[str, int]:
         """Running totals by outcome (``epp_response_observer_requests``)."""
         return {
@@ -112,6 +132,8 @@ class ResponseHandoff:
             "unobserved": self.unobserved,
             "foreign": self.foreign,
             "forwarded": self.forwarded,
+            "handed_over": self.handed_over,
+            "summarized": self.summarized_here,
         }
 
     def __len__(self) -> int:
@@ -147,6 +169,54 @@ class ResponseHandoff:
             return None
         self.claimed += 1
         return entry[1]
+
+    # --- a streamed answer's end, from the proxy's access log (epp.extproc.summary) -------
+
+    def issue(self) -> str:
+        """A token for a routed request, which the proxy's access log entry brings back."""
+        return f"{self._prefix}-{next(self._ids):x}"
+
+    def await_summary(self, token: str, routing: Routing, first_s: float | None) -> None:
+        """The routing stream stopped reading ``routing``'s response after its first bytes (at
+        ``first_s``, monotonic): its end comes in an access log entry, here or at a peer."""
+        now = self._clock()
+        self.expire(now)
+        self._remote[token] = (now + REMOTE_WAIT_S, routing, first_s)
+        self.handed_over += 1
+
+    def summarized(self, token: str, info: ResponseInfo | None) -> None:
+        """An access log entry: ``token``'s exchange ended with ``info`` (None: before its
+        response did, e.g. the client left). Ends the request if it waits here; a peer's
+        token goes to the peers with index sync on, and is counted in ``foreign`` without."""
+        now = self._clock()
+        if token.startswith(self._prefix + "-"):
+            self._last_summary_s = now
+            entry = self._remote.pop(token, None)
+            if entry is None:  # its stream read the response to the end
+                return
+            self.summarized_here += 1
+            _, routing, first_s = entry
+            if info is None:
+                self._director.abandon(routing, "cancelled")
+                return
+            if first_s is not None:
+                info = replace(info, ttft_s=first_s - routing.started_s)
+            self._director.finish(routing, info)
+            return
+        if self.forwards(token):
+            self.observed(token, Kind.FINISHED if info is not None else Kind.ENDED, None, info)
+            return
+        self._foreign_summary_s = now
+        self.foreign += 1
+
+    def summaries_live(self, now: float) -> bool:
+        """Whether a routing stream may leave a streamed answer's end to the access log: this
+        replica's own requests' entries come (the last within ``SUMMARY_LIVE_S``), and no
+        other replica's came here while index sync is off (then some of this replica's go
+        to the others, and would never end here). Until then answers are read to the end."""
+        if now - self._last_summary_s >= SUMMARY_LIVE_S:
+            return False
+        return self.publish is not None or now - self._foreign_summary_s >= SUMMARY_LIVE_S
 
     # --- another replica's request, observed here ----------------------------------------
 

@@ -27,6 +27,7 @@ from epp.errors import Unavailable
 from epp.extproc.errors import immediate_response
 from epp.extproc.observer import ResponseHandoff
 from epp.extproc.stream import ProtocolError, RequestStream
+from epp.extproc.summary import declared
 from epp.observability.tracing import Tracing
 from epp.request.parse import RequestParser
 from epp.requestcontrol.director import Director
@@ -55,7 +56,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._parser = parser
         self._tracing = tracing
         self.handoff = handoff
-        """Set with ``--response-observer``: responses come on an observer filter's stream."""
+        """Routed requests whose response another stream reports: an observer filter's
+        (``--response-observer``) or the proxy's access log (``epp.extproc.summary``)."""
         self.max_open_streams = max_open_streams
         self.refused_streams = 0
         self._refusing = False
@@ -80,6 +82,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         stream = RequestStream(
             self._parser, self._director, self._default_mode, self.budget, self._limits,
             self.handoff, self._tracing, self.response_budget,
+            declared(context.invocation_metadata()),
         )
         self.open_streams += 1
         read, write, eof = context.read, context.write, grpc.aio.EOF
@@ -93,6 +96,8 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         for reply in stream.resume(error):
                             await write(reply)
                     stream.after_replies()  # the replies are on the wire
+                    if stream.ended:  # Envoy goes on without epp (epp.extproc.summary)
+                        break
                 stream.check_complete()
             except ProtocolError as exc:
                 log.info("ext_proc stream ended for a protocol error: %s", exc)

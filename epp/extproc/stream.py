@@ -10,6 +10,13 @@
           v                                                              v
     response headers -> response body chunks (JSON / SSE) -> [trailers] -> done
 
+With the default bootstrap's response summary (``epp.extproc.summary``: the proxy declares it
+on the stream), a 2xx streamed (SSE) answer is read only up to its first body bytes (the
+first-token time): the stream then ends (``ended``), Envoy passes the rest of the answer
+without epp, and the request waits in the handoff for the access log entry that reports its
+end. JSON answers, answers whose model name epp maps back, and every answer while no access
+log entry reaches this replica are read to the end as before.
+
 Any domain error becomes an ImmediateResponse (see ``epp.extproc.errors``) and the stream then
 ignores whatever Envoy had already sent for that request. ``close`` releases the in-flight
 count when the stream ends without a complete response, so a cancelled client leaves nothing.
@@ -42,7 +49,7 @@ from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, Unavaila
 from epp.extproc import convert
 from epp.extproc.errors import error_kind, immediate_response
 from epp.extproc.observer import OBSERVE_HEADER, Kind, ResponseHandoff
-from epp.framework.request import InferenceRequest
+from epp.framework.request import ApiKind, InferenceRequest
 from epp.observability.logging import LogEvery
 from epp.observability.tracing import RequestTrace, Tracing
 from epp.request.parse import (
@@ -70,6 +77,12 @@ MAX_HEADERS = 1024
 DEFAULT_MAX_BUFFERED_BYTES = 512 << 20
 
 _NO_REPLY: list[pb.ProcessingResponse] = []
+
+SUMMARIZED_APIS = frozenset({ApiKind.CHAT, ApiKind.RESPONSES})
+"""The APIs whose streamed usage Envoy 1.40's ``ai_protocol_manager`` finds by itself (it
+knows OpenAI chat completions and responses, Anthropic messages and Gemini, by the shape of
+their events): a legacy ``/v1/completions`` stream is read to its end
+(scripts/probe_envoy_response.py)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,6 +124,7 @@ class RequestStream:
         "_first",
         "_first_body_s",
         "_forward_only",
+        "_handed",
         "_handoff",
         "_headers",
         "_held",
@@ -131,10 +145,13 @@ class RequestStream:
         "_stored_seen",
         "_strip",
         "_subset",
+        "_summary",
+        "_summary_token",
         "_token",
         "_trace",
         "_tracing",
         "awaiting",
+        "ended",
     )
 
     def __init__(
@@ -147,6 +164,7 @@ class RequestStream:
         handoff: ResponseHandoff | None = None,
         tracing: Tracing | None = None,
         response_budget: BodyBudget | None = None,
+        summary: bool = False,
     ) -> None:
         self._parser = parser
         self._response_budget = (
@@ -194,6 +212,13 @@ class RequestStream:
         self._forward_only = False
         """The observer stream claimed this stream's request first: it only forwards."""
         self._finish_later = False
+        self._summary = summary and handoff is not None
+        """The proxy sends epp an access log entry for each request (``SUMMARY_DECLARATION``)."""
+        self._summary_token = ""
+        self._handed = False
+        """The response's end was left to the access log (``ResponseHandoff.await_summary``)."""
+        self.ended = False
+        """epp has read what it needs: the service ends the stream, Envoy goes on without it."""
 
     @property
     def phase(self) -> Phase:
@@ -291,7 +316,7 @@ class RequestStream:
             self._handoff.observed(self._remote, Kind.ENDED, stored=stored)
             self._remote = ""
         routing = self._routing
-        if (self._token and self._phase is Phase.ROUTED) or self._forward_only:
+        if (self._token and self._phase is Phase.ROUTED) or self._forward_only or self._handed:
             routing = None  # its response is the observer stream's (or the handoff's) now
         if routing is not None and not routing.released:
             if self._phase is Phase.ROUTED and self._response_mode == convert.NONE:
@@ -349,7 +374,7 @@ class RequestStream:
             return [
                 convert.routed_headers_response(
                     routing.destination, None, self._removed(routing), self._hand_off(routing),
-                    self._upstream_headers(routing),
+                    self._upstream_headers(routing), self._issue(),
                 )
             ]
         self._phase = Phase.REQUEST_BODY
@@ -487,11 +512,11 @@ class RequestStream:
             return [
                 convert.routed_buffered_body_response(
                     routing.destination, body if parsed.body_rewritten else None,
-                    self._removed(routing), token, extra,
+                    self._removed(routing), token, extra, self._issue(),
                 )
             ]
         out = [convert.routed_headers_response(routing.destination, len(body), self._removed(routing),
-                                               token, extra)]  # fmt: skip
+                                               token, extra, self._issue())]  # fmt: skip
         if len(body) <= STREAMED_CHUNK_BYTES:
             out.append(convert.streamed_request_body(body, not trailers_follow))
             return out
@@ -513,10 +538,16 @@ class RequestStream:
     def _hand_off(self, routing: Routing) -> str:
         """With an observer filter (``--response-observer``), the token its stream claims
         ``routing`` with; else ""."""
-        if self._handoff is None or self._observing:
+        if self._handoff is None or self._observing or not self._handoff.observing:
             return ""
         self._token = self._handoff.offer(routing)
         return self._token
+
+    def _issue(self) -> str:
+        """With the response summary, the token the access log entry names the request by."""
+        if self._summary and self._handoff is not None:
+            self._summary_token = self._handoff.issue()
+        return self._summary_token
 
     # --- response path -----------------------------------------------------------------
 
@@ -577,6 +608,8 @@ class RequestStream:
             routing = self._observed()
             if routing is not None:
                 self._director.first_token(routing, first - routing.started_s, self._status)
+                if not end and self._leaves_to_summary(reader, first):
+                    return self._leave_to_summary(routing, chunk, first)
             elif self._remote and self._handoff is not None:
                 self._handoff.observed(self._remote, Kind.FIRST_BYTES)
         data = chunk
@@ -592,6 +625,35 @@ class RequestStream:
             return _NO_REPLY
         if reader is not None and reader.rewriting:
             return [convert.replaced_response_body(data, buffered=mode == convert.BUFFERED)]
+        return [convert.RESPONSE_BODY_CONTINUE]
+
+    def _leaves_to_summary(self, reader: ResponseReader | None, now: float) -> bool:
+        """Whether the rest of this answer can go by unread: a 2xx SSE stream of an API whose
+        usage Envoy reads (``SUMMARIZED_APIS``), whose model name epp does not map back,
+        while the proxy's access log reaches this replica."""
+        return (
+            self._summary_token != ""
+            and self._routing is not None
+            and self._routing.request.api in SUMMARIZED_APIS
+            and reader is not None
+            and reader.sse
+            and not reader.rewriting
+            and 200 <= self._status < 300
+            and self._handoff is not None
+            and self._handoff.summaries_live(now)
+        )
+
+    def _leave_to_summary(
+        self, routing: Routing, chunk: bytes, first_s: float
+    ) -> list[pb.ProcessingResponse]:
+        assert self._handoff is not None
+        self._handoff.await_summary(self._summary_token, routing, first_s)
+        self._handed = True
+        self._phase = Phase.DONE
+        self._reader = None
+        self.ended = True
+        if self._response_mode == convert.FULL_DUPLEX_STREAMED:
+            return [convert.streamed_response_body(chunk, False)]
         return [convert.RESPONSE_BODY_CONTINUE]
 
     def _response_trailers(self) -> list[pb.ProcessingResponse]:

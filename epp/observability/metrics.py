@@ -119,6 +119,12 @@ class EppMetrics:
             "epp_usage_completion_tokens", "Completion tokens reported by model servers.",
             ["model"], registry=r,
         )
+        self.first_token_time = LightHistogram(
+            "epp_time_to_first_token_seconds",
+            "Seconds from epp's pick to the response's first body bytes (a streamed answer's "
+            "first token), as epp saw them.",
+            ["model"], buckets=_DURATION_BUCKETS, registry=r,
+        )
         self.scrape_errors = Counter(
             "epp_scrape_errors", "Failed metrics scrapes.", ["endpoint", "reason"], registry=r
         )
@@ -239,8 +245,11 @@ class EppMetrics:
             "Routed requests by how their response was observed (--response-observer): "
             "'claimed' (an observer stream on this replica), 'claimed_by_peer' (on a peer, "
             "reported over sync), 'unobserved' (none came in time: released), 'foreign' "
-            "(an observer stream here named another replica's request and sync is off), "
-            "'forwarded' (observations of peers' requests sent to them).",
+            "(an observer stream or access log entry here named another replica's request "
+            "and sync is off), 'forwarded' (observations of peers' requests sent to them); "
+            "with the response summary (epp envoy-config's default): 'handed_over' (a streamed "
+            "answer left to the access log after its first bytes), 'summarized' (ended by an "
+            "access log entry here).",
             ["outcome"],
             registry=r,
         )
@@ -515,6 +524,9 @@ class EppMetrics:
         if cached:
             c[1].inc(cached)
         c[2].inc(completion)
+
+    def first_token(self, model: str, seconds: float) -> None:
+        self.first_token_time.labels(self.model_label(model)).observe(seconds)
 
     # --- periodic refresh --------------------------------------------------------------
 

@@ -378,6 +378,7 @@ class Director:
         self._prefilled(routing)
         if 0 < status < 500:
             self._datastore.request_answered(routing.target_id)  # it is serving
+        self._metrics.first_token(routing.client_model, ttft_s)
         if not self._scheduler.wants_first_token:
             return
         self.settle(routing)

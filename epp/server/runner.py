@@ -31,9 +31,11 @@ from epp.datastore.snapshot import snapshot_json
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.extproc import convert
-from epp.extproc.observer import ResponseHandoff
+from epp.extproc.observer import DEFAULT_WAIT_S, ResponseHandoff
 from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS, ExtProcService, add_to_server
 from epp.extproc.stream import DEFAULT_MAX_BUFFERED_BYTES
+from epp.extproc.summary import AccessLogReceiver
+from epp.extproc.summary import add_to_server as add_summary_to_server
 from epp.framework.endpoint import Endpoint
 from epp.framework.interfaces import Lifecycle, PluginContext
 from epp.observability.looplag import watch_loop
@@ -293,11 +295,11 @@ async def start_server(
     metrics.pool_waiting.labels(metrics.pool_name).set_function(
         lambda: float(flow.count) if flow is not None else 0.0
     )
-    handoff = (
-        ResponseHandoff(director, opts.response_observer_wait_s)
-        if opts.response_observer_wait_s > 0
-        else None
-    )
+    observing = opts.response_observer_wait_s > 0
+    handoff = ResponseHandoff(
+        director, opts.response_observer_wait_s if observing else DEFAULT_WAIT_S,
+        observing=observing,
+    )  # fmt: skip
     service = ExtProcService(
         parser, director, opts.processing_mode, BodyBudget(opts.max_buffered_bytes),
         opts.response_limits, opts.max_open_streams, handoff, opts.tracing,
@@ -315,6 +317,7 @@ async def start_server(
     rpc_cap = opts.max_open_streams + max(64, opts.max_open_streams // 16) + HEALTH_MAX_CALLS
     server = grpc.aio.server(options=grpc_options, maximum_concurrent_rpcs=rpc_cap)
     add_to_server(service, server)
+    add_summary_to_server(AccessLogReceiver(handoff), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     grpc_port = _bind(server, f"{opts.host}:{opts.grpc_port}", opts)
     servers: list[Any] = [server]
@@ -438,7 +441,7 @@ async def _start_sync(handle: ServerHandle, options: SyncOptions, host: str) -> 
     if owner is not None:  # where stored responses live, learnt by any replica
         handle.sync.share_stored(owner)
     handoff = handle.service.handoff
-    if handoff is not None:  # observer streams that reach another replica report here
+    if handoff is not None:  # observer streams and access logs reaching another replica report here
         handoff.publish = handle.sync.publish_observation
         handle.sync.on_observations = handoff.apply_remote
     try:

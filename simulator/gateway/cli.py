@@ -14,7 +14,11 @@ from simulator.gateway.proxy import DEFAULT_BUFFER_LIMIT_BYTES, POLICIES, Gatewa
 from simulator.gateway.server import start_gateway
 
 
-def add_mode_flags(p: argparse.ArgumentParser, default_mode: str = "full-duplex") -> None:
+def add_mode_flags(
+    p: argparse.ArgumentParser, default_mode: str = "full-duplex", envoy: bool = False
+) -> None:
+    """``envoy``: the flags of a stack whose gateway may be real Envoy, which adds the
+    bootstrap's response ``summary`` (its default there)."""
     request_body = p.add_argument(
         "--request-body",
         choices=["buffered", "full-duplex"],
@@ -23,12 +27,24 @@ def add_mode_flags(p: argparse.ArgumentParser, default_mode: str = "full-duplex"
         "--request-body)",
     )
     deprecated_alias(p, "--mode", request_body)
-    p.add_argument(
-        "--response-mode",
-        choices=sorted(MODE_NAMES),
-        default=None,
-        help="ext_proc response_body_mode (default: full-duplex)",
-    )
+    if envoy:
+        p.add_argument(
+            "--response-mode",
+            default=None,
+            metavar="MODE[,MODE...]",
+            help="how responses reach epp: 'summary', real Envoy's unless set (epp reads a "
+            "streamed answer's first bytes, Envoy's access log brings the usage and the end; "
+            "epp envoy-config --response summary), or an ext_proc response_body_mode ("
+            + ", ".join(sorted(MODE_NAMES)) + "; full-duplex with --gateway python). "
+            "Several, comma-separated: the demo runs epp once per mode",
+        )
+    else:
+        p.add_argument(
+            "--response-mode",
+            choices=sorted(MODE_NAMES),
+            default=None,
+            help="ext_proc response_body_mode (default: full-duplex)",
+        )
     p.add_argument(
         "--response-observer",
         action="store_true",

@@ -114,6 +114,10 @@ def register(subparsers: Any) -> None:
                    help="a chat reply's blocks do not serve the conversation's next turn: the model "
                    "answers in tokens that do not come back as the same tokens (the stack's tiny model "
                    "on real vLLM; epp-sim calibrate --replies-not-cached)")
+    w.add_argument("--no-reply-text", action="store_true",
+                   help="the routers hear each reply's usage and first token but not its text, "
+                   "as epp does of a streamed answer through the default bootstrap (epp "
+                   "envoy-config --response summary; --response full-duplex reads the text)")
     w.add_argument("--reported-kv-blocks", type=int, default=d.reported_kv_blocks,
                    help="KV blocks the replicas report (0: --kv-blocks); more models a smaller "
                    "cache than configured")
@@ -310,6 +314,7 @@ def _setup(args: argparse.Namespace) -> tuple[Workload, Any, list[str], ReplayCo
         event_loss=args.event_loss,
         roles=roles,
         replies_cached=not args.replies_not_cached,
+        reply_text_learned=not args.no_reply_text,
     )
     sweep = parse_sweep(args.sweep) if args.sweep else None
     return workload, epp_cfg, specs, config, sweep

@@ -139,6 +139,11 @@ class ReplayConfig:
     the same tokens). False: only the prompt's blocks do, as on the stack's real vLLM
     servers, whose tiny model has random weights: its replies come back as other tokens, and
     the next turn hits no block of the reply (the joint-8 session, docs/research/findings.md)."""
+    reply_text_learned: bool = True
+    """The router hears each reply's text when it ends, as ``epp serve`` does when the whole
+    response passes through it (``epp envoy-config --response full-duplex``). False: it hears
+    the usage and the first-token time only, as with the default bootstrap, whose streamed
+    answers epp does not read past their first bytes (docs/envoy.md)."""
 
     def __post_init__(self) -> None:
         for name in ("replicas", "kv_blocks", "block_size_tokens", "max_num_seqs", "max_loras"):
@@ -657,7 +662,8 @@ class _Run:
             o.finished_count += 1
             if o.router >= 0:
                 self.in_flight[o.router][i] -= 1
-                info = ResponseInfo(200, o.prompt_tokens, d.cached_tokens, d.output_tokens, entry.reply,
+                reply = entry.reply if self.cfg.reply_text_learned else ""
+                info = ResponseInfo(200, o.prompt_tokens, d.cached_tokens, d.output_tokens, reply,
                                     ttft_s=o.first_token_s - o.dispatched_s)  # fmt: skip
                 self.policies[o.router].finished(entry.arrival, i, info, t_done)
                 if self.sync is not None:

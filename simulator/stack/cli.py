@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from epp.envoyconfig import DEFAULT_SUMMARY_FLUSH_S
 from simulator.clihelp import HelpFormatter, deprecated_alias, parse_pd
+from simulator.gateway import MODE_NAMES
 from simulator.gateway.cli import add_mode_flags
 from simulator.stack.stack import (
     DEFAULT_MODEL,
@@ -169,7 +171,11 @@ def register(subparsers: Any) -> None:
         "where Envoy cannot fail open); python: the development gateway, for machines the "
         "wheel does not serve (docs/local-stack.md)",
     )  # fmt: skip
-    add_mode_flags(g, default_mode="buffered")
+    add_mode_flags(g, default_mode="buffered", envoy=True)
+    g.add_argument("--summary-flush-s", type=float, default=DEFAULT_SUMMARY_FLUSH_S,
+                   help="with the response summary: how long Envoy batches the access log "
+                   "entries of the exchanges that ended, 0 sends each at once (epp "
+                   "envoy-config --summary-flush-s)")
     g.add_argument(
         "--inline",
         action="store_true",
@@ -285,6 +291,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         fair=args.fair,
         sglang_behind_gateway=args.sglang_behind_gateway,
         routing_nice=args.routing_nice,
+        summary_flush_s=args.summary_flush_s,
         scrape_interval_s=args.scrape_intervals[0] if args.scrape_intervals else None,
         pd=args.pd,
         pd_connector=args.pd_connector,
@@ -321,13 +328,18 @@ def run(args: argparse.Namespace) -> int:
                              "expected seconds, comma-separated") from None  # fmt: skip
         if any(not 0 < x <= 3600 for x in args.scrape_intervals):
             raise ValueError("--scrape-interval-s: periods must be in (0, 3600] seconds")
-        several = "," in args.config or len(args.scrape_intervals) > 1
+        responses = [r.strip() for r in (args.response_mode or "").split(",") if r.strip()]
+        known = ("summary", *sorted(MODE_NAMES))
+        if unknown := [r for r in responses if r not in known]:
+            raise ValueError(f"--response-mode {','.join(unknown)}: expected "
+                             f"{', '.join(known)} (comma-separated for the demo)")  # fmt: skip
+        several = "," in args.config or len(args.scrape_intervals) > 1 or len(responses) > 1
         if several and not args.demo:
-            raise ValueError("several --config or --scrape-interval-s values are for --demo "
-                             "(one epp run each)")  # fmt: skip
+            raise ValueError("several --config, --scrape-interval-s or --response-mode values "
+                             "are for --demo (one epp run each)")  # fmt: skip
         if several and (args.prefix == "precise" or args.epp_replicas > 1):
-            raise ValueError("several --config or --scrape-interval-s values: one epp "
-                             "replica and --prefix approx")  # fmt: skip
+            raise ValueError("several --config, --scrape-interval-s or --response-mode "
+                             "values: one epp replica and --prefix approx")  # fmt: skip
         if args.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
         if args.rounds > 1 and args.prefix == "precise":

@@ -70,25 +70,29 @@ def variants(
 ) -> list[StackOptions]:
     """One stack per policy; epp with several replicas twice: with and without sync; epp
     with ``prefix`` precise twice: the approximate index alone, then with KV events; epp
-    once per config when ``config`` names several (comma-separated) and once per scrape
-    period in ``scrape_intervals``, each labelled by what sets it apart."""
+    once per config when ``config`` names several (comma-separated), once per scrape
+    period in ``scrape_intervals`` and once per response mode when ``response_mode`` names
+    several, each labelled by what sets it apart."""
     configs = [c.strip() for c in base.config.split(",") if c.strip()] or [base.config]
     intervals = scrape_intervals or (base.scrape_interval_s,)
-    if len(configs) > 1 or len(intervals) > 1:
+    responses = [r.strip() for r in (base.response_mode or "").split(",") if r.strip()]
+    responses = responses or [base.response_mode]  # type: ignore[list-item]
+    if len(configs) > 1 or len(intervals) > 1 or len(responses) > 1:
         if base.prefix == "precise" or base.epp_replicas > 1:
-            raise ValueError("several epp configs or scrape periods: one epp replica, "
-                             "approximate prefix only")  # fmt: skip
+            raise ValueError("several epp configs, scrape periods or response modes: one epp "
+                             "replica, approximate prefix only")  # fmt: skip
         epps = []
         for c in configs:
             for i in intervals:
-                label = "epp" + (f" {Path(c).stem}" if len(configs) > 1 else "")
-                label += f" scrape {i:g} s" if len(intervals) > 1 else ""
-                epps.append(
-                    dataclasses.replace(base, config=c, scrape_interval_s=i, label=label)
-                )
+                for r in responses:
+                    label = "epp" + (f" {Path(c).stem}" if len(configs) > 1 else "")
+                    label += f" scrape {i:g} s" if len(intervals) > 1 else ""
+                    label += f" {r}" if len(responses) > 1 else ""
+                    epps.append(dataclasses.replace(base, config=c, scrape_interval_s=i,
+                                                    response_mode=r, label=label))  # fmt: skip
         out = []
         for policy in policies:
-            other = dataclasses.replace(base, config="")
+            other = dataclasses.replace(base, config="", response_mode=None)
             out += epps if policy == "epp" else variants(other, (policy,))
         return out
     out = []

@@ -34,7 +34,7 @@ import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.envoyconfig import EnvoyOptions
+from epp.envoyconfig import DEFAULT_SUMMARY_FLUSH_S, EnvoyOptions
 from simulator.clihelp import parse_pd
 from simulator.emulator import EmulatorConfig
 from simulator.envoy import (
@@ -81,6 +81,9 @@ class StackOptions:
     response_observer: bool = False
     """Responses go to epp on a second ext_proc stream in observability mode (send and go;
     ``epp serve --response-observer``), not through the routing stream."""
+    summary_flush_s: float = DEFAULT_SUMMARY_FLUSH_S
+    """With the response summary: Envoy's access log flush towards epp (``epp envoy-config
+    --summary-flush-s``)."""
     isolation: str = "process"
     gateway_port: int = 0
     seed: int | None = None
@@ -153,27 +156,33 @@ class StackOptions:
     ``model`` and ``lora_adapters`` then come from each pool's ``ModelPool``."""
 
     def modes(self) -> tuple[int, int]:
-        """ext_proc request and response body modes (the response: full-duplex unless set)."""
+        """The development gateway's ext_proc request and response body modes (the response:
+        full-duplex unless set)."""
+        if self.response_mode == "summary":
+            raise ValueError("response mode 'summary' needs real Envoy (its access log and "
+                             "usage filter): drop --gateway python")  # fmt: skip
         return MODE_NAMES[self.request_mode], MODE_NAMES[self.response_mode or "full-duplex"]
 
     def envoy_options(self, policy: str, epps: list[str], endpoints: list[str]) -> EnvoyOptions:
-        """The Envoy bootstrap of this stack: the shipped one, on free loopback ports, failing
-        open in buffered mode (closed in full-duplex, where Envoy cannot fail open), with the
-        settings that must agree with epp's config derived from it (``epp envoy-config``'s
-        rule), the message timeout at least 10 s (a loaded laptop)."""
+        """The Envoy bootstrap of this stack: the shipped one (response summary unless set),
+        on free loopback ports, failing open in buffered mode (closed in full-duplex, where
+        Envoy cannot fail open), with the settings that must agree with epp's config derived
+        from it (``epp envoy-config``'s rule), the message timeout at least 10 s (a loaded
+        laptop)."""
         from epp.config.loader import default_config, load_config
         from epp.envoyconfig import derive, needs_from_config
 
         config = self.config or ("pd" if self.pd else "")
         needs = needs_from_config(load_config(config) if config else default_config())
-        response = "observer" if self.response_observer else (self.response_mode or "full-duplex")
-        if response not in ("full-duplex", "observer", "none"):
-            raise ValueError(f"real Envoy runs response mode full-duplex or none (or the "
-                             f"observer), not {response!r}: use --gateway python")  # fmt: skip
+        response = "observer" if self.response_observer else (self.response_mode or "summary")
+        if response not in ("summary", "full-duplex", "observer", "none"):
+            raise ValueError(f"real Envoy runs response mode summary, full-duplex or none (or "
+                             f"the observer), not {response!r}: use --gateway python")  # fmt: skip
         options = derive(EnvoyOptions(
             epp=tuple(epps), pool=tuple(endpoints), routing=policy,
             failure="open" if self.request_mode == "buffered" else "closed",
             request_body=self.request_mode, response=response, upstream_host_header=True,
+            summary_flush_s=self.summary_flush_s,
         ), needs)  # fmt: skip
         timeout = max(10.0, options.message_timeout_s)
         return with_ports(dataclasses.replace(options, message_timeout_s=timeout),

@@ -53,7 +53,10 @@ VARIANTS = {
     "two pools, observer": EnvoyOptions(pools=TWO_POOLS, response="observer"),
     "two pools, random baseline": EnvoyOptions(pools=TWO_POOLS, routing="random"),
     "two pools, fail-closed": EnvoyOptions(pools=TWO_POOLS, failure="closed", request_body="full-duplex"),
-    "fail-open, full-duplex responses": EnvoyOptions(pool=("10.0.0.1:8000", "10.0.0.2:8000")),
+    "fail-open, the response summary": EnvoyOptions(pool=("10.0.0.1:8000", "10.0.0.2:8000")),
+    "the response summary, batched": EnvoyOptions(pool=("10.0.0.1:8000",), summary_flush_s=0.05),
+    "fail-open, full-duplex responses": EnvoyOptions(pool=("10.0.0.1:8000",),
+                                                     response="full-duplex"),
     "observer": EnvoyOptions(pool=("10.0.0.1:8000",), response="observer"),
     "no response processing": EnvoyOptions(pool=("10.0.0.1:8000",), response="none"),
     "dns names": EnvoyOptions(epp=("epp.ns.svc.cluster.local:9002",),
@@ -102,11 +105,17 @@ def test_the_shipped_default_fails_open_over_an_override_host_pool() -> None:
     """What the rest of the tier relies on, read from the shipped file."""
     raw = yaml.safe_load((ROOT / "deploy" / "envoy" / "envoy.yaml").read_text())
     hcm = raw["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    (ext_proc,) = [f["typed_config"] for f in hcm["http_filters"]
-                   if f["name"] == "envoy.filters.http.ext_proc"]  # fmt: skip
+    filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
+    ext_proc = filters["envoy.filters.http.ext_proc"]
     assert ext_proc["failure_mode_allow"] is True
     assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"
-    assert ext_proc["processing_mode"]["response_body_mode"] == "FULL_DUPLEX_STREAMED"
+    # the response summary: epp reads the first body bytes, the access log brings the rest
+    assert ext_proc["processing_mode"]["response_body_mode"] == "STREAMED"
+    names = [f["name"] for f in hcm["http_filters"]]
+    # the usage reader sees the response after epp's filter (response filters run in reverse)
+    assert names.index("envoy.filters.http.ai_protocol_manager") < names.index("envoy.filters.http.ext_proc")
+    (log,) = hcm["access_log"]
+    assert log["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "epp"
     clusters = {c["name"]: c for c in raw["static_resources"]["clusters"]}
     policy = clusters["pool"]["load_balancing_policy"]["policies"][0]["typed_extension_config"]
     assert policy["name"] == "envoy.load_balancing_policies.override_host"

@@ -102,8 +102,11 @@ def body_messages(data: bytes, size: int) -> list[pb.ProcessingRequest]:
 class Stream:
     """One ext_proc stream, as Envoy holds it: write messages, read replies."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.call = pb_grpc.ExternalProcessorStub(channel).Process()
+    def __init__(
+        self, channel: grpc.aio.Channel, metadata: Sequence[tuple[str, str]] | None = None
+    ) -> None:
+        """``metadata``: the stream's gRPC metadata (the filter's ``initial_metadata``)."""
+        self.call = pb_grpc.ExternalProcessorStub(channel).Process(metadata=metadata)
 
     async def send(self, *msgs: pb.ProcessingRequest) -> None:
         for m in msgs:

@@ -581,6 +581,7 @@ def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
     tests/envoy); the routing filter, the observer and the clusters are where the rest of the
     suite expects them."""
     from envoy.config.bootstrap.v3 import bootstrap_pb2
+    from envoy.extensions.access_loggers.grpc.v3 import als_pb2
     from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
     from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
     from envoy.extensions.filters.http.router.v3 import router_pb2
@@ -601,9 +602,15 @@ def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
     assert router_pb2.Router and http_protocol_options_pb2.HttpProtocolOptions
     assert header_mutation_pb2.HeaderMutation
     assert least_request_pb2 and override_host_pb2 and previous_hosts_pb2
-    assert downstream_connections_pb2
+    assert downstream_connections_pb2 and als_pb2.HttpGrpcAccessLogConfig
 
     raw = yaml.safe_load((DEPLOY / "envoy" / name).read_text())
+    # xds-protos predates Envoy 1.40's ai_protocol_manager (the response summary's usage
+    # reader); real Envoy validates it (tests/envoy/test_configs.py), here it is set aside
+    listed = raw["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    usage = [f for f in listed["http_filters"] if f["name"] == "envoy.filters.http.ai_protocol_manager"]
+    listed["http_filters"] = [f for f in listed["http_filters"] if f not in usage]
+    assert len(usage) == (0 if name == "envoy-observer.yaml" else 1)
     bootstrap = json_format.ParseDict(raw, bootstrap_pb2.Bootstrap())
     hcm = hcm_pb2.HttpConnectionManager()
     assert bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)
@@ -622,6 +629,17 @@ def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
     clusters = {c.name: c for c in bootstrap.static_resources.clusters}
     assert routing.grpc_service.envoy_grpc.cluster_name == "epp" and "epp" in clusters
     assert hcm.route_config.virtual_hosts[0].routes[0].route.cluster == "pool"
+    if name != "envoy-observer.yaml":  # the response summary (epp.extproc.summary)
+        assert mode.response_body_mode == pm.STREAMED
+        assert [(m.key, m.value) for m in routing.grpc_service.initial_metadata] == [("x-epp-response", "summary")]
+        assert list(routing.metadata_options.receiving_namespaces.untyped) == ["epp"]
+        log = als_pb2.HttpGrpcAccessLogConfig()
+        assert hcm.access_log[0].typed_config.Unpack(log)
+        assert log.common_config.grpc_service.envoy_grpc.cluster_name == "epp"
+        # each entry goes to epp as it is written: a conversation's next turn, sent the
+        # instant its answer ended, must not find that answer still counted in flight
+        assert log.common_config.HasField("buffer_size_bytes")
+        assert log.common_config.buffer_size_bytes.value == 0
     if name == "envoy-fail-closed.yaml":
         assert not routing.failure_mode_allow
         assert mode.request_body_mode == pm.FULL_DUPLEX_STREAMED
@@ -640,9 +658,9 @@ def test_envoy_bootstraps_parse_into_envoy_protos(name: str) -> None:
         # observability_mode supports STREAMED bodies only; trailers end a response
         assert (o.response_header_mode, o.response_body_mode) == (pm.SEND, pm.STREAMED)
         assert o.response_trailer_mode == pm.SEND
-    else:
-        assert mode.response_body_mode == pm.FULL_DUPLEX_STREAMED
-        assert mode.response_trailer_mode == pm.SEND
+    else:  # the response summary: headers and the first body bytes, no trailers to wait for
+        assert mode.response_body_mode == pm.STREAMED
+        assert mode.response_trailer_mode == pm.SKIP
 
 
 # --- Grafana -----------------------------------------------------------------------------

@@ -216,7 +216,8 @@ async def test_without_the_flag_no_token_is_set() -> None:
         await s.send(ec.request_headers(), ec.request_body(BODY, True))
         headers, _ = await s.recv_n(2)
         assert ec.header_value(headers.request_headers.response.header_mutation, "x-epp-observe") is None
-        assert e.handle.service.handoff is None
+        handoff = e.handle.service.handoff
+        assert handoff is not None and not handoff.observing and len(handoff) == 0
         s.call.cancel()
     finally:
         await stop_epp(e)

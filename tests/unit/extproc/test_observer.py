@@ -7,7 +7,8 @@ from typing import Any, cast
 
 import pytest
 
-from epp.extproc.observer import Kind, Observation, ResponseHandoff
+from epp.extproc.observer import REMOTE_WAIT_S, Kind, Observation, ResponseHandoff
+from epp.framework.types import ResponseInfo
 from epp.requestcontrol.director import Director, Routing
 
 
@@ -142,3 +143,58 @@ def test_only_token_shaped_values_of_other_processes_are_forwarded() -> None:
         assert not handoff.forwards(garbage)
     handoff.publish = None
     assert not handoff.forwards(other)  # no sync: nothing to forward to
+
+
+# --- the response summary: an answer's end from the proxy's access log ------------------
+
+
+def test_an_answer_left_to_the_access_log_ends_with_its_entry() -> None:
+    clock, director = Clock(), Lifecycle()
+    handoff = ResponseHandoff(cast(Director, director), 5.0, clock, observing=False)
+    a = cast(Routing, Started("a", 100.0))
+    token = handoff.issue()
+    assert not handoff.summaries_live(clock.now)  # no entry of this replica's has come yet
+    handoff.summarized(handoff.issue(), ResponseInfo(200))  # one read to its end: nothing waits
+    assert handoff.summaries_live(clock.now) and director.finished == []
+    handoff.await_summary(token, a, first_s=100.25)
+    clock.now += 60  # long past the observer's wait: an answer may stream for minutes
+    handoff.expire()
+    assert director.calls == [] and len(handoff) == 1
+    handoff.summarized(token, ResponseInfo(200, prompt_tokens=9, cached_tokens=8, completion_tokens=3))
+    ((routing_, info),) = director.finished
+    assert routing_ is a and info.cached_tokens == 8 and info.ttft_s == pytest.approx(0.25)
+    assert handoff.counts()["handed_over"] == 1 and handoff.counts()["summarized"] == 1
+    assert not handoff.summaries_live(clock.now + 31)  # entries stopped coming: read answers again
+
+
+def test_an_entry_for_an_answer_that_ended_early_releases_it_as_cancelled() -> None:
+    clock, director = Clock(), Lifecycle()
+    handoff = ResponseHandoff(cast(Director, director), 5.0, clock, observing=False)
+    token = handoff.issue()
+    handoff.await_summary(token, routing("a"), None)
+    handoff.summarized(token, None)
+    assert director.calls == [("a", "cancelled")] and director.finished == []
+
+
+def test_another_replicas_entries_go_to_the_peers_or_stop_leaving_answers_to_the_log() -> None:
+    clock, director = Clock(), Lifecycle()
+    handoff = ResponseHandoff(cast(Director, director), 5.0, clock, observing=False)
+    handoff.summarized(handoff.issue(), ResponseInfo(200))
+    other = ResponseHandoff(cast(Director, Lifecycle()), 5.0, clock).issue()
+    handoff.summarized(other, ResponseInfo(200))  # sync off: counted, and no longer live
+    assert handoff.foreign == 1 and not handoff.summaries_live(clock.now)
+    sent: list[Observation] = []
+    handoff.publish = sent.append  # sync on: forwarded, and live again
+    handoff.summarized(other, ResponseInfo(200, completion_tokens=5))
+    handoff.summarized(other, None)
+    assert [(o.kind, o.completion_tokens) for o in sent] == [(Kind.FINISHED, 5), (Kind.ENDED, 0)]
+    assert handoff.summaries_live(clock.now)
+
+
+def test_an_answer_whose_entry_never_comes_is_released_as_unobserved() -> None:
+    clock, director = Clock(), Lifecycle()
+    handoff = ResponseHandoff(cast(Director, director), 5.0, clock, observing=False)
+    handoff.await_summary(handoff.issue(), routing("a"), None)
+    clock.now += REMOTE_WAIT_S + 1
+    handoff.expire()
+    assert director.calls == [("a", "unobserved")] and handoff.unobserved == 1

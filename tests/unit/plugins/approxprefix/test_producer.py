@@ -96,3 +96,20 @@ def test_the_predicted_ttft_profile_places_new_prefixes_where_the_index_has_room
         s.on_first_token(result, 0.1)
         s.on_response(result, ResponseInfo(200, ttft_s=0.1))
     assert all(f > 0 for f in index.fill([e.id for e in two]))
+
+
+def test_an_answer_that_ends_puts_its_prompt_back_at_the_front_of_the_lru() -> None:
+    """A server frees a request's blocks when it ends, the freshest of its LRU: so does the
+    index, with or without the reply's text (the response summary does not read it)."""
+    s = build_scheduler(default_config(), random.Random(0))
+    producer = approx(s)
+    server = Endpoint(EPS[0].id, EPS[0].address, 8000,
+                      metrics=Metrics(scraped_at_s=1.0, block_size_tokens=16, num_gpu_blocks=20))  # fmt: skip
+    s.observe_endpoint(server)
+    assert producer.index.capacity(server.id) == 20  # chunks: two 10-chunk prompts
+    a = s.schedule(InferenceRequest("a", "m", "a" * 640), [server], 1.0)
+    b = s.schedule(InferenceRequest("b", "m", "b" * 640), [server], 2.0)
+    s.on_response(a, ResponseInfo(200))  # a's answer ended; b's is still streaming
+    s.schedule(InferenceRequest("c", "m", "c" * 640), [server], 3.0)  # evicts 10 chunks
+    assert producer.index.match(a.state.prefix.hashes, [server.id], 3.0) == {server.id: 10}
+    assert producer.index.match(b.state.prefix.hashes, [server.id], 3.0) == {}
