@@ -91,13 +91,15 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config) if args.config else default_config()
-        snapshot = json.loads(_read(args.snapshot))
         body = _read(args.body)
         headers = _headers(args.header, args.path)
         warm = _read(args.warm).splitlines() if args.warm else []
-        now = time.monotonic()
         ds = Datastore(stale_after_s=cfg.saturation.metrics_staleness_seconds)
-        load_snapshot(snapshot, ds, now)
+        try:
+            load_snapshot(json.loads(_read(args.snapshot)), ds, time.monotonic())
+        except ValueError as exc:  # not JSON (JSONDecodeError), not UTF-8, not a snapshot
+            what = "not JSON: " if isinstance(exc, json.JSONDecodeError) else ""
+            raise ValueError(f"--snapshot {args.snapshot}: {what}{exc}") from None
     except (OSError, ValueError, ConfigError) as exc:
         print(f"epp dry-run: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from epp.cli.flags import byte_size, number
+from epp.cli.flags import byte_size, number, seconds
 from epp.config.loader import SHIPPED
 from epp.extproc import convert
 from epp.extproc.observer import DEFAULT_WAIT_S as OBSERVER_WAIT_S
@@ -54,7 +54,7 @@ def add_request_flags(serve: argparse.ArgumentParser) -> None:
                    "observability_mode (send and go: Envoy does not wait for epp on each "
                    "response chunk); the routing filter then skips the response. See "
                    "docs/serve.md, deploy/envoy/envoy-observer.yaml")
-    g.add_argument("--response-observer-wait-s", type=number(0, strict=True),
+    g.add_argument("--response-observer-wait-s", type=seconds(),
                    default=OBSERVER_WAIT_S,
                    help="with --response-observer: how long a routed request waits for its "
                    "observer stream before it is released as unobserved")
