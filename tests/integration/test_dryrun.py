@@ -81,3 +81,15 @@ def test_a_bad_snapshot_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "body.json").write_text(json.dumps(BODY))
     assert main(["dry-run", "--snapshot", str(tmp_path / "pool.json"), "--body", str(tmp_path / "body.json")]) == 2
     assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("", "not JSON: Expecting value"),
+    ("[1]", '{"endpoints": [...]}'),
+])  # fmt: skip
+def test_a_snapshot_that_is_not_one_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, named: str) -> None:
+    (tmp_path / "bad.json").write_text(text)
+    (tmp_path / "body.json").write_text(json.dumps(BODY))
+    assert main(["dry-run", "--snapshot", str(tmp_path / "bad.json"), "--body", str(tmp_path / "body.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"--snapshot {tmp_path / 'bad.json'}: " in err and named in err
