@@ -146,7 +146,6 @@ def render() -> str:
     from epp.framework.shortlist import ShortlistConfig
     from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
     from epp.request import settings as request_control
-
     from epp.schema import SIZE_UNITS
 
     out = [
