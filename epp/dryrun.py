@@ -95,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
         headers = _headers(args.header, args.path)
         warm = _read(args.warm).splitlines() if args.warm else []
         ds = Datastore(stale_after_s=cfg.saturation.metrics_staleness_seconds)
+        snapshot = _read(args.snapshot)  # its errors name the file
         try:
-            load_snapshot(json.loads(_read(args.snapshot)), ds, time.monotonic())
+            load_snapshot(json.loads(snapshot), ds, time.monotonic())
         except ValueError as exc:  # not JSON (JSONDecodeError), not UTF-8, not a snapshot
             what = "not JSON: " if isinstance(exc, json.JSONDecodeError) else ""
             raise ValueError(f"--snapshot {args.snapshot}: {what}{exc}") from None

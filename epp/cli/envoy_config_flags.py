@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from epp.cli.flags import envoy_byte_size, number, port, seconds
+from epp.cli.flags import body_size, envoy_byte_size, number, port, seconds
 from epp.clihelp import HelpFormatter, deprecated_alias
 
 
@@ -31,7 +31,7 @@ def add_envoy_config(sub: Any) -> None:
                    help="epp's YAML config or shipped profile name, as given to epp serve "
                    "(default: the shipped 'default' profile): the Envoy settings that must "
                    "agree with it are derived from it")
-    p.add_argument("--max-body-bytes", type=envoy_byte_size, default=None,
+    p.add_argument("--max-body-bytes", type=body_size, default=None,
                    help="epp serve's --max-body-bytes, if it is given one (default: the "
                    "config's requestControl.maxBodyBytes)")
     p.add_argument("--check", default="", metavar="FILE",

@@ -11,6 +11,7 @@ from typing import Any
 
 from epp.config.loader import EppConfig, default_config, load_config
 from epp.envoyconfig import ENVOY_MAX_BYTES
+from epp.request.settings import MAX_BODY_BYTES_LIMIT
 from epp.schema import MAX_SECONDS, parse_byte_size
 
 
@@ -32,6 +33,9 @@ def sizes(maximum: int | None = None, why: str = "") -> Callable[[str], int]:
 
 byte_size = sizes()
 """``8MiB``, ``512k``, ``1048576`` -> bytes (at least 1)."""
+body_size = sizes(MAX_BODY_BYTES_LIMIT, "1023MiB: epp's gRPC message limit, an int32, holds "
+                  "twice the body")
+"""A request body cap (``--max-body-bytes``): at most 1023 MiB."""
 envoy_byte_size = sizes(ENVOY_MAX_BYTES, "Envoy's per_connection_buffer_limit_bytes is a uint32")
 """A size Envoy's buffer limit takes: at most 4294967295 bytes."""
 

@@ -35,8 +35,8 @@ POOL_HELP = (
 
 def register(
     sub: Any, *, formatter: type[argparse.HelpFormatter], port: Callable[[str], int],
-    port_or_off: Callable[[str], int], size: Callable[[str], int], number: Callable[..., Any],
-    seconds: Callable[..., Any],
+    port_or_off: Callable[[str], int], size: Callable[[str], int],
+    body_size: Callable[[str], int], number: Callable[..., Any], seconds: Callable[..., Any],
 ) -> None:  # fmt: skip
     """Add ``model-router`` to ``epp``'s subcommands (the argument types are epp.cli's)."""
     p = sub.add_parser(
@@ -88,8 +88,8 @@ def register(
     g.add_argument("--host", default="0.0.0.0", help="address to listen on")
     g.add_argument("--cert", default="", help="TLS certificate (PEM) for the gRPC port")
     g.add_argument("--key", default="", help="TLS private key (PEM) for the gRPC port")
-    g.add_argument("--max-body-bytes", type=size, default=None,
-                   help="request body cap, 413 above it (default 8MiB, as epp serve)")
+    g.add_argument("--max-body-bytes", type=body_size, default=None,
+                   help="request body cap, 413 above it (default 8MiB, at most 1023MiB, as epp serve)")
     g.add_argument("--max-open-streams", type=number(1, strict=False, integer=True),
                    default=20_000, help="ext_proc streams open at once; past it 503")
     g.add_argument("--grace-s", type=seconds(strict=False), default=30.0,

@@ -34,6 +34,9 @@ from epp.request.apis import BUILTIN, LoadRoutedApi, normalize_path
 from epp.schema import STRICT, ByteSize, validate
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_BODY_BYTES_LIMIT = (1 << 30) - (1 << 20)
+"""The largest body cap (1023 MiB): epp's gRPC message limit is twice the cap plus 1 MiB,
+and gRPC's limit is an int32 (``epp.server.runner``)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,7 +85,7 @@ def _targets(value: Any) -> Any:
 
 class _Section(BaseModel):
     model_config = STRICT
-    max_body_bytes: ByteSize = Field(DEFAULT_MAX_BODY_BYTES, ge=1)
+    max_body_bytes: ByteSize = Field(DEFAULT_MAX_BODY_BYTES, ge=1, le=MAX_BODY_BYTES_LIMIT)
     fallbacks: int = Field(0, ge=0)
     base_models: list[Name] = []
     model_rewrites: dict[str, Annotated[list[_Target], BeforeValidator(_targets),

@@ -25,7 +25,9 @@ ENVOY = ["envoy-config", "--pool", "127.0.0.1:8000"]
     ([*ENVOY, "--port", "-1"], "1-65535 (0 = any free port)"),
     ([*ENVOY, "--admin-port", "-1"], "1-65535 (0 = any free port)"),
     ([*ENVOY, "--port", "70000"], "1-65535 (0 = any free port)"),
-    ([*ENVOY, "--max-body-bytes", "100GiB"], "at most 4294967295"),
+    ([*ENVOY, "--max-body-bytes", "100GiB"], "at most 1072693248 (1023MiB"),
+    ([*SERVE, "--max-body-bytes", "100GiB"], "at most 1072693248 (1023MiB"),  # was a traceback
+    (["model-router", "--max-body-bytes", "2GiB"], "at most 1072693248 (1023MiB"),
     ([*ENVOY, "--max-request-bytes", "5GiB"], "uint32"),
     ([*ENVOY, "--max-body-bytes", "1e400"], "not a finite size"),
     ([*SERVE, "--scrape-interval-s", "nan"], "finite"),
@@ -104,7 +106,7 @@ def test_config_sizes_take_the_units_the_flags_take(text: object, size: int) -> 
     assert loads_config(f"flowControl: {{maxBytes: {text}}}").flow_control.max_bytes == size
 
 
-@pytest.mark.parametrize("text", ["lots", "0", "-5MiB", "1e400", "true"])
+@pytest.mark.parametrize("text", ["lots", "0", "-5MiB", "1e400", "true", "100GiB"])
 def test_a_bad_config_size_names_the_field(text: str) -> None:
     with pytest.raises(ConfigError) as err:
         loads_config(f"requestControl: {{maxBodyBytes: {text}}}")

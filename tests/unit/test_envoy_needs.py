@@ -121,7 +121,7 @@ def test_bare_envoy_config_prints_a_fail_closed_bootstrap_that_says_how_to_fail_
 
 
 @pytest.mark.parametrize(("config", "words"), [
-    ("requestControl: {maxBodyBytes: 100GiB}", "at most 4294967295 (a uint32)"),
+    ("requestControl: {maxBodyBytes: 100GiB}", "requestControl.maxBodyBytes': must be <= 1072693248"),
     ("flowControl: {enabled: true, maxQueueSeconds: 4000}", "at most 3600 s"),
 ])  # fmt: skip
 def test_a_config_envoy_cannot_follow_is_refused_naming_envoys_limit(
