@@ -78,9 +78,6 @@ def _headers(items: list[str], path: str) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the dry run (module docstring); 0, or 2 with the reason on a bad input."""
-    from epp.config.loader import default_config, load_config
-    from epp.datastore.snapshot import load_snapshot
-    from epp.datastore.store import Datastore
     from epp.errors import ConfigError, EppError
     from epp.framework.types import ProfileRun
     from epp.observability.metrics import EppMetrics
@@ -90,14 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from epp.wiring import build_scheduler
 
     try:
-        cfg = load_config(args.config) if args.config else default_config()
-        snapshot = json.loads(_read(args.snapshot))
-        body = _read(args.body)
-        headers = _headers(args.header, args.path)
-        warm = _read(args.warm).splitlines() if args.warm else []
-        now = time.monotonic()
-        ds = Datastore(stale_after_s=cfg.saturation.metrics_staleness_seconds)
-        load_snapshot(snapshot, ds, now)
+        cfg, body, headers, warm, ds = _inputs(args)
     except (OSError, ValueError, ConfigError) as exc:
         print(f"epp dry-run: {exc}", file=sys.stderr)
         return 2
@@ -149,6 +139,27 @@ def run(args: argparse.Namespace) -> int:
           + (f" ({routing.result.decision})" if routing.result.decision else ""))  # fmt: skip
     print(f"reason: {pick_reason(runs, routing.target_id, prefiller.id if prefiller else '')}")
     return 0
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Any, bytes, dict[str, str], list[bytes], Any]:
+    """The config, body, headers, warm-up lines and the datastore loaded from the snapshot;
+    raises OSError, ValueError or ConfigError naming the input at fault."""
+    from epp.config.loader import default_config, load_config
+    from epp.datastore.snapshot import load_snapshot
+    from epp.datastore.store import Datastore
+
+    cfg = load_config(args.config) if args.config else default_config()
+    body = _read(args.body)
+    headers = _headers(args.header, args.path)
+    warm = _read(args.warm).splitlines() if args.warm else []
+    ds = Datastore(stale_after_s=cfg.saturation.metrics_staleness_seconds)
+    snapshot = _read(args.snapshot)  # its errors name the file
+    try:
+        load_snapshot(json.loads(snapshot), ds, time.monotonic())
+    except ValueError as exc:  # not JSON (JSONDecodeError), not UTF-8, not a snapshot
+        what = "not JSON: " if isinstance(exc, json.JSONDecodeError) else ""
+        raise ValueError(f"--snapshot {args.snapshot}: {what}{exc}") from None
+    return cfg, body, headers, warm, ds
 
 
 def _queued_for_first_endpoint(flow: Any, request: Any) -> bool:

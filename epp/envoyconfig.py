@@ -214,6 +214,7 @@ class EnvoyOptions:
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that cannot work."""
+        _check_envoy_values(self)
         if self.pools:
             _validate_pools(self)
             return
@@ -251,6 +252,39 @@ class EnvoyOptions:
             raise ValueError("the summary flush interval must be >= 0")
 
 
+ENVOY_MAX_BYTES = (1 << 32) - 1
+"""Envoy's byte limits (``per_connection_buffer_limit_bytes``) are uint32."""
+ENVOY_MAX_SECONDS = 315_576_000_000
+"""A protobuf Duration's largest seconds (10,000 years)."""
+ENVOY_MAX_MESSAGE_TIMEOUT_S = 3600.0
+"""ext_proc's ``message_timeout`` is at most an hour (its proto's validation rule)."""
+
+
+def _check_envoy_values(o: EnvoyOptions) -> None:
+    """Raise ValueError naming a value real Envoy rejects: a NaN, infinite or oversized
+    duration, a port outside 0-65535, a buffer limit past uint32."""
+    for name in ("message_timeout_s", "stream_idle_timeout_s", "upstream_idle_timeout_s",
+                 "epp_health_interval_s"):  # fmt: skip
+        v = getattr(o, name)
+        if not (math.isfinite(v) and 0.001 <= v <= ENVOY_MAX_SECONDS):
+            raise ValueError(f"{name}: must be a finite number of seconds >= 0.001 (Envoy's "
+                             f"timeouts count milliseconds) and <= {ENVOY_MAX_SECONDS}, got "
+                             f"{v!r}")  # fmt: skip
+    if o.message_timeout_s > ENVOY_MAX_MESSAGE_TIMEOUT_S:
+        raise ValueError(f"message_timeout_s: Envoy's ext_proc message_timeout is at most "
+                         f"{ENVOY_MAX_MESSAGE_TIMEOUT_S:g} s, got {o.message_timeout_s:g}")
+    for name in ("listen_port", "admin_port"):
+        if not 0 <= getattr(o, name) <= 65535:
+            raise ValueError(f"{name}: must be a port 1-65535 (0 = any free port), "
+                             f"got {getattr(o, name)}")  # fmt: skip
+    if o.max_request_bytes > ENVOY_MAX_BYTES:
+        raise ValueError(
+            f"max request bytes {o.max_request_bytes} (listener per_connection_buffer_limit_"
+            f"bytes, from epp's body cap unless --max-request-bytes is given): Envoy takes at "
+            f"most {ENVOY_MAX_BYTES} (a uint32)"
+        )
+
+
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
@@ -274,7 +308,9 @@ def _is_ip(host: str) -> bool:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:g}s"
+    """A protobuf Duration as Envoy's JSON/YAML takes it: ``300s``, ``0.2s`` (never an
+    exponent: ``3.1536e+07s`` is refused)."""
+    return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
 
 
 def _lb_policy(name: str) -> dict[str, Any]:
@@ -859,6 +895,13 @@ def mismatches(o: EnvoyOptions, needs: EppNeeds) -> list[Mismatch]:
         return []  # a baseline without epp
     out: list[Mismatch] = []
     timeout = needs.message_timeout_s
+    if timeout > ENVOY_MAX_MESSAGE_TIMEOUT_S:
+        out.append(Mismatch(
+            "ext_proc message_timeout", needs.hold_from or needs.work_from,
+            f"epp may hold a request {timeout:g} s before it answers ({needs.why_timeout()}); "
+            f"Envoy's ext_proc message_timeout is at most {ENVOY_MAX_MESSAGE_TIMEOUT_S:g} s. "
+            "Lower the epp setting",
+        ))  # fmt: skip
     if o.message_timeout_s < timeout:
         then = ("fails open and sends it to a server epp did not choose" if o.failure == "open"
                 else "answers 500")  # fmt: skip
@@ -875,6 +918,14 @@ def mismatches(o: EnvoyOptions, needs: EppNeeds) -> list[Mismatch]:
             needs.hold_from or needs.work_from,
             f"a request epp holds is silent for up to {timeout:g} s and Envoy resets it after "
             f"{o.stream_idle_timeout_s:g} s. Set it to at least {needs.stream_idle_timeout_s:g}",
+        ))  # fmt: skip
+    elif o.stream_idle_timeout_s < needs.stream_idle_timeout_s:
+        out.append(Mismatch(
+            f"--stream-idle-timeout-s {o.stream_idle_timeout_s:g} (route idle_timeout)",
+            "streamed answers",
+            f"a streamed answer may pause for minutes before its first token (a long prefill "
+            f"in a busy server's queue) and Envoy resets it after {o.stream_idle_timeout_s:g} "
+            f"s. Set it to at least {needs.stream_idle_timeout_s:g}", fatal=False,
         ))  # fmt: skip
     if o.max_request_bytes > needs.max_body_bytes:
         out.append(Mismatch(
@@ -912,9 +963,12 @@ def _seconds(text: Any, default: float) -> float:
     if text is None:
         return default
     value = str(text).strip()
-    if not value.endswith("s"):
+    try:
+        seconds = float(value[:-1]) if value.endswith("s") else math.nan
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds):
         raise ValueError(f"{text!r} is not an Envoy duration like 5s")
-    seconds = float(value[:-1])
     return math.inf if seconds == 0 else seconds  # 0s: no timeout
 
 
@@ -923,6 +977,13 @@ def options_of_bootstrap(doc: Any) -> EnvoyOptions:
     document, e.g. one ``epp envoy-config`` printed earlier); Envoy's defaults where the
     bootstrap sets nothing. Raises ValueError when it has no listener with an ext_proc filter
     routing through epp."""
+    try:
+        return _options_of_bootstrap(doc)
+    except (AttributeError, TypeError) as exc:  # a list where a mapping belongs, ...
+        raise ValueError(f"not an Envoy bootstrap ({exc})") from None
+
+
+def _options_of_bootstrap(doc: Any) -> EnvoyOptions:
     listeners = ((doc or {}).get("static_resources") or {}).get("listeners") or []
     for listener in listeners:
         for chain in listener.get("filter_chains") or []:

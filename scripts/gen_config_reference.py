@@ -146,6 +146,7 @@ def render() -> str:
     from epp.framework.shortlist import ShortlistConfig
     from epp.plugins.registry import DEFAULT_PRODUCERS, PLUGIN_TYPES
     from epp.request import settings as request_control
+    from epp.schema import SIZE_UNITS
 
     out = [
         "# Configuration reference",
@@ -153,8 +154,11 @@ def render() -> str:
         "Generated from the code by `./run python scripts/gen_config_reference.py` (a test",
         "fails when it is stale); the guide is [configuration.md](configuration.md). Keys are",
         "camelCase (snake_case is accepted); values are checked strictly (no coercion, no",
-        "unknown keys, numbers non-negative unless said otherwise) and every error names the",
-        "field.",
+        "unknown keys, numbers non-negative unless said otherwise, finite: `.nan` and `.inf`",
+        "are refused) and every error names the field. A size (a key ending in `Bytes`) is a",
+        "number of bytes or a string with a unit, as the flags take it: `64MiB`, `512KiB`,",
+        "`1.5GiB`, `512k` (units: " + SIZE_UNITS + "). A duration (a key ending in `Seconds`) is at",
+        "most a year (31536000).",
         "",
         "## Top-level sections",
         "",

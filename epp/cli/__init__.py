@@ -20,7 +20,7 @@ from epp.cli.envoy_config import (
     envoy_needs,
 )
 from epp.cli.envoy_config_flags import add_envoy_config
-from epp.cli.flags import byte_size, number, port
+from epp.cli.flags import body_size, byte_size, number, port, port_or_off, seconds
 from epp.cli.serve_sync import sync_options
 from epp.clihelp import HelpFormatter
 from epp.errors import ConfigError
@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     dryrun.register(sub, HelpFormatter)
     from epp.modelrouter.cli import register
 
-    register(sub, formatter=HelpFormatter, port=port, size=byte_size, number=number)
+    register(sub, formatter=HelpFormatter, port=port, port_or_off=port_or_off, size=byte_size,
+             body_size=body_size, number=number, seconds=seconds)
     return parser
 
 

@@ -45,12 +45,15 @@ def envoy_bootstrap(args: argparse.Namespace) -> EnvoyBootstrap:
     except ConfigError as exc:
         raise ValueError(f"{exc.field}: {exc.problem}") from None
     single = not pools
+    # Failing open needs servers to fall back to: the default is 'open' with --pool (or
+    # several pools), 'closed' without (an ORIGINAL_DST cluster only epp can fill).
+    failure = args.failure or ("open" if pools or args.pool else "closed")
     options = ec.EnvoyOptions(
         listen_address=args.host, listen_port=args.port, admin_port=args.admin_port,
         epp=hosts(",".join(args.epp) if single and args.epp else "127.0.0.1:9002"),
         pool=hosts(args.pool[0]) if single and args.pool else (), routing=args.routing,
         pools=pools, model_router=hosts(args.model_router),
-        failure=args.failure, request_body=args.request_body, response=args.response,
+        failure=failure, request_body=args.request_body, response=args.response,
         fallback_lb=args.fallback_lb, retries=args.retries,
         upstream_idle_timeout_s=args.upstream_idle_timeout_s,
         upstream_host_header=args.upstream_host_header, access_log=args.access_log,
@@ -69,6 +72,10 @@ def envoy_bootstrap(args: argparse.Namespace) -> EnvoyBootstrap:
         header = (f"# For epp serve with {source}, Envoy needs: {needs.describe()}\n"
                   "# (epp envoy-config --config CONFIG derives them; --check FILE checks a "
                   "bootstrap)\n")  # fmt: skip
+        if single and not args.pool and args.failure is None:
+            header += ("# Fail-closed: no --pool was given, so while no epp answers Envoy "
+                       "answers 500.\n# Give --pool HOST:PORT[,HOST:PORT] (the model servers) "
+                       "to fail open to them instead.\n")  # fmt: skip
     return EnvoyBootstrap(ec.render_yaml(options, header), tuple(str(m) for m in found))
 
 
@@ -85,17 +92,29 @@ def check_envoy_bootstrap(args: argparse.Namespace) -> list[str]:
     from epp import envoyconfig as ec
 
     with open(args.check, encoding="utf-8") as f:
-        doc = yaml.safe_load(f)
+        try:
+            doc = yaml.safe_load(f)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ValueError(f"not valid YAML: {problem}{where}") from None
     found = ec.mismatches(ec.options_of_bootstrap(doc), envoy_needs(args))
     return [f"{'error' if m.fatal else 'warning'}: {m}"
             for m in sorted(found, key=lambda m: not m.fatal)]  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the bootstrap (warnings on stderr), or check ``--check FILE``: the exit code."""
+    """Print the bootstrap (warnings on stderr), or check ``--check FILE``: the exit code
+    (``--check``: 1 when FILE contradicts epp's config, 2 when it cannot be checked: not
+    readable, not YAML, no ext_proc filter routing through epp)."""
     try:
         if args.check:
-            lines = check_envoy_bootstrap(args)
+            try:
+                lines = check_envoy_bootstrap(args)
+            except (ValueError, OSError) as exc:
+                print(f"epp envoy-config: --check {args.check}: {exc}", file=sys.stderr)
+                return 2
             for line in lines:
                 print(f"epp envoy-config: {args.check}: {line}", file=sys.stderr)
             if not lines:

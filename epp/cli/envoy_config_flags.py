@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from epp.cli.flags import byte_size, number, port
+from epp.cli.flags import body_size, envoy_byte_size, number, port, seconds
 from epp.clihelp import HelpFormatter, deprecated_alias
 
 
@@ -14,7 +14,7 @@ def add_envoy_config(sub: Any) -> None:
 
     p = sub.add_parser(
         "envoy-config",
-        help="print the Envoy bootstrap that routes through epp (fail-open by default)",
+        help="print the Envoy bootstrap that routes through epp (fail-open with --pool)",
         description="Print an Envoy bootstrap (YAML) with epp as its ext_proc endpoint "
         "picker: the one deploy/envoy/ ships and the local stack runs, for your addresses. "
         "With --pool, Envoy knows the model servers: when no epp answers it balances over "
@@ -31,12 +31,13 @@ def add_envoy_config(sub: Any) -> None:
                    help="epp's YAML config or shipped profile name, as given to epp serve "
                    "(default: the shipped 'default' profile): the Envoy settings that must "
                    "agree with it are derived from it")
-    p.add_argument("--max-body-bytes", type=byte_size, default=None,
+    p.add_argument("--max-body-bytes", type=body_size, default=None,
                    help="epp serve's --max-body-bytes, if it is given one (default: the "
                    "config's requestControl.maxBodyBytes)")
     p.add_argument("--check", default="", metavar="FILE",
                    help="check the Envoy bootstrap FILE against epp's config instead of "
-                   "printing one: each contradicting setting is named; exit 1 if any")
+                   "printing one: each contradicting setting is named; exit 1 if any, 2 if "
+                   "FILE cannot be checked (not readable, not YAML, no ext_proc filter)")
     p.add_argument("--epp", action="append", default=[],
                    help="epp's ext_proc address(es), comma-separated host:port (default "
                    "127.0.0.1:9002); a DNS name (e.g. a headless Service) stands for all its "
@@ -52,15 +53,17 @@ def add_envoy_config(sub: Any) -> None:
     p.add_argument("--model-router", default="127.0.0.1:9005",
                    help="with several pools: epp model-router's ext_proc address(es), "
                    "comma-separated host:port")
-    p.add_argument("--port", type=port, default=8081, help="listener port")
+    p.add_argument("--port", type=port, default=8081, help="listener port (0 = any free port)")
     host = p.add_argument("--host", default="0.0.0.0", help="listener address")
     deprecated_alias(p, "--address", host)  # --host, as every other command names it
     p.add_argument("--admin-port", type=port, default=19000,
-                   help="Envoy's admin port (on 127.0.0.1)")
-    p.add_argument("--failure", choices=ec.FAILURE_MODES, default="open",
+                   help="Envoy's admin port on 127.0.0.1 (0 = any free port)")
+    p.add_argument("--failure", choices=ec.FAILURE_MODES, default=None,
                    help="when no epp answers: 'open' serves the request by --fallback-lb "
                    "(needs --pool and --request-body buffered; with flow control on, those "
-                   "requests skip its queue: a warning says so), 'closed' answers 500")
+                   "requests skip its queue: a warning says so), 'closed' answers 500 "
+                   "(default: 'open' with --pool or --pools, else 'closed', said in a comment "
+                   "at the top of the bootstrap)")
     p.add_argument("--request-body", choices=ec.REQUEST_BODY_MODES, default="buffered",
                    help="how Envoy sends the request body to epp: 'buffered' (whole, after "
                    "epp answered the headers; can fail open) or 'full-duplex' (streamed at "
@@ -87,20 +90,22 @@ def add_envoy_config(sub: Any) -> None:
                    "named failed")
     p.add_argument("--retries", type=number(0, strict=False, integer=True), default=2,
                    help="retries on a refused or reset upstream connection")
-    p.add_argument("--message-timeout-s", type=number(0, strict=True), default=None,
+    p.add_argument("--message-timeout-s",
+                   type=seconds(maximum=ec.ENVOY_MAX_MESSAGE_TIMEOUT_S), default=None,
                    help="how long Envoy waits for each epp reply (default: derived, at least "
                    f"{ec.DEFAULT_MESSAGE_TIMEOUT_S:g}: the longest flow-control queue wait of "
                    f"epp's config + {ec.EPP_WORK_S:g} s of epp's own work, more in precise "
-                   "mode); below that, refused")
-    p.add_argument("--stream-idle-timeout-s", type=number(0, strict=True), default=None,
+                   "mode); below that, refused; at most "
+                   f"{ec.ENVOY_MAX_MESSAGE_TIMEOUT_S:g} (Envoy's limit)")
+    p.add_argument("--stream-idle-timeout-s", type=seconds(), default=None,
                    help="Envoy resets a request silent this long (default: derived, at least "
                    f"{ec.DEFAULT_STREAM_IDLE_TIMEOUT_S:g}: streamed answers may pause for "
                    "minutes before the first token, a request queued in epp is silent)")
-    p.add_argument("--upstream-idle-timeout-s", type=number(0, strict=True), default=4.0,
+    p.add_argument("--upstream-idle-timeout-s", type=seconds(), default=4.0,
                    help="Envoy closes a connection to a model server idle this long; keep it "
                    "below the servers' keep-alive (vLLM, SGLang: 5 s), or a request sent as "
                    "the server closes the connection gets a 503")
-    p.add_argument("--max-request-bytes", type=byte_size, default=None,
+    p.add_argument("--max-request-bytes", type=envoy_byte_size, default=None,
                    help="Envoy's buffer limit: a larger buffered request body gets 413 "
                    "(default: epp's body cap; above it, refused)")
     p.add_argument("--upstream-host-header", action="store_true",

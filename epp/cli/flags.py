@@ -1,48 +1,77 @@
-"""The argument types every ``epp`` command shares (sizes, ports, bounded numbers), and the
-config ``--config`` names."""
+"""The argument types every ``epp`` command shares (sizes, ports, bounded numbers, seconds),
+and the config ``--config`` names. Each refuses what the setting cannot take (NaN, Inf, a
+value past what Envoy or asyncio accepts) with an error naming what the flag accepts."""
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 from typing import Any
 
 from epp.config.loader import EppConfig, default_config, load_config
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 1000**2,
-          "mb": 1000**2, "mi": 1024**2, "mib": 1024**2, "g": 1000**3, "gi": 1024**3, "gib": 1024**3}  # fmt: skip
-
-
-def byte_size(text: str) -> int:
-    """``8MiB``, ``512k``, ``1048576`` -> bytes."""
-    t = text.strip().lower()
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = t[len(num) :]
-    if not num or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 8MiB, 512KiB or 1048576")
-    try:
-        value = float(num)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size") from None
-    size = int(value * _UNITS[unit])
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least 1 byte")
-    return size
+from epp.envoyconfig import ENVOY_MAX_BYTES
+from epp.request.settings import MAX_BODY_BYTES_LIMIT
+from epp.schema import MAX_SECONDS, parse_byte_size
 
 
-def port(text: str) -> int:
-    """A port number: 0 = any free port, -1 = off."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 = any free port)") from None
-    if not -1 <= value < 65536:
-        raise argparse.ArgumentTypeError(f"{text} is not a port (0 = any free port, -1 = off)")
-    return value
+def sizes(maximum: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An argparse type: ``8MiB``, ``512k``, ``1048576`` -> bytes, at most ``maximum``
+    (``why`` names whose limit it is)."""
+
+    def parse(text: str) -> int:
+        try:
+            size = parse_byte_size(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if maximum is not None and size > maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} is {size} bytes; at most {maximum} ({why})")
+        return size
+
+    return parse
 
 
-def number(minimum: float, *, strict: bool, integer: bool = False) -> Any:
-    """An argparse type: a number >= ``minimum`` (> with ``strict``), named in the error."""
-    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+byte_size = sizes()
+"""``8MiB``, ``512k``, ``1048576`` -> bytes (at least 1)."""
+body_size = sizes(MAX_BODY_BYTES_LIMIT, "1023MiB: epp's gRPC message limit, an int32, holds "
+                  "twice the body")
+"""A request body cap (``--max-body-bytes``): at most 1023 MiB."""
+envoy_byte_size = sizes(ENVOY_MAX_BYTES, "Envoy's per_connection_buffer_limit_bytes is a uint32")
+"""A size Envoy's buffer limit takes: at most 4294967295 bytes."""
+
+
+def ports(*, any_free: bool = True, off: bool = False) -> Callable[[str], int]:
+    """An argparse type: a port 1-65535, with 0 = any free port when ``any_free`` and -1 = off
+    when ``off``; the error says which of those this flag accepts."""
+    low = -1 if off else 0 if any_free else 1
+    extra = [s for s, on in (("0 = any free port", any_free), ("-1 = off", off)) if on]
+    accepts = "a port 1-65535" + (f" ({', '.join(extra)})" if extra else "")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {accepts}") from None
+        if not low <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"{text} is not {accepts}")
+        return value
+
+    return parse
+
+
+port = ports()
+"""A port 1-65535, 0 = any free port."""
+port_or_off = ports(off=True)
+"""A port 1-65535, 0 = any free port, -1 = off."""
+
+
+def number(minimum: float, *, strict: bool, integer: bool = False,
+           maximum: float | None = None) -> Any:  # fmt: skip
+    """An argparse type: a finite number >= ``minimum`` (> with ``strict``) and <= ``maximum``,
+    named in the error."""
+    bound = f"> {_plain(minimum)}" if strict else f">= {_plain(minimum)}"
+    if maximum is not None:
+        bound += f" and <= {_plain(maximum)}"
 
     def parse(text: str) -> float:
         try:
@@ -50,11 +79,25 @@ def number(minimum: float, *, strict: bool, integer: bool = False) -> Any:
         except ValueError:
             kind = "an integer" if integer else "a number"
             raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
-        if value < minimum or (strict and value == minimum):
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+        if value < minimum or (strict and value == minimum) or (
+                maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
 
     return parse
+
+
+def _plain(x: float) -> str:
+    """``31536000``, not ``3.1536e+07``."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def seconds(minimum: float = 0.0, *, strict: bool = True, maximum: float = MAX_SECONDS) -> Any:
+    """An argparse type for a ``-s`` / ``-ms`` flag: a finite number of seconds (or
+    milliseconds) above ``minimum`` and at most ``maximum`` (a year by default)."""
+    return number(minimum, strict=strict, maximum=maximum)
 
 
 def load(args: argparse.Namespace) -> EppConfig:

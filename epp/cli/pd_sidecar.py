@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from epp.cli.flags import byte_size, number, port
+from epp.cli.flags import byte_size, port, seconds
 from epp.clihelp import HelpFormatter, stop_event
 from epp.errors import ConfigError
 from epp.observability.tracing import ENV_HELP as TRACING_ENV_HELP
@@ -36,7 +36,7 @@ def add_pd_sidecar(sub: Any) -> None:
                    help="how KV moves from prefiller to decoder: 'shared-storage' (vLLM's "
                    "ExampleConnector, LMCache: nothing passes) or 'nixlv2' (vLLM's "
                    "NixlConnector: kv_transfer_params pass through the sidecar)")
-    p.add_argument("--prefill-timeout-s", type=number(0, strict=True), default=60.0,
+    p.add_argument("--prefill-timeout-s", type=seconds(), default=60.0,
                    help="after this the request is decoded locally instead")
     p.add_argument("--allowed-prefillers", default="",
                    help="required: where prefills may go, comma-separated NETWORK[:PORT] "

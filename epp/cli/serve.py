@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from epp.cli import serve_endpoints, serve_requests, serve_sync
-from epp.cli.flags import load, number, port
+from epp.cli.flags import load, port, port_or_off, seconds
 from epp.clihelp import HelpFormatter, stop_event
 from epp.errors import ConfigError
 from epp.observability.tracing import ENV_HELP as TRACING_ENV_HELP
@@ -31,10 +31,10 @@ def add_serve(sub: Any) -> None:
     )
     g = serve.add_argument_group("ports")
     g.add_argument("--grpc-port", type=port, default=9002, help="ext_proc gRPC port (0 = any)")
-    g.add_argument("--health-port", type=port, default=9003,
-                   help="gRPC health port (grpc.health.v1; -1 = off, health is also on --grpc-port)")
-    g.add_argument("--metrics-port", type=port, default=9090,
-                   help="Prometheus /metrics HTTP port (-1 = off)")
+    g.add_argument("--health-port", type=port_or_off, default=9003,
+                   help="gRPC health port (grpc.health.v1; -1 = off, 0 = any free port; health is also on --grpc-port)")
+    g.add_argument("--metrics-port", type=port_or_off, default=9090,
+                   help="Prometheus /metrics HTTP port (0 = any free port, -1 = off)")
     g.add_argument("--host", default="0.0.0.0", help="address to listen on")
     g.add_argument("--cert", default="", help="TLS certificate (PEM) for the gRPC port")
     g.add_argument("--key", default="", help="TLS private key (PEM) for the gRPC port")
@@ -44,9 +44,9 @@ def add_serve(sub: Any) -> None:
     serve_sync.add_sync_flags(serve)
 
     g = serve.add_argument_group("lifecycle and logging")
-    g.add_argument("--grace-s", type=number(0, strict=False), default=30.0,
+    g.add_argument("--grace-s", type=seconds(strict=False), default=30.0,
                    help="on SIGTERM, how long open ext_proc streams may take to finish, in seconds")
-    g.add_argument("--shutdown-delay-s", type=number(0, strict=False), default=0.0,
+    g.add_argument("--shutdown-delay-s", type=seconds(strict=False), default=0.0,
                    help="on SIGTERM, seconds to keep accepting streams after reporting "
                    "NOT_SERVING")
     g.add_argument("--log-level", default="info",

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from epp.cli.flags import byte_size, number
+from epp.cli.flags import byte_size, number, seconds
 from epp.config.loader import EppConfig
 from epp.datastore.pagefetch import DEFAULT_MAX_BYTES as DEFAULT_MAX_PAGE_BYTES
 from epp.datastore.scraper import ScrapeOptions
@@ -41,7 +41,7 @@ def add_endpoint_flags(serve: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", default="", choices=["vllm", "sglang"],
                    help="engine of the --endpoints servers: vllm or sglang (chooses the metric "
                    "names scraped; default vllm)")
-    g.add_argument("--scrape-interval-s", type=number(0, strict=True), default=None,
+    g.add_argument("--scrape-interval-s", type=seconds(), default=None,
                    help="seconds between /metrics scrapes of each endpoint (default: the "
                    "config's scraping.intervalSeconds: 0.2, 1 for --config predicted-ttft and "
                    "cache-aware); "
@@ -51,7 +51,7 @@ def add_endpoint_flags(serve: argparse.ArgumentParser) -> None:
                    help="most scrapes per second over the whole pool (0 = no limit): past "
                    "interval x budget endpoints (100 at the defaults) each endpoint's period "
                    "stretches to endpoints / budget, so scraping cost stays bounded")
-    g.add_argument("--scrape-timeout-s", type=number(0, strict=True), default=1.0,
+    g.add_argument("--scrape-timeout-s", type=seconds(), default=1.0,
                    help="timeout of one scrape, in seconds")
     g.add_argument("--scrape-max-bytes", type=byte_size, default=DEFAULT_MAX_PAGE_BYTES,
                    help="largest /metrics page accepted, before and after decompression "

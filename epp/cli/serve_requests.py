@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from epp.cli.flags import byte_size, number
+from epp.cli.flags import body_size, byte_size, number, seconds
 from epp.config.loader import SHIPPED
 from epp.extproc import convert
 from epp.extproc.observer import DEFAULT_WAIT_S as OBSERVER_WAIT_S
@@ -38,9 +38,9 @@ def add_request_flags(serve: argparse.ArgumentParser) -> None:
     g.add_argument("--fallbacks", type=number(0, strict=False, integer=True), default=None,
                    help="fallback endpoints appended to x-gateway-destination-endpoint "
                    "(default: config requestControl.fallbacks, else 0)")
-    g.add_argument("--max-body-bytes", type=byte_size, default=None,
+    g.add_argument("--max-body-bytes", type=body_size, default=None,
                    help=f"request body cap, 413 above it (default: config, else "
-                   f"{DEFAULT_MAX_BODY_BYTES // (1 << 20)}MiB)")
+                   f"{DEFAULT_MAX_BODY_BYTES // (1 << 20)}MiB; at most 1023MiB)")
 
     g.add_argument("--max-buffered-bytes", type=byte_size, default=DEFAULT_MAX_BUFFERED_BYTES,
                    help="request-body bytes all open streams may hold together; a request "
@@ -54,7 +54,7 @@ def add_request_flags(serve: argparse.ArgumentParser) -> None:
                    "observability_mode (send and go: Envoy does not wait for epp on each "
                    "response chunk); the routing filter then skips the response. See "
                    "docs/serve.md, deploy/envoy/envoy-observer.yaml")
-    g.add_argument("--response-observer-wait-s", type=number(0, strict=True),
+    g.add_argument("--response-observer-wait-s", type=seconds(),
                    default=OBSERVER_WAIT_S,
                    help="with --response-observer: how long a routed request waits for its "
                    "observer stream before it is released as unobserved")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from epp.cli.flags import number, port
+from epp.cli.flags import number, port, seconds
 from epp.errors import ConfigError
 from epp.sync.node import SyncOptions, SyncTls
 from epp.sync.outbox import DEFAULT_CAPACITY_CHUNKS
@@ -30,11 +30,11 @@ def add_sync_flags(serve: argparse.ArgumentParser) -> None:
                    help="this pod's IP, skipped in --peer-dns answers (default: env POD_IP)")
     g.add_argument("--sync-port", type=port, default=9004,
                    help="port of the IndexSync gRPC server peers subscribe to (0 = any)")
-    g.add_argument("--peer-dns-interval-s", type=float, default=5.0,
+    g.add_argument("--peer-dns-interval-s", type=seconds(), default=5.0,
                    help="seconds between lookups of --peer-dns")
-    g.add_argument("--sync-flush-ms", type=float, default=20.0,
+    g.add_argument("--sync-flush-ms", type=seconds(), default=20.0,
                    help="a peer receives this replica's writes at least this often")
-    g.add_argument("--sync-batch-records", type=int, default=256,
+    g.add_argument("--sync-batch-records", type=number(1, strict=False, integer=True), default=256,
                    help="records per message; a full batch is sent without waiting")
     g.add_argument("--sync-cert", default="",
                    help="PEM certificate of this replica for mutual TLS on the sync port "
@@ -54,7 +54,7 @@ def add_sync_flags(serve: argparse.ArgumentParser) -> None:
                    "dialled address, which is usually a pod IP)")
     g.add_argument("--sync-max-subscribers", type=number(1, strict=False, integer=True),
                    default=32, help="sync streams served at once; more are refused")
-    g.add_argument("--sync-warm-timeout-s", type=number(0, strict=False), default=10.0,
+    g.add_argument("--sync-warm-timeout-s", type=seconds(strict=False), default=10.0,
                    help="at start, how long to spend fetching a peer's index before "
                    "reporting ready (0 = start cold)")
     g.add_argument("--sync-warm-max-entries", type=number(1, strict=False, integer=True),
@@ -63,7 +63,7 @@ def add_sync_flags(serve: argparse.ArgumentParser) -> None:
                    help="share the index writes but not the prefill in flight (epp's "
                    "count per endpoint of prompt tokens sent and not prefilled; shared by "
                    "default)")
-    g.add_argument("--sync-buffer-records", type=int, default=8192,
+    g.add_argument("--sync-buffer-records", type=number(1, strict=False, integer=True), default=8192,
                    help="writes kept for slow peers; a peer further behind loses the oldest")
     g.add_argument("--sync-buffer-chunks", type=number(1, strict=False, integer=True),
                    default=DEFAULT_CAPACITY_CHUNKS,
@@ -75,16 +75,8 @@ def sync_options(args: argparse.Namespace) -> SyncOptions | None:
     """Index sync from the flags; None when neither --peers nor --peer-dns is given."""
     if not args.peers and not args.peer_dns:
         return None
-    if args.sync_port < 0:
-        raise ConfigError("--sync-port", "sync needs a port (0 = any free port)")
-    if args.sync_flush_ms <= 0:
-        raise ConfigError("--sync-flush-ms", "must be > 0")
-    if args.sync_batch_records <= 0:
-        raise ConfigError("--sync-batch-records", "must be > 0")
     if args.sync_buffer_records < args.sync_batch_records:
         raise ConfigError("--sync-buffer-records", "must be at least --sync-batch-records")
-    if args.peer_dns_interval_s <= 0:
-        raise ConfigError("--peer-dns-interval-s", "must be > 0")
     return SyncOptions(
         port=args.sync_port,
         peers=parse_peers(args.peers),

@@ -35,6 +35,7 @@ into ``EppConfig.request_control`` and ``EppConfig.static_endpoints``.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -122,6 +123,8 @@ def _camel(name: str) -> str:
 def _coerce_weight(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(where, f"expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(where, f"expected a finite number, got {value!r}")
     return float(value)
 
 

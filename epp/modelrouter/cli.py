@@ -35,7 +35,8 @@ POOL_HELP = (
 
 def register(
     sub: Any, *, formatter: type[argparse.HelpFormatter], port: Callable[[str], int],
-    size: Callable[[str], int], number: Callable[..., Any],
+    port_or_off: Callable[[str], int], size: Callable[[str], int],
+    body_size: Callable[[str], int], number: Callable[..., Any], seconds: Callable[..., Any],
 ) -> None:  # fmt: skip
     """Add ``model-router`` to ``epp``'s subcommands (the argument types are epp.cli's)."""
     p = sub.add_parser(
@@ -65,9 +66,9 @@ def register(
                    "optional); default: a 400, unless the pools serve one base model")
     g.add_argument("--max-models", type=number(1, strict=False, integer=True), default=10_000,
                    help="most models and adapters known; more are ignored (logged)")
-    g.add_argument("--models-refresh-s", type=number(0, strict=True), default=10.0,
+    g.add_argument("--models-refresh-s", type=seconds(), default=10.0,
                    help="seconds between two rounds of GET /v1/models over every pool's servers")
-    g.add_argument("--models-timeout-s", type=number(0, strict=True), default=2.0,
+    g.add_argument("--models-timeout-s", type=seconds(), default=2.0,
                    help="timeout of one server's GET /v1/models")
     g.add_argument("--models-max-bytes", type=size, default=1 << 20,
                    help="largest GET /v1/models answer read from one server")
@@ -80,18 +81,18 @@ def register(
     g = p.add_argument_group("serving")
     g.add_argument("--grpc-port", type=port, default=DEFAULT_GRPC_PORT,
                    help="ext_proc gRPC port, also answering grpc.health.v1 (0 = any)")
-    g.add_argument("--health-port", type=port, default=-1,
+    g.add_argument("--health-port", type=port_or_off, default=-1,
                    help="a second port answering only grpc.health.v1 (-1 = off)")
-    g.add_argument("--metrics-port", type=port, default=DEFAULT_METRICS_PORT,
+    g.add_argument("--metrics-port", type=port_or_off, default=DEFAULT_METRICS_PORT,
                    help="Prometheus /metrics HTTP port (-1 = off)")
     g.add_argument("--host", default="0.0.0.0", help="address to listen on")
     g.add_argument("--cert", default="", help="TLS certificate (PEM) for the gRPC port")
     g.add_argument("--key", default="", help="TLS private key (PEM) for the gRPC port")
-    g.add_argument("--max-body-bytes", type=size, default=None,
-                   help="request body cap, 413 above it (default 8MiB, as epp serve)")
+    g.add_argument("--max-body-bytes", type=body_size, default=None,
+                   help="request body cap, 413 above it (default 8MiB, at most 1023MiB, as epp serve)")
     g.add_argument("--max-open-streams", type=number(1, strict=False, integer=True),
                    default=20_000, help="ext_proc streams open at once; past it 503")
-    g.add_argument("--grace-s", type=number(0, strict=False), default=30.0,
+    g.add_argument("--grace-s", type=seconds(strict=False), default=30.0,
                    help="on SIGTERM, how long open streams may take to finish")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level")

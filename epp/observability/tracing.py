@@ -9,7 +9,10 @@ the protocol (``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL``: ``http/protobuf``, the d
 ``_ARG``; parent-based always-on by default), the propagators (``OTEL_PROPAGATORS``: W3C
 trace context and baggage by default), the resource (``OTEL_SERVICE_NAME``, default ``epp``;
 ``OTEL_RESOURCE_ATTRIBUTES``) and the batch processor's bounds (``OTEL_BSP_*``: a full queue
-drops spans, it never blocks a request). Each span's export is counted by outcome
+drops spans, it never blocks a request). Values the SDK would only warn about and replace
+(an unknown sampler, a sampler argument that is not a ratio in [0, 1], an ``OTEL_BSP_*``
+that is not a positive integer, an OTLP endpoint that is not a URL) stop start-up with a
+``ConfigError`` naming the variable instead (:func:`check_env`). Each span's export is counted by outcome
 (``epp_tracing_spans_exported_total{exporter, outcome}``): a receiver that refuses or cannot
 be reached shows as ``failed`` there, not only in a log line.
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,11 +61,75 @@ ENV_HELP = (
     "OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) exports spans there over OTLP, "
     "OTEL_TRACES_EXPORTER=otlp|console|none chooses, OTEL_SDK_DISABLED=true turns it off; the "
     "sampler, propagators, resource and batching follow the other OTEL_* variables. When they "
-    "ask for what cannot work (an unknown exporter, protocol or propagator, OTLP without the "
-    "SDK installed: pip install 'epp[tracing]'), start-up stops with an error naming the "
+    "ask for what cannot work (an unknown exporter, protocol, propagator or sampler, a "
+    "sampler argument outside [0, 1], an OTEL_BSP_* that is not a positive integer, an "
+    "endpoint that is not a URL, OTLP without the SDK installed: pip install "
+    "'epp[tracing]'), start-up stops with an error naming the "
     "variable. See docs/observability.md."
 )
 """The ``epilog`` of the commands that read the variables (``epp serve``, ``epp pd-sidecar``)."""
+
+
+SAMPLERS = ("always_on", "always_off", "parentbased_always_on", "parentbased_always_off",
+            "traceidratio", "parentbased_traceidratio")  # fmt: skip
+"""The ``OTEL_TRACES_SAMPLER`` values the SDK's ``TracerProvider`` knows (its
+``sampling._KNOWN_SAMPLERS``); the ratio ones read ``OTEL_TRACES_SAMPLER_ARG``."""
+_BSP = {"OTEL_BSP_SCHEDULE_DELAY": 5000, "OTEL_BSP_EXPORT_TIMEOUT": 30000,
+        "OTEL_BSP_MAX_QUEUE_SIZE": 2048, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": 512}  # fmt: skip
+"""The batch processor's variables and the SDK's defaults (milliseconds, spans)."""
+
+
+def check_env(env: Mapping[str, str], protocol: str = "http/protobuf") -> None:
+    """Raise ConfigError naming the first ``OTEL_*`` variable (sampler, batch processor,
+    endpoint) whose value the SDK would only warn about and replace, or fail on later."""
+    sampler = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if sampler and sampler not in SAMPLERS:
+        raise ConfigError("OTEL_TRACES_SAMPLER", f"unknown sampler {sampler!r} (known: "
+                          f"{', '.join(SAMPLERS)})")  # fmt: skip
+    arg = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    if sampler.endswith("traceidratio") and arg:
+        try:
+            ratio = float(arg)
+        except ValueError:
+            ratio = -1.0
+        if not 0.0 <= ratio <= 1.0:  # NaN fails too
+            raise ConfigError("OTEL_TRACES_SAMPLER_ARG", f"{arg!r} is not a sampling ratio in "
+                              f"[0, 1] (for {sampler})")  # fmt: skip
+    values = dict(_BSP)
+    for var in _BSP:
+        text = env.get(var, "").strip()
+        if not text:
+            continue
+        try:
+            values[var] = int(text)
+        except ValueError:
+            values[var] = -1
+        low = 0 if var == "OTEL_BSP_EXPORT_TIMEOUT" else 1
+        if values[var] < low:
+            raise ConfigError(var, f"{text!r} is not an integer >= {low}")
+    if values["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"] > values["OTEL_BSP_MAX_QUEUE_SIZE"]:
+        raise ConfigError("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "must not exceed "
+                          f"OTEL_BSP_MAX_QUEUE_SIZE ({values['OTEL_BSP_MAX_QUEUE_SIZE']})")
+    for var in _ENDPOINT_VARS:
+        url = env.get(var, "").strip()
+        if url and not _is_endpoint(url, grpc=protocol == "grpc"):
+            form = "http(s)://HOST:PORT or HOST:PORT" if protocol == "grpc" else \
+                "http(s)://HOST:PORT[/PATH]"
+            raise ConfigError(var, f"{url!r} is not a URL like {form}")
+
+
+def _is_endpoint(url: str, *, grpc: bool) -> bool:
+    """An http(s) URL with a host (and a valid port); with ``grpc``, HOST:PORT too."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme in ("http", "https"):
+            return bool(parsed.hostname) and (parsed.port is None or parsed.port > 0)
+        if grpc and "//" not in url:
+            bare = urllib.parse.urlsplit(f"//{url}")
+            return bool(bare.hostname) and bare.port is not None and bare.port > 0
+    except ValueError:  # a port outside 0-65535, a bad IPv6 literal
+        return False
+    return False
 
 
 def _exporters(environ: Mapping[str, str]) -> list[str]:
@@ -88,6 +156,8 @@ def tracing_from_env(environ: Mapping[str, str] | None = None) -> Tracing | None
     if unknown:
         raise ConfigError("OTEL_TRACES_EXPORTER", f"unknown exporter {unknown[0]!r} (epp has "
                           "otlp and console; none turns tracing off)")  # fmt: skip
+    protocol_var = next((v for v in _PROTOCOL_VARS if env.get(v)), "")
+    check_env(env, env.get(protocol_var, "http/protobuf").strip().lower())
     try:
         from opentelemetry import propagate
         from opentelemetry.sdk.resources import Resource

@@ -3,7 +3,7 @@ does to a request before and after the scheduler sees it (the Director that does
 ``epp.requestcontrol``).
 
     requestControl:
-      maxBodyBytes: 8388608          # 413 above this
+      maxBodyBytes: 8MiB             # 413 above this (bytes, or with a unit: 8MiB, 512KiB)
       fallbacks: 0                   # extra endpoints after the pick, comma-separated
       baseModels: [meta-llama/Llama-3.1-8B-Instruct]   # names that are not LoRA adapters
       modelRewrites:                 # client model -> served model (or a weighted split)
@@ -31,9 +31,12 @@ from pydantic import BaseModel, BeforeValidator, Field, StringConstraints
 
 from epp.errors import ConfigError
 from epp.request.apis import BUILTIN, LoadRoutedApi, normalize_path
-from epp.schema import STRICT, validate
+from epp.schema import STRICT, ByteSize, validate
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_BODY_BYTES_LIMIT = (1 << 30) - (1 << 20)
+"""The largest body cap (1023 MiB): epp's gRPC message limit is twice the cap plus 1 MiB,
+and gRPC's limit is an int32 (``epp.server.runner``)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,7 +85,7 @@ def _targets(value: Any) -> Any:
 
 class _Section(BaseModel):
     model_config = STRICT
-    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1)
+    max_body_bytes: ByteSize = Field(DEFAULT_MAX_BODY_BYTES, ge=1, le=MAX_BODY_BYTES_LIMIT)
     fallbacks: int = Field(0, ge=0)
     base_models: list[Name] = []
     model_rewrites: dict[str, Annotated[list[_Target], BeforeValidator(_targets),

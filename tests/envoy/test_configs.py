@@ -92,6 +92,10 @@ def test_envoy_accepts_every_combination_of_the_generator(name: str, tmp_path: P
                                                     ("10.0.1.9:9002",)))), "in pools 'chat' and 'x'"),
         (EnvoyOptions(pools=(PoolRoute("chat", ("m",), ("10.0.0.1:8000",)),)), "epp's address"),
         (EnvoyOptions(pools=TWO_POOLS, request_body="full-duplex"), "pool 'chat': failing open"),
+        (EnvoyOptions(pool=("10.0.0.1:8000",), max_request_bytes=1 << 32), "at most 4294967295"),
+        (EnvoyOptions(pool=("10.0.0.1:8000",), message_timeout_s=float("nan")), "finite"),
+        (EnvoyOptions(pool=("10.0.0.1:8000",), stream_idle_timeout_s=1e-6), ">= 0.001"),
+        (EnvoyOptions(pools=TWO_POOLS, admin_port=-1), "admin_port: must be a port"),
     ],
 )
 def test_a_combination_that_cannot_work_is_refused_with_the_reason(
@@ -99,6 +103,26 @@ def test_a_combination_that_cannot_work_is_refused_with_the_reason(
 ) -> None:
     with pytest.raises(ValueError, match=words):
         envoy_config(options)
+
+
+@pytest.mark.parametrize("argv", [
+    [],  # bare: fail-closed over an ORIGINAL_DST cluster, a comment says how to fail open
+    ["--pool", "10.0.0.1:8000", "--message-timeout-s", "3600", "--stream-idle-timeout-s",
+     "31536000", "--upstream-idle-timeout-s", "0.001", "--max-request-bytes", "8MiB"],
+    ["--pool", "10.0.0.1:8000", "--max-body-bytes", "1023MiB", "--port", "65535"],
+], ids=["bare", "longest and shortest timeouts", "largest buffer limit"])  # fmt: skip
+def test_envoy_accepts_what_envoy_config_prints_at_the_limits_its_flags_allow(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each limit the flags enforce (QA3 item 1: NaN, Inf, 1e12 s, -1 ports, 100 GiB were
+    printed and Envoy refused them) is one real Envoy takes; one past it is refused by epp
+    (tests/unit/test_bad_numbers.py)."""
+    from epp.cli import main
+
+    assert main(["envoy-config", *argv]) == 0
+    path = tmp_path / "envoy.yaml"
+    path.write_text(capsys.readouterr().out)
+    _validate(path)
 
 
 def test_the_shipped_default_fails_open_over_an_override_host_pool() -> None:

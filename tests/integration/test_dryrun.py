@@ -116,3 +116,15 @@ async def test_a_sleeping_endpoint_is_shown_and_left_out_as_live_epp_leaves_it(t
     assert main([*argv, "--config", str(tmp_path / "flow.yaml")]) == 0
     out = capsys.readouterr().out
     assert "pick:" not in out and "epp would queue the request" in out and "up to 45 s" in out
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("", "not JSON: Expecting value"),
+    ("[1]", '{"endpoints": [...]}'),
+])  # fmt: skip
+def test_a_snapshot_that_is_not_one_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, named: str) -> None:
+    (tmp_path / "bad.json").write_text(text)
+    (tmp_path / "body.json").write_text(json.dumps(BODY))
+    assert main(["dry-run", "--snapshot", str(tmp_path / "bad.json"), "--body", str(tmp_path / "body.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"--snapshot {tmp_path / 'bad.json'}: " in err and named in err

@@ -170,6 +170,9 @@ async def test_without_tracing_the_clients_traceparent_is_left_alone() -> None:
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
     ({"OTEL_TRACES_EXPORTER": "console"}, True),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, True),
+    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+      "OTEL_TRACES_SAMPLER_ARG": "0.25", "OTEL_BSP_MAX_QUEUE_SIZE": "4096"}, True),
 ])  # fmt: skip
 def test_the_otel_variables_alone_turn_tracing_on(env: dict[str, str], on: bool) -> None:
     tracing = tracing_from_env(env)
@@ -182,6 +185,18 @@ def test_the_otel_variables_alone_turn_tracing_on(env: dict[str, str], on: bool)
     ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"},
      "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"),
+    # what the SDK would only warn about (and then sample everything, or crash on)
+    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "bogus"}, "OTEL_TRACES_SAMPLER"),
+    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "traceidratio",
+      "OTEL_TRACES_SAMPLER_ARG": "abc"}, "OTEL_TRACES_SAMPLER_ARG"),
+    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+      "OTEL_TRACES_SAMPLER_ARG": "1.5"}, "OTEL_TRACES_SAMPLER_ARG"),
+    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_MAX_QUEUE_SIZE": "-1"}, "OTEL_BSP_MAX_QUEUE_SIZE"),
+    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "soon"}, "OTEL_BSP_SCHEDULE_DELAY"),
+    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_MAX_QUEUE_SIZE": "10",
+      "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "20"}, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "notaurl"}, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x:99999/v1/traces"}, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
 ])  # fmt: skip
 def test_what_cannot_work_fails_naming_the_variable(env: dict[str, str], field: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -60,7 +60,7 @@ def test_bad_config_names_the_field(tmp_path, capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--grpc-port", "abc", "'abc' is not a port number"),
+        ("--grpc-port", "abc", "'abc' is not a port 1-65535"),
         ("--fallbacks", "-1", "must be >= 0"),
         ("--scrape-interval-s", "0", "must be > 0"),
         ("--scrape-timeout-s", "-1", "must be > 0"),

@@ -33,8 +33,6 @@ def test_sync_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         (["--peers", "epp-0"], "--peers"),
         (["--peer-dns", "epp-peers"], "--peer-dns"),
-        (["--peers", "a:1", "--sync-flush-ms", "0"], "--sync-flush-ms"),
-        (["--peers", "a:1", "--sync-port", "-1"], "--sync-port"),
         (["--peers", "a:1", "--sync-buffer-records", "10"], "--sync-buffer-records"),
         (["--peers", "a:1"], "--sync-insecure"),  # plaintext is never the silent default
         (["--peer-dns", "epp-peers:9004"], "--sync-insecure"),

@@ -76,3 +76,58 @@ def test_envoy_config_derives_refuses_and_checks(tmp_path: Path, capsys: pytest.
     assert main(["envoy-config", "--check", str(path)]) == 0  # looser config: still agrees
     assert main(["envoy-config", "--check", str(config)]) == 2  # not a bootstrap
     assert "no listener" in capsys.readouterr().err
+
+
+def test_check_flags_a_route_idle_timeout_below_300_s_with_the_default_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QA3 item 8: only a config whose queue outlasted the idle timeout was flagged."""
+    out = envoy_bootstrap(build_parser().parse_args(["envoy-config", "--pool", "10.0.0.1:8000"]))
+    path = tmp_path / "envoy.yaml"
+    path.write_text(out.yaml.replace("idle_timeout: 300s", "idle_timeout: 10s"))
+    assert main(["envoy-config", "--check", str(path)]) == 0  # a warning, not a contradiction
+    err = capsys.readouterr().err
+    assert "warning: --stream-idle-timeout-s 10 (route idle_timeout)" in err
+    assert "at least 300" in err
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("foo: [\n", "not valid YAML: expected the node content"),
+    ("a: 1\n", "no listener with an envoy.filters.http.ext_proc filter"),
+    ("- 1\n- 2\n", "not an Envoy bootstrap"),
+])  # fmt: skip
+def test_check_of_a_file_that_is_no_bootstrap_is_one_line_and_exit_2(
+    text: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert main(["envoy-config", "--check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--check {path}: " in err and words in err, err
+
+
+def test_bare_envoy_config_prints_a_fail_closed_bootstrap_that_says_how_to_fail_open(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """QA3 item 10: fail-open was the default even without the --pool it needs."""
+    assert main(["envoy-config"]) == 0
+    out = capsys.readouterr().out
+    assert "# Fail-closed: no --pool was given" in out and "Give --pool HOST:PORT" in out
+    assert options_of_bootstrap(yaml.safe_load(out)).failure == "closed"
+    assert main(["envoy-config", "--pool", "10.0.0.1:8000"]) == 0  # with --pool: fail-open
+    assert options_of_bootstrap(yaml.safe_load(capsys.readouterr().out)).failure == "open"
+    assert main(["envoy-config", "--failure", "open"]) == 2  # asked for, without a pool
+    assert "failing open needs the pool's servers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("config", "words"), [
+    ("requestControl: {maxBodyBytes: 100GiB}", "requestControl.maxBodyBytes': must be <= 1072693248"),
+    ("flowControl: {enabled: true, maxQueueSeconds: 4000}", "at most 3600 s"),
+])  # fmt: skip
+def test_a_config_envoy_cannot_follow_is_refused_naming_envoys_limit(
+    config: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "epp.yaml"
+    path.write_text(config + "\n")
+    assert main(["envoy-config", "--pool", "10.0.0.1:8000", "--config", str(path)]) == 2
+    assert words in capsys.readouterr().err
