@@ -48,12 +48,17 @@ def envoy_bootstrap(args: argparse.Namespace) -> EnvoyBootstrap:
     # Failing open needs servers to fall back to: the default is 'open' with --pool (or
     # several pools), 'closed' without (an ORIGINAL_DST cluster only epp can fill).
     failure = args.failure or ("open" if pools or args.pool else "closed")
+    if pools and args.response == "summary":
+        raise ValueError("--response summary works with one pool: with several, each pool's "
+                         "epp reads its responses full-duplex (the summary's access log would "
+                         "reach one epp)")
+    response = args.response or ("full-duplex" if pools else "summary")
     options = ec.EnvoyOptions(
         listen_address=args.host, listen_port=args.port, admin_port=args.admin_port,
         epp=hosts(",".join(args.epp) if single and args.epp else "127.0.0.1:9002"),
         pool=hosts(args.pool[0]) if single and args.pool else (), routing=args.routing,
         pools=pools, model_router=hosts(args.model_router),
-        failure=failure, request_body=args.request_body, response=args.response,
+        failure=failure, request_body=args.request_body, response=response,
         fallback_lb=args.fallback_lb, retries=args.retries,
         upstream_idle_timeout_s=args.upstream_idle_timeout_s,
         upstream_host_header=args.upstream_host_header, access_log=args.access_log,

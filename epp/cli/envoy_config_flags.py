@@ -68,15 +68,15 @@ def add_envoy_config(sub: Any) -> None:
                    help="how Envoy sends the request body to epp: 'buffered' (whole, after "
                    "epp answered the headers; can fail open) or 'full-duplex' (streamed at "
                    "once; fail-closed only)")
-    p.add_argument("--response", choices=ec.RESPONSE_MODES, default="summary",
+    p.add_argument("--response", choices=ec.RESPONSE_MODES, default=None,
                    help="how responses reach epp (usage, cached tokens, first-token time): "
                    "'summary' (the default with one pool) the headers and first body bytes on the routing "
                    "stream, then the usage and the end in Envoy's gRPC access log, so a "
                    "streamed answer costs epp the same whatever its length; 'full-duplex' "
                    "every chunk through the routing stream (epp also reads the reply text); "
                    "'observer' every chunk on a second stream Envoy never waits for (epp "
-                   "serve --response-observer); 'none'. With several pools: full-duplex (the "
-                   "summary's access log would reach one epp)")
+                   "serve --response-observer); 'none'. With several pools the default is "
+                   "full-duplex and summary is refused (its access log would reach one epp)")
     p.add_argument("--summary-flush-s", type=number(0, strict=False),
                    default=ec.DEFAULT_SUMMARY_FLUSH_S,
                    help="with --response summary: how long Envoy batches the access log "

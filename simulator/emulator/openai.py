@@ -10,6 +10,7 @@ and hits the blocks cached when turn ``n`` finished.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -155,6 +156,17 @@ def flatten_messages(messages: object, param: str, tools: object = None) -> str:
     return "".join(parts)
 
 
+MEDIA_TOKENS = 64
+"""Prompt tokens a media part stands for (an image's patches): its text is a placeholder of
+about this many tokens, named by a hash of the whole part (so equal images share a prefix,
+different ones do not), not the part's JSON (a base64 image would count as ~1 token a byte)."""
+
+
+def _media_text(part: Mapping[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
+    return f"<media {digest}> " * (MEDIA_TOKENS // 4)
+
+
 def _content_text(content: object, param: str) -> str:
     if content is None:
         return ""
@@ -167,7 +179,7 @@ def _content_text(content: object, param: str) -> str:
                 out.append(part)
             elif isinstance(part, dict):
                 text = part.get("text")
-                out.append(text if isinstance(text, str) else json.dumps(part, sort_keys=True))
+                out.append(text if isinstance(text, str) else _media_text(part))
             else:
                 raise ApiError(400, f"bad content part in '{param}'", param)
         return "".join(out)

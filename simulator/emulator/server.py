@@ -50,6 +50,9 @@ from simulator.model.engine import (
 )
 from simulator.model.tokens import CHARS_PER_TOKEN, count_tokens, generate_text
 
+MAX_BODY_BYTES = 64 << 20
+"""Largest request body the emulator reads (aiohttp's default is 1 MiB)."""
+
 _EPP_API = {Api.COMPLETIONS: "completions", Api.CHAT: "chat_completions"}
 """The emulator's API kinds as ``epp.prefix.tokenize.token_ids`` names them."""
 
@@ -178,7 +181,9 @@ class Emulator:
         self._pending.clear()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors])
+        # real servers take images of several MB (vLLM has no 1 MiB body limit); epp's own
+        # cap (8 MiB by default) is in front of it
+        app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/completions", self._api(Api.COMPLETIONS))
         app.router.add_post("/v1/chat/completions", self._api(Api.CHAT))
         app.router.add_post("/v1/responses", self._create_response)

@@ -38,7 +38,8 @@ def register(subparsers: Any) -> None:
         "stack",
         help="start emulated replicas + epp + gateway (and the demo with --demo)",
         description=(
-            "Start N emulated vLLM replicas, epp scraping them and the dev gateway, all on free "
+            "Start N emulated vLLM replicas (or real vLLM: --engine vllm), epp scraping them and a "
+            "gateway (real Envoy; --gateway python for the development one), all on free "
             "loopback ports. Prints one JSON line {gateway_url, epp_grpc, replica_urls} on "
             "stdout (plus epp_grpcs, all of them, with --epp-replicas > 1; a summary goes to "
             "stderr) and serves until Ctrl-C / SIGTERM. With --demo, "

@@ -120,6 +120,22 @@ def test_bare_envoy_config_prints_a_fail_closed_bootstrap_that_says_how_to_fail_
     assert "failing open needs the pool's servers" in capsys.readouterr().err
 
 
+def test_several_pools_read_responses_full_duplex_and_refuse_the_summary(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The summary's access log would reach one epp: with several pools each pool's epp reads
+    its responses (the default there), and asking for the summary is refused, not ignored."""
+    pools = ["--pool", "chat=m1@10.0.0.11:8000", "--pool", "coder=m2@10.0.0.21:8000",
+             "--epp", "chat=127.0.0.1:9002", "--epp", "coder=127.0.0.1:9012"]  # fmt: skip
+    assert main(["envoy-config", *pools]) == 0
+    out = capsys.readouterr().out
+    assert "FULL_DUPLEX_STREAMED" in out and "http_grpc" not in out
+    assert main(["envoy-config", *pools, "--response", "summary"]) == 2
+    assert "--response summary works with one pool" in capsys.readouterr().err
+    assert main(["envoy-config", "--pool", "10.0.0.1:8000"]) == 0  # one pool: the summary
+    assert "http_grpc" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("config", "words"), [
     ("requestControl: {maxBodyBytes: 100GiB}", "requestControl.maxBodyBytes': must be <= 1072693248"),
     ("flowControl: {enabled: true, maxQueueSeconds: 4000}", "at most 3600 s"),
