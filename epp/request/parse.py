@@ -195,16 +195,16 @@ class RequestParser:
         model = doc.get("model")
         if model is None:
             if api.model_required:
-                raise BadRequest("missing 'model' in request body")
+                raise BadRequest("missing 'model' in request body", param="model")
             model = ""
         elif not isinstance(model, str) or not model:
-            raise BadRequest("'model' must be a non-empty string")
+            raise BadRequest("'model' must be a non-empty string", param="model")
         prompt = api.prompt(doc)
         salt = doc.get("cache_salt", "")
         if salt is None:
             salt = ""
         if not isinstance(salt, str):
-            raise BadRequest("'cache_salt' must be a string")
+            raise BadRequest("'cache_salt' must be a string", param="cache_salt")
 
         if surrogates and b"\\" in body and _SURROGATE_ESCAPE.search(body) is not None:
             _check_encodable(prompt, "the prompt")

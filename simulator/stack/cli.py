@@ -453,6 +453,14 @@ async def _main(
     return 0
 
 
+def _response_mode(o: Any) -> str:
+    """How responses reach epp: real Envoy's default is the summary, the development
+    gateway's full-duplex."""
+    if o.response_observer:
+        return "observer"
+    return o.response_mode or ("summary" if o.gateway == "envoy" else "full-duplex")
+
+
 def _summary(stack: Stack) -> None:
     o = stack.options
     if stack.pools:
@@ -466,7 +474,8 @@ def _summary(stack: Stack) -> None:
             else f"local stack up: {len(stack.replica_urls)} emulated replicas of {o.model} "
             f"(speedup {o.speedup:g}x, {o.kv_blocks or 'default'} KV blocks each)"
         ),
-        f"  gateway   {stack.gateway_url}   policy {o.policy}, ext_proc mode {o.request_mode}",
+        f"  gateway   {stack.gateway_url}   policy {o.policy}, request body {o.request_mode}, "
+        f"responses {_response_mode(o)}",
     ]
     for epp in stack.epps:
         sync = f"   sync {epp.sync}" if epp.sync else ""

@@ -58,6 +58,18 @@ def test_bad_bodies_say_what_is_wrong(raw: bytes, error: type[Exception], words:
         parser().parse("/v1/completions", H, raw)
 
 
+@pytest.mark.parametrize(("raw", "param"), [
+    (body(prompt="x"), "model"),
+    (body(model="", prompt="x"), "model"),
+    (body(model="m", prompt="x", cache_salt=5), "cache_salt"),
+])  # fmt: skip
+def test_a_bad_model_or_salt_names_its_field_as_openai_param(raw: bytes, param: str) -> None:
+    """As the model router's 404 does (``error.param``), for every API."""
+    with pytest.raises(BadRequest) as caught:
+        parser().parse("/v1/completions", H, raw)
+    assert caught.value.param == param
+
+
 def test_unknown_path_is_not_found_and_size_cap_applies() -> None:
     p = parser(max_body_bytes=10)
     with pytest.raises(NotFound, match="/v9/x"):
