@@ -128,6 +128,7 @@ class RequestStream:
         "_handoff",
         "_headers",
         "_held",
+        "_leave_pending",
         "_limits",
         "_model",
         "_new_id",
@@ -216,6 +217,8 @@ class RequestStream:
         """The proxy sends epp an access log entry for each request (``SUMMARY_DECLARATION``)."""
         self._summary_token = ""
         self._handed = False
+        self._leave_pending = False
+        """The answer goes unread once what must be read of it is (``_response_body``)."""
         """The response's end was left to the access log (``ResponseHandoff.await_summary``)."""
         self.ended = False
         """epp has read what it needs: the service ends the stream, Envoy goes on without it."""
@@ -608,15 +611,18 @@ class RequestStream:
             routing = self._observed()
             if routing is not None:
                 self._director.first_token(routing, first - routing.started_s, self._status)
-                if not end and self._leaves_to_summary(reader, first):
-                    return self._leave_to_summary(routing, chunk, first)
+                self._leave_pending = not end and self._leaves_to_summary(reader, first)
             elif self._remote and self._handoff is not None:
                 self._handoff.observed(self._remote, Kind.FIRST_BYTES)
         data = chunk
         if reader is not None:
-            data = reader.feed(chunk, end)
+            data = reader.feed(chunk, end)  # an unrewritten SSE stream: data is chunk
             if len(reader.stored_ids) > self._stored_seen:
                 self._report_stored(reader)
+        if self._leave_pending and not end and self._read_enough(reader):
+            assert self._routing is not None
+            self._leave_pending = False
+            return self._leave_to_summary(self._routing, chunk, self._first_body_s)
         if end:
             self._finish()
         if mode == convert.FULL_DUPLEX_STREAMED:
@@ -626,6 +632,15 @@ class RequestStream:
         if reader is not None and reader.rewriting:
             return [convert.replaced_response_body(data, buffered=mode == convert.BUFFERED)]
         return [convert.RESPONSE_BODY_CONTINUE]
+
+    def _read_enough(self, reader: ResponseReader | None) -> bool:
+        """Whether what epp must read of this answer is read: a Responses stream's response
+        id (its response.created event), so that a follow-up naming it reaches this server;
+        of any other stream, its first bytes."""
+        routing = self._routing
+        if routing is None:
+            return False
+        return routing.request.api is not ApiKind.RESPONSES or bool(reader and reader.stored_ids)
 
     def _leaves_to_summary(self, reader: ResponseReader | None, now: float) -> bool:
         """Whether the rest of this answer can go by unread: a 2xx SSE stream of an API whose

@@ -175,3 +175,38 @@ async def test_an_entry_of_another_process_or_without_a_token_changes_nothing(ep
     assert handoff is not None
     await log(epp, entry("0123456789ab-1"), entry(""))
     assert handoff.foreign == 1 and not handoff.summaries_live(handoff._clock())
+
+
+async def test_a_responses_stream_goes_unread_only_once_its_response_id_is_known(epp: Epp) -> None:
+    """A stored response lives on its server: a follow-up naming it must reach that server, so
+    the stream is read until its response.created event (split here over two chunks) gives
+    the id, and only then left to the access log."""
+    handoff = epp.handle.service.handoff
+    assert handoff is not None
+    first, _, first_token = await routed(epp)
+    await stream_to_end(first, 2)
+    await log(epp, entry(first_token))  # summaries are live on this replica
+    body = json.dumps({"model": "m", "stream": True, "input": "plan a picnic " * 50}).encode()
+    s = ec.Stream(epp.channel, [SUMMARY_METADATA])
+    await s.send(ec.request_headers("/v1/responses", modes=BUFFERED))
+    await s.recv()
+    await s.send(ec.request_body(body, True))
+    home = ec.destination(await s.recv())
+    created = b'event: response.created\ndata: ' + json.dumps(
+        {"type": "response.created", "response": {"id": "resp_summary1", "object": "response",
+                                                  "status": "in_progress", "model": "m"}}).encode()  # fmt: skip
+    await s.send(ec.response_headers(content_type=SSE))
+    await s.recv()
+    await s.send(ec.response_body(created[:40], False))  # the event cut in two
+    assert (await s.recv()).WhichOneof("response") == "response_body"
+    assert handoff.handed_over == 0  # the id is not known yet: still reading
+    await s.send(ec.response_body(created[40:] + b"\n\n", False))
+    await s.recv()
+    assert await s.call.read() is grpc.aio.EOF and handoff.handed_over == 1  # now unread
+    follow = json.dumps({"model": "m", "input": "and then?", "previous_response_id": "resp_summary1"})
+    for _ in range(4):  # among four endpoints, every follow-up goes home
+        f = ec.Stream(epp.channel)
+        await f.send(ec.request_headers("/v1/responses"), ec.request_body(follow.encode(), True))
+        headers, _ = await f.recv_n(2)
+        assert ec.destination(headers) == home
+        f.call.cancel()
