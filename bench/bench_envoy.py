@@ -44,8 +44,8 @@ latency), and the front Envoy's CPU per request. Modes interleave round by round
         [--concurrency 1,16] [--parts overhead,streams] [--token-interval-ms 5]
         [--engine emulated|vllm]
 
-Writes docs/results/envoy-overhead.md and .json (``--engine vllm``: the streams part
-alone, docs/results/envoy-overhead-vllm.md).
+Writes docs/results/envoy-overhead.md and .json (``--engine vllm``: the streams part alone,
+printed, no page).
 
 **Tracing** (``--tracing also``, the default, or ``only``): epp's OpenTelemetry tracing in the
 ``default`` mode at the same concurrencies, three ``epp serve`` processes differing only in their
@@ -940,7 +940,7 @@ def main() -> None:
     p.add_argument("--parts", default="overhead,streams", help="of overhead, streams")
     p.add_argument("--engine", choices=("emulated", "vllm"), default="emulated",
                    help="the streams part's model servers: the bench's own SSE server, or two "
-                   "real vLLM servers (then the streams part alone, to envoy-overhead-vllm)")
+                   "real vLLM servers (then the streams part alone, printed, no page)")
     p.add_argument("--token-interval-ms", type=float, default=5.0,
                    help="the bench's SSE server: one event per token this often")
     p.add_argument("--idle-s", type=float, default=1.5,
@@ -1037,10 +1037,10 @@ def main() -> None:
         )
         sections.append("## Streamed answers: what their length costs epp\n\n" + table + notes)
         data["streams"] = results
-    name = "envoy-overhead-vllm" if args.engine == "vllm" else "envoy-overhead"
-    title = ("Streamed answers through real Envoy to real vLLM" if args.engine == "vllm"
-             else "ext_proc overhead through real Envoy")  # fmt: skip
-    path = write_result(name, title, "\n\n".join(sections), data)
+    if args.engine == "vllm":  # a check of the emulated figures on real servers: printed only
+        return
+    path = write_result("envoy-overhead", "ext_proc overhead through real Envoy",
+                        "\n\n".join(sections), data)  # fmt: skip
     print(f"wrote {path.relative_to(ROOT)}")
 
 
