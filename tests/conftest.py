@@ -1,4 +1,4 @@
-"""Shared by every tier: a test that runs ``epp.cli.main`` (``serve``, ``pd-sidecar``)
+"""Shared by every tier: an `http` client fixture, and the root logger: a test that runs ``epp.cli.main`` (``serve``, ``pd-sidecar``)
 configures the root logger as the process would (a handler on the stderr pytest captured,
 level INFO); restored after each test, so later tests neither write to that closed stream nor
 see INFO records they did not ask for."""
@@ -6,8 +6,9 @@ see INFO records they did not ask for."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
+import aiohttp
 import pytest
 
 
@@ -20,3 +21,10 @@ def _root_logging_restored() -> Iterator[None]:
         if handler not in handlers:
             root.removeHandler(handler)
     root.setLevel(level)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """An HTTP client for a test (no per-host connection limit: tests open many streams)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        yield session

@@ -29,12 +29,6 @@ async def stack(mode: str) -> AsyncIterator[Stack]:
         await s.stop()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 def model_of(stack: Stack) -> str:
     return stack.options.model
 

@@ -213,13 +213,6 @@ def chat(text: str, *, stream: bool = False, max_tokens: int = 4) -> dict[str, o
     return body
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        yield session
-
-
 
 
 @dataclass

@@ -50,12 +50,6 @@ async def emulator() -> AsyncIterator[RunningEmulator]:
         await server.close()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def post(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
     async with http.post(url, json=body) as resp:
         return resp.status, await resp.json()

@@ -28,12 +28,6 @@ async def emulator() -> AsyncIterator[RunningEmulator]:
         await server.close()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 def messages(turns: int) -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in parser.py."}]
     for i in range(turns):

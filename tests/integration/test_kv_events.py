@@ -8,12 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
-import pytest_asyncio
 import zmq
 import zmq.asyncio
 
@@ -50,12 +49,6 @@ async def until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -
                 await asyncio.sleep(0.01)  # polling a condition another task makes true
     except TimeoutError:
         raise AssertionError(f"not {what} within {timeout_s} s") from None
-
-
-@pytest_asyncio.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def post(http: aiohttp.ClientSession, emu: RunningEmulator, body: dict[str, object]) -> None:
