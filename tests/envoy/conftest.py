@@ -69,14 +69,18 @@ class EppProcess:
     def address(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
+    def argv(self) -> list[str]:
+        """The epp command and its own flags (the ports and ``extra`` are added to them)."""
+        return ["serve", "--health-port", "-1", "--endpoints", ",".join(self.endpoints)]
+
     async def start(self) -> None:
         err = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child
         try:
+            command, *flags = self.argv()
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1",
-                "--grpc-port", str(self.grpc_port), "--health-port", "-1",
-                "--metrics-port", str(self.metrics_port), "--log-format", "text",
-                "--endpoints", ",".join(self.endpoints), *self.extra,
+                sys.executable, "-m", "epp.cli", command, "--host", "127.0.0.1",
+                "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
+                "--log-format", "text", *flags, *self.extra,
                 stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err,
                 env={**os.environ, **self.env},
             )  # fmt: skip
@@ -86,7 +90,7 @@ class EppProcess:
         async with aiohttp.ClientSession() as http:
             while not await self._metrics_up(http):
                 assert self.proc.returncode is None, self.log_path.read_text()[-2000:]
-                assert time.monotonic() < deadline, "epp did not start"
+                assert time.monotonic() < deadline, f"epp {self.argv()[0]} did not start"
                 await asyncio.sleep(0.05)  # readiness poll
 
     async def _metrics_up(self, http: aiohttp.ClientSession) -> bool:

@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -21,7 +19,6 @@ from simulator.emulator import RunningEmulator
 from simulator.envoy import RunningEnvoy, start_envoy, with_ports
 from simulator.stack import child
 from simulator.stack.report import scrape_replicas
-from simulator.vllm import free_port
 from tests.envoy.conftest import EppProcess
 
 pytestmark = pytest.mark.e2e
@@ -30,51 +27,11 @@ CHAT, CODER, ADAPTER = "chat-base", "coder-base", "sql-lora"
 
 
 @dataclass
-class RouterProcess:
-    """``epp model-router`` in its own process."""
+class RouterProcess(EppProcess):
+    """``epp model-router`` in its own process; ``endpoints`` holds its ``--pool`` values."""
 
-    pools: list[str]
-    log_path: Path
-    extra: tuple[str, ...] = ()
-    grpc_port: int = field(default_factory=free_port)
-    metrics_port: int = field(default_factory=free_port)
-    proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    async def start(self) -> None:
-        flags = [f for p in self.pools for f in ("--pool", p)]
-        err = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "epp.cli", "model-router", "--host", "127.0.0.1",
-                "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
-                "--log-format", "text", *flags, *self.extra,
-                stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err,
-            )  # fmt: skip
-        finally:
-            err.close()
-        deadline = time.monotonic() + 30
-        async with aiohttp.ClientSession() as http:
-            while True:
-                assert self.proc.returncode is None, self.log_path.read_text()[-2000:]
-                assert time.monotonic() < deadline, "the model router did not start"
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
-                        if r.status == 200:
-                            return
-                await asyncio.sleep(0.05)  # readiness poll
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 10)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+    def argv(self) -> list[str]:
+        return ["model-router", *(flag for p in self.endpoints for flag in ("--pool", p))]
 
 
 @dataclass
