@@ -446,7 +446,13 @@ async def _main(
     try:
         print(json.dumps(stack.describe()), flush=True)
         _summary(stack)
-        await stopping.wait()
+        stop, exited = asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(stack.first_exit())
+        await asyncio.wait((stop, exited), return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if exited.done():
+            print(f"epp-sim stack: {exited.result()}; stopping the stack", file=sys.stderr)
+            return 1
+        exited.cancel()
     finally:
         with contextlib.suppress(Exception):
             await stack.stop()
@@ -504,11 +510,10 @@ def _summary(stack: Stack) -> None:
 def _models_summary(stack: Stack) -> None:
     lines = [f"local stack up: {len(stack.pools)} pools behind one Envoy",
              f"  gateway   {stack.gateway_url}   policy {stack.options.policy}; GET /v1/models lists every model",
-             f"  router    epp model-router grpc {stack.model_router}"]  # fmt: skip
+             f"  router    epp model-router grpc {stack.model_router}   metrics {stack.model_router_metrics}"]  # fmt: skip
     for pool in stack.pools:
-        models = ", ".join(pool.spec.models)
-        epps = ", ".join(e.grpc for e in pool.epps) or "none (baseline)"
-        lines.append(f"  pool {pool.name}: {models}; epp {epps}")
+        lines.append(f"  pool {pool.name}: {', '.join(pool.spec.models)}")
+        lines += [f"    epp     grpc {e.grpc}   metrics {e.metrics}" for e in pool.epps] or ["    epp     none (baseline)"]
         lines += [f"    replica {url}" for url in pool.replica_urls]
     if stack.log_dir:
         lines.append(f"  logs      {stack.log_dir}")

@@ -136,12 +136,13 @@ async def start_models_stack(options: StackOptions) -> Stack:
                 one = dataclasses.replace(options, models=(), model=pool.spec.model)
                 pool.epps = await _start_epps(one, options.config, list(pool.endpoints()), log_dir,
                                               children, inline, deadline, name=f"epp-{pool.name}")  # fmt: skip
-        router = await _start_router(options, pools, log_dir, children, inline)
+        router, router_metrics = await _start_router(options, pools, log_dir, children, inline)
         await _wait_epp(router, deadline)
         gateway = await _start_envoy(options, pools, router, log_dir)
         urls = [u for p in pools for u in p.replica_urls]
         stack = Stack(options, gateway, urls, [e for p in pools for e in p.epps], log_dir,
-                      children, inline, pools=list(pools), model_router=router)  # fmt: skip
+                      children, inline, pools=list(pools), model_router=router,
+                      model_router_metrics=router_metrics)  # fmt: skip
         try:
             await _wait_gateway(gateway.url, deadline)
         except BaseException:
@@ -164,8 +165,9 @@ def pool_flags(pools: list[StackPool]) -> tuple[list[str], list[str]]:
 async def _start_router(
     options: StackOptions, pools: list[StackPool], log_dir: Path | None,
     children: list[_Child], inline: list[Any],
-) -> str:  # fmt: skip
-    """``epp model-router``, in a child process or in this one; its ext_proc address."""
+) -> tuple[str, str]:  # fmt: skip
+    """``epp model-router``, in a child process or in this one: its ext_proc address and
+    its /metrics URL."""
     flags, adapters = pool_flags(pools)
     if options.isolation == "process":
         assert log_dir is not None
@@ -173,12 +175,13 @@ async def _start_router(
                 *(f"--adapters={a}" for a in adapters)]  # fmt: skip
         ch, info = await _spawn("model-router", argv, log_dir, options.ready_timeout_s)
         children.append(ch)
-        return str(info["router"]["grpc"])
+        return str(info["router"]["grpc"]), str(info["router"]["metrics"])
     from simulator.stack import child
 
     handle = await child.start_model_router(flags, adapters)
     inline.append(handle)
-    return str(child.describe_epp(handle)["grpc"])
+    described = child.describe_epp(handle)
+    return str(described["grpc"]), str(described["metrics"])
 
 
 async def _start_envoy(
@@ -320,25 +323,20 @@ async def run_models_demo(
 
     table = Table(title="per model: " + " vs ".join(policies) + " (fresh servers each; hit rate "
                   "over the model's pool's servers)", title_justify="left")  # fmt: skip
-    table.add_column("model (pool)")
-    for p in policies:
-        table.add_column(f"{p}: hit rate", justify="right")
-        table.add_column(f"{p}: TTFT p50 / p90 (server mean)", justify="right")
-        table.add_column(f"{p}: misrouted, errors", justify="right")
+    for name in ("model", "policy", "hit rate", "TTFT p50 / p90 ms", "server TTFT ms", "misrouted", "errors"):
+        table.add_column(name, justify="left" if name in ("model", "policy") else "right")
     for load in loads:
-        cells = []
-        for p in policies:
+        for i, p in enumerate(policies):
             r = runs[p][load.model]
             s = r.summary
-            cells += [f"{s.hit_rate:.1%}", f"{s.ttft_p50_ms:.0f} / {s.ttft_p90_ms:.0f} ms "
-                      f"({s.server_ttft_mean_ms:.0f} ms)",
-                      f"{r.misrouted}, {s.errors} of {s.requests}"]  # fmt: skip
-        table.add_row(f"{load.model} ({load.pool})", *cells)
+            table.add_row(load.model if i == 0 else "", p, f"{s.hit_rate:.1%}",
+                          f"{s.ttft_p50_ms:.0f} / {s.ttft_p90_ms:.0f}", f"{s.server_ttft_mean_ms:.0f}",
+                          str(r.misrouted), f"{s.errors}/{s.requests}", end_section=i == len(policies) - 1)  # fmt: skip
     console.print(table)
     console.print("misrouted = requests a server outside the model's pool answered "
                   "(x-upstream-host); hit rate = the pool's vllm:prefix_cache_hits_total / "
-                  "queries_total; TTFT from the client's SSE stream, server mean = the pool's "
-                  "vllm:time_to_first_token_seconds (the servers' own, without the gateway).")  # fmt: skip
+                  "queries_total; TTFT from the client's SSE stream; server TTFT = the mean of the "
+                  "pool's vllm:time_to_first_token_seconds (the servers' own, without the gateway).")  # fmt: skip
     if out_dir is not None:
         flat = [dataclasses.replace(r.summary, policy=f"{p} / {m}") for p in policies
                 for m, r in runs[p].items()]  # fmt: skip

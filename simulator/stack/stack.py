@@ -315,6 +315,8 @@ class Stack:
     """With ``models``: each model's pool (``simulator.stack.manymodels.StackPool``)."""
     model_router: str = ""
     """With ``models``: the model router's ext_proc address (host:port)."""
+    model_router_metrics: str = ""
+    """With ``models``: the model router's /metrics URL."""
 
     def endpoints(self) -> list[str]:
         return [u.removeprefix("http://") for u in self.replica_urls]
@@ -333,6 +335,34 @@ class Stack:
                 return
         raise ValueError(f"server {index} runs in a shared child process: use inline isolation")
 
+    async def first_exit(self) -> str:
+        """Wait until a process of the stack (a server, epp, a sidecar, the router, Envoy)
+        exits on its own; returns which, its exit code and its log's last lines. Pending
+        forever when everything runs in this process."""
+        children = list(self._children)
+        if isinstance(self.gateway, RouterFront) and self.gateway.child not in children:
+            children.append(self.gateway.child)
+        waits: dict[asyncio.Future[int], _Child | None] = {
+            asyncio.ensure_future(ch.proc.wait()): ch for ch in children
+        }
+        envoy = getattr(self.gateway, "envoy", None)
+        if envoy is not None:
+            waits[asyncio.ensure_future(envoy.proc.wait())] = None
+        if not waits:
+            await asyncio.Event().wait()
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        ch = waits[next(iter(done))]
+        code = ch.proc.returncode if ch is not None else envoy.proc.returncode if envoy else None
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        if ch is None:
+            return f"Envoy {how}"
+        tail = ch.tail(3)
+        return f"{ch.name} {how}{': ' + tail if tail else ''} (log: {ch.log_path})"
+
     def describe(self) -> dict[str, Any]:
         """The JSON line of ``epp-sim stack``. ``epp_grpc`` is the first epp replica (so
         scripts written for one keep working); ``epp_grpcs`` lists all when there are several."""
@@ -350,6 +380,7 @@ class Stack:
             out["sidecars"] = self.sidecars
         if self.pools:
             out["model_router"] = self.model_router
+            out["model_router_metrics"] = self.model_router_metrics
             out["pools"] = [pool.describe() for pool in self.pools]
         return out
 

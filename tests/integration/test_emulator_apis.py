@@ -88,6 +88,17 @@ async def test_count_tokens_counts_what_messages_would_prefill(
         assert (await resp.json())["usage"]["input_tokens"] == counted
 
 
+@pytest.mark.parametrize("block", [{"type": "thinking", "thinking": "hm"}, {"type": "no-such-block"}])
+async def test_messages_of_blocks_vllm_drops_are_refused_naming_them(
+    emulator: RunningEmulator, http: aiohttp.ClientSession, block: dict[str, Any]
+) -> None:
+    body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [block]}]}
+    async with http.post(emulator.url + "/v1/messages", json=body) as resp:
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+    assert block["type"] in error["message"] and error["param"] == "messages"
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
