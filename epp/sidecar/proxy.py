@@ -32,7 +32,11 @@ would silently be decoded locally.
 A prefill that fails, times out or names a prefiller not allowed is never fatal: the request
 is decoded locally in full, a warning is logged, ``epp_sidecar_prefill_total{outcome}``
 counts why and ``epp_sidecar_requests_total{split="fallback"}`` that it happened (``yes``
-counts the requests actually split, ``no`` those that asked for no split). Token-id prompts pass through unchanged. A client that goes away cancels the
+counts the requests actually split, ``no`` those that asked for no split). Nor is a decode
+the decoder refuses with the transferred KV (NIXL: HTTP 5xx to the body with the prefiller's
+``kv_transfer_params``, as a first handshake under load can give): the original body is sent
+to it again, decoded in full, and ``epp_sidecar_decode_retries_total`` counts it. Token-id
+prompts pass through unchanged. A client that goes away cancels the
 upstream request. Requests without the header, and every other path (``/metrics``,
 ``/health``, ``/v1/models``), are proxied to the decoder as they are. The sidecar's own
 metrics are at ``/sidecar/metrics``.
@@ -126,6 +130,12 @@ class Sidecar:
         )  # fmt: skip
         self._split, self._fallback, self._unsplit = (self.requests.labels(v)
                                                       for v in ("yes", "fallback", "no"))  # fmt: skip
+        self.retries = Counter(
+            "epp_sidecar_decode_retries", "Split requests the decoder refused with the "
+            "transferred KV (HTTP 5xx to the body carrying the prefiller's kv_transfer_params, "
+            "nixlv2) and that were sent to it again without them, decoded here in full.",
+            registry=self.registry,
+        )  # fmt: skip
         if tracing is not None:
             tracing.register_metrics(self.registry)
         self._session: aiohttp.ClientSession | None = None
@@ -166,11 +176,14 @@ class Sidecar:
             span = tracing.span("epp.pd_sidecar", headers=request.headers, kind="server",
                                 attributes={"url.path": request.path, "epp.prefiller": prefiller})  # fmt: skip
         try:
+            original = body
             if prefiller and request.method == "POST" and request.path in _SPLIT_PATHS:
                 body = await self._prefill_then(request, prefiller, body, span)
             elif request.path in _SPLIT_PATHS:
                 self._unsplit.inc()
-            return await self._forward(request, self.cfg.decoder, body, span)
+            # the body carries transfer params (nixlv2): on a 5xx, decode the original in full
+            return await self._forward(request, self.cfg.decoder, body, span,
+                                       retry=original if body is not original else None)  # fmt: skip
         finally:
             if span is not None:
                 span.end()
@@ -276,15 +289,20 @@ class Sidecar:
     def _local(self, request: web.Request, outcome: str, why: str, body: bytes) -> bytes:
         self.prefills.labels(outcome).inc()
         self._fallback.inc()
+        self._warn(request, f"{why}; decoding it locally (epp_sidecar_prefill_total{{outcome={outcome!r}}})")
+        return body
+
+    def _warn(self, request: web.Request, what: str) -> None:
+        """A warning, at most one per ``_WARN_PERIOD_S`` (a failing prefiller fails every request)."""
         now = time.monotonic()
         if now - self._warned_s >= _WARN_PERIOD_S:
             self._warned_s = now
-            log.warning("%s %s: %s; decoding it locally (epp_sidecar_prefill_total{outcome=%r})",
-                        request.method, request.path, why, outcome)  # fmt: skip
-        return body
+            log.warning("%s %s: %s", request.method, request.path, what)
 
-    async def _forward(self, request: web.Request, base: str, body: bytes,
-                       span: Any = None) -> web.StreamResponse:  # fmt: skip
+    async def _forward(self, request: web.Request, base: str, body: bytes, span: Any = None,
+                       retry: bytes | None = None) -> web.StreamResponse:  # fmt: skip
+        """Send ``body`` to ``base`` and stream its answer back. With ``retry``: if the server
+        answers 5xx, ``retry`` is sent instead (once) and that answer returned."""
         assert self._session is not None
         url = base.rstrip("/") + request.path_qs
         leg, context = self._leg("decode", span, base.split("://", 1)[-1].rstrip("/"))
@@ -302,6 +320,12 @@ class Sidecar:
                 )  # fmt: skip
             if leg is not None:
                 leg.set_attribute("http.response.status_code", upstream.status)
+            if retry is not None and upstream.status >= 500:
+                upstream.release()
+                self.retries.inc()
+                self._warn(request, f"the decoder answered HTTP {upstream.status} to the "
+                           "transferred KV; decoding it again locally in full")  # fmt: skip
+                return await self._forward(request, base, retry, span)
             async with upstream:
                 resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
                 for key, value in upstream.headers.items():
