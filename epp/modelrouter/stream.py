@@ -252,8 +252,7 @@ class RouterStream:
         self._drop_body()
         router = self._router
         started = time.perf_counter()
-        request = router.parser.parse(self._path, self._headers, body).request
-        model = request.model or request.adapter
+        model = router.parser.model_of(self._path, self._headers, body)
         route = router.route_model(model) if model else router.unnamed(
             f"the {echo(self._path.partition('?')[0])} request")
         router.metrics.duration.observe(time.perf_counter() - started)

@@ -192,13 +192,7 @@ class RequestParser:
         if api.kind is ApiKind.NONE:  # a stored object: routed as a request without a body
             return ParsedRequest(self.headers_only(path, headers, body_seen=False), body)
         doc, form, surrogates = self._read(api, headers, body)
-        model = doc.get("model")
-        if model is None:
-            if api.model_required:
-                raise BadRequest("missing 'model' in request body", param="model")
-            model = ""
-        elif not isinstance(model, str) or not model:
-            raise BadRequest("'model' must be a non-empty string", param="model")
+        model = _model_field(api, doc)
         prompt = api.prompt(doc)
         salt = doc.get("cache_salt", "")
         if salt is None:
@@ -241,6 +235,25 @@ class RequestParser:
             body=doc if form is None and doc else None,
         )
         return ParsedRequest(request, out_body, rewritten)
+
+    def model_of(self, path: str, headers: Mapping[str, str], body: bytes) -> str:
+        """The model a request names: its body's ``model`` (rewritten as ``parse`` would:
+        the trusted rewrite header, the rewrite table), else the API's adapter field (a
+        token-in API's ``lora_path``), else ``""``; without rendering its prompt (the model
+        router's read: the prompt is the pool's epp's to check). Raises as ``parse`` does for
+        the headers, the size, the JSON and the ``model`` field."""
+        api = self.check_headers(path, headers)
+        if len(body) > self.max_body_bytes:
+            raise PayloadTooLarge(self.too_large_message(len(body)))
+        if api.kind is ApiKind.NONE:
+            return self.headers_only(path, headers, body_seen=False).model
+        doc, _, surrogates = self._read(api, headers, body)
+        model = _model_field(api, doc)
+        named = doc.get(api.adapter_field) if not model and api.adapter_field else None
+        model = named if isinstance(named, str) else self._rewrite(model, headers) if model else model
+        if surrogates and b"\\" in body and _SURROGATE_ESCAPE.search(body) is not None:
+            _check_encodable(model, "'model'")  # it becomes a header
+        return model
 
     def _read(self, api: ApiParser, headers: Mapping[str, str],
               body: bytes) -> tuple[dict[str, Any], Form | None, bool]:  # fmt: skip
@@ -315,6 +328,18 @@ def _weighted(targets: tuple[ModelTarget, ...], rng: random.Random) -> str:
         if draw < 0:
             return t.model
     return targets[-1].model
+
+
+def _model_field(api: ApiParser, doc: Mapping[str, Any]) -> str:
+    """The body's ``model``: ``""`` when absent and the API does not require it."""
+    model = doc.get("model")
+    if model is None:
+        if api.model_required:
+            raise BadRequest("missing 'model' in request body", param="model")
+        return ""
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' must be a non-empty string", param="model")
+    return model
 
 
 def _request_id(headers: Mapping[str, str]) -> str:

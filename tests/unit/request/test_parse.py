@@ -219,3 +219,33 @@ def test_a_stored_object_path_is_routed_with_its_body_as_it_came(path: str) -> N
 def test_other_paths_under_the_stored_apis_stay_unknown(path: str) -> None:
     with pytest.raises(NotFound):
         parser().check_headers(path, {})
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "model"),
+    [
+        ("/v1/chat/completions", body(model="m", messages=[{"role": "user", "content": "hi"}]), "m"),
+        ("/v1/messages", body(model="claude-ish", max_tokens=4, messages="not checked here"), "claude-ish"),
+        ("/generate", body(text="hi", lora_path="sql-lora"), "sql-lora"),
+        ("/generate", body(text="hi"), ""),
+        ("/v1/responses/resp_1", b"", ""),
+    ],
+)
+def test_model_of_reads_the_model_without_the_prompt(path: str, raw: bytes, model: str) -> None:
+    headers = {**H, ":method": "GET" if path.startswith("/v1/responses/") else "POST"}
+    assert parser().model_of(path, headers, raw) == model
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        ("/v1/completions", body(prompt="no model"), "model"),
+        ("/v1/completions", body(model=7, prompt="x"), "model"),
+    ],
+)
+def test_model_of_refuses_a_bad_model_as_parse_does(path: str, raw: bytes, param: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        parser().model_of(path, {**H, ":method": "POST"}, raw)
+    assert caught.value.param == param
+    with pytest.raises(BadRequest):
+        parser().model_of(path, {**H, ":method": "POST"}, b"[1, 2]")
