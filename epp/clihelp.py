@@ -36,21 +36,27 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
                              subsequent_indent=indent, break_on_hyphens=False)  # fmt: skip
 
 
-def deprecated_alias(group: Any, old: str, new: argparse.Action) -> None:
+def deprecated_alias(group: Any, old: str, new: argparse.Action, *, const: str | None = None) -> None:
     """Accept ``old`` as a spelling of the option ``new`` (same type, choices and destination)
-    for one release: using it prints a note naming the new one. ``--help`` shows only the new
-    name, with the old one in its text."""
-    new_name = new.option_strings[0]
+    for one release: using it prints one note naming the new one. ``--help`` shows only the
+    new name, with the old one in its text. With ``const``, ``old`` is a retired switch that
+    takes no value and stands for ``new const`` (``--response-observer`` for ``--response
+    observer``)."""
+    use = new.option_strings[0] + ("" if const is None else f" {const}")
 
     class _Alias(argparse.Action):
         def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                      values: Any, option_string: str | None = None) -> None:
-            print(f"note: {old} is deprecated, use {new_name}", file=sys.stderr)
-            setattr(namespace, self.dest, values)
+            print(f"note: {old} is deprecated, use {use}", file=sys.stderr)
+            setattr(namespace, self.dest, values if const is None else const)
 
-    group.add_argument(old, dest=new.dest, type=new.type, choices=new.choices,
-                       metavar=new.metavar, action=_Alias, help=argparse.SUPPRESS)
-    new.help = f"{new.help or ''} (formerly {old})".strip()
+    if const is None:
+        group.add_argument(old, dest=new.dest, type=new.type, choices=new.choices,
+                           metavar=new.metavar, action=_Alias, help=argparse.SUPPRESS)
+        new.help = f"{new.help or ''} (formerly {old})".strip()
+    else:
+        group.add_argument(old, dest=new.dest, nargs=0, action=_Alias, help=argparse.SUPPRESS)
+        new.help = f"{new.help or ''} (formerly {old} for {use})".strip()
 
 
 def stop_event() -> asyncio.Event:

@@ -110,7 +110,7 @@ class ReplayConfig:
     """Independent router instances (epp replicas); arrival ``i`` goes through router ``i %
     routers``. Every router sees every scrape and KV event."""
     sync_delay_s: float | None = None
-    """Index sync between the routers (``epp serve --sync-peers``): each router's own prefix
+    """Index sync between the routers (``epp serve --peers``, at ``--sync-flush-ms``): each router's own prefix
     index writes reach the others' indexes this long later, through the sync layer's
     ``RemoteApplier`` (the flush period, 20 ms by default, plus the network), and so does
     its prefill in flight (``sync_prefill``). None: no sync, each router learns only from

@@ -659,7 +659,7 @@ async def _precise_setup(options: StackOptions) -> _Precise | None:
     if options.prefix == "approx" and not (options.tokenize and options.engine == "emulator"):
         return None
     if options.prefix == "precise" and options.policy != "epp":
-        raise ValueError("--prefix precise needs --policy epp")
+        raise ValueError("--prefix precise needs --routing epp")
     if options.prefix == "precise" and options.engine == "vllm" and options.epp_replicas != 1:
         raise ValueError("--prefix precise with --engine vllm needs one epp replica (a vLLM "
                          "server publishes its KV events to one address)")  # fmt: skip
@@ -856,7 +856,7 @@ def _checked(options: StackOptions) -> StackOptions:
         raise ValueError(f"isolation must be 'process' or 'inline', not {options.isolation!r}")
     if options.response_observer and options.epp_replicas > 1 and not options.sync:
         raise ValueError(
-            "--response-observer with several epp replicas needs their index sync (drop "
+            "--response observer with several epp replicas needs their index sync (drop "
             "--no-sync): Envoy's ext_proc cluster picks a host per stream, so the observer "
             "stream may reach a replica that did not route, which reports over sync"
         )
@@ -865,11 +865,11 @@ def _checked(options: StackOptions) -> StackOptions:
     if options.pd:
         n_pre, n_dec = parse_pd(options.pd)
         if options.policy != "epp" or options.servers or options.prefix != "approx":
-            raise ValueError("--pd runs epp (--policy epp) on servers it starts, approximate prefix")
+            raise ValueError("--pd runs epp (--routing epp) on servers it starts, approximate prefix")
         if options.pd_connector not in ("shared-storage", "nixl"):
-            raise ValueError(f"--pd-connector: shared-storage or nixl, not {options.pd_connector!r}")
+            raise ValueError(f"--connector: shared-storage or nixl, not {options.pd_connector!r}")
         if options.pd_connector == "nixl" and options.engine != "vllm":
-            raise ValueError("--pd-connector nixl needs --engine vllm (the emulator shares KV "
+            raise ValueError("--connector nixl needs --engine vllm (the emulator shares KV "
                              "through a directory)")  # fmt: skip
         options = dataclasses.replace(options, replicas=n_pre + n_dec, log_dir=_log_dir(options))
     return options
