@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from epp.envoyconfig import DEFAULT_SUMMARY_FLUSH_S
+from epp.sidecar.proxy import CONNECTORS
 from simulator.clihelp import HelpFormatter, deprecated_alias, parse_pd
 from simulator.gateway import MODE_NAMES
 from simulator.gateway.cli import OBSERVER, add_mode_flags
@@ -101,10 +102,11 @@ def register(subparsers: Any) -> None:
         "profile unless --config names another (docs/disaggregation.md); not with --demo",
     )  # fmt: skip
     connector = g.add_argument(
-        "--connector", choices=["shared-storage", "nixl"], default="shared-storage",
-        help="with --pd, how KV moves (epp pd-sidecar --connector): a shared directory (vLLM's ExampleConnector, the "
-        "emulator's --kv-store), or with --engine vllm vLLM's NixlConnector over NIXL's UCX "
-        "backend in host memory (NIXL installed into the vLLM environment on first use, ~70 MB)",
+        "--connector", type=_connector, choices=CONNECTORS, default="shared-storage",
+        help="with --pd, how KV moves (epp pd-sidecar --connector): 'shared-storage', a shared "
+        "directory (vLLM's ExampleConnector, the emulator's --kv-store), or with --engine vllm "
+        "'nixlv2', vLLM's NixlConnector over NIXL's UCX backend in host memory (NIXL installed "
+        "into the vLLM environment on first use, ~70 MB)",
     )  # fmt: skip
     g.add_argument(
         "--epp-replicas",
@@ -260,6 +262,14 @@ def register(subparsers: Any) -> None:
     deprecated_alias(g, "--policy", routing)  # epp envoy-config's name
     deprecated_alias(g, "--pd-connector", connector)  # epp pd-sidecar's name
     p.set_defaults(run=run)
+
+
+def _connector(value: str) -> str:
+    """``--connector``: ``nixl`` is ``nixlv2``, as ``epp pd-sidecar --connector`` names it."""
+    if value == "nixl":
+        print("note: --connector nixl is deprecated, use --connector nixlv2", file=sys.stderr)
+        return "nixlv2"
+    return value
 
 
 def options_from_args(args: argparse.Namespace) -> StackOptions:

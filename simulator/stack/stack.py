@@ -35,6 +35,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.envoyconfig import DEFAULT_SUMMARY_FLUSH_S, EnvoyOptions
+from epp.sidecar.proxy import CONNECTORS
 from simulator.clihelp import parse_pd
 from simulator.emulator import EmulatorConfig
 from simulator.envoy import (
@@ -145,7 +146,7 @@ class StackOptions:
     unless ``config`` names another."""
     pd_connector: str = "shared-storage"
     """How KV moves with ``pd``: ``shared-storage`` (a directory: vLLM's ExampleConnector, the
-    emulator's ``--kv-store``) or ``nixl`` (real vLLM only: its NixlConnector over NIXL's UCX
+    emulator's ``--kv-store``) or ``nixlv2`` (``epp pd-sidecar --connector``'s name; real vLLM only: its NixlConnector over NIXL's UCX
     backend, KV in host memory; the sidecar passes ``kv_transfer_params``)."""
     first_server: int = 0
     """The number of the first real vLLM server (its log ``vllm-N.log``, its core): with
@@ -546,7 +547,7 @@ async def _start_vllm(
     """N real vLLM servers (their own processes, one core each for OpenMP)."""
     from simulator import vllm
 
-    nixl = bool(options.pd) and options.pd_connector == "nixl"
+    nixl = bool(options.pd) and options.pd_connector == "nixlv2"
     try:
         setup = await asyncio.to_thread(
             vllm.ensure_nixl if nixl else vllm.ensure_vllm,
@@ -866,10 +867,10 @@ def _checked(options: StackOptions) -> StackOptions:
         n_pre, n_dec = parse_pd(options.pd)
         if options.policy != "epp" or options.servers or options.prefix != "approx":
             raise ValueError("--pd runs epp (--routing epp) on servers it starts, approximate prefix")
-        if options.pd_connector not in ("shared-storage", "nixl"):
-            raise ValueError(f"--connector: shared-storage or nixl, not {options.pd_connector!r}")
-        if options.pd_connector == "nixl" and options.engine != "vllm":
-            raise ValueError("--connector nixl needs --engine vllm (the emulator shares KV "
+        if options.pd_connector not in CONNECTORS:
+            raise ValueError(f"--connector: {' or '.join(CONNECTORS)}, not {options.pd_connector!r}")
+        if options.pd_connector == "nixlv2" and options.engine != "vllm":
+            raise ValueError("--connector nixlv2 needs --engine vllm (the emulator shares KV "
                              "through a directory)")  # fmt: skip
         options = dataclasses.replace(options, replicas=n_pre + n_dec, log_dir=_log_dir(options))
     return options
@@ -948,8 +949,7 @@ async def _start_routing(
     if options.pd:  # the gateway routes to the prefillers and the decoders' sidecars
         assert log_dir is not None
         n_pre = parse_pd(options.pd)[0]
-        connector = "nixlv2" if options.pd_connector == "nixl" else "shared-storage"
-        sidecars = await _start_sidecars(replica_urls[n_pre:], connector, log_dir, children, deadline)
+        sidecars = await _start_sidecars(replica_urls[n_pre:], options.pd_connector, log_dir, children, deadline)
         config = _pd_config(options, replica_urls[:n_pre], replica_urls[n_pre:], sidecars, log_dir)
         epps = await _start_epps(options, config, [], log_dir, children, inline, deadline)
         return epps, endpoints[:n_pre] + sidecars, sidecars
