@@ -8,6 +8,7 @@ import itertools
 import re
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -110,6 +111,24 @@ def test_a_retired_switch_is_the_value_it_became(capsys: pytest.CaptureFixture[s
                 in capsys.readouterr().err)  # fmt: skip
     with pytest.raises(SystemExit):  # a switch: it takes no value
         sim_parser().parse_args(["gateway", "--response-observer", "x"])
+
+
+def test_the_stacks_response_observer_runs_epp_with_its_observer_stream() -> None:
+    """``--response observer`` alone or as one of the demo's modes: the gateway sends the
+    response on a second stream and epp waits for it (``epp serve --response-observer``)."""
+    from simulator.stack.cli import options_from_args
+    from simulator.stack.demo import variants
+
+    def options(*argv: str) -> Any:
+        args = sim_parser().parse_args(["stack", "--demo", *argv])
+        args.scrape_intervals = ()
+        return options_from_args(args)
+
+    alone = options("--response", "observer")
+    assert (alone.response_mode, alone.response_observer) == (None, True)
+    runs = variants(options("--response", "full-duplex,observer"), ("epp",))
+    assert [(o.response_mode, o.response_observer) for o in runs] == [
+        ("full-duplex", False), (None, True)]
 
 
 def test_the_stack_names_its_connector_as_the_sidecar_does(capsys: pytest.CaptureFixture[str]) -> None:
