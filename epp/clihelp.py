@@ -36,21 +36,38 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
                              subsequent_indent=indent, break_on_hyphens=False)  # fmt: skip
 
 
-def deprecated_alias(group: Any, old: str, new: argparse.Action) -> None:
+class DeprecatedAlias(argparse.Action):
+    """A retired spelling of the option ``new``: sets its destination, with one note on
+    stderr naming the new spelling. Added by :func:`deprecated_alias`."""
+
+    def __init__(self, *args: Any, new: argparse.Action, value: str | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.new = new
+        self.value = value
+        self.use = new.option_strings[0] + ("" if value is None else f" {value}")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
+        print(f"note: {option_string} is deprecated, use {self.use}", file=sys.stderr)
+        setattr(namespace, self.dest, values if self.value is None else self.value)
+
+
+def deprecated_alias(group: Any, old: str, new: argparse.Action, *, const: str | None = None) -> None:
     """Accept ``old`` as a spelling of the option ``new`` (same type, choices and destination)
-    for one release: using it prints a note naming the new one. ``--help`` shows only the new
-    name, with the old one in its text."""
-    new_name = new.option_strings[0]
-
-    class _Alias(argparse.Action):
-        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                     values: Any, option_string: str | None = None) -> None:
-            print(f"note: {old} is deprecated, use {new_name}", file=sys.stderr)
-            setattr(namespace, self.dest, values)
-
-    group.add_argument(old, dest=new.dest, type=new.type, choices=new.choices,
-                       metavar=new.metavar, action=_Alias, help=argparse.SUPPRESS)
-    new.help = f"{new.help or ''} (formerly {old})".strip()
+    for one release: using it prints one note naming the new one. ``--help`` shows only the
+    new name, with the old one in its text. With ``const``, ``old`` is a retired switch that
+    takes no value and stands for ``new const`` (``--response-observer`` for ``--response
+    observer``)."""
+    if const is None:
+        group.add_argument(old, dest=new.dest, type=new.type, choices=new.choices,
+                           metavar=new.metavar, action=DeprecatedAlias, new=new,
+                           help=argparse.SUPPRESS)  # fmt: skip
+        new.help = f"{new.help or ''} (formerly {old})".strip()
+    else:
+        group.add_argument(old, dest=new.dest, nargs=0, action=DeprecatedAlias, new=new,
+                           value=const, help=argparse.SUPPRESS)  # fmt: skip
+        new.help = f"{new.help or ''} (formerly {old} for {new.option_strings[0]} {const})".strip()
 
 
 def stop_event() -> asyncio.Event:

@@ -229,7 +229,7 @@ def register(subparsers: Any) -> None:
     )
     fit.add_argument("--from-log", type=Path, metavar="REQUESTS_JSONL", help="the stack's request log")
     fit.add_argument("--profile", help="the profile to scale (a file from epp-sim calibrate URL, or a preset)")
-    fit.add_argument("--run", dest="fit_run", action="append", default=[], metavar="POLICY",
+    fit.add_argument("--run", dest="runs", action="append", default=[], metavar="POLICY",
                      help="the runs to fit, by their policy column (the log's only one by default); "
                      "repeat it to fit several policies' runs at once, the loss summed over them. "
                      "Random or round-robin pin what a cache miss costs; a cache-friendly policy's "
@@ -330,7 +330,7 @@ def run_fit(args: argparse.Namespace) -> int:
             raise ValueError("--from-log needs --profile: the probed shape to scale (epp-sim calibrate URL --out FILE)")
         base = load_profile(args.profile)
         rounds = None if args.round == "all" else [_round(args.round)]
-        labels = list(dict.fromkeys(args.fit_run)) or [""]
+        labels = list(dict.fromkeys(args.runs)) or [""]
         if args.replay_policy and len(labels) > 1:
             raise ValueError("--replay-policy names how one run routed: give it with one --run")
         runs = [run for label in labels for run in pick_runs(args.from_log, label, rounds)]

@@ -52,8 +52,9 @@ def add_request_flags(serve: argparse.ArgumentParser) -> None:
     g.add_argument("--response-observer", action="store_true",
                    help="responses come on a second ext_proc filter's stream in Envoy's "
                    "observability_mode (send and go: Envoy does not wait for epp on each "
-                   "response chunk); the routing filter then skips the response. See "
-                   "docs/serve.md, deploy/envoy/envoy-observer.yaml")
+                   "response chunk); the routing filter then skips the response: the "
+                   "bootstrap epp envoy-config --response observer prints (deploy/envoy/"
+                   "envoy-observer.yaml). See docs/serve.md")
     g.add_argument("--response-observer-wait-s", type=seconds(),
                    default=OBSERVER_WAIT_S,
                    help="with --response-observer: how long a routed request waits for its "

@@ -53,11 +53,11 @@ def register(subparsers: Any) -> None:
         default=d.max_num_seqs,
         help="most requests decoding together; the rest wait (FIFO)",
     )
-    p.add_argument(
-        "--max-batched-tokens",
+    batched = p.add_argument(
+        "--max-num-batched-tokens",
         type=int,
         default=d.max_batched_tokens,
-        help="uncached prompt tokens admitted per engine step",
+        help="uncached prompt tokens admitted per engine step (vLLM's flag)",
     )
     p.add_argument(
         "--max-model-len",
@@ -110,6 +110,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kv-store-max-blocks", type=int, default=d.kv_store_max_blocks,
                    help="most blocks this emulator keeps in --kv-store (its oldest are removed)")  # fmt: skip
     deprecated_alias(p, "--num-gpu-blocks", kv_blocks)
+    deprecated_alias(p, "--max-batched-tokens", batched)  # vLLM's name
     p.set_defaults(run=run)
 
 
@@ -124,7 +125,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         num_gpu_blocks=args.kv_blocks,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
-        max_batched_tokens=args.max_batched_tokens,
+        max_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         speedup=args.speedup,
         lora_adapters=adapters,

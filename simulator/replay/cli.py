@@ -81,9 +81,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--block-size", type=int, default=d.block_size_tokens, help="tokens per KV block")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
                    help="most requests decoding together per replica; the rest wait")
-    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens,
-                   help="uncached prompt tokens admitted per engine step (with --chunked-prefill: the "
-                   "tokens a step computes, decodes and prompt chunks together)")
+    batched = p.add_argument(
+        "--max-num-batched-tokens", type=int, default=d.max_batched_tokens,
+        help="uncached prompt tokens admitted per engine step, as vLLM's flag (with "
+        "--chunked-prefill: the tokens a step computes, decodes and prompt chunks together)")
     p.add_argument("--chunked-prefill", action="store_true",
                    help="replicas compute prompts in chunks that share each step with the running "
                    "decodes, as vLLM's chunked prefill (default: a step computes whole prompts)")
@@ -99,15 +100,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=d.seed,
                    help="seed of the policies' random choices (random, tie-breaks)")
     w = p.add_argument_group("where an index built from what the router sent goes wrong")
-    w.add_argument("--routers", type=int, default=d.routers,
-                   help="independent epp replicas; arrivals round-robin (without --sync-ms each "
-                   "learns only from what it routed)")
-    w.add_argument("--sync-ms", type=float, default=None, metavar="MS",
-                   help="index sync between the --routers (epp serve --peers): each one's "
-                   "prefix-index writes and prefill in flight reach the others this many "
-                   "milliseconds later (20: the default flush period); epp policies only")
+    replicas = w.add_argument(
+        "--epp-replicas", type=int, default=d.routers,
+        help="independent epp replicas (as epp-sim stack's); arrivals round-robin (without "
+        "--sync-flush-ms each learns only from what it routed)")
+    sync = w.add_argument(
+        "--sync-flush-ms", type=float, default=None, metavar="MS",
+        help="index sync between the --epp-replicas at epp serve's --sync-flush-ms (20 "
+        "there by default): each one's prefix-index writes and prefill in flight reach the "
+        "others this many milliseconds later (the flush period's worst case; the network "
+        "is not modelled); unset: no sync; epp policies only")
     w.add_argument("--bypass-share", type=float, default=d.bypass_share,
-                   help="share of requests sent straight to a random replica, past the routers")
+                   help="share of requests sent straight to a random replica, past the epp replicas")
     w.add_argument("--restart", action="append", default=[], metavar="T:R",
                    help="replica R's cache is emptied at T seconds (a restart); repeatable")
     w.add_argument("--replies-not-cached", action="store_true",
@@ -115,13 +119,13 @@ def register(subparsers: Any) -> None:
                    "answers in tokens that do not come back as the same tokens (the stack's tiny model "
                    "on real vLLM; epp-sim calibrate --replies-not-cached)")
     w.add_argument("--no-reply-text", action="store_true",
-                   help="the routers hear each reply's usage and first token but not its text, "
+                   help="the epp replicas hear each reply's usage and first token but not its text, "
                    "as epp does of a streamed answer through the default bootstrap (epp "
                    "envoy-config --response summary; --response full-duplex reads the text)")
     w.add_argument("--reported-kv-blocks", type=int, default=d.reported_kv_blocks,
                    help="KV blocks the replicas report (0: --kv-blocks); more models a smaller "
                    "cache than configured")
-    w.add_argument("--event-delay", type=float, default=d.event_delay_s,
+    delay = w.add_argument("--event-delay-s", type=float, default=d.event_delay_s,
                    help="seconds before a KV event reaches the precise policy")
     w.add_argument("--event-loss", type=float, default=d.event_loss,
                    help="share of KV-event batches lost (sequence gaps)")
@@ -132,6 +136,10 @@ def register(subparsers: Any) -> None:
                    "SHA-256, settings, epp config, version), report.csv, the plots and index.html there")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     deprecated_alias(p, "--scrape-interval", scrape)
+    deprecated_alias(p, "--max-batched-tokens", batched)  # vLLM's name
+    deprecated_alias(w, "--routers", replicas)  # epp-sim stack's name
+    deprecated_alias(w, "--sync-ms", sync)  # epp serve's name
+    deprecated_alias(w, "--event-delay", delay)  # its unit, as its siblings'
     p.set_defaults(run=run)
 
 
@@ -299,18 +307,18 @@ def _setup(args: argparse.Namespace) -> tuple[Workload, Any, list[str], ReplayCo
         kv_blocks=args.kv_blocks,
         block_size_tokens=args.block_size,
         max_num_seqs=args.max_num_seqs,
-        max_batched_tokens=args.max_batched_tokens,
+        max_batched_tokens=args.max_num_batched_tokens,
         chunked_prefill=args.chunked_prefill,
         max_loras=args.max_loras,
         cost=load_profile(args.cost).cost if args.cost else CostModel(),
         scrape_interval_s=args.scrape_interval_s,
         seed=args.seed,
-        routers=args.routers,
-        sync_delay_s=None if args.sync_ms is None else args.sync_ms / 1e3,
+        routers=args.epp_replicas,
+        sync_delay_s=None if args.sync_flush_ms is None else args.sync_flush_ms / 1e3,
         bypass_share=args.bypass_share,
         restarts=tuple(_restart(r) for r in args.restart),
         reported_kv_blocks=args.reported_kv_blocks,
-        event_delay_s=args.event_delay,
+        event_delay_s=args.event_delay_s,
         event_loss=args.event_loss,
         roles=roles,
         replies_cached=not args.replies_not_cached,

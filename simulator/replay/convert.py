@@ -14,7 +14,7 @@ Rows with ``hash_ids`` carry ``block_tokens`` (512), which also tells them from 
 * ``burstgpt``: BurstGPT (CSV ``Timestamp`` seconds, ``Model``, ``Request tokens``,
   ``Response tokens``; rows with a 0-token response are failures and are left out).
 * ``stack``: the local stack's ``requests.jsonl`` (``epp-sim stack --demo --out-dir``; one
-  policy's run, the first round, ``--policy`` naming it when there are several), rebuilt as
+  policy's run, the first round, ``--run`` naming it when there are several), rebuilt as
   the chat it was: each user is a session whose turn ``n`` is turn ``n - 1``'s prompt, its
   reply and a question; the users of a group share its system prompt (the prompts' lengths
   are the log's; the text is the emulator's, so the replay caches what the servers did).
@@ -172,7 +172,7 @@ def _one_run(rows: list[dict[str, Any]], path: Path, policy: str, round_: int | 
         first = runs[0]
         if len({p for p, _ in runs}) > 1 and not policy:
             raise ValueError(f"{path} holds the runs of several policies ({', '.join(sorted({p for p, _ in runs}))}): "
-                             "pick one with --policy")  # fmt: skip
+                             "pick one with --run")  # fmt: skip
         rows = [r for r in rows if (str(r.get("policy", "")), int(r.get("round", 0))) == first]  # round 0
     return rows
 

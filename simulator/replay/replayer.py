@@ -107,11 +107,11 @@ class ReplayConfig:
     cost: CostModel = field(default_factory=CostModel)
     # --- where an index built from what the router sent goes wrong (docs/precise-prefix.md) ---
     routers: int = 1
-    """Independent router instances (epp replicas); arrival ``i`` goes through router ``i %
-    routers``. Every router sees every scrape and KV event."""
+    """Independent router instances (epp replicas, ``--epp-replicas``); arrival ``i`` goes
+    through router ``i % routers``. Every router sees every scrape and KV event."""
     sync_delay_s: float | None = None
-    """Index sync between the routers (``epp serve --sync-peers``): each router's own prefix
-    index writes reach the others' indexes this long later, through the sync layer's
+    """Index sync between the routers (``epp serve --peers``; ``--sync-flush-ms``): each
+    router's own prefix index writes reach the others' indexes this long later, through the sync layer's
     ``RemoteApplier`` (the flush period, 20 ms by default, plus the network), and so does
     its prefill in flight (``sync_prefill``). None: no sync, each router learns only from
     what it routed. Only policies with an approximate prefix index (epp's) have anything to

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from simulator.clihelp import HelpFormatter
+from simulator.clihelp import HelpFormatter, deprecated_alias
 from simulator.replay.convert import FORMATS, convert, left_out_note
 from simulator.replay.requestlog import RequestLog, write_request_log
 
@@ -44,7 +44,10 @@ def register(subparsers: Any) -> None:
                     help="mooncake (JSONL), azure (Azure LLM inference CSV), burstgpt (CSV), "
                     "stack (the local stack's requests.jsonl)")
     cv.add_argument("input", help="the log to convert")
-    cv.add_argument("--policy", default="", help="stack: the policy whose run to take (a demo log holds several)")
+    run = cv.add_argument("--run", dest="runs", default="", metavar="POLICY",
+                          help="stack: the run to take, by its policy column (a demo log holds "
+                          "several), as epp-sim calibrate --run")
+    deprecated_alias(cv, "--policy", run)
     cv.add_argument("--round", type=int, default=None,
                     help="stack: the round to take (a demo run with --rounds; the first by default)")
     cv.add_argument("--open-loop", action="store_true",
@@ -79,7 +82,7 @@ def _convert(args: argparse.Namespace) -> int:
     left_out: list[int] = []
     try:
         with open(args.out, "w", encoding="utf-8") as f:
-            for row in convert(args.fmt, args.input, args.policy, args.round, not args.open_loop,
+            for row in convert(args.fmt, args.input, args.runs, args.round, not args.open_loop,
                                left_out):  # fmt: skip
                 f.write(json.dumps(row) + "\n")
                 n += 1

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from epp.envoyconfig import DEFAULT_SUMMARY_FLUSH_S
+from epp.sidecar.proxy import CONNECTORS
 from simulator.clihelp import HelpFormatter, deprecated_alias, parse_pd
 from simulator.gateway import MODE_NAMES
-from simulator.gateway.cli import add_mode_flags
+from simulator.gateway.cli import OBSERVER, add_mode_flags
 from simulator.stack.stack import (
     DEFAULT_MODEL,
     Stack,
@@ -84,11 +85,12 @@ def register(subparsers: Any) -> None:
         "precise-prefix-cache-producer (tokenizer: the tiny model's with --engine vllm, else "
         "fetched once, ~40 MB); with --demo, epp runs twice: approximate, then precise",
     )  # fmt: skip
-    g.add_argument(
-        "--policy",
+    routing = g.add_argument(
+        "--routing",
         choices=["epp", "random", "round-robin", "sglang", "sglang-random"],
         default="epp",
-        help="who picks the replica (random / round-robin bypass epp; sglang: the SGLang "
+        help="who picks the replica, as epp envoy-config --routing (random / round-robin "
+        "bypass epp; sglang: the SGLang "
         "router's cache_aware policy in front of the servers instead of the gateway; "
         "sglang-random: the router picking at random, which isolates its path from its rule)",
     )
@@ -99,11 +101,12 @@ def register(subparsers: Any) -> None:
         "an `epp pd-sidecar` in front of each decoder, epp with the roles and the shipped pd "
         "profile unless --config names another (docs/disaggregation.md); not with --demo",
     )  # fmt: skip
-    g.add_argument(
-        "--pd-connector", choices=["shared-storage", "nixl"], default="shared-storage",
-        help="with --pd, how KV moves: a shared directory (vLLM's ExampleConnector, the "
-        "emulator's --kv-store), or with --engine vllm vLLM's NixlConnector over NIXL's UCX "
-        "backend in host memory (NIXL installed into the vLLM environment on first use, ~70 MB)",
+    connector = g.add_argument(
+        "--connector", type=_connector, choices=CONNECTORS, default="shared-storage",
+        help="with --pd, how KV moves (epp pd-sidecar --connector): 'shared-storage', a shared "
+        "directory (vLLM's ExampleConnector, the emulator's --kv-store), or with --engine vllm "
+        "'nixlv2', vLLM's NixlConnector over NIXL's UCX backend in host memory (NIXL installed "
+        "into the vLLM environment on first use, ~70 MB)",
     )  # fmt: skip
     g.add_argument(
         "--epp-replicas",
@@ -192,7 +195,7 @@ def register(subparsers: Any) -> None:
     d.add_argument(
         "--demo",
         action="store_true",
-        help="run the demo workload through --policy and --baseline, then exit; with "
+        help="run the demo workload through --routing and --baseline, then exit; with "
         "--epp-replicas N > 1, through N epp replicas with sync, without sync, and --baseline",
     )
     d.add_argument(
@@ -256,7 +259,17 @@ def register(subparsers: Any) -> None:
     deprecated_alias(g, "--vllm-kv-mib", kv_mib)
     deprecated_alias(g, "--epp-scrape-interval-s", scrape)
     deprecated_alias(d, "--bypass", bypass)
+    deprecated_alias(g, "--policy", routing)  # epp envoy-config's name
+    deprecated_alias(g, "--pd-connector", connector)  # epp pd-sidecar's name
     p.set_defaults(run=run)
+
+
+def _connector(value: str) -> str:
+    """``--connector``: ``nixl`` is ``nixlv2``, as ``epp pd-sidecar --connector`` names it."""
+    if value == "nixl":
+        print("note: --connector nixl is deprecated, use --connector nixlv2", file=sys.stderr)
+        return "nixlv2"
+    return value
 
 
 def options_from_args(args: argparse.Namespace) -> StackOptions:
@@ -265,7 +278,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
     return StackOptions(
         models=parse_models(args.models) if args.models else (),
         replicas=args.replicas,
-        policy=args.policy,
+        policy=args.routing,
         config=args.config,
         speedup=args.speedup,
         kv_blocks=args.kv_blocks,
@@ -275,8 +288,8 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         model=args.model,
         gateway=args.gateway,
         request_mode=args.request_body,
-        response_mode=args.response_mode,
-        response_observer=args.response_observer,
+        response_mode=None if args.response == OBSERVER else args.response,
+        response_observer=args.response == OBSERVER,
         isolation="inline" if args.inline else "process",
         gateway_port=args.port,
         log_dir=args.log_dir,
@@ -295,7 +308,7 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
         summary_flush_s=args.summary_flush_s,
         scrape_interval_s=args.scrape_intervals[0] if args.scrape_intervals else None,
         pd=args.pd,
-        pd_connector=args.pd_connector,
+        pd_connector=args.connector,
     )
 
 
@@ -329,17 +342,17 @@ def run(args: argparse.Namespace) -> int:
                              "expected seconds, comma-separated") from None  # fmt: skip
         if any(not 0 < x <= 3600 for x in args.scrape_intervals):
             raise ValueError("--scrape-interval-s: periods must be in (0, 3600] seconds")
-        responses = [r.strip() for r in (args.response_mode or "").split(",") if r.strip()]
-        known = ("summary", *sorted(MODE_NAMES))
+        responses = [r.strip() for r in (args.response or "").split(",") if r.strip()]
+        known = ("summary", OBSERVER, *sorted(MODE_NAMES))
         if unknown := [r for r in responses if r not in known]:
-            raise ValueError(f"--response-mode {','.join(unknown)}: expected "
+            raise ValueError(f"--response {','.join(unknown)}: expected "
                              f"{', '.join(known)} (comma-separated for the demo)")  # fmt: skip
         several = "," in args.config or len(args.scrape_intervals) > 1 or len(responses) > 1
         if several and not args.demo:
-            raise ValueError("several --config, --scrape-interval-s or --response-mode values "
+            raise ValueError("several --config, --scrape-interval-s or --response values "
                              "are for --demo (one epp run each)")  # fmt: skip
         if several and (args.prefix == "precise" or args.epp_replicas > 1):
-            raise ValueError("several --config, --scrape-interval-s or --response-mode "
+            raise ValueError("several --config, --scrape-interval-s or --response "
                              "values: one epp replica and --prefix approx")  # fmt: skip
         if args.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
@@ -357,8 +370,8 @@ def run(args: argparse.Namespace) -> int:
                 raise WorkloadError(
                     f"--baseline {b!r}: expected random, round-robin, sglang or sglang-random"
                 )
-        if args.demo and args.policy in baselines:
-            raise WorkloadError("--policy and --baseline must differ for the demo")
+        if args.demo and args.routing in baselines:
+            raise WorkloadError("--routing and --baseline must differ for the demo")
         args.baselines = baselines
         if options.routing_nice:
             _lower_routing_priority(options)
@@ -434,9 +447,9 @@ async def _main(
 
         try:
             if options.models:
-                await run_models_demo(options, workload, (args.policy, *args.baselines), args.out_dir)
+                await run_models_demo(options, workload, (args.routing, *args.baselines), args.out_dir)
             else:
-                await run_demo(options, workload, (args.policy, *args.baselines), args.out_dir,
+                await run_demo(options, workload, (args.routing, *args.baselines), args.out_dir,
                                rounds=args.rounds, scrape_intervals=args.scrape_intervals)
         except asyncio.CancelledError:
             print("\ninterrupted; stacks stopped", file=sys.stderr)

@@ -88,8 +88,10 @@ def variants(
                     label = "epp" + (f" {Path(c).stem}" if len(configs) > 1 else "")
                     label += f" scrape {i:g} s" if len(intervals) > 1 else ""
                     label += f" {r}" if len(responses) > 1 else ""
-                    epps.append(dataclasses.replace(base, config=c, scrape_interval_s=i,
-                                                    response_mode=r, label=label))  # fmt: skip
+                    observer = r == "observer"  # epp-sim's --response observer
+                    epps.append(dataclasses.replace(
+                        base, config=c, scrape_interval_s=i, label=label,
+                        response_mode=None if observer else r, response_observer=observer))
         out = []
         for policy in policies:
             other = dataclasses.replace(base, config="", response_mode=None)

@@ -104,7 +104,7 @@ def check(options: StackOptions) -> None:
     if options.gateway != "envoy":
         raise ValueError("--models runs real Envoy (the model router is an Envoy ext_proc)")
     if options.policy not in POLICIES:
-        raise ValueError(f"--models with --policy {options.policy!r}: one of {', '.join(POLICIES)}")
+        raise ValueError(f"--models with --routing {options.policy!r}: one of {', '.join(POLICIES)}")
     if options.pd or options.prefix != "approx" or options.servers or options.fair:
         raise ValueError("--models: aggregated pools, approximate prefix, servers it starts")
     if options.engine == "vllm" and any(p.adapters for p in options.models):

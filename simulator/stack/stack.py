@@ -35,6 +35,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.envoyconfig import DEFAULT_SUMMARY_FLUSH_S, EnvoyOptions
+from epp.sidecar.proxy import CONNECTORS
 from simulator.clihelp import parse_pd
 from simulator.emulator import EmulatorConfig
 from simulator.envoy import (
@@ -145,7 +146,7 @@ class StackOptions:
     unless ``config`` names another."""
     pd_connector: str = "shared-storage"
     """How KV moves with ``pd``: ``shared-storage`` (a directory: vLLM's ExampleConnector, the
-    emulator's ``--kv-store``) or ``nixl`` (real vLLM only: its NixlConnector over NIXL's UCX
+    emulator's ``--kv-store``) or ``nixlv2`` (``epp pd-sidecar --connector``'s name; real vLLM only: its NixlConnector over NIXL's UCX
     backend, KV in host memory; the sidecar passes ``kv_transfer_params``)."""
     first_server: int = 0
     """The number of the first real vLLM server (its log ``vllm-N.log``, its core): with
@@ -577,7 +578,7 @@ async def _start_vllm(
     """N real vLLM servers (their own processes, one core each for OpenMP)."""
     from simulator import vllm
 
-    nixl = bool(options.pd) and options.pd_connector == "nixl"
+    nixl = bool(options.pd) and options.pd_connector == "nixlv2"
     try:
         setup = await asyncio.to_thread(
             vllm.ensure_nixl if nixl else vllm.ensure_vllm,
@@ -690,7 +691,7 @@ async def _precise_setup(options: StackOptions) -> _Precise | None:
     if options.prefix == "approx" and not (options.tokenize and options.engine == "emulator"):
         return None
     if options.prefix == "precise" and options.policy != "epp":
-        raise ValueError("--prefix precise needs --policy epp")
+        raise ValueError("--prefix precise needs --routing epp")
     if options.prefix == "precise" and options.engine == "vllm" and options.epp_replicas != 1:
         raise ValueError("--prefix precise with --engine vllm needs one epp replica (a vLLM "
                          "server publishes its KV events to one address)")  # fmt: skip
@@ -887,7 +888,7 @@ def _checked(options: StackOptions) -> StackOptions:
         raise ValueError(f"isolation must be 'process' or 'inline', not {options.isolation!r}")
     if options.response_observer and options.epp_replicas > 1 and not options.sync:
         raise ValueError(
-            "--response-observer with several epp replicas needs their index sync (drop "
+            "--response observer with several epp replicas needs their index sync (drop "
             "--no-sync): Envoy's ext_proc cluster picks a host per stream, so the observer "
             "stream may reach a replica that did not route, which reports over sync"
         )
@@ -896,11 +897,11 @@ def _checked(options: StackOptions) -> StackOptions:
     if options.pd:
         n_pre, n_dec = parse_pd(options.pd)
         if options.policy != "epp" or options.servers or options.prefix != "approx":
-            raise ValueError("--pd runs epp (--policy epp) on servers it starts, approximate prefix")
-        if options.pd_connector not in ("shared-storage", "nixl"):
-            raise ValueError(f"--pd-connector: shared-storage or nixl, not {options.pd_connector!r}")
-        if options.pd_connector == "nixl" and options.engine != "vllm":
-            raise ValueError("--pd-connector nixl needs --engine vllm (the emulator shares KV "
+            raise ValueError("--pd runs epp (--routing epp) on servers it starts, approximate prefix")
+        if options.pd_connector not in CONNECTORS:
+            raise ValueError(f"--connector: {' or '.join(CONNECTORS)}, not {options.pd_connector!r}")
+        if options.pd_connector == "nixlv2" and options.engine != "vllm":
+            raise ValueError("--connector nixlv2 needs --engine vllm (the emulator shares KV "
                              "through a directory)")  # fmt: skip
         options = dataclasses.replace(options, replicas=n_pre + n_dec, log_dir=_log_dir(options))
     return options
@@ -979,8 +980,7 @@ async def _start_routing(
     if options.pd:  # the gateway routes to the prefillers and the decoders' sidecars
         assert log_dir is not None
         n_pre = parse_pd(options.pd)[0]
-        connector = "nixlv2" if options.pd_connector == "nixl" else "shared-storage"
-        sidecars = await _start_sidecars(replica_urls[n_pre:], connector, log_dir, children, deadline)
+        sidecars = await _start_sidecars(replica_urls[n_pre:], options.pd_connector, log_dir, children, deadline)
         config = _pd_config(options, replica_urls[:n_pre], replica_urls[n_pre:], sidecars, log_dir)
         epps = await _start_epps(options, config, [], log_dir, children, inline, deadline)
         return epps, endpoints[:n_pre] + sidecars, sidecars

@@ -265,9 +265,10 @@ async def test_the_stack_gives_epp_its_scrape_period() -> None:
 async def test_responses_observed_on_a_second_stream_route_learn_and_release(
     http: aiohttp.ClientSession, mode: str
 ) -> None:
-    """--response-observer through the gateway: the routing stream skips the response, an
-    observability-mode stream carries it; every request is claimed, learnt from (usage) and
-    released, and the streamed answer reaches the client intact."""
+    """--response observer through the gateway (epp serve --response-observer): the routing
+    stream skips the response, an observability-mode stream carries it; every request is
+    claimed, learnt from (usage) and released, and the streamed answer reaches the client
+    intact."""
     from simulator.stack import start_stack
 
     stack = await start_stack(

