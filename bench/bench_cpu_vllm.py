@@ -39,75 +39,46 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import aiohttp
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.harness import pct, spawn, table  # noqa: E402
 
 CONFIGS = [("random", "full-duplex"), ("epp", "summary"), ("epp", "full-duplex"), ("epp", "streamed"),
            ("epp", "none"), ("epp", "observer")]
 
 
-def components(stack_pid: int) -> dict[str, list[int]]:
-    """The stack's processes by role (``simulator.stack.cpu``), the gateway being the stack
-    process and each vLLM server counted apart (vllm-N: its process group)."""
-    from simulator.stack.cpu import processes, role_of
-
-    procs = processes()
-    roles: dict[str, list[int]] = {"gateway": [stack_pid]}
-    servers = []
-    for pid, ppid, _, cmd in procs:
-        if ppid != stack_pid:
-            continue
-        role = role_of(cmd)
-        if role == "vllm":
-            servers.append(pid)
-        elif role in ("epp", "emulator"):
-            roles[role] = [pid]
-    for i, leader in enumerate(sorted(servers)):
-        roles[f"vllm-{i}"] = [p[0] for p in procs if p[2] == leader]
-    return roles
-
-
 async def server_ttft(urls: list[str]) -> tuple[float, float]:
     """vLLM's own time_to_first_token histogram, summed over the servers: (sum, count)."""
-    total = count = 0.0
-    async with aiohttp.ClientSession() as s:
-        for url in urls:
-            async with s.get(f"{url}/metrics") as r:
-                for line in (await r.text()).splitlines():
-                    if line.startswith("vllm:time_to_first_token_seconds_sum"):
-                        total += float(line.split()[-1])
-                    elif line.startswith("vllm:time_to_first_token_seconds_count"):
-                        count += float(line.split()[-1])
-    return total, count
+    from simulator.eppproc import page_metric
+
+    name = "vllm:time_to_first_token_seconds"
+    pages = [f"{url}/metrics" for url in urls]
+    return (sum([await page_metric(p, name + "_sum") for p in pages]),
+            sum([await page_metric(p, name + "_count") for p in pages]))
 
 
-def start_stack(policy: str, response_mode: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
-    cmd = [sys.executable, "-m", "simulator.cli", "stack", "--engine", args.engine, "--replicas", "2",
-           "--policy", policy, "--kv-mib", str(args.kv_mib),
-           "--vllm-stream-interval", str(args.stream_interval)]  # fmt: skip
-    cmd += ["--response-observer"] if response_mode == "observer" else ["--response-mode", response_mode]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait()
-        raise RuntimeError(f"the stack did not start ({' '.join(cmd)})")
+def start_stack(policy: str, response_mode: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], Any]:
+    """``epp-sim stack`` in its own process, and what it printed of itself (its URLs)."""
+    mode = ["--response-observer"] if response_mode == "observer" else ["--response-mode", response_mode]
+    proc, line = spawn("-m", "simulator.cli", "stack", "--engine", args.engine, "--replicas", "2", "--policy",
+                       policy, "--kv-mib", str(args.kv_mib), "--vllm-stream-interval", str(args.stream_interval),
+                       *mode, quiet=True)  # fmt: skip
     return proc, json.loads(line)
 
 
-async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str, object]:
+async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    from simulator.stack.cpu import roles as by_role
+    from simulator.stack.cpu import sample
     from simulator.stack.driver import run_workload
+    from simulator.stack.stack import DEFAULT_MODEL
     from simulator.stack.workload import SharedPrefixWorkload
 
     proc, described = start_stack(policy, mode, args)
     try:
-        from simulator.stack.cpu import sample
-
-        roles = components(proc.pid)
+        roles = by_role(proc.pid)  # the gateway is the stack's own process
         await asyncio.sleep(2.0)  # first scrapes, connections
         c0, t0 = sample(roles), time.monotonic()
         await asyncio.sleep(args.idle_s)  # the idle window: background cost only
@@ -116,7 +87,7 @@ async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str,
         ttft0 = await server_ttft(urls)
         w = SharedPrefixWorkload(num_groups=args.groups, num_prompts_per_group=args.users,
                                  num_turns=args.turns, concurrency=args.concurrency)  # fmt: skip
-        records = await run_workload(described["gateway_url"], w, _model())
+        records = await run_workload(described["gateway_url"], w, DEFAULT_MODEL)
         c2, t2 = sample(roles), time.monotonic()
         ttft1 = await server_ttft(urls)
     finally:
@@ -124,7 +95,7 @@ async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str,
         proc.wait()
     n = len(records.records)
     ok = [r for r in records.records if r.ok]
-    client = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    client = [r.ttft_s for r in ok if r.ttft_s is not None]
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     idle, busy = t1 - t0, t2 - t1
@@ -137,30 +108,20 @@ async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str,
         "config": f"{policy}" + ("" if policy == "random" else f" / response {mode}"),
         "requests": n, "errors": n - len(ok), "wall_s": busy, "rows": rows,
         "hit": cached / prompt if prompt else 0.0,
-        "client_ttft_p50": client[len(client) // 2] if client else float("nan"),
+        "client_ttft_p50": pct(client, 0.5),
         "server_ttft_mean": (ttft1[0] - ttft0[0]) / max(1.0, ttft1[1] - ttft0[1]),
     }
 
 
-def _model() -> str:
-    from simulator.stack.stack import DEFAULT_MODEL
-
-    return DEFAULT_MODEL
-
-
-def report(results: list[dict[str, object]]) -> None:
-    print(f"{'configuration':28} {'component':9} {'background':>11} {'request path':>13} "
-          f"{'total':>9}")
-    print(f"{'':28} {'':9} {'CPU s/s':>11} {'CPU ms/req':>13} {'ms/req':>9}")
+def report(results: list[dict[str, Any]]) -> None:
+    rows = [[r["config"] if i == 0 else "", role, f"{bg:.3f}", f"{req * 1e3:.1f}", f"{total * 1e3:.1f}"]
+            for r in results for i, (role, (bg, req, total)) in enumerate(r["rows"].items())]
+    print(table(["configuration", "component", "background CPU s/s", "request path CPU ms a request",
+                 "total CPU ms a request"], rows, 2))  # fmt: skip
     for r in results:
-        rows = r["rows"]
-        assert isinstance(rows, dict)
-        for i, (role, (bg, req, total)) in enumerate(rows.items()):
-            name = str(r["config"]) if i == 0 else ""
-            print(f"{name:28} {role:9} {bg:>11.3f} {req * 1e3:>13.1f} {total * 1e3:>9.1f}")
-        print(f"{'':28} {r['requests']} requests ({r['errors']} errors) in {r['wall_s']:.1f} s; "
-              f"hit rate {r['hit']:.1%}; TTFT client p50 {r['client_ttft_p50'] * 1e3:.0f} ms, "  # type: ignore[operator]
-              f"vLLM server mean {r['server_ttft_mean'] * 1e3:.0f} ms")  # type: ignore[operator]
+        print(f"{r['config']}: {r['requests']} requests ({r['errors']} errors) in {r['wall_s']:.1f} s; hit rate "
+              f"{r['hit']:.1%}; TTFT client p50 {r['client_ttft_p50'] * 1e3:.0f} ms, vLLM server mean "
+              f"{r['server_ttft_mean'] * 1e3:.0f} ms")  # fmt: skip
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -196,13 +157,9 @@ def main() -> None:
     args = ap.parse_args()
     args.configs = [(c.partition(":")[0], c.partition(":")[2] or "full-duplex")
                     for c in args.configs.split(",") if c]
-    if args.engine == "emulator":
-        asyncio.run(main_async(args))
-        return
     from simulator.vllm import setup_missing
 
-    missing = setup_missing()
-    if missing:
+    if args.engine == "vllm" and (missing := setup_missing()):
         print(f"skipped: {missing}")
         return
     asyncio.run(main_async(args))

@@ -38,9 +38,7 @@ import json
 import os
 import random
 import resource
-import subprocess
 import sys
-import threading
 import time
 import zlib
 from pathlib import Path
@@ -49,17 +47,21 @@ from typing import Any, Self
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import ints, spawn  # noqa: E402
+
 NORMAL = (b'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n'
           b'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
           b'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n') + b"# filler\n" * 4000
 
 
-def _start(cmd: list[str]) -> tuple[subprocess.Popen[str], str]:
-    """A helper process and the first line it prints (its ports)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.stdout is not None
-    return proc, proc.stdout.readline()
+def _epp(endpoints: list[str], *extra: str) -> Any:
+    """``epp serve`` as users run it, not scraping (``simulator.eppproc``)."""
+    import tempfile
+
+    from simulator.eppproc import EppProcess
+
+    log = Path(tempfile.mkdtemp(prefix="bench-hostile-")) / "epp.log"
+    return EppProcess(endpoints, log, extra=("--no-scrape", "--log-level", "error", *extra))
 
 
 # --- 1. hostile model servers -------------------------------------------------------------
@@ -168,8 +170,8 @@ async def scrape_stalls(seconds: float) -> None:
     from epp.framework.endpoint import Endpoint, endpoint_id
     from epp.observability.metrics import EppMetrics
 
-    proc, first_line = _start([sys.executable, __file__, "--serve-pages"])
-    ports = [int(p) for p in first_line.split(",")]
+    proc, first_line = spawn(__file__, "--serve-pages")
+    ports = ints(first_line)
     try:
         for label, chosen in (("normal pages only", ports[:8]), ("normal + hostile pages", ports)):
             ds = Datastore(stale_after_s=60)
@@ -216,9 +218,9 @@ async def rss_over_requests(n: int) -> None:
 
     from tests.integration import envoy_client as ec
 
-    script = Path(__file__).with_name("bench_extproc.py")
-    proc, first_line = _start([sys.executable, str(script), "--serve", "epp"])
-    port = int(first_line)
+    epp = _epp([f"10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(32)])
+    await epp.start()
+    port = epp.grpc_port
     rng = random.Random(5)
     prompt = "You are a helpful assistant. " * 200
     answer = json.dumps({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 10 ** 300,
@@ -280,20 +282,19 @@ async def rss_over_requests(n: int) -> None:
 
     try:
         await run(500, 0)  # warm-up: imports, caches, first model labels
-        before = _rss_kb(proc.pid)
+        before = _rss_kb(epp.pid)
         t0 = time.perf_counter()
         await run(n, 1000)
         elapsed = time.perf_counter() - t0
-        after = _rss_kb(proc.pid)
+        after = _rss_kb(epp.pid)
         print(f"  RSS of epp serve before {before / 1024:.1f} MB, after {n} requests "
               f"{after / 1024:.1f} MB ({(after - before) / 1024:+.1f} MB) in {elapsed:.0f} s; "
               f"mix {dict(sorted(counts.items()))}")
         await run(n, 1000 + n)  # the same again: what grew first was the (capped) index
-        again = _rss_kb(proc.pid)
+        again = _rss_kb(epp.pid)
         print(f"  after {n} more: {again / 1024:.1f} MB ({(again - after) / 1024:+.1f} MB)")
     finally:
-        proc.terminate()
-        proc.wait()
+        await epp.stop()
 
 
 # --- 3. restart to warm -------------------------------------------------------------------
@@ -695,43 +696,27 @@ async def memory_and_work() -> None:
 # --- 4. idle streams ---------------------------------------------------------------------
 
 
-def _serve_with_stream_bound(cap: int) -> tuple[subprocess.Popen[str], int]:
-    """``epp serve --max-open-streams cap`` and its gRPC port (read from its log)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "epp.cli", "serve", "--grpc-port", "0", "--health-port", "-1",
-         "--metrics-port", "-1", "--endpoints", "127.0.0.1:9", "--no-scrape",
-         "--log-format", "text", "--max-open-streams", str(cap)],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert proc.stderr is not None
-    port = 0
-    for line in proc.stderr:
-        if "epp serving: grpc=" in line:
-            port = int(line.split("grpc=")[1].split()[0])
-            break
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
-    return proc, port
-
-
 async def idle_streams(cap: int) -> None:
     import grpc
 
     from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS
     from tests.integration import envoy_client as ec
 
-    proc, port = _serve_with_stream_bound(cap)
+    epp = _epp(["127.0.0.1:9"], "--max-open-streams", str(cap))
+    await epp.start()
+    port = epp.grpc_port
     body = json.dumps({"model": "m", "prompt": "hello " * 100}).encode()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await channel.channel_ready()
-            base = _rss_kb(proc.pid)
+            base = _rss_kb(epp.pid)
             held = []
             for _ in range(cap):
                 s = ec.Stream(channel)
                 await s.send(ec.request_headers())
                 held.append(s)
             await asyncio.sleep(0.5)  # let the server take the last ones in
-            at_cap = _rss_kb(proc.pid)
+            at_cap = _rss_kb(epp.pid)
             per_stream = (at_cap - base) / cap
             refused = other = 0
             for _ in range(cap // 4):
@@ -746,7 +731,7 @@ async def idle_streams(cap: int) -> None:
                 else:
                     other += 1
                     held.append(s)
-            past = _rss_kb(proc.pid)
+            past = _rss_kb(epp.pid)
             for h in held:
                 h.call.cancel()
             await asyncio.sleep(0.5)  # the cancels reach the server
@@ -761,8 +746,7 @@ async def idle_streams(cap: int) -> None:
               f"otherwise; RSS {past / 1024:.1f} MB ({(past - at_cap) / 1024:+.1f} MB); "
               f"after the idle ones closed, a request routes: {routed or 'NO'}")
     finally:
-        proc.terminate()
-        proc.wait()
+        await epp.stop()
 
 
 async def main_async(args: argparse.Namespace) -> None:
