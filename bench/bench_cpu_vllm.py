@@ -33,8 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import pct, spawn, table  # noqa: E402
 
-CONFIGS = [("random", "full-duplex"), ("epp", "summary"), ("epp", "full-duplex"), ("epp", "streamed"),
-           ("epp", "none"), ("epp", "observer")]
+CONFIGS = "random,epp:summary,epp:full-duplex,epp:streamed,epp:none,epp:observer"
 
 
 async def server_ttft(urls: list[str]) -> tuple[float, float]:
@@ -131,7 +130,7 @@ def main() -> None:
     ap.add_argument("--engine", choices=("vllm", "emulator"), default="vllm",
                     help="emulator: 2 emulated replicas (one process) instead of real vLLM, for "
                     "a quick look at the gateway's and epp's share (default: vllm)")
-    ap.add_argument("--configs", default=",".join(p if p == "random" else f"{p}:{m}" for p, m in CONFIGS),
+    ap.add_argument("--configs", default=CONFIGS,
                     help="which to run, comma-separated: random, epp:<response mode> (full-duplex, "
                     "streamed, none, observer) (default: all)")
     args = ap.parse_args()

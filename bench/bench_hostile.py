@@ -27,6 +27,7 @@ import os
 import random
 import resource
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -44,8 +45,6 @@ NORMAL = (b'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n'
 
 def _epp(endpoints: list[str], *extra: str) -> Any:
     """``epp serve`` as users run it, not scraping (``simulator.eppproc``)."""
-    import tempfile
-
     from simulator.eppproc import EppProcess
 
     log = Path(tempfile.mkdtemp(prefix="bench-hostile-")) / "epp.log"
@@ -140,16 +139,6 @@ class CallbackTimer:
         asyncio.events.Handle._run = self._orig  # type: ignore[method-assign]
 
 
-async def _probe(seconds: float) -> list[float]:
-    lags = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t0 = time.perf_counter()
-        await asyncio.sleep(0.001)
-        lags.append(time.perf_counter() - t0 - 0.001)
-    return lags
-
-
 async def scrape_stalls(seconds: float) -> None:
     from prometheus_client import CollectorRegistry
 
@@ -168,15 +157,17 @@ async def scrape_stalls(seconds: float) -> None:
             scraper = MetricsScraper(ds, EppMetrics(reg))
             rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             await scraper.start()
-            with CallbackTimer() as timer:
-                lags = await _probe(seconds)
+            async with _Lag() as lag:
+                with CallbackTimer() as timer:
+                    await asyncio.sleep(seconds)
             await scraper.stop()
+            lags = lag.lags
             rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             errors = {s.labels["reason"]: s.value for m in reg.collect() if m.name == "epp_scrape_errors"
                       for s in m.samples if s.name.endswith("_total")}  # fmt: skip
             fresh = sum(1 for e in ds.snapshot() if e.metrics.known)
             print(f"  {label:24} longest loop callback {timer.worst_cpu * 1e3:.1f} ms CPU "
-                  f"({timer.worst_wall * 1e3:.1f} ms wall); probe lateness p50 {pct(lags, 0.5) * 1e3:.2f} "
+                  f"({timer.worst_wall * 1e3:.1f} ms wall); loop lag p50 {pct(lags, 0.5) * 1e3:.2f} "
                   f"ms, p99 {pct(lags, 0.99) * 1e3:.2f} ms, worst {max(lags) * 1e3:.2f} ms; "
                   f"peak RSS +{(rss1 - rss0) / 1024:.0f} MB; endpoints with metrics {fresh}/"
                   f"{len(chosen)}; scrape errors {dict(sorted(errors.items())) or 'none'}")
@@ -188,10 +179,7 @@ async def scrape_stalls(seconds: float) -> None:
 
 
 def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0])
 
 
 async def rss_over_requests(n: int) -> None:
@@ -201,7 +189,6 @@ async def rss_over_requests(n: int) -> None:
 
     epp = _epp([f"10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(32)])
     await epp.start()
-    port = epp.grpc_port
     rng = random.Random(5)
     prompt = "You are a helpful assistant. " * 200
     answer = json.dumps({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 10 ** 300,
@@ -250,7 +237,7 @@ async def rss_over_requests(n: int) -> None:
             pass
 
     async def run(count: int, offset: int) -> None:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with grpc.aio.insecure_channel(epp.address) as channel:
             await channel.channel_ready()
             queue = list(range(offset, offset + count))
 
@@ -493,10 +480,9 @@ async def idle_streams(cap: int) -> None:
 
     epp = _epp(["127.0.0.1:9"], "--max-open-streams", str(cap))
     await epp.start()
-    port = epp.grpc_port
     body = json.dumps({"model": "m", "prompt": "hello " * 100}).encode()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with grpc.aio.insecure_channel(epp.address) as channel:
             await channel.channel_ready()
             base = _rss_kb(epp.pid)
             held = []
@@ -541,7 +527,7 @@ async def idle_streams(cap: int) -> None:
 async def main_async(args: argparse.Namespace) -> None:
     print(f"hostile-input bench, python {sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")
     parts = {
-        "scrape": (f"1. event-loop stalls while scraping (probe: sleep(1 ms) lateness, {args.seconds:g} s each):",
+        "scrape": (f"1. event-loop stalls while scraping (loop-lag watcher, 1 ms timer, {args.seconds:g} s each):",
                    lambda: scrape_stalls(args.seconds)),
         "requests": (f"2. epp serve memory over {args.requests} mostly hostile requests:",
                      lambda: rss_over_requests(args.requests)),

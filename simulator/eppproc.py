@@ -8,13 +8,12 @@ import contextlib
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
-from simulator.vllm import free_port
+from simulator.vllm import free_port, wait_healthy
 
 
 @dataclass
@@ -44,7 +43,6 @@ class EppProcess:
         return ["serve", "--health-port", "-1", "--endpoints", ",".join(self.endpoints)]
 
     async def start(self) -> None:
-        """Start it and wait until its metrics page answers (its gRPC port is bound then)."""
         err = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child
         try:
             command, *flags = self.argv()
@@ -57,19 +55,8 @@ class EppProcess:
             )  # fmt: skip
         finally:
             err.close()
-        deadline = time.monotonic() + 30
-        async with aiohttp.ClientSession() as http:
-            while not await self._metrics_up(http):
-                assert self.proc.returncode is None, self.log_path.read_text()[-2000:]
-                assert time.monotonic() < deadline, f"epp {self.argv()[0]} did not start"
-                await asyncio.sleep(0.05)  # readiness poll
-
-    async def _metrics_up(self, http: aiohttp.ClientSession) -> bool:
-        try:
-            async with http.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
-                return r.status == 200
-        except aiohttp.ClientError:
-            return False
+        # its metrics page answers once its gRPC port is bound
+        await wait_healthy(f"http://127.0.0.1:{self.metrics_port}/metrics", self.proc, self.log_path, 30, 0.05)
 
     async def routed(self) -> float:
         """Requests this epp answered (``epp_requests_total``, every status)."""
