@@ -1,4 +1,5 @@
-"""epp under hostile input: what it costs a live epp (docs/reliability.md).
+"""epp under hostile input (docs/reliability.md): event-loop stalls scraping hostile servers,
+memory over hostile requests and idle streams, warm restart from a peer, the index passes.
 
 1. ``scrape``: how late the event loop wakes (``asyncio.sleep(1 ms)``) and its longest
    callback while epp's scraper reads 8 normal pages, then 8 more hostile ones (a deflate
