@@ -5,7 +5,7 @@ the body in two chunks, response headers and a JSON body with ``usage`` (``--sse
 streamed chat answer of N events, one message each). The no-op server (bench/harness.py)
 answers with no parsing and no scheduling, so the difference is what epp adds. epp serves 32
 endpoints, each serving the real vLLM /metrics page from another process, scraped at default
-settings; 16 KB prompts from 64 shared prefixes. Latency: from the request headers to the
+settings; 16 KB mixed-script prompts from 64 shared prefixes. Latency: from the request headers to the
 routing reply (what Envoy waits before it forwards). Rounds alternate the servers and which
 goes first, the other paused (SIGSTOP); medians, ratios paired round by round, CPU per request
 of the server (/proc) and the client (this process).
@@ -31,7 +31,14 @@ sys.path.insert(0, str(ROOT))
 from bench.harness import PAGE, ints, only, pct, prompts, start_noop, start_pages, stop, table  # noqa: E402
 
 ENDPOINTS = 32
+WORDS = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda", "théta", "日本")
 USAGE = {"prompt_tokens": 4000, "completion_tokens": 16, "prompt_tokens_details": {"cached_tokens": 3000}}
+
+
+def make_bodies(n: int) -> list[bytes]:
+    """``n`` completions of 16 KB mixed-script prompts from 64 shared prefixes (bench_scheduling's too)."""
+    return [json.dumps({"model": "m", "prompt": p, "max_tokens": 16}, ensure_ascii=False).encode()
+            for p in prompts(n, 16 * 1024, words=WORDS)]  # fmt: skip
 
 
 def sse_events(n: int) -> list[bytes]:
@@ -94,8 +101,7 @@ async def bench(args: argparse.Namespace) -> None:
     from simulator.eppproc import EppProcess
     from simulator.stack.cpu import cpu_ns
 
-    bodies = [json.dumps({"model": "m", "prompt": p, "max_tokens": 16}).encode()
-              for p in prompts(args.requests, 16 * 1024)]  # fmt: skip
+    bodies = make_bodies(args.requests)
     warm = bodies[:200]
     pages, ports = start_pages(ENDPOINTS)
     noop, noop_port = start_noop(["10.0.0.1:8000"])

@@ -285,21 +285,15 @@ async def warm_restart(entries: int) -> None:
     cfg = loads_config(json.dumps({**shipped_config("default").raw, "prefixIndex": {
         "capacityPerEndpointChunks": per_endpoint, "maxEntries": 2 * entries}}))
     a = await start_server(cfg, eps, dataclasses.replace(base, sync=sync))
-    index = a.index
-    rng = random.Random(9)
-    now = time.monotonic()
-    chain = 256
-    for i in range(entries // chain):
-        hashes = [rng.getrandbits(64) for _ in range(chain)]
-        index.record(eps[i % len(eps)].id, hashes, now - (entries // chain - i) * 1e-4)
-    held = len(index)
+    rng, now, chains = random.Random(9), time.monotonic(), entries // 256
+    for i in range(chains):
+        a.index.record(eps[i % len(eps)].id, [rng.getrandbits(64) for _ in range(256)], now - (chains - i) * 1e-4)
+    held = len(a.index)
     try:
         t0 = time.perf_counter()
         b = await start_server(cfg, eps, dataclasses.replace(
             base, sync=dataclasses.replace(sync, peers=[HostPort("127.0.0.1", a.sync_port)])))
-        ready_s = time.perf_counter() - t0
-        warm = b.warm
-        got = len(b.index)
+        ready_s, warm, got = time.perf_counter() - t0, b.warm, len(b.index)
         await b.stop(0)
         print(f"  peer index {held:,} entries on {len(eps)} endpoints: replica ready (warm) in "
               f"{ready_s:.2f} s with {got:,} entries (snapshot {warm.seconds if warm else 0:.2f} s, "

@@ -55,13 +55,13 @@ def only(running: Collection[int], pids: Iterable[int]) -> None:
         os.kill(pid, signal.SIGCONT if pid in running else signal.SIGSTOP)
 
 
-def prompts(n: int, size: int, seed: int = 3, prefixes: int = 64) -> list[str]:
-    """``n`` prompts of ``size`` characters, each the first 7/8 of one of ``prefixes`` shared
-    prefixes and a random tail: realistic prefix-index work."""
+def prompts(n: int, size: int, seed: int = 3, words: Sequence[str] = WORDS) -> list[str]:
+    """``n`` prompts of ``size`` characters, each the first 7/8 of one of 64 shared prefixes
+    and a random tail: realistic prefix-index work."""
     rng = random.Random(seed)
-    heads = [" ".join(rng.choice(WORDS) for _ in range(size // 7)) for _ in range(prefixes)]
-    return [(heads[i % prefixes][: size * 7 // 8] + " "
-             + " ".join(rng.choice(WORDS) for _ in range(size // 40)))[:size] for i in range(n)]  # fmt: skip
+    heads = [" ".join(rng.choice(words) for _ in range(size // 7)) for _ in range(64)]
+    return [(heads[i % 64][: size * 7 // 8] + " "
+             + " ".join(rng.choice(words) for _ in range(size // 40)))[:size] for i in range(n)]  # fmt: skip
 
 
 def pct(values: Sequence[float], q: float) -> float:
