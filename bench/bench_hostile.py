@@ -1,32 +1,21 @@
-"""epp under hostile input: the figures docs/reliability.md quotes.
+"""epp under hostile input (docs/reliability.md): event-loop stalls scraping hostile servers,
+memory over hostile requests and idle streams, warm restart from a peer, the index passes.
 
-1. Event-loop stalls while scraping hostile model servers: 8 endpoints serve a normal vLLM-like
-   page, then 8 more serve, in turn, a deflate bomb (1 GiB inflated), a 50 MB page, a chunked
-   page that never ends, NaN/Inf gauges, a page that is not UTF-8, numbers with 5,000 digits,
-   and one never answers. A probe task measures how late ``asyncio.sleep(1 ms)`` wakes up;
-   the same probe runs first with the normal pages alone (baseline, same process).
-2. RSS of ``epp serve`` (its own process) before and after 20,000 requests of which most are
-   hostile: bad JSON, deep nesting, lone surrogates, huge integers, protocol misuse (second
-   headers, body before headers, half-close), cancelled streams, 5,000 distinct models.
-3. Restart-to-warm: a replica whose peer holds a 1M-entry index starts with that peer in
-   ``--peers``; the time from start to ready (the snapshot applied) and the entries it got.
-4. Idle ext_proc streams: one client opens streams that send their headers and nothing more,
-   up to ``--max-open-streams`` and 25% past it; RSS of ``epp serve`` per open stream, what
-   the streams past the bound got, and whether a normal request still routes.
-5. Event-loop lag while the index passes run (issue 70, item 12): clearing and sweeping a
-   500k-entry precise index, sweeping a 500k-entry approximate one and exporting a 200k-entry
-   endpoint's snapshot through the sync service, while a request task matches prompts. The
-   loop-lag watcher (``epp_event_loop_lag_seconds``, 1 ms timer) records how late the loop
-   ran: each pass in one piece (the baseline: how it ran before), then in the slices the
-   server runs. Target: under 10 ms.
-6. Memory within its bounds and per-request work (issue 70, items 5, 7, 8, 11, 13): 5,000
-   enqueue-and-cancel cycles behind a blocked head; a 10 MiB JSON answer to a rewritten
-   model; the sync outbox with no subscriber and with a stalled one; what a routed request
-   keeps while in flight; the TTFT fit per response, a displacement with a full queue, and the
-   log lines 1,000 rejections write.
+1. ``scrape``: how late the event loop wakes (``asyncio.sleep(1 ms)``) and its longest
+   callback while epp's scraper reads 8 normal pages, then 8 more hostile ones (a deflate
+   bomb, 50 MB, a chunked page without end, NaN/Inf, not UTF-8, 5,000-digit numbers, a
+   server that never answers); the normal pages alone are the baseline.
+2. ``requests``: RSS of ``epp serve`` before and after ``--requests`` mostly hostile
+   requests (bad JSON, deep nesting, lone surrogates, protocol misuse, cancels, 5,000 models).
+3. ``warm``: a replica started with a peer holding ``--entries``: time to ready, entries got.
+4. ``streams``: idle ext_proc streams up to ``--max-open-streams`` and 25% past it: RSS a
+   stream, what the streams past the bound got, whether a request still routes.
+5. ``passes``: the loop's lag and longest callback while the index passes run (precise clear
+   and sweep, approximate sweep, a snapshot export), in one piece (before) and sliced (now);
+   target: epp's own stall under 10 ms.
 
-    python bench/bench_hostile.py [--requests 20000] [--entries 1000000] [--streams 4000]
-        [--pass-entries 500000] [--only passes,memory]
+    ./run bench hostile [--requests 20000] [--entries 1000000] [--streams 4000]
+        [--pass-entries 500000] [--only scrape,requests,warm,streams,passes]
 """
 
 from __future__ import annotations
@@ -38,9 +27,8 @@ import json
 import os
 import random
 import resource
-import subprocess
 import sys
-import threading
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -49,17 +37,19 @@ from typing import Any, Self
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import ints, pct, spawn, stop  # noqa: E402
+
 NORMAL = (b'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n'
           b'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
           b'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n') + b"# filler\n" * 4000
 
 
-def _start(cmd: list[str]) -> tuple[subprocess.Popen[str], str]:
-    """A helper process and the first line it prints (its ports)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.stdout is not None
-    return proc, proc.stdout.readline()
+def _epp(endpoints: list[str], *extra: str) -> Any:
+    """``epp serve`` as users run it, not scraping (``simulator.eppproc``)."""
+    from simulator.eppproc import EppProcess
+
+    log = Path(tempfile.mkdtemp(prefix="bench-hostile-")) / "epp.log"
+    return EppProcess(endpoints, log, extra=("--no-scrape", "--log-level", "error", *extra))
 
 
 # --- 1. hostile model servers -------------------------------------------------------------
@@ -150,16 +140,6 @@ class CallbackTimer:
         asyncio.events.Handle._run = self._orig  # type: ignore[method-assign]
 
 
-async def _probe(seconds: float) -> list[float]:
-    lags = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t0 = time.perf_counter()
-        await asyncio.sleep(0.001)
-        lags.append(time.perf_counter() - t0 - 0.001)
-    return lags
-
-
 async def scrape_stalls(seconds: float) -> None:
     from prometheus_client import CollectorRegistry
 
@@ -168,8 +148,8 @@ async def scrape_stalls(seconds: float) -> None:
     from epp.framework.endpoint import Endpoint, endpoint_id
     from epp.observability.metrics import EppMetrics
 
-    proc, first_line = _start([sys.executable, __file__, "--serve-pages"])
-    ports = [int(p) for p in first_line.split(",")]
+    proc, first_line = spawn(__file__, "--serve-pages")
+    ports = ints(first_line)
     try:
         for label, chosen in (("normal pages only", ports[:8]), ("normal + hostile pages", ports)):
             ds = Datastore(stale_after_s=60)
@@ -178,37 +158,29 @@ async def scrape_stalls(seconds: float) -> None:
             scraper = MetricsScraper(ds, EppMetrics(reg))
             rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             await scraper.start()
-            with CallbackTimer() as timer:
-                lags = await _probe(seconds)
+            async with _Lag() as lag:
+                with CallbackTimer() as timer:
+                    await asyncio.sleep(seconds)
             await scraper.stop()
-            lags.sort()
+            lags = lag.lags
             rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            errors: dict[str, float] = {}
-            for m in reg.collect():
-                if m.name == "epp_scrape_errors":
-                    for s in m.samples:
-                        if s.name.endswith("_total"):
-                            errors[s.labels["reason"]] = errors.get(s.labels["reason"], 0) + s.value
+            errors = {s.labels["reason"]: s.value for m in reg.collect() if m.name == "epp_scrape_errors"
+                      for s in m.samples if s.name.endswith("_total")}  # fmt: skip
             fresh = sum(1 for e in ds.snapshot() if e.metrics.known)
             print(f"  {label:24} longest loop callback {timer.worst_cpu * 1e3:.1f} ms CPU "
-                  f"({timer.worst_wall * 1e3:.1f} ms wall); probe lateness p50 "
-                  f"{lags[len(lags) // 2] * 1e3:.2f} ms, p99 {lags[int(len(lags) * 0.99)] * 1e3:.2f}"
-                  f" ms, worst {lags[-1] * 1e3:.2f} ms; "
+                  f"({timer.worst_wall * 1e3:.1f} ms wall); loop lag p50 {pct(lags, 0.5) * 1e3:.2f} "
+                  f"ms, p99 {pct(lags, 0.99) * 1e3:.2f} ms, worst {max(lags) * 1e3:.2f} ms; "
                   f"peak RSS +{(rss1 - rss0) / 1024:.0f} MB; endpoints with metrics {fresh}/"
                   f"{len(chosen)}; scrape errors {dict(sorted(errors.items())) or 'none'}")
     finally:
-        proc.kill()
-        proc.wait()
+        stop([proc])
 
 
 # --- 2. RSS over 20,000 mostly hostile requests -------------------------------------------
 
 
 def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0])
 
 
 async def rss_over_requests(n: int) -> None:
@@ -216,9 +188,8 @@ async def rss_over_requests(n: int) -> None:
 
     from tests.integration import envoy_client as ec
 
-    script = Path(__file__).with_name("bench_extproc.py")
-    proc, first_line = _start([sys.executable, str(script), "--serve", "epp"])
-    port = int(first_line)
+    epp = _epp([f"10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(32)])
+    await epp.start()
     rng = random.Random(5)
     prompt = "You are a helpful assistant. " * 200
     answer = json.dumps({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 10 ** 300,
@@ -242,11 +213,10 @@ async def rss_over_requests(n: int) -> None:
                 await s.recv_n(2)
                 await s.send(ec.response_headers(), ec.response_body(answer, True))
                 await s.recv_n(2)
-                await s.call.done_writing()
-                await s.call.code()
             elif kind == "bad":
                 await s.send(ec.request_headers(), ec.request_body(rng.choice(bad_bodies), True))
                 await s.recv()
+            if kind in ("ok", "model", "bad"):
                 await s.call.done_writing()
                 await s.call.code()
             elif kind == "proto":
@@ -268,7 +238,7 @@ async def rss_over_requests(n: int) -> None:
             pass
 
     async def run(count: int, offset: int) -> None:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with grpc.aio.insecure_channel(epp.address) as channel:
             await channel.channel_ready()
             queue = list(range(offset, offset + count))
 
@@ -280,20 +250,19 @@ async def rss_over_requests(n: int) -> None:
 
     try:
         await run(500, 0)  # warm-up: imports, caches, first model labels
-        before = _rss_kb(proc.pid)
+        before = _rss_kb(epp.pid)
         t0 = time.perf_counter()
         await run(n, 1000)
         elapsed = time.perf_counter() - t0
-        after = _rss_kb(proc.pid)
+        after = _rss_kb(epp.pid)
         print(f"  RSS of epp serve before {before / 1024:.1f} MB, after {n} requests "
               f"{after / 1024:.1f} MB ({(after - before) / 1024:+.1f} MB) in {elapsed:.0f} s; "
               f"mix {dict(sorted(counts.items()))}")
         await run(n, 1000 + n)  # the same again: what grew first was the (capped) index
-        again = _rss_kb(proc.pid)
+        again = _rss_kb(epp.pid)
         print(f"  after {n} more: {again / 1024:.1f} MB ({(again - after) / 1024:+.1f} MB)")
     finally:
-        proc.terminate()
-        proc.wait()
+        await epp.stop()
 
 
 # --- 3. restart to warm -------------------------------------------------------------------
@@ -316,21 +285,15 @@ async def warm_restart(entries: int) -> None:
     cfg = loads_config(json.dumps({**shipped_config("default").raw, "prefixIndex": {
         "capacityPerEndpointChunks": per_endpoint, "maxEntries": 2 * entries}}))
     a = await start_server(cfg, eps, dataclasses.replace(base, sync=sync))
-    index = a.index
-    rng = random.Random(9)
-    now = time.monotonic()
-    chain = 256
-    for i in range(entries // chain):
-        hashes = [rng.getrandbits(64) for _ in range(chain)]
-        index.record(eps[i % len(eps)].id, hashes, now - (entries // chain - i) * 1e-4)
-    held = len(index)
+    rng, now, chains = random.Random(9), time.monotonic(), entries // 256
+    for i in range(chains):
+        a.index.record(eps[i % len(eps)].id, [rng.getrandbits(64) for _ in range(256)], now - (chains - i) * 1e-4)
+    held = len(a.index)
     try:
         t0 = time.perf_counter()
         b = await start_server(cfg, eps, dataclasses.replace(
             base, sync=dataclasses.replace(sync, peers=[HostPort("127.0.0.1", a.sync_port)])))
-        ready_s = time.perf_counter() - t0
-        warm = b.warm
-        got = len(b.index)
+        ready_s, warm, got = time.perf_counter() - t0, b.warm, len(b.index)
         await b.stop(0)
         print(f"  peer index {held:,} entries on {len(eps)} endpoints: replica ready (warm) in "
               f"{ready_s:.2f} s with {got:,} entries (snapshot {warm.seconds if warm else 0:.2f} s, "
@@ -369,14 +332,13 @@ class _Lag:
         return max(self.lags, default=0.0) * 1e3
 
     def p99_ms(self) -> float:
-        lags = sorted(self.lags)
-        return lags[int(len(lags) * 0.99)] * 1e3 if lags else 0.0
+        return pct(self.lags, 0.99) * 1e3
 
 
-async def _requests(match: Any, stop: asyncio.Event) -> int:
+async def _requests(match: Any, done: asyncio.Event) -> int:
     """The request path meanwhile: one match per loop turn; returns how many ran."""
     n = 0
-    while not stop.is_set():
+    while not done.is_set():
         match()
         n += 1
         await asyncio.sleep(0)
@@ -391,9 +353,9 @@ async def _measure(label: str, build: Any, one_piece: Any, sliced: Any) -> None:
     rows = []
     for how in ("one piece", "sliced"):
         state, match = build()
-        stop = asyncio.Event()
+        done = asyncio.Event()
         async with _Lag() as lag:
-            reqs = asyncio.create_task(_requests(match, stop))
+            reqs = asyncio.create_task(_requests(match, done))
             await asyncio.sleep(0.005)
             with CallbackTimer() as timer:
                 t0, c0 = time.perf_counter(), time.thread_time()
@@ -403,7 +365,7 @@ async def _measure(label: str, build: Any, one_piece: Any, sliced: Any) -> None:
                 else:
                     await sliced(state)
                 took = time.perf_counter() - t0
-            stop.set()
+            done.set()
             served = await reqs
         rows.append((lag.worst_ms(), lag.p99_ms(), timer.worst_cpu * 1e3, took, served))
         del state, match, reqs  # freed here, not inside the next measurement
@@ -418,12 +380,12 @@ async def _measure(label: str, build: Any, one_piece: Any, sliced: Any) -> None:
 
 async def _idle_floor(seconds: float) -> None:
     """The watcher with only the request task running: what this host adds by itself."""
-    stop = asyncio.Event()
+    done = asyncio.Event()
     async with _Lag() as lag:
-        reqs = asyncio.create_task(_requests(lambda: None, stop))
+        reqs = asyncio.create_task(_requests(lambda: None, done))
         with CallbackTimer() as timer:
             await asyncio.sleep(seconds)
-        stop.set()
+        done.set()
         await reqs
     print(f"  {'idle floor (no pass, same run)':44} longest callback {timer.worst_cpu * 1e3:4.2f} "
           f"ms CPU, loop lag p99 {lag.p99_ms():5.2f} / worst {lag.worst_ms():5.2f} ms "
@@ -502,215 +464,7 @@ async def index_passes(entries: int) -> None:
                    lambda: approx(snapshot_entries, 99.0), export_whole, export)
 
 
-# --- 6. memory within its bounds, work per request ----------------------------------------
-
-
-def _retained(run: Any) -> int:
-    """Bytes still allocated after ``run()`` (tracemalloc), garbage collected."""
-    import gc
-    import tracemalloc
-
-    gc.collect()
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    keep = run()
-    gc.collect()
-    after = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
-    del keep
-    return after - before
-
-
-async def memory_and_work() -> None:
-    from dataclasses import replace
-
-    from epp.flowcontrol.controller import FlowControlConfig, FlowController
-    from epp.framework.request import InferenceRequest
-    from epp.requestcontrol.admission import Admission
-    from epp.requestcontrol.response import BodyBudget, ResponseLimits, ResponseReader
-    from epp.sync.outbox import Outbox
-
-    # a. flow control: cancel while queued, the head blocked
-    c = FlowController(replace(FlowControlConfig(enabled=True), max_queue_seconds=3600),
-                       lambda reserved: True)  # fmt: skip
-    admission = Admission(c)
-    head = c.offer(InferenceRequest("head", "m", "p"), "A", 1, 0.0)
-    prompt = "p" * 10_000
-
-    async def cycles() -> None:
-        for i in range(5_000):
-            task = asyncio.ensure_future(admission.admit(
-                InferenceRequest(f"r{i}", "m", prompt + str(i)), 10_000, {}))
-            await asyncio.sleep(0)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    import gc
-    import tracemalloc
-
-    gc.collect()
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    await cycles()
-    gc.collect()
-    held = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
-    flows = [f for b in c.bands.values() for f in b.flows.values()]
-    entries = len(c._deadlines) + sum(len(f.items) + len(f.heap) for f in flows)
-    print(f"  flow control, 5,000 enqueue-and-cancel cycles (10 KB prompts) behind a blocked head: "
-          f"queue reports {c.count}, holds {entries} entries, {held / 1024:.0f} KB retained "
-          f"(the 5,000 prompts: {5_000 * 10_000 / 1e6:.0f} MB); head still queued: "
-          f"{head.item is not None and head.item.queued}")
-
-    # b. a 10 MiB JSON answer to a rewritten model, 1 MiB limit
-    budget = BodyBudget(512 << 20)
-    reader = ResponseReader(200, False, "served", "alias", ResponseLimits(json_bytes=1 << 20), budget)
-    answer = b'{"id":"x","model":"served","choices":[{"text":"' + b"t" * (10 << 20) + b'"}]}'
-    peak, out = 0, 0
-    for at in range(0, len(answer), 256 << 10):
-        out += len(reader.feed(answer[at:at + (256 << 10)], at + (256 << 10) >= len(answer)))
-        peak = max(peak, budget.used)
-    print(f"  10 MiB JSON answer, model rewritten, 1 MiB limit: peak held {peak / (1 << 20):.2f} "
-          f"MiB, forwarded {out / (1 << 20):.2f} MiB, held after {budget.used} bytes")
-
-    # c. the sync outbox: 2,048 writes of a 270 KB prompt's chain (~4,200 distinct hashes)
-    rng = random.Random(2)
-    base = [rng.getrandbits(62) for _ in range(4_200)]
-    writes = 2_048
-
-    def fill(box: Outbox) -> Outbox:
-        for i in range(writes):
-            box.append("10.0.0.1:8000", [h ^ (i << 1) | 1 for h in base], float(i))  # type: ignore[arg-type]
-        return box
-
-    alone = _retained(lambda: fill(Outbox()))
-
-    def stalled() -> Outbox:
-        box = Outbox()
-        box.attach()  # a subscriber that never reads
-        return fill(box)
-
-    behind = _retained(stalled)
-    whole = _retained(lambda: [[h ^ (i << 1) | 1 for h in base] for i in range(writes)])
-    print(f"  sync outbox, {writes:,} writes of 4,200-hash chains ({whole / 1e6:.0f} MB if all "
-          f"were kept): no subscriber {alone / 1e6:.1f} MB held; a stalled subscriber "
-          f"{behind / 1e6:.1f} MB held (bound: 1,048,576 hashes)")
-
-    # d. what a routed request keeps while in flight
-    from tests.integration import envoy_client as ec
-    from tests.integration.extproc_fixtures import start_epp, stop_epp
-
-    e = await start_epp()
-    try:
-        words = ["alpha", "beta", "gamma", "delta", "omega"]
-        bodies = [json.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user",
-                  "content": f"{i} " + " ".join(rng.choice(words) for _ in range(10_000))}]}).encode()
-                  for i in range(40)]  # fmt: skip
-        streams = []
-        gc.collect()
-        tracemalloc.start()
-        for body in bodies:
-            st = ec.Stream(e.channel)
-            await st.send(ec.request_headers("/v1/chat/completions"), ec.request_body(body, True))
-            await st.recv_n(2)
-            streams.append(st)
-        gc.collect()
-        in_flight = tracemalloc.get_traced_memory()[0]
-        learning = e.handle.director.learning_bytes
-        for st in streams:
-            await st.send(ec.response_headers(), ec.response_body(b'{"choices":[]}', True))
-            await st.recv_n(2)
-            await st.close()
-        streams.clear()
-        gc.collect()
-        kept = in_flight - tracemalloc.get_traced_memory()[0]
-        tracemalloc.stop()
-    finally:
-        await stop_epp(e)
-    total = sum(map(len, bodies))
-    print(f"  40 routed chat requests of ~{total // 40 // 1000} KB in flight: {kept / total:.2f}x "
-          f"their bodies kept, {learning / total:.2f}x of it counted in --max-learning-bytes")
-
-    # e. work per response and per overload
-    from epp.plugins.ttft import PredictedTtftParams, PredictedTtftScorer
-
-    xs = [(1.0, rng.random() * 4000, rng.random() * 8000, float(rng.randrange(20)), rng.random(),
-           0.0, 0.0) for _ in range(3000)]  # fmt: skip
-    timings = {}
-    for how in ("solve per response (before)", "as shipped"):
-        sc = PredictedTtftScorer("t", PredictedTtftParams())
-        t0 = time.perf_counter()
-        for i, x in enumerate(xs):
-            sc._learn(x, 0.05 + 1e-4 * x[1], i * 0.001)  # 1,000 responses a second
-            if how.startswith("solve"):
-                sc.refit()
-        timings[how] = (time.perf_counter() - t0) / len(xs)
-    before_us, after_us = (t * 1e6 for t in timings.values())
-    print(f"  TTFT fit per response at 1,000 responses/s: {before_us:.1f} us solving each, "
-          f"{after_us:.1f} us as shipped ({before_us / after_us:.1f}x less)")
-    offers = [InferenceRequest(f"h{i}", "m", "p", priority=5) for i in range(2_000)]
-    per_offer = {}
-    for queued in (1_000, 10_000):
-        for full in (False, True):
-            c = FlowController(replace(FlowControlConfig(enabled=True),
-                                       max_requests=queued + (0 if full else 2_000)),
-                               lambda reserved: True)  # fmt: skip
-            for i in range(queued):
-                c.offer(InferenceRequest(f"q{i}", "m", "p", priority=-1), f"tenant{i % 100}", 1, 0.0)
-            t0 = time.perf_counter()
-            for r in offers:
-                c.offer(r, "hi", 1, 1.0)
-            per_offer[(queued, full)] = (time.perf_counter() - t0) / len(offers) * 1e6
-    print(f"  an offer to a queue of 1,000 / 10,000 in 100 flows: {per_offer[(1_000, False)]:.1f} / "
-          f"{per_offer[(10_000, False)]:.1f} us with room, {per_offer[(1_000, True)]:.1f} / "
-          f"{per_offer[(10_000, True)]:.1f} us full (each displacing one; 10x the queue: "
-          f"{per_offer[(10_000, True)] / per_offer[(1_000, True)]:.1f}x the time)")
-    import logging
-
-    from epp.errors import Overloaded
-    from epp.extproc.stream import _ANSWERED
-
-    lines = []
-
-    class Count(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record)
-
-    logger = logging.getLogger("epp.extproc.stream")
-    handler, level = Count(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        t0 = time.perf_counter()
-        for _ in range(1_000):
-            _ANSWERED.log(logging.INFO, (429, Overloaded.__name__), "request answered by epp")
-        took = time.perf_counter() - t0
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    print(f"  1,000 rejections within {took * 1e3:.1f} ms: {len(lines)} log line(s) written")
-
-
 # --- 4. idle streams ---------------------------------------------------------------------
-
-
-def _serve_with_stream_bound(cap: int) -> tuple[subprocess.Popen[str], int]:
-    """``epp serve --max-open-streams cap`` and its gRPC port (read from its log)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "epp.cli", "serve", "--grpc-port", "0", "--health-port", "-1",
-         "--metrics-port", "-1", "--endpoints", "127.0.0.1:9", "--no-scrape",
-         "--log-format", "text", "--max-open-streams", str(cap)],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert proc.stderr is not None
-    port = 0
-    for line in proc.stderr:
-        if "epp serving: grpc=" in line:
-            port = int(line.split("grpc=")[1].split()[0])
-            break
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
-    return proc, port
 
 
 async def idle_streams(cap: int) -> None:
@@ -719,19 +473,20 @@ async def idle_streams(cap: int) -> None:
     from epp.extproc.service import DEFAULT_MAX_OPEN_STREAMS
     from tests.integration import envoy_client as ec
 
-    proc, port = _serve_with_stream_bound(cap)
+    epp = _epp(["127.0.0.1:9"], "--max-open-streams", str(cap))
+    await epp.start()
     body = json.dumps({"model": "m", "prompt": "hello " * 100}).encode()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with grpc.aio.insecure_channel(epp.address) as channel:
             await channel.channel_ready()
-            base = _rss_kb(proc.pid)
+            base = _rss_kb(epp.pid)
             held = []
             for _ in range(cap):
                 s = ec.Stream(channel)
                 await s.send(ec.request_headers())
                 held.append(s)
             await asyncio.sleep(0.5)  # let the server take the last ones in
-            at_cap = _rss_kb(proc.pid)
+            at_cap = _rss_kb(epp.pid)
             per_stream = (at_cap - base) / cap
             refused = other = 0
             for _ in range(cap // 4):
@@ -746,7 +501,7 @@ async def idle_streams(cap: int) -> None:
                 else:
                     other += 1
                     held.append(s)
-            past = _rss_kb(proc.pid)
+            past = _rss_kb(epp.pid)
             for h in held:
                 h.call.cancel()
             await asyncio.sleep(0.5)  # the cancels reach the server
@@ -761,44 +516,27 @@ async def idle_streams(cap: int) -> None:
               f"otherwise; RSS {past / 1024:.1f} MB ({(past - at_cap) / 1024:+.1f} MB); "
               f"after the idle ones closed, a request routes: {routed or 'NO'}")
     finally:
-        proc.terminate()
-        proc.wait()
+        await epp.stop()
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    print(f"hostile-input bench, python {sys.version.split()[0]}, {os.cpu_count()} CPUs "
-          "shared with other work")
-    parts = set(args.only.split(",")) if args.only else None
-    if parts is None or "scrape" in parts:
-        print("1. event-loop stalls while scraping (probe: sleep(1 ms) lateness, "
-              f"{args.seconds:.0f} s each):")
-        await scrape_stalls(args.seconds)
-    if parts is None or "requests" in parts:
-        print(f"2. epp serve memory over {args.requests} mostly hostile requests:")
-        await rss_over_requests(args.requests)
-    if parts is None or "warm" in parts:
-        print("3. restart to warm:")
-        await warm_restart(args.entries)
-    if parts is None or "streams" in parts:
-        print(f"4. idle ext_proc streams (--max-open-streams {args.streams}):")
-        await idle_streams(args.streams)
-    if parts is None or "memory" in parts:
-        print("6. memory within its bounds, and the work per response and per overload:")
-        await memory_and_work()
-    if parts is None or "passes" in parts:
-        print("5. event-loop lag while the index passes run (loop-lag watcher, 1 ms timer; "
-              "a request task matching meanwhile):")
-        await index_passes(args.pass_entries)
-
-
-_PARTS = ("scrape", "requests", "warm", "streams", "passes", "memory")
-
-
-def _parts(text: str) -> str:
-    unknown = set(text.split(",")) - set(_PARTS)
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown part(s) {sorted(unknown)}; the parts: {', '.join(_PARTS)}")
-    return text
+    print(f"hostile-input bench, python {sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")
+    parts = {
+        "scrape": (f"1. event-loop stalls while scraping (loop-lag watcher, 1 ms timer, {args.seconds:g} s each):",
+                   lambda: scrape_stalls(args.seconds)),
+        "requests": (f"2. epp serve memory over {args.requests} mostly hostile requests:",
+                     lambda: rss_over_requests(args.requests)),
+        "warm": ("3. restart to warm:", lambda: warm_restart(args.entries)),
+        "streams": (f"4. idle ext_proc streams (--max-open-streams {args.streams}):", lambda: idle_streams(args.streams)),
+        "passes": ("5. event-loop lag while the index passes run (loop-lag watcher, 1 ms timer; a request task "
+                   "matching meanwhile):", lambda: index_passes(args.pass_entries)),
+    }  # fmt: skip
+    if unknown := set(args.only) - set(parts):
+        sys.exit(f"unknown part(s) {sorted(unknown)}; the parts: {', '.join(parts)}")
+    for name, (title, run) in parts.items():
+        if not args.only or name in args.only:
+            print(title, flush=True)
+            await run()
 
 
 def main() -> None:
@@ -807,18 +545,13 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--entries", type=int, default=1_000_000)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--streams", type=int, default=4000,
-                    help="--max-open-streams for part 4; it opens that many idle streams")
+    ap.add_argument("--streams", type=int, default=4000, help="--max-open-streams for part 4; it opens that many idle streams")
     ap.add_argument("--pass-entries", type=int, default=500_000,
                     help="entries of the indexes part 5 clears, sweeps and exports (2/5 of it)")
-    ap.add_argument("--only", type=_parts,
-                    help="run these parts only, comma-separated: scrape, requests, warm, "
-                    "streams, passes, memory")
+    ap.add_argument("--only", type=lambda t: t.split(","), default=[],
+                    help="run these parts only, comma-separated: scrape, requests, warm, streams, passes")
     args = ap.parse_args()
-    if args.serve_pages:
-        asyncio.run(serve_pages())
-        return
-    asyncio.run(main_async(args))
+    asyncio.run(serve_pages() if args.serve_pages else main_async(args))
 
 
 if __name__ == "__main__":

@@ -323,9 +323,9 @@ async def start_server(setup: VllmSetup, index: int, options: ServerOptions, log
 
 
 async def wait_healthy(url: str, proc: asyncio.subprocess.Process, log_path: Path,
-                       timeout_s: float = 300.0) -> None:  # fmt: skip
-    """Until ``url`` answers 200 (``/health``, ``/metrics``...); raises with the log's tail when
-    the process exits first, or after ``timeout_s``."""
+                       timeout_s: float = 300.0, poll_s: float = 0.5) -> None:  # fmt: skip
+    """Until ``url`` answers 200 (``/health``, ``/metrics``...), asked every ``poll_s``; raises
+    with the log's tail when the process exits first, or after ``timeout_s``."""
     import aiohttp
 
     loop = asyncio.get_running_loop()
@@ -341,7 +341,7 @@ async def wait_healthy(url: str, proc: asyncio.subprocess.Process, log_path: Pat
                         return
             if loop.time() > deadline:
                 raise RuntimeError(f"{url} not up after {timeout_s:g} s")
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(poll_s)
 
 
 OTEL_PACKAGES = ("opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -30,6 +27,7 @@ from simulator.envoy import (
     wheel_serves_this_machine,
     with_ports,
 )
+from simulator.eppproc import EppProcess
 from simulator.stack import child
 from simulator.vllm import free_port
 
@@ -50,87 +48,6 @@ def _envoy_present() -> None:
     require_envoy()
 
 
-
-
-@dataclass
-class EppProcess:
-    """``epp serve`` in its own process on fixed ports (so it can come back on them)."""
-
-    endpoints: list[str]
-    log_path: Path
-    grpc_port: int = field(default_factory=free_port)
-    metrics_port: int = field(default_factory=free_port)
-    extra: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    """Variables added to the process's environment (``OTEL_*``)."""
-    proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def argv(self) -> list[str]:
-        """The epp command and its own flags (the ports and ``extra`` are added to them)."""
-        return ["serve", "--health-port", "-1", "--endpoints", ",".join(self.endpoints)]
-
-    async def start(self) -> None:
-        err = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - handed to the child
-        try:
-            command, *flags = self.argv()
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "epp.cli", command, "--host", "127.0.0.1",
-                "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
-                "--log-format", "text", *flags, *self.extra,
-                stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err,
-                env={**os.environ, **self.env},
-            )  # fmt: skip
-        finally:
-            err.close()
-        deadline = time.monotonic() + 30
-        async with aiohttp.ClientSession() as http:
-            while not await self._metrics_up(http):
-                assert self.proc.returncode is None, self.log_path.read_text()[-2000:]
-                assert time.monotonic() < deadline, f"epp {self.argv()[0]} did not start"
-                await asyncio.sleep(0.05)  # readiness poll
-
-    async def _metrics_up(self, http: aiohttp.ClientSession) -> bool:
-        try:
-            async with http.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
-                return r.status == 200
-        except aiohttp.ClientError:
-            return False
-
-    async def routed(self) -> float:
-        """Requests this epp answered (``epp_requests_total``, every status)."""
-        return await self.metric("epp_requests_total")
-
-    async def ready_endpoints(self) -> float:
-        """Endpoints this epp has fresh metrics for (``epp_pool_ready_endpoints``)."""
-        return await self.metric("epp_pool_ready_endpoints")
-
-    async def metric(self, name: str, label: str = "") -> float:
-        """The sum of ``name``'s samples on this epp's metrics page (those with ``label``,
-        e.g. ``outcome="home"``, when given)."""
-        async with aiohttp.ClientSession() as http, http.get(
-            f"http://127.0.0.1:{self.metrics_port}/metrics"
-        ) as r:
-            text = await r.text()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + "{", name + " ")) and label in line)  # fmt: skip
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGKILL)
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 10)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
 
 
 @dataclass

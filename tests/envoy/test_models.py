@@ -17,21 +17,13 @@ import pytest
 from epp.envoyconfig import FAIL_OPEN_HEADER, UPSTREAM_HOST_HEADER, EnvoyOptions, PoolRoute
 from simulator.emulator import RunningEmulator
 from simulator.envoy import RunningEnvoy, start_envoy, with_ports
+from simulator.eppproc import EppProcess, RouterProcess
 from simulator.stack import child
 from simulator.stack.report import scrape_replicas
-from tests.envoy.conftest import EppProcess
 
 pytestmark = pytest.mark.e2e
 
 CHAT, CODER, ADAPTER = "chat-base", "coder-base", "sql-lora"
-
-
-@dataclass
-class RouterProcess(EppProcess):
-    """``epp model-router`` in its own process; ``endpoints`` holds its ``--pool`` values."""
-
-    def argv(self) -> list[str]:
-        return ["model-router", *(flag for p in self.endpoints for flag in ("--pool", p))]
 
 
 @dataclass
