@@ -6,8 +6,8 @@ processes' CPU by role (``simulator.stack.cpu``) over an idle window (the backgr
 housekeeping, vLLM's idle loop; per second) and over the workload driven from this process
 (the request path: the workload's CPU less the background rate, per request). Configurations
 (``--configs``): ``random`` (no ext_proc) and ``epp:MODE``, MODE the response mode of
-``epp-sim stack --response-mode`` (``summary``, ``full-duplex``, ``streamed``, ``none``) or
-``observer`` (``--response-observer``: a second stream Envoy does not wait on). vLLM's own
+``epp-sim stack --response`` (``summary``, ``full-duplex``, ``none``, or
+``observer``: a second stream Envoy does not wait on). vLLM's own
 server-side TTFT is printed beside the client's. ``--stream-interval N``: vLLM's (fewer
 streamed chunks); ``--engine emulator``: emulated replicas, no vLLM needed. Skips when real
 vLLM is not set up (``./run vllm-setup``).
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import pct, spawn, table  # noqa: E402
 
-CONFIGS = "random,epp:summary,epp:full-duplex,epp:streamed,epp:none,epp:observer"
+CONFIGS = "random,epp:summary,epp:full-duplex,epp:none,epp:observer"
 
 
 async def server_ttft(urls: list[str]) -> tuple[float, float]:
@@ -48,10 +48,9 @@ async def server_ttft(urls: list[str]) -> tuple[float, float]:
 
 def start_stack(policy: str, response_mode: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], Any]:
     """``epp-sim stack`` in its own process, and what it printed of itself (its URLs)."""
-    mode = ["--response-observer"] if response_mode == "observer" else ["--response-mode", response_mode]
-    proc, line = spawn("-m", "simulator.cli", "stack", "--engine", args.engine, "--replicas", "2", "--policy",
-                       policy, "--kv-mib", str(args.kv_mib), "--vllm-stream-interval", str(args.stream_interval),
-                       *mode, quiet=True)  # fmt: skip
+    proc, line = spawn("-m", "simulator.cli", "stack", "--engine", args.engine, "--replicas", "2",
+                       "--routing", policy, "--response", response_mode, "--kv-mib", str(args.kv_mib),
+                       "--vllm-stream-interval", str(args.stream_interval), quiet=True)  # fmt: skip
     return proc, json.loads(line)
 
 
@@ -132,7 +131,7 @@ def main() -> None:
                     "a quick look at the gateway's and epp's share (default: vllm)")
     ap.add_argument("--configs", default=CONFIGS,
                     help="which to run, comma-separated: random, epp:<response mode> (full-duplex, "
-                    "streamed, none, observer) (default: all)")
+                    "none, observer) (default: all)")
     args = ap.parse_args()
     args.configs = [(c.partition(":")[0], c.partition(":")[2] or "full-duplex")
                     for c in args.configs.split(",") if c]
