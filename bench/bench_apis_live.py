@@ -43,23 +43,15 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulator.stack.driver import RequestRecord, stream_one  # noqa: E402
-from simulator.stack.report import (  # noqa: E402
-    ReplicaCounters,
-    histogram_quantile,
-    merged_buckets,
-    scrape_replicas,
-)
+from bench.results import table  # noqa: E402
+from simulator.stack.driver import RequestRecord, RunRecords, stream_one  # noqa: E402
+from simulator.stack.report import ReplicaCounters, scrape_replicas, summarize  # noqa: E402
 from simulator.stack.stack import ModelServers, StackOptions, start_servers, start_stack  # noqa: E402
-from simulator.stack.workload import word_text  # noqa: E402
+from simulator.stack.workload import word_text as words  # noqa: E402
 
 MODEL = "tiny"
 POLICIES = {"epp": ("epp", ""), "epp agentic": ("epp", "agentic"), "random": ("random", "")}
 """label: (the stack's policy, epp's config: '' = the default profile)."""
-
-
-def words(rng: random.Random, chars: int) -> str:
-    return word_text(rng, chars)
 
 
 @dataclass(slots=True, frozen=True)
@@ -87,19 +79,10 @@ class Workload:
         return tools
 
 
-DEFAULT = Workload()
-
-
-@dataclass(slots=True)
-class Turn:
-    session: int
-    turn: int
-    record: RequestRecord
-
-
 @dataclass(slots=True)
 class Run:
-    turns: list[Turn] = field(default_factory=list)
+    turns: list[tuple[int, int, RequestRecord]] = field(default_factory=list)
+    """(session, turn, record)"""
     counted: int = 0
     count_errors: int = 0
     counters: list[ReplicaCounters] = field(default_factory=list)
@@ -113,14 +96,13 @@ async def session(http: aiohttp.ClientSession, url: str, w: Workload, s: int, ru
     async with http.post(url + "/v1/messages/count_tokens", headers=head,
                          json={"model": MODEL, "system": system, "tools": tools, "messages": messages}) as r:  # fmt: skip
         run.counted += 1
-        if r.status != 200 or "input_tokens" not in await r.json():
-            run.count_errors += 1
+        run.count_errors += r.status != 200 or "input_tokens" not in await r.json()
     for t in range(w.turns):
         body = {"model": MODEL, "max_tokens": w.max_tokens, "stream": True, "system": system, "tools": tools,
                 "messages": messages}  # fmt: skip
         rec = RequestRecord(s, t, 0, time.perf_counter() - t0, request_id=uuid.uuid4().hex)
         reply = await stream_one(http, url + "/v1/messages", body, rec, chat=False, headers=head)
-        run.turns.append(Turn(s, t, rec))
+        run.turns.append((s, t, rec))
         call = f"toolu_{s:03d}_{t:02d}"
         messages = [*messages,
                     {"role": "assistant", "content": [
@@ -133,15 +115,13 @@ async def session(http: aiohttp.ClientSession, url: str, w: Workload, s: int, ru
 async def run_policy(policy: tuple[str, str], servers: ModelServers, base: StackOptions, w: Workload) -> Run:
     await servers.reset_prefix_caches()
     before = await scrape_replicas(servers.urls)
-    options = dataclasses.replace(base, policy=policy[0], config=policy[1], servers=tuple(servers.urls))
-    stack = await start_stack(options)
+    stack = await start_stack(dataclasses.replace(base, policy=policy[0], config=policy[1], servers=tuple(servers.urls)))
     run = Run()
     try:
         system, tools = w.system(), w.tools()
         gate = asyncio.Semaphore(w.concurrency)
         t0 = time.perf_counter()
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=300)) as http:
 
             async def one(s: int) -> None:
                 async with gate:
@@ -156,30 +136,24 @@ async def run_policy(policy: tuple[str, str], servers: ModelServers, base: Stack
 
 
 def figures(run: Run) -> dict[str, float]:
-    ok = [t.record for t in run.turns if t.record.ok]
-    queries = sum(c.prefix_queries for c in run.counters)
-    hits = sum(c.prefix_hits for c in run.counters)
-    count = sum(c.ttft_count for c in run.counters)
-    home: dict[int, str] = {t.session: t.record.upstream for t in run.turns if t.turn == 0}
-    later = [t for t in run.turns if t.turn > 0 and t.record.ok]
-    ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    """Milliseconds for times, shares for rates."""
+    s = summarize("", RunRecords([rec for _, _, rec in run.turns]), run.counters)
+    ok = [r for r in s.records if r.ok]
+    home = {sid: rec.upstream for sid, t, rec in run.turns if t == 0}
+    later = [(sid, rec) for sid, t, rec in run.turns if t > 0 and rec.ok]
     return {
-        "requests": len(run.turns), "ok": len(ok), "count_tokens": run.counted, "count_errors": run.count_errors,
-        "hit": hits / queries if queries else 0.0,
-        "usage_hit": sum(r.cached_tokens for r in ok) / max(1, sum(r.prompt_tokens for r in ok)),
-        "server_ttft_mean": sum(c.ttft_sum_s for c in run.counters) / count if count else 0.0,
-        "server_ttft_p90": histogram_quantile(merged_buckets(run.counters), 0.9),
-        "client_ttft_p50": statistics.median(ttft) if ttft else 0.0,
-        "client_ttft_p90": ttft[int(0.9 * (len(ttft) - 1))] if ttft else 0.0,
-        "home": sum(t.record.upstream == home.get(t.session) for t in later) / max(1, len(later)),
+        "requests": s.requests, "ok": len(ok), "count_tokens": run.counted, "count_errors": run.count_errors,
+        "hit": s.hit_rate, "usage_hit": sum(r.cached_tokens for r in ok) / max(1, sum(r.prompt_tokens for r in ok)),
+        "server_ttft_mean": s.server_ttft_mean_ms, "server_ttft_p90": s.server_ttft_p90_ms,
+        "client_ttft_p50": s.ttft_p50_ms, "client_ttft_p90": s.ttft_p90_ms,
+        "home": sum(rec.upstream == home.get(sid) for sid, rec in later) / max(1, len(later)),
         "spread": max(Counter(home.values()).values()) / max(1, len(home)),
         "prompt_max": max((r.prompt_tokens for r in ok), default=0),
     }  # fmt: skip
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    w = Workload(sessions=args.sessions, turns=args.turns, concurrency=args.concurrency, max_tokens=args.max_tokens,
-                 tool_output_chars=args.tool_output_chars)
+    w = Workload(sessions=args.sessions, turns=args.turns)
     base = StackOptions(replicas=2, engine="vllm", vllm_tools=True, vllm_kv_cache_bytes=args.kv_mib << 20,
                         vllm_stream_interval=8, fair=True, model=MODEL, ready_timeout_s=600)  # fmt: skip
     print(f"# {w.sessions} agent sessions ({w.concurrency} at a time) x {w.turns} turns in Anthropic Messages form, "
@@ -192,57 +166,49 @@ async def main_async(args: argparse.Namespace) -> int:
         for r in range(args.rounds):
             order = list(POLICIES)[r % len(POLICIES):] + list(POLICIES)[: r % len(POLICIES)]
             for label in order:
-                got = figures(await run_policy(POLICIES[label], servers, base, w))
-                runs[label].append(got)
-                print(f"round {r + 1} {label}: {got['ok']:.0f} of {got['requests']:.0f} ok "
-                      f"(count_tokens {got['count_tokens'] - got['count_errors']:.0f} of {got['count_tokens']:.0f}), "
-                      f"vLLM hit {got['hit']:.1%}, server TTFT mean {got['server_ttft_mean'] * 1e3:.0f} ms / "
-                      f"p90 {got['server_ttft_p90'] * 1e3:.0f} ms, client TTFT p50 {got['client_ttft_p50'] * 1e3:.0f} ms, "
-                      f"later turns home {got['home']:.0%}, busiest server has {got['spread']:.0%} of the sessions, "
-                      f"longest prompt {got['prompt_max']:,.0f} tokens",
-                      flush=True)  # fmt: skip
+                g = figures(await run_policy(POLICIES[label], servers, base, w))
+                runs[label].append(g)
+                print(f"round {r + 1} {label}: {g['ok']:.0f} of {g['requests']:.0f} ok (count_tokens "
+                      f"{g['count_tokens'] - g['count_errors']:.0f} of {g['count_tokens']:.0f}), vLLM hit {g['hit']:.1%}, "
+                      f"server TTFT mean {g['server_ttft_mean']:.0f} ms / p90 {g['server_ttft_p90']:.0f} ms, client "
+                      f"TTFT p50 {g['client_ttft_p50']:.0f} ms, later turns home {g['home']:.0%}, busiest server has "
+                      f"{g['spread']:.0%} of the sessions, longest prompt {g['prompt_max']:,.0f} tokens", flush=True)  # fmt: skip
     finally:
         await servers.stop()
-    print("\n| policy | runs | requests ok | count_tokens ok | vLLM prefix hit rate | hit (usage) "
-          "| server TTFT mean | server TTFT p90 | client TTFT p50 / p90 | later turns on the session's server |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    med: dict[str, dict[str, float]] = {}
-    for label, got in runs.items():
-        m = med[label] = {k: statistics.median(g[k] for g in got) for k in got[0]}
-        ok = sum(g["ok"] for g in got)
-        total = sum(g["requests"] for g in got)
-        counted = sum(g["count_tokens"] - g["count_errors"] for g in got)
-        print(f"| {label} | {len(got)} | {ok:.0f} of {total:.0f} | {counted:.0f} of {sum(g['count_tokens'] for g in got):.0f} "
-              f"| {m['hit']:.1%} | {m['usage_hit']:.1%} | {m['server_ttft_mean'] * 1e3:.0f} ms "
-              f"| {m['server_ttft_p90'] * 1e3:.0f} ms | {m['client_ttft_p50'] * 1e3:.0f} / {m['client_ttft_p90'] * 1e3:.0f} ms "
-              f"| {m['home']:.0%} |")  # fmt: skip
+    med = {label: {k: statistics.median(g[k] for g in got) for k in got[0]} for label, got in runs.items()}
+
+    def total(label: str, key: str, minus: str = "") -> str:
+        got = runs[label]
+        return f"{sum(g[key] - (g[minus] if minus else 0) for g in got):.0f} of {sum(g[key] for g in got):.0f}"
+
+    print("\n" + table(["policy", "runs", "requests ok", "count_tokens ok", "vLLM prefix hit rate", "hit (usage)",
+                        "server TTFT mean", "server TTFT p90", "client TTFT p50 / p90",
+                        "later turns on the session's server"],
+                       [[label, len(runs[label]), f"{sum(g['ok'] for g in runs[label]):.0f} of "
+                         f"{sum(g['requests'] for g in runs[label]):.0f}", total(label, "count_tokens", "count_errors"),
+                         f"{m['hit']:.1%}", f"{m['usage_hit']:.1%}", f"{m['server_ttft_mean']:.0f} ms",
+                         f"{m['server_ttft_p90']:.0f} ms", f"{m['client_ttft_p50']:.0f} / {m['client_ttft_p90']:.0f} ms",
+                         f"{m['home']:.0%}"] for label, m in med.items()]))  # fmt: skip
     rnd = med["random"]
-    for label in POLICIES:
-        if label == "random":
-            continue
-        e = med[label]
-        print(f"\n{label} / random: prefix hit rate {e['hit']:.1%} vs {rnd['hit']:.1%} (prompt tokens computed, not "
-              f"found cached: {(1 - e['hit']) / max(1 - rnd['hit'], 1e-9):.2f}x); server TTFT mean "
-              f"{e['server_ttft_mean'] / max(rnd['server_ttft_mean'], 1e-9):.2f}x, p90 "
-              f"{e['server_ttft_p90'] / max(rnd['server_ttft_p90'], 1e-9):.2f}x (medians over the runs)", end="")  # fmt: skip
-    print()
-    print("hit rate = vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total over both servers; hit (usage) = "
-          "the replies' cache_read_input_tokens / (input + cache reads); server TTFT: vllm:time_to_first_token_seconds.")
+    for label, e in med.items():
+        if label != "random":
+            print(f"\n{label} / random: prefix hit rate {e['hit']:.1%} vs {rnd['hit']:.1%} (prompt tokens computed, "
+                  f"not found cached: {(1 - e['hit']) / max(1 - rnd['hit'], 1e-9):.2f}x); server TTFT mean "
+                  f"{e['server_ttft_mean'] / max(rnd['server_ttft_mean'], 1e-9):.2f}x, p90 "
+                  f"{e['server_ttft_p90'] / max(rnd['server_ttft_p90'], 1e-9):.2f}x (medians over the runs)", end="")  # fmt: skip
+    print("\nhit rate = vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total over both servers; hit (usage) "
+          "= the replies' cache_read_input_tokens / (input + cache reads); server TTFT: vllm:time_to_first_token_seconds.")
     return 0 if all(g["ok"] == g["requests"] for got in runs.values() for g in got) else 1
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--sessions", type=int, default=DEFAULT.sessions)
-    ap.add_argument("--turns", type=int, default=DEFAULT.turns)
-    ap.add_argument("--concurrency", type=int, default=DEFAULT.concurrency, help="sessions running at once")
-    ap.add_argument("--max-tokens", type=int, default=24, help="tokens a turn's reply may have")
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=8, help="requests a session sends after count_tokens")
     ap.add_argument("--kv-mib", type=int, default=32, help="KV cache per server, MiB (1 KiB a token)")
-    ap.add_argument("--tool-output-chars", type=int, default=DEFAULT.tool_output_chars,
-                    help="characters of tool output a turn adds")
     args = ap.parse_args()
-    if min(args.rounds, args.sessions, args.turns, args.concurrency, args.max_tokens, args.kv_mib) < 1:
+    if min(args.rounds, args.sessions, args.turns, args.kv_mib) < 1:
         ap.error("every count must be at least 1")
     return asyncio.run(main_async(args))
 

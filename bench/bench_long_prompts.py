@@ -34,16 +34,18 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_scheduling import make_pool  # noqa: E402
 from epp.config.loader import parse_config  # noqa: E402
 from epp.datastore.store import Datastore  # noqa: E402
-from epp.framework.endpoint import Endpoint, EndpointId, Metrics  # noqa: E402
 from epp.plugins.preciseprefix import PrecisePrefixProducer, TokenizingKeyer  # noqa: E402
 from epp.request.parse import RequestParser  # noqa: E402
 from epp.request.settings import RequestControlConfig  # noqa: E402
@@ -91,6 +93,13 @@ def session(rng: random.Random, tokens_per_word: float, tokens: int) -> list[dic
     return grow(rng, tokens_per_word, rest, [{"role": "system", "content": words(rng, system)}])
 
 
+def cpu_s(fn: Callable[[], object]) -> float:
+    """Process CPU seconds ``fn()`` takes (the tokenizer's worker threads included)."""
+    c0 = time.process_time()
+    fn()
+    return time.process_time() - c0
+
+
 def body(msgs: list[dict[str, Any]]) -> bytes:
     return json.dumps({"model": "tiny", "messages": msgs, "max_tokens": 64}).encode()
 
@@ -106,23 +115,13 @@ def config(mode: str, tokenizer: Path, key_cache: bool) -> Any:
     return parse_config({"plugins": plugins, "schedulingProfiles": [{"plugins": refs}]})
 
 
-def pool(n: int, rng: random.Random) -> list[Endpoint]:
-    return [Endpoint(EndpointId(f"10.1.{i // 250}.{i % 250}:8000"), f"10.1.{i // 250}.{i % 250}", 8000,
-                     metrics=Metrics(waiting=rng.randint(0, 4), kv_usage=rng.random() * 0.8,
-                                     scraped_at_s=1.0))
-            for i in range(n)]  # fmt: skip
-
-
 @dataclass
 class Measured:
     cpu_ms: float
     wall_ms: float
-    tokens: int = 0
-    """The measured prompts' mean length in tokens (precise mode)."""
-    encoded: int = 0
-    """Tokens tokenized per request (the rest came from the key cache)."""
-    tokenizer_ms: float = 0.0
-    """CPU the tokenizer alone takes on the new turn's text (median; precise mode)."""
+    tokens: int = 0  # the prompts' mean length (precise mode)
+    encoded: int = 0  # tokens tokenized a request (the rest from the key cache)
+    tokenizer_ms: float = 0.0  # CPU the tokenizer alone takes on the new turn's text
 
 
 def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: float,
@@ -132,7 +131,7 @@ def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: 
     rng = random.Random(size + n_pool)
     sched = build_scheduler(config(mode, tokenizer, key_cache), random.Random(1))
     parser = RequestParser(RequestControlConfig(max_body_bytes=64 << 20))
-    eps = pool(n_pool, rng)
+    eps = make_pool(n_pool, rng)
     store = Datastore()
     for e in eps:
         store.upsert(e)
@@ -174,9 +173,7 @@ def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: 
         wall.append(time.perf_counter() - w0)
         if tok is not None and precise is not None:  # the new turn's text, tokenized alone
             new_text = "".join(m["content"] for m in msgs[len(s) :])
-            c0 = time.process_time()
-            tok.encode(new_text, False)
-            alone.append(time.process_time() - c0)
+            alone.append(cpu_s(partial(tok.encode, new_text, False)))
     out = Measured(statistics.median(cpu) * 1e3, statistics.median(wall) * 1e3)
     if alone:
         out.tokenizer_ms = statistics.median(alone) * 1e3
@@ -264,55 +261,46 @@ def keying_cost(tpw: float, reps: int) -> dict[str, tuple[float, int]]:
 
     parser = RequestParser(RequestControlConfig(max_body_bytes=64 << 20))
     hasher = ChunkHasher(64)
-    out: dict[str, tuple[float, int]] = {}
+
+    def key(path: str, data: bytes) -> None:
+        req = parser.parse(path, HEADERS, data).request
+        hasher.hashes(req.prompt, chain_seed(req.model, req.adapter, req.cache_salt))
+
     forms = api_forms(random.Random(7), tpw, 100_000, 20_000)
     times: dict[str, list[float]] = {name: [] for name in forms}
     for _ in range(reps):  # interleaved, so that the machine's mood hits every form alike
         for name, (path, data) in forms.items():
-            c0 = time.process_time()
-            req = parser.parse(path, HEADERS, data).request
-            hasher.hashes(req.prompt, chain_seed(req.model, req.adapter, req.cache_salt))
-            times[name].append(time.process_time() - c0)
-    for name, (_, data) in forms.items():
-        out[name] = (statistics.median(times[name]), len(data))
-    return out
+            times[name].append(cpu_s(partial(key, path, data)))
+    return {name: (statistics.median(times[name]), len(data)) for name, (_, data) in forms.items()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="8k and 100k tokens, 8 and 96 endpoints")
-    args = ap.parse_args()
+    quick = ap.parse_args().quick
+    from epp.prefix.tokenize import ModelTokenizer
     from simulator.vllm import ensure_tokenizer
 
     tokenizer = ensure_tokenizer()
-    sizes = (8_000, 100_000) if args.quick else SIZES
-    pools = (8, 96) if args.quick else POOLS
-    reps = 6 if args.quick else 12
-    from epp.prefix.tokenize import ModelTokenizer
-
     tok = ModelTokenizer(tokenizer)
     sample = words(random.Random(0), 20_000)
     n_sample = len(tok.encode(sample, False))  # warm-up
-    best = float("inf")
-    for _ in range(3):  # the tokenizer's own rate on this text: the best of three
-        c0 = time.process_time()
-        tok.encode(sample, False)
-        best = min(best, time.process_time() - c0)
-    us_per_token = best / n_sample * 1e6
+    best = min(cpu_s(lambda: tok.encode(sample, False)) for _ in range(3))  # the tokenizer's own rate
     tpw = n_sample / 20_000
     print(f"# epp CPU per request on long agentic prompts ({platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, tokenizer: DeepSeek-V3's ({tokenizer}), "
-          f"{us_per_token:.2f} us of CPU per token on this text)")
-    print("A request is a session's previous prompt (keyed before) + a new turn of `new` tokens.")
-    print("CPU ms per request (wall ms), median of the requests: parse the body + key + schedule.")
-    print("`tokenizer`: CPU the tokenizer alone takes on the new turn's text (median, same run);")
-    print("`epp's own`: precise minus that, what epp adds to tokenizing the new text.\n")
+          f"{best / n_sample * 1e6:.2f} us of CPU per token on this text)\n"
+          "A request is a session's previous prompt (keyed before) + a new turn of `new` tokens.\n"
+          "CPU ms per request (wall ms), median of the requests: parse the body + key + schedule.\n"
+          "`tokenizer`: CPU the tokenizer alone takes on the new turn's text (median, same run);\n"
+          "`epp's own`: precise minus that, what epp adds to tokenizing the new text.\n")  # fmt: skip
     print(f"{'tokens':>8} {'new':>6} {'endpoints':>9} | {'approx':>15} | {'precise':>15} | {'whole':>17} "
-          f"| whole/precise | tokenizer | epp's own")
+          "| whole/precise | tokenizer | epp's own")  # fmt: skip
+    reps = 6 if quick else 12
     target: tuple[Measured, Measured] | None = None  # 100k tokens, 96 endpoints, 90k known
-    for size in sizes:
+    for size in (8_000, 100_000) if quick else SIZES:
         for new in sorted({size // 10, 2_000}):
-            for n in pools:
+            for n in (8, 96) if quick else POOLS:
                 a = measure("approx", size, n, tokenizer, reps, tpw, new)
                 p = measure("precise", size, n, tokenizer, reps, tpw, new, tok=tok)
                 w = measure("precise", size, n, tokenizer, max(3, reps // 3), tpw, new, key_cache=False)
@@ -325,25 +313,21 @@ def main() -> int:
     if target is not None:
         a, p = target
         own = p.cpu_ms - p.tokenizer_ms
-
-        def verdict(ok: bool) -> str:
-            return "met" if ok else "NOT met"
-
-        print(f"\nissue 42's targets at ~100k tokens, 96 endpoints, the first 90% known ({p.encoded:,} new tokens):")
-        print(f"  approx {a.cpu_ms:.2f} ms of CPU a request (target <= 2 ms): {verdict(a.cpu_ms <= 2)}")
-        print(f"  precise {p.cpu_ms:.1f} ms (target <= 20 ms): {verdict(p.cpu_ms <= 20)}; the tokenizer alone takes "
-              f"{p.tokenizer_ms:.1f} ms on the new text, which no cache saves")
-        print(f"  precise, epp's own (all but the tokenizer's): {own:.1f} ms (proposed target: <= 10 ms on top "
-              f"of the tokenizer): {verdict(own <= 10)}")
-    cost = keying_cost(tpw, 60 if args.quick else 200)
+        met = {True: "met", False: "NOT met"}
+        print(f"\nissue 42's targets at ~100k tokens, 96 endpoints, the first 90% known ({p.encoded:,} new tokens):\n"
+              f"  approx {a.cpu_ms:.2f} ms of CPU a request (target <= 2 ms): {met[a.cpu_ms <= 2]}\n"
+              f"  precise {p.cpu_ms:.1f} ms (target <= 20 ms): {met[p.cpu_ms <= 20]}; the tokenizer alone takes "
+              f"{p.tokenizer_ms:.1f} ms on the new text, which no cache saves\n"
+              f"  precise, epp's own (all but the tokenizer's): {own:.1f} ms (proposed target: <= 10 ms on top "
+              f"of the tokenizer): {met[own <= 10]}")  # fmt: skip
     print("\nkeying a ~100k-token agent request with 20k characters of tools (parse the body + key + "
           "chunk hashes, approximate mode), CPU median:")
-    per_char = {name: t / size for name, (t, size) in cost.items()}
-    for name, (t, size) in cost.items():
-        print(f"  {name:<11} {size:>9,} bytes  {t * 1e3:6.2f} ms  {per_char[name] * 1e9:5.2f} ns a byte")
-    ratio = per_char["messages"] / per_char["chat"]
-    print(f"  Messages / chat per byte: {ratio:.2f} (target: no more than chat, <= 1.0); "
-          f"Messages / chat agent: {per_char['messages'] / per_char['chat agent']:.2f}")
+    per_byte = {}
+    for name, (t, size) in keying_cost(tpw, 60 if quick else 200).items():
+        per_byte[name] = t / size
+        print(f"  {name:<11} {size:>9,} bytes  {t * 1e3:6.2f} ms  {per_byte[name] * 1e9:5.2f} ns a byte")
+    print(f"  Messages / chat per byte: {per_byte['messages'] / per_byte['chat']:.2f} (target: no more than chat, "
+          f"<= 1.0); Messages / chat agent: {per_byte['messages'] / per_byte['chat agent']:.2f}")  # fmt: skip
     held, tokens, nodes = key_cache_memory(tokenizer, 100_000, tpw)
     print(f"\nkey cache after {SESSIONS} sessions of ~100k tokens (+ a next turn each): {tokens:,} tokens held "
           f"(with node overhead), {nodes:,} nodes, {held / 1e6:.1f} MB traced = {held / max(tokens, 1):.2f} "
