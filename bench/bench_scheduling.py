@@ -1,5 +1,5 @@
 """Scheduling-core benchmark: microseconds per decision, and how they grow with the pool;
-reading JSON; index bytes per entry.
+index bytes per entry.
 
 One decision = take the datastore's routable pool (as the Director does) + hash the prompt +
 look it up in the index + run the default profile (above 16 candidates: the shortlist, then
@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import statistics
-import sys
 import time
 import tracemalloc
-from collections.abc import Callable
-from pathlib import Path
 
 from epp.config.loader import default_config, loads_config
 from epp.datastore.store import Datastore
@@ -38,9 +34,6 @@ from epp.plugins.approxprefix import PrefixProducer
 from epp.prefix.hasher import NATIVE, ChunkHasher, chain_seed
 from epp.prefix.index import PrefixIndex
 from epp.wiring import build_scheduler
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for bench_extproc's prompts
 
 SIZES = {"1KB": 1024, "16KB": 16 * 1024, "220KB": 220 * 1024}
 POOLS = (8, 64, 256, 1024)
@@ -107,35 +100,6 @@ def bench_decisions(size: int, pool_n: int, decisions: int, cfg: str) -> tuple[f
     return statistics.median(samples), samples[int(len(samples) * 0.99) - 1], producer.index.stats().hit_ratio
 
 
-def bench_json_reading(count: int = 2000) -> dict[str, tuple[float, float]]:
-    """Microseconds to read a body, the standard library's ``json.loads(body.decode())``
-    against epp's reader (``epp.request.jsondoc``), each body distinct (cold, as served):
-    bench_extproc.py's 16 KB mixed-script prompt bodies, the same made ASCII, and an SSE stream
-    of 64 completion events (each ``data:`` line parsed, as the response reader does)."""
-    from bench.bench_extproc import make_bodies
-    from epp.request import jsondoc
-
-    mixed = [[b] for b in make_bodies(count)]
-    ascii_ = [[b.decode().encode("ascii", "replace")] for [b] in mixed]
-    streams = [[json.dumps({"id": f"c{i}", "object": "text_completion", "model": "m", "choices": [
-        {"index": 0, "text": f" tok{i}-{k}", "finish_reason": None}]}).encode() for k in range(64)]
-        for i in range(count // 8)]  # fmt: skip
-
-    def best_us(fn: Callable[[bytes], object], source: list[list[bytes]]) -> float:
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for docs in source:
-                for b in docs:
-                    fn(b)
-            times.append((time.perf_counter() - t0) / len(source) * 1e6)
-        return min(times)
-
-    sources = {"16 KB mixed-script request": mixed, "16 KB ASCII request": ascii_, "SSE stream, 64 events": streams}
-    return {label: (best_us(lambda b: json.loads(b.decode()), source), best_us(jsondoc.loads, source))
-            for label, source in sources.items()}  # fmt: skip
-
-
 def bytes_per_entry(target_entries: int) -> tuple[int, float]:
     """Fill an index with ``target_entries`` (chunk, endpoint) entries; measure its heap."""
     endpoints = 64
@@ -181,9 +145,6 @@ def main() -> None:
           f"{'met' if at64 <= TARGET_US else 'MISSED'}); the most any prompt size's 256- or "
           f"1,024-endpoint p50 is of its 64-endpoint one: {flat_worst:.2f}x (target <= {FLAT_RATIO}: "
           f"{'met' if flat_worst <= FLAT_RATIO else 'MISSED'})")
-    for label, (std_us, epp_us) in bench_json_reading(n).items():
-        print(f"reading JSON, {label}: standard library {std_us:.1f} us, epp (orjson, "
-              f"standard library on refusal) {epp_us:.1f} us ({epp_us / std_us:.2f})")
     count, per = bytes_per_entry(200_000 if n < 2000 else 1_000_000)
     print(f"index memory: {count:,} entries, {per:.1f} bytes per (chunk, endpoint) entry (target <= 120)")
 
