@@ -1,25 +1,20 @@
 """epp's CPU per request on long agentic prompts (issue 42): approximate and precise modes
 at 8k / 32k / 100k / 200k tokens and 8 / 96 / 512 endpoints.
 
-Each measured request is an agent's next turn: a conversation of N tokens whose first 90% is
-the session's previous prompt (keyed before, as the previous turn was), and whose last 10%
-is new (a tool call and its output, random each time). Sessions are distinct (6 per size);
-the indexes hold real matches (the precise index has each session's blocks on two endpoints,
-the approximate one learnt them from its own picks). One request = parse the JSON body as
-epp does + key it (precise: the model's chat template, tokenizer and vLLM's block hashes,
-DeepSeek-V3's tokenizer, block size 16) + schedule it with the shipped default profile's
-scorers over the pool. Timed by CPU time (process-wide, so the tokenizer's worker threads
-count) and wall time; medians.
-
-Columns: ``approx`` the default approximate mode; ``precise`` with the key cache (the known
-prefix's keys reused); ``whole`` precise with the key cache off (every prompt tokenized whole:
-what epp did before); and the key cache's memory after the run (tracemalloc), per token held.
+A measured request is an agent's next turn: a session's previous prompt (keyed before, and
+placed: on two endpoints in the precise index, learnt from the pick in the approximate one)
+plus a new turn (a tool call and its output) of 10% or 2k tokens; 6 sessions a size. One
+request = parse the body + key it (precise: DeepSeek-V3's chat template and tokenizer, vLLM's
+block hashes, block size 16) + schedule it with the default profile's scorers. CPU time is
+process-wide (the tokenizer's threads count); medians. Columns: ``approx``; ``precise`` with
+the key cache; ``whole``, precise with the key cache off (every prompt tokenized whole);
+``tokenizer``, the tokenizer alone on the new turn's text (what no cache saves). Then the
+keying cost per byte of one agent request as chat, as chat with tools and as Anthropic
+Messages, and the key cache's memory per token held (tracemalloc).
 
 Run: ./run bench long_prompts [--quick]
 Targets (issue 42): at 100k tokens / 96 endpoints with a known 90k prefix, approx <= 2 ms and
-precise <= 20 ms of CPU per request; memory bounded (``keyCacheTokens``). The tokenizer's own
-cost of the ~10k new tokens is printed beside (``tokenizer``, measured on the same text): what
-no cache can save, and on this machine most of 20 ms.
+precise <= 20 ms of CPU per request; memory bounded (``keyCacheTokens``).
 """
 
 from __future__ import annotations
@@ -65,11 +60,7 @@ SCORERS = [("prefix-cache-scorer", 3), ("queue-scorer", 2), ("kv-cache-utilizati
 
 
 def words(rng: random.Random, n: int) -> str:
-    out = []
-    for i in range(n):
-        out.append(rng.choice(WORDS))
-        out.append("\n" if i % 17 == 16 else " ")
-    return "".join(out)
+    return "".join(rng.choice(WORDS) + ("\n" if i % 17 == 16 else " ") for i in range(n))
 
 
 def grow(rng: random.Random, tokens_per_word: float, target_tokens: int,
@@ -149,18 +140,16 @@ def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: 
     # the previous turns: each session's prompt keyed once and placed (its blocks on two
     # endpoints in the precise index; the approximate index learns from the pick)
     for i, msgs in enumerate(sessions):
-        result = decide(body(msgs))
+        decide(body(msgs))
         if precise is not None:
             keyed = precise.keyer.keys(parser.parse(PATH, HEADERS, body(msgs)).request)
             assert not isinstance(keyed, str), keyed
             for e in (eps[i % n_pool], eps[(i + 1) % n_pool]):
                 precise.index.store(e.id, keyed.keys)
-        del result
-    warm_encoded = 0
-    if precise is not None and isinstance(precise.keyer, TokenizingKeyer):
-        precise.keyer.count = precise.keyer.tokens = 0
-        if precise.keyer.cache is not None:
-            warm_encoded = precise.keyer.cache.stats.tokens_encoded
+    keyer = precise.keyer if precise is not None and isinstance(precise.keyer, TokenizingKeyer) else None
+    if keyer is not None:
+        keyer.count = keyer.tokens = 0
+    warm_encoded = keyer.cache.stats.tokens_encoded if keyer is not None and keyer.cache is not None else 0
     cpu, wall, alone = [], [], []
     for r in range(reps):
         now += 0.01
@@ -172,17 +161,13 @@ def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: 
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - w0)
         if tok is not None and precise is not None:  # the new turn's text, tokenized alone
-            new_text = "".join(m["content"] for m in msgs[len(s) :])
-            alone.append(cpu_s(partial(tok.encode, new_text, False)))
-    out = Measured(statistics.median(cpu) * 1e3, statistics.median(wall) * 1e3)
-    if alone:
-        out.tokenizer_ms = statistics.median(alone) * 1e3
-    if precise is not None and isinstance(precise.keyer, TokenizingKeyer):
-        keyer = precise.keyer
+            alone.append(cpu_s(partial(tok.encode, "".join(m["content"] for m in msgs[len(s) :]), False)))
+    out = Measured(statistics.median(cpu) * 1e3, statistics.median(wall) * 1e3,
+                   tokenizer_ms=statistics.median(alone) * 1e3 if alone else 0.0)  # fmt: skip
+    if keyer is not None:
         out.tokens = int(keyer.tokens / max(keyer.count, 1))
         if keyer.cache is not None:
-            st = keyer.cache.stats
-            out.encoded = int((st.tokens_encoded - warm_encoded) / reps)
+            out.encoded = int((keyer.cache.stats.tokens_encoded - warm_encoded) / reps)
     return out
 
 
@@ -211,24 +196,17 @@ def key_cache_memory(tokenizer: Path, size: int, tpw: float) -> tuple[int, int, 
     return held, cache.size, cache.nodes
 
 
-def agent_tools(rng: random.Random, chars: int) -> list[dict[str, Any]]:
-    """Anthropic tool definitions (name, description, JSON schema) of about ``chars``."""
+def api_forms(rng: random.Random, tpw: float, tokens: int, tools_chars: int) -> dict[str, tuple[str, bytes]]:
+    """One agent conversation of ~``tokens`` tokens in three request forms, as (path, body):
+    ``chat`` as the sessions above (turns as text), ``chat agent`` (OpenAI ``tool_calls`` and
+    ``tool`` messages, ``tools_chars`` of tools), ``messages`` (Anthropic Messages: ``system``,
+    the tools, ``tool_use`` / ``tool_result`` blocks)."""
+    msgs = session(rng, tpw, tokens)
     tools: list[dict[str, Any]] = []
-    while len(json.dumps(tools)) < chars:
+    while len(json.dumps(tools)) < tools_chars:  # Anthropic tool definitions
         tools.append({"name": f"tool_{len(tools)}", "description": words(rng, 60), "input_schema": {
             "type": "object", "properties": {"path": {"type": "string", "description": words(rng, 30)},
                                              "limit": {"type": "integer"}}, "required": ["path"]}})  # fmt: skip
-    return tools
-
-
-def api_forms(rng: random.Random, tpw: float, tokens: int, tools_chars: int) -> dict[str, tuple[str, bytes]]:
-    """One agent conversation of ~``tokens`` tokens in three request forms, as (path, body):
-    ``chat`` as the sessions above (a system prompt, turns as text: the chat requests this
-    bench has always measured), ``chat agent`` (the same turns as OpenAI ``tool_calls`` and
-    ``tool`` messages, with ``tools_chars`` of tools) and ``messages`` (as Anthropic Messages:
-    ``system``, the tools, ``tool_use`` / ``tool_result`` blocks)."""
-    msgs = session(rng, tpw, tokens)
-    tools = agent_tools(rng, tools_chars)
     openai_tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
                                                       "parameters": t["input_schema"]}} for t in tools]  # fmt: skip
     chat_agent: list[dict[str, Any]] = [msgs[0], {"role": "user", "content": "start"}]
