@@ -1,7 +1,8 @@
-"""The README's demo table: ``./run demo`` (the local stack behind real Envoy, the demo
-workload through epp and at random), written to docs/results/NAME.md (default ``demo``) with
-the command, commit, date and machine; with several ``--rounds``, each policy's server TTFT
-against the first policy's round by round.
+"""The demo: the local stack behind real Envoy (emulated servers, or real vLLM with
+``--engine vllm``), the demo workload routed by epp and at random (``--baseline``: the SGLang
+router too); writes docs/results/NAME.md (default ``demo``).
+
+With several ``--rounds``, each policy's server TTFT against the first policy's, round by round.
 
     ./run bench demo [--result-name NAME] [stack flags, e.g. --engine vllm --replicas 2]
 """

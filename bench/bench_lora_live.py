@@ -1,20 +1,16 @@
-"""LoRA adapters queueing for batch slots on the live stack (issue 40): the support desk of
-docs/examples/support-desk.jsonl sent by ``epp-sim load`` through real Envoy and epp to
-emulated servers that serve its six adapters with one adapter a batch, once per policy,
-beside the same trace replayed offline.
+"""LoRA adapters queueing for batch slots (issue 40): the support desk's traffic through real
+Envoy and epp to emulated servers that run one adapter a batch, per policy, beside its replay.
 
-The point is the sweep's hardest LoRA point (bench_profiles.py ``--workloads lora``): 4
-replicas of 1,024 KV blocks, ``--max-loras 1``, the trace at 2.5x its logged rate (253
-requests in ~50 s): a request for an adapter the server is not running waits while another
-holds the slot. ``--speedup``: the emulated GPUs and the trace that many times faster (the
-figures are scaled back to modelled seconds). Figures: the client's TTFT p50 / p90 / p99 (to
-the first text chunk) and the prefix-cache hit rate from the replies' ``usage``; with
-``--rounds N`` every policy runs N times (in turn, a fresh stack each), medians printed with
-the p90's range.
-
-Policies: the default; the default with ``adapterWeight: 0`` (the slot wait predicted, but
-adapters not kept where they are held); the cache-aware profile; random (epp's random
-picker, the same path); with ``--router`` the real SGLang router behind Envoy.
+docs/examples/support-desk.jsonl (six adapters) sent by ``epp-sim load`` at 2.5x its logged
+rate (253 requests in ~50 s) to 4 replicas of 1,024 KV blocks, ``--max-loras 1``: the sweep's
+hardest LoRA point (bench_profiles.py ``--workloads lora``), where a request for an adapter
+the server is not running waits while another holds the slot. ``--speedup``: the emulated
+GPUs and the trace that many times faster (figures scaled back to modelled seconds). Figures:
+the client's TTFT p50 / p90 / p99 (to the first text chunk), the prefix-cache hit rate from
+the replies' ``usage``; ``--rounds N``: every policy N times (in turn, a fresh stack each),
+medians with the p90's range. Policies: the default; the default with ``adapterWeight: 0``
+(the slot wait predicted, adapters not kept where they are held); the cache-aware profile;
+random (epp's random picker, the same path); ``--router``: the real SGLang router.
 
 Run: ./run bench lora_live [--speedup 1] [--router] [--rounds 1]
 """

@@ -1,18 +1,14 @@
-"""Stored Responses on real vLLM behind real Envoy (issue 68): two vLLM servers keeping
-responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``), conversations continued with
-``previous_response_id``, their last response retrieved and a background response cancelled;
-routed by epp (the default profile: ``response-affinity-filter``), then at random by Envoy.
+"""Stored Responses on two real vLLM servers behind real Envoy (issue 68): follow-ups with
+``previous_response_id``, retrieval and cancel answered, routed by epp and at random.
 
-A stored response lives in the memory of the vLLM server that produced it; any other server
-answers 404 for it. Each conversation sends its first request and ``--turns - 1`` follow-ups
-naming the previous response, all conversations at once (each one's follow-ups have the
-others' traffic between them), half of them streamed (epp learns a streamed response's id
-from its first event); after a follow-up that failed, the next one names the same response
-again. Then each conversation's last response is retrieved (``GET /v1/responses/{id}``) and
-a long background response is started and cancelled (``POST /v1/responses/{id}/cancel``).
-"Answered" means the server holding the response answered: 200 (a cancel that reached it).
-Both policies use the same two servers. epp's own counts (``epp_response_affinity_requests``)
-are printed beside.
+The servers keep responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``); epp routes with its
+default profile (``response-affinity-filter``), random is Envoy's own balancer.
+
+A stored response lives in the memory of the server that produced it; any other answers 404.
+All conversations run at once (each one's follow-ups have the others' traffic between them),
+half of them streamed (epp learns a streamed response's id from its first event); a failed
+follow-up is sent again naming the same response. "Answered": the server holding the response
+answered (200). epp's own counts (``epp_response_affinity_requests``) are printed beside.
 
 Run: ./run bench responses_live [--record] [--conversations 8] [--turns 5] [--rounds 1]
 """
