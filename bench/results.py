@@ -30,19 +30,16 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
-def _proc_field(path: str, key: str) -> str:
-    try:
-        line = next((x for x in Path(path).read_text().splitlines() if x.startswith(key)), "")
-    except OSError:
-        return ""
-    return line.split(":", 1)[1].strip() if line else ""
-
-
 def machine() -> dict[str, Any]:
-    mem_kib = _proc_field("/proc/meminfo", "MemTotal").split(" ")[0]
-    return {"cores": os.cpu_count(), "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor(),
-            "memory_gib": round(int(mem_kib or 0) / (1 << 20), 1), "os": platform.platform(),
-            "python": platform.python_version()}  # fmt: skip
+    def proc(path: str, key: str) -> str:
+        try:
+            return next((x.split(":", 1)[1].strip() for x in Path(path).read_text().splitlines() if x.startswith(key)), "")
+        except OSError:
+            return ""
+
+    return {"cores": os.cpu_count(), "cpu": proc("/proc/cpuinfo", "model name") or platform.processor(),
+            "memory_gib": round(int(proc("/proc/meminfo", "MemTotal").split(" ")[0] or 0) / (1 << 20), 1),
+            "os": platform.platform(), "python": platform.python_version()}  # fmt: skip
 
 
 def commit() -> str:
@@ -64,17 +61,13 @@ def write_result(name: str, title: str, markdown: str, data: dict[str, Any],
     script = Path(argv[0]).resolve()
     script_name = str(script.relative_to(ROOT)) if script.is_relative_to(ROOT) else str(script)
     command = "./run python " + " ".join(shlex.quote(a) for a in [script_name, *argv[1:]])
-    stamp: dict[str, Any] = {"command": command, "commit": commit(),
-             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine()}  # fmt: skip
-    m = stamp["machine"]
-    header = (
-        f"# {title}\n\n"
-        f"Made by `{command}` at commit {stamp['commit']} on {stamp['date']}, on "
-        f"{m['cores']} cores ({m['cpu'] or 'unknown CPU'}), {m['memory_gib']} GiB, "
-        f"{m['os']}, Python {m['python']}. Run the command again to regenerate this page.\n\n"
-    )
+    m = machine()
+    stamp = {"command": command, "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             "machine": m}  # fmt: skip
     md = RESULTS / f"{name}.md"
-    md.write_text(header + markdown.rstrip() + "\n", encoding="utf-8")
+    md.write_text(f"# {title}\n\nMade by `{command}` at commit {stamp['commit']} on {stamp['date']}, on {m['cores']} "
+                  f"cores ({m['cpu'] or 'unknown CPU'}), {m['memory_gib']} GiB, {m['os']}, Python {m['python']}. Run "
+                  f"the command again to regenerate this page.\n\n{markdown.rstrip()}\n", encoding="utf-8")  # fmt: skip
     (DATA / f"{name}.json").write_text(json.dumps({**stamp, "results": data}, indent=1) + "\n", encoding="utf-8")
     return md
 
