@@ -72,27 +72,20 @@ def paired(demo: dict[str, Any]) -> str:
     """With several rounds: each policy's server TTFT against the first policy's in the same
     round (the rounds' geometric mean, 90% bootstrap interval). A round's figures move 15-20%
     from the next round's; the same round's policies ran on the same servers minutes apart."""
-    rounds = demo.get("by_round") or []
-    if not rounds:
-        return ""
-    first = demo["runs"][0]["policy"]
     by: dict[str, dict[int, dict[str, Any]]] = {}
-    for r in rounds:
+    for r in demo.get("by_round") or []:
         by.setdefault(r["policy"], {})[r["round"]] = r
+    first = demo["runs"][0]["policy"]
     lines = []
     for policy, runs in by.items():
-        if policy == first:
-            continue
         common = sorted(set(runs) & set(by[first]))
-        cells = []
-        for key, label in (("server_ttft_mean_ms", "mean"), ("server_ttft_p90_ms", "p90")):
-            said = describe([runs[i][key] for i in common], [by[first][i][key] for i in common],
-                            f"via {first}")  # fmt: skip
-            cells.append(f"{label} {said}")
-        lines.append(f"- via {policy}: server TTFT " + ", ".join(cells) + f" over {len(common)} rounds")
-    return (f"\nRound by round, each policy's server TTFT over via {first}'s in the same round "
-            "(geometric mean over the rounds, 90% bootstrap interval; \"behind\" when the "
-            "interval lies wholly below 1):\n\n" + "\n".join(lines) + "\n")
+        cells = [f"{label} " + describe([runs[i][key] for i in common], [by[first][i][key] for i in common], f"via {first}")
+                 for key, label in (("server_ttft_mean_ms", "mean"), ("server_ttft_p90_ms", "p90"))]  # fmt: skip
+        if policy != first:
+            lines.append(f"- via {policy}: server TTFT " + ", ".join(cells) + f" over {len(common)} rounds")
+    return (f"\nRound by round, each policy's server TTFT over via {first}'s in the same round (geometric mean "
+            "over the rounds, 90% bootstrap interval; \"behind\" when the interval lies wholly below 1):\n\n"
+            + "\n".join(lines) + "\n") if lines else ""  # fmt: skip
 
 
 if __name__ == "__main__":
