@@ -1,20 +1,17 @@
 """Scheduling-core benchmark: microseconds per decision, and how they grow with the pool;
 index bytes per entry.
 
-One decision = take the datastore's routable pool (as the Director does) + hash the prompt +
-look it up in the index + run the default profile (above 16 candidates: the shortlist, then
-its scorers) + pick + record the pick + count the request in flight. The workload is what
-prefix-aware routing is for: 32 "system prompts" of half the prompt length, each followed
-by a unique tail, so the index holds real matches on several endpoints. The index is warmed
-with 400 decisions first. Each point runs twice in the same process: as shipped, and with
-``shortlist: {enabled: false}`` (every candidate scored: the cost before issue 71) as the
-baseline, and prints the ratio.
+One decision = the datastore's routable pool (as the Director takes it) + hash the prompt +
+index look-up + the default profile (above 16 candidates: the shortlist, then its scorers) +
+pick + record the pick + count the request in flight. The workload: 32 "system prompts" of
+half the prompt length, each followed by a unique tail, so the index (warmed with 400
+decisions) holds real matches on several endpoints. Each point runs as shipped and, as the
+baseline in the same process, with ``shortlist: {enabled: false}`` (every candidate scored).
 
-Run: ./run bench scheduling [--quick]   (--record keeps what it prints as
-docs/results/scheduling.md)
-Targets: p50 <= 100 us at 16 KB / 64 endpoints, and the p50 at 256 and at 1,024 endpoints
-no more than 1.5x the 64-endpoint one (issue 71); <= 2 ms at 220 KB; <= 120 bytes per (chunk, endpoint) entry at
-1M entries. Timings vary with machine load: read the ratios.
+Run: ./run bench scheduling [--quick] [--record]
+Targets: p50 <= 100 us at 16 KB / 64 endpoints, the p50 at 256 and 1,024 endpoints <= 1.5x
+the 64-endpoint one (issue 71); <= 2 ms at 220 KB; <= 120 bytes per (chunk, endpoint) entry
+at 1M entries. Timings vary with machine load: read the ratios.
 """
 
 from __future__ import annotations
@@ -100,20 +97,17 @@ def bench_decisions(size: int, pool_n: int, decisions: int, cfg: str) -> tuple[f
     return statistics.median(samples), samples[int(len(samples) * 0.99) - 1], producer.index.stats().hit_ratio
 
 
-def bytes_per_entry(target_entries: int) -> tuple[int, float]:
-    """Fill an index with ``target_entries`` (chunk, endpoint) entries; measure its heap."""
-    endpoints = 64
-    chain_len = 256
+def bytes_per_entry(target_entries: int, chain_len: int = 256) -> tuple[int, float]:
+    """Fill an index with ``target_entries`` (chunk, endpoint) entries, the real chained
+    hashes of distinct prompts on 64 endpoints; measure its heap."""
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     idx = PrefixIndex(capacity_chunks=target_entries, max_entries=target_entries * 2)
     hasher = ChunkHasher()
-    prompts = target_entries // chain_len
-    for p in range(prompts):
-        # realistic keys: real 64-bit chained hashes of distinct prompts
+    for p in range(target_entries // chain_len):
         hashes = hasher.hashes(f"prompt {p} " + "z" * (chain_len * 64), chain_seed("m"))[:chain_len]
-        idx.record(EndpointId(f"10.2.0.{p % endpoints}:8000"), hashes, float(p))
+        idx.record(EndpointId(f"10.2.0.{p % 64}:8000"), hashes, float(p))
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     return len(idx), used / len(idx)
