@@ -106,14 +106,12 @@ def main() -> None:
                           [["fail-open", killed["in_flight_at_kill"], killed["after"], killed["failed_after"],
                             f"{killed['failed_total']} of {killed['requests']}"]])  # fmt: skip
     print(md)
-    notes = (
-        f"\n\nReal Envoy (one worker) with `epp envoy-config`'s bootstrap, `epp serve` "
-        f"processes, 3 emulated servers; {args.workers} closed-loop clients ({args.workers + 2} for the replica "
-        f"kill), chat requests of ~600 characters; outage {args.outage_s:g} s. 'Routed by epp "
-        "again': from epp's restart until its first routed request (its own start-up "
-        "included). 'Failed in all' counts requests in flight through epp when it was killed."
-    )
-    path = write_result("failover", "epp down, epp back, one of two replicas killed: through real Envoy", md + notes,
+    md += (f"\n\nReal Envoy (one worker) with `epp envoy-config`'s bootstrap, `epp serve` processes, 3 emulated "
+           f"servers; {args.workers} closed-loop clients ({args.workers + 2} for the replica kill), chat requests of "
+           f"~600 characters; outage {args.outage_s:g} s. 'Routed by epp again': from epp's restart until its first "
+           "routed request (its own start-up included). 'Failed in all' counts requests in flight through epp when "
+           "it was killed.")  # fmt: skip
+    path = write_result("failover", "epp down, epp back, one of two replicas killed: through real Envoy", md,
                         {"fail_open": runs[0], "fail_closed": runs[1], "replica_killed": killed})  # fmt: skip
     print(f"wrote {path.relative_to(ROOT)}")
 
