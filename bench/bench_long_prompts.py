@@ -197,39 +197,26 @@ def key_cache_memory(tokenizer: Path, size: int, tpw: float) -> tuple[int, int, 
 
 
 def api_forms(rng: random.Random, tpw: float, tokens: int, tools_chars: int) -> dict[str, tuple[str, bytes]]:
-    """One agent conversation of ~``tokens`` tokens in three request forms, as (path, body):
-    ``chat`` as the sessions above (turns as text), ``chat agent`` (OpenAI ``tool_calls`` and
-    ``tool`` messages, ``tools_chars`` of tools), ``messages`` (Anthropic Messages: ``system``,
-    the tools, ``tool_use`` / ``tool_result`` blocks)."""
+    """One agent conversation of ~``tokens`` tokens as (path, body) in three forms: ``chat``
+    as the sessions above (turns as text), and as ``epp-sim load --api`` sends it
+    (``simulator.forms``) with ``tools_chars`` of tools: ``chat agent`` (OpenAI ``tool_calls``
+    and ``tool`` messages), ``messages`` (Anthropic Messages, ``tool_use`` / ``tool_result``)."""
+    from simulator.forms import chat_fields, messages_fields
+
     msgs = session(rng, tpw, tokens)
     tools: list[dict[str, Any]] = []
-    while len(json.dumps(tools)) < tools_chars:  # Anthropic tool definitions
+    while len(json.dumps(tools)) < tools_chars:
         tools.append({"name": f"tool_{len(tools)}", "description": words(rng, 60), "input_schema": {
             "type": "object", "properties": {"path": {"type": "string", "description": words(rng, 30)},
                                              "limit": {"type": "integer"}}, "required": ["path"]}})  # fmt: skip
-    openai_tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
-                                                      "parameters": t["input_schema"]}} for t in tools]  # fmt: skip
-    chat_agent: list[dict[str, Any]] = [msgs[0], {"role": "user", "content": "start"}]
-    anthropic: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
-    for i, m in enumerate(msgs[1:]):
-        call = f"toolu_{i:04d}"
-        if m["role"] == "assistant":
-            args = {"command": m["content"]}
-            chat_agent.append({"role": "assistant", "content": None, "tool_calls": [{
-                "id": call, "type": "function", "function": {"name": "run", "arguments": json.dumps(args)}}]})
-            anthropic.append({"role": "assistant", "content": [{"type": "text", "text": "Running it."},
-                              {"type": "tool_use", "id": call, "name": "run", "input": args}]})  # fmt: skip
-        else:
-            chat_agent.append({"role": "tool", "tool_call_id": f"toolu_{i - 1:04d}", "content": m["content"]})
-            anthropic.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i - 1:04d}",
-                                                           "content": m["content"]}]})  # fmt: skip
-    return {
-        "chat": ("/v1/chat/completions", body(msgs)),
-        "chat agent": ("/v1/chat/completions", json.dumps({"model": "tiny", "messages": chat_agent,
-                                                           "tools": openai_tools, "max_tokens": 64}).encode()),
-        "messages": ("/v1/messages", json.dumps({"model": "tiny", "max_tokens": 64, "system": msgs[0]["content"],
-                                                 "tools": tools, "messages": anthropic}).encode()),
-    }  # fmt: skip
+    flat = f"<|system|>{msgs[0]['content']}<|user|>start" + "".join(
+        f"<|{'tool' if m['role'] == 'user' else m['role']}|>{m['content']}" for m in msgs[1:])
+    openai = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                "parameters": t["input_schema"]}} for t in tools]  # fmt: skip
+    return {"chat": (PATH, body(msgs)),
+            "chat agent": (PATH, json.dumps({"model": "tiny", "max_tokens": 64, "tools": openai, **chat_fields(flat)}).encode()),
+            "messages": ("/v1/messages", json.dumps({"model": "tiny", "max_tokens": 64, "tools": tools,
+                                                     **messages_fields(flat)}).encode())}  # fmt: skip
 
 
 def keying_cost(tpw: float, reps: int) -> dict[str, tuple[float, int]]:
