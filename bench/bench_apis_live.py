@@ -47,22 +47,21 @@ from simulator.stack.workload import word_text as words  # noqa: E402
 MODEL = "tiny"
 POLICIES = {"epp": ("epp", ""), "epp agentic": ("epp", "agentic"), "random": ("random", "")}
 """label: (the stack's policy, epp's config: '' = the default profile)."""
-
-
 CONCURRENCY, SYSTEM_CHARS, TOOLS_CHARS, TASK_CHARS, TOOL_OUTPUT_CHARS, MAX_TOKENS = 4, 4000, 6000, 400, 2400, 24
 SYSTEM = "You are a coding agent in a large repository. " + words(random.Random(0), SYSTEM_CHARS)
 
 
-def agent_tools() -> list[dict[str, Any]]:
-    rng, tools = random.Random(1), []
-    while len(json.dumps(tools)) < TOOLS_CHARS:
+def agent_tools(rng: random.Random, chars: int) -> list[dict[str, Any]]:
+    """Anthropic tool definitions (name, description, JSON schema) of about ``chars``."""
+    tools: list[dict[str, Any]] = []
+    while len(json.dumps(tools)) < chars:
         tools.append({"name": f"tool_{len(tools)}", "description": words(rng, 240), "input_schema": {
             "type": "object", "properties": {"path": {"type": "string", "description": words(rng, 80)},
                                              "limit": {"type": "integer"}}, "required": ["path"]}})  # fmt: skip
     return tools
 
 
-TOOLS = agent_tools()
+TOOLS = agent_tools(random.Random(1), TOOLS_CHARS)
 
 
 @dataclass(slots=True)

@@ -38,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_apis_live import agent_tools  # noqa: E402
 from bench.bench_scheduling import make_pool  # noqa: E402
 from epp.config.loader import parse_config  # noqa: E402
 from epp.datastore.store import Datastore  # noqa: E402
@@ -204,11 +205,7 @@ def api_forms(rng: random.Random, tpw: float, tokens: int, tools_chars: int) -> 
     from simulator.forms import chat_fields, messages_fields
 
     msgs = session(rng, tpw, tokens)
-    tools: list[dict[str, Any]] = []
-    while len(json.dumps(tools)) < tools_chars:
-        tools.append({"name": f"tool_{len(tools)}", "description": words(rng, 60), "input_schema": {
-            "type": "object", "properties": {"path": {"type": "string", "description": words(rng, 30)},
-                                             "limit": {"type": "integer"}}, "required": ["path"]}})  # fmt: skip
+    tools = agent_tools(rng, tools_chars)
     flat = f"<|system|>{msgs[0]['content']}<|user|>start" + "".join(
         f"<|{'tool' if m['role'] == 'user' else m['role']}|>{m['content']}" for m in msgs[1:])
     openai = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
