@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -110,7 +108,6 @@ def config(mode: str, tokenizer: Path, key_cache: bool) -> Any:
 @dataclass
 class Measured:
     cpu_ms: float
-    wall_ms: float
     tokens: int = 0  # the prompts' mean length (precise mode)
     encoded: int = 0  # tokens tokenized a request (the rest from the key cache)
     tokenizer_ms: float = 0.0  # CPU the tokenizer alone takes on the new turn's text
@@ -118,7 +115,7 @@ class Measured:
 
 def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: float,
             new_tokens: int, key_cache: bool = True, tok: Any = None) -> Measured:  # fmt: skip
-    """Median CPU and wall milliseconds per request."""
+    """Median CPU milliseconds per request."""
     gc.collect()
     rng = random.Random(size + n_pool)
     sched = build_scheduler(config(mode, tokenizer, key_cache), random.Random(1))
@@ -151,20 +148,15 @@ def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: 
     if keyer is not None:
         keyer.count = keyer.tokens = 0
     warm_encoded = keyer.cache.stats.tokens_encoded if keyer is not None and keyer.cache is not None else 0
-    cpu, wall, alone = [], [], []
+    cpu, alone = [], []
     for r in range(reps):
         now += 0.01
         s = sessions[r % SESSIONS]
         msgs = grow(rng, tpw, new_tokens, s)  # the new turn
-        data = body(msgs)
-        c0, w0 = time.process_time(), time.perf_counter()
-        decide(data)
-        cpu.append(time.process_time() - c0)
-        wall.append(time.perf_counter() - w0)
+        cpu.append(cpu_s(partial(decide, body(msgs))))
         if tok is not None and precise is not None:  # the new turn's text, tokenized alone
             alone.append(cpu_s(partial(tok.encode, "".join(m["content"] for m in msgs[len(s) :]), False)))
-    out = Measured(statistics.median(cpu) * 1e3, statistics.median(wall) * 1e3,
-                   tokenizer_ms=statistics.median(alone) * 1e3 if alone else 0.0)  # fmt: skip
+    out = Measured(statistics.median(cpu) * 1e3, tokenizer_ms=statistics.median(alone) * 1e3 if alone else 0.0)
     if keyer is not None:
         out.tokens = int(keyer.tokens / max(keyer.count, 1))
         if keyer.cache is not None:
@@ -249,15 +241,12 @@ def main() -> int:
     n_sample = len(tok.encode(sample, False))  # warm-up
     best = min(cpu_s(lambda: tok.encode(sample, False)) for _ in range(3))  # the tokenizer's own rate
     tpw = n_sample / 20_000
-    print(f"# epp CPU per request on long agentic prompts ({platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, tokenizer: DeepSeek-V3's ({tokenizer}), "
-          f"{best / n_sample * 1e6:.2f} us of CPU per token on this text)\n"
-          "A request is a session's previous prompt (keyed before) + a new turn of `new` tokens.\n"
-          "CPU ms per request (wall ms), median of the requests: parse the body + key + schedule.\n"
-          "`tokenizer`: CPU the tokenizer alone takes on the new turn's text (median, same run);\n"
-          "`epp's own`: precise minus that, what epp adds to tokenizing the new text.\n")  # fmt: skip
-    print(f"{'tokens':>8} {'new':>6} {'endpoints':>9} | {'approx':>15} | {'precise':>15} | {'whole':>17} "
-          "| whole/precise | tokenizer | epp's own")  # fmt: skip
+    print(f"# DeepSeek-V3's tokenizer: {best / n_sample * 1e6:.2f} us of CPU per token on this text. A request is a "
+          "session's previous prompt (keyed before) + a new turn of `new` tokens; CPU ms per request, median: parse "
+          "the body + key + schedule. `tokenizer`: the tokenizer alone on the new turn's text; `epp's own`: precise "
+          "minus that.\n")  # fmt: skip
+    print(f"{'tokens':>8} {'new':>6} {'endpoints':>9} | {'approx':>6} | {'precise':>7} | {'whole':>7} | whole/precise "
+          "| tokenizer | epp's own")  # fmt: skip
     reps = 6 if quick else 12
     target: tuple[Measured, Measured] | None = None  # 100k tokens, 96 endpoints, 90k known
     for size in (8_000, 100_000) if quick else SIZES:
@@ -266,9 +255,8 @@ def main() -> int:
                 a = measure("approx", size, n, tokenizer, reps, tpw, new)
                 p = measure("precise", size, n, tokenizer, reps, tpw, new, tok=tok)
                 w = measure("precise", size, n, tokenizer, max(3, reps // 3), tpw, new, key_cache=False)
-                print(f"{p.tokens:>8,} {p.encoded:>6,} {n:>9} | {a.cpu_ms:6.2f} ({a.wall_ms:6.2f}) | "
-                      f"{p.cpu_ms:6.2f} ({p.wall_ms:6.2f}) | {w.cpu_ms:7.1f} ({w.wall_ms:7.1f}) | "
-                      f"{w.cpu_ms / p.cpu_ms:12.1f}x | {p.tokenizer_ms:6.1f} ms | {p.cpu_ms - p.tokenizer_ms:6.1f} ms",
+                print(f"{p.tokens:>8,} {p.encoded:>6,} {n:>9} | {a.cpu_ms:6.2f} | {p.cpu_ms:7.2f} | {w.cpu_ms:7.1f} "
+                      f"| {w.cpu_ms / p.cpu_ms:12.1f}x | {p.tokenizer_ms:6.1f} ms | {p.cpu_ms - p.tokenizer_ms:6.1f} ms",
                       flush=True)  # fmt: skip
                 if size == 100_000 and n == 96 and new == size // 10:
                     target = (a, p)
