@@ -51,7 +51,8 @@ def main() -> None:
     subprocess.run([epp_sim, "stack", "--demo", "--out-dir", str(out), *stack_args], check=True, cwd=ROOT)
     demo = json.loads((out / "demo.json").read_text())
     runs = demo["runs"]
-    md = table(["", *(f"via {r['policy']}" for r in runs)], [[name, *(f(r) for r in runs)] for name, f in ROWS])
+    md = table(["", *(f"via {r['policy']}" for r in runs)],  # rows the servers report nothing for left out
+               [[name, *cells] for name, f in ROWS if set(cells := [f(r) for r in runs]) != {"n/a"}])
     w = demo["workload"]
     md += (
         f"\n\nWorkload: {w['num_groups']} system prompts of {w['system_prompt_len']} tokens x "
