@@ -1,15 +1,15 @@
-"""The README's demo table: ``./run demo`` (the local stack behind real Envoy, the demo
-workload through epp and at random), written to docs/results/demo.md with the command, commit,
-date and machine.
+"""The demo: the local stack behind real Envoy (emulated servers, or real vLLM with
+``--engine vllm``), the demo workload routed by epp and at random (``--baseline``: the SGLang
+router too); writes docs/results/NAME.md (default ``demo``).
 
-    ./run python bench/bench_demo.py [--result-name NAME] [stack flags, e.g.
-        --engine vllm --replicas 2]
+With several ``--rounds``, each policy's server TTFT against the first policy's, round by round.
 
-``--result-name`` (default ``demo``) names the file under docs/results/.
+    ./run bench demo [--result-name NAME] [stack flags, e.g. --engine vllm --replicas 2]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -20,7 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.results import write_result  # noqa: E402
+from bench.results import table, write_result  # noqa: E402
 from bench.stats import describe  # noqa: E402
 
 ROWS = [
@@ -41,32 +41,21 @@ ROWS = [
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    if "-h" in args or "--help" in args:
-        print(__doc__.strip() + "\n\nStack flags: epp-sim stack --help")
-        return
-    name = "demo"
-    if "--result-name" in args:
-        i = args.index("--result-name")
-        name = args[i + 1]
-        del args[i : i + 2]
-    if "--out-dir" in args:  # the user's: the run's files are kept there
-        i = args.index("--out-dir")
-        out = Path(args[i + 1])
-        del args[i : i + 2]
-    else:
-        out = Path(tempfile.mkdtemp(prefix="bench-demo-"))
-    cmd = [str(Path(sys.executable).with_name("epp-sim")), "stack", "--demo", "--out-dir", str(out),
-           *args]  # fmt: skip
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                 epilog="Other flags go to epp-sim stack --demo (epp-sim stack --help).")  # fmt: skip
+    ap.add_argument("--result-name", default="demo", metavar="NAME", help="the page: docs/results/NAME.md")
+    ap.add_argument("--out-dir", type=Path, help="keep the run's files here (default: a temporary folder)")
+    args, stack_args = ap.parse_known_args()
+    out = args.out_dir or Path(tempfile.mkdtemp(prefix="bench-demo-"))
+    epp_sim = str(Path(sys.executable).with_name("epp-sim"))
+    subprocess.run([epp_sim, "stack", "--demo", "--out-dir", str(out), *stack_args], check=True, cwd=ROOT)
     demo = json.loads((out / "demo.json").read_text())
     runs = demo["runs"]
-    head = "| | " + " | ".join(f"via {r['policy']}" for r in runs) + " |\n"
-    head += "|---|" + "---:|" * len(runs) + "\n"
-    body = "".join(f"| {name} | " + " | ".join(f(r) for r in runs) + " |\n" for name, f in ROWS)
+    md = table(["", *(f"via {r['policy']}" for r in runs)],  # rows the servers report nothing for left out
+               [[name, *cells] for name, f in ROWS if set(cells := [f(r) for r in runs]) != {"n/a"}])
     w = demo["workload"]
-    notes = (
-        f"\nWorkload: {w['num_groups']} system prompts of {w['system_prompt_len']} tokens x "
+    md += (
+        f"\n\nWorkload: {w['num_groups']} system prompts of {w['system_prompt_len']} tokens x "
         f"{w['num_prompts_per_group']} users x {w['num_turns']} turns, {w['concurrency']} "
         f"conversations at a time; {demo['replicas']} servers, fresh for each policy (cold "
         f"caches, or the same servers emptied between runs with --rounds: {demo['rounds']}); "
@@ -74,11 +63,9 @@ def main() -> None:
         "vllm:prefix_cache_hits_total / queries_total; client TTFT from the SSE stream; server "
         "TTFT from vllm:time_to_first_token_seconds; CPU from /proc per process role.\n"
     )
-    notes += paired(demo)
-    title = ("The demo: epp vs random routing on the local stack" if name == "demo"
-             else f"The demo workload on the local stack: {' '.join(args)}")  # fmt: skip
-    path = write_result(name, title,
-                        head + body + notes, demo, argv=[__file__, *sys.argv[1:]])  # fmt: skip
+    title = ("The demo: epp vs random routing on the local stack" if args.result_name == "demo"
+             else f"The demo workload on the local stack: {' '.join(stack_args)}")  # fmt: skip
+    path = write_result(args.result_name, title, md + paired(demo), demo, argv=[__file__, *sys.argv[1:]])
     print(f"wrote {path.relative_to(ROOT)}")
 
 
@@ -86,27 +73,20 @@ def paired(demo: dict[str, Any]) -> str:
     """With several rounds: each policy's server TTFT against the first policy's in the same
     round (the rounds' geometric mean, 90% bootstrap interval). A round's figures move 15-20%
     from the next round's; the same round's policies ran on the same servers minutes apart."""
-    rounds = demo.get("by_round") or []
-    if not rounds:
-        return ""
-    first = demo["runs"][0]["policy"]
     by: dict[str, dict[int, dict[str, Any]]] = {}
-    for r in rounds:
+    for r in demo.get("by_round") or []:
         by.setdefault(r["policy"], {})[r["round"]] = r
+    first = demo["runs"][0]["policy"]
     lines = []
     for policy, runs in by.items():
-        if policy == first:
-            continue
         common = sorted(set(runs) & set(by[first]))
-        cells = []
-        for key, label in (("server_ttft_mean_ms", "mean"), ("server_ttft_p90_ms", "p90")):
-            said = describe([runs[i][key] for i in common], [by[first][i][key] for i in common],
-                            f"via {first}")  # fmt: skip
-            cells.append(f"{label} {said}")
-        lines.append(f"- via {policy}: server TTFT " + ", ".join(cells) + f" over {len(common)} rounds")
-    return (f"\nRound by round, each policy's server TTFT over via {first}'s in the same round "
-            "(geometric mean over the rounds, 90% bootstrap interval; \"behind\" when the "
-            "interval lies wholly below 1):\n\n" + "\n".join(lines) + "\n")
+        cells = [f"{label} " + describe([runs[i][key] for i in common], [by[first][i][key] for i in common], f"via {first}")
+                 for key, label in (("server_ttft_mean_ms", "mean"), ("server_ttft_p90_ms", "p90"))]  # fmt: skip
+        if policy != first:
+            lines.append(f"- via {policy}: server TTFT " + ", ".join(cells) + f" over {len(common)} rounds")
+    return (f"\nRound by round, each policy's server TTFT over via {first}'s in the same round (geometric mean "
+            "over the rounds, 90% bootstrap interval; \"behind\" when the interval lies wholly below 1):\n\n"
+            + "\n".join(lines) + "\n") if lines else ""  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,25 +1,20 @@
 """epp's CPU per request on long agentic prompts (issue 42): approximate and precise modes
 at 8k / 32k / 100k / 200k tokens and 8 / 96 / 512 endpoints.
 
-Each measured request is an agent's next turn: a conversation of N tokens whose first 90% is
-the session's previous prompt (keyed before, as the previous turn was), and whose last 10%
-is new (a tool call and its output, random each time). Sessions are distinct (6 per size);
-the indexes hold real matches (the precise index has each session's blocks on two endpoints,
-the approximate one learnt them from its own picks). One request = parse the JSON body as
-epp does + key it (precise: the model's chat template, tokenizer and vLLM's block hashes,
-DeepSeek-V3's tokenizer, block size 16) + schedule it with the shipped default profile's
-scorers over the pool. Timed by CPU time (process-wide, so the tokenizer's worker threads
-count) and wall time; medians.
-
-Columns: ``approx`` the default approximate mode; ``precise`` with the key cache (the known
-prefix's keys reused); ``whole`` precise with the key cache off (every prompt tokenized whole:
-what epp did before); and the key cache's memory after the run (tracemalloc), per token held.
+A measured request is an agent's next turn: a session's previous prompt (keyed before, and
+placed: on two endpoints in the precise index, learnt from the pick in the approximate one)
+plus a new turn (a tool call and its output) of 10% or 2k tokens; 6 sessions a size. One
+request = parse the body + key it (precise: DeepSeek-V3's chat template and tokenizer, vLLM's
+block hashes, block size 16) + schedule it with the default profile's scorers. CPU time is
+process-wide (the tokenizer's threads count); medians. Columns: ``approx``; ``precise`` with
+the key cache; ``whole``, precise with the key cache off (every prompt tokenized whole);
+``tokenizer``, the tokenizer alone on the new turn's text (what no cache saves). Then the
+keying cost per byte of one agent request as chat, as chat with tools and as Anthropic
+Messages, and the key cache's memory per token held (tracemalloc).
 
 Run: ./run bench long_prompts [--quick]
 Targets (issue 42): at 100k tokens / 96 endpoints with a known 90k prefix, approx <= 2 ms and
-precise <= 20 ms of CPU per request; memory bounded (``keyCacheTokens``). The tokenizer's own
-cost of the ~10k new tokens is printed beside (``tokenizer``, measured on the same text): what
-no cache can save, and on this machine most of 20 ms.
+precise <= 20 ms of CPU per request; memory bounded (``keyCacheTokens``).
 """
 
 from __future__ import annotations
@@ -27,23 +22,24 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import random
 import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_apis_live import agent_tools  # noqa: E402
+from bench.bench_scheduling import make_pool  # noqa: E402
 from epp.config.loader import parse_config  # noqa: E402
 from epp.datastore.store import Datastore  # noqa: E402
-from epp.framework.endpoint import Endpoint, EndpointId, Metrics  # noqa: E402
 from epp.plugins.preciseprefix import PrecisePrefixProducer, TokenizingKeyer  # noqa: E402
 from epp.request.parse import RequestParser  # noqa: E402
 from epp.request.settings import RequestControlConfig  # noqa: E402
@@ -63,11 +59,7 @@ SCORERS = [("prefix-cache-scorer", 3), ("queue-scorer", 2), ("kv-cache-utilizati
 
 
 def words(rng: random.Random, n: int) -> str:
-    out = []
-    for i in range(n):
-        out.append(rng.choice(WORDS))
-        out.append("\n" if i % 17 == 16 else " ")
-    return "".join(out)
+    return "".join(rng.choice(WORDS) + ("\n" if i % 17 == 16 else " ") for i in range(n))
 
 
 def grow(rng: random.Random, tokens_per_word: float, target_tokens: int,
@@ -91,6 +83,13 @@ def session(rng: random.Random, tokens_per_word: float, tokens: int) -> list[dic
     return grow(rng, tokens_per_word, rest, [{"role": "system", "content": words(rng, system)}])
 
 
+def cpu_s(fn: Callable[[], object]) -> float:
+    """Process CPU seconds ``fn()`` takes (the tokenizer's worker threads included)."""
+    c0 = time.process_time()
+    fn()
+    return time.process_time() - c0
+
+
 def body(msgs: list[dict[str, Any]]) -> bytes:
     return json.dumps({"model": "tiny", "messages": msgs, "max_tokens": 64}).encode()
 
@@ -106,33 +105,22 @@ def config(mode: str, tokenizer: Path, key_cache: bool) -> Any:
     return parse_config({"plugins": plugins, "schedulingProfiles": [{"plugins": refs}]})
 
 
-def pool(n: int, rng: random.Random) -> list[Endpoint]:
-    return [Endpoint(EndpointId(f"10.1.{i // 250}.{i % 250}:8000"), f"10.1.{i // 250}.{i % 250}", 8000,
-                     metrics=Metrics(waiting=rng.randint(0, 4), kv_usage=rng.random() * 0.8,
-                                     scraped_at_s=1.0))
-            for i in range(n)]  # fmt: skip
-
-
 @dataclass
 class Measured:
     cpu_ms: float
-    wall_ms: float
-    tokens: int = 0
-    """The measured prompts' mean length in tokens (precise mode)."""
-    encoded: int = 0
-    """Tokens tokenized per request (the rest came from the key cache)."""
-    tokenizer_ms: float = 0.0
-    """CPU the tokenizer alone takes on the new turn's text (median; precise mode)."""
+    tokens: int = 0  # the prompts' mean length (precise mode)
+    encoded: int = 0  # tokens tokenized a request (the rest from the key cache)
+    tokenizer_ms: float = 0.0  # CPU the tokenizer alone takes on the new turn's text
 
 
 def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: float,
             new_tokens: int, key_cache: bool = True, tok: Any = None) -> Measured:  # fmt: skip
-    """Median CPU and wall milliseconds per request."""
+    """Median CPU milliseconds per request."""
     gc.collect()
     rng = random.Random(size + n_pool)
     sched = build_scheduler(config(mode, tokenizer, key_cache), random.Random(1))
     parser = RequestParser(RequestControlConfig(max_body_bytes=64 << 20))
-    eps = pool(n_pool, rng)
+    eps = make_pool(n_pool, rng)
     store = Datastore()
     for e in eps:
         store.upsert(e)
@@ -150,42 +138,29 @@ def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: 
     # the previous turns: each session's prompt keyed once and placed (its blocks on two
     # endpoints in the precise index; the approximate index learns from the pick)
     for i, msgs in enumerate(sessions):
-        result = decide(body(msgs))
+        decide(body(msgs))
         if precise is not None:
             keyed = precise.keyer.keys(parser.parse(PATH, HEADERS, body(msgs)).request)
             assert not isinstance(keyed, str), keyed
             for e in (eps[i % n_pool], eps[(i + 1) % n_pool]):
                 precise.index.store(e.id, keyed.keys)
-        del result
-    warm_encoded = 0
-    if precise is not None and isinstance(precise.keyer, TokenizingKeyer):
-        precise.keyer.count = precise.keyer.tokens = 0
-        if precise.keyer.cache is not None:
-            warm_encoded = precise.keyer.cache.stats.tokens_encoded
-    cpu, wall, alone = [], [], []
+    keyer = precise.keyer if precise is not None and isinstance(precise.keyer, TokenizingKeyer) else None
+    if keyer is not None:
+        keyer.count = keyer.tokens = 0
+    warm_encoded = keyer.cache.stats.tokens_encoded if keyer is not None and keyer.cache is not None else 0
+    cpu, alone = [], []
     for r in range(reps):
         now += 0.01
         s = sessions[r % SESSIONS]
         msgs = grow(rng, tpw, new_tokens, s)  # the new turn
-        data = body(msgs)
-        c0, w0 = time.process_time(), time.perf_counter()
-        decide(data)
-        cpu.append(time.process_time() - c0)
-        wall.append(time.perf_counter() - w0)
+        cpu.append(cpu_s(partial(decide, body(msgs))))
         if tok is not None and precise is not None:  # the new turn's text, tokenized alone
-            new_text = "".join(m["content"] for m in msgs[len(s) :])
-            c0 = time.process_time()
-            tok.encode(new_text, False)
-            alone.append(time.process_time() - c0)
-    out = Measured(statistics.median(cpu) * 1e3, statistics.median(wall) * 1e3)
-    if alone:
-        out.tokenizer_ms = statistics.median(alone) * 1e3
-    if precise is not None and isinstance(precise.keyer, TokenizingKeyer):
-        keyer = precise.keyer
+            alone.append(cpu_s(partial(tok.encode, "".join(m["content"] for m in msgs[len(s) :]), False)))
+    out = Measured(statistics.median(cpu) * 1e3, tokenizer_ms=statistics.median(alone) * 1e3 if alone else 0.0)
+    if keyer is not None:
         out.tokens = int(keyer.tokens / max(keyer.count, 1))
         if keyer.cache is not None:
-            st = keyer.cache.stats
-            out.encoded = int((st.tokens_encoded - warm_encoded) / reps)
+            out.encoded = int((keyer.cache.stats.tokens_encoded - warm_encoded) / reps)
     return out
 
 
@@ -214,47 +189,23 @@ def key_cache_memory(tokenizer: Path, size: int, tpw: float) -> tuple[int, int, 
     return held, cache.size, cache.nodes
 
 
-def agent_tools(rng: random.Random, chars: int) -> list[dict[str, Any]]:
-    """Anthropic tool definitions (name, description, JSON schema) of about ``chars``."""
-    tools: list[dict[str, Any]] = []
-    while len(json.dumps(tools)) < chars:
-        tools.append({"name": f"tool_{len(tools)}", "description": words(rng, 60), "input_schema": {
-            "type": "object", "properties": {"path": {"type": "string", "description": words(rng, 30)},
-                                             "limit": {"type": "integer"}}, "required": ["path"]}})  # fmt: skip
-    return tools
-
-
 def api_forms(rng: random.Random, tpw: float, tokens: int, tools_chars: int) -> dict[str, tuple[str, bytes]]:
-    """One agent conversation of ~``tokens`` tokens in three request forms, as (path, body):
-    ``chat`` as the sessions above (a system prompt, turns as text: the chat requests this
-    bench has always measured), ``chat agent`` (the same turns as OpenAI ``tool_calls`` and
-    ``tool`` messages, with ``tools_chars`` of tools) and ``messages`` (as Anthropic Messages:
-    ``system``, the tools, ``tool_use`` / ``tool_result`` blocks)."""
+    """One agent conversation of ~``tokens`` tokens as (path, body) in three forms: ``chat``
+    as the sessions above (turns as text), and as ``epp-sim load --api`` sends it
+    (``simulator.forms``) with ``tools_chars`` of tools: ``chat agent`` (OpenAI ``tool_calls``
+    and ``tool`` messages), ``messages`` (Anthropic Messages, ``tool_use`` / ``tool_result``)."""
+    from simulator.forms import chat_fields, messages_fields
+
     msgs = session(rng, tpw, tokens)
     tools = agent_tools(rng, tools_chars)
-    openai_tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
-                                                      "parameters": t["input_schema"]}} for t in tools]  # fmt: skip
-    chat_agent: list[dict[str, Any]] = [msgs[0], {"role": "user", "content": "start"}]
-    anthropic: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
-    for i, m in enumerate(msgs[1:]):
-        call = f"toolu_{i:04d}"
-        if m["role"] == "assistant":
-            args = {"command": m["content"]}
-            chat_agent.append({"role": "assistant", "content": None, "tool_calls": [{
-                "id": call, "type": "function", "function": {"name": "run", "arguments": json.dumps(args)}}]})
-            anthropic.append({"role": "assistant", "content": [{"type": "text", "text": "Running it."},
-                              {"type": "tool_use", "id": call, "name": "run", "input": args}]})  # fmt: skip
-        else:
-            chat_agent.append({"role": "tool", "tool_call_id": f"toolu_{i - 1:04d}", "content": m["content"]})
-            anthropic.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i - 1:04d}",
-                                                           "content": m["content"]}]})  # fmt: skip
-    return {
-        "chat": ("/v1/chat/completions", body(msgs)),
-        "chat agent": ("/v1/chat/completions", json.dumps({"model": "tiny", "messages": chat_agent,
-                                                           "tools": openai_tools, "max_tokens": 64}).encode()),
-        "messages": ("/v1/messages", json.dumps({"model": "tiny", "max_tokens": 64, "system": msgs[0]["content"],
-                                                 "tools": tools, "messages": anthropic}).encode()),
-    }  # fmt: skip
+    flat = f"<|system|>{msgs[0]['content']}<|user|>start" + "".join(
+        f"<|{'tool' if m['role'] == 'user' else m['role']}|>{m['content']}" for m in msgs[1:])
+    openai = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                "parameters": t["input_schema"]}} for t in tools]  # fmt: skip
+    return {"chat": (PATH, body(msgs)),
+            "chat agent": (PATH, json.dumps({"model": "tiny", "max_tokens": 64, "tools": openai, **chat_fields(flat)}).encode()),
+            "messages": ("/v1/messages", json.dumps({"model": "tiny", "max_tokens": 64, "tools": tools,
+                                                     **messages_fields(flat)}).encode())}  # fmt: skip
 
 
 def keying_cost(tpw: float, reps: int) -> dict[str, tuple[float, int]]:
@@ -264,86 +215,69 @@ def keying_cost(tpw: float, reps: int) -> dict[str, tuple[float, int]]:
 
     parser = RequestParser(RequestControlConfig(max_body_bytes=64 << 20))
     hasher = ChunkHasher(64)
-    out: dict[str, tuple[float, int]] = {}
+
+    def key(path: str, data: bytes) -> None:
+        req = parser.parse(path, HEADERS, data).request
+        hasher.hashes(req.prompt, chain_seed(req.model, req.adapter, req.cache_salt))
+
     forms = api_forms(random.Random(7), tpw, 100_000, 20_000)
     times: dict[str, list[float]] = {name: [] for name in forms}
     for _ in range(reps):  # interleaved, so that the machine's mood hits every form alike
         for name, (path, data) in forms.items():
-            c0 = time.process_time()
-            req = parser.parse(path, HEADERS, data).request
-            hasher.hashes(req.prompt, chain_seed(req.model, req.adapter, req.cache_salt))
-            times[name].append(time.process_time() - c0)
-    for name, (_, data) in forms.items():
-        out[name] = (statistics.median(times[name]), len(data))
-    return out
+            times[name].append(cpu_s(partial(key, path, data)))
+    return {name: (statistics.median(times[name]), len(data)) for name, (_, data) in forms.items()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="8k and 100k tokens, 8 and 96 endpoints")
-    args = ap.parse_args()
+    quick = ap.parse_args().quick
+    from epp.prefix.tokenize import ModelTokenizer
     from simulator.vllm import ensure_tokenizer
 
     tokenizer = ensure_tokenizer()
-    sizes = (8_000, 100_000) if args.quick else SIZES
-    pools = (8, 96) if args.quick else POOLS
-    reps = 6 if args.quick else 12
-    from epp.prefix.tokenize import ModelTokenizer
-
     tok = ModelTokenizer(tokenizer)
     sample = words(random.Random(0), 20_000)
     n_sample = len(tok.encode(sample, False))  # warm-up
-    best = float("inf")
-    for _ in range(3):  # the tokenizer's own rate on this text: the best of three
-        c0 = time.process_time()
-        tok.encode(sample, False)
-        best = min(best, time.process_time() - c0)
-    us_per_token = best / n_sample * 1e6
+    best = min(cpu_s(lambda: tok.encode(sample, False)) for _ in range(3))  # the tokenizer's own rate
     tpw = n_sample / 20_000
-    print(f"# epp CPU per request on long agentic prompts ({platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, tokenizer: DeepSeek-V3's ({tokenizer}), "
-          f"{us_per_token:.2f} us of CPU per token on this text)")
-    print("A request is a session's previous prompt (keyed before) + a new turn of `new` tokens.")
-    print("CPU ms per request (wall ms), median of the requests: parse the body + key + schedule.")
-    print("`tokenizer`: CPU the tokenizer alone takes on the new turn's text (median, same run);")
-    print("`epp's own`: precise minus that, what epp adds to tokenizing the new text.\n")
-    print(f"{'tokens':>8} {'new':>6} {'endpoints':>9} | {'approx':>15} | {'precise':>15} | {'whole':>17} "
-          f"| whole/precise | tokenizer | epp's own")
+    print(f"# DeepSeek-V3's tokenizer: {best / n_sample * 1e6:.2f} us of CPU per token on this text. A request is a "
+          "session's previous prompt (keyed before) + a new turn of `new` tokens; CPU ms per request, median: parse "
+          "the body + key + schedule. `tokenizer`: the tokenizer alone on the new turn's text; `epp's own`: precise "
+          "minus that.\n")  # fmt: skip
+    print(f"{'tokens':>8} {'new':>6} {'endpoints':>9} | {'approx':>6} | {'precise':>7} | {'whole':>7} | whole/precise "
+          "| tokenizer | epp's own")  # fmt: skip
+    reps = 6 if quick else 12
     target: tuple[Measured, Measured] | None = None  # 100k tokens, 96 endpoints, 90k known
-    for size in sizes:
+    for size in (8_000, 100_000) if quick else SIZES:
         for new in sorted({size // 10, 2_000}):
-            for n in pools:
+            for n in (8, 96) if quick else POOLS:
                 a = measure("approx", size, n, tokenizer, reps, tpw, new)
                 p = measure("precise", size, n, tokenizer, reps, tpw, new, tok=tok)
                 w = measure("precise", size, n, tokenizer, max(3, reps // 3), tpw, new, key_cache=False)
-                print(f"{p.tokens:>8,} {p.encoded:>6,} {n:>9} | {a.cpu_ms:6.2f} ({a.wall_ms:6.2f}) | "
-                      f"{p.cpu_ms:6.2f} ({p.wall_ms:6.2f}) | {w.cpu_ms:7.1f} ({w.wall_ms:7.1f}) | "
-                      f"{w.cpu_ms / p.cpu_ms:12.1f}x | {p.tokenizer_ms:6.1f} ms | {p.cpu_ms - p.tokenizer_ms:6.1f} ms",
+                print(f"{p.tokens:>8,} {p.encoded:>6,} {n:>9} | {a.cpu_ms:6.2f} | {p.cpu_ms:7.2f} | {w.cpu_ms:7.1f} "
+                      f"| {w.cpu_ms / p.cpu_ms:12.1f}x | {p.tokenizer_ms:6.1f} ms | {p.cpu_ms - p.tokenizer_ms:6.1f} ms",
                       flush=True)  # fmt: skip
                 if size == 100_000 and n == 96 and new == size // 10:
                     target = (a, p)
     if target is not None:
         a, p = target
         own = p.cpu_ms - p.tokenizer_ms
-
-        def verdict(ok: bool) -> str:
-            return "met" if ok else "NOT met"
-
-        print(f"\nissue 42's targets at ~100k tokens, 96 endpoints, the first 90% known ({p.encoded:,} new tokens):")
-        print(f"  approx {a.cpu_ms:.2f} ms of CPU a request (target <= 2 ms): {verdict(a.cpu_ms <= 2)}")
-        print(f"  precise {p.cpu_ms:.1f} ms (target <= 20 ms): {verdict(p.cpu_ms <= 20)}; the tokenizer alone takes "
-              f"{p.tokenizer_ms:.1f} ms on the new text, which no cache saves")
-        print(f"  precise, epp's own (all but the tokenizer's): {own:.1f} ms (proposed target: <= 10 ms on top "
-              f"of the tokenizer): {verdict(own <= 10)}")
-    cost = keying_cost(tpw, 60 if args.quick else 200)
+        met = {True: "met", False: "NOT met"}
+        print(f"\nissue 42's targets at ~100k tokens, 96 endpoints, the first 90% known ({p.encoded:,} new tokens):\n"
+              f"  approx {a.cpu_ms:.2f} ms of CPU a request (target <= 2 ms): {met[a.cpu_ms <= 2]}\n"
+              f"  precise {p.cpu_ms:.1f} ms (target <= 20 ms): {met[p.cpu_ms <= 20]}; the tokenizer alone takes "
+              f"{p.tokenizer_ms:.1f} ms on the new text, which no cache saves\n"
+              f"  precise, epp's own (all but the tokenizer's): {own:.1f} ms (proposed target: <= 10 ms on top "
+              f"of the tokenizer): {met[own <= 10]}")  # fmt: skip
     print("\nkeying a ~100k-token agent request with 20k characters of tools (parse the body + key + "
           "chunk hashes, approximate mode), CPU median:")
-    per_char = {name: t / size for name, (t, size) in cost.items()}
-    for name, (t, size) in cost.items():
-        print(f"  {name:<11} {size:>9,} bytes  {t * 1e3:6.2f} ms  {per_char[name] * 1e9:5.2f} ns a byte")
-    ratio = per_char["messages"] / per_char["chat"]
-    print(f"  Messages / chat per byte: {ratio:.2f} (target: no more than chat, <= 1.0); "
-          f"Messages / chat agent: {per_char['messages'] / per_char['chat agent']:.2f}")
+    per_byte = {}
+    for name, (t, size) in keying_cost(tpw, 60 if quick else 200).items():
+        per_byte[name] = t / size
+        print(f"  {name:<11} {size:>9,} bytes  {t * 1e3:6.2f} ms  {per_byte[name] * 1e9:5.2f} ns a byte")
+    print(f"  Messages / chat per byte: {per_byte['messages'] / per_byte['chat']:.2f} (target: no more than chat, "
+          f"<= 1.0); Messages / chat agent: {per_byte['messages'] / per_byte['chat agent']:.2f}")  # fmt: skip
     held, tokens, nodes = key_cache_memory(tokenizer, 100_000, tpw)
     print(f"\nkey cache after {SESSIONS} sessions of ~100k tokens (+ a next turn each): {tokens:,} tokens held "
           f"(with node overhead), {nodes:,} nodes, {held / 1e6:.1f} MB traced = {held / max(tokens, 1):.2f} "

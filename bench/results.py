@@ -5,6 +5,7 @@ page is ``./run bench --record-all`` (``scripts/record_results.py``)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import platform
@@ -12,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,35 +24,33 @@ DATA = RESULTS / "data"
 the pages)."""
 
 
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table, the first column left-aligned and the others right-aligned."""
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
 def machine() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        cpu = platform.processor()
-    mem_gib = 0.0
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = int(line.split()[1]) / (1 << 20)
-    except OSError:
-        pass
-    return {"cores": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem_gib, 1),
+    def proc(path: str, key: str) -> str:
+        try:
+            return next((x.split(":", 1)[1].strip() for x in Path(path).read_text().splitlines() if x.startswith(key)), "")
+        except OSError:
+            return ""
+
+    return {"cores": os.cpu_count(), "cpu": proc("/proc/cpuinfo", "model name") or platform.processor(),
+            "memory_gib": round(int(proc("/proc/meminfo", "MemTotal").split(" ")[0] or 0) / (1 << 20), 1),
             "os": platform.platform(), "python": platform.python_version()}  # fmt: skip
 
 
 def commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                             capture_output=True, text=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, check=False, capture_output=True, text=True).stdout.strip()  # fmt: skip
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return sha + ("+changes" if dirty else "")
 
 
 def write_result(name: str, title: str, markdown: str, data: dict[str, Any],
@@ -59,55 +59,39 @@ def write_result(name: str, title: str, markdown: str, data: dict[str, Any],
     DATA.mkdir(parents=True, exist_ok=True)
     argv = sys.argv if argv is None else argv
     script = Path(argv[0]).resolve()
-    try:
-        script_name = str(script.relative_to(ROOT))
-    except ValueError:
-        script_name = str(script)
+    script_name = str(script.relative_to(ROOT)) if script.is_relative_to(ROOT) else str(script)
     command = "./run python " + " ".join(shlex.quote(a) for a in [script_name, *argv[1:]])
-    stamp: dict[str, Any] = {"command": command, "commit": commit(),
-             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine()}  # fmt: skip
-    m = stamp["machine"]
-    header = (
-        f"# {title}\n\n"
-        f"Made by `{command}` at commit {stamp['commit']} on {stamp['date']}, on "
-        f"{m['cores']} cores ({m['cpu'] or 'unknown CPU'}), {m['memory_gib']} GiB, "
-        f"{m['os']}, Python {m['python']}. Run the command again to regenerate this page.\n\n"
-    )
+    m = machine()
+    stamp = {"command": command, "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             "machine": m}  # fmt: skip
     md = RESULTS / f"{name}.md"
-    md.write_text(header + markdown.rstrip() + "\n", encoding="utf-8")
-    (DATA / f"{name}.json").write_text(
-        json.dumps({**stamp, "results": data}, indent=1) + "\n", encoding="utf-8"
-    )
+    md.write_text(f"# {title}\n\nMade by `{command}` at commit {stamp['commit']} on {stamp['date']}, on {m['cores']} "
+                  f"cores ({m['cpu'] or 'unknown CPU'}), {m['memory_gib']} GiB, {m['os']}, Python {m['python']}. Run "
+                  f"the command again to regenerate this page.\n\n{markdown.rstrip()}\n", encoding="utf-8")  # fmt: skip
+    (DATA / f"{name}.json").write_text(json.dumps({**stamp, "results": data}, indent=1) + "\n", encoding="utf-8")
     return md
 
 
 def record(argv: list[str]) -> int:
     """``python bench/results.py NAME SCRIPT [args]``: run a benchmark that prints its figures
     and keep what it printed as ``docs/results/NAME.md`` (stamped like the pages the
-    benchmarks write themselves), so a figure a doc quotes has its page and its command.
-    ``./run bench NAME --record [args]`` does this for ``bench/bench_NAME.py``."""
+    benchmarks write themselves). ``./run bench NAME --record [args]`` does this for
+    ``bench/bench_NAME.py``."""
     if len(argv) < 2:
         print("usage: results.py NAME SCRIPT [args]", file=sys.stderr)
         return 2
     name, script, *args = argv
-    done = subprocess.run([sys.executable, script, *args], cwd=ROOT, check=False,
-                          stdout=subprocess.PIPE, text=True)  # fmt: skip
+    done = subprocess.run([sys.executable, script, *args], cwd=ROOT, check=False, stdout=subprocess.PIPE, text=True)
     sys.stdout.write(done.stdout)
     if done.returncode != 0:
         print(f"{script} failed ({done.returncode}): nothing recorded", file=sys.stderr)
         return done.returncode
-    doc = (ast_docstring(ROOT / script) or "").split("\n\n")[0]
+    doc = (ast.get_docstring(ast.parse((ROOT / script).read_text())) or "").split("\n\n")[0]
     body = f"{' '.join(doc.split())}\n\nWhat it printed:\n\n```\n{done.stdout.rstrip()}\n```\n"
     path = write_result(name, f"{Path(script).stem}: {name}", body,
                         {"stdout": done.stdout}, argv=["bench/results.py", name, script, *args])  # fmt: skip
     print(f"recorded {path.relative_to(ROOT)}")
     return 0
-
-
-def ast_docstring(path: Path) -> str | None:
-    import ast
-
-    return ast.get_docstring(ast.parse(path.read_text()))
 
 
 if __name__ == "__main__":

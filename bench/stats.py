@@ -1,8 +1,8 @@
 """Comparing two policies run on the same draws (seeds of a replay, rounds of a live run).
 
 One draw's TTFT percentile moves far more from the next draw's than policies differ, so the
-benches compare seed by seed (or round by round): the geometric mean of a policy's figure over
-the baseline's on the same draw, with a bootstrap interval over the draws.
+benches compare draw by draw: the geometric mean of a policy's figure over the baseline's on
+the same draw, with a bootstrap interval over the draws.
 """
 
 from __future__ import annotations
@@ -13,31 +13,28 @@ import statistics
 from collections.abc import Sequence
 
 MIN_DRAWS = 3
-"""Fewer paired draws than this give no interval."""
+"""Fewer paired draws than this give no interval (two draws resample into three means)."""
 
 
 def paired_ratio(values: Sequence[float], base: Sequence[float], draws: int = 2000,
                  level: float = 0.9) -> tuple[float, float, float]:  # fmt: skip
     """The geometric mean over the draws of ``values[i] / base[i]`` and its ``level``
-    bootstrap interval (draws resampled with a fixed generator, so a rerun prints the same).
-    NaN where it cannot tell: the ratio with no pair of positive figures, the interval with
-    fewer than ``MIN_DRAWS`` pairs (two draws resample into three means)."""
+    bootstrap interval (a fixed generator: a rerun prints the same). NaN where it cannot
+    tell: the ratio with no pair of positive figures, the interval below ``MIN_DRAWS``."""
     logs = [math.log(v / b) for v, b in zip(values, base, strict=True) if v > 0 and b > 0]
-    if not logs:
-        return math.nan, math.nan, math.nan
+    mean = math.exp(statistics.fmean(logs)) if logs else math.nan
     if len(logs) < MIN_DRAWS:
-        return math.exp(statistics.fmean(logs)), math.nan, math.nan
+        return mean, math.nan, math.nan
     rng = random.Random(0)
     means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(draws))
     tail = (1 - level) / 2
-    lo, hi = means[int(tail * draws)], means[min(draws - 1, int((1 - tail) * draws))]
-    return math.exp(statistics.fmean(logs)), math.exp(lo), math.exp(hi)
+    return mean, math.exp(means[int(tail * draws)]), math.exp(means[min(draws - 1, int((1 - tail) * draws))])
 
 
 def verdict(lo: float, hi: float) -> str:
     """What a paired interval says of the baseline against the policy: ``"behind"`` (the
-    policy's figure is lower on the whole interval), ``"ahead"``, ``"level"``, or ``""`` when
-    there is no interval."""
+    policy's figure is lower on the whole interval), ``"ahead"``, ``"level"``, or ``""``
+    without an interval."""
     if math.isnan(lo) or math.isnan(hi):
         return ""
     return "behind" if hi < 1 else "ahead" if lo > 1 else "level"

@@ -2,8 +2,8 @@
 
 orjson reads a 16 KB ASCII prompt body (UTF-8 check included) in half the time the standard
 library takes to decode and parse it, and an SSE stream's events in about a quarter; text in
-other scripts costs the same either way (``bench/bench_scheduling.py`` prints all
-three). Where orjson refuses a text (``NaN``, ``Infinity``, a number beyond a double, a lone
+other scripts costs the same either way (measured by ``bench/bench_scheduling.py`` at commit
+af00e66: docs/results/scheduling.md at that commit). Where orjson refuses a text (``NaN``, ``Infinity``, a number beyond a double, a lone
 surrogate escape, nesting past 1,024 levels, invalid UTF-8) the standard library decides, so
 the set of accepted documents and every error message stay the standard library's.
 
