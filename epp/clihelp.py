@@ -63,11 +63,31 @@ def deprecated_alias(group: Any, old: str, new: argparse.Action, *, const: str |
         group.add_argument(old, dest=new.dest, type=new.type, choices=new.choices,
                            metavar=new.metavar, action=DeprecatedAlias, new=new,
                            help=argparse.SUPPRESS)  # fmt: skip
-        new.help = f"{new.help or ''} (formerly {old})".strip()
+        _formerly(new, old)
     else:
         group.add_argument(old, dest=new.dest, nargs=0, action=DeprecatedAlias, new=new,
                            value=const, help=argparse.SUPPRESS)  # fmt: skip
-        new.help = f"{new.help or ''} (formerly {old} for {new.option_strings[0]} {const})".strip()
+        _formerly(new, f"{old} for {new.option_strings[0]} {const}")
+
+
+def _formerly(new: argparse.Action, spelling: str) -> None:
+    """``new``'s help names a retired spelling: ``(formerly A; B)`` for several."""
+    text = new.help or ""
+    if text.endswith(")") and "(formerly " in text:
+        new.help = f"{text[:-1]}; {spelling})"
+    else:
+        new.help = f"{text} (formerly {spelling})".strip()
+
+
+def no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Refuse a prefix of an option (``--bypass`` for ``--bypass-ratio``) in ``parser`` and
+    every subcommand's parser: a retired name that is the prefix of a current one would
+    otherwise be taken silently, and a prefix breaks when a longer option is added."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                no_abbreviations(sub)
 
 
 def stop_event() -> asyncio.Event:

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from epp.clihelp import no_abbreviations
+
 
 def _require_extras() -> None:
     """epp-sim's dependencies are the ``sim`` extra: say so instead of an ImportError."""
@@ -97,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS.values():
         add(subparsers)
+    no_abbreviations(parser)
     return parser
 
 

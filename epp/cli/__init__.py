@@ -22,7 +22,7 @@ from epp.cli.envoy_config import (
 from epp.cli.envoy_config_flags import add_envoy_config
 from epp.cli.flags import body_size, byte_size, number, port, port_or_off, seconds
 from epp.cli.serve_sync import sync_options
-from epp.clihelp import HelpFormatter
+from epp.clihelp import HelpFormatter, no_abbreviations
 from epp.errors import ConfigError
 from epp.observability.logging import setup_logging
 
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register(sub, formatter=HelpFormatter, port=port, port_or_off=port_or_off, size=byte_size,
              body_size=body_size, number=number, seconds=seconds)
+    no_abbreviations(parser)
     return parser
 
 

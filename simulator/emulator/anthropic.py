@@ -29,8 +29,9 @@ def messages_prompt(body: Mapping[str, Any]) -> str:
     if not chat["messages"]:  # every block is one vLLM drops (thinking, document, unknown types)
         kinds = sorted({str(b.get("type")) for m in body["messages"] if isinstance(m.get("content"), list)
                         for b in m["content"] if isinstance(b, dict)})  # fmt: skip
-        raise ApiError(400, f"nothing to prompt with: vLLM renders no content for blocks of type "
-                       f"{', '.join(kinds)}; give a message a text, image or tool block", "messages")  # fmt: skip
+        what = f"vLLM renders no content for blocks of type {', '.join(kinds)}" if kinds else "every message is empty"
+        raise ApiError(400, f"nothing to prompt with: {what}; give a message a text, image or tool block",
+                       "messages")  # fmt: skip
     return flatten_messages(chat["messages"], "messages", chat.get("tools"))
 
 

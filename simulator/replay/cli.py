@@ -223,6 +223,13 @@ def build_workload(args: argparse.Namespace) -> Workload:
         flag = "--workload-file" if args.workload_file else "--set"
         raise ValueError(f"{flag} configures a generator: add --workload {'|'.join(sorted(GENERATORS))}")
     if args.workload:
+        trace_only = [f for f, on in (("--limit", getattr(args, "limit", 0)),
+                                      ("--time-scale", getattr(args, "time_scale", 1.0) != 1.0),
+                                      ("--skip-bad-rows", getattr(args, "skip_bad_rows", False))) if on]  # fmt: skip
+        if trace_only:
+            raise ValueError(f"{', '.join(trace_only)} {'applies' if len(trace_only) == 1 else 'apply'} "
+                             "to --trace only; a generated workload's size and pace are its "
+                             "parameters (--set num_sessions=20 --set rate=4)")  # fmt: skip
         params: dict[str, Any] = {}
         if args.workload_file:
             loaded = yaml.safe_load(Path(args.workload_file).read_text(encoding="utf-8")) or {}

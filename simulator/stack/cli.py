@@ -342,11 +342,9 @@ def run(args: argparse.Namespace) -> int:
                              "expected seconds, comma-separated") from None  # fmt: skip
         if any(not 0 < x <= 3600 for x in args.scrape_intervals):
             raise ValueError("--scrape-interval-s: periods must be in (0, 3600] seconds")
-        responses = [r.strip() for r in (args.response or "").split(",") if r.strip()]
-        known = ("summary", OBSERVER, *sorted(MODE_NAMES))
-        if unknown := [r for r in responses if r not in known]:
-            raise ValueError(f"--response {','.join(unknown)}: expected "
-                             f"{', '.join(known)} (comma-separated for the demo)")  # fmt: skip
+        responses = _responses(args)
+        if args.replicas < 1:
+            raise ValueError(f"--replicas must be at least 1, not {args.replicas}")
         several = "," in args.config or len(args.scrape_intervals) > 1 or len(responses) > 1
         if several and not args.demo:
             raise ValueError("several --config, --scrape-interval-s or --response values "
@@ -383,6 +381,19 @@ def run(args: argparse.Namespace) -> int:
     except StackError as exc:
         print(f"epp-sim stack: {exc}", file=sys.stderr)
         return 1
+
+
+def _responses(args: argparse.Namespace) -> list[str]:
+    """``--response``'s modes, checked against the gateway that runs them."""
+    responses = [r.strip() for r in (args.response or "").split(",") if r.strip()]
+    known = ("summary", OBSERVER, *sorted(MODE_NAMES))
+    if unknown := [r for r in responses if r not in known]:
+        raise ValueError(f"--response {','.join(unknown)}: expected "
+                         f"{', '.join(known)} (comma-separated for the demo)")  # fmt: skip
+    if args.gateway == "envoy" and (python_only := [r for r in responses if r in ("streamed", "buffered")]):
+        raise ValueError(f"--response {','.join(python_only)}: real Envoy runs summary, "
+                         "full-duplex, none or observer; the others need --gateway python")  # fmt: skip
+    return responses
 
 
 def _check_servers(args: argparse.Namespace) -> None:
@@ -493,7 +504,7 @@ def _summary(stack: Stack) -> None:
             else f"local stack up: {len(stack.replica_urls)} emulated replicas of {o.model} "
             f"(speedup {o.speedup:g}x, {o.kv_blocks or 'default'} KV blocks each)"
         ),
-        f"  gateway   {stack.gateway_url}   policy {o.policy}, request body {o.request_mode}, "
+        f"  gateway   {stack.gateway_url}   routing {o.policy}, request body {o.request_mode}, "
         f"responses {_response_mode(o)}",
     ]
     for epp in stack.epps:
@@ -522,7 +533,7 @@ def _summary(stack: Stack) -> None:
 
 def _models_summary(stack: Stack) -> None:
     lines = [f"local stack up: {len(stack.pools)} pools behind one Envoy",
-             f"  gateway   {stack.gateway_url}   policy {stack.options.policy}; GET /v1/models lists every model",
+             f"  gateway   {stack.gateway_url}   routing {stack.options.policy}; GET /v1/models lists every model",
              f"  router    epp model-router grpc {stack.model_router}   metrics {stack.model_router_metrics}"]  # fmt: skip
     for pool in stack.pools:
         lines.append(f"  pool {pool.name}: {', '.join(pool.spec.models)}")
