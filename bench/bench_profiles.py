@@ -4,7 +4,7 @@ has, or where it is not.
 
 Workloads (``simulator.replay``): the shared Mooncake trace (8 replicas; its pace and 4/3 of
 it; 4,096 / 8,192 / 16,384 KV blocks), and the chat, RAG and shared-prefix generators (4
-replicas; three loads x three KV sizes, as ``bench_ttft.py``), plus one point per workload
+replicas; three loads x three KV sizes), plus one point per workload
 with four epp replicas that do not share what they learn (``--routers 4``, arrivals
 round-robin), and chat at 12/s with 1,024 KV blocks over 6 system prompts instead of 8 (the
 sessions of 8 prompts split evenly over 4 replicas, which favours routing each prompt's
@@ -53,10 +53,11 @@ import math
 import os
 import statistics
 import sys
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -65,7 +66,7 @@ from bench.stats import paired_ratio, verdict  # noqa: E402
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds  # noqa: E402
 from simulator.replay.policies import policy_factory  # noqa: E402
 from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
-from simulator.replay.report import summarize  # noqa: E402
+from simulator.replay.report import PolicyStats, summarize  # noqa: E402
 from simulator.replay.requestlog import RequestLog  # noqa: E402
 from simulator.replay.workload import (  # noqa: E402
     DEFAULT_TRACE,
@@ -166,11 +167,26 @@ def config_of(point: Point, seed: int) -> ReplayConfig:
     return dataclasses.replace(cfg, max_loras=point.max_loras) if point.max_loras else cfg
 
 
+def replay(cfg: ReplayConfig, workload: Workload, spec: str, epp_config: Any = None) -> PolicyStats:
+    """One policy (an ``epp-sim replay --policies`` name; ``epp_config`` for ``epp``) replayed
+    on ``workload``: its summary. The replay benches' one way to run a policy."""
+    name, factory = policy_factory(spec, epp_config)
+    return summarize(Replayer(cfg).run(workload, factory, name))
+
+
+J = TypeVar("J")
+R = TypeVar("R")
+
+
+def pool_map(fn: Callable[[J], R], jobs: Iterable[J], workers: int = 2) -> list[R]:
+    """``fn`` over ``jobs`` in up to ``workers`` processes (the machine's cores at most), in order."""
+    with ProcessPoolExecutor(max_workers=min(workers, os.cpu_count() or 1)) as pool:
+        return list(pool.map(fn, jobs))
+
+
 def run_one(job: tuple[Point, str, str, int, bool]) -> tuple[Point, str, float, float]:
     point, label, spec, seed, quick = job
-    name, factory = policy_factory(spec)
-    workload = workload_of(point, quick, seed)
-    s = summarize(Replayer(config_of(point, seed)).run(workload, factory, name))
+    s = replay(config_of(point, seed), workload_of(point, quick, seed), spec)
     return point, label, s.hit_rate, s.ttft_p90_s
 
 
@@ -202,10 +218,9 @@ def measure(points: list[Point], policies: dict[str, str], seeds: int,
             for seed in range(seeds)
             if not (label == "ttft-oracle" and (pt.workload == "mooncake" or pt.routers > 1))]  # fmt: skip
     runs: dict[Point, dict[str, list[tuple[float, float]]]] = {}
-    with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-        for pt, label, hit, p90 in pool.map(run_one, jobs):
-            runs.setdefault(pt, {}).setdefault(label, []).append((hit, p90))
-        bounds = dict(pool.map(bound_of, [(pt, quick, seeds) for pt in points]))
+    for pt, label, hit, p90 in pool_map(run_one, jobs):
+        runs.setdefault(pt, {}).setdefault(label, []).append((hit, p90))
+    bounds = dict(pool_map(bound_of, [(pt, quick, seeds) for pt in points]))
     table = {pt: {label: (statistics.mean(h for h, _ in rs), statistics.median(p for _, p in rs))
                   for label, rs in cell.items()} for pt, cell in runs.items()}  # fmt: skip
     per_seed = {pt: {label: [p for _, p in rs] for label, rs in cell.items()}
