@@ -22,9 +22,8 @@ stack's time to first token? (issue 43)
    servers' KV blocks, once with the probed profile and once with the fitted one.
 
 Printed per policy, as the mean over its rounds: TTFT p50 / p90 live and replayed with each
-profile, the ratios, the hit rates, whether the policies rank alike by p90, and a run's wall
-time live and replayed (the closed loop's throughput). Target: within 15%, the same ranking,
-hit rates within 2 points. Beside them, how well live agrees with itself: the first half of
+profile, the ratios, the hit rates and whether the policies rank alike by p90. Target: within
+15%, the same ranking, hit rates within 2 points. Beside them, how well live agrees with itself: the first half of
 the rounds against the second, the replay's ratios with their 90% interval over the rounds,
 and each pair of policies' live p90 ratio with its interval (a pair live cannot tell apart
 has no ranking to keep). "Live" is measured three ways (``--measures``), each with a fit of
@@ -211,7 +210,7 @@ def compare(key: str, probed: CostModel, s: Session, fit_labels: list[str], serv
 
 
 def replay_session(key: str, probed: CostModel, fitted: CostModel, s: Session, fit_labels: list[str],
-                   server: dict[str, int]) -> Table:  # fmt: skip
+                   server: dict[str, int]) -> None:  # fmt: skip
     """Replay every run of ``s`` with the probed and the fitted profile and print them
     against the live measure ``key``."""
     table: Table = {}
@@ -219,15 +218,12 @@ def replay_session(key: str, probed: CostModel, fitted: CostModel, s: Session, f
         lv, edges = live_of(key, s.log, s.rows, label, r)
         cell = table.setdefault(label, {})
         for k, value in (("live p50", lv.ttft_p50_s), ("live p90", lv.ttft_p90_s),
-                         ("live hit", s.hits.get((label, r), math.nan)), ("live wall", lv.wall_s),
-                         ("live busiest", lv.busiest_share)):  # fmt: skip
+                         ("live hit", s.hits.get((label, r), math.nan))):  # fmt: skip
             cell.setdefault(k, []).append(value)
         run = stack_run(s.log, label, r, server, edges)  # converted once, replayed with both
         for which, cost in (("probed", probed), ("fitted", fitted)):
             rp, hit = run.replay(cost)
-            for k, value in ((f"{which} p50", rp.ttft_p50_s), (f"{which} p90", rp.ttft_p90_s),
-                             (f"{which} hit", hit), (f"{which} wall", rp.wall_s),
-                             (f"{which} busiest", rp.busiest_share)):  # fmt: skip
+            for k, value in ((f"{which} p50", rp.ttft_p50_s), (f"{which} p90", rp.ttft_p90_s), (f"{which} hit", hit)):
                 cell.setdefault(k, []).append(value)
     mean = {label: {k: statistics.fmean(v) for k, v in cell.items()} for label, cell in table.items()}
     print(f"\n# live (2 real vLLM servers, {KV_MIB} MiB KV, behind Envoy and epp) vs replay "
@@ -246,20 +242,10 @@ def replay_session(key: str, probed: CostModel, fitted: CostModel, s: Session, f
     replay_order = sorted(mean, key=lambda k: mean[k]["fitted p90"])
     print(f"\nranking by TTFT p90, live: {' < '.join(live_order)}; replay (fitted): "
           f"{' < '.join(replay_order)} ({'the same' if live_order == replay_order else 'different'})")
-    first = next(iter(mean))
-    print("a run's wall time (its first request to its last answer; the closed loop's throughput), live / "
-          "replayed (fitted), and against the first policy's: " + "; ".join(
-              f"{k} {m['live wall']:.1f} / {m['fitted wall']:.1f} s "
-              f"({m['live wall'] / mean[first]['live wall']:.2f}x / {m['fitted wall'] / mean[first]['fitted wall']:.2f}x)"
-              for k, m in mean.items()))  # fmt: skip
-    if not any(math.isnan(m["live busiest"]) for m in mean.values()):
-        print("the busiest server's share of a run's requests, live / replayed (fitted): " + "; ".join(
-            f"{k} {m['live busiest']:.3f} / {m['fitted busiest']:.3f}" for k, m in mean.items()))  # fmt: skip
     spread = {label: (min(c["live p90"]), max(c["live p90"])) for label, c in table.items()}
     print("live p90 from round to round: " + "; ".join(f"{k} {lo * 1e3:.0f}-{hi * 1e3:.0f} ms"
                                                          for k, (lo, hi) in spread.items()))  # fmt: skip
     repeatability(table)
-    return table
 
 
 def repeatability(table: Table, draws: int = 4000) -> None:

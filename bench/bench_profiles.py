@@ -3,46 +3,35 @@ bound, on every workload the replay has: the table that shows the default is the
 has, or where it is not.
 
 Workloads (``simulator.replay``): the shared Mooncake trace (8 replicas; its pace and 4/3 of
-it; 4,096 / 8,192 / 16,384 KV blocks), and the chat, RAG and shared-prefix generators (4
-replicas; three loads x three KV sizes), plus one point per workload
-with four epp replicas that do not share what they learn (``--routers 4``, arrivals
-round-robin), and chat at 12/s with 1,024 KV blocks over 6 system prompts instead of 8 (the
-sessions of 8 prompts split evenly over 4 replicas, which favours routing each prompt's
-sessions to one replica); and ``lora``, the support desk of
-docs/examples/support-desk.jsonl (six products on LoRA adapters, conversations of 2-6 turns,
-4 replicas of 1,024 KV blocks) at its logged rate and 2.5x, with 1, 2 and 4 adapters a batch
-(``--max-loras``): where adapters queue for batch slots. Per point and policy: prefix-cache
-hit rate and TTFT p90, each point run with ``--seeds`` seeds (mean hit rate, median p90): a
-seed draws the generator's workload (sessions, documents, arrival times) and the replayer's
-random choices; the trace is fixed.
+it; 4,096 / 8,192 / 16,384 KV blocks); the chat, RAG and shared-prefix generators (4
+replicas; three loads x three KV sizes), each also with four epp replicas that do not share
+what they learn (``routers``, arrivals round-robin), and chat at 12/s with 1,024 KV blocks
+over 6 system prompts instead of 8; and ``lora``, the support desk of
+docs/examples/support-desk.jsonl (six products on LoRA adapters, 4 replicas of 1,024 KV
+blocks) at its logged rate and 2.5x, with 1, 2 and 4 adapters a batch (``max_loras``). Per
+point and policy: prefix-cache hit rate and TTFT p90 over ``--seeds`` seeds (mean hit rate,
+median p90); a seed draws the generator's workload and the replayer's random choices.
 
-Policies: the shipped profiles (``default``; ``prefix-load``, the default until 0.2;
-``predicted-ttft``; ``filter-chain``; ``cache-aware`` as an epp profile), the baselines
-(SGLang's ``cache-aware`` router, ``least-load``, ``round-robin``, ``random``, ``chwbl``),
-with ``--ttft-oracle`` the ``ttft-oracle`` policy (each request where a what-if run gives its
-first token soonest; on the generated workloads with one router only: a what-if run per
-replica per request on the trace's 15k-token prompts takes hours, and one oracle sees all
-the traffic the four routers split), and ``bound``: a TTFT p90 no policy can beat
+Policies: the shipped profiles, the baselines (SGLang's ``cache-aware`` router,
+``least-load``, ``round-robin``, ``random``, ``chwbl``), with ``--ttft-oracle`` the
+``ttft-oracle`` policy (each request where a what-if run gives its first token soonest; on
+the generated workloads with one router only), and ``bound``: a TTFT p90 no policy can beat
 (``simulator.replay.bound``).
 
 The verdicts at the end are issue 40's: at every point the default's p90 within 1.02x the
 better of the two profiles it replaced (``prefix-load``, ``predicted-ttft``), its hit rate
-within 0.5 point of the best policy's (and, the rule proposed for it, of the best policy whose
-p90 is no worse than the default's: a higher hit rate bought with a worse tail is not a target),
-and, where ``ttft-oracle`` is 10% or more below the default, how much of that headroom the
-default closes against ``prefix-load``.
+within 0.5 point of the best policy's (and of the best policy whose p90 is no worse than the
+default's), seed by seed (``bench.stats``) beside the medians, and, where ``ttft-oracle`` is
+10% or more below the default, how much of that headroom the default closes.
 
 ``--quick`` is the CI-sized version (a few small points, the shipped profiles only); with
-``--check`` it exits 1 when the default's TTFT p90 (what it optimises; hit
-rates are reported) is above another shipped profile's at any point by more than seed noise:
-over 1.05x seed by seed with the 90% interval above 1, and 5 ms by the medians.
-CI runs it as tests/unit/simulator/test_default_profile.py. The full sweep also prints a
-seed-by-seed verdict (``bench.stats``) beside the medians' 1.02x, and that rule against every
-shipped profile. Eight seeds a point (``SEEDS``); the full sweep with ``--ttft-oracle`` takes
-about 20 minutes on 2 cores.
+``--check`` it exits 1 when the default's TTFT p90 is above another shipped profile's at any
+point by more than seed noise: over 1.05x seed by seed with the 90% interval above 1, and
+5 ms by the medians (tests/unit/simulator/test_default_profile.py). The full sweep with
+``--ttft-oracle`` takes about 20 minutes on 2 cores.
 
 Run: ./run bench profiles [--quick] [--check] [--seeds 8] [--ttft-oracle] [--workloads ...]
-     [--result-name profiles]
+     [--candidate NAME=CONFIG] [--result-name profiles]
 """
 
 from __future__ import annotations
@@ -118,7 +107,7 @@ the replayer's random choices)."""
 WORKLOADS = ("mooncake", "chat", "rag", "shared-prefix", "lora")
 
 
-def grid(names: list[str], quick: bool, per_group: int = 0) -> list[Point]:
+def grid(names: list[str], quick: bool) -> list[Point]:
     if quick:
         full = [Point("chat", 8, 1024, 4), Point("rag", 8, 4096, 4),
                 Point("shared-prefix", 16, 1024, 4), Point("shared-prefix", 8, 2048, 4, routers=4),
@@ -136,9 +125,8 @@ def grid(names: list[str], quick: bool, per_group: int = 0) -> list[Point]:
             points += [Point("lora", load, 1024, 4, max_loras=n) for load in (1.0, 2.5) for n in (1, 2, 4)]
             continue
         loads, kvs, replicas, (r_load, r_kv) = spec[name]
-        group = per_group if name == "shared-prefix" else 0
-        points += [Point(name, load, kv, replicas, per_group=group) for load in loads for kv in kvs]
-        points.append(Point(name, r_load, r_kv, replicas, routers=4, per_group=group))
+        points += [Point(name, load, kv, replicas) for load in loads for kv in kvs]
+        points.append(Point(name, r_load, r_kv, replicas, routers=4))
         if name == "chat":
             points.append(Point(name, 12.0, 1024, replicas, system_prompts=6))
     return points
@@ -365,9 +353,6 @@ def main() -> int:
                     help="comma-separated shipped profiles to run (default: all of them; the "
                     "default and the two it replaced always run)")
     ap.add_argument("--result-name", default="", help="write docs/results/NAME.md and .json")
-    ap.add_argument("--prompts-per-group", type=int, default=0,
-                    help="shared-prefix points with this many prompts a group (the generator's 32: "
-                    "each group's fixed quota skews placement, docs/results/group_placement.md)")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = set(names) - set(WORKLOADS)
@@ -395,9 +380,7 @@ def main() -> int:
         policies.update(BASELINES)
     if args.ttft_oracle:
         policies["ttft-oracle"] = "ttft-oracle"
-    if args.prompts_per_group < 0:
-        ap.error("--prompts-per-group must be >= 0 (0: the generator's 32)")
-    points = grid(names, args.quick, args.prompts_per_group)
+    points = grid(names, args.quick)
     table, bounds, per_seed = measure(points, policies, seeds, args.quick)
     md, data = render(points, table, bounds, policies, per_seed)
     print(md)
