@@ -3,18 +3,14 @@ with load in tokens (``token-load-scorer``, weight 1), without its session sprea
 saturation charge, llm-d-style sticky routing (the shipped ``sticky`` profile) and SGLang's
 cache-aware router; with ``--live``, the shipped profiles through real Envoy and epp too.
 
-Workload: the replay's ``agentic`` generator (``simulator.replay.workload.AgenticParams``):
-64 agent sessions of 10-60 turns, each turn adding the model's tool call and the tool's
-output (~1,500 tokens) to a context that grows to 100k tokens, sessions sharing 4 system
-prompts of 4k tokens, 8% of turns fanning out into 3 parallel sub-agents that start from the
-parent's context; turns ~5 s apart. Open loop sends each call at its planned time, as a
-recorded trace replays; closed loop sends it when the answer it follows (a sub-agent's parent,
-a parent's sub-agents) has ended. 8 replicas, at two loads (0.25 and 0.5 sessions started a
-second) with scarce KV (16,384 blocks of 16 tokens a replica) and one with ample KV (65,536).
-Each point runs ``--seeds`` seeds (the workload's draws and the policies'); TTFT percentiles
-are the seeds' medians, hit rates their means. One seed's p90 moves by 2x and more from the
-next seed's, so the verdicts compare policies seed by seed (``bench.stats``): the geometric
-mean of a policy's p90 over the default's on the same seed, with a 90% bootstrap interval.
+Workload: the replay's ``agentic`` generator (``AgenticParams``): 64 agent sessions of 10-60
+turns ~5 s apart, each adding a tool call and its output (~1,500 tokens) to a context that
+grows to 100k tokens, 4 shared system prompts of 4k tokens, 8% of turns fanning out into 3
+sub-agents. Open loop sends each call at its planned time; closed loop when the answer it
+follows has ended. 8 replicas, at 0.25 and 0.5 sessions started a second with 16,384 KV
+blocks a replica, and 0.25 with 65,536. TTFT percentiles are the ``--seeds`` seeds' medians,
+hit rates their means; the verdicts compare policies seed by seed (``bench.stats``: the
+geometric mean of a policy's p90 over the default's, with a 90% bootstrap interval).
 
 ``--live``: 24 sessions (contexts to 24k tokens: the emulator serves 32k) sent by ``epp-sim
 load`` through real Envoy and epp to 8 emulated servers of 16,384 KV blocks, once per shipped

@@ -13,9 +13,8 @@ of the first tokens produced during the bursts (from each burst's start to 10 s 
 next to its share of the requests that arrived then.
 
 ``--live``: the same tenants, smaller (40 s; bursts of 150 at 10 s and 30 s; 32 and 128
-output tokens), sent by ``epp-sim load`` through the development gateway and epp to 2
-emulated replicas at real time, each request naming its tenant in
-``x-llm-d-inference-fairness-id`` and streamed, so TTFT is the client's (epp's queue in it).
+output tokens), sent by ``epp-sim load`` through the local stack's gateway and epp to 2
+emulated replicas at real time, each naming its tenant in ``x-llm-d-inference-fairness-id``.
 
 Run: ./run bench flow_control [--record] [--live]
 """

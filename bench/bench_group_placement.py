@@ -17,7 +17,7 @@ request sent home: ``least-in-flight`` (a new group to the replica with the fewe
 flight), ``fewest-homes`` (to the replica home to the fewest groups, ties by fewest in flight)
 and ``round-robin`` (the groups in turn). The last lines: the mean share over the seeds.
 
-Run: ./run python bench/bench_group_placement.py [--seeds 8] [--maps 20] [--kv 2048]
+Run: ./run bench group_placement [--record] [--seeds 8] [--maps 20] [--kv 2048] [--prompts-per-group 32,128]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from simulator.replay.policies import Arrival, Cluster, Policy, policy_factory
@@ -35,7 +34,7 @@ from simulator.replay.replayer import Replayer
 from simulator.replay.report import summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.bench_profiles import Point, config_of, workload_of
+from bench.bench_profiles import Point, config_of, pool_map, workload_of
 from bench.stats import paired_ratio
 
 PROFILES = {"default": "epp", "prefix-load": "epp:prefix-load",
@@ -124,9 +123,8 @@ def table(rate: float, kv: int, per_group: int, seeds: int, n_maps: int) -> None
     names: list[str | int] = [*range(n_maps), *PROFILES, *RULES]
     jobs: list[Job] = [(rate, kv, per_group, seed, what) for seed in range(seeds) for what in names]
     p90: dict[int, dict[str | int, float]] = {}
-    with ProcessPoolExecutor(max_workers=2) as pool:
-        for seed, what, value in pool.map(run, jobs):
-            p90.setdefault(seed, {})[what] = value
+    for seed, what, value in pool_map(run, jobs):
+        p90.setdefault(seed, {})[what] = value
     policies = [*PROFILES, *RULES]
     print(f"# shared-prefix {rate:g} req/s, {kv} KV blocks, {REPLICAS} replicas, {GROUPS} groups of "
           f"{per_group} prompts: TTFT p90 (ms) against {n_maps} random balanced maps per seed\n")

@@ -28,15 +28,14 @@ Run: ./run bench pd [--record] [--quick]
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_profiles import pool_map  # noqa: E402
 from epp.config.loader import default_config  # noqa: E402
 from simulator.replay.policies import pd_config, policy_factory  # noqa: E402
 from simulator.replay.replayer import ReplayConfig, Replayer, pd_roles  # noqa: E402
@@ -116,8 +115,7 @@ def main() -> int:
         ap.error(f"unknown decider(s) {sorted(unknown)}; known: {', '.join(DECIDERS)}")
     jobs = [(w, "aggregated", "-", args.quick) for w in KV_BLOCKS]
     jobs += [(w, sp, d, args.quick) for w in KV_BLOCKS for sp in splits for d in deciders]
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        results = list(pool.map(run_one, jobs))
+    results = pool_map(run_one, jobs)
     lines = [f"{GPUS} replicas in every row; TTFT and TPOT in seconds and milliseconds; "
              f"SLO met: TTFT <= {SLO_TTFT_S:g} s and TPOT <= {SLO_TPOT_S * 1e3:g} ms; "
              "`split`: requests prefilled apart; hit rate: prefix-cache hits (the prefiller's "
