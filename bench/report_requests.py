@@ -1,23 +1,17 @@
 """Where a demo run's time to first token went, from its ``requests.jsonl`` (``epp-sim stack
 --demo --out-dir DIR`` writes one): per policy, client TTFT by conversation turn (turn 0
-prefills the group's system prompt cold) and by how many requests were still waiting for
-their first token on the same server when the request arrived, and the conversations moved
-to another server than their turn before.
+prefills the group's system prompt cold), by how many requests were still waiting for their
+first token on the same server when it arrived (the client's view: start to first token; the
+SGLang router names no upstream, so its requests count against the whole pool), and the
+conversations moved to another server than their turn before.
 
-"Still waiting" uses the client's view of each request: from its start to its first token.
-The SGLang router policy does not say which server it picked (no upstream header), so its
-requests are counted against the whole pool.
-
-With several run directories, or one written with ``--rounds`` (each round counts as a run),
-it ends with the runs side by side (their ``demo.json``):
-per run and policy the servers' own TTFT mean / p90, hit rate and throughput, then the mean
-over runs and in how many runs the first policy (epp) had the lower server TTFT mean and p90
-than each other policy, and the paired ratio of the first policy's figure over each other's
-(the geometric mean over runs, with a 90% bootstrap interval: bench/stats.py), for each
-directory and over all of them. One run's spread on this machine is as large as the
-differences between policies, so verdicts need several; and the sessions differ more than the
-rounds of one session do (the servers, the host's other tenants), so the per-directory ratios
-show whether a pooled verdict holds in each session or rests on one.
+With several run directories, or one written with ``--rounds`` (each round a run), it ends
+with the runs side by side (their ``demo.json``): per run and policy the servers' TTFT mean /
+p90, hit rate and throughput, the mean over runs, in how many runs the first policy (epp) had
+the lower figures, and the paired ratio of the first policy's figure over each other's (the
+geometric mean over runs with a 90% interval: bench/stats.py), per directory and pooled: one
+run's spread on this machine is as large as the differences between policies, and sessions
+differ more than the rounds of one session do.
 
     python bench/report_requests.py DIR_OR_FILE [...] [--alias NAME=COLUMN] [--across-only]
 """
