@@ -39,10 +39,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_profiles import pool_map, replay  # noqa: E402
+from bench.bench_profiles import bound_p90, pool_map, replay  # noqa: E402
 from bench.stats import describe  # noqa: E402
 from epp.config.loader import load_config, parse_config  # noqa: E402
-from simulator.replay.bound import bound_percentile, ttft_lower_bounds  # noqa: E402
 from simulator.replay.replayer import ReplayConfig  # noqa: E402
 from simulator.replay.workload import build_generator  # noqa: E402
 
@@ -101,10 +100,7 @@ def run_one(job: Job) -> tuple[Job, tuple[float, float, float, float]]:
 
 def bound(job: tuple[float, int, int, int, bool]) -> float:
     rate, kv, seed, sessions, closed = job
-    cfg = ReplayConfig(kv_blocks=kv, seed=seed)
-    bounds = ttft_lower_bounds(agents(rate, seed, sessions, closed).requests(), cfg.cost, cfg.block_size_tokens,
-                               cfg.model)  # fmt: skip
-    return bound_percentile(bounds, kv, 90)
+    return bound_p90(ReplayConfig(kv_blocks=kv, seed=seed), agents(rate, seed, sessions, closed))
 
 
 def loop_table(closed: bool, points: list[tuple[float, int]], policies: list[str], seeds: int, sessions: int,

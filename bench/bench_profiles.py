@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -162,11 +162,7 @@ def replay(cfg: ReplayConfig, workload: Workload, spec: str, epp_config: Any = N
     return summarize(Replayer(cfg).run(workload, factory, name))
 
 
-J = TypeVar("J")
-R = TypeVar("R")
-
-
-def pool_map(fn: Callable[[J], R], jobs: Iterable[J], workers: int = 2) -> list[R]:
+def pool_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int = 2) -> list[Any]:
     """``fn`` over ``jobs`` in up to ``workers`` processes (the machine's cores at most), in order."""
     with ProcessPoolExecutor(max_workers=min(workers, os.cpu_count() or 1)) as pool:
         return list(pool.map(fn, jobs))
@@ -178,16 +174,17 @@ def run_one(job: tuple[Point, str, str, int, bool]) -> tuple[Point, str, float, 
     return point, label, s.hit_rate, s.ttft_p90_s
 
 
+def bound_p90(cfg: ReplayConfig, workload: Workload) -> float:
+    """The p90 of the TTFT lower bound on ``workload`` (``simulator.replay.bound``)."""
+    bounds = ttft_lower_bounds(workload.requests(), cfg.cost, cfg.block_size_tokens, cfg.model)
+    return bound_percentile(bounds, cfg.kv_blocks, 90)
+
+
 def bound_of(job: tuple[Point, bool, int]) -> tuple[Point, float]:
     """The TTFT bound's p90, the median over the seeds' workloads."""
     point, quick, seeds = job
-    cfg = config_of(point, 0)
-    p90s = []
-    for seed in range(seeds if point.workload not in TRACES else 1):
-        bounds = ttft_lower_bounds(workload_of(point, quick, seed).requests(), cfg.cost,
-                                   cfg.block_size_tokens, cfg.model)  # fmt: skip
-        p90s.append(bound_percentile(bounds, point.kv_blocks, 90))
-    return point, statistics.median(p90s)
+    runs = range(seeds if point.workload not in TRACES else 1)
+    return point, statistics.median(bound_p90(config_of(point, 0), workload_of(point, quick, s)) for s in runs)
 
 
 SEEDS = 8

@@ -31,14 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.stats import describe  # noqa: E402
+from simulator.fitlog import stack_rows  # noqa: E402
 
 BUCKETS = 6
 """Arrivals with this many or more requests ahead share the last bucket."""
-
-
-def load(path: Path) -> list[dict[str, Any]]:
-    file = path / "requests.jsonl" if path.is_dir() else path
-    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -222,7 +218,8 @@ def main() -> None:
         alias[name] = column
     if not args.across_only:
         for path in args.paths:
-            report(str(path), load(path))
+            log = path / "requests.jsonl" if path.is_dir() else path
+            report(str(path), stack_rows(log if log.exists() else log.with_suffix(".jsonl.gz")))
     across_runs([p for p in args.paths if p.is_dir()], alias)
 
 
