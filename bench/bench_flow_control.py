@@ -53,10 +53,7 @@ Row = tuple[str, float, float | None, str]
 
 
 def raw_config(flow: dict[str, Any] | None) -> dict[str, Any]:
-    raw = dict(default_config().raw)
-    if flow is not None:
-        raw["flowControl"] = flow
-    return raw
+    return dict(default_config().raw) | ({"flowControl": flow} if flow is not None else {})
 
 
 def replayed(flow: dict[str, Any] | None, workload: TenantsWorkload) -> list[Row]:

@@ -1,21 +1,18 @@
 """Where a policy puts each new prompt group, against random balanced placements (issue 40's
 shared-prefix points with room in the caches).
 
-At shared-prefix 16 req/s with 2,048 or 4,096 KV blocks per replica, every policy reaches the
+At shared-prefix 16 req/s with 2,048 or 4,096 KV blocks a replica every policy reaches the
 same hit rate (86.1%): each of the 16 groups' system prompts is prefilled once, on the replica
-its first request goes to, and every later request of the group follows it there. What a
-policy decides is those 16 homes; everything after is forced. So the TTFT p90 of a run is a
-function of the group-to-replica map, and the spread of that p90 over random balanced maps
-(four groups a replica, drawn at random) shows how much the placement alone moves it, seed by
-seed.
+its first request goes to, and the group's later requests follow it. A policy decides those 16
+homes, so a run's TTFT p90 is a function of the group-to-replica map; its spread over random
+balanced maps (four groups a replica) shows how much the placement alone moves it.
 
 Per seed: the p90 of ``--maps`` random balanced maps (min / median / max), and for each policy
-its p90 and the share of the random maps that beat it (50%: as good as a random balanced map;
-lower is better). Policies: epp's ``default``, ``prefix-load`` and ``predicted-ttft``
-profiles, the ``session-affinity`` baseline, and three placement rules with every later
-request sent home: ``least-in-flight`` (a new group to the replica with the fewest requests in
-flight), ``fewest-homes`` (to the replica home to the fewest groups, ties by fewest in flight)
-and ``round-robin`` (the groups in turn). The last lines: the mean share over the seeds.
+its p90 and the share of the random maps that beat it (50%: a random balanced map's; lower is
+better). Policies: epp's ``default``, ``prefix-load`` and ``predicted-ttft``, the
+``session-affinity`` baseline, and three rules with every later request sent home:
+``least-in-flight`` (a new group to the replica with the fewest in flight), ``fewest-homes``
+(to the replica home to the fewest groups) and ``round-robin``. Last: the mean share.
 
 Run: ./run bench group_placement [--record] [--seeds 8] [--maps 20] [--kv 2048] [--prompts-per-group 32,128]
 """

@@ -6,20 +6,17 @@ precise-prefix-cache-producer fed by the emulated replicas' KV events, 50 ms lat
 ``oracle`` (the replicas' true caches read at the pick) on the Mooncake trace (8 replicas x
 262k tokens, arrivals at 4/3 pace) and on a multi-turn chat workload, in six scenarios:
 
-* ``baseline``: the router sees all traffic;
-* ``bypass 30%``: 30% of requests reach the servers directly (other clients, a second gateway);
-* ``restarts``: a replica restarts (cache emptied) every 60 s, in turn;
-* ``4 routers``: four epp replicas without index sync, arrivals spread round-robin;
-* ``KV 1/4``: the servers report 4x the KV cache they have (the approximate LRUs are sized
-  from the report);
-* ``1% lost``: 1% of the event batches are lost (gaps; the producer resyncs with the
-  approximate index's help).
+``baseline`` (the router sees all traffic); ``bypass 30%`` (30% of requests reach the servers
+directly); ``restarts`` (a replica's cache emptied every 60 s, in turn); ``4 routers`` (four
+epp replicas without index sync); ``KV 1/4`` (the servers report 4x the KV cache they have:
+the approximate LRUs are sized from the report); ``1% lost`` (1% of the event batches lost:
+the producer resyncs with the approximate index's help).
 
 Part 2, cost: tokenizing (DeepSeek-V3's tokenizer and chat template, from the tiny model the
 real-vLLM tier builds; skipped without it) and keying a 16 KB prompt, against a whole
 scheduling decision with the precise producer on (8 endpoints).
 
-Run: ./run python bench/bench_precise.py [--quick]
+Run: ./run bench precise [--record] [--quick] [--skip-routing]
 """
 
 from __future__ import annotations
