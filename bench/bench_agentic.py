@@ -48,8 +48,7 @@ from simulator.replay.workload import build_generator  # noqa: E402
 POLICIES = {"default": "epp", "-saturation charge": "epp", "-session spread": "epp", "-reply text": "epp",
             "+token load (agentic)": "epp", "sticky (llm-d style)": "epp:sticky",
             "SGLang cache-aware": "cache-aware"}  # fmt: skip
-PAGE = ["default", "-saturation charge", "-session spread", "+token load (agentic)", "sticky (llm-d style)",
-        "SGLang cache-aware"]  # fmt: skip
+PAGE = [p for p in POLICIES if p != "-reply text"]
 """The policies run unless ``--policies`` says otherwise."""
 VARIANTS: dict[str, dict[str, Any]] = {
     "-saturation charge": {"saturationWeight": 0},

@@ -122,8 +122,7 @@ def stack_run(log: Path, label: str, round_: int, server: dict[str, int],
 
 
 Table = dict[str, dict[str, list[float]]]
-"""A session's figures: per policy label, per figure (``live p90``, ``fitted hit``...), one
-value a round."""
+"""Per policy label, per figure (``live p90``, ``fitted hit``...), one value a round."""
 
 
 @dataclass
