@@ -188,9 +188,8 @@ def bound_of(job: tuple[Point, bool, int]) -> tuple[Point, float]:
 
 
 SEEDS = 8
-"""Seeds a point: at three, one seed moved a median p90 by as much as the 1.02x margin (RAG
-4/s with four routers: prefix-load's seeds range from 0.32 to 0.50 s), and at four one
-seed's placement of the prompt groups decided the median at shared-prefix 16/s."""
+"""Seeds a point: at three, one seed moved a median p90 by as much as the 1.02x margin (RAG 4/s,
+four routers); at four, one seed's group placement decided the median at shared-prefix 16/s."""
 
 Table = dict[Point, dict[str, tuple[float, float]]]
 PerSeed = dict[Point, dict[str, list[float]]]
