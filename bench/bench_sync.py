@@ -1,15 +1,13 @@
-"""What index sync between epp replicas buys, in the replay: the profile sweep's
-(bench_profiles.py) replayer, workloads and default profile with R routers (arrival i through
-router i mod R, as Envoy spreads requests) and index sync off or on. With sync each router's
-prefix-index writes and its prefill in flight (the predicted-TTFT scorer's uncached prompt
-tokens sent and not yet answered, per endpoint) reach the others ``--sync-ms`` later, as
-``epp serve --sync-peers`` sends both; "index only" shares the writes and not the prefill.
+"""What index sync between epp replicas buys, in the replay and (``--live``) through real Envoy.
 
-For each workload of the sweep at its multi-router point and each R in ``--routers``: the
-servers' prefix-cache hit rate (mean over the seeds) and TTFT p50 / p90 (medians) without
-sync, with the index only and with sync, one router for reference, and the p90 with sync over
-without, seed by seed (``bench.stats``). Then the sync delay swept on conversations at the
-largest R: how stale a peer's writes may be before sync stops paying.
+The profile sweep's (bench_profiles.py) replayer, workloads and default profile, with R
+routers (arrival i through router i mod R) and index sync off, "index only" (each router's
+prefix-index writes reach the others ``--sync-ms`` later) or on (its prefill in flight too:
+the predicted-TTFT scorer's uncached prompt tokens sent and not yet answered), as ``epp serve
+--sync-peers`` sends them. For each workload at its multi-router point and each R in
+``--routers``: the servers' hit rate (mean over the seeds) and TTFT p50 / p90 (medians), one
+router for reference, and the p90 with sync over without, seed by seed (``bench.stats``).
+Then the sync delay swept on conversations at the largest R.
 
 ``--live``: the sweep's RAG 4/s point (4,096 KV blocks a server, 4 routers) sent by ``epp-sim
 load`` through real Envoy to 4 epp replicas and 4 emulated servers at real time (512
