@@ -1,23 +1,20 @@
 """Where a policy puts each new prompt group, against random balanced placements (issue 40's
 shared-prefix points with room in the caches).
 
-At shared-prefix 16 req/s with 2,048 or 4,096 KV blocks per replica, every policy reaches the
+At shared-prefix 16 req/s with 2,048 or 4,096 KV blocks a replica every policy reaches the
 same hit rate (86.1%): each of the 16 groups' system prompts is prefilled once, on the replica
-its first request goes to, and every later request of the group follows it there. What a
-policy decides is those 16 homes; everything after is forced. So the TTFT p90 of a run is a
-function of the group-to-replica map, and the spread of that p90 over random balanced maps
-(four groups a replica, drawn at random) shows how much the placement alone moves it, seed by
-seed.
+its first request goes to, and the group's later requests follow it. A policy decides those 16
+homes, so a run's TTFT p90 is a function of the group-to-replica map; its spread over random
+balanced maps (four groups a replica) shows how much the placement alone moves it.
 
 Per seed: the p90 of ``--maps`` random balanced maps (min / median / max), and for each policy
-its p90 and the share of the random maps that beat it (50%: as good as a random balanced map;
-lower is better). Policies: epp's ``default``, ``prefix-load`` and ``predicted-ttft``
-profiles, the ``session-affinity`` baseline, and three placement rules with every later
-request sent home: ``least-in-flight`` (a new group to the replica with the fewest requests in
-flight), ``fewest-homes`` (to the replica home to the fewest groups, ties by fewest in flight)
-and ``round-robin`` (the groups in turn). The last lines: the mean share over the seeds.
+its p90 and the share of the random maps that beat it (50%: a random balanced map's; lower is
+better). Policies: epp's ``default``, ``prefix-load`` and ``predicted-ttft``, the
+``session-affinity`` baseline, and three rules with every later request sent home:
+``least-in-flight`` (a new group to the replica with the fewest in flight), ``fewest-homes``
+(to the replica home to the fewest groups) and ``round-robin``. Last: the mean share.
 
-Run: ./run python bench/bench_group_placement.py [--seeds 8] [--maps 20] [--kv 2048]
+Run: ./run bench group_placement [--record] [--seeds 8] [--maps 20] [--kv 2048] [--prompts-per-group 32,128]
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from simulator.replay.policies import Arrival, Cluster, Policy, policy_factory
@@ -35,7 +31,7 @@ from simulator.replay.replayer import Replayer
 from simulator.replay.report import summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.bench_profiles import Point, config_of, workload_of
+from bench.bench_profiles import Point, config_of, pool_map, workload_of
 from bench.stats import paired_ratio
 
 PROFILES = {"default": "epp", "prefix-load": "epp:prefix-load",
@@ -124,9 +120,8 @@ def table(rate: float, kv: int, per_group: int, seeds: int, n_maps: int) -> None
     names: list[str | int] = [*range(n_maps), *PROFILES, *RULES]
     jobs: list[Job] = [(rate, kv, per_group, seed, what) for seed in range(seeds) for what in names]
     p90: dict[int, dict[str | int, float]] = {}
-    with ProcessPoolExecutor(max_workers=2) as pool:
-        for seed, what, value in pool.map(run, jobs):
-            p90.setdefault(seed, {})[what] = value
+    for seed, what, value in pool_map(run, jobs):
+        p90.setdefault(seed, {})[what] = value
     policies = [*PROFILES, *RULES]
     print(f"# shared-prefix {rate:g} req/s, {kv} KV blocks, {REPLICAS} replicas, {GROUPS} groups of "
           f"{per_group} prompts: TTFT p90 (ms) against {n_maps} random balanced maps per seed\n")

@@ -28,19 +28,18 @@ Run: ./run bench pd [--record] [--quick]
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_profiles import pool_map  # noqa: E402
 from epp.config.loader import default_config  # noqa: E402
 from simulator.replay.policies import pd_config, policy_factory  # noqa: E402
 from simulator.replay.replayer import ReplayConfig, Replayer, pd_roles  # noqa: E402
-from simulator.replay.report import PolicyStats, summarize  # noqa: E402
+from simulator.replay.report import summarize  # noqa: E402
 from simulator.replay.workload import MooncakeTrace, Workload, build_generator  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -81,26 +80,20 @@ def run_one(job: tuple[str, str, str, bool]) -> tuple[str, str, str, dict[str, A
     """(workload, split, decider, quick) -> its figures; split ``8:0`` is aggregated."""
     wname, split, decider, quick = job
     work = workload(wname, quick)
-    if split == "aggregated":
-        cfg = ReplayConfig(replicas=GPUS, kv_blocks=KV_BLOCKS[wname])
-        name, factory = policy_factory("epp", default_config())
-    else:
-        cfg = ReplayConfig(replicas=GPUS, kv_blocks=KV_BLOCKS[wname], roles=pd_roles(split))
-        name, factory = policy_factory("epp", pd_config(*DECIDERS[decider]))
+    aggregated = split == "aggregated"
+    cfg = ReplayConfig(replicas=GPUS, kv_blocks=KV_BLOCKS[wname], roles=() if aggregated else pd_roles(split))
+    name, factory = policy_factory("epp", default_config() if aggregated else pd_config(*DECIDERS[decider]))
     result = Replayer(cfg).run(work, factory, name)
     met = sum(
         o.first_token_s - o.arrival_s <= SLO_TTFT_S
         and (o.output_tokens < 2 or (o.finish_s - o.first_token_s) / (o.output_tokens - 1) <= SLO_TPOT_S)
         for o in result.outcomes if not o.rejected
     )  # fmt: skip
-    return wname, split, decider, _figures(summarize(result), met / len(result.outcomes))
+    s = summarize(result)
+    return wname, split, decider, {"slo": met / len(result.outcomes), **{k: getattr(s, k) for k in FIGURES}}
 
 
-def _figures(s: PolicyStats, slo: float) -> dict[str, Any]:
-    return {"slo": slo, "hit_rate": s.hit_rate, "ttft_p50_s": s.ttft_p50_s, "ttft_p90_s": s.ttft_p90_s,
-            "tpot_p50_s": s.tpot_p50_s, "tpot_p90_s": s.tpot_p90_s,
-            "throughput_tok_s": s.throughput_tok_s, "split_share": s.split_share,
-            "rejected": s.rejected, "served": s.served}  # fmt: skip
+FIGURES = ("hit_rate", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "throughput_tok_s", "split_share")
 
 
 def main() -> int:
@@ -116,8 +109,7 @@ def main() -> int:
         ap.error(f"unknown decider(s) {sorted(unknown)}; known: {', '.join(DECIDERS)}")
     jobs = [(w, "aggregated", "-", args.quick) for w in KV_BLOCKS]
     jobs += [(w, sp, d, args.quick) for w in KV_BLOCKS for sp in splits for d in deciders]
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        results = list(pool.map(run_one, jobs))
+    results = pool_map(run_one, jobs)
     lines = [f"{GPUS} replicas in every row; TTFT and TPOT in seconds and milliseconds; "
              f"SLO met: TTFT <= {SLO_TTFT_S:g} s and TPOT <= {SLO_TPOT_S * 1e3:g} ms; "
              "`split`: requests prefilled apart; hit rate: prefix-cache hits (the prefiller's "

@@ -6,41 +6,37 @@ precise-prefix-cache-producer fed by the emulated replicas' KV events, 50 ms lat
 ``oracle`` (the replicas' true caches read at the pick) on the Mooncake trace (8 replicas x
 262k tokens, arrivals at 4/3 pace) and on a multi-turn chat workload, in six scenarios:
 
-* ``baseline``: the router sees all traffic;
-* ``bypass 30%``: 30% of requests reach the servers directly (other clients, a second gateway);
-* ``restarts``: a replica restarts (cache emptied) every 60 s, in turn;
-* ``4 routers``: four epp replicas without index sync, arrivals spread round-robin;
-* ``KV 1/4``: the servers report 4x the KV cache they have (the approximate LRUs are sized
-  from the report);
-* ``1% lost``: 1% of the event batches are lost (gaps; the producer resyncs with the
-  approximate index's help).
+``baseline`` (the router sees all traffic); ``bypass 30%`` (30% of requests reach the servers
+directly); ``restarts`` (a replica's cache emptied every 60 s, in turn); ``4 routers`` (four
+epp replicas without index sync); ``KV 1/4`` (the servers report 4x the KV cache they have:
+the approximate LRUs are sized from the report); ``1% lost`` (1% of the event batches lost:
+the producer resyncs with the approximate index's help).
 
 Part 2, cost: tokenizing (DeepSeek-V3's tokenizer and chat template, from the tiny model the
 real-vLLM tier builds; skipped without it) and keying a 16 KB prompt, against a whole
 scheduling decision with the precise producer on (8 endpoints).
 
-Run: ./run python bench/bench_precise.py [--quick]
+Run: ./run bench precise [--record] [--quick] [--skip-routing]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from simulator.replay.policies import policy_factory
-from simulator.replay.replayer import ReplayConfig, Replayer
-from simulator.replay.report import summarize
-from simulator.replay.workload import DEFAULT_TRACE, MooncakeTrace, Workload, build_generator
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_profiles import pool_map, replay  # noqa: E402
+from simulator.replay.replayer import ReplayConfig  # noqa: E402
+from simulator.replay.workload import DEFAULT_TRACE, MooncakeTrace, Workload, build_generator  # noqa: E402
+
 POLICIES = ("epp", "precise", "oracle")
 
 
@@ -71,8 +67,7 @@ def workloads(quick: bool) -> list[tuple[str, Workload, ReplayConfig]]:
 
 def run_one(job: tuple[str, str, Workload, ReplayConfig, str]) -> dict[str, Any]:
     wname, sname, workload, cfg, policy = job
-    name, factory = policy_factory(policy)
-    s = summarize(Replayer(cfg).run(workload, factory, name))
+    s = replay(cfg, workload, policy)
     return {"workload": wname, "scenario": sname, "policy": policy,
             "hit": s.hit_rate, "p90": s.ttft_p90_s}  # fmt: skip
 
@@ -83,8 +78,7 @@ def routing(quick: bool) -> None:
         duration = max(r.arrival_s for r in workload.requests())
         for sname, cfg in scenarios(base, duration):
             jobs += [(wname, sname, workload, cfg, p) for p in POLICIES]
-    with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-        rows = list(pool.map(run_one, jobs))
+    rows = pool_map(run_one, jobs)
     table: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
     for r in rows:
         table.setdefault((r["workload"], r["scenario"]), {})[r["policy"]] = r
@@ -154,9 +148,9 @@ def cost() -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1,000 trace requests, a small chat")
-    ap.add_argument("--skip-routing", action="store_true")
+    ap.add_argument("--skip-routing", action="store_true", help="only the cost of keying a request")
     args = ap.parse_args()
     if not args.skip_routing:
         routing(args.quick)

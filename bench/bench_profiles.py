@@ -3,46 +3,35 @@ bound, on every workload the replay has: the table that shows the default is the
 has, or where it is not.
 
 Workloads (``simulator.replay``): the shared Mooncake trace (8 replicas; its pace and 4/3 of
-it; 4,096 / 8,192 / 16,384 KV blocks), and the chat, RAG and shared-prefix generators (4
-replicas; three loads x three KV sizes, as ``bench_ttft.py``), plus one point per workload
-with four epp replicas that do not share what they learn (``--routers 4``, arrivals
-round-robin), and chat at 12/s with 1,024 KV blocks over 6 system prompts instead of 8 (the
-sessions of 8 prompts split evenly over 4 replicas, which favours routing each prompt's
-sessions to one replica); and ``lora``, the support desk of
-docs/examples/support-desk.jsonl (six products on LoRA adapters, conversations of 2-6 turns,
-4 replicas of 1,024 KV blocks) at its logged rate and 2.5x, with 1, 2 and 4 adapters a batch
-(``--max-loras``): where adapters queue for batch slots. Per point and policy: prefix-cache
-hit rate and TTFT p90, each point run with ``--seeds`` seeds (mean hit rate, median p90): a
-seed draws the generator's workload (sessions, documents, arrival times) and the replayer's
-random choices; the trace is fixed.
+it; 4,096 / 8,192 / 16,384 KV blocks); the chat, RAG and shared-prefix generators (4
+replicas; three loads x three KV sizes), each also with four epp replicas that do not share
+what they learn (``routers``, arrivals round-robin), and chat at 12/s with 1,024 KV blocks
+over 6 system prompts instead of 8; and ``lora``, the support desk of
+docs/examples/support-desk.jsonl (six products on LoRA adapters, 4 replicas of 1,024 KV
+blocks) at its logged rate and 2.5x, with 1, 2 and 4 adapters a batch (``max_loras``). Per
+point and policy: prefix-cache hit rate and TTFT p90 over ``--seeds`` seeds (mean hit rate,
+median p90); a seed draws the generator's workload and the replayer's random choices.
 
-Policies: the shipped profiles (``default``; ``prefix-load``, the default until 0.2;
-``predicted-ttft``; ``filter-chain``; ``cache-aware`` as an epp profile), the baselines
-(SGLang's ``cache-aware`` router, ``least-load``, ``round-robin``, ``random``, ``chwbl``),
-with ``--ttft-oracle`` the ``ttft-oracle`` policy (each request where a what-if run gives its
-first token soonest; on the generated workloads with one router only: a what-if run per
-replica per request on the trace's 15k-token prompts takes hours, and one oracle sees all
-the traffic the four routers split), and ``bound``: a TTFT p90 no policy can beat
+Policies: the shipped profiles, the baselines (SGLang's ``cache-aware`` router,
+``least-load``, ``round-robin``, ``random``, ``chwbl``), with ``--ttft-oracle`` the
+``ttft-oracle`` policy (each request where a what-if run gives its first token soonest; on
+the generated workloads with one router only), and ``bound``: a TTFT p90 no policy can beat
 (``simulator.replay.bound``).
 
 The verdicts at the end are issue 40's: at every point the default's p90 within 1.02x the
 better of the two profiles it replaced (``prefix-load``, ``predicted-ttft``), its hit rate
-within 0.5 point of the best policy's (and, the rule proposed for it, of the best policy whose
-p90 is no worse than the default's: a higher hit rate bought with a worse tail is not a target),
-and, where ``ttft-oracle`` is 10% or more below the default, how much of that headroom the
-default closes against ``prefix-load``.
+within 0.5 point of the best policy's (and of the best policy whose p90 is no worse than the
+default's), seed by seed (``bench.stats``) beside the medians, and, where ``ttft-oracle`` is
+10% or more below the default, how much of that headroom the default closes.
 
 ``--quick`` is the CI-sized version (a few small points, the shipped profiles only); with
-``--check`` it exits 1 when the default's TTFT p90 (what it optimises; hit
-rates are reported) is above another shipped profile's at any point by more than seed noise:
-over 1.05x seed by seed with the 90% interval above 1, and 5 ms by the medians.
-CI runs it as tests/unit/simulator/test_default_profile.py. The full sweep also prints a
-seed-by-seed verdict (``bench.stats``) beside the medians' 1.02x, and that rule against every
-shipped profile. Eight seeds a point (``SEEDS``); the full sweep with ``--ttft-oracle`` takes
-about 20 minutes on 2 cores.
+``--check`` it exits 1 when the default's TTFT p90 is above another shipped profile's at any
+point by more than seed noise: over 1.05x seed by seed with the 90% interval above 1, and
+5 ms by the medians (tests/unit/simulator/test_default_profile.py). The full sweep with
+``--ttft-oracle`` takes about 20 minutes on 2 cores.
 
 Run: ./run bench profiles [--quick] [--check] [--seeds 8] [--ttft-oracle] [--workloads ...]
-     [--result-name profiles]
+     [--candidate NAME=CONFIG] [--result-name profiles]
 """
 
 from __future__ import annotations
@@ -53,6 +42,7 @@ import math
 import os
 import statistics
 import sys
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +55,7 @@ from bench.stats import paired_ratio, verdict  # noqa: E402
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds  # noqa: E402
 from simulator.replay.policies import policy_factory  # noqa: E402
 from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
-from simulator.replay.report import summarize  # noqa: E402
+from simulator.replay.report import PolicyStats, summarize  # noqa: E402
 from simulator.replay.requestlog import RequestLog  # noqa: E402
 from simulator.replay.workload import (  # noqa: E402
     DEFAULT_TRACE,
@@ -117,7 +107,7 @@ the replayer's random choices)."""
 WORKLOADS = ("mooncake", "chat", "rag", "shared-prefix", "lora")
 
 
-def grid(names: list[str], quick: bool, per_group: int = 0) -> list[Point]:
+def grid(names: list[str], quick: bool) -> list[Point]:
     if quick:
         full = [Point("chat", 8, 1024, 4), Point("rag", 8, 4096, 4),
                 Point("shared-prefix", 16, 1024, 4), Point("shared-prefix", 8, 2048, 4, routers=4),
@@ -135,9 +125,8 @@ def grid(names: list[str], quick: bool, per_group: int = 0) -> list[Point]:
             points += [Point("lora", load, 1024, 4, max_loras=n) for load in (1.0, 2.5) for n in (1, 2, 4)]
             continue
         loads, kvs, replicas, (r_load, r_kv) = spec[name]
-        group = per_group if name == "shared-prefix" else 0
-        points += [Point(name, load, kv, replicas, per_group=group) for load in loads for kv in kvs]
-        points.append(Point(name, r_load, r_kv, replicas, routers=4, per_group=group))
+        points += [Point(name, load, kv, replicas) for load in loads for kv in kvs]
+        points.append(Point(name, r_load, r_kv, replicas, routers=4))
         if name == "chat":
             points.append(Point(name, 12.0, 1024, replicas, system_prompts=6))
     return points
@@ -166,30 +155,41 @@ def config_of(point: Point, seed: int) -> ReplayConfig:
     return dataclasses.replace(cfg, max_loras=point.max_loras) if point.max_loras else cfg
 
 
+def replay(cfg: ReplayConfig, workload: Workload, spec: str, epp_config: Any = None) -> PolicyStats:
+    """One policy (an ``epp-sim replay --policies`` name; ``epp_config`` for ``epp``) replayed
+    on ``workload``: its summary. The replay benches' one way to run a policy."""
+    name, factory = policy_factory(spec, epp_config)
+    return summarize(Replayer(cfg).run(workload, factory, name))
+
+
+def pool_map(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int = 2) -> list[Any]:
+    """``fn`` over ``jobs`` in up to ``workers`` processes (the machine's cores at most), in order."""
+    with ProcessPoolExecutor(max_workers=min(workers, os.cpu_count() or 1)) as pool:
+        return list(pool.map(fn, jobs))
+
+
 def run_one(job: tuple[Point, str, str, int, bool]) -> tuple[Point, str, float, float]:
     point, label, spec, seed, quick = job
-    name, factory = policy_factory(spec)
-    workload = workload_of(point, quick, seed)
-    s = summarize(Replayer(config_of(point, seed)).run(workload, factory, name))
+    s = replay(config_of(point, seed), workload_of(point, quick, seed), spec)
     return point, label, s.hit_rate, s.ttft_p90_s
+
+
+def bound_p90(cfg: ReplayConfig, workload: Workload) -> float:
+    """The p90 of the TTFT lower bound on ``workload`` (``simulator.replay.bound``)."""
+    bounds = ttft_lower_bounds(workload.requests(), cfg.cost, cfg.block_size_tokens, cfg.model)
+    return bound_percentile(bounds, cfg.kv_blocks, 90)
 
 
 def bound_of(job: tuple[Point, bool, int]) -> tuple[Point, float]:
     """The TTFT bound's p90, the median over the seeds' workloads."""
     point, quick, seeds = job
-    cfg = config_of(point, 0)
-    p90s = []
-    for seed in range(seeds if point.workload not in TRACES else 1):
-        bounds = ttft_lower_bounds(workload_of(point, quick, seed).requests(), cfg.cost,
-                                   cfg.block_size_tokens, cfg.model)  # fmt: skip
-        p90s.append(bound_percentile(bounds, point.kv_blocks, 90))
-    return point, statistics.median(p90s)
+    runs = range(seeds if point.workload not in TRACES else 1)
+    return point, statistics.median(bound_p90(config_of(point, 0), workload_of(point, quick, s)) for s in runs)
 
 
 SEEDS = 8
-"""Seeds a point: at three, one seed moved a median p90 by as much as the 1.02x margin (RAG
-4/s with four routers: prefix-load's seeds range from 0.32 to 0.50 s), and at four one
-seed's placement of the prompt groups decided the median at shared-prefix 16/s."""
+"""Seeds a point: at three, one seed moved a median p90 by as much as the 1.02x margin (RAG 4/s,
+four routers); at four, one seed's group placement decided the median at shared-prefix 16/s."""
 
 Table = dict[Point, dict[str, tuple[float, float]]]
 PerSeed = dict[Point, dict[str, list[float]]]
@@ -202,10 +202,9 @@ def measure(points: list[Point], policies: dict[str, str], seeds: int,
             for seed in range(seeds)
             if not (label == "ttft-oracle" and (pt.workload == "mooncake" or pt.routers > 1))]  # fmt: skip
     runs: dict[Point, dict[str, list[tuple[float, float]]]] = {}
-    with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-        for pt, label, hit, p90 in pool.map(run_one, jobs):
-            runs.setdefault(pt, {}).setdefault(label, []).append((hit, p90))
-        bounds = dict(pool.map(bound_of, [(pt, quick, seeds) for pt in points]))
+    for pt, label, hit, p90 in pool_map(run_one, jobs):
+        runs.setdefault(pt, {}).setdefault(label, []).append((hit, p90))
+    bounds = dict(pool_map(bound_of, [(pt, quick, seeds) for pt in points]))
     table = {pt: {label: (statistics.mean(h for h, _ in rs), statistics.median(p for _, p in rs))
                   for label, rs in cell.items()} for pt, cell in runs.items()}  # fmt: skip
     per_seed = {pt: {label: [p for _, p in rs] for label, rs in cell.items()}
@@ -350,9 +349,6 @@ def main() -> int:
                     help="comma-separated shipped profiles to run (default: all of them; the "
                     "default and the two it replaced always run)")
     ap.add_argument("--result-name", default="", help="write docs/results/NAME.md and .json")
-    ap.add_argument("--prompts-per-group", type=int, default=0,
-                    help="shared-prefix points with this many prompts a group (the generator's 32: "
-                    "each group's fixed quota skews placement, docs/results/group_placement.md)")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = set(names) - set(WORKLOADS)
@@ -380,9 +376,7 @@ def main() -> int:
         policies.update(BASELINES)
     if args.ttft_oracle:
         policies["ttft-oracle"] = "ttft-oracle"
-    if args.prompts_per_group < 0:
-        ap.error("--prompts-per-group must be >= 0 (0: the generator's 32)")
-    points = grid(names, args.quick, args.prompts_per_group)
+    points = grid(names, args.quick)
     table, bounds, per_seed = measure(points, policies, seeds, args.quick)
     md, data = render(points, table, bounds, policies, per_seed)
     print(md)

@@ -1,33 +1,26 @@
 """The shortlist in large pools: the default profile as shipped against the same profile
 scoring every candidate (``shortlist: {enabled: false}``), in the replay, at pool sizes where
-the shortlist runs (the profile sweep's 4 and 8 replicas are scored whole, so it cannot tell).
+the shortlist runs (the profile sweep's 4 and 8 replicas are scored whole).
 
-Points: the chat, RAG and shared-prefix generators and the shared Mooncake trace, scaled to
-32 replicas (the generators' sessions, documents and rates, the trace's pace, x8 or x4 of
-the sweep's), and chat at 64 replicas. Per point and policy: prefix-cache hit rate and TTFT
-p90 (mean hit rate, median p90 over ``--seeds`` seeds; a seed draws the generator's
-workload and the replayer's random choices), the p90 ratio seed by seed with its 90%
-bootstrap interval (``bench.stats``), and, in the shipped run, how often the shortlist's pick
-was as good as the full scorer set's: each shortlisted decision is also scored over every
-candidate in its shadow (same cycle state, its own random numbers, nothing committed), and
-the decision agrees when the shortlist's pick has the best total of all.
+Points: the chat, RAG and shared-prefix generators and the Mooncake trace scaled to 32
+replicas, and chat at 64. Per point and policy: mean hit rate and median TTFT p90 over
+``--seeds`` seeds, the p90 ratio seed by seed with its 90% interval (``bench.stats``), and how
+often the shortlist's pick was as good as the full scorer set's: each shortlisted decision is
+also scored over every candidate in its shadow (same cycle state, its own random numbers,
+nothing committed) and agrees when the shortlist's pick has the best total of all.
 
 Run: ./run bench shortlist [--quick] [--seeds 3] [--per-scorer K] [--result-name shortlist]
-(``--quick``: one seed, fewer requests; ``--per-scorer``: the shipped profile with
-``shortlist.perScorer`` K, printed only.) Writes docs/results/NAME.md and .json unless
-``--quick`` or ``--per-scorer``.
+(``--per-scorer``: ``shortlist.perScorer`` K, printed only, as is ``--quick``.)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import random
 import statistics
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,15 +28,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_profiles import pool_map, replay  # noqa: E402
 from bench.results import write_result  # noqa: E402
 from bench.stats import paired_ratio  # noqa: E402
 from epp.config.loader import default_config, loads_config  # noqa: E402
 from epp.framework.endpoint import Endpoint  # noqa: E402
 from epp.framework.types import CycleState, ProfileResult  # noqa: E402
 from epp.scheduling.profile import Profile  # noqa: E402
-from simulator.replay.policies import EppPolicy  # noqa: E402
-from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
-from simulator.replay.report import summarize  # noqa: E402
+from simulator.replay.replayer import ReplayConfig  # noqa: E402
 from simulator.replay.workload import (  # noqa: E402
     DEFAULT_TRACE,
     MooncakeTrace,
@@ -128,8 +120,8 @@ def run_one(job: tuple[Point, str, int, bool, int]) -> tuple[Point, str, int, fl
     if policy == "shipped":
         Profile.run = _shadowed(original)  # type: ignore[method-assign]
     try:
-        replay = Replayer(ReplayConfig(replicas=point.replicas, kv_blocks=point.kv_blocks, seed=seed))
-        s = summarize(replay.run(workload_of(point, quick, seed), lambda c: EppPolicy(c, cfg), policy))
+        s = replay(ReplayConfig(replicas=point.replicas, kv_blocks=point.kv_blocks, seed=seed),
+                   workload_of(point, quick, seed), "epp", cfg)  # fmt: skip
     finally:
         Profile.run = original  # type: ignore[method-assign]
     return point, policy, seed, s.hit_rate, s.ttft_p90_s, dataclasses.replace(AGREEMENT)
@@ -149,11 +141,10 @@ def main() -> None:
             for seed in range(seeds)]  # fmt: skip
     runs: dict[tuple[Point, str], list[tuple[int, float, float]]] = {}
     agree: dict[Point, Agreement] = {p: Agreement() for p in points}
-    with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-        for point, policy, seed, hit, p90, ag in pool.map(run_one, jobs):
-            runs.setdefault((point, policy), []).append((seed, hit, p90))
-            a = agree[point]
-            a.decisions, a.agreed, a.scored = a.decisions + ag.decisions, a.agreed + ag.agreed, a.scored + ag.scored
+    for point, policy, seed, hit, p90, ag in pool_map(run_one, jobs):
+        runs.setdefault((point, policy), []).append((seed, hit, p90))
+        a = agree[point]
+        a.decisions, a.agreed, a.scored = a.decisions + ag.decisions, a.agreed + ag.agreed, a.scored + ag.scored
     head = ("| point | shipped: hit rate / TTFT p90 (s) | every candidate scored | p90 shipped / all "
             "scored, seed by seed | pick as good as the full set's | endpoints scored a decision |")
     lines = [head, "|---|---:|---:|---:|---:|---:|"]

@@ -1,44 +1,39 @@
-"""What index sync between epp replicas buys, in the replay: the same ``Replayer``, emulated
-servers, workloads and default profile as the profile sweep (bench_profiles.py), with R
-routers (epp replicas; arrival i goes through router i mod R, as Envoy spreads requests) and
-index sync off or on. With sync on, each router's own prefix-index writes (the routing
-decision's chain hashes, and with ``learnFromResponses`` the reply's) reach the other
-routers' indexes ``--sync-ms`` later through the sync layer's ``RemoteApplier``, and so does
-its prefill in flight (the predicted-TTFT scorer's count of uncached prompt tokens sent and
-not yet answered, per endpoint) into their ``PeerPrefill``, as ``epp serve --sync-peers``
-sends both (``ReplayConfig.sync_delay_s``). Without sync each router learns only from what it
-routed itself; "index only" shares the index writes and not the prefill
-(``ReplayConfig.sync_prefill``).
+"""What index sync between epp replicas buys, in the replay and (``--live``) through real Envoy.
 
-For each workload of the sweep at its multi-router point (conversations, documents, shared
-system prompts, the Mooncake trace) and each R in ``--routers``: the servers' prefix-cache
-hit rate (the mean over the seeds) and TTFT p50 / p90 (medians) without sync, with the index
-only and with sync, one router for reference, and the p90 with sync over without, seed by
-seed (``bench.stats``: the geometric mean and a 90% bootstrap interval). Then the sync delay swept on conversations at
-the largest R: how stale a peer's writes may be before sync stops paying. No pass/fail.
+The profile sweep's (bench_profiles.py) replayer, workloads and default profile, with R
+routers (arrival i through router i mod R) and index sync off, "index only" (each router's
+prefix-index writes reach the others ``--sync-ms`` later) or on (its prefill in flight too:
+the predicted-TTFT scorer's uncached prompt tokens sent and not yet answered), as ``epp serve
+--sync-peers`` sends them. For each workload at its multi-router point and each R in
+``--routers``: the servers' hit rate (mean over the seeds) and TTFT p50 / p90 (medians), one
+router for reference, and the p90 with sync over without, seed by seed (``bench.stats``).
+Then the sync delay swept on conversations at the largest R.
 
-Run: ./run bench sync [--quick] [--seeds 3] [--routers 2,4,8] [--delays-ms 0,20,200,1000,5000]
-     [--record]
+``--live``: the sweep's RAG 4/s point (4,096 KV blocks a server, 4 routers) sent by ``epp-sim
+load`` through real Envoy to 4 epp replicas and 4 emulated servers at real time (512
+requests, ~2 minutes a run): no sync, index only (``--no-sync-prefill``) and sync as shipped,
+each on fresh servers, per ``--live-seeds`` seed, beside the same seeds replayed. Live
+figures: the client's TTFT and the servers' prefix-cache hit rate from their ``usage``.
+
+Run: ./run bench sync [--record] [--live] [--quick] [--seeds 3] [--routers 2,4,8]
+     [--delays-ms 0,20,200,1000,5000] [--live-seeds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
-import os
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_profiles import Point, config_of, grid, workload_of  # noqa: E402
+from bench.bench_profiles import Point, config_of, grid, pool_map, replay, workload_of  # noqa: E402
 from bench.stats import describe  # noqa: E402
-from simulator.replay.policies import policy_factory  # noqa: E402
-from simulator.replay.replayer import Replayer  # noqa: E402
-from simulator.replay.report import summarize  # noqa: E402
 
 Job = tuple[Point, int, float | None, int, bool, bool]
 """(point, routers, sync delay in ms or None for off, seed, quick, share the prefill)."""
@@ -48,9 +43,39 @@ def run_one(job: Job) -> tuple[Job, float, float, float]:
     point, routers, sync_ms, seed, quick, prefill = job
     cfg = dataclasses.replace(config_of(point, seed), routers=routers, sync_prefill=prefill,
                               sync_delay_s=None if sync_ms is None else sync_ms / 1e3)  # fmt: skip
-    name, factory = policy_factory("epp")
-    s = summarize(Replayer(cfg).run(workload_of(point, quick, seed), factory, name))
+    s = replay(cfg, workload_of(point, quick, seed), "epp")
     return job, s.hit_rate, s.ttft_p50_s, s.ttft_p90_s
+
+
+LIVE_POINT = Point("rag", 4, 4096, 4, routers=4)
+SETUPS = (("no sync", False, False), ("index only", True, False), ("sync", True, True))
+
+
+async def live_run(sync: bool, prefill: bool, seed: int) -> Any:
+    from simulator.load import LoadOptions, run_load, summarize
+    from simulator.stack.stack import StackOptions, start_stack
+
+    p = LIVE_POINT
+    stack = await start_stack(StackOptions(replicas=p.replicas, kv_blocks=p.kv_blocks, epp_replicas=p.routers,
+                                           sync=sync, sync_prefill=prefill, ready_timeout_s=120))  # fmt: skip
+    try:
+        return summarize(await run_load(stack.gateway_url, workload_of(p, False, seed), LoadOptions(stack.options.model)))
+    finally:
+        await stack.stop()
+
+
+def live_table(seeds: int, sync_ms: float) -> None:
+    p = LIVE_POINT
+    print(f"\n## live: {p.label}, {len(workload_of(p, False, 0))} requests, {p.replicas} emulated servers, "
+          f"{p.routers} epp replicas behind real Envoy (replay: {p.routers} routers), the default profile\n")
+    print("| seed | set-up | live ok | live hit | live TTFT p50 | live TTFT p90 | replay hit | replay TTFT p50 "
+          "| replay TTFT p90 |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for seed in range(seeds):
+        for label, sync, prefill in SETUPS:
+            got = asyncio.run(live_run(sync, prefill, seed))
+            _, hit, p50, p90 = run_one((p, p.routers, sync_ms if sync else None, seed, False, prefill))
+            print(f"| {seed} | {label} | {got.ok} | {got.hit_rate:.1%} | {got.ttft_p50_s:.3f} | {got.ttft_p90_s:.3f} "
+                  f"| {hit:.1%} | {p50:.3f} | {p90:.3f} |", flush=True)  # fmt: skip
 
 
 def main() -> int:
@@ -63,14 +88,16 @@ def main() -> int:
                     help="the sync delay of the main table, ms (20: epp's default flush period)")
     ap.add_argument("--delays-ms", default="0,20,200,1000,5000",
                     help="the delays swept on conversations at the largest R, ms")
+    ap.add_argument("--live", action="store_true", help="also run RAG 4/s live, per set-up (~2 minutes each)")
+    ap.add_argument("--live-seeds", type=int, default=2, help="live: workload draws (2)")
     args = ap.parse_args()
     try:
         counts = sorted({int(r) for r in args.routers.split(",") if r.strip()})
         delays = [float(d) for d in args.delays_ms.split(",") if d.strip()]
     except ValueError:
         ap.error("--routers and --delays-ms take comma-separated numbers")
-    if not counts or counts[0] < 2 or args.seeds < 1 or args.sync_ms < 0 or any(d < 0 for d in delays):
-        ap.error("--routers: 2 or more each; --seeds >= 1; delays >= 0")
+    if not counts or counts[0] < 2 or min(args.seeds, args.live_seeds) < 1 or min([args.sync_ms, *delays]) < 0:
+        ap.error("--routers: 2 or more each; --seeds and --live-seeds >= 1; delays >= 0")
     if args.quick:
         counts, delays = [4], [0.0, 200.0, 5000.0]
     names = ["chat"] if args.quick else ["chat", "rag", "shared-prefix", "mooncake"]
@@ -83,9 +110,8 @@ def main() -> int:
              for sync, prefill in ((None, True), (args.sync_ms, False), (args.sync_ms, True))
              for s in seeds]  # fmt: skip
     jobs += [(chat, counts[-1], d, s, args.quick, True) for d in delays if d != args.sync_ms for s in seeds]
-    with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-        results = {(job[0], job[1], job[2], job[3], job[5]): (hit, p50, p90)
-                   for job, hit, p50, p90 in pool.map(run_one, jobs)}  # fmt: skip
+    results = {(job[0], job[1], job[2], job[3], job[5]): (hit, p50, p90)
+               for job, hit, p50, p90 in pool_map(run_one, jobs)}  # fmt: skip
 
     def cell(p: Point, r: int, sync: float | None, prefill: bool = True) -> list[tuple[float, float, float]]:
         return [results[(p, r, sync, s, prefill)] for s in seeds]
@@ -113,6 +139,8 @@ def main() -> int:
     for d in sorted({*delays, args.sync_ms}):
         rows = cell(chat, counts[-1], d)
         print(f"  {d:>7g} ms | {summary(rows)} | p90 over no sync {describe([v[2] for v in rows], [v[2] for v in base], 'no sync')}")
+    if args.live:
+        live_table(1 if args.quick else args.live_seeds, args.sync_ms)
     return 0
 
 

@@ -1,27 +1,17 @@
 """Where a demo run's time to first token went, from its ``requests.jsonl`` (``epp-sim stack
 --demo --out-dir DIR`` writes one): per policy, client TTFT by conversation turn (turn 0
-prefills the group's system prompt cold) and by how many requests were still waiting for
-their first token on the same server when the request arrived, and a least-squares fit of
-the client TTFT on what each request met on arrival (its own uncached tokens, the requests
-ahead of it waiting for a first token on the same server, their uncached tokens, the
-requests decoding there, and those waiting on the other servers): what the time to first
-token on this stack is made of, to compare with the predicted-TTFT scorer's model.
+prefills the group's system prompt cold), by how many requests were still waiting for their
+first token on the same server when it arrived (the client's view: start to first token; the
+SGLang router names no upstream, so its requests count against the whole pool), and the
+conversations moved to another server than their turn before.
 
-"Still waiting" uses the client's view of each request: from its start to its first token.
-The SGLang router policy does not say which server it picked (no upstream header), so its
-requests are counted against the whole pool.
-
-With several run directories, or one written with ``--rounds`` (each round counts as a run),
-it ends with the runs side by side (their ``demo.json``):
-per run and policy the servers' own TTFT mean / p90, hit rate and throughput, then the mean
-over runs and in how many runs the first policy (epp) had the lower server TTFT mean and p90
-than each other policy, and the paired ratio of the first policy's figure over each other's
-(the geometric mean over runs, with a 90% bootstrap interval: bench/stats.py), for each
-directory and over all of them; last, whether a run whose requests split unevenly between the
-servers had a slower server TTFT (per policy, its runs halved by the busiest server's share). One run's spread on this machine is as large as the
-differences between policies, so verdicts need several; and the sessions differ more than the
-rounds of one session do (the servers, the host's other tenants), so the per-directory ratios
-show whether a pooled verdict holds in each session or rests on one.
+With several run directories, or one written with ``--rounds`` (each round a run), it ends
+with the runs side by side (their ``demo.json``): per run and policy the servers' TTFT mean /
+p90, hit rate and throughput, the mean over runs, in how many runs the first policy (epp) had
+the lower figures, and the paired ratio of the first policy's figure over each other's (the
+geometric mean over runs with a 90% interval: bench/stats.py), per directory and pooled: one
+run's spread on this machine is as large as the differences between policies, and sessions
+differ more than the rounds of one session do.
 
     python bench/report_requests.py DIR_OR_FILE [...] [--alias NAME=COLUMN] [--across-only]
 """
@@ -41,14 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.stats import describe  # noqa: E402
+from simulator.fitlog import stack_rows  # noqa: E402
 
 BUCKETS = 6
 """Arrivals with this many or more requests ahead share the last bucket."""
-
-
-def load(path: Path) -> list[dict[str, Any]]:
-    file = path / "requests.jsonl" if path.is_dir() else path
-    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -71,53 +57,6 @@ def waiting_at_arrival(rows: list[dict[str, Any]]) -> list[int]:
         done = sum(1 for s, first in spans if s < t and first <= t)
         out.append(earlier - done)
     return out
-
-
-def arrival_features(rows: list[dict[str, Any]]) -> list[list[float]]:
-    """For each row (one run): 1, its uncached k-tokens, and on its upstream at its start the
-    requests waiting for a first token, their uncached k-tokens, the requests decoding; then
-    the requests waiting for a first token on the other upstreams."""
-    out = []
-    for r in rows:
-        t = r["start_s"]
-        own_n = own_k = decoding = other_n = 0.0
-        for o in rows:
-            if o is r or not o["start_s"] < t < o["start_s"] + o["e2e_s"]:
-                continue
-            waiting = t < o["start_s"] + o["ttft_s"]
-            if o["upstream"] != r["upstream"]:
-                other_n += waiting
-            elif waiting:
-                own_n += 1
-                own_k += (o["prompt_tokens"] - o["cached_tokens"]) / 1e3
-            else:
-                decoding += 1
-        out.append([1.0, (r["prompt_tokens"] - r["cached_tokens"]) / 1e3, own_n, own_k,
-                    decoding, other_n])  # fmt: skip
-    return out
-
-
-FIT_TERMS = ("base", "per 1k own uncached tokens", "per request waiting ahead",
-             "per 1k tokens waiting ahead", "per request decoding", "per request waiting elsewhere")  # fmt: skip
-
-
-def explain(ok: list[dict[str, Any]]) -> str:
-    """The least-squares fit of client TTFT on ``arrival_features`` (all rounds pooled)."""
-    import numpy as np
-
-    x: list[list[float]] = []
-    y: list[float] = []
-    for k in sorted({r.get("round", 0) for r in ok}):
-        run = [r for r in ok if r.get("round", 0) == k]
-        x += arrival_features(run)
-        y += [r["ttft_s"] for r in run]
-    a, b = np.array(x), np.array(y)
-    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
-    resid = b - a @ coef
-    r2 = 1 - float(resid @ resid) / float(((b - b.mean()) ** 2).sum())
-    terms = ", ".join(f"{c * 1e3:.0f} ms {t}" if t != "base" else f"{c * 1e3:.0f} ms"
-                      for c, t in zip(coef, FIT_TERMS, strict=True))  # fmt: skip
-    return f"{terms}; residual {np.sqrt(resid @ resid / len(b)) * 1e3:.0f} ms rms, R2 {r2:.2f}"
 
 
 def moves(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
@@ -194,7 +133,6 @@ def report(name: str, rows: list[dict[str, Any]]) -> None:
                   f"than the turn before, {lost} of them with under half the prompt cached")
             print("  per round, groups on more than one server: "
                   + ", ".join(str(n) for n, _ in per_round))
-            print(f"  client TTFT fit: {explain(ok)}")
 
 
 def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
@@ -261,30 +199,6 @@ def across_runs(dirs: list[Path], alias: dict[str, str] | None = None) -> None:
                               [by[other][f"server_ttft_{k}_ms"] for by in both], other)
                      for k in ("mean", "p90")]  # fmt: skip
             print(f"  {label[-32:]:>32} ({len(both)} runs): {cells[0]}; {cells[1]}")
-    balance(runs, policies)
-
-
-def balance(runs: list[tuple[str, dict[str, dict[str, Any]]]], policies: list[str]) -> None:
-    """Does an uneven split between the servers cost TTFT? Per policy, its runs ordered by
-    the busiest server's share of the requests and split in halves: the even half's and the
-    uneven half's mean share, server TTFT mean and p90 and hit rate, and the correlation of
-    the share with the server TTFT mean over all runs."""
-    print("== the busiest server's share of a run's requests against its server TTFT: runs split at the "
-          "median share, even half | uneven half (share, mean / p90 ms, hit rate); correlation of share and mean")
-    for p in policies:
-        pts = sorted((max(r["per_replica_requests"]) / sum(r["per_replica_requests"]), r["server_ttft_mean_ms"],
-                      r["server_ttft_p90_ms"], r["hit_rate"])
-                     for _, by in runs if (r := by.get(p)) and sum(r.get("per_replica_requests") or []))  # fmt: skip
-        if len(pts) < 4:
-            continue
-        half = len(pts) // 2
-        cells = []
-        for part in (pts[:half], pts[half:]):
-            share, mean, p90, hit = (statistics.fmean(x[i] for x in part) for i in range(4))
-            cells.append(f"{share:.3f}, {mean:.0f} / {p90:.0f}, {hit:.1%}")
-        corr = statistics.correlation([x[0] for x in pts], [x[1] for x in pts])
-        print(f"  {p[:26]:>26} ({len(pts)} runs, shares {pts[0][0]:.2f}-{pts[-1][0]:.2f}): "
-              f"{cells[0]} | {cells[1]}; r = {corr:+.2f}")
 
 
 def main() -> None:
@@ -304,7 +218,8 @@ def main() -> None:
         alias[name] = column
     if not args.across_only:
         for path in args.paths:
-            report(str(path), load(path))
+            log = path / "requests.jsonl" if path.is_dir() else path
+            report(str(path), stack_rows(log if log.exists() else log.with_suffix(".jsonl.gz")))
     across_runs([p for p in args.paths if p.is_dir()], alias)
 
 

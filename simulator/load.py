@@ -7,10 +7,11 @@ as a recorded trace is: a turn does not wait for the previous answer) to
 ``/v1/completions`` with its text as the prompt (a request log's ``messages`` rows to their
 API as recorded; ``--api chat`` or ``--api messages``: every request in that API's form, an
 agent's sessions as Anthropic Messages with tool_use / tool_result turns), streamed, its output length as
-``max_tokens`` (``ignore_eos``, so servers generate exactly that), its adapter as the model
-and its session in ``x-session-id``. What comes back, per request: status, the upstream
-that served it, TTFT (first text chunk), time per output token, end to end, and the
-server's ``usage`` (prompt, cached and completion tokens). The summary prints; ``--out``
+``max_tokens`` (``ignore_eos``, so servers generate exactly that), its adapter as the model,
+its session in ``x-session-id`` and its tenant in ``x-llm-d-inference-fairness-id`` (flow
+control's fairness id). What comes back, per request: status, the upstream that served it,
+TTFT (first text chunk), time per output token, end to end, and the server's ``usage``
+(prompt, cached and completion tokens). The summary prints; ``--out``
 writes every request as JSON lines.
 
 Bounds: at most ``--max-in-flight`` requests at once (a request due while the client is at
@@ -32,6 +33,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from epp.flowcontrol.controller import DEFAULT_FAIRNESS_HEADER
 from epp.framework.request import ApiKind
 from simulator.clihelp import HelpFormatter
 from simulator.forms import APIS, PATHS, request_as
@@ -90,6 +92,8 @@ async def run_load(url: str, workload: Workload, options: LoadOptions) -> list[S
                 item.late_s = max(0.0, time.perf_counter() - t0 - item.request.arrival_s)
                 item.record.start_s = time.perf_counter() - t0
                 headers = {SESSION_HEADER: item.request.session_id} if item.request.session_id else {}
+                if item.request.tenant:
+                    headers[DEFAULT_FAIRNESS_HEADER] = item.request.tenant
                 path, body = body_of(item.request, options)
                 await stream_one(http, base + path, body, item.record, chat=path == PATHS[ApiKind.CHAT],
                                  headers=headers)  # fmt: skip

@@ -23,8 +23,8 @@ routed every request to a replica holding everything any other request ever brou
 never queued, would reach it. Because it holds request by request, every percentile of the
 bounds is at most the same percentile of any policy's TTFTs over the same requests.
 
-``bench_ttft.py`` prints its p90 per point: where 90% of it is above the default policy's
-p90, no policy can bring the p90 10% below the default's.
+``bench_profiles.py`` prints its p90 per point (``bound p90``): where 90% of it is above the default
+policy's p90, no policy can bring the p90 10% below the default's.
 """
 
 from __future__ import annotations

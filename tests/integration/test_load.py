@@ -1,5 +1,5 @@
 """``epp-sim load``: a workload sent live at its arrival times, every request measured, and
-what a request carries (its session, its adapter, exact output lengths)."""
+what a request carries (its session, its tenant, its adapter, exact output lengths)."""
 
 from __future__ import annotations
 
@@ -37,12 +37,14 @@ async def test_a_chat_workload_sent_live_is_measured_and_cached() -> None:
     assert 0 < s.ttft_p50_s <= s.ttft_p90_s and s.tpot_p50_s > 0
 
 
-async def test_sessions_and_adapters_go_with_the_request(tmp_path: Path) -> None:
+async def test_sessions_tenants_and_adapters_go_with_the_request(tmp_path: Path) -> None:
     seen: list[tuple[str, dict[str, object]]] = []
+    tenants: dict[str, str] = {}
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         seen.append((request.headers.get("x-session-id", ""), body))
+        tenants[body["prompt"]] = request.headers.get("x-llm-d-inference-fairness-id", "")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         chunk = {"choices": [{"index": 0, "text": "hi"}]}
@@ -55,7 +57,7 @@ async def test_sessions_and_adapters_go_with_the_request(tmp_path: Path) -> None
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     runner, port = await serve_app(app)
-    items = [TraceRequest("a", 0.0, 5, 3, "hello", session_id="s1", adapter="sql-lora"),
+    items = [TraceRequest("a", 0.0, 5, 3, "hello", session_id="s1", adapter="sql-lora", tenant="acme"),
              TraceRequest("b", 0.05, 5, 0, "hello again")]  # fmt: skip
     try:
         sent = await run_load(f"http://127.0.0.1:{port}", ListWorkload(items), LoadOptions("base"))
@@ -67,6 +69,7 @@ async def test_sessions_and_adapters_go_with_the_request(tmp_path: Path) -> None
     assert body["ignore_eos"] is True and body["stream"] is True
     session, body = by_prompt["hello again"]
     assert session == "" and body["model"] == "base" and body["max_tokens"] == 1  # at least one
+    assert tenants == {"hello": "acme", "hello again": ""}  # flow control's fairness id
     assert summarize(sent).hit_rate == 0.8
     assert body_of(items[0], LoadOptions("base", ignore_eos=False))[1].get("ignore_eos") is None
     await asyncio.sleep(0)

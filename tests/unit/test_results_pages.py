@@ -48,11 +48,20 @@ def test_every_page_has_the_command_commit_and_date_that_made_it() -> None:
         assert page.command.startswith("./run python bench/"), page.name
 
 
+def bench_rows() -> list[str]:
+    """The NAMEs docs/benchmarks.md's table gives (``./run bench NAME``), in its order."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    return re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.M)
+
+
+def test_benchmarks_md_names_every_bench_once_by_the_name_run_takes() -> None:
+    scripts = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "bench").glob("bench_*.py"))
+    assert sorted(bench_rows()) == scripts
+
+
 def test_no_more_entries_than_benchmarks_plus_the_index() -> None:
-    rows = [line for line in (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
-            if line.startswith("| `")]  # fmt: skip
     entries = sorted(p.name for p in RESULTS.iterdir())
-    assert len(entries) <= len(rows) + 1, entries
+    assert len(entries) <= len(bench_rows()) + 1, entries
 
 
 def test_every_page_is_indexed_and_quoted_by_readme_or_a_guide() -> None:
@@ -60,6 +69,30 @@ def test_every_page_is_indexed_and_quoted_by_readme_or_a_guide() -> None:
     assert linked_pages(RESULTS / "README.md") == pages
     quoted = set().union(*(linked_pages(g) for g in guides()))
     assert pages - quoted == set(), "a page no guide quotes is a variant: delete it"
+
+
+FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:x\b|%)")
+"""A measured-looking figure: a ratio (``1.44x``) or a percentage (``92.9%``)."""
+SOURCE = re.compile(r"\]\((?:\.\./)*(?:docs/)?(?:results|research)/")
+THRESHOLDS = {
+    ("observability.md", "#### EppShedding"): "the alert's threshold, not a measurement",
+    ("observability.md", "#### EppTraceExportFailing"): "the alert's threshold, not a measurement",
+}
+
+
+def test_every_figure_in_readme_and_the_guides_links_the_page_that_made_it() -> None:
+    """A section of README or a guide that states a ratio or a percentage links a results
+    page or a research note (the figure's source), unless its figures are settings."""
+    unsourced = []
+    for path in guides():
+        text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+        for section in re.split(r"\n(?=#{1,4} )", text):
+            heading = section.splitlines()[0] if section.strip() else ""
+            if (path.name, heading) in THRESHOLDS:
+                continue
+            if FIGURE.search(section) and not SOURCE.search(section):
+                unsourced.append(f"{path.relative_to(ROOT)} {heading!r}: {FIGURE.findall(section)[:4]}")
+    assert unsourced == []
 
 
 def test_relative_links_in_the_docs_resolve() -> None:
