@@ -2,10 +2,10 @@
 
 The profile sweep's (bench_profiles.py) replayer, workloads and default profile, with R
 routers (arrival i through router i mod R) and index sync off, "index only" (each router's
-prefix-index writes reach the others ``--sync-ms`` later) or on (its prefill in flight too:
+prefix-index writes reach the others ``--sync-flush-ms`` later) or on (its prefill in flight too:
 the predicted-TTFT scorer's uncached prompt tokens sent and not yet answered), as ``epp serve
---sync-peers`` sends them. For each workload at its multi-router point and each R in
-``--routers``: the servers' hit rate (mean over the seeds) and TTFT p50 / p90 (medians), one
+--peers`` sends them. For each workload at its multi-router point and each R in
+``--epp-replicas``: the servers' hit rate (mean over the seeds) and TTFT p50 / p90 (medians), one
 router for reference, and the p90 with sync over without, seed by seed (``bench.stats``).
 Then the sync delay swept on conversations at the largest R.
 
@@ -15,7 +15,7 @@ requests, ~2 minutes a run): no sync, index only (``--no-sync-prefill``) and syn
 each on fresh servers, per ``--live-seeds`` seed, beside the same seeds replayed. Live
 figures: the client's TTFT and the servers' prefix-cache hit rate from their ``usage``.
 
-Run: ./run bench sync [--record] [--live] [--quick] [--seeds 3] [--routers 2,4,8]
+Run: ./run bench sync [--record] [--live] [--quick] [--seeds 3] [--epp-replicas 2,4,8]
      [--delays-ms 0,20,200,1000,5000] [--live-seeds 2]
 """
 
@@ -83,8 +83,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="conversations only, smaller, R = 4, three delays")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per cell (3)")
-    ap.add_argument("--routers", default="2,4,8", help="router counts, comma-separated (2,4,8)")
-    ap.add_argument("--sync-ms", type=float, default=20.0,
+    ap.add_argument("--epp-replicas", default="2,4,8", help="epp replica counts, comma-separated (2,4,8)")
+    ap.add_argument("--sync-flush-ms", type=float, default=20.0,
                     help="the sync delay of the main table, ms (20: epp's default flush period)")
     ap.add_argument("--delays-ms", default="0,20,200,1000,5000",
                     help="the delays swept on conversations at the largest R, ms")
@@ -92,12 +92,12 @@ def main() -> int:
     ap.add_argument("--live-seeds", type=int, default=2, help="live: workload draws (2)")
     args = ap.parse_args()
     try:
-        counts = sorted({int(r) for r in args.routers.split(",") if r.strip()})
+        counts = sorted({int(r) for r in args.epp_replicas.split(",") if r.strip()})
         delays = [float(d) for d in args.delays_ms.split(",") if d.strip()]
     except ValueError:
-        ap.error("--routers and --delays-ms take comma-separated numbers")
-    if not counts or counts[0] < 2 or min(args.seeds, args.live_seeds) < 1 or min([args.sync_ms, *delays]) < 0:
-        ap.error("--routers: 2 or more each; --seeds and --live-seeds >= 1; delays >= 0")
+        ap.error("--epp-replicas and --delays-ms take comma-separated numbers")
+    if not counts or counts[0] < 2 or min(args.seeds, args.live_seeds) < 1 or min([args.sync_flush_ms, *delays]) < 0:
+        ap.error("--epp-replicas: 2 or more each; --seeds and --live-seeds >= 1; delays >= 0")
     if args.quick:
         counts, delays = [4], [0.0, 200.0, 5000.0]
     names = ["chat"] if args.quick else ["chat", "rag", "shared-prefix", "mooncake"]
@@ -107,9 +107,9 @@ def main() -> int:
     chat = points[0]
     jobs: list[Job] = [(p, 1, None, s, args.quick, True) for p in points for s in seeds]
     jobs += [(p, r, sync, s, args.quick, prefill) for p in points for r in counts
-             for sync, prefill in ((None, True), (args.sync_ms, False), (args.sync_ms, True))
+             for sync, prefill in ((None, True), (args.sync_flush_ms, False), (args.sync_flush_ms, True))
              for s in seeds]  # fmt: skip
-    jobs += [(chat, counts[-1], d, s, args.quick, True) for d in delays if d != args.sync_ms for s in seeds]
+    jobs += [(chat, counts[-1], d, s, args.quick, True) for d in delays if d != args.sync_flush_ms for s in seeds]
     results = {(job[0], job[1], job[2], job[3], job[5]): (hit, p50, p90)
                for job, hit, p50, p90 in pool_map(run_one, jobs)}  # fmt: skip
 
@@ -121,7 +121,7 @@ def main() -> int:
                 f"{statistics.median(a for _, a, _ in rows):6.2f} {statistics.median(b for _, _, b in rows):6.2f}")
 
     print(f"# index sync between epp replicas, in the replay: the default profile, {args.seeds} seed(s), "
-          f"sync delay {args.sync_ms:g} ms")
+          f"sync delay {args.sync_flush_ms:g} ms")
     print("hit rate (servers' prefix-cache hits, mean) / TTFT p50 / p90 (s, medians); the last column:")
     print("p90 with sync over without, seed by seed\n")
     print(f"{'point':<40} {'routers':>7} | {'no sync: hit   p50    p90':>25} | {'index only: hit p50    p90':>26} "
@@ -130,17 +130,17 @@ def main() -> int:
         label = f"{p.label} ({p.replicas} replicas)"
         print(f"{label:<40} {1:>7} | {summary(cell(p, 1, None)):>25} | {'(one router)':>26} | {'':>22} |")
         for r in counts:
-            off, index, on = cell(p, r, None), cell(p, r, args.sync_ms, False), cell(p, r, args.sync_ms)
+            off, index, on = cell(p, r, None), cell(p, r, args.sync_flush_ms, False), cell(p, r, args.sync_flush_ms)
             said = describe([v[2] for v in on], [v[2] for v in off], "no sync")
             print(f"{'':<40} {r:>7} | {summary(off):>25} | {summary(index):>26} | {summary(on):>22} | {said}")
     print(f"\nthe sync delay, {chat.label}, {counts[-1]} routers:")
     base = cell(chat, counts[-1], None)
     print(f"  {'no sync':>10} | {summary(base)}")
-    for d in sorted({*delays, args.sync_ms}):
+    for d in sorted({*delays, args.sync_flush_ms}):
         rows = cell(chat, counts[-1], d)
         print(f"  {d:>7g} ms | {summary(rows)} | p90 over no sync {describe([v[2] for v in rows], [v[2] for v in base], 'no sync')}")
     if args.live:
-        live_table(1 if args.quick else args.live_seeds, args.sync_ms)
+        live_table(1 if args.quick else args.live_seeds, args.sync_flush_ms)
     return 0
 
 
