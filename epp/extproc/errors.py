@@ -1,7 +1,11 @@
 """The error table: domain error -> HTTP status and the ImmediateResponse Envoy returns.
 
-This is the only place a domain error becomes a status code. The body is OpenAI-shaped JSON:
-``{"error": {"message": ..., "type": ..., "code": <status>}}``.
+This is the only place a domain error becomes a status code. The body is OpenAI-shaped JSON,
+``{"error": {"message": ..., "type": ..., "code": <status>}}``, except for an Anthropic
+Messages request (``/v1/messages``, ``/v1/messages/count_tokens``), whose client reads
+Anthropic's shape: ``{"type": "error", "error": {"type": ..., "message": ...}}``, the
+translation vLLM's own Messages endpoint makes of its errors
+(``vllm/entrypoints/anthropic/api_router.py``, ``translate_error_response``).
 """
 
 from __future__ import annotations
@@ -43,9 +47,16 @@ def error_kind(error: BaseException) -> ErrorKind:
     return _INTERNAL
 
 
-def error_body(error: BaseException) -> bytes:
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+"""Paths whose error bodies take Anthropic's shape."""
+
+
+def error_body(error: BaseException, path: str = "") -> bytes:
+    """The JSON body of epp's answer to a request for ``path`` (its query ignored)."""
     kind = error_kind(error)
     message = error.message if isinstance(error, errors.EppError) else "internal error in epp"
+    if path.partition("?")[0] in ANTHROPIC_PATHS:
+        return json.dumps({"type": "error", "error": {"type": kind.type, "message": message}}).encode()
     body: dict[str, object] = {"message": message, "type": kind.type, "code": kind.status}
     reason = error.reason if isinstance(error, errors.EppError) else ""
     if reason:
@@ -66,7 +77,9 @@ def _header(key: str, value: bytes) -> base_pb2.HeaderValueOption:
     return base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, raw_value=value))
 
 
-def immediate_response(error: BaseException) -> pb.ProcessingResponse:
+def immediate_response(error: BaseException, path: str = "") -> pb.ProcessingResponse:
+    """Envoy's answer to the client: ``error``'s status, its body for ``path``
+    (:func:`error_body`), llm-d's dropped-reason header when it was shed."""
     kind = error_kind(error)
     headers = [_header("content-type", b"application/json")]
     dropped = error.dropped if isinstance(error, errors.EppError) else ""
@@ -77,7 +90,7 @@ def immediate_response(error: BaseException) -> pb.ProcessingResponse:
             status=http_status_pb2.HttpStatus(code=kind.status),
             # the route's fail-open marker (epp.envoyconfig) does not belong on epp's answer
             headers=pb.HeaderMutation(set_headers=headers, remove_headers=[FAIL_OPEN_HEADER]),
-            body=error_body(error),
+            body=error_body(error, path),
             details=f"epp_{kind.type}",
         )
     )

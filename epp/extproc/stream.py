@@ -742,4 +742,4 @@ class RequestStream:
         )
         self._phase = Phase.ANSWERED
         self._drop_body()
-        return [immediate_response(exc)]
+        return [immediate_response(exc, self._path)]

@@ -46,7 +46,7 @@ def register(
         "processor: read each request's model from its body (every API epp parses), set "
         "x-gateway-model-name and x-gateway-base-model-name (a LoRA adapter's base model) so "
         "the gateway's routes send it to the pool serving that model, where the pool's epp "
-        "picks the server. A model no pool serves gets an OpenAI-style 404; GET /v1/models "
+        "picks the server. A model no pool serves gets a 404 (Anthropic-shaped on /v1/messages); GET /v1/models "
         "lists every model and adapter of every pool once. The bootstrap: epp envoy-config "
         "--pool NAME=MODEL@SERVERS ... (docs/envoy.md, docs/kubernetes.md).",
         formatter_class=formatter,

@@ -281,5 +281,5 @@ class RouterStream:
                  exc.message if isinstance(exc, EppError) else type(exc).__name__)  # fmt: skip
         self._phase = Phase.ANSWERED
         self._drop_body()
-        return [immediate_response(exc)]
+        return [immediate_response(exc, self._path)]
 

@@ -36,3 +36,14 @@ def test_error_table(error: Exception, status: int) -> None:
 def test_every_domain_error_is_in_the_table() -> None:
     domain = {c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.EppError)}
     assert domain - {errors.EppError} == set(ERROR_TABLE)
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens?beta=true"])
+def test_a_messages_request_gets_anthropics_error_shape(path: str) -> None:
+    """What vLLM's Messages endpoint answers: ``{"type": "error", "error": {type, message}}``."""
+    ir = immediate_response(errors.NotFound("model 'x' is not served here"), path).immediate_response
+    assert ir.status.code == 404
+    assert json.loads(ir.body) == {"type": "error", "error": {"type": "not_found_error",
+                                                             "message": "model 'x' is not served here"}}  # fmt: skip
+    openai = json.loads(immediate_response(errors.NotFound("m"), "/v1/chat/completions").immediate_response.body)
+    assert openai["error"]["code"] == 404 and "type" not in openai
