@@ -728,7 +728,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
-        return web.json_response(exc.body(), status=exc.status)
+        body = exc.body()
+        if request.path in ("/v1/messages", "/v1/messages/count_tokens"):  # as vLLM translates its errors
+            body = {"type": "error", "error": {"type": body["error"]["type"], "message": exc.message}}
+        return web.json_response(body, status=exc.status)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
