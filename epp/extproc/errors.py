@@ -4,8 +4,9 @@ This is the only place a domain error becomes a status code. The body is OpenAI-
 ``{"error": {"message": ..., "type": ..., "code": <status>}}``, except for an Anthropic
 Messages request (``/v1/messages``, ``/v1/messages/count_tokens``), whose client reads
 Anthropic's shape: ``{"type": "error", "error": {"type": ..., "message": ...}}``, the
-translation vLLM's own Messages endpoint makes of its errors
-(``vllm/entrypoints/anthropic/api_router.py``, ``translate_error_response``).
+translation vLLM's own Messages endpoint makes of its handler's errors
+(``vllm/entrypoints/anthropic/api_router.py``, ``translate_error_response``; checked against
+real vLLM in tests/vllm/test_real_vllm.py).
 """
 
 from __future__ import annotations

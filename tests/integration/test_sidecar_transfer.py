@@ -7,6 +7,8 @@ decoder that answers 503 to a body carrying them (what a failed NIXL handshake g
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 import pytest
 from aiohttp import web
@@ -26,32 +28,39 @@ class Prefiller(Recorder):
 
 
 class RefusingDecoder(Recorder):
-    """503 to a body with transfer params (``refuse`` of them), 200 otherwise."""
+    """503 to the first ``refuse`` bodies carrying transfer params (to every body with
+    ``always``), 200 otherwise."""
 
-    def __init__(self, refuse: int) -> None:
+    def __init__(self, refuse: int, always: bool = False) -> None:
         super().__init__()
-        self.refuse = refuse
+        self.refuse, self.always = refuse, always
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
-        if body.get("kv_transfer_params") and self.refuse > 0:
+        if self.always or (body.get("kv_transfer_params") and self.refuse > 0):
             self.refuse -= 1
             return web.json_response({"error": {"message": "NIXL handshake failed"}}, status=503)
         return web.json_response({"id": "d", "choices": [{"text": "decoded"}]})
 
 
-@pytest.mark.parametrize("refuse", [0, 1])
-async def test_a_refused_transfer_is_decoded_again_in_full(refuse: int) -> None:
-    prefiller, decoder = Prefiller(), RefusingDecoder(refuse)
+async def split(decoder: RefusingDecoder) -> tuple[int, dict[str, Any], Sidecar, Prefiller]:
+    """One request split by a NIXL sidecar: its status and answer, the sidecar, the prefiller."""
+    prefiller = Prefiller()
     async with serve(recorder_app(prefiller)) as pre, serve(recorder_app(decoder)) as dec:
         side = Sidecar(SidecarConfig(decoder=f"http://{dec}", connector="nixlv2",
                                      allowed_prefillers=("127.0.0.1/32",)))  # fmt: skip
         async with serve(side.app()) as url, aiohttp.ClientSession() as http, http.post(
             f"http://{url}/v1/completions", json=BODY, headers={"x-prefiller-host-port": pre}
         ) as r:  # fmt: skip
-            assert r.status == 200
-            assert (await r.json())["choices"][0]["text"] == "decoded"
+            return r.status, await r.json(), side, prefiller
+
+
+@pytest.mark.parametrize("refuse", [0, 1])
+async def test_a_refused_transfer_is_decoded_again_in_full(refuse: int) -> None:
+    decoder = RefusingDecoder(refuse)
+    status, answer, side, prefiller = await split(decoder)
+    assert status == 200 and answer["choices"][0]["text"] == "decoded"
     assert len(prefiller.bodies) == 1 and splits(side)["yes"] == 1
     assert decoder.bodies[0]["kv_transfer_params"] == PARAMS
     assert len(decoder.bodies) == 1 + refuse
@@ -61,19 +70,7 @@ async def test_a_refused_transfer_is_decoded_again_in_full(refuse: int) -> None:
 
 
 async def test_a_decoder_failing_in_full_too_answers_its_own_error() -> None:
-    prefiller, decoder = Prefiller(), RefusingDecoder(refuse=0)
-
-    async def always_503(request: web.Request) -> web.Response:
-        decoder.bodies.append(await request.json())
-        return web.json_response({"error": {"message": "overloaded"}}, status=503)
-
-    decoder.handle = always_503  # type: ignore[method-assign]
-    async with serve(recorder_app(prefiller)) as pre, serve(recorder_app(decoder)) as dec:
-        side = Sidecar(SidecarConfig(decoder=f"http://{dec}", connector="nixlv2",
-                                     allowed_prefillers=("127.0.0.1/32",)))  # fmt: skip
-        async with serve(side.app()) as url, aiohttp.ClientSession() as http, http.post(
-            f"http://{url}/v1/completions", json=BODY, headers={"x-prefiller-host-port": pre}
-        ) as r:  # fmt: skip
-            assert r.status == 503
-            assert (await r.json())["error"]["message"] == "overloaded"
+    decoder = RefusingDecoder(refuse=0, always=True)
+    status, answer, _, _ = await split(decoder)
+    assert status == 503 and answer["error"]["message"] == "NIXL handshake failed"
     assert len(decoder.bodies) == 2  # one retry, not a loop

@@ -299,6 +299,22 @@ async def test_anthropic_messages_through_epp_learn_real_usage(stack: Stack, htt
     assert headers[UPSTREAM_HOST_HEADER] in stack.endpoints()
 
 
+async def test_epps_messages_errors_have_the_shape_vllm_answers_there(stack: Stack, http: aiohttp.ClientSession) -> None:
+    """An error epp answers itself on /v1/messages (a body it refuses) and one vLLM answers
+    (a model it does not serve), both through the gateway: the same Anthropic shape."""
+    bad = {"model": MODEL, "max_tokens": 4, "messages": "hi"}  # epp refuses: not a list of messages
+    status, headers, raw = await post(http, stack.gateway_url + "/v1/messages", bad)
+    ours = json.loads(raw)
+    unknown = {"model": "no-such-model", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    status2, headers2, raw2 = await post(http, stack.gateway_url + "/v1/messages", unknown)
+    theirs = json.loads(raw2)
+    assert status == 400 and UPSTREAM_HOST_HEADER not in headers, raw  # answered by epp
+    assert status2 == 404 and UPSTREAM_HOST_HEADER in headers2, raw2  # answered by vLLM
+    assert ours.get("type") == theirs.get("type") == "error", (ours, theirs)
+    assert set(ours["error"]) == set(theirs["error"]) == {"type", "message"}, (ours, theirs)
+    assert "messages" in ours["error"]["message"]
+
+
 async def test_epp_keys_a_messages_request_as_the_server_publishes_it(
     stack: Stack, http: aiohttp.ClientSession
 ) -> None:
