@@ -98,12 +98,26 @@ async def two_ranks(tmp_path: Path) -> AsyncIterator[Ranks]:
         envoy = await start_envoy(with_ports(EnvoyOptions(
             epp=(f"127.0.0.1:{grpc_port}",), pool=tuple(ranks), upstream_host_header=True,
         )), tmp_path)  # fmt: skip
-        await asyncio.sleep(1.0)  # epp scrapes both ranks
+        await _scraped(f"http://127.0.0.1:{metrics_port}/metrics", ranks)
         yield Ranks(envoy.url, f"http://127.0.0.1:{metrics_port}/metrics", ranks, procs)
     finally:
         if envoy is not None:
             await envoy.stop()
         await kill_all(procs)
+
+
+async def _scraped(url: str, ranks: list[str], deadline_s: float = 30.0) -> None:
+    """Until epp holds fresh metrics of every rank (``epp_endpoint_metrics_stale`` 0): before,
+    an unscraped rank would not compete for the first requests."""
+    want = {f'epp_endpoint_metrics_stale{{endpoint="{r}"}} 0.0' for r in ranks}
+    end = asyncio.get_running_loop().time() + deadline_s
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(url) as r:
+                if want <= set((await r.text()).splitlines()):
+                    return
+            assert asyncio.get_running_loop().time() < end, f"epp did not scrape {ranks}"
+            await asyncio.sleep(0.2)  # readiness poll
 
 
 def conversation(topic: str, turns: int) -> list[dict[str, str]]:
