@@ -5,8 +5,10 @@ those commands (scripts/record_results.py). Links in the docs resolve."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -138,3 +140,17 @@ def test_record_all_says_which_pages_changed_and_keeps_a_page_a_run_did_not_make
     page = mod.Page("probe", path, command, "abc1234", "2026-01-01 00:00 UTC")
     assert mod.record(page) == outcome
     assert (path.read_text() == before) is kept
+
+
+def test_every_bench_answers_help() -> None:
+    """Each bench imports and builds its parser: ``./run bench NAME --help`` exits 0 and says
+    what the bench takes (the benches run for minutes; their start is what a refactor breaks)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    scripts = sorted((ROOT / "bench").glob("bench_*.py"))
+    procs = {script.stem: subprocess.Popen([sys.executable, str(script), "--help"], cwd=ROOT, env=env,
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for script in scripts}  # fmt: skip
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"{name} --help: {out[-2000:]}"
+        assert "usage:" in out, name
