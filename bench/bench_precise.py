@@ -58,7 +58,7 @@ def workloads(quick: bool) -> list[tuple[str, Workload, ReplayConfig]]:
     return out
 
 
-def run_one(job: tuple[Workload, ReplayConfig, str]) -> dict[str, float]:
+def run_one(job: tuple[ReplayConfig, Workload, str]) -> dict[str, float]:
     s = replay(*job)
     return {"hit": s.hit_rate, "p90": s.ttft_p90_s}
 
