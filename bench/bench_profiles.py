@@ -20,9 +20,6 @@ whose p90 is no worse), seed by seed (``bench.stats``) beside the medians, and h
 shipped profile's p90 beats the default's by more than seed noise (over 1.05x seed by seed
 with the 90% interval above 1, and 5 ms by the medians). The full sweep with
 ``--ttft-oracle`` takes about 20 minutes on 2 cores.
-
-Run: ./run bench profiles [--quick] [--check] [--seeds 8] [--ttft-oracle] [--workloads ...]
-     [--candidate NAME=CONFIG] [--result-name profiles]
 """
 
 from __future__ import annotations
@@ -252,15 +249,10 @@ def render(points: list[Point], table: Table, bounds: dict[Point, float], polici
     head = ["point", "default", *others, "bound p90", "default vs best of " + " & ".join(REPLACED)]
     md = ("Each cell: hit rate / TTFT p90 (s); the default's in bold. Mean hit rate and median p90 over the "
           f"seeds.\n\n{results.table(head, rows)}\n\n" + "\n".join(verdicts) + "\n")  # fmt: skip
-    data = {"points": [{"point": pt.label, "workload": pt.workload, "load": pt.load,
-                        "kv_blocks": pt.kv_blocks, "replicas": pt.replicas, "routers": pt.routers,
-                        "bound_p90": bounds[pt],
-                        "policies": {p: {"hit": h, "p90": v,
-                                         "p90_by_seed": (per_seed or {}).get(pt, {}).get(p, [])}
-                                     for p, (h, v) in table[pt].items()}}
-                       for pt in points],
-            "fails_p90": fails_p90, "fails_hit": fails_hit, "fails_hit_no_worse_p90": fails_hit_nw,
-            "geomean_ratio": geo}  # fmt: skip
+    data = {"points": [{"point": pt.label, **dataclasses.asdict(pt), "bound_p90": bounds[pt],
+                        "policies": {p: {"hit": h, "p90": v, "p90_by_seed": (per_seed or {}).get(pt, {}).get(p, [])}
+                                     for p, (h, v) in table[pt].items()}} for pt in points],
+            "fails_p90": fails_p90, "fails_hit": fails_hit, "fails_hit_no_worse_p90": fails_hit_nw, "geomean_ratio": geo}  # fmt: skip
     return md, data
 
 
