@@ -12,7 +12,6 @@ the key cache; ``whole``, precise with the key cache off (every prompt tokenized
 keying cost per byte of one agent request as chat, as chat with tools and as Anthropic
 Messages, and the key cache's memory per token held (tracemalloc).
 
-Run: ./run bench long_prompts [--quick]
 Targets (issue 42): at 100k tokens / 96 endpoints with a known 90k prefix, approx <= 2 ms and
 precise <= 20 ms of CPU per request; memory bounded (``keyCacheTokens``).
 """
@@ -40,21 +39,15 @@ from bench.bench_apis_live import agent_tools  # noqa: E402
 from bench.bench_scheduling import make_pool  # noqa: E402
 from epp.config.loader import parse_config  # noqa: E402
 from epp.datastore.store import Datastore  # noqa: E402
+from epp.framework.request import ApiKind, InferenceRequest  # noqa: E402
 from epp.plugins.preciseprefix import PrecisePrefixProducer, TokenizingKeyer  # noqa: E402
 from epp.request.parse import RequestParser  # noqa: E402
 from epp.request.settings import RequestControlConfig  # noqa: E402
 from epp.wiring import build_scheduler  # noqa: E402
 
-SIZES = (8_000, 32_000, 100_000, 200_000)
-POOLS = (8, 96, 512)
 SESSIONS = 6
-WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "on", "with", "as", "by", "at",
-         "from", "order", "parcel", "shipping", "tool", "result", "json", "error", "file",
-         "line", "def", "return", "import", "class", "self", "value", "None", "True", "0", "1",
-         "12", "3.5", "(", ")", "{", "}", "[", "]", ":", ",", ".", "=", "==", "->", "#",
-         "path/to/file.py", "Traceback")
-PATH = "/v1/chat/completions"
-HEADERS = {"content-type": "application/json"}
+WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "on", "with", "as", "by", "at", "from", "order", "parcel", "shipping", "tool", "result", "json", "error", "file", "line", "def", "return", "import", "class", "self", "value", "None", "True", "0", "1", "12", "3.5", "(", ")", "{", "}", "[", "]", ":", ",", ".", "=", "==", "->", "#", "path/to/file.py", "Traceback"]  # fmt: skip
+PATH, HEADERS = "/v1/chat/completions", {"content-type": "application/json"}
 SCORERS = [("prefix-cache-scorer", 3), ("queue-scorer", 2), ("kv-cache-utilization-scorer", 2)]
 
 
@@ -66,12 +59,11 @@ def grow(rng: random.Random, tokens_per_word: float, target_tokens: int,
          msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
     """``msgs`` and turns after them (an assistant's tool call, the tool's output as the
     next user turn) of about ``target_tokens`` tokens in all."""
-    out = list(msgs)
-    left = target_tokens / tokens_per_word  # words
+    out, left = list(msgs), target_tokens / tokens_per_word  # words
     while left > 0:
         output = max(20, min(1500, int(left) - 40))
-        out.append({"role": "assistant", "content": f'<tool_call>{{"name": "run", "args": "{words(rng, 40)}"}}</tool_call>'})
-        out.append({"role": "user", "content": words(rng, output)})
+        call = f'<tool_call>{{"name": "run", "args": "{words(rng, 40)}"}}</tool_call>'
+        out += [{"role": "assistant", "content": call}, {"role": "user", "content": words(rng, output)}]  # fmt: skip
         left -= 40 + output
     return out
 
@@ -94,15 +86,14 @@ def body(msgs: list[dict[str, Any]]) -> bytes:
     return json.dumps({"model": "tiny", "messages": msgs, "max_tokens": 64}).encode()
 
 
-def config(mode: str, tokenizer: Path, key_cache: bool) -> Any:
-    plugins: list[dict[str, Any]] = []
-    if mode != "approx":
-        plugins.append({"type": "precise-prefix-cache-producer", "parameters": {
-            "blockSize": 16, "tokenizers": {"tiny": str(tokenizer)},
-            "keyCacheTokens": 16_000_000 if key_cache else 0}})  # fmt: skip
-    plugins += [{"type": name} for name, _ in SCORERS] + [{"type": "max-score-picker"}]
-    refs = [{"pluginRef": name, "weight": w} for name, w in SCORERS] + [{"pluginRef": "max-score-picker"}]
-    return parse_config({"plugins": plugins, "schedulingProfiles": [{"plugins": refs}]})
+def scheduler(precise: bool, tokenizer: Path, key_cache: bool = True) -> Any:
+    plugins: list[dict[str, Any]] = [{"type": name} for name, _ in SCORERS] + [{"type": "max-score-picker"}]  # fmt: skip
+    if precise:
+        plugins.insert(0, {"type": "precise-prefix-cache-producer", "parameters": {
+            "blockSize": 16, "tokenizers": {"tiny": str(tokenizer)}, "keyCacheTokens": 16_000_000 if key_cache else 0}})  # fmt: skip
+    refs = [{"pluginRef": name, "weight": w} for name, w in SCORERS] + [{"pluginRef": "max-score-picker"}]  # fmt: skip
+    return build_scheduler(parse_config({"plugins": plugins, "schedulingProfiles": [{"plugins": refs}]}),
+                           random.Random(1))  # fmt: skip
 
 
 @dataclass
@@ -113,15 +104,14 @@ class Measured:
     tokenizer_ms: float = 0.0  # CPU the tokenizer alone takes on the new turn's text
 
 
-def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: float,
+def measure(precise_mode: bool, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: float,
             new_tokens: int, key_cache: bool = True, tok: Any = None) -> Measured:  # fmt: skip
     """Median CPU milliseconds per request."""
     gc.collect()
     rng = random.Random(size + n_pool)
-    sched = build_scheduler(config(mode, tokenizer, key_cache), random.Random(1))
+    sched = scheduler(precise_mode, tokenizer, key_cache)
     parser = RequestParser(RequestControlConfig(max_body_bytes=64 << 20))
-    eps = make_pool(n_pool, rng)
-    store = Datastore()
+    eps, store = make_pool(n_pool, rng), Datastore()
     for e in eps:
         store.upsert(e)
         sched.observe_endpoint(e)
@@ -144,10 +134,11 @@ def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: 
             assert not isinstance(keyed, str), keyed
             for e in (eps[i % n_pool], eps[(i + 1) % n_pool]):
                 precise.index.store(e.id, keyed.keys)
-    keyer = precise.keyer if precise is not None and isinstance(precise.keyer, TokenizingKeyer) else None
+    keyer = precise.keyer if precise is not None and isinstance(precise.keyer, TokenizingKeyer) else None  # fmt: skip
+    cache = keyer.cache if keyer is not None else None
     if keyer is not None:
         keyer.count = keyer.tokens = 0
-    warm_encoded = keyer.cache.stats.tokens_encoded if keyer is not None and keyer.cache is not None else 0
+    warm_encoded = cache.stats.tokens_encoded if cache is not None else 0
     cpu, alone = [], []
     for r in range(reps):
         now += 0.01
@@ -155,25 +146,20 @@ def measure(mode: str, size: int, n_pool: int, tokenizer: Path, reps: int, tpw: 
         msgs = grow(rng, tpw, new_tokens, s)  # the new turn
         cpu.append(cpu_s(partial(decide, body(msgs))))
         if tok is not None and precise is not None:  # the new turn's text, tokenized alone
-            alone.append(cpu_s(partial(tok.encode, "".join(m["content"] for m in msgs[len(s) :]), False)))
-    out = Measured(statistics.median(cpu) * 1e3, tokenizer_ms=statistics.median(alone) * 1e3 if alone else 0.0)
+            alone.append(cpu_s(partial(tok.encode, "".join(m["content"] for m in msgs[len(s) :]), False)))  # fmt: skip
+    out = Measured(statistics.median(cpu) * 1e3, tokenizer_ms=statistics.median(alone) * 1e3 if alone else 0.0)  # fmt: skip
     if keyer is not None:
         out.tokens = int(keyer.tokens / max(keyer.count, 1))
-        if keyer.cache is not None:
-            out.encoded = int((keyer.cache.stats.tokens_encoded - warm_encoded) / reps)
+    if cache is not None:
+        out.encoded = int((cache.stats.tokens_encoded - warm_encoded) / reps)
     return out
 
 
 def key_cache_memory(tokenizer: Path, size: int, tpw: float) -> tuple[int, int, int]:
     """Bytes tracemalloc sees the key cache allocate while keying SESSIONS sessions of
     ``size`` tokens (each then a next turn), the tokens it holds, and its nodes."""
-    from epp.framework.request import ApiKind, InferenceRequest
-
-    sched = build_scheduler(config("precise", tokenizer, True), random.Random(1))
-    precise = sched.plugin(PrecisePrefixProducer)
-    assert precise is not None and isinstance(precise.keyer, TokenizingKeyer)
-    cache = precise.keyer.cache
-    assert cache is not None
+    precise = scheduler(True, tokenizer).plugin(PrecisePrefixProducer)
+    assert precise is not None and isinstance(precise.keyer, TokenizingKeyer) and precise.keyer.cache is not None  # fmt: skip
     rng = random.Random(3)
     convs = [session(rng, tpw, size) for _ in range(SESSIONS)]
     gc.collect()
@@ -181,46 +167,39 @@ def key_cache_memory(tokenizer: Path, size: int, tpw: float) -> tuple[int, int, 
     before = tracemalloc.get_traced_memory()[0]
     for msgs in convs:
         for m in (msgs, grow(rng, tpw, 2000, msgs)):
-            precise.keyer.keys(InferenceRequest("r", "tiny", "", api=ApiKind.CHAT,
-                                                body={"model": "tiny", "messages": m}))  # fmt: skip
+            request = InferenceRequest("r", "tiny", "", api=ApiKind.CHAT, body={"model": "tiny", "messages": m})  # fmt: skip
+            precise.keyer.keys(request)
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    return held, cache.size, cache.nodes
-
-
-def api_forms(rng: random.Random, tpw: float, tokens: int, tools_chars: int) -> dict[str, tuple[str, bytes]]:
-    """One agent conversation of ~``tokens`` tokens as (path, body) in three forms: ``chat``
-    as the sessions above (turns as text), and as ``epp-sim load --api`` sends it
-    (``simulator.forms``) with ``tools_chars`` of tools: ``chat agent`` (OpenAI ``tool_calls``
-    and ``tool`` messages), ``messages`` (Anthropic Messages, ``tool_use`` / ``tool_result``)."""
-    from simulator.forms import chat_fields, messages_fields
-
-    msgs = session(rng, tpw, tokens)
-    tools = agent_tools(rng, tools_chars)
-    flat = f"<|system|>{msgs[0]['content']}<|user|>start" + "".join(
-        f"<|{'tool' if m['role'] == 'user' else m['role']}|>{m['content']}" for m in msgs[1:])
-    openai = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
-                                                "parameters": t["input_schema"]}} for t in tools]  # fmt: skip
-    return {"chat": (PATH, body(msgs)),
-            "chat agent": (PATH, json.dumps({"model": "tiny", "max_tokens": 64, "tools": openai, **chat_fields(flat)}).encode()),
-            "messages": ("/v1/messages", json.dumps({"model": "tiny", "max_tokens": 64, "tools": tools,
-                                                     **messages_fields(flat)}).encode())}  # fmt: skip
+    return held, precise.keyer.cache.size, precise.keyer.cache.nodes
 
 
 def keying_cost(tpw: float, reps: int) -> dict[str, tuple[float, int]]:
-    """Median CPU seconds to parse and key (the approximate producer's chunk hashes) each
-    form of a ~100k-token agent request with 20k characters of tools, and its body's bytes."""
+    """Median CPU seconds to parse and key (the approximate producer's chunk hashes) one
+    ~100k-token agent conversation with 20k characters of tools, and its body's bytes, in
+    three forms: ``chat`` as the sessions above (turns as text), and as ``epp-sim load --api``
+    sends it (``simulator.forms``): ``chat agent`` (OpenAI ``tool_calls`` and ``tool``
+    messages), ``messages`` (Anthropic Messages, ``tool_use`` / ``tool_result``)."""
     from epp.prefix.hasher import ChunkHasher, chain_seed
+    from simulator.forms import chat_fields, messages_fields
 
-    parser = RequestParser(RequestControlConfig(max_body_bytes=64 << 20))
-    hasher = ChunkHasher(64)
+    rng = random.Random(7)
+    msgs, tools = session(rng, tpw, 100_000), agent_tools(rng, 20_000)
+    flat = f"<|system|>{msgs[0]['content']}<|user|>start" + "".join(
+        f"<|{'tool' if m['role'] == 'user' else m['role']}|>{m['content']}" for m in msgs[1:])  # fmt: skip
+    openai = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                "parameters": t["input_schema"]}} for t in tools]  # fmt: skip
+    forms = {"chat": (PATH, body(msgs)),
+             "chat agent": (PATH, json.dumps({"model": "tiny", "max_tokens": 64, "tools": openai, **chat_fields(flat)}).encode()),
+             "messages": ("/v1/messages", json.dumps({"model": "tiny", "max_tokens": 64, "tools": tools,
+                                                      **messages_fields(flat)}).encode())}  # fmt: skip
+    parser, hasher = RequestParser(RequestControlConfig(max_body_bytes=64 << 20)), ChunkHasher(64)
 
     def key(path: str, data: bytes) -> None:
         req = parser.parse(path, HEADERS, data).request
         hasher.hashes(req.prompt, chain_seed(req.model, req.adapter, req.cache_salt))
 
-    forms = api_forms(random.Random(7), tpw, 100_000, 20_000)
     times: dict[str, list[float]] = {name: [] for name in forms}
     for _ in range(reps):  # interleaved, so that the machine's mood hits every form alike
         for name, (path, data) in forms.items():
@@ -239,7 +218,7 @@ def main() -> int:
     tok = ModelTokenizer(tokenizer)
     sample = words(random.Random(0), 20_000)
     n_sample = len(tok.encode(sample, False))  # warm-up
-    best = min(cpu_s(lambda: tok.encode(sample, False)) for _ in range(3))  # the tokenizer's own rate
+    best = min(cpu_s(lambda: tok.encode(sample, False)) for _ in range(3))  # the tokenizer's own rate  # fmt: skip
     tpw = n_sample / 20_000
     print(f"# DeepSeek-V3's tokenizer: {best / n_sample * 1e6:.2f} us of CPU per token on this text. A request is a "
           "session's previous prompt (keyed before) + a new turn of `new` tokens; CPU ms per request, median: parse "
@@ -249,12 +228,12 @@ def main() -> int:
           "| tokenizer | epp's own")  # fmt: skip
     reps = 6 if quick else 12
     target: tuple[Measured, Measured] | None = None  # 100k tokens, 96 endpoints, 90k known
-    for size in (8_000, 100_000) if quick else SIZES:
+    for size in (8_000, 100_000) if quick else (8_000, 32_000, 100_000, 200_000):
         for new in sorted({size // 10, 2_000}):
-            for n in (8, 96) if quick else POOLS:
-                a = measure("approx", size, n, tokenizer, reps, tpw, new)
-                p = measure("precise", size, n, tokenizer, reps, tpw, new, tok=tok)
-                w = measure("precise", size, n, tokenizer, max(3, reps // 3), tpw, new, key_cache=False)
+            for n in (8, 96) if quick else (8, 96, 512):
+                a = measure(False, size, n, tokenizer, reps, tpw, new)
+                p = measure(True, size, n, tokenizer, reps, tpw, new, tok=tok)
+                w = measure(True, size, n, tokenizer, max(3, reps // 3), tpw, new, key_cache=False)
                 print(f"{p.tokens:>8,} {p.encoded:>6,} {n:>9} | {a.cpu_ms:6.2f} | {p.cpu_ms:7.2f} | {w.cpu_ms:7.1f} "
                       f"| {w.cpu_ms / p.cpu_ms:12.1f}x | {p.tokenizer_ms:6.1f} ms | {p.cpu_ms - p.tokenizer_ms:6.1f} ms",
                       flush=True)  # fmt: skip
@@ -271,17 +250,17 @@ def main() -> int:
               f"  precise, epp's own (all but the tokenizer's): {own:.1f} ms (proposed target: <= 10 ms on top "
               f"of the tokenizer): {met[own <= 10]}")  # fmt: skip
     print("\nkeying a ~100k-token agent request with 20k characters of tools (parse the body + key + "
-          "chunk hashes, approximate mode), CPU median:")
+          "chunk hashes, approximate mode), CPU median:")  # fmt: skip
     per_byte = {}
     for name, (t, size) in keying_cost(tpw, 60 if quick else 200).items():
         per_byte[name] = t / size
-        print(f"  {name:<11} {size:>9,} bytes  {t * 1e3:6.2f} ms  {per_byte[name] * 1e9:5.2f} ns a byte")
+        print(f"  {name:<11} {size:>9,} bytes  {t * 1e3:6.2f} ms  {per_byte[name] * 1e9:5.2f} ns a byte")  # fmt: skip
     print(f"  Messages / chat per byte: {per_byte['messages'] / per_byte['chat']:.2f} (target: no more than chat, "
           f"<= 1.0); Messages / chat agent: {per_byte['messages'] / per_byte['chat agent']:.2f}")  # fmt: skip
     held, tokens, nodes = key_cache_memory(tokenizer, 100_000, tpw)
     print(f"\nkey cache after {SESSIONS} sessions of ~100k tokens (+ a next turn each): {tokens:,} tokens held "
           f"(with node overhead), {nodes:,} nodes, {held / 1e6:.1f} MB traced = {held / max(tokens, 1):.2f} "
-          f"bytes per token; bounded by keyCacheTokens (default 16M tokens, ~{16e6 * held / max(tokens, 1) / 1e6:.0f} MB)")
+          f"bytes per token; bounded by keyCacheTokens (default 16M tokens, ~{16e6 * held / max(tokens, 1) / 1e6:.0f} MB)")  # fmt: skip
     return 0
 
 

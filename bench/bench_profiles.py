@@ -2,36 +2,24 @@
 bound, on every workload the replay has: the table that shows the default is the best epp
 has, or where it is not.
 
-Workloads (``simulator.replay``): the shared Mooncake trace (8 replicas; its pace and 4/3 of
-it; 4,096 / 8,192 / 16,384 KV blocks); the chat, RAG and shared-prefix generators (4
-replicas; three loads x three KV sizes), each also with four epp replicas that do not share
-what they learn (``routers``, arrivals round-robin), and chat at 12/s with 1,024 KV blocks
-over 6 system prompts instead of 8; and ``lora``, the support desk of
-docs/examples/support-desk.jsonl (six products on LoRA adapters, 4 replicas of 1,024 KV
-blocks) at its logged rate and 2.5x, with 1, 2 and 4 adapters a batch (``max_loras``). Per
-point and policy: prefix-cache hit rate and TTFT p90 over ``--seeds`` seeds (mean hit rate,
-median p90); a seed draws the generator's workload and the replayer's random choices.
+Workloads (``simulator.replay``): the Mooncake trace (8 replicas; its pace and 4/3 of it;
+4,096 / 8,192 / 16,384 KV blocks); the chat, RAG and shared-prefix generators (4 replicas;
+three loads x three KV sizes), each also with four epp replicas that do not share what they
+learn (``routers``), and chat at 12/s with 1,024 KV blocks over 6 system prompts; ``lora``,
+the support desk of docs/examples/support-desk.jsonl at its logged rate and 2.5x, with 1, 2
+and 4 adapters a batch. Per point and policy: hit rate and TTFT p90 over ``--seeds`` seeds
+(mean hit rate, median p90); a seed draws the workload and the replayer's random choices.
+``bound``: a TTFT p90 no policy can beat (``simulator.replay.bound``); ``ttft-oracle`` (on
+the generated workloads with one router) sends each request where a what-if run gives its
+first token soonest.
 
-Policies: the shipped profiles, the baselines (SGLang's ``cache-aware`` router,
-``least-load``, ``round-robin``, ``random``, ``chwbl``), with ``--ttft-oracle`` the
-``ttft-oracle`` policy (each request where a what-if run gives its first token soonest; on
-the generated workloads with one router only), and ``bound``: a TTFT p90 no policy can beat
-(``simulator.replay.bound``).
-
-The verdicts at the end are issue 40's: at every point the default's p90 within 1.02x the
-better of the two profiles it replaced (``prefix-load``, ``predicted-ttft``), its hit rate
-within 0.5 point of the best policy's (and of the best policy whose p90 is no worse than the
-default's), seed by seed (``bench.stats``) beside the medians, and, where ``ttft-oracle`` is
-10% or more below the default, how much of that headroom the default closes.
-
-``--quick`` is the CI-sized version (a few small points, the shipped profiles only); with
-``--check`` it exits 1 when the default's TTFT p90 is above another shipped profile's at any
-point by more than seed noise: over 1.05x seed by seed with the 90% interval above 1, and
-5 ms by the medians (tests/unit/simulator/test_default_profile.py). The full sweep with
+The verdicts are issue 40's: at every point the default's p90 within 1.02x the better of the
+two profiles it replaced, its hit rate within 0.5 point of the best policy's (and of the best
+whose p90 is no worse), seed by seed (``bench.stats``) beside the medians, and how much of
+``ttft-oracle``'s headroom the default closes. ``--quick --check`` is CI's: exit 1 when another
+shipped profile's p90 beats the default's by more than seed noise (over 1.05x seed by seed
+with the 90% interval above 1, and 5 ms by the medians). The full sweep with
 ``--ttft-oracle`` takes about 20 minutes on 2 cores.
-
-Run: ./run bench profiles [--quick] [--check] [--seeds 8] [--ttft-oracle] [--workloads ...]
-     [--candidate NAME=CONFIG] [--result-name profiles]
 """
 
 from __future__ import annotations
@@ -51,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import results  # noqa: E402
 from bench.stats import paired_ratio, verdict  # noqa: E402
 from simulator.replay.bound import bound_percentile, ttft_lower_bounds  # noqa: E402
 from simulator.replay.policies import policy_factory  # noqa: E402
@@ -95,7 +84,7 @@ class Point:
         unit = "x" if self.workload in TRACES else "/s"
         extra = f", {self.routers} routers" if self.routers > 1 else ""
         extra += f", {self.per_group} a group" if self.per_group else ""
-        extra += f", {self.max_loras} adapter{'s' if self.max_loras > 1 else ''} a batch" if self.max_loras else ""
+        extra += f", {self.max_loras} adapter{'s' if self.max_loras > 1 else ''} a batch" if self.max_loras else ""  # fmt: skip
         extra += f", {self.system_prompts} system prompts" if self.system_prompts else ""
         return f"{self.workload} {self.load:g}{unit} {self.kv_blocks} KV{extra}"
 
@@ -122,7 +111,7 @@ def grid(names: list[str], quick: bool) -> list[Point]:
     points = []
     for name in names:
         if name == "lora":
-            points += [Point("lora", load, 1024, 4, max_loras=n) for load in (1.0, 2.5) for n in (1, 2, 4)]
+            points += [Point("lora", load, 1024, 4, max_loras=n) for load in (1.0, 2.5) for n in (1, 2, 4)]  # fmt: skip
             continue
         loads, kvs, replicas, (r_load, r_kv) = spec[name]
         points += [Point(name, load, kv, replicas) for load in loads for kv in kvs]
@@ -151,7 +140,7 @@ def workload_of(point: Point, quick: bool, seed: int = 0) -> Workload:
 
 
 def config_of(point: Point, seed: int) -> ReplayConfig:
-    cfg = ReplayConfig(replicas=point.replicas, kv_blocks=point.kv_blocks, seed=seed, routers=point.routers)
+    cfg = ReplayConfig(replicas=point.replicas, kv_blocks=point.kv_blocks, seed=seed, routers=point.routers)  # fmt: skip
     return dataclasses.replace(cfg, max_loras=point.max_loras) if point.max_loras else cfg
 
 
@@ -184,7 +173,7 @@ def bound_of(job: tuple[Point, bool, int]) -> tuple[Point, float]:
     """The TTFT bound's p90, the median over the seeds' workloads."""
     point, quick, seeds = job
     runs = range(seeds if point.workload not in TRACES else 1)
-    return point, statistics.median(bound_p90(config_of(point, 0), workload_of(point, quick, s)) for s in runs)
+    return point, statistics.median(bound_p90(config_of(point, 0), workload_of(point, quick, s)) for s in runs)  # fmt: skip
 
 
 SEEDS = 8
@@ -212,20 +201,12 @@ def measure(points: list[Point], policies: dict[str, str], seeds: int,
     return table, bounds, per_seed
 
 
-def _cell(hit: float, p90: float) -> str:
-    return f"{100 * hit:.1f}% / {p90:.2f}"
-
-
 def render(points: list[Point], table: Table, bounds: dict[Point, float], policies: dict[str, str],
            per_seed: PerSeed | None = None) -> tuple[str, dict[str, Any]]:  # fmt: skip
     """The markdown table and the verdicts."""
     others = [p for p in policies if p != "default"]
-    head = "| point | default | " + " | ".join(others) + " | bound p90 | default vs best of " \
-           + " & ".join(REPLACED) + " |\n"  # fmt: skip
-    head += "|---|" + "---:|" * (len(others) + 3) + "\n"
     rows = []
-    fails_p90, fails_hit, fails_hit_nw, headroom, closed = [], [], [], 0, 0
-    ratios = []
+    fails_p90, fails_hit, fails_hit_nw, ratios, headroom, closed = [], [], [], [], 0, 0
     for pt in points:
         cell = table[pt]
         d_hit, d_p90 = cell["default"]
@@ -234,57 +215,53 @@ def render(points: list[Point], table: Table, bounds: dict[Point, float], polici
         ratios.append(ratio)
         if ratio > 1.02:
             fails_p90.append(f"{pt.label} ({ratio:.3f}x, {1000 * (d_p90 - best_replaced):+.0f} ms)")
-        best_hit = max(h for h, _ in cell.values())
-        if d_hit < best_hit - 0.005:
-            best = max(cell, key=lambda p: cell[p][0])
-            fails_hit.append(f"{pt.label} ({100 * d_hit:.1f}% vs {best} {100 * best_hit:.1f}%)")
+        best = max(cell, key=lambda p: cell[p][0])
+        if d_hit < cell[best][0] - 0.005:
+            fails_hit.append(f"{pt.label} ({100 * d_hit:.1f}% vs {best} {100 * cell[best][0]:.1f}%)")  # fmt: skip
         # a higher hit rate bought with a worse tail is not what the default should match
-        no_worse = {p: h for p, (h, v) in cell.items() if v <= d_p90}
-        best_nw = max(no_worse, key=lambda p: no_worse[p])
-        if d_hit < no_worse[best_nw] - 0.005:
-            fails_hit_nw.append(f"{pt.label} ({100 * d_hit:.1f}% vs {best_nw} {100 * no_worse[best_nw]:.1f}% "
-                                f"at p90 {cell[best_nw][1]:.2f})")
-        if "ttft-oracle" in cell:
-            oracle = cell["ttft-oracle"][1]
-            old = cell["prefix-load"][1]
-            if oracle <= 0.9 * old:
-                headroom += 1
-                closed += (old - d_p90) >= 0.5 * (old - oracle)
-        row = f"| {pt.label} | **{_cell(d_hit, d_p90)}** | "
-        row += " | ".join(_cell(*cell[p]) if p in cell else "-" for p in others)
-        row += f" | {bounds[pt]:.2f} | {ratio:.2f} |"
-        rows.append(row)
+        best_nw = max((p for p, (_, v) in cell.items() if v <= d_p90), key=lambda p: cell[p][0])
+        if d_hit < cell[best_nw][0] - 0.005:
+            fails_hit_nw.append(f"{pt.label} ({100 * d_hit:.1f}% vs {best_nw} {100 * cell[best_nw][0]:.1f}% "
+                                f"at p90 {cell[best_nw][1]:.2f})")  # fmt: skip
+        if "ttft-oracle" in cell and cell["ttft-oracle"][1] <= 0.9 * cell["prefix-load"][1]:
+            oracle, old = cell["ttft-oracle"][1], cell["prefix-load"][1]
+            headroom += 1
+            closed += (old - d_p90) >= 0.5 * (old - oracle)
+        cells = [cell_text(cell[p]) if p in cell else "-" for p in others]
+        rows.append([pt.label, f"**{cell_text(cell['default'])}**", *cells, f"{bounds[pt]:.2f}", f"{ratio:.2f}"])  # fmt: skip
     n = len(points)
     geo = math.exp(statistics.mean(math.log(r) for r in ratios if r > 0))
     verdicts = [
         f"- TTFT p90 within 1.02x the better of {' and '.join(REPLACED)}: {n - len(fails_p90)} "
-        f"of {n} points (geometric mean of the ratio {geo:.3f})"
-        + (f"; not at: {', '.join(fails_p90)}" if fails_p90 else ""),
-        f"- hit rate within 0.5 point of the best policy's: {n - len(fails_hit)} of {n} points"
-        + (f"; not at: {'; '.join(fails_hit)}" if fails_hit else ""),
+        f"of {n} points (geometric mean of the ratio {geo:.3f})" + not_at(fails_p90, ", "),
+        f"- hit rate within 0.5 point of the best policy's: {n - len(fails_hit)} of {n} points" + not_at(fails_hit),
         f"- hit rate within 0.5 point of the best policy whose TTFT p90 is no worse than the default's: "
-        f"{n - len(fails_hit_nw)} of {n} points" + (f"; not at: {'; '.join(fails_hit_nw)}" if fails_hit_nw else ""),
-    ]
+        f"{n - len(fails_hit_nw)} of {n} points" + not_at(fails_hit_nw),
+    ]  # fmt: skip
     if per_seed:
         verdicts += paired_verdicts(points, per_seed)
         losses = check(points, table, per_seed)
         verdicts.append("- another shipped profile ahead of the default beyond seed noise (`--check`'s "
-                        "rule): " + ("; ".join(losses) if losses else "at no point"))
+                        "rule): " + ("; ".join(losses) if losses else "at no point"))  # fmt: skip
     if any("ttft-oracle" in table[pt] for pt in points):
         verdicts.append(f"- points where ttft-oracle's p90 is 10% or more below prefix-load's: "
-                        f"{headroom}; the default closes half of that gap or more at {closed}")
-    md = ("Each cell: hit rate / TTFT p90 (s); the default's in bold. Mean hit rate and median "
-          "p90 over the seeds.\n\n" + head + "\n".join(rows) + "\n\n" + "\n".join(verdicts) + "\n")
-    data = {"points": [{"point": pt.label, "workload": pt.workload, "load": pt.load,
-                        "kv_blocks": pt.kv_blocks, "replicas": pt.replicas, "routers": pt.routers,
-                        "bound_p90": bounds[pt],
-                        "policies": {p: {"hit": h, "p90": v,
-                                         "p90_by_seed": (per_seed or {}).get(pt, {}).get(p, [])}
-                                     for p, (h, v) in table[pt].items()}}
-                       for pt in points],
-            "fails_p90": fails_p90, "fails_hit": fails_hit, "fails_hit_no_worse_p90": fails_hit_nw,
-            "geomean_ratio": geo}  # fmt: skip
+                        f"{headroom}; the default closes half of that gap or more at {closed}")  # fmt: skip
+    head = ["point", "default", *others, "bound p90", "default vs best of " + " & ".join(REPLACED)]
+    md = ("Each cell: hit rate / TTFT p90 (s); the default's in bold. Mean hit rate and median p90 over the "
+          f"seeds.\n\n{results.table(head, rows)}\n\n" + "\n".join(verdicts) + "\n")  # fmt: skip
+    data = {"points": [{"point": pt.label, **dataclasses.asdict(pt), "bound_p90": bounds[pt],
+                        "policies": {p: {"hit": h, "p90": v, "p90_by_seed": (per_seed or {}).get(pt, {}).get(p, [])}
+                                     for p, (h, v) in table[pt].items()}} for pt in points],
+            "fails_p90": fails_p90, "fails_hit": fails_hit, "fails_hit_no_worse_p90": fails_hit_nw, "geomean_ratio": geo}  # fmt: skip
     return md, data
+
+
+def cell_text(figures: tuple[float, float]) -> str:
+    return f"{100 * figures[0]:.1f}% / {figures[1]:.2f}"
+
+
+def not_at(misses: list[str], sep: str = "; ") -> str:
+    return f"; not at: {sep.join(misses)}" if misses else ""
 
 
 def paired_verdicts(points: list[Point], per_seed: PerSeed) -> list[str]:
@@ -331,65 +308,48 @@ def check(points: list[Point], table: Table, per_seed: PerSeed) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
-    ap.add_argument("--quick", action="store_true",
-                    help="the CI-sized sweep: five small points, the shipped profiles, 8 seeds")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the CI-sized sweep: a few small points, the shipped profiles")  # fmt: skip
     ap.add_argument("--check", action="store_true",
-                    help="exit 1 when the default loses to another shipped profile beyond noise")
+                    help="exit 1 when the default loses to another shipped profile beyond noise")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=SEEDS, help=f"seeds per point ({SEEDS})")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")  # fmt: skip
     ap.add_argument("--ttft-oracle", action="store_true", help="add the ttft-oracle policy")
     ap.add_argument("--candidate", action="append", default=[], metavar="NAME=CONFIG",
                     help="also run this epp config (a file or shipped name) as column NAME: a "
-                    "profile under study, not held to --check (repeatable)")
+                    "profile under study, not held to --check (repeatable)")  # fmt: skip
     ap.add_argument("--no-baselines", action="store_true", help="leave the non-epp baselines out")
     ap.add_argument("--profiles", default="",
                     help="comma-separated shipped profiles to run (default: all of them; the "
-                    "default and the two it replaced always run)")
+                    "default and the two it replaced always run)")  # fmt: skip
     ap.add_argument("--result-name", default="", help="write docs/results/NAME.md and .json")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = set(names) - set(WORKLOADS)
-    if unknown:
-        ap.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    keep = {p.strip() for p in args.profiles.split(",") if p.strip()} or set(PROFILES)
+    candidates = [c.partition("=") for c in args.candidate]
+    if set(names) - set(WORKLOADS) or keep - set(PROFILES) or args.seeds < 1:
+        ap.error(f"--workloads of {', '.join(WORKLOADS)}; --profiles of {', '.join(PROFILES)}; --seeds >= 1")  # fmt: skip
+    if any(not name or not sep or not spec for name, sep, spec in candidates):
+        ap.error("--candidate expects NAME=CONFIG")
     if "mooncake" in names and not (ROOT / DEFAULT_TRACE).exists():
         print(f"(trace {ROOT / DEFAULT_TRACE} not found: no Mooncake points)")
         names.remove("mooncake")
-    if args.seeds < 1:
-        ap.error("--seeds must be >= 1")
-    seeds = args.seeds
-    policies = dict(PROFILES)
-    if args.profiles:
-        keep = {p.strip() for p in args.profiles.split(",") if p.strip()}
-        if keep - set(PROFILES):
-            ap.error(f"--profiles: unknown {', '.join(sorted(keep - set(PROFILES)))} (known: {', '.join(PROFILES)})")
-        keep |= {"default", *REPLACED}
-        policies = {k: v for k, v in policies.items() if k in keep}
-    for item in args.candidate:
-        name, sep, spec = item.partition("=")
-        if not sep or not name or not spec:
-            ap.error(f"--candidate expects NAME=CONFIG, got {item!r}")
-        policies[name] = f"epp:{spec}"
+    policies = {k: v for k, v in PROFILES.items() if k in keep | {"default", *REPLACED}}
+    policies |= {name: f"epp:{spec}" for name, _, spec in candidates}
     if not args.quick and not args.no_baselines:
         policies.update(BASELINES)
     if args.ttft_oracle:
         policies["ttft-oracle"] = "ttft-oracle"
     points = grid(names, args.quick)
-    table, bounds, per_seed = measure(points, policies, seeds, args.quick)
+    table, bounds, per_seed = measure(points, policies, args.seeds, args.quick)
     md, data = render(points, table, bounds, policies, per_seed)
     print(md)
     if args.result_name:
-        from bench.results import write_result
-
-        path = write_result(args.result_name, "The default profile against every shipped "
-                            "profile, the baselines and the TTFT bound, in the replay", md,
-                            {**data, "seeds": seeds, "quick": args.quick})  # fmt: skip
+        title = "The default profile against every shipped profile, the baselines and the TTFT bound, in the replay"
+        path = results.write_result(args.result_name, title, md, {**data, "seeds": args.seeds, "quick": args.quick})  # fmt: skip
         print(f"wrote {path.relative_to(ROOT)}")
     if args.check:
-        losses = check(points, table, per_seed)
-        for loss in losses:
+        for loss in (losses := check(points, table, per_seed)):
             print("LOSS", loss)
         if losses:
             return 1
