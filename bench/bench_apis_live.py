@@ -2,19 +2,13 @@
 agent's sessions in Anthropic Messages form, routed by epp and at random; vLLM's own prefix
 hit rate and server-side TTFT.
 
-Two real vLLM servers (the tiny model; ``--vllm-tools``: a chat template that renders the
-tools after the system prompt, vLLM's deepseek_v3 tool parser), real Envoy, and epp (the
-default profile, its ``agentic`` profile: the default plus token load) or epp's random picker
-on the same path (``fair``). Every run starts from empty prefix caches on the same servers;
-``--rounds N`` runs each policy N times, in turn. ``--sessions`` sessions (4 at a time) over
-one system prompt and tool set (4,000 + 6,000 characters): ``count_tokens``, then ``--turns``
-streamed ``/v1/messages`` calls, each the previous one plus the reply, a ``tool_use`` block
-and its ``tool_result`` (2,400 characters), growing to ~6,000 tokens as Claude Code's do to
-100k. Figures: ``vllm:prefix_cache_hits / queries``, ``vllm:time_to_first_token_seconds``
-(mean, p90 from the histogram), the client's TTFT to the first text delta, and the share of
-each session's later turns that reached its first turn's server.
-
-Run: ./run bench apis_live [--record] [--rounds 2] [--sessions 8] [--turns 8] [--kv-mib 32]
+Two real vLLM servers (the tiny model, ``--vllm-tools``), real Envoy, and epp's default or
+``agentic`` profile (token load added) or its random picker on the same path. Each of
+``--rounds`` runs every policy, in turn, on the same servers with their prefix caches emptied.
+``--sessions`` sessions (4 at a time) over one system prompt and tool set (4,000 + 6,000
+characters): ``count_tokens``, then ``--turns`` streamed ``/v1/messages`` calls, each adding
+the reply, a ``tool_use`` and its ``tool_result``. Figures: vLLM's prefix hit rate and TTFT
+histogram, the client's TTFT, the share of later turns on the session's first server.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Where a policy puts each new prompt group, against random balanced placements (issue 40's
 shared-prefix points with room in the caches).
 
-At shared-prefix 16 req/s with 2,048 KV blocks a replica every policy reaches the
-same hit rate (86.1%): each of the 16 groups' system prompts is prefilled once, on the replica
-its first request goes to, and the group's later requests follow it. A policy decides those 16
-homes, so a run's TTFT p90 is a function of the group-to-replica map; its spread over random
-balanced maps (four groups a replica) shows how much the placement alone moves it.
-
-Per seed: the p90 of ``--maps`` random balanced maps (min / median / max), and for each policy
-its p90 and the share of the random maps that beat it (50%: a random balanced map's; lower is
-better). Policies: epp's ``default``, ``prefix-load`` and ``predicted-ttft``, the
-``session-affinity`` baseline, and three rules with every later request sent home:
-``least-in-flight`` (a new group to the replica with the fewest in flight), ``fewest-homes``
-(to the replica home to the fewest groups) and ``round-robin``. Last: the mean share.
-
-Run: ./run bench group_placement [--record] [--seeds 8] [--maps 20] [--prompts-per-group 32,128]
+At shared-prefix 16 req/s with 2,048 KV blocks a replica every policy reaches the same hit
+rate: each group's system prompt is prefilled once, where its first request goes, and the
+rest follow. A run's TTFT p90 is then a function of the 16 group homes. Per seed: the p90 of
+``--maps`` random balanced maps (min / median / max), and each policy's p90 with the share of
+those maps that beat it (50%: a random map's; lower is better). Policies: epp's ``default``,
+``prefix-load`` and ``predicted-ttft``, ``session-affinity``, and three rules that send a new
+group to the replica with the fewest in flight, the fewest homes, or round-robin.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 pools at equal GPU count, for several P:D splits and deciders, on the shared Mooncake-format
 trace and a generated long-prompt workload.
 
-Every run has 8 replicas (the A100 / Llama-3-8B cost preset, its KV transfer at ~5 us a token
-plus 2 ms). ``aggregated`` is the shipped default profile on 8 unlabelled replicas; the P/D
-rows are the shipped ``pd`` profile (decode profile, decider, prefill profile, epp's
-disaggregation handler) on P prefill and D decode replicas with its decider or another:
+Every run has 8 replicas (the A100 / Llama-3-8B cost preset, KV moved at ~5 us a token plus
+2 ms). ``aggregated``: the default profile; the P/D rows: the shipped ``pd`` profile on P
+prefill and D decode replicas with its decider or another:
 
 * ``always``: every request is prefilled apart (``always-disagg-pd-decider``);
 * ``>N``: only when the decoder lacks more than N of the prompt's tokens
@@ -17,12 +16,8 @@ disaggregation handler) on P prefill and D decode replicas with its decider or a
   ``slackTokens`` (32k; ``slack 4k``: 4,096) (``load-aware-pd-decider``, the shipped ``pd``
   profile's).
 
-Figures per run: TTFT p50/p90 (first token minus arrival), TPOT p50/p90 (time between output
-tokens), output tokens per second over the run, the share of requests split, the prefix hit
-rate (a split request counts the prefiller's hits), and SLO attainment (DistServe's measure
-of P/D: the share of requests with TTFT <= 3 s and TPOT <= 25 ms).
-
-Run: ./run bench pd [--record] [--quick]
+Figures per run: TTFT and TPOT p50/p90, output tokens per second, the share of requests
+split, the prefix hit rate, and SLO attainment (DistServe's measure of P/D).
 """
 
 from __future__ import annotations

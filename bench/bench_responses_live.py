@@ -1,16 +1,11 @@
 """Stored Responses on two real vLLM servers behind real Envoy (issue 68): follow-ups with
 ``previous_response_id``, retrieval and cancel answered, routed by epp and at random.
 
-The servers keep responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``); epp routes with its
-default profile (``response-affinity-filter``), random is Envoy's own balancer.
-
-A stored response lives in the memory of the server that produced it; any other answers 404.
-All conversations run at once (each one's follow-ups have the others' traffic between them),
-half of them streamed (epp learns a streamed response's id from its first event); a failed
-follow-up is sent again naming the same response. "Answered": the server holding the response
-answered (200). epp's own counts (``epp_response_affinity_requests``) are printed beside.
-
-Run: ./run bench responses_live [--record] [--conversations 8] [--turns 5] [--rounds 1]
+The servers keep responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``) in memory: any other
+server answers 404. epp routes with its default profile (``response-affinity-filter``),
+random is Envoy's balancer. All conversations run at once, half streamed; a failed follow-up
+is sent again naming the same response. "Answered": 200 from the server holding it. epp's own
+counts (``epp_response_affinity_requests``) are printed beside.
 """
 
 from __future__ import annotations

@@ -2,14 +2,10 @@
 scoring every candidate (``shortlist: {enabled: false}``), in the replay, at pool sizes where
 the shortlist runs (the profile sweep's 4 and 8 replicas are scored whole).
 
-Points: the chat, RAG and shared-prefix generators and the Mooncake trace scaled to 32
-replicas, and chat at 64. Per point and policy: mean hit rate and median TTFT p90 over
-``--seeds`` seeds, the p90 ratio seed by seed with its 90% interval (``bench.stats``), and how
-often the shortlist's pick was as good as the full scorer set's: each shortlisted decision is
-also scored over every candidate in its shadow (same cycle state, its own random numbers,
-nothing committed) and agrees when the shortlist's pick has the best total of all.
-
-Run: ./run bench shortlist [--quick] [--seeds 3]   (``--quick``: printed only)
+Points: chat, RAG, shared-prefix and the Mooncake trace at 32 replicas, chat at 64. Per point
+and policy: mean hit rate and median TTFT p90 over ``--seeds``, the p90 ratio seed by seed
+with its 90% interval, and how often the shortlist's pick had the best total of all when the
+same decision was scored over every candidate in its shadow (nothing committed).
 """
 
 from __future__ import annotations
@@ -122,7 +118,7 @@ def run_one(job: tuple[Point, str, int, bool]) -> tuple[Point, str, int, float, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one seed, three points, fewer requests")
+    ap.add_argument("--quick", action="store_true", help="one seed, three points, no page")
     ap.add_argument("--seeds", type=count, default=3)
     args = ap.parse_args()
     seeds = 1 if args.quick else args.seeds

@@ -5,11 +5,9 @@ the conversations moved to another server than their turn before.
 
 With several run directories, or one written with ``--rounds`` (each round a run), it ends
 with the runs side by side (their ``demo.json``): per run and policy the servers' TTFT mean /
-p90, hit rate and throughput, the mean over runs, in how many runs the first policy (epp) had
-the lower figures, and the paired ratio of the first policy's figure over each other's (the
-geometric mean over runs with a 90% interval: bench/stats.py), per directory and pooled: one
-run's spread on this machine is as large as the differences between policies, and sessions
-differ more than the rounds of one session do.
+p90, hit rate and throughput, in how many runs the first policy (epp) had the lower figures,
+and the paired ratio of its figure over each other's (bench/stats.py), per directory and
+pooled: sessions differ more than the rounds of one session do.
 
     python bench/report_requests.py DIR_OR_FILE [...] [--alias NAME=COLUMN] [--across-only]
 """
