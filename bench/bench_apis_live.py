@@ -61,11 +61,9 @@ TOOLS = agent_tools(random.Random(1), TOOLS_CHARS)
 
 @dataclass(slots=True)
 class Run:
-    turns: list[tuple[int, int, RequestRecord]] = field(default_factory=list)
-    """(session, turn, record)"""
+    records: list[RequestRecord] = field(default_factory=list)
     counted: int = 0
     count_errors: int = 0
-    counters: list[ReplicaCounters] = field(default_factory=list)
 
 
 async def session(http: aiohttp.ClientSession, url: str, s: int, turns: int, run: Run, t0: float) -> None:  # fmt: skip
@@ -80,7 +78,7 @@ async def session(http: aiohttp.ClientSession, url: str, s: int, turns: int, run
                 "messages": messages}  # fmt: skip
         rec = RequestRecord(s, t, 0, time.perf_counter() - t0, request_id=uuid.uuid4().hex)
         reply = await stream_one(http, url + "/v1/messages", body, rec, chat=False, headers=head)
-        run.turns.append((s, t, rec))
+        run.records.append(rec)
         call = f"toolu_{s:03d}_{t:02d}"
         messages = [*messages,
                     {"role": "assistant", "content": [
@@ -90,12 +88,12 @@ async def session(http: aiohttp.ClientSession, url: str, s: int, turns: int, run
                         {"type": "tool_result", "tool_use_id": call, "content": words(rng, TOOL_OUTPUT_CHARS)}]}]  # fmt: skip
 
 
-def figures(run: Run) -> dict[str, float]:
+def figures(run: Run, counters: list[ReplicaCounters]) -> dict[str, float]:
     """Milliseconds for times, shares for rates."""
-    s = summarize("", RunRecords([rec for _, _, rec in run.turns]), run.counters)
+    s = summarize("", RunRecords(run.records), counters)
     ok = [r for r in s.records if r.ok]
-    home = {sid: rec.upstream for sid, t, rec in run.turns if t == 0}
-    later = [(sid, rec) for sid, t, rec in run.turns if t > 0 and rec.ok]
+    home = {r.user: r.upstream for r in run.records if r.turn == 0}
+    later = [(r.user, r) for r in ok if r.turn > 0]
     return {
         "requests": s.requests, "ok": len(ok), "count_tokens": run.counted, "counted_ok": run.counted - run.count_errors,
         "hit": s.hit_rate, "usage_hit": sum(r.cached_tokens for r in ok) / max(1, sum(r.prompt_tokens for r in ok)),
@@ -125,8 +123,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
         await asyncio.gather(*(one(s) for s in range(args.sessions)))
         after = await scrape_replicas(stack.replica_urls)
-        run.counters = [a.minus(b) for a, b in zip(after, before, strict=True)]
-        return figures(run)
+        return figures(run, [a.minus(b) for a, b in zip(after, before, strict=True)])
 
     runs: dict[str, list[dict[str, float]]] = {p: [] for p in POLICIES}
     async for r, label, g in live_rounds(base, POLICIES, args.rounds, drive):

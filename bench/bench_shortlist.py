@@ -32,14 +32,8 @@ from epp.config.loader import default_config, loads_config  # noqa: E402
 from epp.framework.endpoint import Endpoint  # noqa: E402
 from epp.framework.types import CycleState, ProfileResult  # noqa: E402
 from epp.scheduling.profile import Profile  # noqa: E402
+from simulator.replay import workload as wl  # noqa: E402
 from simulator.replay.replayer import ReplayConfig  # noqa: E402
-from simulator.replay.workload import (  # noqa: E402
-    DEFAULT_TRACE,
-    MooncakeTrace,
-    Workload,
-    build_generator,
-    scaled_rate,
-)
 
 POLICIES = {"shipped": "", "all scored": "shortlist: {enabled: false}"}
 
@@ -67,12 +61,12 @@ QUICK = {"chat 64/s, 32 replicas": (("num_sessions", 128), ("num_system_prompts"
          "rag 64/s, 32 replicas": (("num_requests", 768), ("num_docs", 1024))}  # fmt: skip
 
 
-def workload_of(point: Point, quick: bool, seed: int) -> Workload:
+def workload_of(point: Point, quick: bool, seed: int) -> wl.Workload:
     if point.workload == "mooncake":
-        return MooncakeTrace.load(ROOT / DEFAULT_TRACE, 1 / point.rate, 2000 if quick else 0)
+        return wl.MooncakeTrace.load(ROOT / wl.DEFAULT_TRACE, 1 / point.rate, 2000 if quick else 0)
     params: dict[str, Any] = dict(QUICK.get(point.label, point.params) if quick else point.params)
     params["seed"] = seed
-    return scaled_rate(build_generator(point.workload, params), point.rate)
+    return wl.scaled_rate(wl.build_generator(point.workload, params), point.rate)
 
 
 AGREEMENT: Counter[str] = Counter()
