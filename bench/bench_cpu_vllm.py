@@ -1,15 +1,11 @@
 """Where the CPU goes on the real-vLLM stack: CPU per request of epp, the gateway and the vLLM
 servers, in the background and on the request path, per routing and ext_proc response mode.
 
-Each configuration starts a fresh stack in its own process (``epp-sim stack``, 2 servers of
-16 MiB KV) and reads its processes' CPU by role (``simulator.stack.cpu``) over a 5 s idle
-window (the background: scrapes, housekeeping, vLLM's idle loop; per second) and over the
-workload driven from this process (8 system prompts x 4 users x 3 turns, 4 conversations at a
-time; the request path: the workload's CPU less the background rate, per request).
-Configurations (``--configs``): ``random`` (no ext_proc) and ``epp:MODE``, MODE the response
-mode of ``epp-sim stack --response`` (``summary``, ``full-duplex``, ``none``, or
-``observer``: a second stream Envoy does not wait on). vLLM's own server-side TTFT is printed
-beside the client's. Skips when real vLLM is not set up (``./run vllm-setup``).
+Each configuration starts a fresh stack (``epp-sim stack``, 2 servers) in its own process and
+reads its processes' CPU by role (``simulator.stack.cpu``) over a 5 s idle window (the
+background, per second) and over the workload driven from this process (the request path:
+its CPU less the background rate, per request). ``--configs``: ``random`` (no ext_proc) and
+``epp:MODE``, MODE one of ``epp-sim stack --response``'s. Skips without real vLLM.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ ADAPTERS = tuple(f"desk-{i}" for i in range(6))
 REPLICAS, KV_BLOCKS, MAX_LORAS, RATE = 4, 1024, 1, 2.5
 POLICIES = {  # label: (stack policy, epp config, replay policy)
     "default": ("epp", "", "epp"),
-    "adapterWeight 0": ("epp", "bench/configs/default-adapter-weight-0.yaml", "epp"),
+    "adapterWeight 0": ("epp", str(ROOT / "bench/configs/default-adapter-weight-0.yaml"), "epp"),
     "cache-aware profile": ("epp", "cache-aware", "epp"),
     "random": ("random", "", "random"),
 }
@@ -43,12 +43,8 @@ ROUTER = ("SGLang router", ("sglang", "", "cache-aware"))
 """With ``--router``."""
 
 
-def config_of(config: str) -> str:
-    return str(ROOT / config) if config.endswith(".yaml") else config
-
-
 async def live(policy: str, config: str) -> dict[str, float]:
-    stack = await start_stack(StackOptions(replicas=REPLICAS, policy=policy, config=config_of(config),
+    stack = await start_stack(StackOptions(replicas=REPLICAS, policy=policy, config=config,
                                            kv_blocks=KV_BLOCKS, model=BASE_MODEL, lora_adapters=ADAPTERS,
                                            max_loras=MAX_LORAS, fair=True, ready_timeout_s=120))  # fmt: skip
     try:
@@ -61,7 +57,7 @@ async def live(policy: str, config: str) -> dict[str, float]:
 
 
 def replay(spec: str, config: str) -> dict[str, float]:
-    name, factory = policy_factory(f"epp:{config_of(config)}" if spec == "epp" and config else spec)
+    name, factory = policy_factory(f"epp:{config}" if spec == "epp" and config else spec)
     cfg = ReplayConfig(replicas=REPLICAS, kv_blocks=KV_BLOCKS, max_loras=MAX_LORAS, model=BASE_MODEL)  # fmt: skip
     s = replay_summary(Replayer(cfg).run(RequestLog.load(TRACE, time_scale=1 / RATE), factory, name))  # fmt: skip
     return {"hit": s.hit_rate, "p50": s.ttft_p50_s, "p90": s.ttft_p90_s, "p99": s.ttft_p99_s}

@@ -4,17 +4,10 @@ trace and a generated long-prompt workload.
 
 Every run has 8 replicas (the A100 / Llama-3-8B cost preset, KV moved at ~5 us a token plus
 2 ms). ``aggregated``: the default profile; the P/D rows: the shipped ``pd`` profile on P
-prefill and D decode replicas with its decider or another:
-
-* ``always``: every request is prefilled apart (``always-disagg-pd-decider``);
-* ``>N``: only when the decoder lacks more than N of the prompt's tokens
-  (``prefix-based-pd-decider``; the shipped profile uses 256);
-* ``cache-aware >N``: as ``>N``, and only when the prefiller holds at least as much of the
-  prompt as the decoder (``cache-aware-pd-decider``);
-* ``load-aware >N``: as ``>N``, and only while the prefiller's prompt tokens waiting for
-  their first token (with what it lacks of this prompt) exceed the decoder's by at most
-  ``slackTokens`` (32k; ``slack 4k``: 4,096) (``load-aware-pd-decider``, the shipped ``pd``
-  profile's).
+prefill and D decode replicas with its decider (``load-aware >256``) or another:
+``always`` (``always-disagg-pd-decider``), ``>N`` (``prefix-based-pd-decider``: the decoder
+lacks more than N prompt tokens), ``cache-aware >N`` and ``slack 4k`` (``slackTokens`` 4,096
+instead of 32k); each decider's README beside its code gives its rule.
 
 Figures per run: TTFT and TPOT p50/p90, output tokens per second, the share of requests
 split, the prefix hit rate, and SLO attainment (DistServe's measure of P/D).

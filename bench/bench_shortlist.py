@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -99,14 +100,10 @@ def run_one(job: tuple[Point, str, int, bool]) -> tuple[Point, str, int, float, 
     point, policy, seed, quick = job
     AGREEMENT.clear()  # a worker runs many jobs
     cfg = loads_config(POLICIES[policy]) if POLICIES[policy] else default_config()
-    original = Profile.run
-    if policy == "shipped":
-        Profile.run = _shadowed(original)  # type: ignore[method-assign]
-    try:
+    run = _shadowed(Profile.run) if policy == "shipped" else Profile.run
+    with patch.object(Profile, "run", run):
         s = replay(ReplayConfig(replicas=point.replicas, kv_blocks=point.kv_blocks, seed=seed),
                    workload_of(point, quick, seed), "epp", cfg)  # fmt: skip
-    finally:
-        Profile.run = original  # type: ignore[method-assign]
     return point, policy, seed, s.hit_rate, s.ttft_p90_s, Counter(AGREEMENT)
 
 
