@@ -7,7 +7,7 @@ Every run has 8 replicas (the A100 / Llama-3-8B cost preset, KV moved at ~5 us a
 prefill and D decode replicas with its decider (``load-aware >256``) or another:
 ``always`` (``always-disagg-pd-decider``), ``>N`` (``prefix-based-pd-decider``: the decoder
 lacks more than N prompt tokens), ``cache-aware >N`` and ``slack 4k`` (``slackTokens`` 4,096
-instead of 32k); each decider's README beside its code gives its rule.
+instead of 32k); epp/plugins/disagg/README.md gives each decider's rule.
 
 Figures per run: TTFT and TPOT p50/p90, output tokens per second, the share of requests
 split, the prefix hit rate, and SLO attainment (DistServe's measure of P/D).
