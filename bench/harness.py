@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import random
 import signal
@@ -111,8 +112,6 @@ async def live_rounds(base: StackOptions, policies: Mapping[str, tuple[str, str]
     (label: (the stack's policy, epp's config)) on them, each round starting one policy later
     (``rotate``): the servers' prefix caches emptied, a fresh gateway and epp, ``drive`` run
     through them. Yields (round from 0, label, what ``drive`` returned)."""
-    import dataclasses
-
     import aiohttp
 
     from simulator.stack.stack import start_servers, start_stack
