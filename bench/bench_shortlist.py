@@ -2,15 +2,10 @@
 scoring every candidate (``shortlist: {enabled: false}``), in the replay, at pool sizes where
 the shortlist runs (the profile sweep's 4 and 8 replicas are scored whole).
 
-Points: the chat, RAG and shared-prefix generators and the Mooncake trace scaled to 32
-replicas, and chat at 64. Per point and policy: mean hit rate and median TTFT p90 over
-``--seeds`` seeds, the p90 ratio seed by seed with its 90% interval (``bench.stats``), and how
-often the shortlist's pick was as good as the full scorer set's: each shortlisted decision is
-also scored over every candidate in its shadow (same cycle state, its own random numbers,
-nothing committed) and agrees when the shortlist's pick has the best total of all.
-
-Run: ./run bench shortlist [--quick] [--seeds 3] [--per-scorer K] [--result-name shortlist]
-(``--per-scorer``: ``shortlist.perScorer`` K, printed only, as is ``--quick``.)
+Points: chat, RAG, shared-prefix and the Mooncake trace at 32 replicas, chat at 64. Per point
+and policy: mean hit rate and median TTFT p90 over ``--seeds``, the p90 ratio seed by seed
+with its 90% interval, and how often the shortlist's pick had the best total of all when the
+same decision was scored over every candidate in its shadow (nothing committed).
 """
 
 from __future__ import annotations
@@ -20,29 +15,26 @@ import dataclasses
 import random
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_profiles import pool_map, replay  # noqa: E402
-from bench.results import write_result  # noqa: E402
+from bench.harness import count  # noqa: E402
+from bench.results import table, write_result  # noqa: E402
 from bench.stats import paired_ratio  # noqa: E402
 from epp.config.loader import default_config, loads_config  # noqa: E402
 from epp.framework.endpoint import Endpoint  # noqa: E402
 from epp.framework.types import CycleState, ProfileResult  # noqa: E402
 from epp.scheduling.profile import Profile  # noqa: E402
+from simulator.replay import workload as wl  # noqa: E402
 from simulator.replay.replayer import ReplayConfig  # noqa: E402
-from simulator.replay.workload import (  # noqa: E402
-    DEFAULT_TRACE,
-    MooncakeTrace,
-    Workload,
-    build_generator,
-    scaled_rate,
-)
 
 POLICIES = {"shipped": "", "all scored": "shortlist: {enabled: false}"}
 
@@ -65,110 +57,92 @@ POINTS = (
     Point("shared-prefix 128/s, 32 replicas", "shared-prefix", 32, 1024, 128, (("num_groups", 128),)),
     Point("mooncake 4x, 32 replicas", "mooncake", 32, 8192, 4.0),
     Point("chat 192/s, 64 replicas", "chat", 64, 1024, 192, (("num_sessions", 1024), ("num_system_prompts", 128))),
-)
+)  # fmt: skip
 QUICK = {"chat 64/s, 32 replicas": (("num_sessions", 128), ("num_system_prompts", 64)),
          "rag 64/s, 32 replicas": (("num_requests", 768), ("num_docs", 1024))}  # fmt: skip
 
 
-def workload_of(point: Point, quick: bool, seed: int) -> Workload:
+def workload_of(point: Point, quick: bool, seed: int) -> wl.Workload:
     if point.workload == "mooncake":
-        return MooncakeTrace.load(ROOT / DEFAULT_TRACE, 1 / point.rate, 2000 if quick else 0)
-    params: dict[str, Any] = {"seed": seed, **dict(QUICK.get(point.label, point.params) if quick else point.params)}
-    return scaled_rate(build_generator(point.workload, params), point.rate)
+        return wl.MooncakeTrace.load(ROOT / wl.DEFAULT_TRACE, 1 / point.rate, 2000 if quick else 0)
+    params: dict[str, Any] = dict(QUICK.get(point.label, point.params) if quick else point.params)
+    params["seed"] = seed
+    return wl.scaled_rate(wl.build_generator(point.workload, params), point.rate)
 
 
-@dataclass
-class Agreement:
-    decisions: int = 0
-    agreed: int = 0
-    scored: int = 0
-
-
-AGREEMENT = Agreement()
+AGREEMENT: Counter[str] = Counter()
+"""Per worker: shortlisted ``decisions``, those whose pick had the best total of all
+(``agreed``), and the endpoints the shortlist ``scored``."""
 
 
 def _shadowed(run: Any) -> Any:
     """``Profile.run`` that also scores every candidate in the shadow of a shortlisted
     decision and counts whether the shortlist's pick has the best total of all."""
 
-    def shadow_run(self: Profile, state: CycleState, endpoints: Sequence[Endpoint], count: int) -> ProfileResult:
-        result: ProfileResult = run(self, state, endpoints, count)
+    def shadow_run(self: Profile, state: CycleState, endpoints: Sequence[Endpoint], n: int) -> ProfileResult:  # fmt: skip
+        result: ProfileResult = run(self, state, endpoints, n)
         if len(result.candidates) == len(endpoints) or not result.targets:
             return result
         everyone = Profile("shadow", self.filters, self.scorers, self.picker,
                            dataclasses.replace(self.shortlist_config, enabled=False))  # fmt: skip
         rng, state.rng = state.rng, random.Random(0)
-        full = run(everyone, state, endpoints, count)
+        full = run(everyone, state, endpoints, n)
         state.rng = rng
         totals = dict(zip((e.id for e in full.candidates), full.totals, strict=True))
-        AGREEMENT.decisions += 1
-        AGREEMENT.scored += len(result.candidates)
-        AGREEMENT.agreed += totals[result.targets[0].id] >= max(full.totals) - 1e-9
+        agreed = totals[result.targets[0].id] >= max(full.totals) - 1e-9
+        AGREEMENT.update(decisions=1, scored=len(result.candidates), agreed=agreed)
         return result
 
     return shadow_run
 
 
-def run_one(job: tuple[Point, str, int, bool, int]) -> tuple[Point, str, int, float, float, Agreement]:
-    point, policy, seed, quick, per_scorer = job
-    AGREEMENT.decisions = AGREEMENT.agreed = AGREEMENT.scored = 0  # a worker runs many jobs
-    text = POLICIES[policy]
-    if per_scorer and policy == "shipped":
-        text = f"shortlist: {{perScorer: {per_scorer}}}"
-    cfg = loads_config(text) if text else default_config()
-    original = Profile.run
-    if policy == "shipped":
-        Profile.run = _shadowed(original)  # type: ignore[method-assign]
-    try:
+def run_one(job: tuple[Point, str, int, bool]) -> tuple[Point, str, int, float, float, Counter[str]]:  # fmt: skip
+    point, policy, seed, quick = job
+    AGREEMENT.clear()  # a worker runs many jobs
+    cfg = loads_config(POLICIES[policy]) if POLICIES[policy] else default_config()
+    run = _shadowed(Profile.run) if policy == "shipped" else Profile.run
+    with patch.object(Profile, "run", run):
         s = replay(ReplayConfig(replicas=point.replicas, kv_blocks=point.kv_blocks, seed=seed),
                    workload_of(point, quick, seed), "epp", cfg)  # fmt: skip
-    finally:
-        Profile.run = original  # type: ignore[method-assign]
-    return point, policy, seed, s.hit_rate, s.ttft_p90_s, dataclasses.replace(AGREEMENT)
+    return point, policy, seed, s.hit_rate, s.ttft_p90_s, Counter(AGREEMENT)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one seed, three points, fewer requests")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--per-scorer", type=int, default=0,
-                    help="shortlist.perScorer for the shipped profile (0: as shipped)")
-    ap.add_argument("--result-name", default="shortlist")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="one seed, three points, no page")
+    ap.add_argument("--seeds", type=count, default=3)
     args = ap.parse_args()
     seeds = 1 if args.quick else args.seeds
-    points = [p for p in POINTS if not args.quick or p.label in QUICK or p.workload == "shared-prefix"]
-    jobs = [(p, pol, seed, args.quick, args.per_scorer) for p in points for pol in POLICIES
-            for seed in range(seeds)]  # fmt: skip
+    points = [p for p in POINTS if not args.quick or p.label in QUICK or p.workload == "shared-prefix"]  # fmt: skip
+    jobs = [(p, pol, seed, args.quick) for p in points for pol in POLICIES for seed in range(seeds)]
     runs: dict[tuple[Point, str], list[tuple[int, float, float]]] = {}
-    agree: dict[Point, Agreement] = {p: Agreement() for p in points}
+    agree: dict[Point, Counter[str]] = {p: Counter() for p in points}
     for point, policy, seed, hit, p90, ag in pool_map(run_one, jobs):
         runs.setdefault((point, policy), []).append((seed, hit, p90))
-        a = agree[point]
-        a.decisions, a.agreed, a.scored = a.decisions + ag.decisions, a.agreed + ag.agreed, a.scored + ag.scored
-    head = ("| point | shipped: hit rate / TTFT p90 (s) | every candidate scored | p90 shipped / all "
-            "scored, seed by seed | pick as good as the full set's | endpoints scored a decision |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|"]
-    data: dict[str, Any] = {}
+        agree[point] += ag
+    rows, data = [], {}
     for p in points:
         cells = {}
         for pol in POLICIES:
             rs = sorted(runs[p, pol])
-            cells[pol] = (statistics.mean(h for _, h, _ in rs), statistics.median(v for _, _, v in rs), [v for _, _, v in rs])
+            cells[pol] = (statistics.mean(h for _, h, _ in rs), statistics.median(v for _, _, v in rs),
+                          [v for _, _, v in rs])  # fmt: skip
         r, lo, hi = paired_ratio(cells["shipped"][2], cells["all scored"][2])
-        ratio = f"{r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo == lo else "")
-        a = agree[p]
-        share = a.agreed / a.decisions if a.decisions else float("nan")
-        size = a.scored / a.decisions if a.decisions else float("nan")
-        lines.append(f"| {p.label} | {100 * cells['shipped'][0]:.1f}% / {cells['shipped'][1]:.3f} | "
-                     f"{100 * cells['all scored'][0]:.1f}% / {cells['all scored'][1]:.3f} | {ratio} | "
-                     f"{100 * share:.2f}% of {a.decisions:,} | {size:.1f} of {p.replicas} |")
-        data[p.label] = {pol: {"hit_rate": c[0], "ttft_p90_s": c[1], "p90_by_seed": c[2]} for pol, c in cells.items()}
-        data[p.label]["agreement"] = {"decisions": a.decisions, "agreed": a.agreed, "scored": a.scored}
-    table = "\n".join(lines)
-    print(table)
-    if not args.quick and not args.per_scorer:
-        md = (f"{seeds} seeds a point; cells are the mean hit rate and the median TTFT p90.\n\n{table}\n")
-        print(f"wrote {write_result(args.result_name, 'The shortlist in large pools: the default as shipped against every candidate scored', md, data)}")
+        a, n = agree[p], agree[p]["decisions"] or float("nan")
+        rows.append([p.label, f"{100 * cells['shipped'][0]:.1f}% / {cells['shipped'][1]:.3f}",
+                     f"{100 * cells['all scored'][0]:.1f}% / {cells['all scored'][1]:.3f}",
+                     f"{r:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo == lo else ""),
+                     f"{100 * a['agreed'] / n:.2f}% of {a['decisions']:,}", f"{a['scored'] / n:.1f} of {p.replicas}"])  # fmt: skip
+        data[p.label] = {pol: {"hit_rate": c[0], "ttft_p90_s": c[1], "p90_by_seed": c[2]} for pol, c in cells.items()}  # fmt: skip
+        data[p.label]["agreement"] = {k: a[k] for k in ("decisions", "agreed", "scored")}
+    md = table(["point", "shipped: hit rate / TTFT p90 (s)", "every candidate scored",
+                "p90 shipped / all scored, seed by seed", "pick as good as the full set's",
+                "endpoints scored a decision"], rows)  # fmt: skip
+    print(md)
+    if not args.quick:
+        md = f"{seeds} seeds a point; cells are the mean hit rate and the median TTFT p90.\n\n{md}\n"  # fmt: skip
+        title = "The shortlist in large pools: the default as shipped against every candidate scored"  # fmt: skip
+        print(f"wrote {write_result('shortlist', title, md, data)}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ prompts, percentiles and markdown tables. epp itself runs as users run it
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import dataclasses
 import os
 import random
 import signal
@@ -18,10 +20,19 @@ import subprocess
 import sys
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+    import aiohttp
+
+    from simulator.stack.stack import Stack, StackOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT.parent / "shared" / "vllm" / "metrics-vllm-cpu-0.32.txt"
 """A real vLLM 0.32 /metrics page (56 KB)."""
+T = TypeVar("T")
 WORDS = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda", "theta")
 
 
@@ -85,6 +96,44 @@ def table(head: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1) 
 def ints(text: str) -> list[int]:
     """``"1,16"`` -> ``[1, 16]`` (an argparse type)."""
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def count(text: str) -> int:
+    """An integer of at least 1 (an argparse type)."""
+    if (n := int(text)) < 1:
+        raise argparse.ArgumentTypeError(f"{text}: at least 1")
+    return n
+
+
+async def live_rounds(base: StackOptions, policies: Mapping[str, tuple[str, str]], rounds: int,
+                      drive: Callable[[Stack, aiohttp.ClientSession], Awaitable[T]],
+                      rotate: bool = True) -> AsyncIterator[tuple[int, str, T]]:  # fmt: skip
+    """The model servers of ``base`` started once, then ``rounds`` rounds of every policy
+    (label: (the stack's policy, epp's config)) on them, each round starting one policy later
+    (``rotate``): the servers' prefix caches emptied, a fresh gateway and epp, ``drive`` run
+    through them. Yields (round from 0, label, what ``drive`` returned)."""
+    import aiohttp
+
+    from simulator.stack.stack import start_servers, start_stack
+
+    servers = await start_servers(base)
+    try:
+        for r in range(rounds):
+            labels, turn = list(policies), r % len(policies) if rotate else 0
+            for label in labels[turn:] + labels[:turn]:
+                await servers.reset_prefix_caches()
+                policy, config = policies[label]
+                options = dataclasses.replace(base, policy=policy, config=config)
+                stack = await start_stack(dataclasses.replace(options, servers=tuple(servers.urls)))
+                try:
+                    timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
+                    async with aiohttp.ClientSession(timeout=timeout) as http:
+                        got = await drive(stack, http)
+                finally:
+                    await stack.stop()
+                yield r, label, got
+    finally:
+        await servers.stop()
 
 
 async def serve_noop(pool: list[str]) -> None:

@@ -64,14 +64,3 @@ def test_runs_side_by_side_pool_sessions_and_show_each(tmp_path, capsys) -> None
     assert "(router ahead)" in lines["two/demo"]
     assert lines["all"].strip().startswith("all (8 runs): 1.00x") and "(level)" in lines["all"]
 
-
-def test_splits_count_groups_on_two_servers_and_uncached_tokens_per_round() -> None:
-    from bench.report_requests import splits
-
-    def row(k: int, group: int, upstream: str, cached: int) -> dict:
-        return {"round": k, "group": group, "upstream": upstream, "prompt_tokens": 1000,
-                "cached_tokens": cached}
-
-    rows = [row(0, 1, "a", 0), row(0, 1, "a", 900), row(0, 2, "b", 0),  # round 0: none split
-            row(1, 1, "a", 0), row(1, 1, "b", 0), row(1, 2, "b", 500)]  # round 1: group 1 split
-    assert splits(rows) == [(0, 2.1), (1, 2.5)]
