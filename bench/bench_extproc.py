@@ -4,13 +4,11 @@ One grpc.aio client drives both as Envoy does in FULL_DUPLEX_STREAMED mode: requ
 the body in two chunks, response headers and a JSON body with ``usage`` (``--sse-events N``: a
 streamed chat answer of N events, one message each). The no-op server (bench/harness.py)
 answers with no parsing and no scheduling, so the difference is what epp adds. epp serves 32
-endpoints, each serving the real vLLM /metrics page from another process, scraped at default
-settings; 16 KB mixed-script prompts from 64 shared prefixes. Latency: from the request headers to the
-routing reply (what Envoy waits before it forwards). Rounds alternate the servers and which
-goes first, the other paused (SIGSTOP); medians, ratios paired round by round, CPU per request
-of the server (/proc) and the client (this process).
-
-    ./run bench extproc [--requests 1000] [--concurrency 1,16] [--rounds 6] [--sse-events N] [--config FILE]
+endpoints serving the real vLLM /metrics page from another process, scraped at default
+settings; 16 KB mixed-script prompts from 64 shared prefixes. Latency: from the request
+headers to the routing reply (what Envoy waits before it forwards). Rounds alternate the
+servers and which goes first, the other paused (SIGSTOP); medians, throughput ratios also
+paired round by round, CPU per request of the server (/proc) and the client (this process).
 """
 
 from __future__ import annotations
@@ -30,29 +28,22 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import PAGE, ints, only, pct, prompts, start_noop, start_pages, stop, table  # noqa: E402
 
-ENDPOINTS = 32
 WORDS = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda", "théta", "日本")
-USAGE = {"prompt_tokens": 4000, "completion_tokens": 16, "prompt_tokens_details": {"cached_tokens": 3000}}
-
-
-def make_bodies(n: int) -> list[bytes]:
-    """``n`` completions of 16 KB mixed-script prompts from 64 shared prefixes (bench_scheduling's too)."""
-    return [json.dumps({"model": "m", "prompt": p, "max_tokens": 16}, ensure_ascii=False).encode()
-            for p in prompts(n, 16 * 1024, words=WORDS)]  # fmt: skip
+USAGE = {"prompt_tokens": 4000, "completion_tokens": 16, "prompt_tokens_details": {"cached_tokens": 3000}}  # fmt: skip
 
 
 def sse_events(n: int) -> list[bytes]:
-    """A chat completion streamed as vLLM streams it: one ``data:`` event per token, the
-    last with ``usage`` (``stream_options.include_usage``), then ``[DONE]``."""
-    out = [b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "model": "m",
-                                   "choices": [{"index": 0, "delta": {"content": f" w{i}"}}]}
-                                  ).encode() + b"\n\n" for i in range(n)]  # fmt: skip
-    if out:
-        out[-1] += b"data: " + json.dumps({"choices": [], "usage": USAGE}).encode() + b"\n\ndata: [DONE]\n\n"
-    return out
+    """A chat completion streamed as vLLM streams it: one ``data:`` event per token, the last
+    with ``usage`` (``stream_options.include_usage``), then ``[DONE]``."""
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m"}
+    tokens = [{"index": 0, "delta": {"content": f" w{i}"}} for i in range(n)]
+    out = [json.dumps({**chunk, "choices": [t]}) for t in tokens]
+    if out:  # the usage rides with the last token's event
+        out[-1] += "\n\ndata: " + json.dumps({"choices": [], "usage": USAGE}) + "\n\ndata: [DONE]"
+    return [f"data: {e}\n\n".encode() for e in out]
 
 
-async def drive(port: int, bodies: list[bytes], concurrency: int, sse: int = 0) -> tuple[float, list[float]]:
+async def drive(port: int, bodies: list[bytes], conc: int, sse: int) -> tuple[float, list[float]]:
     """(streams a second, each stream's time to its routing reply); ``sse``: 0, each reply is
     one JSON body; N, an SSE stream of N events, one chunk each, each answered before the next."""
     import grpc
@@ -70,7 +61,8 @@ async def drive(port: int, bodies: list[bytes], concurrency: int, sse: int = 0) 
         s = ec.Stream(channel)
         half = len(body) // 2
         t0 = time.perf_counter()
-        await s.send(ec.request_headers(), ec.request_body(body[:half], False), ec.request_body(body[half:], True))
+        first, rest = ec.request_body(body[:half], False), ec.request_body(body[half:], True)
+        await s.send(ec.request_headers(), first, rest)
         await s.recv()
         latencies.append(time.perf_counter() - t0)
         await s.recv()
@@ -91,46 +83,47 @@ async def drive(port: int, bodies: list[bytes], concurrency: int, sse: int = 0) 
             await one(queue.pop())
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker() for _ in range(conc)))
     elapsed = time.perf_counter() - t0
     await channel.close()
     return len(bodies) / elapsed, latencies
 
 
-async def bench(args: argparse.Namespace) -> None:
+async def bench(args: argparse.Namespace) -> dict[tuple[str, int], list[dict[str, float]]]:
     from simulator.eppproc import EppProcess
     from simulator.stack.cpu import cpu_ns
 
-    bodies = make_bodies(args.requests)
-    warm = bodies[:200]
-    pages, ports = start_pages(ENDPOINTS)
+    bodies = [json.dumps({"model": "m", "prompt": p, "max_tokens": 16}, ensure_ascii=False).encode()
+              for p in prompts(args.requests, 16 * 1024, words=WORDS)]  # fmt: skip
+    pages, ports = start_pages(32)
     noop, noop_port = start_noop(["10.0.0.1:8000"])
-    epp = EppProcess([f"127.0.0.1:{p}" for p in ports], Path(tempfile.mkdtemp(prefix="bench-extproc-")) / "epp.log",
-                     extra=("--log-level", "error", *(("--config", args.config) if args.config else ())))  # fmt: skip
+    log = Path(tempfile.mkdtemp(prefix="bench-extproc-")) / "epp.log"
+    extra = ("--log-level", "error", *(("--config", args.config) if args.config else ()))
+    epp = EppProcess([f"127.0.0.1:{p}" for p in ports], log, extra=extra)
     runs: dict[tuple[str, int], list[dict[str, float]]] = {}
     try:
         await epp.start()
         servers = {"noop": (noop.pid, noop_port), "epp": (epp.pid, epp.grpc_port)}
         for _, port in servers.values():
-            await drive(port, warm, 4)
-        for r in range(args.rounds):
-            for c in args.concurrency:
-                # who goes first alternates: with a fixed order, two identical no-op servers
-                # measured back to back read 0.90 at concurrency 1
-                for kind, (pid, port) in list(servers.items())[:: -1 if r % 2 else 1]:
-                    only([pid], [p for p, _ in servers.values()])
-                    await drive(port, warm[:100], 4)  # a resumed epp first rescrapes and catches up
-                    s0, c0 = cpu_ns(pid), os.times()
-                    rps, lat = await drive(port, bodies, c, args.sse_events)
-                    s1, c1 = cpu_ns(pid), os.times()
-                    runs.setdefault((kind, c), []).append({
-                        "rps": rps, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99),
-                        "server_cpu": (s1 - s0) / 1e9 / len(bodies),
-                        "client_cpu": (c1.user + c1.system - c0.user - c0.system) / len(bodies)})  # fmt: skip
+            await drive(port, bodies[:200], 4, 0)
+        for r, c in ((r, c) for r in range(args.rounds) for c in args.concurrency):
+            # who goes first alternates: with a fixed order, two identical no-op servers
+            # measured back to back read 0.90 at concurrency 1
+            for kind, (pid, port) in list(servers.items())[:: -1 if r % 2 else 1]:
+                only([pid], [p for p, _ in servers.values()])
+                # a resumed epp first rescrapes and catches up
+                await drive(port, bodies[:100], 4, 0)
+                s0, c0 = cpu_ns(pid), os.times()
+                rps, lat = await drive(port, bodies, c, args.sse_events)
+                s1, c1 = cpu_ns(pid), os.times()
+                client = c1.user + c1.system - c0.user - c0.system
+                runs.setdefault((kind, c), []).append({
+                    "rps": rps, "p50": pct(lat, 0.5) * 1e3, "p99": pct(lat, 0.99) * 1e3,
+                    "server_cpu": (s1 - s0) / 1e3 / len(bodies), "client_cpu": client * 1e6 / len(bodies)})  # fmt: skip
     finally:
         await epp.stop()
         stop([noop, pages])
-    report(args, runs)
+    return runs
 
 
 def report(args: argparse.Namespace, runs: dict[tuple[str, int], list[dict[str, float]]]) -> None:
@@ -139,45 +132,37 @@ def report(args: argparse.Namespace, runs: dict[tuple[str, int], list[dict[str, 
 
     how = f", epp --config {args.config}" if args.config else ""
     how += f", replies streamed as {args.sse_events} SSE events" if args.sse_events else ""
-    print(f"ext_proc bench: {ENDPOINTS} endpoints serving the real vLLM page, scraped{how}; 16 KB prompts, "
+    print(f"ext_proc bench: 32 endpoints serving the real vLLM page, scraped{how}; 16 KB prompts, "
           f"{args.requests} requests x {args.rounds} rounds per cell (medians), python "
           f"{sys.version.split()[0]}, {os.cpu_count()} CPUs shared with other work")  # fmt: skip
-    rows = [[kind, c, f"{m(kind, c, 'rps'):.0f}", f"{m(kind, c, 'p50') * 1e3:.3f}", f"{m(kind, c, 'p99') * 1e3:.3f}",
-             f"{m(kind, c, 'server_cpu') * 1e6:.0f}", f"{m(kind, c, 'client_cpu') * 1e6:.0f}"]
+    keys = ("rps", "p50", "p99", "server_cpu", "client_cpu")
+    rows = [[kind, c, *(f"{m(kind, c, k):.{3 if k[0] == 'p' else 0}f}" for k in keys)]
             for c in args.concurrency for kind in ("noop", "epp")]  # fmt: skip
-    print(table(["server", "concurrency", "req/s", "p50 ms", "p99 ms", "server CPU us a request",
-                 "client CPU us a request"], rows))  # fmt: skip
+    head = ["server", "concurrency", "req/s", "p50 ms", "p99 ms", "server CPU us a request"]
+    head.append("client CPU us a request")
+    print(table(head, rows))
     for c in args.concurrency:
         # each round's pair ran back to back, so its ratio cancels most of the machine's drift
-        # between rounds; with client and server sharing the cores, (client + no-op CPU) /
-        # (client + epp CPU) is the throughput ratio CPU alone allows
-        pairs = list(zip(runs[("noop", c)], runs[("epp", c)], strict=True))
-        ratios = [e["rps"] / n["rps"] for n, e in pairs]
-        bound = sum(m("noop", c, k) for k in ("server_cpu", "client_cpu")) / sum(
-            m("epp", c, k) for k in ("server_cpu", "client_cpu"))
+        pairs = zip(runs[("noop", c)], runs[("epp", c)], strict=True)
+        paired = statistics.median(e["rps"] / n["rps"] for n, e in pairs)
         print(f"concurrency {c:>2}: epp/noop throughput {m('epp', c, 'rps') / m('noop', c, 'rps'):.2f} "
-              f"(target >= 0.80; paired: median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-"
-              f"{max(ratios):.2f}; CPU-bound {bound:.2f}), added p50 "
-              f"{(m('epp', c, 'p50') - m('noop', c, 'p50')) * 1e3:.3f} ms"
+              f"(target >= 0.80; paired {paired:.2f}), added p50 {m('epp', c, 'p50') - m('noop', c, 'p50'):.3f} ms"
               + (" (target <= 0.3 ms)" if c == 1 else "")
-              + f", added p99 {(m('epp', c, 'p99') - m('noop', c, 'p99')) * 1e3:.3f} ms")  # fmt: skip
+              + f", added p99 {m('epp', c, 'p99') - m('noop', c, 'p99'):.3f} ms")  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--concurrency", type=ints, default=[1, 16])
-    ap.add_argument("--rounds", type=int, default=6, help="alternating rounds per server and concurrency")
-    ap.add_argument("--sse-events", type=int, default=0, metavar="N",
-                    help="stream each reply as N SSE events, one ext_proc message each, as a streamed chat "
-                    "completion reaches epp (default 0: one JSON body)")
-    ap.add_argument("--config", default="", metavar="FILE",
-                    help="epp's config (a file or a shipped name, as epp serve --config): what epp costs with it")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds per server and concurrency")
+    ap.add_argument("--sse-events", type=int, default=0, metavar="N", help="N SSE events a reply")
+    ap.add_argument("--config", default="", metavar="FILE", help="as epp serve --config FILE")
     args = ap.parse_args()
     if not PAGE.exists():
         print(f"skipped: {PAGE} not found (the real vLLM page lives in ../shared/vllm)")
         return
-    asyncio.run(bench(args))
+    report(args, asyncio.run(bench(args)))
 
 
 if __name__ == "__main__":
