@@ -1,19 +1,15 @@
-"""What epp costs behind real Envoy, in three parts:
+"""What epp costs behind real Envoy: the ext_proc hop per mode, streamed answers, tracing.
 
-- ``overhead`` (``--parts``): wrk posts 16 KB prompts from 64 shared prefixes through a front
-  Envoy to 8 listeners of a second Envoy that answer at once and serve the real vLLM /metrics
-  page epp scrapes: Envoy alone vs Envoy + a no-op ext_proc server (bench/harness.py: no
-  parsing, no scheduling, the floor of any Python processor) vs Envoy + ``epp serve``, per mode.
-- ``streams`` (``--parts``): answers of 8 tokens unstreamed, 8, 256 and 1,000 streamed (one SSE
-  event per token every 5 ms) in three modes: epp's CPU per request and per token (less its
-  idle rate), the gaps between a stream's events.
-- tracing (``--tracing also``, the default, or ``only``): the overhead part's default mode, epp
-  with OpenTelemetry off, sampled out and sampled in.
+- ``overhead``: wrk posts 16 KB prompts (64 shared prefixes) through a front Envoy to 8
+  direct-response upstreams serving the real vLLM /metrics page: Envoy alone vs + a no-op
+  ext_proc server (bench/harness.py: the floor of any Python processor) vs + ``epp serve``.
+- ``streams``: answers of 8 tokens unstreamed, 8, 256 and 1,000 streamed (an SSE event per
+  token every 5 ms), three modes: epp's CPU per request and token, the gaps between events.
+- tracing (``--tracing also|only``): the default mode, epp's tracing off, sampled out, in.
 
-The front Envoy runs ``epp envoy-config``'s bootstrap (one worker, fresh for every run).
-Configurations interleave round by round, the servers not measured paused (SIGSTOP): medians,
-throughput ratios also paired round by round, CPU per request from /proc. Writes
-docs/results/envoy-overhead.md when both parts ran, envoy-tracing.md when tracing did.
+The front Envoy runs ``epp envoy-config``'s bootstrap (one worker, fresh every run); the
+configurations interleave round by round, the servers not measured paused (SIGSTOP). Writes
+docs/results/envoy-overhead.md when both ``--parts`` ran, envoy-tracing.md when tracing did.
 """
 
 from __future__ import annotations
@@ -28,8 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +35,16 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import PAGE, ints, med, only, pct, prompts, spawn, start_noop, stop, table  # noqa: E402
 
+Spans = Callable[[], int] | None
+
 PARTS = ("overhead", "streams")
-MODES = {  # name: (request body, response, failure)
-    "default": ("buffered", "summary", "open"),
-    "full-duplex": ("full-duplex", "full-duplex", "closed"),
-    "request-only": ("buffered", "none", "open"),
-    "observer": ("buffered", "observer", "open"),
-    "response-full-duplex": ("buffered", "full-duplex", "open"),
-}
+MODES = {
+    "default": {"request_body": "buffered", "response": "summary", "failure": "open"},
+    "full-duplex": {"request_body": "full-duplex", "response": "full-duplex", "failure": "closed"},
+    "request-only": {"request_body": "buffered", "response": "none", "failure": "open"},
+    "observer": {"request_body": "buffered", "response": "observer", "failure": "open"},
+    "response-full-duplex": {"request_body": "buffered", "response": "full-duplex", "failure": "open"},
+}  # fmt: skip
 """The overhead part runs the first four, the streams part ``STREAM_MODES``."""
 STREAM_MODES = ("default", "response-full-duplex", "request-only")
 ANSWERS = {"json-8": 8, "sse-8": 8, "sse-256": 256, "sse-1000": 1000}
@@ -71,16 +70,18 @@ def envoy_options(pool: tuple[str, ...], *epps: str, mode: str = "default") -> A
 
     if not epps:
         return with_ports(EnvoyOptions(routing="random", pool=pool))
-    body, response, failure = MODES[mode]
-    return with_ports(
-        EnvoyOptions(epp=epps, pool=pool, request_body=body, response=response, failure=failure)
-    )
+    return with_ports(EnvoyOptions(epp=epps, pool=pool, **MODES[mode]))
 
 
 def epp(pool: tuple[str, ...], log: Path, *extra: str, env: dict[str, str] | None = None) -> Any:
     from simulator.eppproc import EppProcess
 
     return EppProcess(list(pool), log, extra=("--log-level", "error", *extra), env=env or {})
+
+
+def turned(names: Sequence[str], r: int) -> list[str]:
+    """``names`` in round ``r``'s order: the first moves back one place a round."""
+    return [*names[r % len(names) :], *names[: r % len(names)]]
 
 
 # --- the wrk parts: overhead and tracing -------------------------------------------------
@@ -113,7 +114,7 @@ def upstream_config(ports: list[int]) -> dict[str, Any]:
                                                  "typed_config": hcm}]}]} for p in ports]}}  # fmt: skip
 
 
-def wrk_script(path: Path) -> Path:
+def wrk_script(path: Path) -> None:
     """A wrk Lua script posting 256 completions of 16 KB prompts from 64 shared prefixes."""
     bodies = [
         json.dumps({"model": "m", "prompt": p, "max_tokens": 16}) for p in prompts(256, 16384)
@@ -122,7 +123,6 @@ def wrk_script(path: Path) -> Path:
            "  i = i + 1", '  return wrk.format("POST", "/v1/completions", '
            '{["content-type"] = "application/json"}, bodies[(i % #bodies) + 1])', "end"]  # fmt: skip
     path.write_text("\n".join(lua) + "\n")
-    return path
 
 
 def parse_wrk(out: str) -> dict[str, float]:
@@ -130,9 +130,7 @@ def parse_wrk(out: str) -> dict[str, float]:
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)\b", out)
     assert rps and p50, out
-    bad = re.findall(
-        r"Non-2xx or 3xx responses:\s+(\d+)|Socket errors: \D+(\d+)\D+(\d+)\D+(\d+)\D+(\d+)", out
-    )
+    bad = re.findall(r"Non-2xx or 3xx responses:\s+(\d+)|Socket errors: \D+(\d+)\D+(\d+)\D+(\d+)\D+(\d+)", out)  # fmt: skip
     ms = float(p50.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[p50.group(2)]
     return {
         "rps": float(rps.group(1)),
@@ -153,9 +151,7 @@ class Rig:
     async def wrk(self, url: str, conc: int, seconds: float) -> dict[str, float]:
         script = str(self.workdir / "bodies.lua")
         argv = ["wrk", "-t1", f"-c{conc}", f"-d{seconds:g}s", "--latency", "-s", script, url]
-        done = await asyncio.to_thread(
-            subprocess.run, argv, capture_output=True, text=True, check=False
-        )
+        done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         return parse_wrk(done.stdout)
 
@@ -165,11 +161,11 @@ class Rig:
         from simulator.stack.cpu import cpu_s
 
         envoy = await start_envoy(options, self.workdir, name="front")
-        unrouted = "http.inference.ext_proc.failure_mode_allowed"
 
         async def now() -> tuple[float, float, int]:
+            unrouted = await envoy.counters("http.inference.ext_proc.failure_mode_allowed")
             cpu = cpu_s(server_pid) if server_pid else 0.0
-            return cpu_s(envoy.proc.pid), cpu, sum((await envoy.counters(unrouted)).values())
+            return cpu_s(envoy.proc.pid), cpu, sum(unrouted.values())
 
         try:
             await self.wrk(envoy.url, conc, 1)
@@ -179,34 +175,25 @@ class Rig:
         finally:
             await envoy.stop()
         n = max(1.0, run["rps"] * self.seconds)
-        cpu = {
-            "envoy_cpu_ms": (t1[0] - t0[0]) * 1e3 / n,
-            "server_cpu_ms": (t1[1] - t0[1]) * 1e3 / n,
-        }
-        return {**run, **cpu, "unrouted": t1[2] - t0[2]}
+        run.update(envoy_cpu_ms=(t1[0] - t0[0]) * 1e3 / n, server_cpu_ms=(t1[1] - t0[1]) * 1e3 / n)
+        return {**run, "unrouted": t1[2] - t0[2]}
 
     async def interleave(
-        self,
-        configs: dict[str, tuple[Any, int | None]],
-        conc: int,
-        spans: Callable[[], int] | None = None,
+        self, configs: dict[str, tuple[Any, int | None]], conc: int, spans: Spans = None
     ) -> dict[str, list[dict[str, float]]]:
         """``configs``: name -> (Envoy options, the pid of the server that runs and counts); each
-        round runs each once, in an order that turns round by round. ``spans``: the count of
-        spans received, read before and after each run."""
+        round runs each once, in turn. ``spans``: spans received, read before and after a run."""
         pids = {pid for _, pid in configs.values() if pid}
-        names = list(configs)
-        runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
-        for r in range(self.rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                options, pid = configs[name]
-                only([pid] if pid else [], pids)
-                await asyncio.sleep(1.5 if pid else 0.5)  # a resumed epp rescrapes
-                before = spans() if spans else 0
-                runs[name].append(await self.measure(options, pid, conc))
-                if spans:
-                    await asyncio.sleep(0.5)  # the batch of the run's last spans
-                    runs[name][-1]["spans"] = spans() - before
+        runs: dict[str, list[dict[str, float]]] = {n: [] for n in configs}
+        for name in (n for r in range(self.rounds) for n in turned(list(configs), r)):
+            options, pid = configs[name]
+            only([pid] if pid else [], pids)
+            await asyncio.sleep(1.5 if pid else 0.5)  # a resumed epp rescrapes
+            before = spans() if spans else 0
+            runs[name].append(await self.measure(options, pid, conc))
+            if spans:
+                await asyncio.sleep(0.5)  # the batch of the run's last spans
+                runs[name][-1]["spans"] = spans() - before
         only(pids, pids)
         return runs
 
@@ -220,13 +207,14 @@ class Table:
     key: tuple[str, ...]
     names: tuple[str, ...]
     pairs: tuple[tuple[str, str], ...]
-    extra: tuple[str, ...] = ()
+    spans: bool = False
 
     def head(self) -> list[str]:
-        servers = " / ".join(n for n in self.names if n != "Envoy alone")
+        servers = " / ".join(self.names[1:] if self.names[0] == "Envoy alone" else self.names)
         return [*self.key, *(f"{n}: req/s, p50" for n in self.names),
                 *(f"{a} / {b}: throughput, p50" for a, b in self.pairs),
-                f"CPU ms a request: Envoy ({self.names[-1]}); {servers}", *self.extra, "unrouted, errors"]  # fmt: skip
+                f"CPU ms a request: Envoy ({self.names[-1]}); {servers}",
+                *(["spans received (sampled out, in)"] if self.spans else []), "unrouted, errors"]  # fmt: skip
 
     def row(self, key: list[object], runs: dict[str, list[dict[str, float]]]) -> list[object]:
         def m(name: str, what: str) -> float:
@@ -234,37 +222,39 @@ class Table:
 
         cells = [*key, *(f"{m(n, 'rps'):,.0f}, {m(n, 'p50_ms'):.2f} ms" for n in self.names)]
         for a, b in self.pairs:
-            paired = statistics.median(
-                x["rps"] / y["rps"] for x, y in zip(runs[a], runs[b], strict=True)
-            )
-            cells.append(f"{m(a, 'rps') / m(b, 'rps'):.2f} (paired {paired:.2f}), {m(a, 'p50_ms') - m(b, 'p50_ms'):+.2f} ms")  # fmt: skip
+            pairs = zip(runs[a], runs[b], strict=True)
+            paired = statistics.median(x["rps"] / y["rps"] for x, y in pairs)
+            ratio, later = m(a, "rps") / m(b, "rps"), m(a, "p50_ms") - m(b, "p50_ms")
+            cells.append(f"{ratio:.2f} (paired {paired:.2f}), {later:+.2f} ms")
         servers = [f"{m(n, 'server_cpu_ms'):.2f}" for n in self.names if n != "Envoy alone"]
         cells.append(f"{m(self.names[-1], 'envoy_cpu_ms'):.2f}; " + " / ".join(servers))
-        if self.extra:  # the tracing part's spans
+        if self.spans:
             cells.append(
-                ", ".join(f"{int(sum(r['spans'] for r in runs[v])):,}" for v in self.names[1:])
+                ", ".join(f"{sum(r['spans'] for r in runs[v]):,.0f}" for v in self.names[1:])
             )
-        every = [x for r in runs.values() for x in r]
-        return [
-            *cells,
-            f"{sum(x['unrouted'] for x in every):.0f}, {sum(x['bad'] for x in every):.0f}",
-        ]
+        unrouted, bad = (sum(x[k] for r in runs.values() for x in r) for k in ("unrouted", "bad"))
+        return [*cells, f"{unrouted:.0f}, {bad:.0f}"]
 
     def rows(self, results: dict[str, Any]) -> list[list[object]]:
         return [self.row(k.split("/"), runs) for k, runs in results.items()]
 
+    async def run(self, rig: Rig, configs: dict[str, Any], concurrency: list[int], mode: str = "",
+                  spans: Spans = None) -> dict[str, Any]:  # fmt: skip
+        """Each concurrency's runs, by ``MODE/CONCURRENCY`` (or ``CONCURRENCY``); prints each row."""
+        out = {}
+        for conc in concurrency:
+            key = [mode, conc] if mode else [conc]
+            out["/".join(map(str, key))] = runs = await rig.interleave(configs, conc, spans)
+            print(table(self.head(), [self.row(key, runs)]), flush=True)
+        return out
 
-OVERHEAD = Table(
-    ("mode", "concurrency"), ("Envoy alone", "+ no-op", "+ epp"), (("+ epp", "+ no-op"),)
-)
-TRACE = Table(
-    ("concurrency",), tuple(TRACING), (("sampled out", "off"), ("sampled in", "off")),
-    ("spans received (sampled out, in)",),
-)  # fmt: skip
+
+OVERHEAD = Table(("mode", "concurrency"), ("Envoy alone", "+ no-op", "+ epp"), (("+ epp", "+ no-op"),))  # fmt: skip
+TRACE = Table(("concurrency",), tuple(TRACING), (("sampled out", "off"), ("sampled in", "off")), True)  # fmt: skip
 
 
 async def wrk_parts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """The overhead part (``"overhead"`` in ``args.parts``) and the tracing part."""
+    """The overhead part (when ``args.parts`` names it) and the tracing part."""
     from epp.envoyconfig import EnvoyOptions
     from simulator.envoy import start_envoy
     from simulator.otlp import OtlpReceiver
@@ -275,43 +265,31 @@ async def wrk_parts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     upstream = await start_envoy(EnvoyOptions(), workdir, name="up", config=upstream_config(ports))
     rig = Rig(tuple(f"127.0.0.1:{p}" for p in ports), workdir, args.seconds, args.rounds)
     wrk_script(workdir / "bodies.lua")
-    alone = envoy_options(rig.pool)
-    out: dict[str, dict[str, Any]] = {"tracing": {}, "overhead": {}}
     noop, noop_port = start_noop(rig.pool)
     receiver = await OtlpReceiver(max_spans=1000).start()
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
-    epps = {
-        v: epp(rig.pool, workdir / f"{v.split()[-1]}.log", env={**env, **e} if e else None)
-        for v, e in TRACING.items()
-    }
+    epps = {v: epp(rig.pool, workdir / f"{v.split()[-1]}.log", env={**env, **e} if e else None)
+            for v, e in TRACING.items()}  # fmt: skip
+    out: dict[str, dict[str, Any]] = {"tracing": {}, "overhead": {}}
     started = []
     try:
-        if args.tracing != "off":
-            for e in epps.values():
-                await e.start()
-                started.append(e)
-            configs = {v: (envoy_options(rig.pool, e.address), e.pid) for v, e in epps.items()}
-            for conc in args.concurrency:
-                runs = out["tracing"][str(conc)] = await rig.interleave(
-                    configs, conc, lambda: receiver.received
-                )
-                print(table(TRACE.head(), [TRACE.row([conc], runs)]), flush=True)
-            for e in epps.values():
-                await e.stop()
-        for mode in list(MODES)[:4] if "overhead" in args.parts else []:
-            e = epp(
-                rig.pool,
-                workdir / f"{mode}.log",
-                *(["--response-observer"] if mode == "observer" else []),
-            )
+        for e in epps.values() if args.tracing != "off" else []:
             await e.start()
             started.append(e)
-            no_op = envoy_options(rig.pool, f"127.0.0.1:{noop_port}", mode=mode)
-            configs = {"Envoy alone": (alone, None), "+ no-op": (no_op, noop.pid),
+        if args.tracing != "off":
+            configs = {v: (envoy_options(rig.pool, e.address), e.pid) for v, e in epps.items()}
+            runs = await TRACE.run(rig, configs, args.concurrency, spans=lambda: receiver.received)
+            out["tracing"] = runs
+            only([], [e.pid for e in epps.values()])
+        for mode in list(MODES)[:4] if "overhead" in args.parts else []:
+            observer = ["--response-observer"] if mode == "observer" else []
+            e = epp(rig.pool, workdir / f"{mode}.log", *observer)
+            await e.start()
+            started.append(e)
+            configs = {"Envoy alone": (envoy_options(rig.pool), None),
+                       "+ no-op": (envoy_options(rig.pool, f"127.0.0.1:{noop_port}", mode=mode), noop.pid),
                        "+ epp": (envoy_options(rig.pool, e.address, mode=mode), e.pid)}  # fmt: skip
-            for conc in args.concurrency:
-                runs = out["overhead"][f"{mode}/{conc}"] = await rig.interleave(configs, conc)
-                print(table(OVERHEAD.head(), [OVERHEAD.row([mode, conc], runs)]), flush=True)
+            out["overhead"] |= await OVERHEAD.run(rig, configs, args.concurrency, mode)
             await e.stop()
     finally:
         for e in started:
@@ -334,15 +312,10 @@ async def serve_sse(ports: list[int]) -> None:
 
     from simulator.emulator.metrics import restrict_page
 
+    head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
     def event(**doc: Any) -> bytes:
-        doc = {
-            "id": "chatcmpl-bench",
-            "object": "chat.completion.chunk",
-            "created": 1,
-            "model": "m",
-            **doc,
-        }
-        return b"data: " + json.dumps(doc).encode() + b"\n\n"
+        return b"data: " + json.dumps({**head, **doc}).encode() + b"\n\n"
 
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -351,25 +324,15 @@ async def serve_sse(ports: list[int]) -> None:
         usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
                  "prompt_tokens_details": {"cached_tokens": prompt // 2}}  # fmt: skip
         if not body.get("stream"):
-            message = {"role": "assistant", "content": " word" * n}
-            choice = {"index": 0, "finish_reason": "length", "message": message}
-            answer = {
-                "id": "chatcmpl-bench",
-                "object": "chat.completion",
-                "created": 1,
-                "model": "m",
-            }
-            return web.json_response({**answer, "usage": usage, "choices": [choice]})
+            choice = {"index": 0, "finish_reason": "length"}
+            choice["message"] = {"role": "assistant", "content": " word" * n}
+            answer = {**head, "object": "chat.completion", "usage": usage, "choices": [choice]}
+            return web.json_response(answer)
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(n):
-            delta = {
-                "index": 0,
-                "delta": {"content": f" word{i}"},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-            await resp.write(event(choices=[delta]))
+            token = {"index": 0, "delta": {"content": f" word{i}"}, "finish_reason": None}
+            await resp.write(event(choices=[{**token, "logprobs": None}]))
             await asyncio.sleep(TOKEN_S)
         await resp.write(event(choices=[], usage=usage) + b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -377,9 +340,8 @@ async def serve_sse(ports: list[int]) -> None:
 
     async def metrics(request: web.Request) -> web.Response:
         names = set(request.query.getall("name[]", []))
-        return web.Response(
-            body=restrict_page(page, names) if names else page, content_type="text/plain"
-        )
+        body = restrict_page(page, names) if names else page
+        return web.Response(body=body, content_type="text/plain")
 
     page = PAGE.read_bytes()
     app = web.Application(client_max_size=1 << 20)
@@ -393,8 +355,9 @@ async def serve_sse(ports: list[int]) -> None:
     await asyncio.Event().wait()
 
 
-async def stream_cell(url: str, bodies: list[bytes], conc: int, n: int, pids: tuple[int, int],
-                      idle_s: float = IDLE_S) -> dict[str, float]:  # fmt: skip
+async def stream_cell(
+    url: str, bodies: list[bytes], conc: int, n: int, pids: tuple[int, int], idle_s: float = IDLE_S
+) -> dict[str, float]:
     """``n`` requests by ``conc`` clients; epp's and Envoy's CPU per request (``pids``, less
     their idle rate over ``idle_s`` just before and just after), the gaps between an answer's
     token events after its first."""
@@ -408,21 +371,17 @@ async def stream_cell(url: str, bodies: list[bytes], conc: int, n: int, pids: tu
     gaps: list[float] = []
     left = iter(range(n))
     failed = 0
+    json_type = {"content-type": "application/json"}
 
     async def client(http: aiohttp.ClientSession) -> None:
         nonlocal failed
         for i in left:
-            async with http.post(
-                url, data=bodies[i % len(bodies)], headers={"content-type": "application/json"}
-            ) as r:
+            async with http.post(url, data=bodies[i % len(bodies)], headers=json_type) as r:
                 last, done = -1.0, r.status == 200 and b'"stream"' not in bodies[0]
                 async for line in r.content:
                     done |= r.status == 200 and line.startswith(b"data: [DONE]")
-                    if (
-                        line.startswith(b"data: ")
-                        and b'"delta"' in line
-                        and b'"content":""' not in line
-                    ):
+                    token = line.startswith(b"data: ") and b'"delta"' in line
+                    if token and b'"content":""' not in line:
                         if last >= 0:
                             gaps.append(time.perf_counter() - last)
                         last = time.perf_counter()
@@ -431,10 +390,8 @@ async def stream_cell(url: str, bodies: list[bytes], conc: int, n: int, pids: tu
     t0 = now()
     await asyncio.sleep(idle_s)
     t1 = now()
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=timeout
-    ) as http:
+    connector, timeout = aiohttp.TCPConnector(limit=0), aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await asyncio.gather(*(client(http) for _ in range(conc)))
     await asyncio.sleep(0.3)  # the access log's last entries reach epp (flushed every 5 ms)
     t2 = now()
@@ -456,34 +413,32 @@ async def streams(args: argparse.Namespace) -> dict[str, Any]:
     sse, _ = spawn(__file__, "--serve-sse", ",".join(map(str, ports)))
     (config := workdir / "epp.yaml").write_text(f"scraping:\n  intervalSeconds: {SCRAPE_S}\n")
     e = epp(pool, workdir / "epp.log", "--config", str(config))
+    texts = prompts(64, 16384, seed=5)
     stream = {"stream": True, "stream_options": {"include_usage": True}}
     bodies = {key: [json.dumps({"model": "m", "max_tokens": tokens, "messages": [{"role": "user", "content": p}],
-                                **(stream if "sse" in key else {})}).encode() for p in prompts(64, 16384, seed=5)]
+                                **(stream if "sse" in key else {})}).encode() for p in texts]
               for key, tokens in ANSWERS.items()}  # fmt: skip
+    cells = [(key, tokens, conc) for key, tokens in ANSWERS.items() for conc in args.concurrency]
     results: dict[str, Any] = {}
     try:
         await e.start()
-        for r in range(args.rounds):
-            for mode in STREAM_MODES[r % 3 :] + STREAM_MODES[: r % 3]:
-                envoy = await start_envoy(
-                    envoy_options(pool, e.address, mode=mode), workdir, name="front"
-                )
-                url, pids = envoy.url + "/v1/chat/completions", (e.pid, envoy.proc.pid)
-                try:
-                    # warm-up: connections, scrapes, and the access log reaching epp
-                    await stream_cell(url, bodies["sse-8"], 4, 16, pids, 0.1)
-                    for (key, tokens), conc in (
-                        (a, c) for a in ANSWERS.items() for c in args.concurrency
-                    ):
-                        # about --seconds of answers, two a client and four in all at least
-                        per = 0.01 + (tokens * TOKEN_S if "sse" in key else 0.0)
-                        n = max(4, 2 * conc, min(400, int(args.seconds / per) * conc))
-                        cell = await stream_cell(url, bodies[key], conc, n, pids)
-                        results.setdefault(f"{mode}/{key}/{conc}", []).append(cell)
-                        print(f"round {r + 1} {mode}/{key}/{conc}: n={n} epp {cell['epp_ms']:.2f} ms/request, "
-                              f"failed {cell['failed']}", file=sys.stderr, flush=True)  # fmt: skip
-                finally:
-                    await envoy.stop()
+        for r, mode in ((i, m) for i in range(args.rounds) for m in turned(STREAM_MODES, i)):
+            options = envoy_options(pool, e.address, mode=mode)
+            envoy = await start_envoy(options, workdir, name="front")
+            url, pids = envoy.url + "/v1/chat/completions", (e.pid, envoy.proc.pid)
+            try:
+                # warm-up: connections, scrapes, and the access log reaching epp
+                await stream_cell(url, bodies["sse-8"], 4, 16, pids, 0.1)
+                for key, tokens, conc in cells:
+                    # about --seconds of answers, two a client and four in all at least
+                    per = 0.01 + (tokens * TOKEN_S if "sse" in key else 0.0)
+                    n = max(4, 2 * conc, min(400, int(args.seconds / per) * conc))
+                    cell = await stream_cell(url, bodies[key], conc, n, pids)
+                    results.setdefault(f"{mode}/{key}/{conc}", []).append(cell)
+                    print(f"round {r + 1} {mode}/{key}/{conc}: n={n}, epp {cell['epp_ms']:.2f} ms a "
+                          f"request, failed {cell['failed']}", file=sys.stderr, flush=True)  # fmt: skip
+            finally:
+                await envoy.stop()
     finally:
         await e.stop()
         stop([sse])
@@ -497,31 +452,32 @@ def stream_table(results: dict[str, Any], concurrency: list[int]) -> str:
     def ms(mode: str, key: str, conc: int, what: str = "epp_ms") -> float:
         return med(results[f"{mode}/{key}/{conc}"], what)
 
+    def x(mode: str, a: str, b: str, conc: int) -> str:  # a's epp CPU over b's
+        return f"{ms(mode, a, conc) / ms(mode, b, conc):.2f}x"
+
+    def gaps(mode: str, key: str, conc: int) -> str:
+        return f"{ms(mode, key, conc, 'gap_p50_ms'):.2f} / {ms(mode, key, conc, 'gap_p99_ms'):.2f}"
+
     rows: list[list[object]] = []
-    for mode, conc, (key, tokens) in (
-        (m, c, a) for m in STREAM_MODES for c in concurrency for a in ANSWERS.items()
-    ):
-        cpu, failed = ms(mode, key, conc), sum(r["failed"] for r in results[f"{mode}/{key}/{conc}"])
-        gaps = f"{ms(mode, key, conc, 'gap_p50_ms'):.2f} / {ms(mode, key, conc, 'gap_p99_ms'):.2f}"
-        rows.append([mode, f"{tokens} tokens, {'streamed' if 'sse' in key else 'unstreamed'}", conc,
-                     f"{cpu:.2f}", f"{1e3 * cpu / tokens:,.1f}", f"{cpu / ms(mode, 'json-8', conc):.2f}",
-                     gaps if tokens > 8 else "", f"{ms(mode, key, conc, 'envoy_ms'):.2f}", failed])  # fmt: skip
+    for mode, conc, (key, n) in product(STREAM_MODES, concurrency, ANSWERS.items()):
+        cpu, kind = ms(mode, key, conc), "streamed" if "sse" in key else "unstreamed"
+        failed = sum(r["failed"] for r in results[f"{mode}/{key}/{conc}"])
+        rows.append([mode, f"{n} tokens, {kind}", conc, f"{cpu:.2f}", f"{1e3 * cpu / n:,.1f}",
+                     x(mode, key, "json-8", conc)[:-1], gaps(mode, key, conc) if n > 8 else "",
+                     f"{ms(mode, key, conc, 'envoy_ms'):.2f}", failed])  # fmt: skip
     head = ["mode", "answer", "streams", "epp CPU ms a request", "epp CPU us a token", "x the short unstreamed answer",
             "event gaps p50 / p99 (ms)", "Envoy CPU ms a request", "failed"]  # fmt: skip
     lines = [table(head, rows, 2), ""]
     for c in concurrency:
-        gaps = "; ".join(f"{t} tokens: p50 {ms('default', f'sse-{t}', c, 'gap_p50_ms'):.2f} vs "
-                         f"{ms('request-only', f'sse-{t}', c, 'gap_p50_ms'):.2f} ms, p99 "
-                         f"{ms('default', f'sse-{t}', c, 'gap_p99_ms'):.2f} vs "
-                         f"{ms('request-only', f'sse-{t}', c, 'gap_p99_ms'):.2f} ms" for t in (256, 1000))  # fmt: skip
+        gap = "; ".join(f"{t} tokens: p50 / p99 {gaps('default', f'sse-{t}', c)} vs "
+                        f"{gaps('request-only', f'sse-{t}', c)} ms" for t in (256, 1000))  # fmt: skip
         lines.append(
             f"- {c} stream(s), the default bootstrap: a 256-token streamed answer costs epp "
-            f"{ms('default', 'sse-256', c) / ms('default', 'json-8', c):.2f}x the short unstreamed one "
-            f"(target <= 2), a 1,000-token one {ms('default', 'sse-1000', c) / ms('default', 'sse-256', c):.2f}x "
-            "the 256-token one (target <= 1; the same ratio with no response processing at all, request-only, "
-            f"whose cost cannot grow with the answer: "
-            f"{ms('request-only', 'sse-1000', c) / ms('request-only', 'sse-256', c):.2f}x, the measurement's "
-            f"noise); event gaps with epp in the path vs Envoy's --response none: {gaps}."
+            f"{x('default', 'sse-256', 'json-8', c)} the short unstreamed one (target <= 2), a 1,000-token "
+            f"one {x('default', 'sse-1000', 'sse-256', c)} the 256-token one (target <= 1; the same ratio with "
+            "no response processing at all, request-only, whose cost cannot grow with the answer: "
+            f"{x('request-only', 'sse-1000', 'sse-256', c)}, the measurement's noise); event gaps with epp in "
+            f"the path vs Envoy's --response none: {gap}."
         )  # fmt: skip
     return "\n".join(lines)
 
@@ -529,37 +485,36 @@ def stream_table(results: dict[str, Any], concurrency: list[int]) -> str:
 # --- the pages -----------------------------------------------------------------------------
 
 WRK_NOTES = (
-    "Medians of interleaved rounds (each round one run of each configuration, a fresh front Envoy "
-    "with one worker each; wrk, one thread, 16 KB prompts from 64 shared prefixes; 8 direct-response "
-    "upstreams serving the real vLLM /metrics page, which epp scrapes). Paired: the median of the "
-    "per-round ratios. CPU: the front Envoy's in the last configuration's runs, each ext_proc "
-    "server's in its runs, per request. Unrouted: requests Envoy let through without a destination "
-    "from the processor (failure_mode_allowed); errors: non-2xx and socket errors."
+    "Medians of interleaved rounds (a fresh front Envoy with one worker a run; wrk, one thread; 8 "
+    "direct-response upstreams serving the real vLLM /metrics page epp scrapes). Paired: the median "
+    "of the per-round ratios. CPU per request: the front Envoy's in the last configuration's runs, "
+    "each server's in its own. Unrouted: let through without a destination (failure_mode_allowed)."
 )
 TRACING_NOTES = (
-    "\n\nThe default mode, three `epp serve` processes alike but for their OTEL_* variables: off (none), "
-    "sampled out (OTEL_EXPORTER_OTLP_ENDPOINT set, OTEL_TRACES_SAMPLER=parentbased_traceidratio, ARG 0: "
-    "every request's spans started and dropped, its traceparent still sent upstream), sampled in "
-    "(parentbased_always_on: five spans a request recorded and exported over OTLP/HTTP to a receiver in "
-    "the benchmark's process; the SDK's batch queue drops what it cannot send in time, so spans received "
-    "can be fewer than 5 a request). "
+    "\n\nThe default mode, three `epp serve` alike but for OTEL_* variables: off (none), sampled "
+    "out (parentbased_traceidratio, ARG 0: spans started and dropped, the traceparent still sent), "
+    "sampled in (parentbased_always_on: five spans a request exported over OTLP/HTTP to a receiver "
+    "in the benchmark's process; the SDK's batch queue drops what it cannot send in time). "
+)
+STREAM_NOTES = (
+    "Medians of {rounds} interleaved rounds (a fresh front Envoy per mode and round; epp scraping "
+    "every {scrape:g} s; 2 Python servers streaming a chat chunk per token every {token:g} ms; an "
+    "aiohttp client, closed loop). epp CPU: its threads' CPU time less its idle rate before and "
+    "after the cell. Event gaps: between an answer's token events as the client read them. Modes: "
+    "default (the shipped bootstrap: epp reads the headers and a streamed answer's first bytes, "
+    "Envoy's access log brings the usage and the end), response-full-duplex (every chunk through "
+    "epp), request-only (--response none)."
 )
 
 
 def overhead_page(args: argparse.Namespace, data: dict[str, Any]) -> str:
-    modes = "; ".join(f"{k}: request {b}, response {r}, fail-{f}" for k, (b, r, f) in MODES.items())
-    return (
-        "## Short unstreamed requests: the ext_proc hop\n\n" + table(OVERHEAD.head(), OVERHEAD.rows(data["overhead"]))
-        + f"\n\n{WRK_NOTES} Modes: {modes}.\n\n## Streamed answers: what their length costs epp\n\n"
-        + stream_table(data["streams"], args.concurrency) + f"\n\nMedians of {args.rounds} interleaved rounds (a "
-        f"fresh front Envoy per mode and round; epp scraping every {SCRAPE_S:g} s; 2 Python servers streaming one "
-        f"chat chunk per token every {TOKEN_S * 1e3:g} ms; 16 KB prompts from 64 shared prefixes; an aiohttp "
-        "client, closed loop). epp CPU: the scheduler's count of its threads, less its idle rate just before "
-        "and after the cell. Event gaps: between an answer's token events as the client read them. Modes: "
-        "default (the shipped bootstrap: epp reads the headers and a streamed answer's first bytes, Envoy's "
-        "access log brings the usage and the end), response-full-duplex (every chunk through epp), "
-        "request-only (--response none)."
-    )  # fmt: skip
+    modes = "; ".join(f"{k}: request {v['request_body']}, response {v['response']}, fail-{v['failure']}"
+                      for k, v in MODES.items())  # fmt: skip
+    notes = STREAM_NOTES.format(rounds=args.rounds, scrape=SCRAPE_S, token=TOKEN_S * 1e3)
+    return "\n\n".join([
+        "## Short unstreamed requests: the ext_proc hop", table(OVERHEAD.head(), OVERHEAD.rows(data["overhead"])),
+        f"{WRK_NOTES} Modes: {modes}.", "## Streamed answers: what their length costs epp",
+        stream_table(data["streams"], args.concurrency), notes])  # fmt: skip
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -568,41 +523,29 @@ async def main_async(args: argparse.Namespace) -> None:
     data = await wrk_parts(args)
     if traced := data.pop("tracing"):
         markdown = table(TRACE.head(), TRACE.rows(traced)) + TRACING_NOTES + WRK_NOTES
-        path = write_result(
-            "envoy-tracing", "The cost of epp's tracing through real Envoy", markdown, traced
-        )
-        print(f"wrote {path.relative_to(ROOT)}", flush=True)
+        title = "The cost of epp's tracing through real Envoy"
+        print(f"wrote {write_result('envoy-tracing', title, markdown, traced)}", flush=True)
     if "streams" in args.parts:
         data["streams"] = await streams(args)
         print(stream_table(data["streams"], args.concurrency), flush=True)
     if set(args.parts) == set(PARTS):
         title = "ext_proc overhead through real Envoy"
-        path = write_result("envoy-overhead", title, overhead_page(args, data), data)
-        print(f"wrote {path.relative_to(ROOT)}")
+        print(f"wrote {write_result('envoy-overhead', title, overhead_page(args, data), data)}")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    formatter = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument(
-        "--seconds", type=float, default=5.0, help="a wrk run; about a streams cell's answers"
-    )
+    p.add_argument("--seconds", type=float, default=5.0, help="a wrk run; a streams cell, about")
     p.add_argument("--concurrency", type=ints, default=[1, 16])
-    p.add_argument(
-        "--parts", default=",".join(PARTS), help=f"of {', '.join(PARTS)} (default: both)"
-    )
-    p.add_argument(
-        "--tracing", choices=("also", "only", "off"), default="also", help="the tracing part"
-    )
+    p.add_argument("--parts", default=",".join(PARTS), help="overhead, streams or both")
+    p.add_argument("--tracing", choices=("also", "only", "off"), default="also")
     p.add_argument("--serve-sse", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_sse:
         return asyncio.run(serve_sse(ints(args.serve_sse)))
-    args.parts = (
-        [] if args.tracing == "only" else [x.strip() for x in args.parts.split(",") if x.strip()]
-    )
+    args.parts = [] if args.tracing == "only" else args.parts.split(",")
     if unknown := set(args.parts) - set(PARTS):
         p.error(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
     if shutil.which("wrk") is None:
