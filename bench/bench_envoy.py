@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import PAGE, ints, med, only, pct, prompts, spawn, start_noop, stop, table  # noqa: E402
 
-Spans = Callable[[], int] | None
+Configs = dict[str, tuple[Any, int | None]]  # name: (Envoy options, the pid of the server measured)
+Runs = dict[str, list[dict[str, float]]]  # name: each round's figures
 
 PARTS = ("overhead", "streams")
 MODES = {
@@ -87,16 +88,21 @@ def turned(names: Sequence[str], r: int) -> list[str]:
 # --- the wrk parts: overhead and tracing -------------------------------------------------
 
 
-def upstream_config(ports: list[int]) -> dict[str, Any]:
-    """Listeners answering every request at once; /metrics: the families of the real vLLM page
-    epp asks for (it names them, as vLLM's Prometheus client allows)."""
+def vllm_page() -> bytes:
+    """The families of the real vLLM page epp asks for (it names them, as vLLM's Prometheus
+    client allows): what the upstreams of both parts serve on /metrics."""
     from urllib.parse import unquote
 
     from epp.datastore.metricsparse import VLLM, query_for
     from simulator.emulator.metrics import restrict_page
 
     wanted = {unquote(q.partition("=")[2]) for q in query_for(VLLM)[1:].split("&")}
-    page = restrict_page(PAGE.read_bytes(), wanted).decode()
+    return restrict_page(PAGE.read_bytes(), wanted)
+
+
+def upstream_config(ports: list[int]) -> dict[str, Any]:
+    """Listeners answering every request at once (/metrics: ``vllm_page``)."""
+    page = vllm_page().decode()
     routes = [{"match": {"prefix": prefix}, "direct_response": {"status": 200, "body": {"inline_string": body}},
                "response_headers_to_add": [{"header": {"key": "content-type", "value": kind}}]}
               for prefix, body, kind in [("/metrics", page, "text/plain"), ("/", ANSWER, "application/json")]]  # fmt: skip
@@ -116,9 +122,8 @@ def upstream_config(ports: list[int]) -> dict[str, Any]:
 
 def wrk_script(path: Path) -> None:
     """A wrk Lua script posting 256 completions of 16 KB prompts from 64 shared prefixes."""
-    bodies = [
-        json.dumps({"model": "m", "prompt": p, "max_tokens": 16}) for p in prompts(256, 16384)
-    ]
+    texts = prompts(256, 16384)
+    bodies = [json.dumps({"model": "m", "prompt": p, "max_tokens": 16}) for p in texts]
     lua = ["bodies = {", *(f"  [[{b}]]," for b in bodies), "}", "i = 0", "request = function()",
            "  i = i + 1", '  return wrk.format("POST", "/v1/completions", '
            '{["content-type"] = "application/json"}, bodies[(i % #bodies) + 1])', "end"]  # fmt: skip
@@ -130,23 +135,20 @@ def parse_wrk(out: str) -> dict[str, float]:
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)\b", out)
     assert rps and p50, out
-    bad = re.findall(r"Non-2xx or 3xx responses:\s+(\d+)|Socket errors: \D+(\d+)\D+(\d+)\D+(\d+)\D+(\d+)", out)  # fmt: skip
+    errors = r"Non-2xx or 3xx responses:\s+(\d+)|Socket errors: \D+(\d+)\D+(\d+)\D+(\d+)\D+(\d+)"
+    bad = sum(int(x or 0) for found in re.findall(errors, out) for x in found)
     ms = float(p50.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[p50.group(2)]
-    return {
-        "rps": float(rps.group(1)),
-        "p50_ms": ms,
-        "bad": sum(int(x or 0) for g in bad for x in g),
-    }
+    return {"rps": float(rps.group(1)), "p50_ms": ms, "bad": bad}
 
 
 @dataclass(slots=True)
 class Rig:
-    """The upstream Envoy's pool, the wrk script and the settings the wrk parts share."""
+    """Where the wrk script is and the settings the wrk parts share."""
 
-    pool: tuple[str, ...]
     workdir: Path
     seconds: float
     rounds: int
+    concurrency: list[int]
 
     async def wrk(self, url: str, conc: int, seconds: float) -> dict[str, float]:
         script = str(self.workdir / "bodies.lua")
@@ -178,22 +180,16 @@ class Rig:
         run.update(envoy_cpu_ms=(t1[0] - t0[0]) * 1e3 / n, server_cpu_ms=(t1[1] - t0[1]) * 1e3 / n)
         return {**run, "unrouted": t1[2] - t0[2]}
 
-    async def interleave(
-        self, configs: dict[str, tuple[Any, int | None]], conc: int, spans: Spans = None
-    ) -> dict[str, list[dict[str, float]]]:
+    async def interleave(self, configs: Configs, conc: int) -> Runs:
         """``configs``: name -> (Envoy options, the pid of the server that runs and counts); each
-        round runs each once, in turn. ``spans``: spans received, read before and after a run."""
+        round runs each once, in turn."""
         pids = {pid for _, pid in configs.values() if pid}
-        runs: dict[str, list[dict[str, float]]] = {n: [] for n in configs}
+        runs: Runs = {n: [] for n in configs}
         for name in (n for r in range(self.rounds) for n in turned(list(configs), r)):
             options, pid = configs[name]
             only([pid] if pid else [], pids)
             await asyncio.sleep(1.5 if pid else 0.5)  # a resumed epp rescrapes
-            before = spans() if spans else 0
             runs[name].append(await self.measure(options, pid, conc))
-            if spans:
-                await asyncio.sleep(0.5)  # the batch of the run's last spans
-                runs[name][-1]["spans"] = spans() - before
         only(pids, pids)
         return runs
 
@@ -207,16 +203,15 @@ class Table:
     key: tuple[str, ...]
     names: tuple[str, ...]
     pairs: tuple[tuple[str, str], ...]
-    spans: bool = False
 
     def head(self) -> list[str]:
         servers = " / ".join(self.names[1:] if self.names[0] == "Envoy alone" else self.names)
         return [*self.key, *(f"{n}: req/s, p50" for n in self.names),
                 *(f"{a} / {b}: throughput, p50" for a, b in self.pairs),
                 f"CPU ms a request: Envoy ({self.names[-1]}); {servers}",
-                *(["spans received (sampled out, in)"] if self.spans else []), "unrouted, errors"]  # fmt: skip
+                "unrouted, errors"]  # fmt: skip
 
-    def row(self, key: list[object], runs: dict[str, list[dict[str, float]]]) -> list[object]:
+    def row(self, key: list[object], runs: Runs) -> list[object]:
         def m(name: str, what: str) -> float:
             return med(runs[name], what)
 
@@ -228,32 +223,27 @@ class Table:
             cells.append(f"{ratio:.2f} (paired {paired:.2f}), {later:+.2f} ms")
         servers = [f"{m(n, 'server_cpu_ms'):.2f}" for n in self.names if n != "Envoy alone"]
         cells.append(f"{m(self.names[-1], 'envoy_cpu_ms'):.2f}; " + " / ".join(servers))
-        if self.spans:
-            cells.append(
-                ", ".join(f"{sum(r['spans'] for r in runs[v]):,.0f}" for v in self.names[1:])
-            )
         unrouted, bad = (sum(x[k] for r in runs.values() for x in r) for k in ("unrouted", "bad"))
         return [*cells, f"{unrouted:.0f}, {bad:.0f}"]
 
     def rows(self, results: dict[str, Any]) -> list[list[object]]:
         return [self.row(k.split("/"), runs) for k, runs in results.items()]
 
-    async def run(self, rig: Rig, configs: dict[str, Any], concurrency: list[int], mode: str = "",
-                  spans: Spans = None) -> dict[str, Any]:  # fmt: skip
+    async def run(self, rig: Rig, configs: Configs, mode: str = "") -> Any:
         """Each concurrency's runs, by ``MODE/CONCURRENCY`` (or ``CONCURRENCY``); prints each row."""
         out = {}
-        for conc in concurrency:
+        for conc in rig.concurrency:
             key = [mode, conc] if mode else [conc]
-            out["/".join(map(str, key))] = runs = await rig.interleave(configs, conc, spans)
+            out["/".join(map(str, key))] = runs = await rig.interleave(configs, conc)
             print(table(self.head(), [self.row(key, runs)]), flush=True)
         return out
 
 
 OVERHEAD = Table(("mode", "concurrency"), ("Envoy alone", "+ no-op", "+ epp"), (("+ epp", "+ no-op"),))  # fmt: skip
-TRACE = Table(("concurrency",), tuple(TRACING), (("sampled out", "off"), ("sampled in", "off")), True)  # fmt: skip
+TRACE = Table(("concurrency",), tuple(TRACING), (("sampled out", "off"), ("sampled in", "off")))
 
 
-async def wrk_parts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+async def wrk_parts(args: argparse.Namespace) -> dict[str, Any]:
     """The overhead part (when ``args.parts`` names it) and the tracing part."""
     from epp.envoyconfig import EnvoyOptions
     from simulator.envoy import start_envoy
@@ -263,36 +253,36 @@ async def wrk_parts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-envoy-"))
     ports = [free_port() for _ in range(8)]
     upstream = await start_envoy(EnvoyOptions(), workdir, name="up", config=upstream_config(ports))
-    rig = Rig(tuple(f"127.0.0.1:{p}" for p in ports), workdir, args.seconds, args.rounds)
+    pool = tuple(f"127.0.0.1:{p}" for p in ports)
+    rig = Rig(workdir, args.seconds, args.rounds, args.concurrency)
     wrk_script(workdir / "bodies.lua")
-    noop, noop_port = start_noop(rig.pool)
+    noop, noop_port = start_noop(pool)
     receiver = await OtlpReceiver(max_spans=1000).start()
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
-    epps = {v: epp(rig.pool, workdir / f"{v.split()[-1]}.log", env={**env, **e} if e else None)
+    epps = {v: epp(pool, workdir / f"{v.split()[-1]}.log", env={**env, **e} if e else None)
             for v, e in TRACING.items()}  # fmt: skip
-    out: dict[str, dict[str, Any]] = {"tracing": {}, "overhead": {}}
-    started = []
+    for mode in list(MODES)[:4]:
+        extra = ["--response-observer"] if mode == "observer" else []
+        epps[mode] = epp(pool, workdir / f"{mode}.log", *extra)
+    out: dict[str, Any] = {"tracing": {}, "overhead": {}}
     try:
-        for e in epps.values() if args.tracing != "off" else []:
-            await e.start()
-            started.append(e)
         if args.tracing != "off":
-            configs = {v: (envoy_options(rig.pool, e.address), e.pid) for v, e in epps.items()}
-            runs = await TRACE.run(rig, configs, args.concurrency, spans=lambda: receiver.received)
-            out["tracing"] = runs
-            only([], [e.pid for e in epps.values()])
+            traced = {v: epps[v] for v in TRACING}
+            for e in traced.values():
+                await e.start()
+            configs = {v: (envoy_options(pool, e.address), e.pid) for v, e in traced.items()}
+            out["tracing"] = await TRACE.run(rig, configs)
+            out["spans"] = receiver.received  # sampled in: five a request, less what the SDK drops
+            only([], [e.pid for e in traced.values()])
         for mode in list(MODES)[:4] if "overhead" in args.parts else []:
-            observer = ["--response-observer"] if mode == "observer" else []
-            e = epp(rig.pool, workdir / f"{mode}.log", *observer)
-            await e.start()
-            started.append(e)
-            configs = {"Envoy alone": (envoy_options(rig.pool), None),
-                       "+ no-op": (envoy_options(rig.pool, f"127.0.0.1:{noop_port}", mode=mode), noop.pid),
-                       "+ epp": (envoy_options(rig.pool, e.address, mode=mode), e.pid)}  # fmt: skip
-            out["overhead"] |= await OVERHEAD.run(rig, configs, args.concurrency, mode)
+            await (e := epps[mode]).start()
+            configs = {"Envoy alone": (envoy_options(pool), None),
+                       "+ no-op": (envoy_options(pool, f"127.0.0.1:{noop_port}", mode=mode), noop.pid),
+                       "+ epp": (envoy_options(pool, e.address, mode=mode), e.pid)}  # fmt: skip
+            out["overhead"] |= await OVERHEAD.run(rig, configs, mode)
             await e.stop()
     finally:
-        for e in started:
+        for e in epps.values():  # EppProcess.stop: a no-op for one stopped or never started
             await e.stop()
         stop([noop])
         await receiver.stop()
@@ -309,8 +299,6 @@ async def serve_sse(ports: list[int]) -> None:
     every ``TOKEN_S``, ``usage`` with cached tokens last; or one JSON answer), and the real
     vLLM /metrics page epp scrapes."""
     from aiohttp import web
-
-    from simulator.emulator.metrics import restrict_page
 
     head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "m"}
 
@@ -339,11 +327,9 @@ async def serve_sse(ports: list[int]) -> None:
         return resp
 
     async def metrics(request: web.Request) -> web.Response:
-        names = set(request.query.getall("name[]", []))
-        body = restrict_page(page, names) if names else page
-        return web.Response(body=body, content_type="text/plain")
+        return web.Response(body=page, content_type="text/plain")
 
-    page = PAGE.read_bytes()
+    page = vllm_page()
     app = web.Application(client_max_size=1 << 20)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/metrics", metrics)
@@ -356,17 +342,17 @@ async def serve_sse(ports: list[int]) -> None:
 
 
 async def stream_cell(
-    url: str, bodies: list[bytes], conc: int, n: int, pids: tuple[int, int], idle_s: float = IDLE_S
+    url: str, bodies: list[bytes], conc: int, n: int, pid: int, idle_s: float = IDLE_S
 ) -> dict[str, float]:
-    """``n`` requests by ``conc`` clients; epp's and Envoy's CPU per request (``pids``, less
+    """``n`` requests by ``conc`` clients; epp's CPU per request (``pid``'s, less
     their idle rate over ``idle_s`` just before and just after), the gaps between an answer's
     token events after its first."""
     import aiohttp
 
     from simulator.stack.cpu import cpu_ns
 
-    def now() -> tuple[float, float, float]:
-        return cpu_ns(pids[0]) / 1e6, cpu_ns(pids[1]) / 1e6, time.monotonic()
+    def now() -> tuple[float, float]:
+        return cpu_ns(pid) / 1e6, time.monotonic()
 
     gaps: list[float] = []
     left = iter(range(n))
@@ -397,10 +383,10 @@ async def stream_cell(
     t2 = now()
     await asyncio.sleep(idle_s)
     t3 = now()
-    rate = [(t1[k] - t0[k] + t3[k] - t2[k]) / (t1[2] - t0[2] + t3[2] - t2[2]) for k in (0, 1)]
-    busy = [(t2[k] - t1[k] - rate[k] * (t2[2] - t1[2])) / n for k in (0, 1)]
-    return {"epp_ms": busy[0], "envoy_ms": busy[1], "failed": failed,
-            "gap_p50_ms": pct(gaps, 0.5) * 1e3, "gap_p99_ms": pct(gaps, 0.99) * 1e3}  # fmt: skip
+    rate = (t1[0] - t0[0] + t3[0] - t2[0]) / (t1[1] - t0[1] + t3[1] - t2[1])  # idle, ms a second
+    epp_ms = (t2[0] - t1[0] - rate * (t2[1] - t1[1])) / n
+    return {"epp_ms": epp_ms, "failed": failed, "gap_p50_ms": pct(gaps, 0.5) * 1e3,
+            "gap_p99_ms": pct(gaps, 0.99) * 1e3}  # fmt: skip
 
 
 async def streams(args: argparse.Namespace) -> dict[str, Any]:
@@ -425,18 +411,18 @@ async def streams(args: argparse.Namespace) -> dict[str, Any]:
         for r, mode in ((i, m) for i in range(args.rounds) for m in turned(STREAM_MODES, i)):
             options = envoy_options(pool, e.address, mode=mode)
             envoy = await start_envoy(options, workdir, name="front")
-            url, pids = envoy.url + "/v1/chat/completions", (e.pid, envoy.proc.pid)
+            url = envoy.url + "/v1/chat/completions"
             try:
                 # warm-up: connections, scrapes, and the access log reaching epp
-                await stream_cell(url, bodies["sse-8"], 4, 16, pids, 0.1)
+                await stream_cell(url, bodies["sse-8"], 4, 16, e.pid, 0.1)
                 for key, tokens, conc in cells:
                     # about --seconds of answers, two a client and four in all at least
                     per = 0.01 + (tokens * TOKEN_S if "sse" in key else 0.0)
                     n = max(4, 2 * conc, min(400, int(args.seconds / per) * conc))
-                    cell = await stream_cell(url, bodies[key], conc, n, pids)
-                    results.setdefault(f"{mode}/{key}/{conc}", []).append(cell)
-                    print(f"round {r + 1} {mode}/{key}/{conc}: n={n}, epp {cell['epp_ms']:.2f} ms a "
-                          f"request, failed {cell['failed']}", file=sys.stderr, flush=True)  # fmt: skip
+                    cell = await stream_cell(url, bodies[key], conc, n, e.pid)
+                    name = f"{mode}/{key}/{conc}"
+                    results.setdefault(name, []).append(cell)
+                    print(f"round {r + 1} {name}: epp {cell['epp_ms']:.2f} ms", file=sys.stderr)
             finally:
                 await envoy.stop()
     finally:
@@ -463,10 +449,9 @@ def stream_table(results: dict[str, Any], concurrency: list[int]) -> str:
         cpu, kind = ms(mode, key, conc), "streamed" if "sse" in key else "unstreamed"
         failed = sum(r["failed"] for r in results[f"{mode}/{key}/{conc}"])
         rows.append([mode, f"{n} tokens, {kind}", conc, f"{cpu:.2f}", f"{1e3 * cpu / n:,.1f}",
-                     x(mode, key, "json-8", conc)[:-1], gaps(mode, key, conc) if n > 8 else "",
-                     f"{ms(mode, key, conc, 'envoy_ms'):.2f}", failed])  # fmt: skip
+                     x(mode, key, "json-8", conc)[:-1], gaps(mode, key, conc) if n > 8 else "", failed])  # fmt: skip
     head = ["mode", "answer", "streams", "epp CPU ms a request", "epp CPU us a token", "x the short unstreamed answer",
-            "event gaps p50 / p99 (ms)", "Envoy CPU ms a request", "failed"]  # fmt: skip
+            "event gaps p50 / p99 (ms)", "failed"]  # fmt: skip
     lines = [table(head, rows, 2), ""]
     for c in concurrency:
         gap = "; ".join(f"{t} tokens: p50 / p99 {gaps('default', f'sse-{t}', c)} vs "
@@ -494,7 +479,8 @@ TRACING_NOTES = (
     "\n\nThe default mode, three `epp serve` alike but for OTEL_* variables: off (none), sampled "
     "out (parentbased_traceidratio, ARG 0: spans started and dropped, the traceparent still sent), "
     "sampled in (parentbased_always_on: five spans a request exported over OTLP/HTTP to a receiver "
-    "in the benchmark's process; the SDK's batch queue drops what it cannot send in time). "
+    "in the benchmark's process, which received {spans:,} spans in all; the SDK's batch queue drops "
+    "what it cannot send in time). "
 )
 STREAM_NOTES = (
     "Medians of {rounds} interleaved rounds (a fresh front Envoy per mode and round; epp scraping "
@@ -522,7 +508,8 @@ async def main_async(args: argparse.Namespace) -> None:
 
     data = await wrk_parts(args)
     if traced := data.pop("tracing"):
-        markdown = table(TRACE.head(), TRACE.rows(traced)) + TRACING_NOTES + WRK_NOTES
+        notes = TRACING_NOTES.format(spans=data.pop("spans"))
+        markdown = table(TRACE.head(), TRACE.rows(traced)) + notes + WRK_NOTES
         title = "The cost of epp's tracing through real Envoy"
         print(f"wrote {write_result('envoy-tracing', title, markdown, traced)}", flush=True)
     if "streams" in args.parts:
