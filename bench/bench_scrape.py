@@ -1,13 +1,9 @@
 """Cost of keeping a pool fresh: CPU that epp's metrics scraper spends per endpoint-second.
 
 Endpoints serve the real vLLM 0.32 /metrics page (``../shared/vllm``, 56 KB, ~690 lines) from
-another process (bench/harness.py: a raw asyncio server answering every GET with the same
-bytes). This process runs epp's ``MetricsScraper`` at default settings against 8 / 64 / 256 of
-them and reads its own CPU time over a window: first fetching the whole page (the baseline, as
-before epp asked for less), then only the families epp reads (``?name[]=...``, the default).
-
-    ./run bench scrape [--seconds 5] [--endpoints 8,64,256]
-
+another process (bench/harness.py). This process runs epp's ``MetricsScraper`` at default
+settings against 8 / 64 / 256 of them and reads its own CPU time over a window: first fetching
+the whole page (the baseline), then only the families epp reads (``?name[]=...``, the default).
 Skips (exit 0, with a message) when ``../shared/vllm`` is absent.
 """
 
@@ -48,10 +44,7 @@ async def epp_scraper(ports: list[int], seconds: float, full_page: bool) -> tupl
         n1, c1, w1 = metrics.scrapes._value.get(), time.process_time(), time.monotonic()
     finally:
         await scraper.stop()
-    errors = sum(s.value for m in metrics.registry.collect() if m.name == "epp_scrape_errors"
-                 for s in m.samples if s.name.endswith("_total"))  # fmt: skip
-    if errors:
-        print(f"  ({errors:.0f} scrape errors)")
+    assert n1 > n0, f"no scrape of {len(ports)} endpoints succeeded"
     return (c1 - c0) / (w1 - w0), (n1 - n0) / (w1 - w0)
 
 
@@ -61,25 +54,30 @@ async def bench(sizes: list[int], seconds: float) -> None:
     opts = ScrapeOptions()
     print(f"scrape bench: real vLLM page ({PAGE.stat().st_size / 1024:.0f} KB), default settings "
           f"(interval {opts.interval_s * 1e3:.0f} ms, budget {opts.budget_per_s:.0f} scrapes/s), "
-          f"keep-alive, {seconds:g} s windows, {os.cpu_count()} CPUs shared with other work")
+          f"keep-alive, {seconds:g} s windows, {os.cpu_count()} CPUs shared with other work")  # fmt: skip
     proc, ports = start_pages(max(sizes))
-    rows, per_scrape, per_endpoint = [], {}, {}
+    rows: list[list[object]] = []
+    cpu: dict[tuple[bool, int], tuple[float, float]] = {}  # by (whole page, endpoints)
+
+    def us(full: bool, n: int) -> float:  # CPU a scrape
+        cores, rate = cpu[(full, n)]
+        return cores / rate * 1e6 if rate else float("nan")
+
     try:
-        for full in (True, False):
-            for n in sizes:
-                cores, rate = await epp_scraper(ports[:n], seconds, full_page=full)
-                per_endpoint[(full, n)], per_scrape[(full, n)] = cores / n, cores / rate if rate else float("nan")
-                rows.append(["whole page" if full else "families epp reads (default)", n, f"{rate:.0f}",
-                             f"{n / rate * 1e3 if rate else float('inf'):.0f}", f"{cores:.3f}",
-                             f"{cores / rate * 1e6 if rate else 0:.0f}", f"{cores / n * 1e6:.0f}"])  # fmt: skip
+        for full, n in ((full, n) for full in (True, False) for n in sizes):
+            cores, rate = cpu[(full, n)] = await epp_scraper(ports[:n], seconds, full_page=full)
+            page = "whole page" if full else "families epp reads (default)"
+            period = n / rate * 1e3 if rate else float("inf")
+            rows.append([page, n, f"{rate:.0f}", f"{period:.0f}", f"{cores:.3f}"])
+            rows[-1] += [f"{us(full, n):.0f}", f"{cores / n * 1e6:.0f}"]
     finally:
         stop([proc])
-    print(table(["page", "endpoints", "scrapes/s", "period ms", "cores", "us a scrape",
-                 "CPU us per endpoint-s"], rows))  # fmt: skip
-    print("families only / whole page, CPU a scrape: " + ", ".join(
-        f"{n} endpoints {per_scrape[(False, n)] / per_scrape[(True, n)]:.2f}x" for n in sizes))
+    head = ["page", "endpoints", "scrapes/s", "period ms", "cores", "us a scrape"]
+    print(table([*head, "CPU us per endpoint-s"], rows))
+    ratios = (f"{n} endpoints {us(False, n) / us(True, n):.2f}x" for n in sizes)
+    print("families only / whole page, CPU a scrape: " + ", ".join(ratios))
     if 64 in sizes:
-        print(f"target: 64 endpoints <= 0.15 of a core -> {per_endpoint[(False, 64)] * 64:.3f}")
+        print(f"target: 64 endpoints <= 0.15 of a core -> {cpu[(False, 64)][0]:.3f}")
 
 
 def main() -> None:
