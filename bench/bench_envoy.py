@@ -5,6 +5,8 @@
   ext_proc server (bench/harness.py: the floor of any Python processor) vs + ``epp serve``.
 - ``streams``: answers of 8 tokens unstreamed, 8, 256 and 1,000 streamed (an SSE event per
   token every 5 ms), three modes: epp's CPU per request and token, the gaps between events.
+- ``router`` (asked by name; printed, not on the page): ``epp model-router`` in front of two
+  pools: Envoy alone vs + the router, + epp vs + the router + epp (the body router's cost).
 - tracing (``--tracing also|only``): the default mode, epp's tracing off, sampled out, in.
 
 The front Envoy runs ``epp envoy-config``'s bootstrap (one worker, fresh every run); the
@@ -35,10 +37,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import PAGE, ints, med, only, pct, prompts, spawn, start_noop, stop, table  # noqa: E402
 
-Configs = dict[str, tuple[Any, int | None]]  # name: (Envoy options, the pid of the server measured)
+Configs = dict[str, tuple[Any, tuple[int, ...]]]  # name: (Envoy options, pids that run; the first measured)
 Runs = dict[str, list[dict[str, float]]]  # name: each round's figures
 
 PARTS = ("overhead", "streams")
+"""The page's parts; ``router`` runs when ``--parts`` names it."""
 MODES = {
     "default": {"request_body": "buffered", "response": "summary", "failure": "open"},
     "full-duplex": {"request_body": "full-duplex", "response": "full-duplex", "failure": "closed"},
@@ -183,13 +186,13 @@ class Rig:
     async def interleave(self, configs: Configs, conc: int) -> Runs:
         """``configs``: name -> (Envoy options, the pid of the server that runs and counts); each
         round runs each once, in turn."""
-        pids = {pid for _, pid in configs.values() if pid}
+        pids = {pid for _, running in configs.values() for pid in running}
         runs: Runs = {n: [] for n in configs}
         for name in (n for r in range(self.rounds) for n in turned(list(configs), r)):
-            options, pid = configs[name]
-            only([pid] if pid else [], pids)
-            await asyncio.sleep(1.5 if pid else 0.5)  # a resumed epp rescrapes
-            runs[name].append(await self.measure(options, pid, conc))
+            options, running = configs[name]
+            only(running, pids)
+            await asyncio.sleep(1.5 if running else 0.5)  # a resumed epp rescrapes
+            runs[name].append(await self.measure(options, running[0] if running else None, conc))
         only(pids, pids)
         return runs
 
@@ -241,6 +244,30 @@ class Table:
 
 OVERHEAD = Table(("mode", "concurrency"), ("Envoy alone", "+ no-op", "+ epp"), (("+ epp", "+ no-op"),))  # fmt: skip
 TRACE = Table(("concurrency",), tuple(TRACING), (("sampled out", "off"), ("sampled in", "off")))
+ROUTER = Table(("concurrency",), ("Envoy alone", "+ router", "+ epp", "+ router + epp"),
+               (("+ router", "Envoy alone"), ("+ router + epp", "+ epp")))  # fmt: skip
+
+
+async def model_router(rig: Rig, pool: tuple[str, ...], e: Any) -> Any:
+    """The router part: two pools behind ``epp model-router`` (every request names ``m``, the
+    second pool gets none), ``e`` the first pool's epp; the router's CPU in its runs."""
+    from epp.envoyconfig import EnvoyOptions, PoolRoute
+    from simulator.envoy import with_ports
+    from simulator.eppproc import RouterProcess
+
+    extra = ("--models-refresh-s", "60", "--log-level", "error")
+    router = RouterProcess([f"m=m@{','.join(pool)}", f"other=other@{pool[0]}"], rig.workdir / "router.log", extra=extra)  # fmt: skip
+    pools = (PoolRoute("m", ("m",), pool, (e.address,)), PoolRoute("other", ("other",), pool[:1], (e.address,)))  # fmt: skip
+    routed = {"model_router": (router.address,), "pools": pools, **MODES["default"]}
+    try:
+        await router.start()
+        configs = {"Envoy alone": (envoy_options(pool), ()),
+                   "+ router": (with_ports(EnvoyOptions(routing="random", **routed)), (router.pid,)),
+                   "+ epp": (envoy_options(pool, e.address), (e.pid,)),
+                   "+ router + epp": (with_ports(EnvoyOptions(routing="epp", **routed)), (router.pid, e.pid))}  # fmt: skip
+        return await ROUTER.run(rig, configs)
+    finally:
+        await router.stop()
 
 
 async def wrk_parts(args: argparse.Namespace) -> dict[str, Any]:
@@ -270,17 +297,20 @@ async def wrk_parts(args: argparse.Namespace) -> dict[str, Any]:
             traced = {v: epps[v] for v in TRACING}
             for e in traced.values():
                 await e.start()
-            configs = {v: (envoy_options(pool, e.address), e.pid) for v, e in traced.items()}
+            configs = {v: (envoy_options(pool, e.address), (e.pid,)) for v, e in traced.items()}
             out["tracing"] = await TRACE.run(rig, configs)
             out["spans"] = receiver.received  # sampled in: five a request, less what the SDK drops
             only([], [e.pid for e in traced.values()])
         for mode in list(MODES)[:4] if "overhead" in args.parts else []:
             await (e := epps[mode]).start()
-            configs = {"Envoy alone": (envoy_options(pool), None),
-                       "+ no-op": (envoy_options(pool, f"127.0.0.1:{noop_port}", mode=mode), noop.pid),
-                       "+ epp": (envoy_options(pool, e.address, mode=mode), e.pid)}  # fmt: skip
+            configs = {"Envoy alone": (envoy_options(pool), ()),
+                       "+ no-op": (envoy_options(pool, f"127.0.0.1:{noop_port}", mode=mode), (noop.pid,)),
+                       "+ epp": (envoy_options(pool, e.address, mode=mode), (e.pid,))}  # fmt: skip
             out["overhead"] |= await OVERHEAD.run(rig, configs, mode)
             await e.stop()
+        if "router" in args.parts:
+            await (e := epps["default"]).start()
+            out["router"] = await model_router(rig, pool, e)
     finally:
         for e in epps.values():  # EppProcess.stop: a no-op for one stopped or never started
             await e.stop()
@@ -515,7 +545,7 @@ async def main_async(args: argparse.Namespace) -> None:
     if "streams" in args.parts:
         data["streams"] = await streams(args)
         print(stream_table(data["streams"], args.concurrency), flush=True)
-    if set(args.parts) == set(PARTS):
+    if set(PARTS) <= set(args.parts):
         title = "ext_proc overhead through real Envoy"
         print(f"wrote {write_result('envoy-overhead', title, overhead_page(args, data), data)}")
 
@@ -526,15 +556,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=5.0, help="a wrk run; a streams cell, about")
     p.add_argument("--concurrency", type=ints, default=[1, 16])
-    p.add_argument("--parts", default=",".join(PARTS), help="overhead, streams or both")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated: overhead, streams, router")
     p.add_argument("--tracing", choices=("also", "only", "off"), default="also")
     p.add_argument("--serve-sse", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_sse:
         return asyncio.run(serve_sse(ints(args.serve_sse)))
     args.parts = [] if args.tracing == "only" else args.parts.split(",")
-    if unknown := set(args.parts) - set(PARTS):
-        p.error(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
+    if unknown := set(args.parts) - {*PARTS, "router"}:
+        p.error(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}, router")
     if shutil.which("wrk") is None:
         sys.exit("bench_envoy: wrk is not installed (Debian: apt-get install wrk)")
     if not PAGE.exists():
