@@ -54,8 +54,8 @@ STREAM_MODES = ("default", "response-full-duplex", "request-only")
 ANSWERS = {"json-8": 8, "sse-8": 8, "sse-256": 256, "sse-1000": 1000}
 """The streams part's answers, by key (``sse``: streamed): their tokens."""
 TOKEN_S = 0.005  # the streams part's servers send one event per token this often
-IDLE_S = 1.5  # the streams part reads epp's idle CPU rate this long before and after a cell
 SCRAPE_S = 1.0  # epp's scrape period in the streams part: its idle CPU, subtracted, stays small
+IDLE_S = 2 * SCRAPE_S  # epp's idle CPU rate is read this long before and after a cell: whole scrape periods
 TRACING = {
     "off": {},
     "sampled out": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"},
@@ -374,9 +374,10 @@ async def serve_sse(ports: list[int]) -> None:
 async def stream_cell(
     url: str, bodies: list[bytes], conc: int, n: int, pid: int, idle_s: float = IDLE_S
 ) -> dict[str, float]:
-    """``n`` requests by ``conc`` clients; epp's CPU per request (``pid``'s, less
-    their idle rate over ``idle_s`` just before and just after), the gaps between an answer's
-    token events after its first."""
+    """``n`` requests by ``conc`` clients; epp's CPU per request (``pid``'s, less the lower of
+    its idle rates over ``idle_s`` just before and just after: an upper bound) and its noise (the
+    two idle rates' difference over the cell, a request), the gaps between an answer's token
+    events after its first."""
     import aiohttp
 
     from simulator.stack.cpu import cpu_ns
@@ -413,9 +414,9 @@ async def stream_cell(
     t2 = now()
     await asyncio.sleep(idle_s)
     t3 = now()
-    rate = (t1[0] - t0[0] + t3[0] - t2[0]) / (t1[1] - t0[1] + t3[1] - t2[1])  # idle, ms a second
-    epp_ms = (t2[0] - t1[0] - rate * (t2[1] - t1[1])) / n
-    return {"epp_ms": epp_ms, "failed": failed, "gap_p50_ms": pct(gaps, 0.5) * 1e3,
+    before, after = ((b[0] - a[0]) / (b[1] - a[1]) for a, b in ((t0, t1), (t2, t3)))  # idle, ms a second
+    epp_ms = (t2[0] - t1[0] - min(before, after) * (t2[1] - t1[1])) / n
+    return {"epp_ms": epp_ms, "noise_ms": abs(before - after) * (t2[1] - t1[1]) / n, "failed": failed, "gap_p50_ms": pct(gaps, 0.5) * 1e3,
             "gap_p99_ms": pct(gaps, 0.99) * 1e3}  # fmt: skip
 
 
@@ -468,7 +469,12 @@ def stream_table(results: dict[str, Any], concurrency: list[int]) -> str:
     def ms(mode: str, key: str, conc: int, what: str = "epp_ms") -> float:
         return med(results[f"{mode}/{key}/{conc}"], what)
 
-    def x(mode: str, a: str, b: str, conc: int) -> str:  # a's epp CPU over b's
+    def noisy(mode: str, key: str, conc: int) -> bool:  # under twice its idle noise, or <= 0
+        return ms(mode, key, conc) <= 2 * ms(mode, key, conc, "noise_ms")
+
+    def x(mode: str, a: str, b: str, conc: int) -> str:  # a's epp CPU over b's, unless noise
+        if noisy(mode, a, conc) or noisy(mode, b, conc):
+            return "n/a (under the idle noise)"
         return f"{ms(mode, a, conc) / ms(mode, b, conc):.2f}x"
 
     def gaps(mode: str, key: str, conc: int) -> str:
@@ -478,8 +484,10 @@ def stream_table(results: dict[str, Any], concurrency: list[int]) -> str:
     for mode, conc, (key, n) in product(STREAM_MODES, concurrency, ANSWERS.items()):
         cpu, kind = ms(mode, key, conc), "streamed" if "sse" in key else "unstreamed"
         failed = sum(r["failed"] for r in results[f"{mode}/{key}/{conc}"])
-        rows.append([mode, f"{n} tokens, {kind}", conc, f"{cpu:.2f}", f"{1e3 * cpu / n:,.1f}",
-                     x(mode, key, "json-8", conc)[:-1], gaps(mode, key, conc) if n > 8 else "", failed])  # fmt: skip
+        noise = f"± {ms(mode, key, conc, 'noise_ms'):.2f}"
+        shown = [f"{cpu:.2f} {noise}", f"{1e3 * cpu / n:,.1f}"] if not noisy(mode, key, conc) else [f"noise {noise}", ""]
+        rows.append([mode, f"{n} tokens, {kind}", conc, *shown, x(mode, key, "json-8", conc).removesuffix("x"),
+                     gaps(mode, key, conc) if n > 8 else "", failed])  # fmt: skip
     head = ["mode", "answer", "streams", "epp CPU ms a request", "epp CPU us a token", "x the short unstreamed answer",
             "event gaps p50 / p99 (ms)", "failed"]  # fmt: skip
     lines = [table(head, rows, 2), ""]
@@ -487,9 +495,9 @@ def stream_table(results: dict[str, Any], concurrency: list[int]) -> str:
         gap = "; ".join(f"{t} tokens: p50 / p99 {gaps('default', f'sse-{t}', c)} vs "
                         f"{gaps('request-only', f'sse-{t}', c)} ms" for t in (256, 1000))  # fmt: skip
         lines.append(
-            f"- {c} stream(s), the default bootstrap: a 256-token streamed answer costs epp "
-            f"{x('default', 'sse-256', 'json-8', c)} the short unstreamed one (target <= 2), a 1,000-token "
-            f"one {x('default', 'sse-1000', 'sse-256', c)} the 256-token one (target <= 1; the same ratio with "
+            f"- {c} stream(s), the default bootstrap, epp's CPU: a 256-token streamed answer over the short "
+            f"unstreamed one {x('default', 'sse-256', 'json-8', c)} (target <= 2); a 1,000-token one over the "
+            f"256-token one {x('default', 'sse-1000', 'sse-256', c)} (target <= 1; the same ratio with "
             "no response processing at all, request-only, whose cost cannot grow with the answer: "
             f"{x('request-only', 'sse-1000', 'sse-256', c)}, the measurement's noise); event gaps with epp in "
             f"the path vs Envoy's --response none: {gap}."
@@ -515,8 +523,10 @@ TRACING_NOTES = (
 STREAM_NOTES = (
     "Medians of {rounds} interleaved rounds (a fresh front Envoy per mode and round; epp scraping "
     "every {scrape:g} s; 2 Python servers streaming a chat chunk per token every {token:g} ms; an "
-    "aiohttp client, closed loop). epp CPU: its threads' CPU time less its idle rate before and "
-    "after the cell. Event gaps: between an answer's token events as the client read them. Modes: "
+    "aiohttp client, closed loop). epp CPU: its threads' CPU time less the lower of its idle "
+    "rates before and after the cell (an upper bound), ± the two idle rates' difference over the "
+    "cell (a ratio reads 'noise' where a cell is under twice that: one long answer at a time, a "
+    "few in a cell). Event gaps: between an answer's token events as the client read them. Modes: "
     "default (the shipped bootstrap: epp reads the headers and a streamed answer's first bytes, "
     "Envoy's access log brings the usage and the end), response-full-duplex (every chunk through "
     "epp), request-only (--response none)."
