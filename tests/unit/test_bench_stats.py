@@ -37,11 +37,11 @@ def test_the_verdict_reads_the_interval_not_the_text() -> None:
 
 
 def test_runs_side_by_side_pool_sessions_and_show_each(tmp_path, capsys) -> None:
-    """bench/report_requests.py's across-runs table: two sessions' ``demo.json`` (both in a
+    """``./run bench demo --across``: the runs side by side: two sessions' ``demo.json`` (both in a
     ``demo`` directory, named by their parents), the paired ratio per session and pooled."""
     import json
 
-    from bench.report_requests import across_runs
+    from bench.bench_demo import across
 
     def session(name: str, epp: list[float], router: list[float]):
         d = tmp_path / name / "demo"
@@ -55,12 +55,12 @@ def test_runs_side_by_side_pool_sessions_and_show_each(tmp_path, capsys) -> None
 
     ahead = session("one", [100.0, 110.0, 90.0, 100.0], [150.0, 160.0, 140.0, 150.0])
     behind = session("two", [150.0, 160.0, 140.0, 150.0], [100.0, 110.0, 90.0, 100.0])
-    across_runs([ahead, behind])
+    across([ahead, behind], {})
     out = capsys.readouterr().out
     assert "one/demo#1" in out and "two/demo#4" in out
     assert "epp below router: server TTFT mean in 4 of 8 runs" in out
     lines = {line.split("(")[0].strip(): line for line in out.splitlines() if " runs): " in line}
     assert lines["one/demo"].endswith("0.67x [0.65, 0.68] (router behind)")
     assert "(router ahead)" in lines["two/demo"]
-    assert lines["all"].strip().startswith("all (8 runs): 1.00x") and "(level)" in lines["all"]
+    assert lines["all"].strip().startswith("all (8 runs): mean 1.00x") and "(level)" in lines["all"]
 
