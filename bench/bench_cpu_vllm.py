@@ -22,7 +22,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import spawn, table  # noqa: E402
+from bench.harness import spawn  # noqa: E402
+from bench.results import table  # noqa: E402
 
 CONFIGS = "random,epp:summary,epp:full-duplex,epp:none,epp:observer"
 IDLE_S, KV_MIB = 5.0, 16

@@ -35,7 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import PAGE, ints, med, only, pct, prompts, spawn, start_noop, stop, table  # noqa: E402
+from bench.harness import PAGE, ints, med, only, pct, prompts, spawn, start_noop, stop  # noqa: E402
+from bench.results import table, write_result  # noqa: E402
 
 Configs = dict[str, tuple[Any, tuple[int, ...]]]  # name: (Envoy options, pids that run; the first measured)
 Runs = dict[str, list[dict[str, float]]]  # name: each round's figures
@@ -544,8 +545,6 @@ def overhead_page(args: argparse.Namespace, data: dict[str, Any]) -> str:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    from bench.results import write_result
-
     data = await wrk_parts(args)
     if traced := data.pop("tracing"):
         notes = TRACING_NOTES.format(spans=data.pop("spans"))

@@ -15,8 +15,6 @@ next to its share of the requests that arrived then.
 ``--live``: the same tenants, smaller (40 s; bursts of 150 at 10 s and 30 s; 32 and 128
 output tokens), sent by ``epp-sim load`` through the local stack's gateway and epp to 2
 emulated replicas at real time, each naming its tenant in ``x-llm-d-inference-fairness-id``.
-
-Run: ./run bench flow_control [--record] [--live]
 """
 
 from __future__ import annotations

@@ -12,8 +12,6 @@ epp replicas without index sync); ``KV 1/4`` (the servers report 4x the KV cache
 the approximate LRUs are sized from the report); ``1% lost`` (1% of the event batches lost:
 the producer resyncs with the approximate index's help). What keying a request costs:
 ``./run bench long_prompts``.
-
-Run: ./run bench precise [--record] [--quick]
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import PAGE, ints, start_pages, stop, table  # noqa: E402
+from bench.harness import PAGE, ints, start_pages, stop  # noqa: E402
+from bench.results import table  # noqa: E402
 
 
 async def epp_scraper(ports: list[int], seconds: float, full_page: bool) -> tuple[float, float]:

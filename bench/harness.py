@@ -1,6 +1,6 @@
 """What the benchmarks start and measure alike: helper processes (the no-op ext_proc server,
 endpoints serving the real vLLM /metrics page), pausing the servers not measured, shared-prefix
-prompts, percentiles and markdown tables. epp itself runs as users run it
+prompts, percentiles, argparse types and the live rounds on real servers. epp itself runs as users run it
 (``simulator.eppproc``), Envoy by ``simulator.envoy``, CPU is read by ``simulator.stack.cpu``.
 
     python -m bench.harness noop HOST:PORT,...  # the no-op ext_proc server; prints its port
@@ -85,12 +85,6 @@ def pct(values: Sequence[float], q: float) -> float:
 
 def med(runs: Sequence[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in runs)
-
-
-def table(head: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1) -> str:
-    """A markdown table; the first ``left`` columns left-aligned, the rest right-aligned."""
-    align = ["---" if i < left else "---:" for i in range(len(head))]
-    return "\n".join("| " + " | ".join(map(str, r)) + " |" for r in [head, align, *rows])
 
 
 def ints(text: str) -> list[int]:

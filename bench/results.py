@@ -13,7 +13,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,10 @@ DATA = RESULTS / "data"
 the pages)."""
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A markdown table, the first column left-aligned and the others right-aligned."""
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+def table(head: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1) -> str:
+    """A markdown table; the first ``left`` columns left-aligned, the rest right-aligned."""
+    align = ["---" if i < left else "---:" for i in range(len(head))]
+    return "\n".join("| " + " | ".join(map(str, r)) + " |" for r in [head, align, *rows])
 
 
 def machine() -> dict[str, Any]:
