@@ -9,11 +9,9 @@ run the demo live behind real Envoy, ``--rounds`` rounds of every policy (``epp-
 ``--fit-stalls``); every other policy is held out. Every run is replayed with its policy on 2
 replicas with the servers' KV, with the probed and with the fitted profile.
 
-"Live" is the servers' own TTFT, from vLLM's histograms. Printed per policy, as the mean over
-its rounds: TTFT p50 / p90 live and replayed, the ratios, the hit rates, the ranking by p90
-(target: within 15%, the same ranking, hit rates within 2 points); how well live agrees with
-itself (first half of the rounds against the second, 90% intervals over the rounds, each pair
-of policies); the servers' TTFT without interpolation (exact mean, share under each bucket).
+"Live" is the servers' own TTFT, from vLLM's histograms. Per policy, the mean over its rounds,
+live against replayed (target: within 15%, the same ranking by p90, hit rates within 2 points),
+beside how well live agrees with itself; then the servers' TTFT without interpolation.
 """
 
 from __future__ import annotations
@@ -47,15 +45,13 @@ KV_MIB, STREAM_INTERVAL, BLOCK = 16, 8, 32
 LIVE = ("the servers' own TTFT (vLLM's histograms over each run, from the request's arrival at the server to its "
         "first token: no gateway or router in it; the replay's TTFTs binned in the same buckets, both read as "
         "Prometheus' histogram_quantile reads them)")  # fmt: skip
-SHARE_EDGES = (0.1, 0.25, 0.5, 1.0)
-"""Bucket edges of vLLM's TTFT histogram at which the servers' own shares are compared."""
+SHARE_EDGES = (0.1, 0.25, 0.5, 1.0)  # the bucket edges of vLLM's TTFT histogram compared
 Table = dict[str, dict[str, list[float]]]
 """Per policy label, per figure (``live p90``, ``fitted hit``...), one value a round."""
 
 
 async def calibrate_servers(n: int, logs: Path) -> tuple[CostModel, dict[str, int]]:
-    """Start ``n`` servers and calibrate them as one shared host (``epp-sim calibrate URL
-    URL``): each alone, then all together; the costs alone and the host's slowdown."""
+    """Start ``n`` servers and calibrate them as one shared host (``epp-sim calibrate URL URL``)."""
     setup = await asyncio.to_thread(vllm.ensure_vllm, lambda _m: None)
     options = vllm.ServerOptions(model_name="tiny", block_size=BLOCK, kv_cache_bytes=KV_MIB << 20,
                                  stream_interval=STREAM_INTERVAL)  # fmt: skip
@@ -112,9 +108,8 @@ class Session:
         return cls(demo, log, rows, fitlog.stack_runs(rows), fitlog.run_summaries(log), server)
 
     def live(self, label: str, round_: int) -> tuple[Any, fitlog.StackRun]:
-        """A run's live figures, and the run to replay, read by the same histogram edges. On 2
-        replicas with the servers' KV, routed as the run was, a reply's blocks not cached for
-        the next turn (the tiny model's replies do not come back as the same tokens)."""
+        """A run's live figures, and the run to replay by the same histogram edges, with a reply's
+        blocks not cached for the next turn (the tiny model's replies do not come back as the same tokens)."""
         figures, buckets = fitlog.server_figures(self.summaries, self.rows, label, round_)
         policy = fitlog.replay_policy_for(label, [ROOT / "bench" / "configs"])
         return figures, fitlog.StackRun(self.log, label, round_, 2, self.server["kv_blocks"], self.server["block_size"],
@@ -123,8 +118,7 @@ class Session:
 
 def compare(probed: CostModel, s: Session, fit_labels: list[str], work: Path,
             stalls: tuple[tuple[float, float], ...]) -> CostModel:  # fmt: skip
-    """Fit the probed profile to the runs of ``fit_labels`` and print every run's replay
-    against live; returns the fitted profile."""
+    """Fit ``probed`` to the runs of ``fit_labels``, print every run's replay against live."""
     print(f"\n## live = {LIVE}")
     fit_runs = [(label, r) for label, r in s.runs if label in fit_labels]
     print(f"fitting the probed profile to {' and '.join(map(repr, fit_labels))}, {len(fit_runs)} runs...", flush=True)  # fmt: skip
@@ -184,10 +178,8 @@ def resampled_ratio(num: list[float], den: list[float], rng: np.random.Generator
 
 
 def repeatability(table: Table, draws: int = 4000) -> None:
-    """How well live agrees with itself, beside how well the replay agrees with live: the
-    first half of the rounds against the second; the replay's ratio to live with its 90%
-    interval over the rounds; and each pair of policies' live p90 ratio with its interval,
-    and whether the replay orders them alike."""
+    """How well live agrees with itself (its halves; each pair of policies), beside how well
+    the replay agrees with live, with 90% intervals over the rounds."""
     rng = np.random.default_rng(0)
     within = noise_aware = figures = 0
     print("\n# live against itself, and the replay against live (figures: means over the rounds)")
@@ -227,11 +219,9 @@ def repeatability(table: Table, draws: int = 4000) -> None:
 
 
 def server_shares(cost: CostModel, s: Session) -> None:
-    """The servers' own TTFT read without interpolation: the exact mean (the histogram's sum
-    over its count) and the share of first tokens under each of ``SHARE_EDGES``, live and
-    replayed (``cost``), per policy over its rounds; beside them the replay's p50 / p90 read
-    from its TTFTs themselves. A quantile read from buckets 0.1, 0.25 and 0.5 s wide moves a
-    lot for a small shift of the share under an edge it sits near; these do not."""
+    """The servers' own TTFT without interpolation, live and replayed with ``cost``. A quantile
+    read from buckets 0.1, 0.25 and 0.5 s wide moves a lot for a small shift of the share under
+    an edge it sits near; the exact mean and the shares under ``SHARE_EDGES`` do not."""
     cells: Table = {}
     for label, r in s.runs:
         summary = s.summaries[(label, r)]
@@ -271,8 +261,7 @@ def main() -> int:
     ap.add_argument("--fit-policy", default="random",
                     help="the policies whose runs the profile is fitted to, comma-separated (a label's start: "
                     "random, epp, SGLang); the others are held out")  # fmt: skip
-    ap.add_argument("--measures", choices=["server"], default="server",
-                    help="the live TTFT compared: the servers' own (the client's and Envoy's until e8e3619)")  # fmt: skip
+    ap.add_argument("--measures", choices=["server"], default="server", help="the live TTFT compared: the servers' own")
     args = ap.parse_args()
     reason = vllm.setup_missing() or vllm.available()
     if reason and not (args.skip_live and args.profile):

@@ -2,24 +2,18 @@
 bound, on every workload the replay has: the table that shows the default is the best epp
 has, or where it is not.
 
-Workloads (``simulator.replay``): the Mooncake trace (8 replicas; its pace and 4/3 of it;
-4,096 / 8,192 / 16,384 KV blocks); the chat, RAG and shared-prefix generators (4 replicas;
-three loads x three KV sizes), each also with four epp replicas that do not share what they
-learn (``routers``), and chat at 12/s with 1,024 KV blocks over 6 system prompts; ``lora``,
-the support desk of docs/examples/support-desk.jsonl at its logged rate and 2.5x, with 1, 2
-and 4 adapters a batch. Per point and policy: hit rate and TTFT p90 over ``--seeds`` seeds
-(mean hit rate, median p90); a seed draws the workload and the replayer's random choices.
-``bound``: a TTFT p90 no policy can beat (``simulator.replay.bound``); ``ttft-oracle`` (on
-the generated workloads with one router) sends each request where a what-if run gives its
-first token soonest.
+Workloads (``simulator.replay``; ``grid`` has the points): the Mooncake trace (8 replicas);
+the chat, RAG and shared-prefix generators (4 replicas; three loads x three KV sizes), each
+also with four epp replicas that do not share what they learn (``routers``); ``lora``, the
+support desk of docs/examples/support-desk.jsonl with 1, 2 and 4 adapters a batch. Per point
+and policy: hit rate and TTFT p90 over ``--seeds`` seeds (mean hit rate, median p90); a seed
+draws the workload and the replayer's random choices. ``bound``: a TTFT p90 no policy can beat
+(``simulator.replay.bound``); ``ttft-oracle`` (on the generated workloads with one router)
+sends each request where a what-if run gives its first token soonest.
 
-The verdicts are issue 40's: at every point the default's p90 within 1.02x the better of the
-two profiles it replaced, its hit rate within 0.5 point of the best policy's (and of the best
-whose p90 is no worse), seed by seed (``bench.stats``) beside the medians, and how much of
-``ttft-oracle``'s headroom the default closes. ``--quick --check`` is CI's: exit 1 when another
-shipped profile's p90 beats the default's by more than seed noise (over 1.05x seed by seed
-with the 90% interval above 1, and 5 ms by the medians). The full sweep with
-``--ttft-oracle`` takes about 20 minutes on 2 cores.
+The verdicts are issue 40's, each stated on the page. ``--quick --check`` is CI's: exit 1 when
+another shipped profile's p90 beats the default's by more than seed noise (``check``). The
+full sweep with ``--ttft-oracle`` takes about 20 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -61,8 +55,7 @@ PROFILES = {"default": "epp", "prefix-load": "epp:prefix-load",
             "sticky": "epp:sticky"}  # fmt: skip
 BASELINES = {"sglang": "cache-aware", "least-load": "least-load", "round-robin": "round-robin",
              "random": "random", "chwbl": "chwbl"}  # fmt: skip
-REPLACED = ("prefix-load", "predicted-ttft")
-"""The two profiles the default must match or beat (issue 40)."""
+REPLACED = ("prefix-load", "predicted-ttft")  # the two the default must match or beat (issue 40)
 
 
 @dataclass(frozen=True)
@@ -72,12 +65,10 @@ class Point:
     kv_blocks: int
     replicas: int
     routers: int = 1
+    # 0: the generator's or the replay's own (32 prompts a group, 8 chat system prompts)
     per_group: int = 0
-    """Shared-prefix only: prompts a group (0: the generator's 32)."""
     max_loras: int = 0
-    """Adapters a batch (0: the replay's default)."""
     system_prompts: int = 0
-    """Chat only: the shared system prompts (0: the generator's 8)."""
 
     @property
     def label(self) -> str:
@@ -90,9 +81,7 @@ class Point:
 
 
 LORA_TRACE = Path("docs/examples/support-desk.jsonl")
-TRACES = ("mooncake", "lora")
-"""The workloads replayed from a fixed trace (a load is a rate multiplier; seeds vary only
-the replayer's random choices)."""
+TRACES = ("mooncake", "lora")  # fixed traces: a load is a rate multiplier, seeds vary only the replayer
 WORKLOADS = ("mooncake", "chat", "rag", "shared-prefix", "lora")
 
 
@@ -122,8 +111,7 @@ def grid(names: list[str], quick: bool) -> list[Point]:
 
 
 def workload_of(point: Point, quick: bool, seed: int = 0) -> Workload:
-    """The point's workload; a generator's draws (sessions, documents, arrival times) come
-    from ``seed``, so seeds sample the workload as well as the policies' random choices."""
+    """The point's workload; a generator's draws (sessions, documents, arrival times) from ``seed``."""
     if point.workload == "mooncake":
         return MooncakeTrace.load(ROOT / DEFAULT_TRACE, point.load, 1000 if quick else 0)
     if point.workload == "lora":
@@ -177,8 +165,6 @@ def bound_of(job: tuple[Point, bool, int]) -> tuple[Point, float]:
 
 
 SEEDS = 8
-"""Seeds a point: at three, one seed moved a median p90 by as much as the 1.02x margin (RAG 4/s,
-four routers); at four, one seed's group placement decided the median at shared-prefix 16/s."""
 
 Table = dict[Point, dict[str, tuple[float, float]]]
 PerSeed = dict[Point, dict[str, list[float]]]
@@ -202,7 +188,7 @@ def measure(points: list[Point], policies: dict[str, str], seeds: int,
 
 
 def render(points: list[Point], table: Table, bounds: dict[Point, float], policies: dict[str, str],
-           per_seed: PerSeed | None = None) -> tuple[str, dict[str, Any]]:  # fmt: skip
+           per_seed: PerSeed) -> tuple[str, dict[str, Any]]:  # fmt: skip
     """The markdown table and the verdicts."""
     others = [p for p in policies if p != "default"]
     rows = []
@@ -238,11 +224,10 @@ def render(points: list[Point], table: Table, bounds: dict[Point, float], polici
         f"- hit rate within 0.5 point of the best policy whose TTFT p90 is no worse than the default's: "
         f"{n - len(fails_hit_nw)} of {n} points" + not_at(fails_hit_nw),
     ]  # fmt: skip
-    if per_seed:
-        verdicts += paired_verdicts(points, per_seed)
-        losses = check(points, table, per_seed)
-        verdicts.append("- another shipped profile ahead of the default beyond seed noise (`--check`'s "
-                        "rule): " + ("; ".join(losses) if losses else "at no point"))  # fmt: skip
+    verdicts += paired_verdicts(points, per_seed)
+    losses = check(points, table, per_seed)
+    verdicts.append("- another shipped profile ahead of the default beyond seed noise (`--check`'s "
+                    "rule): " + ("; ".join(losses) if losses else "at no point"))  # fmt: skip
     if any("ttft-oracle" in table[pt] for pt in points):
         verdicts.append(f"- points where ttft-oracle's p90 is 10% or more below prefix-load's: "
                         f"{headroom}; the default closes half of that gap or more at {closed}")  # fmt: skip
@@ -250,7 +235,7 @@ def render(points: list[Point], table: Table, bounds: dict[Point, float], polici
     md = ("Each cell: hit rate / TTFT p90 (s); the default's in bold. Mean hit rate and median p90 over the "
           f"seeds.\n\n{results.table(head, rows)}\n\n" + "\n".join(verdicts) + "\n")  # fmt: skip
     data = {"points": [{"point": pt.label, **dataclasses.asdict(pt), "bound_p90": bounds[pt],
-                        "policies": {p: {"hit": h, "p90": v, "p90_by_seed": (per_seed or {}).get(pt, {}).get(p, [])}
+                        "policies": {p: {"hit": h, "p90": v, "p90_by_seed": per_seed[pt][p]}
                                      for p, (h, v) in table[pt].items()}} for pt in points],
             "fails_p90": fails_p90, "fails_hit": fails_hit, "fails_hit_no_worse_p90": fails_hit_nw, "geomean_ratio": geo}  # fmt: skip
     return md, data
@@ -265,14 +250,11 @@ def not_at(misses: list[str], sep: str = "; ") -> str:
 
 
 def paired_verdicts(points: list[Point], per_seed: PerSeed) -> list[str]:
-    """The default against each profile it replaced, seed by seed (``bench.stats``): where
-    the medians' 1.02x says more than seed noise can."""
+    """The default against each profile it replaced, seed by seed (``bench.stats``)."""
     behind, level = [], 0
     for pt in points:
         cell = per_seed[pt]
         for p in REPLACED:
-            if p not in cell or len(cell[p]) != len(cell["default"]):
-                continue
             ratio, lo, hi = paired_ratio(cell[p], cell["default"])
             said = verdict(lo, hi)
             if said == "behind":
@@ -296,9 +278,7 @@ def check(points: list[Point], table: Table, per_seed: PerSeed) -> list[str]:
     for pt in points:
         cell, seeds = table[pt], per_seed[pt]
         d_p90 = cell["default"][1]
-        for p in PROFILES:
-            if p == "default" or p not in cell:
-                continue
+        for p in (p for p in PROFILES if p != "default" and p in cell):
             ratio, lo, hi = paired_ratio(seeds["default"], seeds[p])
             p90 = cell[p][1]
             if ratio > 1.05 and lo > 1.0 and d_p90 > p90 + 0.005:
