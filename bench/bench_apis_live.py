@@ -7,8 +7,7 @@ Two real vLLM servers (the tiny model, ``--vllm-tools``), real Envoy, and epp's 
 ``--rounds`` runs every policy, in turn, on the same servers with their prefix caches emptied.
 ``--sessions`` sessions (4 at a time) over one system prompt and tool set (4,000 + 6,000
 characters): ``count_tokens``, then ``--turns`` streamed ``/v1/messages`` calls, each adding
-the reply, a ``tool_use`` and its ``tool_result``. Figures: vLLM's prefix hit rate and TTFT
-histogram, the client's TTFT, the share of later turns on the session's first server.
+the reply, a ``tool_use`` and its ``tool_result``.
 """
 
 from __future__ import annotations

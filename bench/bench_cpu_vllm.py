@@ -17,7 +17,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -25,11 +24,11 @@ sys.path.insert(0, str(ROOT))
 from bench.harness import spawn  # noqa: E402
 from bench.results import table  # noqa: E402
 
-CONFIGS = "random,epp:summary,epp:full-duplex,epp:none,epp:observer"
 IDLE_S, KV_MIB = 5.0, 16
 
 
-async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+async def measure(policy: str, mode: str, args: argparse.Namespace) -> list[list[str]]:
+    """The table's rows of one configuration: a component a row."""
     from simulator.stack import cpu
     from simulator.stack.driver import run_workload
     from simulator.stack.report import scrape_replicas, summarize
@@ -56,14 +55,15 @@ async def measure(policy: str, mode: str, args: argparse.Namespace) -> dict[str,
         proc.wait()
     s = summarize("", records, [a.minus(b) for a, b in zip(after, before, strict=True)])
     idle, busy = t1 - t0, t2 - t1
-    rows = {}
-    for role in roles:
-        background, work = (c1[role] - c0[role]) / idle, c2[role] - c1[role]
-        rows[role] = (background, (work - background * busy) / s.requests, work / s.requests)
     config = policy + ("" if policy == "random" else f" / response {mode}")
     print(f"{config}: {s.requests} requests ({s.errors} errors) in {busy:.1f} s; hit rate {s.hit_rate:.1%}; "
           f"TTFT client p50 {s.ttft_p50_ms:.0f} ms, vLLM server mean {s.server_ttft_mean_ms:.0f} ms", flush=True)  # fmt: skip
-    return {"config": config, "rows": rows}
+    rows = []
+    for i, role in enumerate(roles):
+        background, work = (c1[role] - c0[role]) / idle, (c2[role] - c1[role]) / s.requests
+        rows.append([config if i == 0 else "", role, f"{background:.3f}",
+                     f"{(work - background * busy / s.requests) * 1e3:.1f}", f"{work * 1e3:.1f}"])
+    return rows
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -71,9 +71,7 @@ async def main_async(args: argparse.Namespace) -> None:
           f"x 4 users x 3 turns, 4 conversations at a time, stream interval {args.stream_interval}; "
           f"{os.cpu_count()} CPUs shared by all")  # fmt: skip
     configs = [(c.partition(":")[0], c.partition(":")[2] or "full-duplex") for c in args.configs.split(",") if c]  # fmt: skip
-    results = [await measure(policy, mode, args) for policy, mode in configs]
-    rows = [[r["config"] if i == 0 else "", role, f"{bg:.3f}", f"{req * 1e3:.1f}", f"{total * 1e3:.1f}"]
-            for r in results for i, (role, (bg, req, total)) in enumerate(r["rows"].items())]  # fmt: skip
+    rows = [row for policy, mode in configs for row in await measure(policy, mode, args)]
     print(table(["configuration", "component", "background CPU s/s", "request path CPU ms a request",
                  "total CPU ms a request"], rows, 2))  # fmt: skip
 
@@ -85,7 +83,7 @@ def main() -> None:
     ap.add_argument("--engine", choices=("vllm", "emulator"), default="vllm",
                     help="emulator: 2 emulated replicas (one process) instead of real vLLM, for "
                     "a quick look at the gateway's and epp's share (default: vllm)")  # fmt: skip
-    ap.add_argument("--configs", default=CONFIGS,
+    ap.add_argument("--configs", default="random,epp:summary,epp:full-duplex,epp:none,epp:observer",
                     help="which to run, comma-separated: random, epp:<response mode> (summary, "
                     "full-duplex, none, observer) (default: all)")  # fmt: skip
     args = ap.parse_args()

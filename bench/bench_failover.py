@@ -88,9 +88,6 @@ def main() -> None:
     p.add_argument("--outage-s", type=float, default=3.0, help="seconds epp stays down")
     p.add_argument("--workers", type=int, default=6, help="closed-loop clients")
     args = p.parse_args()
-    from simulator.envoy import envoy_binary
-
-    envoy_binary()  # a clear error when Envoy is missing
     runs = [asyncio.run(outage(f, args.outage_s, args.workers)) for f in ("open", "closed")]
     killed = asyncio.run(replica_killed(args.workers + 2, args.outage_s))
     md = table(["epp killed for the outage, then restarted", "requests sent during the outage", "got a 200",

@@ -25,7 +25,6 @@ import json
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +84,9 @@ def reason(body: str) -> str:
         return "?"
 
 
-def table(label: str, rows: list[Row], bursts: Iterable[float]) -> None:
-    starts = list(bursts)
-
+def table(label: str, rows: list[Row], bursts: list[float]) -> None:
     def in_bursts(t: float) -> bool:
-        return any(s <= t < s + 10.0 for s in starts)
+        return any(s <= t < s + 10.0 for s in bursts)
 
     firsts = Counter(tenant for tenant, _, first, _ in rows if first is not None and in_bursts(first))
     arrived = Counter(tenant for tenant, at, _, _ in rows if in_bursts(at))

@@ -39,8 +39,6 @@ REPLICAS, RATE, KV_BLOCKS = 4, 16.0, 2048
 class Placement(Policy):
     """A group's first request by ``rule`` (or a fixed ``homes`` map); the rest follow it."""
 
-    name = "placement"
-
     def __init__(self, cluster: Cluster, rule: str, homes: dict[str, int] | None = None) -> None:
         self.rule = rule
         self.homes = dict(homes or {})

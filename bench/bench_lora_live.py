@@ -20,12 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_profiles import replay  # noqa: E402
 from bench.harness import count  # noqa: E402
 from bench.results import table  # noqa: E402
-from simulator.load import LoadOptions, run_load, summarize  # noqa: E402
-from simulator.replay.policies import policy_factory  # noqa: E402
-from simulator.replay.replayer import ReplayConfig, Replayer  # noqa: E402
-from simulator.replay.report import summarize as replay_summary  # noqa: E402
+from simulator.load import LoadOptions, LoadSummary, run_load, summarize  # noqa: E402
+from simulator.replay.replayer import ReplayConfig  # noqa: E402
 from simulator.replay.requestlog import RequestLog  # noqa: E402
 from simulator.stack.stack import StackOptions, start_stack  # noqa: E402
 
@@ -33,34 +32,25 @@ TRACE = ROOT / "docs" / "examples" / "support-desk.jsonl"
 BASE_MODEL = "support-base"
 ADAPTERS = tuple(f"desk-{i}" for i in range(6))
 REPLICAS, KV_BLOCKS, MAX_LORAS, RATE = 4, 1024, 1, 2.5
+ADAPTER_WEIGHT_0 = str(ROOT / "bench/configs/default-adapter-weight-0.yaml")
 POLICIES = {  # label: (stack policy, epp config, replay policy)
     "default": ("epp", "", "epp"),
-    "adapterWeight 0": ("epp", str(ROOT / "bench/configs/default-adapter-weight-0.yaml"), "epp"),
-    "cache-aware profile": ("epp", "cache-aware", "epp"),
+    "adapterWeight 0": ("epp", ADAPTER_WEIGHT_0, f"epp:{ADAPTER_WEIGHT_0}"),
+    "cache-aware profile": ("epp", "cache-aware", "epp:cache-aware"),
     "random": ("random", "", "random"),
 }
-ROUTER = ("SGLang router", ("sglang", "", "cache-aware"))
-"""With ``--router``."""
+ROUTER = ("SGLang router", ("sglang", "", "cache-aware"))  # with --router
 
 
-async def live(policy: str, config: str) -> dict[str, float]:
+async def live(policy: str, config: str) -> LoadSummary:
     stack = await start_stack(StackOptions(replicas=REPLICAS, policy=policy, config=config,
                                            kv_blocks=KV_BLOCKS, model=BASE_MODEL, lora_adapters=ADAPTERS,
                                            max_loras=MAX_LORAS, fair=True, ready_timeout_s=120))  # fmt: skip
     try:
-        trace = RequestLog.load(TRACE, time_scale=1 / RATE)
-        s = summarize(await run_load(stack.gateway_url, trace, LoadOptions(BASE_MODEL)))
+        return summarize(await run_load(stack.gateway_url, RequestLog.load(TRACE, time_scale=1 / RATE),
+                                        LoadOptions(BASE_MODEL)))  # fmt: skip
     finally:
         await stack.stop()
-    return {"requests": s.requests, "ok": s.ok, "hit": s.hit_rate, "p50": s.ttft_p50_s, "p90": s.ttft_p90_s,
-            "p99": s.ttft_p99_s}  # fmt: skip
-
-
-def replay(spec: str, config: str) -> dict[str, float]:
-    name, factory = policy_factory(f"epp:{config}" if spec == "epp" and config else spec)
-    cfg = ReplayConfig(replicas=REPLICAS, kv_blocks=KV_BLOCKS, max_loras=MAX_LORAS, model=BASE_MODEL)  # fmt: skip
-    s = replay_summary(Replayer(cfg).run(RequestLog.load(TRACE, time_scale=1 / RATE), factory, name))  # fmt: skip
-    return {"hit": s.hit_rate, "p50": s.ttft_p50_s, "p90": s.ttft_p90_s, "p99": s.ttft_p99_s}
 
 
 def main() -> int:
@@ -72,20 +62,22 @@ def main() -> int:
     print(f"# support desk at {RATE:g}x, {REPLICAS} replicas x {KV_BLOCKS} KV blocks, {MAX_LORAS} adapter a "
           f"batch; live: real Envoy + epp + emulated servers at speedup 1 (figures in modelled "
           "seconds); replay: the same trace offline\n")  # fmt: skip
-    runs: dict[str, list[dict[str, float]]] = {label: [] for label in policies}
+    runs: dict[str, list[LoadSummary]] = {label: [] for label in policies}
     for r in range(args.rounds):
         for label, (policy, config, _) in policies.items():
             g = asyncio.run(live(policy, config))
             runs[label].append(g)
-            print(f"round {r + 1} {label}: {g['ok']:.0f} of {g['requests']:.0f} ok, hit {g['hit']:.1%}, "
-                  f"TTFT p50 / p90 / p99 {g['p50']:.2f} / {g['p90']:.2f} / {g['p99']:.2f} s", flush=True)  # fmt: skip
-    rows = []
-    for label, (_, config, spec) in policies.items():
-        med = {k: statistics.median(g[k] for g in runs[label]) for k in ("hit", "p50", "p90", "p99")}  # fmt: skip
-        p90s, off = [g["p90"] for g in runs[label]], replay(spec, config)
-        rows.append([label, len(p90s), f"{med['hit']:.1%}", f"{med['p50']:.2f}",
-                     f"{med['p90']:.2f} ({min(p90s):.2f}-{max(p90s):.2f})", f"{med['p99']:.2f}", f"{off['hit']:.1%}",
-                     f"{off['p50']:.2f}", f"{off['p90']:.2f}", f"{off['p99']:.2f}"])  # fmt: skip
+            print(f"round {r + 1} {label}: {g.ok} of {g.requests} ok, hit {g.hit_rate:.1%}, TTFT p50 / p90 / p99 "
+                  f"{g.ttft_p50_s:.2f} / {g.ttft_p90_s:.2f} / {g.ttft_p99_s:.2f} s", flush=True)  # fmt: skip
+    rows, cfg = [], ReplayConfig(replicas=REPLICAS, kv_blocks=KV_BLOCKS, max_loras=MAX_LORAS, model=BASE_MODEL)
+    for label, got in runs.items():
+        med = {k: statistics.median(getattr(g, k) for g in got) for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s")}
+        p90s = [g.ttft_p90_s for g in got]
+        off = replay(cfg, RequestLog.load(TRACE, time_scale=1 / RATE), policies[label][2])
+        rows.append([label, len(p90s), f"{med['hit_rate']:.1%}", f"{med['ttft_p50_s']:.2f}",
+                     f"{statistics.median(p90s):.2f} ({min(p90s):.2f}-{max(p90s):.2f})", f"{med['ttft_p99_s']:.2f}",
+                     f"{off.hit_rate:.1%}", f"{off.ttft_p50_s:.2f}", f"{off.ttft_p90_s:.2f}",
+                     f"{off.ttft_p99_s:.2f}"])  # fmt: skip
     print("\n" + table(["policy", "live rounds", "live hit", "live TTFT p50", "p90 (range)", "p99", "replay hit",
                         "replay TTFT p50", "p90", "p99"], rows))  # fmt: skip
     return 0

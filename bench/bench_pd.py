@@ -7,10 +7,8 @@ Every run has 8 replicas (the A100 / Llama-3-8B cost preset, KV moved at ~5 us a
 prefill and D decode replicas with its decider (``load-aware >256``) or another:
 ``always`` (``always-disagg-pd-decider``), ``>N`` (``prefix-based-pd-decider``: the decoder
 lacks more than N prompt tokens), ``cache-aware >N`` and ``slack 4k`` (``slackTokens`` 4,096
-instead of 32k); epp/plugins/disagg/README.md gives each decider's rule.
-
-Figures per run: TTFT and TPOT p50/p90, output tokens per second, the share of requests
-split, the prefix hit rate, and SLO attainment (DistServe's measure of P/D).
+instead of 32k); epp/plugins/disagg/README.md gives each decider's rule. SLO attainment is
+DistServe's measure of P/D.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ LONG_PROMPTS = {"num_requests": 600, "num_docs": 4000, "doc_len": 4096, "docs_pe
                 "rate": 4.0, "seed": 0}  # fmt: skip
 """RAG-shaped requests of ~8.8k tokens, two documents drawn from 4,000 (little reuse), 384
 output tokens, 4 a second."""
-SLO_TTFT_S = 3.0
-SLO_TPOT_S = 0.025
+SLO_TTFT_S, SLO_TPOT_S = 3.0, 0.025
 """A request meets the SLO when its first token comes within 3 s and its tokens then stream
 at 25 ms or less apart on average (40 tokens a second, faster than anyone reads)."""
 

@@ -34,8 +34,6 @@ POLICIES = {"epp": ("epp", ""), "random": ("random", "")}
 TOPICS = ("a trip to Lisbon", "a garden in a small yard", "a birthday dinner", "learning the cello",
           "a bike commute", "a move to a new city", "a week of lunches", "a home office")  # fmt: skip
 Tally = Counter[str]
-"""follow_ups, answered, streamed, streamed_answered, retrieved, retrieve_ok, cancels,
-cancel_ok, and ``status NNN``: the follow-ups' HTTP statuses."""
 
 
 async def create(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str]:

@@ -76,8 +76,7 @@ AGREEMENT: Counter[str] = Counter()
 
 
 def _shadowed(run: Any) -> Any:
-    """``Profile.run`` that also scores every candidate in the shadow of a shortlisted
-    decision and counts whether the shortlist's pick has the best total of all."""
+    """``Profile.run`` that also counts a shortlisted decision into ``AGREEMENT``."""
 
     def shadow_run(self: Profile, state: CycleState, endpoints: Sequence[Endpoint], n: int) -> ProfileResult:  # fmt: skip
         result: ProfileResult = run(self, state, endpoints, n)
@@ -96,7 +95,7 @@ def _shadowed(run: Any) -> Any:
     return shadow_run
 
 
-def run_one(job: tuple[Point, str, int, bool]) -> tuple[Point, str, int, float, float, Counter[str]]:  # fmt: skip
+def run_one(job: tuple[Point, str, int, bool]) -> tuple[Point, str, float, float, Counter[str]]:
     point, policy, seed, quick = job
     AGREEMENT.clear()  # a worker runs many jobs
     cfg = loads_config(POLICIES[policy]) if POLICIES[policy] else default_config()
@@ -104,7 +103,7 @@ def run_one(job: tuple[Point, str, int, bool]) -> tuple[Point, str, int, float, 
     with patch.object(Profile, "run", run):
         s = replay(ReplayConfig(replicas=point.replicas, kv_blocks=point.kv_blocks, seed=seed),
                    workload_of(point, quick, seed), "epp", cfg)  # fmt: skip
-    return point, policy, seed, s.hit_rate, s.ttft_p90_s, Counter(AGREEMENT)
+    return point, policy, s.hit_rate, s.ttft_p90_s, Counter(AGREEMENT)
 
 
 def main() -> None:
@@ -115,18 +114,17 @@ def main() -> None:
     seeds = 1 if args.quick else args.seeds
     points = [p for p in POINTS if not args.quick or p.label in QUICK or p.workload == "shared-prefix"]  # fmt: skip
     jobs = [(p, pol, seed, args.quick) for p in points for pol in POLICIES for seed in range(seeds)]
-    runs: dict[tuple[Point, str], list[tuple[int, float, float]]] = {}
+    runs: dict[tuple[Point, str], list[tuple[float, float]]] = {}  # seed by seed (pool_map keeps the order)
     agree: dict[Point, Counter[str]] = {p: Counter() for p in points}
-    for point, policy, seed, hit, p90, ag in pool_map(run_one, jobs):
-        runs.setdefault((point, policy), []).append((seed, hit, p90))
+    for point, policy, hit, p90, ag in pool_map(run_one, jobs):
+        runs.setdefault((point, policy), []).append((hit, p90))
         agree[point] += ag
     rows, data = [], {}
     for p in points:
         cells = {}
         for pol in POLICIES:
-            rs = sorted(runs[p, pol])
-            cells[pol] = (statistics.mean(h for _, h, _ in rs), statistics.median(v for _, _, v in rs),
-                          [v for _, _, v in rs])  # fmt: skip
+            hits, p90s = zip(*runs[p, pol], strict=True)
+            cells[pol] = (statistics.mean(hits), statistics.median(p90s), list(p90s))
         r, lo, hi = paired_ratio(cells["shipped"][2], cells["all scored"][2])
         a, n = agree[p], agree[p]["decisions"] or float("nan")
         rows.append([p.label, f"{100 * cells['shipped'][0]:.1f}% / {cells['shipped'][1]:.3f}",

@@ -4,19 +4,14 @@ The profile sweep's (bench_profiles.py) replayer, workloads and default profile,
 routers (arrival i through router i mod R) and index sync off, "index only" (each router's
 prefix-index writes reach the others ``--sync-flush-ms`` later) or on (its prefill in flight too:
 the predicted-TTFT scorer's uncached prompt tokens sent and not yet answered), as ``epp serve
---peers`` sends them. For each workload at its multi-router point and each R in
-``--epp-replicas``: the servers' hit rate (mean over the seeds) and TTFT p50 / p90 (medians), one
-router for reference, and the p90 with sync over without, seed by seed (``bench.stats``).
-Then the sync delay swept on conversations at the largest R.
+--peers`` sends them: each workload at its multi-router point, one router and each R in
+``--epp-replicas``; then the sync delay swept on conversations at the largest R.
 
 ``--live``: the sweep's RAG 4/s point (4,096 KV blocks a server, 4 routers) sent by ``epp-sim
 load`` through real Envoy to 4 epp replicas and 4 emulated servers at real time (512
 requests, ~2 minutes a run): no sync, index only (``--no-sync-prefill``) and sync as shipped,
 each on fresh servers, per ``--live-seeds`` seed, beside the same seeds replayed. Live
 figures: the client's TTFT and the servers' prefix-cache hit rate from their ``usage``.
-
-Run: ./run bench sync [--record] [--live] [--quick] [--seeds 3] [--epp-replicas 2,4,8]
-     [--delays-ms 0,20,200,1000,5000] [--live-seeds 2]
 """
 
 from __future__ import annotations
@@ -33,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_profiles import Point, config_of, grid, pool_map, replay, workload_of  # noqa: E402
+from bench.harness import count, ints  # noqa: E402
 from bench.stats import describe  # noqa: E402
 
 Job = tuple[Point, int, float | None, int, bool, bool]
@@ -82,27 +78,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="conversations only, smaller, R = 4, three delays")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per cell (3)")
-    ap.add_argument("--epp-replicas", default="2,4,8", help="epp replica counts, comma-separated (2,4,8)")
+    ap.add_argument("--seeds", type=count, default=3, help="seeds per cell (3)")
+    ap.add_argument("--epp-replicas", type=ints, default="2,4,8", help="epp replica counts, comma-separated (2,4,8)")
     ap.add_argument("--sync-flush-ms", type=float, default=20.0,
                     help="the sync delay of the main table, ms (20: epp's default flush period)")
-    ap.add_argument("--delays-ms", default="0,20,200,1000,5000",
-                    help="the delays swept on conversations at the largest R, ms")
+    ap.add_argument("--delays-ms", type=lambda t: [float(d) for d in t.split(",") if d.strip()],
+                    default="0,20,200,1000,5000", help="the delays swept on conversations at the largest R, ms")
     ap.add_argument("--live", action="store_true", help="also run RAG 4/s live, per set-up (~2 minutes each)")
-    ap.add_argument("--live-seeds", type=int, default=2, help="live: workload draws (2)")
+    ap.add_argument("--live-seeds", type=count, default=2, help="live: workload draws (2)")
     args = ap.parse_args()
-    try:
-        counts = sorted({int(r) for r in args.epp_replicas.split(",") if r.strip()})
-        delays = [float(d) for d in args.delays_ms.split(",") if d.strip()]
-    except ValueError:
-        ap.error("--epp-replicas and --delays-ms take comma-separated numbers")
-    if not counts or counts[0] < 2 or min(args.seeds, args.live_seeds) < 1 or min([args.sync_flush_ms, *delays]) < 0:
-        ap.error("--epp-replicas: 2 or more each; --seeds and --live-seeds >= 1; delays >= 0")
+    counts, delays = sorted(set(args.epp_replicas)), args.delays_ms
+    if min(counts, default=0) < 2 or min([args.sync_flush_ms, *delays]) < 0:
+        ap.error("--epp-replicas: 2 or more each; delays >= 0")
     if args.quick:
-        counts, delays = [4], [0.0, 200.0, 5000.0]
-    names = ["chat"] if args.quick else ["chat", "rag", "shared-prefix", "mooncake"]
-    points = [dataclasses.replace(p, routers=1) for p in grid(names, args.quick) if p.routers > 1] \
-        if not args.quick else [Point("chat", 8, 2048, 4)]  # fmt: skip
+        counts, delays, points = [4], [0.0, 200.0, 5000.0], [Point("chat", 8, 2048, 4)]
+    else:
+        full = grid(["chat", "rag", "shared-prefix", "mooncake"], False)
+        points = [dataclasses.replace(p, routers=1) for p in full if p.routers > 1]
     seeds = range(args.seeds)
     chat = points[0]
     jobs: list[Job] = [(p, 1, None, s, args.quick, True) for p in points for s in seeds]
@@ -110,11 +102,10 @@ def main() -> int:
              for sync, prefill in ((None, True), (args.sync_flush_ms, False), (args.sync_flush_ms, True))
              for s in seeds]  # fmt: skip
     jobs += [(chat, counts[-1], d, s, args.quick, True) for d in delays if d != args.sync_flush_ms for s in seeds]
-    results = {(job[0], job[1], job[2], job[3], job[5]): (hit, p50, p90)
-               for job, hit, p50, p90 in pool_map(run_one, jobs)}  # fmt: skip
+    results = {job: (hit, p50, p90) for job, hit, p50, p90 in pool_map(run_one, jobs)}
 
     def cell(p: Point, r: int, sync: float | None, prefill: bool = True) -> list[tuple[float, float, float]]:
-        return [results[(p, r, sync, s, prefill)] for s in seeds]
+        return [results[(p, r, sync, s, args.quick, prefill)] for s in seeds]
 
     def summary(rows: list[tuple[float, float, float]]) -> str:
         return (f"{100 * statistics.mean(h for h, _, _ in rows):5.1f}% "
