@@ -10,7 +10,6 @@ memory per idle stream, warm restart from a peer, the index passes.
 4. ``passes``: the loop's lag and longest callback while the index passes run (precise clear
    and sweep, approximate sweep, a snapshot export), in one piece (the baseline) and sliced;
    target: epp's own stall under 10 ms. The idle floor shows what the host adds by itself.
-Run: ./run bench hostile [--only scrape,warm,streams,passes] [sizes: see --help]
 """
 
 from __future__ import annotations
@@ -68,10 +67,9 @@ class Watch:
     the loop runs timed (``asyncio.Handle._run``): the longest is the longest stretch epp's
     own code held the loop, in CPU time (the lag adds what the OS takes away)."""
 
-    cpu_s = 0.0
-
     async def __aenter__(self) -> Self:
         self.lags: list[float] = []
+        self.cpu_s = 0.0
         self._task = asyncio.create_task(watch_loop(self.lags.append, 0.001, warn_s=3600.0))
         await asyncio.sleep(0.01)
         self.lags.clear()
@@ -283,10 +281,8 @@ async def index_passes(entries: int) -> None:
         return idx, lambda: idx.match(probe, {a, b}, 100.0)
 
     def export(idx: PrefixIndex) -> AsyncIterator[Any]:
-        wakeup, metrics = _Wakeup(), EppMetrics(CollectorRegistry())
-        service = IndexSyncService(
-            "bench", Outbox(), wakeup, SyncOptions(), metrics, time.monotonic
-        )
+        metrics = EppMetrics(CollectorRegistry())
+        service = IndexSyncService("bench", Outbox(), _Wakeup(), SyncOptions(), metrics, time.monotonic)
         service.index = idx
         request = sync_pb2.SnapshotRequest(replica_id="peer", max_entries=0)
         return service.Snapshot(request, SimpleNamespace(peer=lambda: "bench"))

@@ -8,7 +8,6 @@ half the prompt length, each followed by a unique tail, so the index (warmed wit
 decisions) holds real matches on several endpoints. Each point runs as shipped and, as the
 baseline in the same process, with ``shortlist: {enabled: false}`` (every candidate scored).
 
-Run: ./run bench scheduling [--quick] [--record]
 Targets: p50 <= 100 us at 16 KB / 64 endpoints, the p50 at 256 and 1,024 endpoints <= 1.5x
 the 64-endpoint one (issue 71); <= 2 ms at 220 KB; <= 120 bytes per (chunk, endpoint) entry
 at 1M entries. Timings vary with machine load: read the ratios.
