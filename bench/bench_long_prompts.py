@@ -3,12 +3,10 @@ at 8k / 32k / 100k / 200k tokens and 8 / 96 / 512 endpoints.
 
 A measured request is an agent's next turn: a session's previous prompt (keyed before, and
 placed: on two endpoints in the precise index, learnt from the pick in the approximate one)
-plus a new turn (a tool call and its output) of 10% or 2k tokens; 6 sessions a size. One
-request = parse the body + key it (precise: DeepSeek-V3's chat template and tokenizer, vLLM's
-block hashes, block size 16) + schedule it with the default profile's scorers. CPU time is
-process-wide (the tokenizer's threads count); medians. Columns: ``approx``; ``precise`` with
-the key cache; ``whole``, precise with the key cache off (every prompt tokenized whole);
-``tokenizer``, the tokenizer alone on the new turn's text (what no cache saves). Then the
+plus a new turn (a tool call and its output) of 10% or 2k tokens; 6 sessions a size. Keying
+(precise): DeepSeek-V3's chat template and tokenizer, vLLM's block hashes, block size 16;
+scheduling: the default profile's scorers. CPU time is process-wide (the tokenizer's threads
+count). ``whole`` is precise with the key cache off (every prompt tokenized whole). Then the
 keying cost per byte of one agent request as chat, as chat with tools and as Anthropic
 Messages, and the key cache's memory per token held (tracemalloc).
 
@@ -40,7 +38,7 @@ from bench.bench_scheduling import make_pool  # noqa: E402
 from epp.config.loader import parse_config  # noqa: E402
 from epp.datastore.store import Datastore  # noqa: E402
 from epp.framework.request import ApiKind, InferenceRequest  # noqa: E402
-from epp.plugins.preciseprefix import PrecisePrefixProducer, TokenizingKeyer  # noqa: E402
+from epp.plugins.preciseprefix import PrecisePrefixProducer  # noqa: E402
 from epp.prefix.hasher import ChunkHasher, chain_seed  # noqa: E402
 from epp.request.parse import RequestParser  # noqa: E402
 from epp.request.settings import RequestControlConfig  # noqa: E402
@@ -131,11 +129,10 @@ def measure(precise_mode: bool, size: int, n_pool: int, tokenizer: Path, reps: i
             assert not isinstance(keyed, str), keyed
             for e in (eps[i % n_pool], eps[(i + 1) % n_pool]):
                 precise.index.store(e.id, keyed.keys)
-    keyer = precise.keyer if precise is not None and isinstance(precise.keyer, TokenizingKeyer) else None  # fmt: skip
-    cache = keyer.cache if keyer is not None else None
+    keyer = precise.keyer if precise is not None else None  # a TokenizingKeyer: its counts and key cache
+    warm_encoded = keyer.cache.stats.tokens_encoded if keyer is not None and keyer.cache is not None else 0
     if keyer is not None:
         keyer.count = keyer.tokens = 0
-    warm_encoded = cache.stats.tokens_encoded if cache is not None else 0
     cpu, alone = [], []
     for r in range(reps):
         now += 0.01
@@ -147,8 +144,7 @@ def measure(precise_mode: bool, size: int, n_pool: int, tokenizer: Path, reps: i
     out = Measured(statistics.median(cpu) * 1e3, tokenizer_ms=statistics.median(alone) * 1e3 if alone else 0.0)  # fmt: skip
     if keyer is not None:
         out.tokens = int(keyer.tokens / max(keyer.count, 1))
-    if cache is not None:
-        out.encoded = int((cache.stats.tokens_encoded - warm_encoded) / reps)
+        out.encoded = int((keyer.cache.stats.tokens_encoded - warm_encoded) / reps) if keyer.cache is not None else 0
     return out
 
 
@@ -156,7 +152,6 @@ def key_cache_memory(tokenizer: Path, size: int, tpw: float) -> tuple[int, int, 
     """Bytes tracemalloc sees the key cache allocate while keying SESSIONS sessions of
     ``size`` tokens (each then a next turn), the tokens it holds, and its nodes."""
     precise = scheduler(True, tokenizer).plugin(PrecisePrefixProducer)
-    assert precise is not None and isinstance(precise.keyer, TokenizingKeyer) and precise.keyer.cache is not None  # fmt: skip
     rng = random.Random(3)
     convs = [session(rng, tpw, size) for _ in range(SESSIONS)]
     gc.collect()

@@ -82,11 +82,9 @@ def bench_decisions(size: int, pool_n: int, decisions: int, all_scored: bool) ->
             store.request_finished(in_flight.pop(0))
         if k >= 400:
             samples.append((time.perf_counter_ns() - t0) / 1000)
-    producer = sched.plugin(PrefixProducer)
-    assert producer is not None
     samples.sort()
     p99 = samples[int(len(samples) * 0.99) - 1]
-    return Decisions(statistics.median(samples), p99, producer.index.stats().hit_ratio)
+    return Decisions(statistics.median(samples), p99, sched.plugin(PrefixProducer).index.stats().hit_ratio)
 
 
 def bytes_per_entry(target_entries: int, chain_len: int = 256) -> tuple[int, float]:
