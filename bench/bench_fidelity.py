@@ -10,8 +10,6 @@ emulator's text tokenizer is an approximation; token ids are not). It prints:
    request, side by side (target: equal);
 2. a shared-prefix workload that overflows the cache (evictions): total prefix-cache hit
    tokens from each server's own ``vllm:prefix_cache_hits_total`` (target: within 2%).
-
-Run: ./run bench fidelity [--requests 200] (it skips without real vLLM: ./run vllm-setup)
 """
 
 from __future__ import annotations
@@ -28,20 +26,17 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from simulator import vllm  # noqa: E402
-from simulator.eppproc import page_metric  # noqa: E402
+from epp.datastore.metricsparse import VLLM, parse_metrics
+from simulator import vllm
+from simulator.emulator import EmulatorConfig, start_emulator
+from simulator.eppproc import page_metric
 
 MODEL, KV_MIB = "tiny", 16
 
 
-async def hits(url: str) -> tuple[float, float]:
+async def hits(url: str) -> list[float]:
     """The server's prefix-cache (hit, queried) tokens so far."""
-    names = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
-    hit, queried = [await page_metric(f"{url}/metrics", name) for name in names]
-    return hit, queried
+    return [await page_metric(f"{url}/metrics", f"vllm:prefix_cache_{n}_total") for n in ("hits", "queries")]
 
 
 async def cached_tokens(http: aiohttp.ClientSession, url: str, ids: list[int]) -> tuple[int, int]:
@@ -106,9 +101,6 @@ class Fidelity:
 
 async def measure(requests: int) -> Fidelity:
     """Start a real vLLM server and an emulator with its geometry; run both checks."""
-    from epp.datastore.metricsparse import VLLM, parse_metrics
-    from simulator.emulator import EmulatorConfig, start_emulator
-
     setup = vllm.ensure_vllm(lambda m: print(m, file=sys.stderr))
     log = Path(tempfile.mkdtemp(prefix="bench-fidelity-")) / "vllm.log"
     options = vllm.ServerOptions(model_name=MODEL, kv_cache_bytes=KV_MIB << 20)
@@ -132,14 +124,14 @@ async def measure(requests: int) -> Fidelity:
                 for prompt in pressure_sequence(requests, block * blocks):
                     for u in urls:
                         await cached_tokens(http, u, prompt)
-                (hr, qr), (he, qe) = [await hits(u) for u in urls]
+                after = [await hits(u) for u in urls]
             finally:
                 await emu.close()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         await proc.wait()
-    (h0r, q0r), (h0e, q0e) = before
-    return Fidelity(block, blocks, rows, (hr - h0r, qr - q0r), (he - h0e, qe - q0e))
+    real_hits, emu_hits = [(h - h0, q - q0) for (h, q), (h0, q0) in zip(after, before, strict=True)]
+    return Fidelity(block, blocks, rows, real_hits, emu_hits)
 
 
 def report(f: Fidelity, n: int) -> None:

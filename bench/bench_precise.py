@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,17 +44,14 @@ def scenarios(base: ReplayConfig, duration_s: float) -> list[tuple[str, ReplayCo
     ]
 
 
-def workloads(quick: bool) -> list[tuple[str, Workload, ReplayConfig]]:
-    out: list[tuple[str, Workload, ReplayConfig]] = []
+def workloads(quick: bool) -> Iterator[tuple[str, Workload, ReplayConfig]]:
     trace = ROOT / DEFAULT_TRACE
     if trace.exists():
-        mooncake = MooncakeTrace.load(trace, 0.75, 1000 if quick else 0)
-        out.append(("mooncake", mooncake, ReplayConfig(kv_blocks=16384)))
+        yield "mooncake", MooncakeTrace.load(trace, 0.75, 1000 if quick else 0), ReplayConfig(kv_blocks=16384)
     else:
         print(f"(trace {trace} not found: the Mooncake rows are skipped)")
     chat = build_generator("chat", {"num_sessions": 48 if quick else 160, "rate": 5})
-    out.append(("chat", chat, ReplayConfig(replicas=4, kv_blocks=1024)))
-    return out
+    yield "chat", chat, ReplayConfig(replicas=4, kv_blocks=1024)
 
 
 def run_one(job: tuple[ReplayConfig, Workload, str]) -> dict[str, float]:

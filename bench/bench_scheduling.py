@@ -8,7 +8,6 @@ half the prompt length, each followed by a unique tail, so the index (warmed wit
 decisions) holds real matches on several endpoints. Each point runs as shipped and, as the
 baseline in the same process, with ``shortlist: {enabled: false}`` (every candidate scored).
 
-Run: ./run bench scheduling [--quick] [--record]
 Targets: p50 <= 100 us at 16 KB / 64 endpoints, the p50 at 256 and 1,024 endpoints <= 1.5x
 the 64-endpoint one (issue 71); <= 2 ms at 220 KB; <= 120 bytes per (chunk, endpoint) entry
 at 1M entries. Timings vary with machine load: read the ratios.
@@ -83,11 +82,9 @@ def bench_decisions(size: int, pool_n: int, decisions: int, all_scored: bool) ->
             store.request_finished(in_flight.pop(0))
         if k >= 400:
             samples.append((time.perf_counter_ns() - t0) / 1000)
-    producer = sched.plugin(PrefixProducer)
-    assert producer is not None
     samples.sort()
     p99 = samples[int(len(samples) * 0.99) - 1]
-    return Decisions(statistics.median(samples), p99, producer.index.stats().hit_ratio)
+    return Decisions(statistics.median(samples), p99, sched.plugin(PrefixProducer).index.stats().hit_ratio)
 
 
 def bytes_per_entry(target_entries: int, chain_len: int = 256) -> tuple[int, float]:
