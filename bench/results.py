@@ -43,11 +43,14 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> str:
+    """HEAD's short hash, ``+changes`` when tracked files differ from it (other pages being
+    written under docs/results/ are not changes to the code that made this one)."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
     try:
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results")
         return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
