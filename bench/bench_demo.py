@@ -78,9 +78,10 @@ def main() -> None:
     md += (
         f"\n\nWorkload: {w['num_groups']} system prompts of {w['system_prompt_len']} tokens x "
         f"{w['num_prompts_per_group']} users x {w['num_turns']} turns, {w['concurrency']} "
-        f"conversations at a time; {demo['replicas']} servers, fresh for each policy (cold "
-        f"caches, or the same servers emptied between runs with --rounds: {demo['rounds']}); "
-        f"gateway: real Envoy ({demo['mode']} request bodies). Hit rate from the servers' "
+        f"conversations at a time; {demo['replicas']} servers, "
+        + ("fresh for each policy (cold caches); " if demo["rounds"] < 2 else
+           f"the same for every run, their prefix caches emptied between runs ({demo['rounds']} rounds); ")
+        + f"gateway: real Envoy ({demo['mode']} request bodies). Hit rate from the servers' "
         "vllm:prefix_cache_hits_total / queries_total; client TTFT from the SSE stream; server "
         "TTFT from vllm:time_to_first_token_seconds; CPU from /proc per process role.\n"
     )

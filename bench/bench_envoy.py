@@ -266,6 +266,8 @@ async def model_router(rig: Rig, pool: tuple[str, ...], e: Any) -> Any:
                    "+ router": (with_ports(EnvoyOptions(routing="random", **routed)), (router.pid,)),
                    "+ epp": (envoy_options(pool, e.address), (e.pid,)),
                    "+ router + epp": (with_ports(EnvoyOptions(routing="epp", **routed)), (router.pid, e.pid))}  # fmt: skip
+        print("The router's part: CPU per request of the router in '+ router' and '+ router + epp', of epp in "
+              "'+ epp'; the front Envoy's in '+ router + epp'.", flush=True)
         return await ROUTER.run(rig, configs)
     finally:
         await router.stop()

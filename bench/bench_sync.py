@@ -77,7 +77,8 @@ def live_table(seeds: int, sync_ms: float) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="conversations only, smaller, R = 4, three delays")
+                    help="conversations only, smaller; R = 4 and delays 0, 200, 5000 ms (and --sync-flush-ms) "
+                    "in place of --epp-replicas and --delays-ms")
     ap.add_argument("--seeds", type=count, default=3, help="seeds per cell (3)")
     ap.add_argument("--epp-replicas", type=ints, default="2,4,8", help="epp replica counts, comma-separated (2,4,8)")
     ap.add_argument("--sync-flush-ms", type=float, default=20.0,
