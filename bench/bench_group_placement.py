@@ -122,7 +122,8 @@ def table(per_group: int, seeds: int, n_maps: int) -> None:
     default = [p90[s]["default"] for s in sorted(p90)]
     for p in policies:
         ratio, lo, hi = paired_ratio(default, [p90[s][p] for s in sorted(p90)])
-        vs = "" if p == "default" else f"; default / {p} {ratio:.3f} [{lo:.3f}, {hi:.3f}]"
+        interval = f"[{lo:.3f}, {hi:.3f}]" if lo == lo else "(too few seeds for an interval)"  # NaN: < 3 seeds
+        vs = "" if p == "default" else f"; default / {p} {ratio:.3f} {interval}"
         print(f"- {p}: {100 * statistics.mean(shares[p]):.0f}%{vs}")
     print()
 
