@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import PAGE, ints, med, only, pct, prompts, spawn, start_noop, stop  # noqa: E402
 from bench.results import table, write_result  # noqa: E402
+from simulator.stack.demo import rotated  # noqa: E402
 
 Configs = dict[str, tuple[Any, tuple[int, ...]]]  # name: (Envoy options, pids that run; the first measured)
 Runs = dict[str, list[dict[str, float]]]  # name: each round's figures
@@ -82,11 +82,6 @@ def epp(pool: tuple[str, ...], log: Path, *extra: str, env: dict[str, str] | Non
     from simulator.eppproc import EppProcess
 
     return EppProcess(list(pool), log, extra=("--log-level", "error", *extra), env=env or {})
-
-
-def turned(names: Sequence[str], r: int) -> list[str]:
-    """``names`` in round ``r``'s order: the first moves back one place a round."""
-    return [*names[r % len(names) :], *names[: r % len(names)]]
 
 
 # --- the wrk parts: overhead and tracing -------------------------------------------------
@@ -189,7 +184,7 @@ class Rig:
         round runs each once, in turn."""
         pids = {pid for _, running in configs.values() for pid in running}
         runs: Runs = {n: [] for n in configs}
-        for name in (n for r in range(self.rounds) for n in turned(list(configs), r)):
+        for name in (n for r in range(self.rounds) for n in rotated(list(configs), r)):
             options, running = configs[name]
             only(running, pids)
             await asyncio.sleep(1.5 if running else 0.5)  # a resumed epp rescrapes
@@ -442,7 +437,7 @@ async def streams(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
         await e.start()
-        for r, mode in ((i, m) for i in range(args.rounds) for m in turned(STREAM_MODES, i)):
+        for r, mode in ((i, m) for i in range(args.rounds) for m in rotated(STREAM_MODES, i)):
             options = envoy_options(pool, e.address, mode=mode)
             envoy = await start_envoy(options, workdir, name="front")
             url = envoy.url + "/v1/chat/completions"

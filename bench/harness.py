@@ -108,13 +108,13 @@ async def live_rounds(base: StackOptions, policies: Mapping[str, tuple[str, str]
     through them. Yields (round from 0, label, what ``drive`` returned)."""
     import aiohttp
 
+    from simulator.stack.demo import rotated
     from simulator.stack.stack import start_servers, start_stack
 
     servers = await start_servers(base)
     try:
         for r in range(rounds):
-            labels, turn = list(policies), r % len(policies) if rotate else 0
-            for label in labels[turn:] + labels[:turn]:
+            for label in rotated(list(policies), r if rotate else 0):
                 await servers.reset_prefix_caches()
                 policy, config = policies[label]
                 options = dataclasses.replace(base, policy=policy, config=config)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -41,6 +43,8 @@ from simulator.stack.report import (
 )
 from simulator.stack.stack import ModelServers, StackOptions, start_servers, start_stack
 from simulator.stack.workload import SharedPrefixWorkload
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True, frozen=True)
@@ -194,11 +198,11 @@ async def run_all(
     return each
 
 
-def rotated(stacks: list[StackOptions], round_: int) -> list[StackOptions]:
-    """Round ``round_``'s order: each round starts one policy later, so that no policy
-    always runs first (on a warming machine) or right after another one."""
-    k = round_ % len(stacks)
-    return stacks[k:] + stacks[:k]
+def rotated(items: Sequence[T], round_: int) -> list[T]:
+    """Round ``round_``'s order of ``items`` (policies, configurations): each round starts one
+    later, so that none always runs first (on a warming machine) or right after another one."""
+    k = round_ % len(items)
+    return [*items[k:], *items[:k]]
 
 
 async def run_demo(
